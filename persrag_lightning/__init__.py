@@ -1,0 +1,3 @@
+"""persrag_lightning: train and serve personalized retrieval-augmented generation (CFRAG) with Lightning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,139 @@
+"""CFRAG user encoder (§4.1.1, Eq. 1) as a plain torch module that saves and loads itself without Lightning."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
+from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
+
+PAD_ID = 0
+MASK_ID = 1
+FIRST_DOC_ID = 2  # doc-table row of corpus row r is r + FIRST_DOC_ID
+
+
+@dataclass
+class UserEncoderConfig:
+    """Shapes of the official code: 1 layer, 2 heads, feed-forward = d, dropout 0.1, 100 positions."""
+
+    dim: int
+    num_docs: int
+    max_history: int = 100
+    num_layers: int = 1
+    num_heads: int = 2
+    ffn_dim: int | None = None
+    dropout: float = 0.1
+    text_encoder: str = "minilm"
+    text_max_length: int = 256
+    text_pooling: str = "mean"
+
+
+class UserEncoder(nn.Module):
+    """e_u = MEAN(Trm(E_u + P)) over a user's most recent docs; rows 0/1 of the doc table are [pad]/[mask]."""
+
+    def __init__(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = config
+        d = config.dim
+        self.doc_table = nn.Embedding(config.num_docs + FIRST_DOC_ID, d, padding_idx=PAD_ID)
+        self.positions = nn.Parameter(torch.empty(config.max_history, d))
+        nn.init.xavier_normal_(self.positions)
+        layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ffn_dim or d, config.dropout,
+                                           batch_first=True)
+        self.transformer = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+        if doc_embeddings is not None:
+            self.load_doc_embeddings(doc_embeddings)
+        # serving state, filled by `index_users` or `from_pretrained`
+        self.user_ids: list[str] = []
+        self.user_embeddings: torch.Tensor | None = None
+        self._index = None
+
+    @torch.no_grad()
+    def load_doc_embeddings(self, doc_embeddings: torch.Tensor) -> None:
+        """Initialise the doc table from the frozen encoder's vectors; pad row zero, mask row random."""
+        if doc_embeddings.shape != (self.config.num_docs, self.config.dim):
+            raise ValueError(f"doc embeddings {tuple(doc_embeddings.shape)} do not match "
+                             f"({self.config.num_docs}, {self.config.dim})")
+        self.doc_table.weight[PAD_ID].zero_()
+        self.doc_table.weight[FIRST_DOC_ID:] = doc_embeddings.to(self.doc_table.weight)
+
+    def encode_embeddings(self, doc_vectors: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        """Eq. 1 on given doc vectors [B, L, d] with pad_mask True at padding: masked mean of Trm(E + P)."""
+        length = doc_vectors.shape[1]
+        if length > self.config.max_history:
+            raise ValueError(f"history length {length} exceeds max_history {self.config.max_history}")
+        hidden = self.transformer(doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask)
+        keep = (~pad_mask).unsqueeze(-1).to(hidden.dtype)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # Eq. 1: MEAN over non-pad positions
+
+    def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
+        """Users from doc-table ids [B, L] (0 = pad, 1 = mask, r + 2 = corpus row r), oldest first."""
+        return self.encode_embeddings(self.doc_table(doc_ids), doc_ids == PAD_ID)
+
+    # ---- serving -------------------------------------------------------------------------------------------
+
+    def index_users(self, user_ids: list[str], embeddings: torch.Tensor, kind: IndexKind = "flat") -> None:
+        """Attach the user table and a cosine index so `similar_users` works."""
+        self.user_ids = list(user_ids)
+        self.user_embeddings = embeddings.detach().float().cpu()
+        self._row = {u: i for i, u in enumerate(self.user_ids)}
+        self._index = build_index(self.user_embeddings.numpy(), kind)
+
+    def similar_users(self, user_id: str, m: int) -> list[tuple[str, float]]:
+        """Top-m users by cosine to `user_id`'s embedding; the user itself is kept, as the official code does."""
+        if self._index is None or self.user_embeddings is None:
+            raise RuntimeError("no user table attached: export with user embeddings or call index_users")
+        if user_id not in self._row:
+            raise KeyError(f"unknown user {user_id!r}")
+        scores, ids = search(self._index, self.user_embeddings[self._row[user_id]].numpy(), m)
+        return [(self.user_ids[i], float(s)) for s, i in zip(scores[0], ids[0]) if i >= 0]
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """config.json, model.safetensors, and (if attached) user_ids.json, user_embeddings.safetensors, index."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_save_tensors({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
+                            path / "model.safetensors")
+        if self.user_embeddings is not None:
+            atomic_save_tensors({"embeddings": self.user_embeddings.contiguous()}, path / "user_embeddings.safetensors")
+            atomic_write_json(path / "user_ids.json", self.user_ids)
+            save_index(self._index, path / "users.faiss")
+        atomic_write_json(path / "config.json", asdict(self.config))
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "UserEncoder":
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path}: not a user-encoder export (no config.json); "
+                                    "train one with `python train.py fit --config cfrag_user_encoder.yaml`")
+        model = cls(UserEncoderConfig(**json.loads((path / "config.json").read_text())))
+        model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location))
+        model.eval()
+        if (path / "user_embeddings.safetensors").exists():
+            model.user_ids = json.loads((path / "user_ids.json").read_text())
+            model.user_embeddings = load_file(str(path / "user_embeddings.safetensors"))["embeddings"]
+            model._row = {u: i for i, u in enumerate(model.user_ids)}
+            model._index = load_index(path / "users.faiss")
+        return model
+
+
+def history_ids(rows: np.ndarray) -> np.ndarray:
+    """Corpus rows → doc-table ids."""
+    return rows + FIRST_DOC_ID
+
+
+def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
+    """Right-pad doc-table id sequences with PAD_ID into a [B, L] tensor (L ≥ 1)."""
+    length = max(1, max((len(h) for h in histories), default=1))
+    out = torch.full((len(histories), length), PAD_ID, dtype=torch.long)
+    for i, h in enumerate(histories):
+        out[i, :len(h)] = torch.as_tensor(h, dtype=torch.long)
+    return out

@@ -1,0 +1,119 @@
+"""Stage 1 of CFRAG (§4.1): contrastive training of the user encoder, and its export for serving."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from persrag_lightning.data.user_history import UserHistoryBatch, UserHistoryDataModule
+from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, pad_histories
+from persrag_lightning.modules.losses import Negatives, info_nce
+from persrag_lightning.retrieval.index import IndexKind
+from persrag_lightning.metrics import UserRetrievalQuality
+
+
+class UserEncoderModule(L.LightningModule):
+    """Two augmented views per user, symmetric InfoNCE (Eq. 2), Adam; validates user-retrieval quality."""
+
+    bundle_name = "user_encoder"
+
+    def __init__(self, temperature: float = 0.1, negatives: Negatives = "all_views", lr: float = 1e-3,
+                 weight_decay: float = 1e-5, freeze_doc_table: bool = False, num_layers: int = 1,
+                 num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "flat") -> None:
+        """`eval_m`: neighbours scored by validation's community precision (the paper retrieves m = 6 users
+        including the user itself, i.e. 5 others)."""
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder: UserEncoder | None = None
+        self.val_quality: UserRetrievalQuality | None = None
+
+    # ---- model construction (needs the data's doc table, so it happens in setup or from a checkpoint) -------
+
+    def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None) -> None:
+        self.encoder = UserEncoder(config, doc_embeddings)
+        self.encoder.doc_table.weight.requires_grad_(not self.hparams.freeze_doc_table)
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule
+        if not isinstance(dm, UserHistoryDataModule):
+            raise TypeError("UserEncoderModule needs a UserHistoryDataModule")
+        if self.encoder is None:
+            h = dm.hparams
+            self._build(UserEncoderConfig(
+                dim=dm.doc_embeddings.shape[1], num_docs=dm.doc_embeddings.shape[0], max_history=h.max_history,
+                num_layers=self.hparams.num_layers, num_heads=self.hparams.num_heads, dropout=self.hparams.dropout,
+                text_encoder=h.encoder, text_max_length=h.encoder_max_length, text_pooling=h.encoder_pooling,
+            ), dm.doc_embeddings)
+        communities = None if dm.communities is None else torch.as_tensor(dm.communities)
+        self.val_quality = UserRetrievalQuality(self.hparams.eval_m, communities)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["user_encoder_config"] = asdict(self.encoder.config)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.encoder is None:
+            self._build(UserEncoderConfig(**checkpoint["user_encoder_config"]))
+
+    # ---- training ----------------------------------------------------------------------------------------------
+
+    def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
+        return self.encoder(doc_ids)
+
+    def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
+        loss = info_nce(self(batch.view_a), self(batch.view_b), self.hparams.temperature, self.hparams.negatives)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch.users))
+        return loss
+
+    def _evaluation_step(self, batch: UserHistoryBatch, prefix: str) -> None:
+        view_a, view_b = self(batch.view_a), self(batch.view_b)
+        loss = info_nce(view_a, view_b, self.hparams.temperature, self.hparams.negatives)
+        self.log(f"{prefix}/loss", loss, sync_dist=True, batch_size=len(batch.users))
+        self.val_quality.update(batch.users, self(batch.history), view_a, view_b)
+
+    def _evaluation_epoch_end(self, prefix: str) -> None:
+        for name, value in self.val_quality.compute().items():
+            self.log(f"{prefix}/{name}", value, prog_bar=True, sync_dist=False, rank_zero_only=False)
+        self.val_quality.reset()
+
+    def validation_step(self, batch: UserHistoryBatch, batch_idx: int) -> None:
+        self._evaluation_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._evaluation_epoch_end("val")
+
+    def test_step(self, batch: UserHistoryBatch, batch_idx: int) -> None:
+        self._evaluation_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._evaluation_epoch_end("test")
+
+    def predict_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
+        return self(batch.history)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.Adam(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+    # ---- export ------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def user_embeddings(self, datamodule: UserHistoryDataModule, batch_size: int = 256) -> torch.Tensor:
+        """Every user's embedding from their full (recent-100) history, in datamodule user order."""
+        was_training = self.encoder.training
+        self.encoder.eval()
+        out = []
+        for start in range(0, datamodule.num_users, batch_size):
+            users = range(start, min(start + batch_size, datamodule.num_users))
+            ids = pad_histories([datamodule.user_history(u) for u in users]).to(self.device)
+            out.append(self.encoder(ids).float().cpu())
+        self.encoder.train(was_training)
+        return torch.cat(out)
+
+    def export(self, path: str | Path, datamodule: UserHistoryDataModule) -> Path:
+        """Write the serving bundle: weights, config, user-embedding table and faiss index."""
+        self.encoder.index_users(datamodule.corpus.user_ids, self.user_embeddings(datamodule),
+                                 self.hparams.index)
+        return self.encoder.save_pretrained(path)

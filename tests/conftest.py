@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random encoders built in the test session, so unit tests never need real weights."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    """A 2-layer, 32-wide random BERT with the MiniLM tokenizer, saved as a local HF folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from persrag_lightning.models.text_encoder import resolve_model_path
+
+    path = tmp_path_factory.mktemp("tiny_bert")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture()
+def in_tmp_cwd(tmp_path, monkeypatch) -> Path:
+    """Run a CLI from an empty folder that has the repository's configs/ (as a fresh checkout would)."""
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

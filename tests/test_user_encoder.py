@@ -1,0 +1,73 @@
+"""Stage 1 end to end on a tiny random BERT: fit → export → reload without Lightning, and the embedding cache."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from persrag_lightning.cli import main
+from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.models import text_encoder
+from persrag_lightning.models.user_encoder import UserEncoder, history_ids, pad_histories
+
+
+def fit_args(encoder: str, users: int = 40, epochs: int = 2, *extra: str) -> list[str]:
+    return ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "t",
+            f"--data.init_args.encoder={encoder}", f"--data.init_args.synth.num_users={users}",
+            f"--trainer.max_epochs={epochs}", "--trainer.accelerator=cpu", "--data.init_args.batch_size=16",
+            "--trainer.enable_progress_bar=false", *extra]
+
+
+def test_fit_export_reload_reproduces_embeddings(in_tmp_cwd, tiny_bert):
+    main(fit_args(tiny_bert))
+    bundle = in_tmp_cwd / "checkpoints" / "t" / "user_encoder"
+    for name in ("config.json", "model.safetensors", "user_embeddings.safetensors", "user_ids.json", "users.faiss"):
+        assert (bundle / name).exists(), name
+    assert "lightning" not in sys.modules["persrag_lightning.models.user_encoder"].__dict__
+
+    encoder = UserEncoder.from_pretrained(bundle)
+    source = LampSource("LaMP-2", None, SynthConfig(num_users=40), ".cache/persrag")
+    corpus = Corpus.from_dataset(source.load())
+    assert encoder.user_ids == corpus.user_ids
+    ids = pad_histories([history_ids(corpus.user_rows(i, 100)) for i in range(len(corpus.user_ids))])
+    with torch.no_grad():
+        recomputed = encoder(ids)
+    torch.testing.assert_close(recomputed, encoder.user_embeddings, atol=1e-5, rtol=1e-5)
+
+    top = encoder.similar_users(corpus.user_ids[3], 4)
+    assert len(top) == 4 and top[0][0] == corpus.user_ids[3]
+    assert top[0][1] == pytest.approx(1.0, abs=1e-4)
+    assert all(a[1] >= b[1] for a, b in zip(top, top[1:]))
+
+    metrics = list((in_tmp_cwd / "runs" / "t" / "user_encoder" / "logs").glob("version_*/metrics.csv"))
+    assert metrics and "val/view_acc" in metrics[0].read_text().splitlines()[0]
+
+
+def test_second_run_reuses_corpus_embeddings(in_tmp_cwd, tiny_bert, monkeypatch):
+    main(fit_args(tiny_bert, 30, 1))
+    cached = list((in_tmp_cwd / ".cache" / "persrag" / "embeddings").iterdir())
+    assert len(cached) == 1
+
+    def no_reembedding(*args, **kwargs):
+        raise AssertionError("the corpus was embedded again")
+
+    monkeypatch.setattr(text_encoder.TextEncoder, "from_pretrained", no_reembedding)
+    main(fit_args(tiny_bert, 30, 1))
+    assert list((in_tmp_cwd / ".cache" / "persrag" / "embeddings").iterdir()) == cached
+
+
+def test_export_subcommand_rewrites_bundle_from_checkpoint(in_tmp_cwd, tiny_bert):
+    main(fit_args(tiny_bert, 30, 1))
+    bundle = in_tmp_cwd / "checkpoints" / "t" / "user_encoder"
+    before = UserEncoder.from_pretrained(bundle).user_embeddings
+    (bundle / "model.safetensors").unlink()
+    ckpt = next((in_tmp_cwd / "runs" / "t" / "user_encoder").rglob("last.ckpt"))
+    args = fit_args(tiny_bert, 30, 1)
+    args[0] = "export"
+    main([*args, f"--ckpt_path={ckpt}"])
+    after = UserEncoder.from_pretrained(bundle).user_embeddings
+    torch.testing.assert_close(after, before)  # one epoch: the best checkpoint is the last weights

@@ -1,0 +1,3 @@
+from persrag_lightning.cli import main
+
+main()
