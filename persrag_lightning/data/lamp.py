@@ -1,0 +1,453 @@
+"""Reader and writer of the LaMP format (time-based split), with errors that name file, record and field.
+
+Layout of a data directory: ``{split}_questions.json`` and ``{split}_outputs.json`` for split in train/dev/test
+(test outputs optional). Questions: a JSON list of ``{"id", "input", "user_id", "profile": [{"id", "date", ...}]}``;
+outputs: ``{"task": "LaMP_2", "golds": [{"id", "output"}]}``. Record numbers in messages are 0-based list indices.
+
+Users are aggregated over all splits: in the time-based split a user's later questions carry a profile that
+extends the earlier ones, so a user's history is the UNION of the profile items of all their questions (matched
+by doc id). The same doc id with different content (date or a task field) for one user is an error that names the
+user, the doc id and both places. Histories are sorted oldest first, stable on equal dates in first-seen order.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from persrag_lightning.data.records import Example, HistoryDoc, LampDataset, User
+from persrag_lightning.data.tasks import TaskSpec, get_task
+from persrag_lightning.utils import atomic_open
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+SPLITS = ("train", "dev", "test")
+_DATE = re.compile(r"[0-9]+(?:-[0-9]+)*")
+_FEW = 5  # how many offending ids a mismatch message lists
+
+
+class LampFormatError(ValueError):
+    """Bad LaMP input; the message names the file, the record (index and id) and the field."""
+
+
+def questions_path(data_dir: str | Path, split: str) -> Path:
+    """Where a split's questions live, by the LaMP naming convention."""
+    return Path(data_dir) / f"{split}_questions.json"
+
+
+def outputs_path(data_dir: str | Path, split: str) -> Path:
+    """Where a split's golds live, by the LaMP naming convention."""
+    return Path(data_dir) / f"{split}_outputs.json"
+
+
+def task_spec(task: str | TaskSpec) -> TaskSpec:
+    """get_task, with an unknown name raised as LampFormatError like every other bad input of this module."""
+    if isinstance(task, TaskSpec):
+        return task
+    try:
+        return get_task(task)
+    except ValueError as e:
+        raise LampFormatError(f"task: {e}") from None
+
+
+def task_code(task: str | TaskSpec) -> str:
+    """The spelling of the outputs file's `task` field: `LaMP_2` for LaMP-2."""
+    return task_spec(task).name.replace("-", "_")
+
+
+def parse_date(text: str) -> tuple[int, ...]:
+    """'2016-03-27' -> (2016, 3, 27); anything but '-'-separated integers raises ValueError."""
+    if not isinstance(text, str) or not _DATE.fullmatch(text):
+        raise ValueError(f"expected '-'-separated integers, got {text!r}")
+    return tuple(map(int, text.split("-")))
+
+
+_parse_date_cached = lru_cache(maxsize=1 << 16)(parse_date)  # dates repeat across a dataset's items
+
+
+def format_date(date: tuple[int, ...]) -> str:
+    """(2016, 3, 7) -> '2016-03-07': year padded to 4 digits, the other parts to 2, so parse_date inverts it."""
+    return "-".join(f"{p:04d}" if i == 0 else f"{p:02d}" for i, p in enumerate(date))
+
+
+# ----------------------------------------------------------------------------------------------------- reading
+
+def _where(path: Path, index: int | None = None, rid: str | None = None, field: str | None = None) -> str:
+    """Message prefix 'file: record i (id 'x'): field' for whatever of it is known."""
+    out = path.name
+    if index is not None:
+        out += f": record {index}" + (f" (id {rid!r})" if rid is not None else "")
+    if field is not None:
+        out += f": {field}"
+    return out
+
+
+def _fail(path: Path, msg: str, index: int | None = None, rid: str | None = None,
+          field: str | None = None) -> LampFormatError:
+    return LampFormatError(f"{_where(path, index, rid, field)}: {msg}")
+
+
+def _load_json(path: Path) -> Any:
+    """json.load with decode errors turned into LampFormatError carrying the decoder's line and column."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise _fail(path, f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise _fail(path, f"not UTF-8 text: {e}") from None
+    except OSError as e:
+        raise _fail(path, f"cannot read: {e.strerror or e}") from None
+
+
+def _typename(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _get(obj: dict, key: str, path: Path, index: int | None, rid: str | None, field: str) -> Any:
+    if key not in obj:
+        raise _fail(path, "missing field", index, rid, field)
+    return obj[key]
+
+
+def _as_id(value: Any, path: Path, index: int | None, rid: str | None, field: str) -> str:
+    """Ids must be str or int (some dumps use ints); ints become their decimal string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise _fail(path, f"expected a string or integer id, got {_typename(value)} {value!r}", index, rid, field)
+
+
+def _as_text(value: Any, path: Path, index: int | None, rid: str | None, field: str) -> str:
+    """Text fields must be strings; numbers (LaMP-3 scores in some dumps) are kept as their string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise _fail(path, f"expected a string, got {_typename(value)}", index, rid, field)
+
+
+class _UserAggregator:
+    """Collects each user's docs over all questions of all splits, checking that repeated doc ids agree."""
+
+    def __init__(self) -> None:
+        # user_id -> doc_id -> (doc, (file, record index, record id, profile index) of its first copy, raw item)
+        self.docs: dict[str, dict[str, tuple[HistoryDoc, tuple[Path, int, str, int], dict]]] = {}
+
+    def add(self, user_id: str, doc: HistoryDoc, origin: tuple[Path, int, str, int], raw: dict) -> None:
+        """Keep the first copy of each doc id; a later copy with other content is an error naming both places."""
+        docs = self.docs.setdefault(user_id, {})
+        known = docs.get(doc.doc_id)
+        if known is None:
+            docs[doc.doc_id] = (doc, origin, raw)
+        elif known[0] != doc:
+            first, (fpath, fi, fid, fj), _ = known
+            diff = "date" if first.date != doc.date else next(
+                f for f in sorted(set(first.fields) | set(doc.fields)) if first.fields.get(f) != doc.fields.get(f))
+            old = format_date(first.date) if diff == "date" else first.fields.get(diff)
+            new = format_date(doc.date) if diff == "date" else doc.fields.get(diff)
+            path, i, rid, j = origin
+            raise _fail(path, f"user {user_id!r} doc {doc.doc_id!r} differs from its copy in "
+                              f"{_where(fpath, fi, fid, f'profile[{fj}]')} ({diff}: {old!r} there, {new!r} here)",
+                        i, rid, f"profile[{j}]")
+
+    def users(self) -> dict[str, User]:
+        """Histories oldest first; sorted() is stable, so equal dates keep first-seen order."""
+        return {uid: User(uid, sorted((d for d, _, _ in docs.values()), key=lambda d: d.date))
+                for uid, docs in self.docs.items()}
+
+
+def _profile_item(path: Path, i: int, qid: str, j: int, item: Any, spec: TaskSpec) -> HistoryDoc:
+    """Validate one profile item into a HistoryDoc (task fields only); the common all-strings case is fast."""
+    if type(item) is dict:
+        did, raw_date = item.get("id"), item.get("date")
+        if type(did) is str and type(raw_date) is str:
+            values = [item.get(f) for f in spec.profile_fields]
+            if all(type(v) is str for v in values):
+                try:
+                    return HistoryDoc(did, _parse_date_cached(raw_date), dict(zip(spec.profile_fields, values)))
+                except ValueError:
+                    pass
+    return _profile_item_checked(path, i, qid, j, item, spec)
+
+
+def _profile_item_checked(path: Path, i: int, qid: str, j: int, item: Any, spec: TaskSpec) -> HistoryDoc:
+    """The slow path of _profile_item: every check spelled out, with the message that names the field."""
+    at = f"profile[{j}]"
+    if not isinstance(item, dict):
+        raise _fail(path, f"expected an object, got {_typename(item)}", i, qid, at)
+    did = _as_id(_get(item, "id", path, i, qid, f"{at}.id"), path, i, qid, f"{at}.id")
+    try:
+        date = parse_date(_get(item, "date", path, i, qid, f"{at}.date"))
+    except ValueError as e:
+        raise _fail(path, str(e), i, qid, f"{at}.date") from None
+    fields = {f: _as_text(_get(item, f, path, i, qid, f"{at}.{f}"), path, i, qid, f"{at}.{f}")
+              for f in spec.profile_fields}
+    return HistoryDoc(did, date, fields)
+
+
+def _read_questions(path: Path, spec: TaskSpec, users: _UserAggregator) -> list[tuple[str, str, str]]:
+    """Validate a questions file, feed its profiles to `users`; returns (id, user_id, input) per record."""
+    data = _load_json(path)
+    if not isinstance(data, list):
+        raise _fail(path, f"top level: expected a JSON list of questions, got {_typename(data)}")
+    out: list[tuple[str, str, str]] = []
+    first_index: dict[str, int] = {}
+    for i, rec in enumerate(data):
+        if not isinstance(rec, dict):
+            raise _fail(path, f"expected an object, got {_typename(rec)}", i)
+        qid = _as_id(_get(rec, "id", path, i, None, "id"), path, i, None, "id")
+        if qid in first_index:
+            raise _fail(path, f"duplicate question id (first at record {first_index[qid]})", i, qid, "id")
+        first_index[qid] = i
+        text = _get(rec, "input", path, i, qid, "input")
+        if not isinstance(text, str):
+            raise _fail(path, f"expected a string, got {_typename(text)}", i, qid, "input")
+        uid = _as_id(_get(rec, "user_id", path, i, qid, "user_id"), path, i, qid, "user_id")
+        profile = _get(rec, "profile", path, i, qid, "profile")
+        if not isinstance(profile, list):
+            raise _fail(path, f"expected a list of profile items, got {_typename(profile)}", i, qid, "profile")
+        if not profile:
+            raise _fail(path, "empty profile", i, qid, "profile")
+        known = users.docs.get(uid, {})
+        for j, item in enumerate(profile):
+            # Fast path: later questions repeat the user's profile; an identical raw copy needs no checks.
+            prev = known.get(item.get("id")) if type(item) is dict and type(item.get("id")) is str else None
+            if prev is not None and prev[2] == item:
+                continue
+            users.add(uid, _profile_item(path, i, qid, j, item, spec), (path, i, qid, j), item)
+        out.append((qid, uid, text))
+    return out
+
+
+def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
+    """Golds (or predictions) file -> {id: output}; its `task` must be the task asked for."""
+    path = Path(path)
+    spec = task_spec(task)
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        raise _fail(path, f"top level: expected an object with 'task' and 'golds', got {_typename(data)}")
+    if "task" not in data:
+        raise _fail(path, "missing field", field="task")
+    try:
+        file_task = get_task(data["task"]).name
+    except ValueError:
+        file_task = None
+    if file_task != spec.name:
+        raise _fail(path, f"file is for {data['task']!r}, expected {task_code(spec)!r}", field="task")
+    golds = data.get("golds")
+    if golds is None:
+        raise _fail(path, "missing field", field="golds")
+    if not isinstance(golds, list):
+        raise _fail(path, f"expected a list, got {_typename(golds)}", field="golds")
+    out: dict[str, str] = {}
+    first_index: dict[str, int] = {}
+    for i, rec in enumerate(golds):
+        if not isinstance(rec, dict):
+            raise _fail(path, f"golds: expected an object, got {_typename(rec)}", i)
+        gid = _as_id(_get(rec, "id", path, i, None, "id"), path, i, None, "id")
+        if gid in first_index:
+            raise _fail(path, f"duplicate gold id (first at record {first_index[gid]})", i, gid, "id")
+        first_index[gid] = i
+        out[gid] = _as_text(_get(rec, "output", path, i, gid, "output"), path, i, gid, "output")
+    return out
+
+
+def _few(ids: Iterable[str]) -> str:
+    ids = sorted(ids)
+    shown = ", ".join(repr(x) for x in ids[:_FEW])
+    return shown + (f", ... ({len(ids)} in all)" if len(ids) > _FEW else "")
+
+
+def _check_ids(qpath: Path, opath: Path, question_ids: list[str], golds: Mapping[str, str]) -> None:
+    """Every question needs exactly one gold and vice versa; list a few offenders of each kind."""
+    qids = set(question_ids)
+    missing, extra = qids - golds.keys(), golds.keys() - qids
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} question id(s) of {qpath.name} have no gold: {_few(missing)}")
+        if extra:
+            parts.append(f"{len(extra)} gold id(s) match no question of {qpath.name}: {_few(extra)}")
+        raise _fail(opath, "; ".join(parts), field="golds")
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while building millions of acyclic objects (json.load, records): ~1.5x faster."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def load_lamp(data_dir: str | Path, task: str, splits: Iterable[str] = SPLITS) -> LampDataset:
+    """Read the requested splits present in `data_dir` (train required when requested) into a LampDataset."""
+    with gc_paused():
+        return _load_lamp(Path(data_dir), task, splits)
+
+
+def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
+    try:
+        spec = task_spec(task)
+    except LampFormatError as e:
+        raise LampFormatError(f"{data_dir}: {e}") from None
+    wanted = list(dict.fromkeys(splits))
+    for split in wanted:
+        if split not in SPLITS:
+            raise LampFormatError(f"{data_dir}: splits: unknown split {split!r}; expected one of {SPLITS}")
+    users = _UserAggregator()
+    examples: dict[str, list[Example]] = {}
+    for split in wanted:
+        qpath, opath = questions_path(data_dir, split), outputs_path(data_dir, split)
+        if not qpath.is_file():
+            if split == "train":
+                raise LampFormatError(f"{qpath.name}: missing in {data_dir} (the train split is required)")
+            continue
+        records = _read_questions(qpath, spec, users)
+        golds: Mapping[str, str] | None = None
+        if opath.is_file():
+            golds = read_outputs(opath, spec)
+            _check_ids(qpath, opath, [r[0] for r in records], golds)
+        elif split != "test":
+            raise LampFormatError(f"{opath.name}: missing in {data_dir} (needed for the golds of {qpath.name})")
+        examples[split] = [Example(qid, uid, text, spec.extract_query(text), golds[qid] if golds is not None else None, split)
+                           for qid, uid, text in records]
+    if not examples:
+        raise LampFormatError(f"{data_dir}: none of the splits {wanted} has a questions file")
+    return LampDataset(spec.name, users.users(), examples)
+
+
+# ----------------------------------------------------------------------------------------------------- writing
+
+def profile_item_json(doc_id: str, date: str, fields: Mapping[str, str]) -> str:
+    """One profile item as JSON text: id, date, then the task fields."""
+    return json.dumps({"id": doc_id, "date": date, **fields}, ensure_ascii=False)
+
+
+def profile_json(docs: Iterable[HistoryDoc], spec: TaskSpec) -> str:
+    """A whole profile list as JSON text, computed once per user and reused by all their questions."""
+    items = [profile_item_json(d.doc_id, format_date(d.date), {f: d.fields[f] for f in spec.profile_fields
+                                                                if f in d.fields}) for d in docs]
+    return "[" + ", ".join(items) + "]"
+
+
+class QuestionsWriter:
+    """Streams question records into a questions file; it appears (atomically) only when the block succeeds."""
+
+    def __init__(self, path: str | Path, task: str | TaskSpec) -> None:
+        self.path = Path(path)
+        self.spec = task_spec(task)
+        self._cm = atomic_open(self.path)
+        self._f: IO[str] | None = None
+        self._count = 0
+        self._cache: tuple[User, str] | None = None  # the last user and their profile JSON
+
+    def __enter__(self) -> Self:
+        self._f = self._cm.__enter__()
+        self._f.write("[")
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        if exc[0] is None:
+            assert self._f is not None
+            self._f.write("\n]\n" if self._count else "]\n")
+        return self._cm.__exit__(*exc)
+
+    def write_record(self, example_id: str, input: str, user_id: str, profile: str) -> None:
+        """Append one record whose profile is already JSON text (see profile_json)."""
+        assert self._f is not None, "use QuestionsWriter as a context manager"
+        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + json.dumps(example_id, ensure_ascii=False)
+                      + ', "input": ' + json.dumps(input, ensure_ascii=False) + ', "user_id": '
+                      + json.dumps(user_id, ensure_ascii=False) + ', "profile": ' + profile + "}")
+        self._count += 1
+
+    def write(self, example: Example, user: User) -> None:
+        """Append an example; its profile is the user's full history (every doc dates before the question)."""
+        if not user.docs:
+            raise LampFormatError(f"{self.path.name}: record {self._count} (id {example.example_id!r}): profile: "
+                                  f"user {user.user_id!r} has no history docs")
+        if self._cache is None or self._cache[0] is not user:
+            self._cache = (user, profile_json(user.docs, self.spec))
+        self.write_record(example.example_id, example.input, user.user_id, self._cache[1])
+
+
+class OutputsWriter:
+    """Streams {"task", "golds"} records; atomic like QuestionsWriter. Used for golds and predictions alike."""
+
+    def __init__(self, path: str | Path, task: str | TaskSpec) -> None:
+        self.path = Path(path)
+        self.code = task_code(task)
+        self._cm = atomic_open(self.path)
+        self._f: IO[str] | None = None
+        self._count = 0
+
+    def __enter__(self) -> Self:
+        self._f = self._cm.__enter__()
+        self._f.write('{"task": ' + json.dumps(self.code) + ', "golds": [')
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        if exc[0] is None:
+            assert self._f is not None
+            self._f.write("\n]}\n" if self._count else "]}\n")
+        return self._cm.__exit__(*exc)
+
+    def write(self, example_id: str, output: str) -> None:
+        """Append one {"id", "output"}; non-string ids or outputs are refused rather than coerced silently."""
+        assert self._f is not None, "use OutputsWriter as a context manager"
+        if not isinstance(example_id, str) or not isinstance(output, str):
+            raise LampFormatError(f"{self.path.name}: record {self._count} (id {example_id!r}): output: expected "
+                                  f"string id and output, got {_typename(example_id)} and {_typename(output)}")
+        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + json.dumps(example_id, ensure_ascii=False)
+                      + ', "output": ' + json.dumps(output, ensure_ascii=False) + "}")
+        self._count += 1
+
+
+def write_outputs(path: str | Path, task: str | TaskSpec,
+                  golds: Mapping[str, str] | Iterable[tuple[str, str]]) -> Path:
+    """Write an outputs file ({id: output} or (id, output) pairs, in the given order) atomically."""
+    pairs = golds.items() if isinstance(golds, Mapping) else golds
+    with OutputsWriter(path, task) as w:
+        for example_id, output in pairs:
+            w.write(example_id, output)
+    return Path(path)
+
+
+def write_predictions(path: str | Path, task: str | TaskSpec, predictions: Mapping[str, str]) -> Path:
+    """Predictions use the outputs shape, so the official evaluator and read_outputs read them as-is."""
+    return write_outputs(path, task, predictions)
+
+
+def write_questions(path: str | Path, task: str | TaskSpec, examples: Iterable[Example],
+                    users: Mapping[str, User]) -> Path:
+    """Write a questions file atomically; each record's profile is its user's full history."""
+    with QuestionsWriter(path, task) as w:
+        for ex in examples:
+            user = users.get(ex.user_id)
+            if user is None:
+                raise LampFormatError(f"{Path(path).name}: record {w._count} (id {ex.example_id!r}): user_id: "
+                                      f"unknown user {ex.user_id!r}")
+            w.write(ex, user)
+    return Path(path)
+
+
+def write_lamp(data_dir: str | Path, dataset: LampDataset) -> Path:
+    """Write every split of a LampDataset (questions, and outputs where targets are known) into `data_dir`."""
+    for split, examples in dataset.examples.items():
+        write_questions(questions_path(data_dir, split), dataset.task, examples, dataset.users)
+        if all(ex.target is not None for ex in examples):
+            write_outputs(outputs_path(data_dir, split), dataset.task,
+                          [(ex.example_id, ex.target) for ex in examples])  # type: ignore[misc]
+    return Path(data_dir)

@@ -1,0 +1,104 @@
+"""Small shared helpers: atomic file writes (no half-written file on error) and content fingerprints."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO, Any
+
+# The process umask, read once: mkstemp creates 0600 files, but a replaced file should get the usual mode.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def _temp_path(path: Path) -> Path:
+    """A fresh, hidden temp file next to `path`, so the final os.replace stays on one filesystem."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """Give the temp file normal permissions and move it over `path` in one atomic step."""
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_replace(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path to write by any means; on success it replaces `path`, on error it is removed."""
+    path = Path(path)
+    tmp = _temp_path(path)
+    try:
+        yield tmp
+        _commit(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w", encoding: str = "utf-8") -> Iterator[IO[Any]]:
+    """Open a temp file for streaming writes; it replaces `path` only if the block finishes without error."""
+    if "r" in mode or "a" in mode or "+" in mode:
+        raise ValueError(f"atomic_open writes whole files; mode {mode!r} is not supported")
+    with atomic_replace(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write `text` to `path` through a temp file + os.replace, so readers never see a partial file."""
+    with atomic_open(path, "w", encoding=encoding) as f:
+        f.write(text)
+    return Path(path)
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
+    """Serialize first (a TypeError leaves `path` untouched), then write atomically."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False) + "\n"
+    return atomic_write_text(path, text)
+
+
+def atomic_save_tensors(tensors: Mapping[str, Any], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """safetensors' save_file through a temp file, so a killed job never leaves a truncated checkpoint."""
+    from safetensors.torch import save_file  # imported lazily: utils must stay importable without torch
+
+    with atomic_replace(path) as tmp:
+        save_file(dict(tensors), str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def _canonical(obj: Any) -> Any:
+    """JSON fallback for fingerprints: paths as strings, dataclasses as dicts, sets sorted."""
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=lambda x: json.dumps(x, sort_keys=True, default=_canonical))
+    raise TypeError(f"cannot fingerprint object of type {type(obj).__name__}")
+
+
+def fingerprint(*parts: Any) -> str:
+    """First 16 hex chars of sha256 over the canonical JSON of `parts`: equal inputs give equal cache keys."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_canonical)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """sha256 hex of a file's bytes, read in chunks so multi-GB data files do not fill memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
