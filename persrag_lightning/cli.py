@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -47,16 +49,24 @@ class PersragCLI(LightningCLI):
         parser.add_argument("--export_root", type=str, default="checkpoints",
                             help="folder that holds the exported bundles of every run")
 
+    def _cfg(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
     def _stage_name(self) -> str:
         """The module's bundle name (user_encoder, retriever, reranker), read from its class before instantiation."""
-        path = self.config[self.subcommand].model.class_path
+        path = self._cfg().model.class_path
         module, _, name = path.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         return getattr(cls, "bundle_name", name)
 
     def before_instantiate_classes(self) -> None:
-        """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured)."""
-        cfg = self.config[self.subcommand]
+        """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
+        `{run_dir}` in the data's paths is checkpoints/<run_name>, where the earlier stages exported."""
+        cfg = self._cfg()
+        run_dir = str(Path(cfg.export_root) / cfg.run_name)
+        for key, value in vars(cfg.data.init_args).items():
+            if isinstance(value, str) and "{run_dir}" in value:
+                setattr(cfg.data.init_args, key, value.replace("{run_dir}", run_dir))
         root = Path("runs") / cfg.run_name / self._stage_name()
         if not cfg.trainer.get("default_root_dir"):
             cfg.trainer.default_root_dir = str(root)
@@ -65,7 +75,7 @@ class PersragCLI(LightningCLI):
                                            init_args=Namespace(save_dir=str(root), name="logs"))
 
     def export_dir(self) -> Path:
-        cfg = self.config[self.subcommand]
+        cfg = self._cfg()
         return Path(cfg.export_root) / cfg.run_name / self._stage_name()
 
     def export_bundle(self) -> None:
@@ -91,14 +101,43 @@ class PersragCLI(LightningCLI):
             self.export_bundle()
 
 
+def feedback_command(args: list[str]) -> None:
+    """`persrag feedback --config X [--shard i --num-shards n] [--stats]`: build (a shard of) the LLM-feedback
+    labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
+    parser = argparse.ArgumentParser(prog="persrag feedback", add_help=False)
+    parser.add_argument("--shard", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)))
+    parser.add_argument("--num-shards", type=int, default=None)
+    parser.add_argument("--stats", action="store_true", help="print label statistics of the finished cache")
+    opts, rest = parser.parse_known_args(args)
+    num_shards = opts.num_shards or int(os.environ.get("SLURM_ARRAY_TASK_COUNT", 1))
+    cli = PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     args=rest, run=False)
+    dm = cli.datamodule
+    if not hasattr(dm, "build_feedback"):
+        raise SystemExit(f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)")
+    if opts.stats:
+        from persrag_lightning.data.feedback import feedback_stats
+
+        dm.setup("fit")
+        for split, examples in ((dm.hparams.train_split, dm.train_examples), (dm.hparams.val_split, dm.val_examples)):
+            print(f"\n{split} ({dm.builder().root}):\n{feedback_stats(examples).table()}")
+        return
+    builder = dm.build_feedback(opts.shard, num_shards)
+    print(f"shard {opts.shard}/{num_shards}: {builder.llm_calls} LLM calls; cache {builder.root}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `train.py` and the `persrag` console script."""
     args = resolve_config_args(list(sys.argv[1:] if argv is None else argv))
+    if args and args[0] == "feedback":
+        return feedback_command(args[1:])
     if args and args[0] == "export":  # export = validate the given checkpoint, then write the bundle
         args[0] = "validate"
         PersragCLI.export_after_validate = True
+    if argv is None:  # keep LightningCLI reading sys.argv (it warns when given both)
+        sys.argv[1:] = args
     PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-               args=args, save_config_kwargs={"overwrite": True})
+               args=None if argv is None else args, save_config_kwargs={"overwrite": True})
 
 
 if __name__ == "__main__":

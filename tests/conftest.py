@@ -40,3 +40,26 @@ def in_tmp_cwd(tmp_path, monkeypatch) -> Path:
     shutil.copytree(REPO / "configs", tmp_path / "configs")
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory) -> str:
+    """A random 2-layer llama over the MiniLM word-piece vocabulary with a chat template: any text tokenizes,
+    generation is deterministic (greedy) and fast, so feedback tests exercise the real hf backend."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from persrag_lightning.models.text_encoder import resolve_model_path
+
+    path = tmp_path_factory.mktemp("tiny_llm")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+    tokenizer.chat_template = ("{% for m in messages %}[CLS] {{ m['role'] }}: {{ m['content'] }} [SEP] {% endfor %}"
+                               "{% if add_generation_prompt %}[CLS] assistant: {% endif %}")
+    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+                         eos_token_id=tokenizer.sep_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from persrag_lightning.utils import file_digest
 
 Pooling = Literal["mean", "cls"]
 
@@ -37,15 +40,22 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=64)
+def _weights_digest(path: str, size: int, mtime: float) -> str:
+    return file_digest(path)
+
+
 def model_identity(name: str) -> dict[str, str]:
-    """What identifies a model's weights for cache keys (no absolute paths, so caches move between machines)."""
-    path = resolve_model_path(name)
-    config = Path(path) / "config.json"
-    weights = sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin"))
+    """What identifies a model for cache keys: its name, config and a digest of its weight files (a fine-tuned
+    export has the same shapes as its base, so sizes alone would collide); no absolute paths."""
+    path = Path(resolve_model_path(name))
+    config = path / "config.json"
+    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
     return {
-        "model": name,
+        "model": Path(name).name if path.exists() else name,
         "config": config.read_text() if config.exists() else "",
-        "weights": ",".join(f"{w.name}:{w.stat().st_size}" for w in weights),
+        "weights": ",".join(f"{w.name}:{_weights_digest(str(w), w.stat().st_size, w.stat().st_mtime)}"
+                            for w in weights),
     }
 
 

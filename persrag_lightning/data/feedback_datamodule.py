@@ -1,0 +1,97 @@
+"""DataModule of stages 2 and 3: builds missing LLM-feedback labels once per node, yields CandidateBatches."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from persrag_lightning.data.candidates import FeedbackExample, collate_candidates
+from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.feedback import (
+    CandidateRetriever, FeedbackBuilder, FeedbackMetric, FeedbackSettings, LLMConfig,
+)
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+
+
+class FeedbackDataModule(L.LightningDataModule):
+    """Train on the train split's feedback, validate on the dev split's (the held-out figure of the stage).
+
+    `user_encoder` is stage 1's export; `candidate_retriever` proposes the m·k candidates: an encoder name for
+    the retriever stage (the untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
+    """
+
+    def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
+                 cache_dir: str = ".cache/persrag", user_encoder: str = "{run_dir}/user_encoder",
+                 candidate_retriever: str = "minilm", encoder_max_length: int = 256, llm: LLMConfig | None = None,
+                 m: int = 6, k: int = 5, feedback_metric: FeedbackMetric = "task", chunk_size: int = 32,
+                 train_split: str = "train", val_split: str = "dev", max_train_examples: int | None = None,
+                 max_val_examples: int | None = None, batch_size: int = 4, num_workers: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.source = LampSource(task, data_dir, synth, cache_dir)
+        self.llm_config = llm or LLMConfig()
+        self.settings = FeedbackSettings(m=m, k=k, metric=feedback_metric, chunk_size=chunk_size)
+        self.corpus: Corpus | None = None
+        self.user_ids: list[str] = []
+        self.user_embeddings: torch.Tensor | None = None
+        self.train_examples: list[FeedbackExample] = []
+        self.val_examples: list[FeedbackExample] = []
+
+    def _limits(self) -> dict[str, int | None]:
+        h = self.hparams
+        return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
+
+    def builder(self) -> FeedbackBuilder:
+        """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
+        dataset = self.source.load()
+        corpus = Corpus.from_dataset(dataset)
+        retriever = CandidateRetriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
+                                       self.hparams.encoder_max_length)
+        return FeedbackBuilder(dataset, corpus, self.hparams.user_encoder, retriever, self.llm_config,
+                               self.settings, self.hparams.cache_dir)
+
+    def build_feedback(self, shard: int = 0, num_shards: int = 1) -> FeedbackBuilder:
+        """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs)."""
+        self.source.prepare()
+        builder = self.builder()
+        for split, limit in self._limits().items():
+            if builder.missing_chunks(split, limit):
+                builder.retriever.prepare()
+                builder.build(split, shard, num_shards, limit)
+        return builder
+
+    def prepare_data(self) -> None:
+        """Once per node: data, corpus embeddings of the candidate retriever, and all missing labels."""
+        self.build_feedback()
+
+    def setup(self, stage: str | None = None) -> None:
+        """On every rank: read the cached labels and the frozen user table; never calls the LLM."""
+        if self.corpus is not None:
+            return
+        builder = self.builder()
+        self.corpus = builder.corpus
+        self.user_ids = builder.user_encoder.user_ids
+        self.user_embeddings = builder.user_encoder.user_embeddings
+        hint = "--config <this stage's config>"
+        h = self.hparams
+        self.train_examples = builder.load(h.train_split, h.max_train_examples, hint)
+        self.val_examples = builder.load(h.val_split, h.max_val_examples, hint)
+
+    def _loader(self, examples: list[FeedbackExample], shuffle: bool) -> DataLoader:
+        user_row = {u: i for i, u in enumerate(self.user_ids)}
+        return DataLoader(examples, batch_size=self.hparams.batch_size, shuffle=shuffle,
+                          num_workers=self.hparams.num_workers,
+                          collate_fn=partial(collate_candidates, user_row=user_row, corpus_texts=self.corpus.texts))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_examples, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_examples, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_examples, shuffle=False)

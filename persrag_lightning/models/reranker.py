@@ -1,0 +1,221 @@
+"""CFRAG personalized reranker (§4.3.1, Eq. 9–10): cross-encoder [CLS] state + user MLPs, plain torch, no Lightning."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from persrag_lightning.data.candidates import CandidateBatch
+from persrag_lightning.models.retriever import (
+    USER_HEADS,
+    LoraSettings,
+    apply_lora,
+    atomic_directory,
+    config_from_json,
+    freeze_pooler,
+    merged_copy,
+)
+from persrag_lightning.models.text_encoder import resolve_model_path
+from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
+
+
+@dataclass
+class RerankerConfig:
+    """Official shapes: query and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not
+    normalised; MLP3 Linear(2d, d)–Tanh–Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded
+    MiniLM (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works."""
+
+    user_dim: int = 384
+    encoder: str = "minilm"
+    max_length: int = 512
+    max_query_length: int = 256
+    max_doc_length: int = 256
+    use_user: bool = True                 # False = ablation (6) of Table 3: the head sees h alone
+    lora_r: int = 0
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("query", "value")
+
+    @property
+    def lora(self) -> LoraSettings:
+        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
+
+
+def cls_state(hidden: torch.Tensor) -> torch.Tensor:
+    # Eq. 9: h_{q,d} = CrossEncoder(q, d), the last layer's [CLS] hidden state; [P, L, d] -> [P, d]
+    return hidden[:, 0]
+
+
+def personalized_rerank_score(head: nn.Module, h: torch.Tensor, user: torch.Tensor | None) -> torch.Tensor:
+    # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation (6) -> [P]
+    x = h if user is None else torch.cat([h, user], dim=-1)
+    return head(x).squeeze(-1)
+
+
+def score_head(dim: int, use_user: bool) -> nn.Sequential:
+    """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone without users."""
+    if use_user:
+        return nn.Sequential(nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
+    return nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
+
+
+class PersonalizedReranker(nn.Module):
+    """Scores (query, doc) pairs with a cross-encoder whose [CLS] state is concatenated with MLP2(e_u) and fed to
+    MLP3. The concatenation order follows the paper's Eq. 10, [h; MLP2(e_u)]; REFERENCE.md records the official
+    code as [user_map(e_u); h]. The order only permutes MLP3's first-layer inputs, so both are equally expressive,
+    but weights trained with one order do not load into the other."""
+
+    def __init__(self, config: RerankerConfig, encoder: nn.Module, tokenizer) -> None:
+        super().__init__()
+        self.config = config
+        freeze_pooler(encoder)
+        self.encoder = apply_lora(encoder, config.lora)
+        self.tokenizer = tokenizer
+        self._pair_tokenizer = None
+        dim = self.dim
+        self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
+        self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
+
+    @classmethod
+    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> "PersonalizedReranker":
+        """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped) and new MLPs."""
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model_path(name)
+        return cls(RerankerConfig(user_dim=user_dim, encoder=name, **config), AutoModel.from_pretrained(path),
+                   AutoTokenizer.from_pretrained(path))
+
+    @property
+    def dim(self) -> int:
+        return int(self.encoder.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # ---- tokenization ---------------------------------------------------------------------------------------
+
+    def _backend(self):
+        """A private copy of the fast tokenizer's backend, without its truncation/padding state, to build pairs."""
+        if self._pair_tokenizer is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                return None
+            from tokenizers import Tokenizer
+
+            self._pair_tokenizer = Tokenizer.from_str(backend.to_str())
+            self._pair_tokenizer.no_truncation()
+            self._pair_tokenizer.no_padding()
+        return self._pair_tokenizer
+
+    def tokenize_pairs(self, queries: list[str], docs: list[str]) -> dict[str, torch.Tensor]:
+        """Truncate query and doc separately (256 tokens each by default), then build the pair with the model's
+        special tokens, trimming the longer side if the pair still exceeds max_length; right-padded tensors."""
+        cfg = self.config
+        backend = self._backend()
+        if backend is None:  # slow tokenizer: truncate per side through decode, then let it build the pair
+            q = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
+                                                      max_length=cfg.max_query_length)["input_ids"]) for t in queries]
+            d = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
+                                                      max_length=cfg.max_doc_length)["input_ids"]) for t in docs]
+            return dict(self.tokenizer(q, d, padding=True, truncation="longest_first", max_length=cfg.max_length,
+                                       return_tensors="pt"))
+        budget = cfg.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
+        encoded = []
+        for q, d in zip(backend.encode_batch(list(queries), add_special_tokens=False),
+                        backend.encode_batch(list(docs), add_special_tokens=False)):
+            nq, nd = min(len(q.ids), cfg.max_query_length), min(len(d.ids), cfg.max_doc_length)
+            while nq + nd > budget:  # longest_first, as transformers' pair truncation
+                if nq >= nd:
+                    nq -= 1
+                else:
+                    nd -= 1
+            q.truncate(nq)
+            d.truncate(nd)
+            encoded.append(backend.post_process(q, d, add_special_tokens=True))
+        width = max(len(e.ids) for e in encoded) if encoded else 0
+        pad_id = self.tokenizer.pad_token_id or 0
+        out = {
+            "input_ids": torch.tensor([e.ids + [pad_id] * (width - len(e.ids)) for e in encoded], dtype=torch.long),
+            "attention_mask": torch.tensor([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in encoded],
+                                           dtype=torch.long),
+        }
+        if "token_type_ids" in self.tokenizer.model_input_names:
+            out["token_type_ids"] = torch.tensor([e.type_ids + [0] * (width - len(e.ids)) for e in encoded],
+                                                 dtype=torch.long)
+        return out
+
+    # ---- scoring --------------------------------------------------------------------------------------------
+
+    def user_vectors(self, e_u: torch.Tensor) -> torch.Tensor:
+        """MLP2(e_u), not normalised (as the official code), [P, du] -> [P, d]."""
+        if e_u.shape[-1] != self.config.user_dim:
+            raise ValueError(f"user embeddings are {e_u.shape[-1]}-d, the reranker expects {self.config.user_dim}")
+        return self.user_map(e_u.to(device=self.user_map.weight.device, dtype=self.user_map.weight.dtype))
+
+    def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
+                    batch_size: int | None = None) -> torch.Tensor:
+        """Eq. 10 for P pairs, [P]; e_u [P, du] is the query user's embedding per pair (ignored without users).
+        Differentiable; wrap in torch.no_grad() to serve, and pass batch_size to bound memory."""
+        if len(queries) != len(docs):
+            raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
+        if self.config.use_user and e_u is None:
+            raise ValueError("this reranker uses users (use_user=True): pass e_u")
+        if not queries:
+            return torch.zeros(0, device=self.device)
+        step = batch_size or len(queries)
+        out = []
+        for start in range(0, len(queries), step):
+            sl = slice(start, start + step)
+            inputs = {k: v.to(self.device) for k, v in self.tokenize_pairs(queries[sl], docs[sl]).items()}
+            h = cls_state(self.encoder(**inputs).last_hidden_state)
+            user = self.user_vectors(e_u[sl]).to(h.dtype) if self.config.use_user else None
+            out.append(personalized_rerank_score(self.head, h, user))
+        return torch.cat(out)
+
+    def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
+        """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is masked by the loss."""
+        queries, docs, pos = batch.pair_texts()
+        pos = pos.to(user_embeddings.device)
+        scores = self.score_pairs(queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None)
+        out = scores.new_zeros(tuple(batch.mask.shape))
+        return out.index_put((pos[:, 0].to(out.device), pos[:, 1].to(out.device)), scores)
+
+    # ---- export ---------------------------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """encoder/ (HF model + tokenizer, LoRA merged), user_heads.safetensors (MLP2, MLP3), config.json; written
+        to a temp folder and renamed at the end."""
+        path = Path(path)
+        with atomic_directory(path) as tmp:
+            merged_copy(self.encoder).save_pretrained(tmp / "encoder")
+            self.tokenizer.save_pretrained(tmp / "encoder")
+            heads = {f"head.{k}": v for k, v in self.head.state_dict().items()}
+            if self.user_map is not None:
+                heads.update({f"user_map.{k}": v for k, v in self.user_map.state_dict().items()})
+            atomic_save_tensors({k: v.detach().cpu().contiguous() for k, v in heads.items()}, tmp / USER_HEADS)
+            atomic_write_json(tmp / "config.json", {**asdict(self.config), "lora_merged": self.config.lora_r > 0,
+                                                    "concat_order": "h,user"})
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "PersonalizedReranker":
+        """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r comes back 0."""
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(path)
+        config = replace(config_from_json(RerankerConfig, path / "config.json"), lora_r=0)
+        model = cls(config, AutoModel.from_pretrained(str(path / "encoder")),
+                    AutoTokenizer.from_pretrained(str(path / "encoder")))
+        heads = load_file(str(path / USER_HEADS), device=map_location)
+        model.head.load_state_dict({k.removeprefix("head."): v for k, v in heads.items() if k.startswith("head.")})
+        if model.user_map is not None:
+            model.user_map.load_state_dict({k.removeprefix("user_map."): v for k, v in heads.items()
+                                            if k.startswith("user_map.")})
+        model.to(map_location)
+        return model.eval()
+

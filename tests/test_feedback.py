@@ -1,0 +1,147 @@
+"""LLM-feedback labels: built once, cached, resumable, shardable, and read back as typed batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.data.feedback import LLMConfig, feedback_stats
+from persrag_lightning.data.feedback_datamodule import FeedbackDataModule
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.llm import hf
+from persrag_lightning.llm.base import LLMBackendError
+from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
+
+SYNTH = SynthConfig(num_users=16, docs_per_user=(6, 10), train_questions_per_user=2, dev_questions_per_user=1)
+
+
+@pytest.fixture()
+def world(tmp_path, tiny_bert):
+    """SynthLaMP, its corpus embedded by the tiny encoder, and a user-encoder export (untrained weights)."""
+    cache = tmp_path / "cache"
+    source = LampSource("LaMP-2", None, SYNTH, str(cache))
+    source.prepare()
+    corpus = Corpus.from_dataset(source.load())
+    build_corpus_embeddings(corpus, cache, encoder=tiny_bert)
+    table = load_corpus_embeddings(cache, corpus, encoder=tiny_bert)
+    torch.manual_seed(0)
+    encoder = UserEncoder(UserEncoderConfig(dim=table.shape[1], num_docs=len(corpus)), table).eval()
+    encoder.index_users(corpus.user_ids, torch.randn(len(corpus.user_ids), table.shape[1]))
+    encoder.save_pretrained(tmp_path / "user_encoder")
+    return tmp_path
+
+
+@pytest.fixture()
+def count_llm_calls(monkeypatch):
+    """Counts prompts that reach the hf backend's generate."""
+    calls = {"prompts": 0, "loads": 0}
+    generate, init = hf.HFLLM.generate, hf.HFLLM.__init__
+
+    def counting_generate(self, prompts, max_new_tokens):
+        calls["prompts"] += len(prompts)
+        return generate(self, prompts, max_new_tokens)
+
+    def counting_init(self, *args, **kwargs):
+        calls["loads"] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf.HFLLM, "generate", counting_generate)
+    monkeypatch.setattr(hf.HFLLM, "__init__", counting_init)
+    return calls
+
+
+def datamodule(root: Path, tiny_bert: str, tiny_llm: str, cache: str = "cache", **kw) -> FeedbackDataModule:
+    args = dict(task="LaMP-2", synth=SYNTH, cache_dir=str(root / cache), user_encoder=str(root / "user_encoder"),
+                candidate_retriever=tiny_bert, llm=LLMConfig(model=tiny_llm, batch_size=8, options={"device": "cpu"}),
+                m=3, k=2, chunk_size=8, batch_size=4)
+    return FeedbackDataModule(**{**args, **kw})
+
+
+def chunk_files(dm: FeedbackDataModule) -> dict[str, bytes]:
+    root = dm.builder().root
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("chunk-*.jsonl"))}
+
+
+def test_build_once_then_zero_llm_calls(world, tiny_bert, tiny_llm, count_llm_calls):
+    dm = datamodule(world, tiny_bert, tiny_llm)
+    dm.prepare_data()
+    first = count_llm_calls["prompts"]
+    n_examples = 16 * 3
+    assert 0 < first <= n_examples * 3 * 2  # m·k prompts per example, fewer when identical prompts repeat
+
+    again = datamodule(world, tiny_bert, tiny_llm)
+    again.prepare_data()
+    assert count_llm_calls["prompts"] == first  # the second run makes zero LLM calls
+    assert count_llm_calls["loads"] == 1  # and never even loads the LLM
+
+    again.setup("fit")
+    assert len(again.train_examples) == 32 and len(again.val_examples) == 16
+    batch = next(iter(again.train_dataloader()))
+    assert batch.doc_index.shape == (4, 6) and batch.mask.all()
+    assert ((batch.labels == 0) | (batch.labels == 1)).all()  # LaMP-2 accuracy per candidate
+    assert len(batch.docs) == len(set(batch.docs)) <= 24  # a doc shared by examples is carried once
+    first_ex = again.train_examples[0]
+    assert first_ex.candidates[0].owner == first_ex.user_id  # the query user ranks first among the m users
+    assert {c.owner for c in first_ex.candidates} <= set(again.user_ids)
+
+
+def test_shards_merge_to_single_process_build(world, tiny_bert, tiny_llm):
+    single = datamodule(world, tiny_bert, tiny_llm)
+    single.prepare_data()
+    sharded = datamodule(world, tiny_bert, tiny_llm, cache="cache_sharded")
+    # the corpus embeddings are in another cache dir: copy nothing, let each shard build what it needs
+    for shard in (2, 0, 1):
+        sharded.build_feedback(shard, 3)
+    assert chunk_files(sharded) == chunk_files(single)
+
+
+def test_killed_build_resumes_from_finished_chunks(world, tiny_bert, tiny_llm, count_llm_calls, monkeypatch):
+    dm = datamodule(world, tiny_bert, tiny_llm)
+    generate = hf.HFLLM.generate
+    state = {"batches": 0}
+
+    def failing_after_two_chunks(self, prompts, max_new_tokens):
+        state["batches"] += 1
+        if state["batches"] > 2:
+            raise LLMBackendError("server went away")
+        return generate(self, prompts, max_new_tokens)
+
+    monkeypatch.setattr(hf.HFLLM, "generate", failing_after_two_chunks)
+    with pytest.raises(LLMBackendError, match="server went away"):
+        dm.prepare_data()
+    done = chunk_files(dm)
+    assert len(done) == 2 and not list(dm.builder().root.rglob("*.tmp"))
+
+    monkeypatch.setattr(hf.HFLLM, "generate", generate)
+    dm.prepare_data()
+    assert len(chunk_files(dm)) == 4 + 2  # train: 32 examples / 8; dev: 16 / 8
+    assert {k: v for k, v in chunk_files(dm).items() if k in done} == done  # finished chunks kept as they were
+
+
+def test_missing_user_encoder_names_the_command(world, tiny_bert, tiny_llm):
+    dm = datamodule(world, tiny_bert, tiny_llm, user_encoder=str(world / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="cfrag_user_encoder.yaml"):
+        dm.prepare_data()
+
+
+def test_setup_without_labels_names_the_command(world, tiny_bert, tiny_llm):
+    dm = datamodule(world, tiny_bert, tiny_llm)
+    with pytest.raises(FileNotFoundError, match="persrag feedback"):
+        dm.setup("fit")
+
+
+def test_loglik_metric_and_stats(world, tiny_bert, tiny_llm):
+    dm = datamodule(world, tiny_bert, tiny_llm, feedback_metric="loglik", max_train_examples=8, max_val_examples=8)
+    dm.prepare_data()
+    dm.setup("fit")
+    labels = np.array([c.label for e in dm.train_examples for c in e.candidates])
+    assert len(dm.train_examples) == 8 and (labels < 0).all() and np.isfinite(labels).all()
+    stats = feedback_stats(dm.train_examples)
+    assert stats.candidates_per_example == 6 and stats.informative_fraction == 1.0
+    assert "informative_fraction" in stats.table()
