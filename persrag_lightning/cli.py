@@ -101,6 +101,10 @@ class PersragCLI(LightningCLI):
             self.export_bundle()
 
 
+class ExportCLI(PersragCLI):
+    export_after_validate = True
+
+
 def feedback_command(args: list[str]) -> None:
     """`persrag feedback --config X [--shard i --num-shards n] [--stats]`: build (a shard of) the LLM-feedback
     labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
@@ -127,16 +131,28 @@ def feedback_command(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `train.py` and the `persrag` console script."""
+    """Entry point of `train.py` and the `persrag` console script: bad input ends with one clear line."""
+    from persrag_lightning.data.lamp import LampFormatError
+    from persrag_lightning.llm.base import LLMBackendError
+
+    try:
+        run(argv)
+    except (LampFormatError, LLMBackendError, FileNotFoundError) as err:
+        print(f"persrag: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+
+
+def run(argv: list[str] | None = None) -> None:
     args = resolve_config_args(list(sys.argv[1:] if argv is None else argv))
     if args and args[0] == "feedback":
         return feedback_command(args[1:])
+    cli_class = PersragCLI
     if args and args[0] == "export":  # export = validate the given checkpoint, then write the bundle
         args[0] = "validate"
-        PersragCLI.export_after_validate = True
+        cli_class = ExportCLI
     if argv is None:  # keep LightningCLI reading sys.argv (it warns when given both)
         sys.argv[1:] = args
-    PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    cli_class(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                args=None if argv is None else args, save_config_kwargs={"overwrite": True})
 
 

@@ -1,0 +1,42 @@
+"""The command line: config names resolve against configs/, bad input fails cleanly with no half-written cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def run_cli(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_print_config_resolves_names_against_configs(in_tmp_cwd):
+    out = run_cli(in_tmp_cwd, "fit", "--config", "cfrag_user_encoder.yaml", "--print_config")
+    assert out.returncode == 0, out.stderr
+    assert "UserEncoderModule" in out.stdout and "temperature: 0.1" in out.stdout
+
+
+def test_malformed_data_exits_nonzero_naming_file_record_field(in_tmp_cwd, tiny_bert):
+    data = in_tmp_cwd / "lamp"
+    data.mkdir()
+    question = {"id": "7", "input": "description: a film", "user_id": "u1",
+                "profile": [{"id": "d1", "date": "2020/01/02", "description": "x", "tag": "comedy"}]}
+    (data / "train_questions.json").write_text(json.dumps([question]))
+    (data / "train_outputs.json").write_text(json.dumps({"task": "LaMP_2", "golds": [{"id": "7", "output": "comedy"}]}))
+    out = run_cli(in_tmp_cwd, "fit", "--config", "cfrag_user_encoder.yaml", f"--data.init_args.data_dir={data}",
+                  f"--data.init_args.encoder={tiny_bert}", "--trainer.max_epochs=1")
+    assert out.returncode == 2
+    message = out.stderr.strip().splitlines()[-1]
+    assert message.startswith("persrag: error:")
+    assert "train_questions.json" in message and "record 0" in message and "date" in message
+    assert not (in_tmp_cwd / ".cache" / "persrag" / "embeddings").exists()
+
+
+def test_unknown_task_is_a_clear_error(in_tmp_cwd):
+    out = run_cli(in_tmp_cwd, "fit", "--config", "cfrag_user_encoder.yaml", "--data.init_args.task=LaMP-9")
+    assert out.returncode != 0
+    assert "unknown task" in out.stderr and "LaMP-1" in out.stderr
