@@ -102,3 +102,12 @@ def file_digest(path: str | Path, chunk_size: int = 1 << 20) -> str:
         while chunk := f.read(chunk_size):
             h.update(chunk)
     return h.hexdigest()
+
+
+def bundle_digest(path: str | Path) -> str:
+    """Content digest of an exported bundle folder (all its files), for cache keys."""
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        if p.is_file():
+            h.update(f"{p.relative_to(path)}:{file_digest(p)}".encode())
+    return h.hexdigest()[:16]

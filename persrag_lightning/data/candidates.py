@@ -35,7 +35,7 @@ class FeedbackExample:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: dict) -> "FeedbackExample":
+    def from_json(cls, obj: dict) -> FeedbackExample:
         return cls(**{**obj, "candidates": tuple(Candidate(**c) for c in obj["candidates"])})
 
 

@@ -21,7 +21,7 @@ class Corpus:
     texts: list[str]
 
     @classmethod
-    def from_dataset(cls, dataset: LampDataset) -> "Corpus":
+    def from_dataset(cls, dataset: LampDataset) -> Corpus:
         spec = get_task(dataset.task)
         user_ids = dataset.user_ids()
         offsets = np.zeros(len(user_ids) + 1, dtype=np.int64)

@@ -21,15 +21,14 @@ import torch
 
 from persrag_lightning.data.candidates import Candidate, FeedbackExample
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.records import Example, HistoryDoc, LampDataset
 from persrag_lightning.llm.base import LLM, LLMBackendError, load_llm, resolve_model
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import PROMPT_VERSION, build_prompt
 from persrag_lightning.metrics import score_prediction
-from persrag_lightning.models.text_encoder import TextEncoder, model_identity
 from persrag_lightning.models.user_encoder import UserEncoder
-from persrag_lightning.utils import atomic_open, atomic_write_json, file_digest, fingerprint
+from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+from persrag_lightning.utils import atomic_open, atomic_write_json, bundle_digest, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -62,76 +61,6 @@ class LLMConfig:
         return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)
 
 
-def bundle_digest(path: str | Path) -> str:
-    """Content digest of an exported bundle folder (all its files), for cache keys."""
-    h = hashlib.sha256()
-    for p in sorted(Path(path).rglob("*")):
-        if p.is_file():
-            h.update(f"{p.relative_to(path)}:{file_digest(p)}".encode())
-    return h.hexdigest()[:16]
-
-
-class CandidateRetriever:
-    """Proposes top-k docs from a user's history: the untuned encoder (Eq. 3) for the retriever stage, or a
-    trained retriever export (Eq. 5, with the query user's e_u) for the reranker stage."""
-
-    def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
-                 pooling: str = "mean") -> None:
-        self.spec = spec
-        self.corpus = corpus
-        self.cache_dir = cache_dir
-        self.trained = (Path(spec) / "user_heads.safetensors").exists()
-        self.max_length, self.pooling = max_length, pooling
-        self.model = None
-        if self.trained:
-            from persrag_lightning.models.retriever import PersonalizedRetriever
-
-            self.doc_encoder = str(PersonalizedRetriever.doc_encoder_path(spec))
-            config = json.loads((Path(spec) / "config.json").read_text())
-            self.max_length, self.pooling = config.get("max_length", max_length), config.get("pooling", pooling)
-        else:
-            self.doc_encoder = spec
-        self.doc_vectors: torch.Tensor | None = None
-
-    def identity(self) -> dict:
-        if self.trained:
-            return {"retriever": bundle_digest(self.spec)}
-        return {"encoder": model_identity(self.spec), "max_length": self.max_length, "pooling": self.pooling}
-
-    def _embedding_args(self) -> dict:
-        return {"encoder": self.doc_encoder, "max_length": self.max_length, "pooling": self.pooling}
-
-    def prepare(self) -> None:
-        """Embed the corpus with the doc encoder (cached, shared with stage 1 when it is the same encoder)."""
-        build_corpus_embeddings(self.corpus, self.cache_dir, **self._embedding_args())
-
-    def load(self) -> None:
-        if self.doc_vectors is not None:
-            return
-        self.doc_vectors = load_corpus_embeddings(self.cache_dir, self.corpus, **self._embedding_args())
-        if self.trained:
-            from persrag_lightning.models.retriever import PersonalizedRetriever
-
-            self.model = PersonalizedRetriever.from_pretrained(self.spec).eval()
-        else:
-            self.model = TextEncoder.from_pretrained(self.spec, pooling=self.pooling, max_length=self.max_length)
-
-    @torch.no_grad()
-    def query_vectors(self, queries: list[str]) -> torch.Tensor:
-        if self.trained:
-            return self.model.encode_queries(queries)
-        return self.model.encode(queries)
-
-    @torch.no_grad()
-    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
-        """Scores of corpus `rows` for one query vector: Eq. 3 (untuned) or Eq. 5 (trained, with e_u)."""
-        docs = self.doc_vectors[torch.as_tensor(rows)]
-        if not self.trained:
-            return docs @ query  # Eq. 3: cosine of L2-normalised vectors
-        u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
-        return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]
-
-
 @dataclass
 class FeedbackSettings:
     """m users (the query user included, as the official code) × k docs each; eval = task metric or log-lik."""
@@ -146,7 +75,7 @@ class FeedbackBuilder:
     """Builds, resumes and loads the feedback cache of one configuration."""
 
     def __init__(self, dataset: LampDataset, corpus: Corpus, user_encoder: str | Path,
-                 retriever: CandidateRetriever, llm: LLMConfig, settings: FeedbackSettings,
+                 retriever: CorpusRetriever, llm: LLMConfig, settings: FeedbackSettings,
                  cache_dir: str | Path) -> None:
         self.dataset, self.corpus, self.retriever, self.llm_config = dataset, corpus, retriever, llm
         self.settings = settings

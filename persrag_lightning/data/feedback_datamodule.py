@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
+from typing import Literal
 
 import lightning as L
 import torch
@@ -10,11 +12,10 @@ from torch.utils.data import DataLoader
 
 from persrag_lightning.data.candidates import FeedbackExample, collate_candidates
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.feedback import (
-    CandidateRetriever, FeedbackBuilder, FeedbackMetric, FeedbackSettings, LLMConfig,
-)
+from persrag_lightning.data.feedback import FeedbackBuilder, FeedbackMetric, FeedbackSettings, LLMConfig
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
 
 class FeedbackDataModule(L.LightningDataModule):
@@ -22,6 +23,8 @@ class FeedbackDataModule(L.LightningDataModule):
 
     `user_encoder` is stage 1's export; `candidate_retriever` proposes the m·k candidates: an encoder name for
     the retriever stage (the untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
+    `candidate_owners: self` keeps only the query user's own candidates: the ROPG-style baseline trained on the
+    same labels (no extra LLM calls), since the user ranks first among its m similar users.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
@@ -29,7 +32,8 @@ class FeedbackDataModule(L.LightningDataModule):
                  candidate_retriever: str = "minilm", encoder_max_length: int = 256, llm: LLMConfig | None = None,
                  m: int = 6, k: int = 5, feedback_metric: FeedbackMetric = "task", chunk_size: int = 32,
                  train_split: str = "train", val_split: str = "dev", max_train_examples: int | None = None,
-                 max_val_examples: int | None = None, batch_size: int = 4, num_workers: int = 0) -> None:
+                 max_val_examples: int | None = None, candidate_owners: Literal["all", "self"] = "all",
+                 batch_size: int = 4, num_workers: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
@@ -49,7 +53,7 @@ class FeedbackDataModule(L.LightningDataModule):
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
         dataset = self.source.load()
         corpus = Corpus.from_dataset(dataset)
-        retriever = CandidateRetriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
+        retriever = CorpusRetriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
                                        self.hparams.encoder_max_length)
         return FeedbackBuilder(dataset, corpus, self.hparams.user_encoder, retriever, self.llm_config,
                                self.settings, self.hparams.cache_dir)
@@ -78,8 +82,13 @@ class FeedbackDataModule(L.LightningDataModule):
         self.user_embeddings = builder.user_encoder.user_embeddings
         hint = "--config <this stage's config>"
         h = self.hparams
-        self.train_examples = builder.load(h.train_split, h.max_train_examples, hint)
-        self.val_examples = builder.load(h.val_split, h.max_val_examples, hint)
+        self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
+        self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
+
+    def select(self, examples: list[FeedbackExample]) -> list[FeedbackExample]:
+        if self.hparams.candidate_owners == "all":
+            return examples
+        return [replace(e, candidates=tuple(c for c in e.candidates if c.owner == e.user_id)) for e in examples]
 
     def _loader(self, examples: list[FeedbackExample], shuffle: bool) -> DataLoader:
         user_row = {u: i for i, u in enumerate(self.user_ids)}

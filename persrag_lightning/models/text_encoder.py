@@ -81,7 +81,7 @@ class TextEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name: str = "minilm", pooling: Pooling = "mean", max_length: int = 256,
-                        normalize: bool = True) -> "TextEncoder":
+                        normalize: bool = True) -> TextEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(name)

@@ -109,7 +109,7 @@ class UserEncoder(nn.Module):
         return path
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "UserEncoder":
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> UserEncoder:
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path}: not a user-encoder export (no config.json); "

@@ -1,0 +1,119 @@
+"""CFRAG inference (paper Fig. 2): top-m users → top-k docs of each by the retriever → reranker → final top-k.
+
+The switches of `CFRAG` give the paper's Table 3 ablations without separate code paths:
+w/o user retrieval (`m=1`), MEAN user embeddings (`users="mean"`), w/o retriever tuning (`retriever` = an encoder
+name), w/o the user term in the retriever (`retriever_user_term=False`), w/o reranker tuning (`reranker=None`:
+the final k are the best first-stage scores of the m·k), w/o e_u in the reranker (a reranker trained with
+`use_user: false`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.models.reranker import PersonalizedReranker
+from persrag_lightning.models.user_encoder import UserEncoder
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+from persrag_lightning.retrieval.user_index import UserIndex
+
+UserSource = Literal["encoder", "mean"]
+
+
+class CFRAG(Strategy):
+    """Collaborative retrieval: users by the contrastive user encoder, docs by the personalized retriever."""
+
+    def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
+                 k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
+                 cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64) -> None:
+        self.name = name
+        self.user_encoder_path = user_encoder
+        self.retriever_spec = retriever
+        self.reranker_path = reranker
+        self.m, self.k_per_user, self.users = m, k_per_user, users
+        self.retriever_user_term = retriever_user_term
+        self.cache_dir = cache_dir
+        self.batch_size = batch_size
+
+    def prepare(self, store: DocStore) -> None:
+        super().prepare(store)
+        self.user_encoder = UserEncoder.from_pretrained(self.user_encoder_path)
+        self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
+        self.user_index = self._user_index(store)
+        self.retriever = CorpusRetriever(self.retriever_spec, store.corpus, self.cache_dir)
+        self.retriever.prepare()
+        self.retriever.load()
+        self.reranker = PersonalizedReranker.from_pretrained(self.reranker_path).eval() if self.reranker_path else None
+
+    def _user_index(self, store: DocStore) -> UserIndex:
+        """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
+        if self.users == "encoder":
+            ids, vectors = self.user_encoder.user_ids, self.user_encoder.user_embeddings
+        else:
+            c = self.user_encoder.config
+            args = (c.text_encoder, c.text_max_length, c.text_pooling)
+            build_corpus_embeddings(store.corpus, self.cache_dir, *args)
+            docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
+            ids = store.corpus.user_ids
+            vectors = torch.stack([docs[store.corpus.user_rows(i, c.max_history)].mean(0) for i in range(len(ids))])
+        self.user_vectors = dict(zip(ids, vectors))
+        return UserIndex.build(ids, vectors)
+
+    def e_u(self, user_id: str) -> torch.Tensor | None:
+        row = self.user_row.get(user_id)
+        return None if row is None else self.user_encoder.user_embeddings[row]
+
+    def similar_users(self, user_id: str) -> list[tuple[str, float]]:
+        """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
+        if self.m == 1:
+            return [(user_id, 1.0)]
+        scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m)
+        return list(zip(ids[0], (float(s) for s in scores[0])))
+
+    @torch.no_grad()
+    def candidates(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
+        """The m·k candidates per query with user similarity and first-stage (Eq. 5 or Eq. 3) scores."""
+        vectors = self.retriever.query_vectors([q.query for q in queries])
+        out = []
+        for q, vec in zip(queries, vectors):
+            e_u = self.e_u(q.user_id) if self.retriever_user_term else None
+            docs: list[RetrievedDoc] = []
+            for owner, sim in self.similar_users(q.user_id):
+                rows = self.store.rows(owner)
+                scores = self.retriever.score(vec, rows, e_u)
+                top = torch.topk(scores, min(self.k_per_user, len(rows)))
+                docs += [self.store.doc(int(rows[i]), user_sim=sim, retriever_score=float(s))
+                         for s, i in zip(top.values, top.indices)]
+            out.append(docs)
+        return out
+
+    @torch.no_grad()
+    def rerank(self, query: Query, docs: list[RetrievedDoc], k: int) -> list[RetrievedDoc]:
+        if not docs:
+            return []
+        if self.reranker is None:
+            order = np.argsort([-d.retriever_score for d in docs], kind="stable")[:k]
+            return [docs[i] for i in order]
+        e_u = self.e_u(query.user_id)
+        users = None if e_u is None else e_u.unsqueeze(0).expand(len(docs), -1)
+        scores = self.reranker.score_pairs([query.query] * len(docs), [self.store.text(d.row) for d in docs], users)
+        order = torch.argsort(scores, descending=True, stable=True)[:k].tolist()
+        return [RetrievedDoc(**{**docs[i].__dict__, "reranker_score": float(scores[i])}) for i in order]
+
+    def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        out = []
+        for start in range(0, len(queries), self.batch_size):
+            chunk = queries[start:start + self.batch_size]
+            out += [self.rerank(q, docs, k) for q, docs in zip(chunk, self.candidates(chunk))]
+        return out
+
+
+def bundle(run_dir: str | Path, name: str) -> str | None:
+    """Path of an exported bundle of a run, or None when that stage was not trained."""
+    path = Path(run_dir) / name
+    return str(path) if (path / "config.json").exists() else None
