@@ -261,6 +261,10 @@ def run(argv: list[str] | None = None) -> None:
         return feedback_command(args[1:])
     if args and args[0] == "evaluate":
         return evaluate_command(args[1:])
+    if args and args[0] == "pipeline":
+        from persrag_lightning import pipeline
+
+        return pipeline.main(args[1:])
     cli_class = PersragCLI
     if args and args[0] == "export":  # export = validate the given checkpoint, then write the bundle
         args[0] = "validate"

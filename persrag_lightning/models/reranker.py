@@ -81,7 +81,7 @@ class PersonalizedReranker(nn.Module):
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> "PersonalizedReranker":
+    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
         """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped) and new MLPs."""
         from transformers import AutoModel, AutoTokenizer
 
@@ -165,8 +165,8 @@ class PersonalizedReranker(nn.Module):
             raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
         if self.config.use_user and e_u is None:
             raise ValueError("this reranker uses users (use_user=True): pass e_u")
-        if not queries:
-            return torch.zeros(0, device=self.device)
+        if not queries:  # a batch of padding only: an empty result that still belongs to the graph
+            return self.head[-1].bias.sum() * 0.0 + torch.zeros(0, device=self.device)
         step = batch_size or len(queries)
         out = []
         for start in range(0, len(queries), step):
@@ -203,7 +203,7 @@ class PersonalizedReranker(nn.Module):
         return path
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "PersonalizedReranker":
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> PersonalizedReranker:
         """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r comes back 0."""
         from transformers import AutoModel, AutoTokenizer
 

@@ -201,7 +201,7 @@ class PersonalizedRetriever(nn.Module):
         self.user_embeddings: torch.Tensor | None = None
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> "PersonalizedRetriever":
+    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedRetriever:
         """A fresh retriever on a pre-trained encoder (any TextEncoder name or folder); the user map is untrained."""
         cfg = RetrieverConfig(user_dim=user_dim, encoder=name, **config)
         query = TextEncoder.from_pretrained(name, cfg.pooling, cfg.max_length, normalize=True)
@@ -299,7 +299,7 @@ class PersonalizedRetriever(nn.Module):
         return {"encoder": self.query_encoder, "doc_encoder": self.doc_encoder}
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "PersonalizedRetriever":
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> PersonalizedRetriever:
         """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r comes back 0."""
         path = Path(path)
         config = replace(config_from_json(RetrieverConfig, path / "config.json"), lora_r=0)

@@ -1,0 +1,133 @@
+"""Training throughput of stages 2 and 3 on CPU with the real MiniLM: batched CandidateBatch steps (each distinct doc
+encoded once per batch) against a naive loop (one example per step, every candidate encoded for its example).
+
+Candidate lists overlap across the examples of a batch as real feedback does (similar users share docs): a share
+of each list comes from a pool common to the batch, the rest is the example's own. Prints a table; asserts nothing.
+
+    python benchmarks/bench_retriever_reranker.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
+from persrag_lightning.models.reranker import PersonalizedReranker
+from persrag_lightning.models.retriever import PersonalizedRetriever
+from persrag_lightning.modules.losses import kl_to_llm_feedback
+
+WORDS = ("model", "data", "user", "query", "history", "document", "retrieval", "personal", "movie",
+         "review", "paper", "title", "news", "tweet", "rating", "science", "fiction", "comedy", "drama",
+         "market", "election", "team", "season", "recipe", "garden", "music", "travel", "health", "policy",
+         "network", "learning", "graph", "language", "generation", "feedback", "ranking", "similar",
+         "collaborative", "filtering")
+
+
+def text(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def make_examples(rng: random.Random, batch: int, candidates: int, shared: float, doc_words: tuple[int, int]
+                  ) -> tuple[list[FeedbackExample], list[str]]:
+    """`batch` examples of `candidates` docs each; round(shared·candidates) of them from a pool common to the batch."""
+    n_shared = round(shared * candidates)
+    corpus: list[str] = [text(rng, *doc_words) for _ in range(n_shared)]
+    examples = []
+    for i in range(batch):
+        rows = list(range(n_shared))
+        for _ in range(candidates - n_shared):
+            rows.append(len(corpus))
+            corpus.append(text(rng, *doc_words))
+        rng.shuffle(rows)
+        cands = tuple(Candidate(row=r, doc_id=str(r), owner=f"u{i}", user_sim=1.0, first_stage=0.0, output="",
+                                label=rng.random()) for r in rows)
+        examples.append(FeedbackExample(f"e{i}", f"u{i}", "", text(rng, 12, 30), "", cands))
+    return examples, corpus
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: CandidateBatch,
+               e_u: torch.Tensor, temperature: float) -> None:
+    loss = kl_to_llm_feedback(model(batch, e_u[batch.users]), batch.labels, batch.mask, temperature, temperature)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def time_rounds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[CandidateBatch],
+                e_u: torch.Tensor, temperature: float, rounds: int) -> float:
+    """Seconds per round; a round trains once on each of `batches` (together, the same examples in every mode)."""
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for batch in batches:
+            train_step(model, optimizer, batch, e_u, temperature)
+    return (time.perf_counter() - start) / rounds
+
+
+def bench(name: str, model: torch.nn.Module, temperature: float, args: argparse.Namespace) -> list[dict]:
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=6e-5)
+    e_u = torch.randn(args.batch, 384)
+    rows = []
+    warmed = False
+    for candidates in args.candidates:
+        examples, corpus = make_examples(rng, args.batch, candidates, args.shared, tuple(args.doc_words))
+        user_row = {e.user_id: i for i, e in enumerate(examples)}
+        batched = collate_candidates(examples, user_row, corpus)
+        singles = [collate_candidates([e], user_row, corpus) for e in examples]
+        if not warmed:  # first step allocates optimizer state and warms the kernels
+            train_step(model, optimizer, batched, e_u, temperature)
+            warmed = True
+        for mode, batches in (("batched", [batched]), ("naive", singles)):
+            seconds = time_rounds(model, optimizer, batches, e_u, temperature, args.rounds)
+            docs = sum(len(b.docs) for b in batches) + len(examples)
+            texts = docs if name == "retriever" else args.batch * candidates
+            rows.append({"module": name, "C": candidates, "mode": mode, "steps": len(batches), "encoded": texts,
+                         "s/round": seconds, "samples/s": args.batch / seconds})
+            print(f"  {name} C={candidates} {mode}: {seconds:.2f} s per {args.batch} examples", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one timed round per setting instead of --rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (of --batch examples) per setting")
+    parser.add_argument("--batch", type=int, default=4, help="examples per batched step")
+    parser.add_argument("--candidates", type=int, nargs="+", default=[15, 30], help="m·k candidates per example")
+    parser.add_argument("--shared", type=float, default=0.6, help="share of each list drawn from the batch's pool")
+    parser.add_argument("--doc-words", type=int, nargs=2, default=[40, 120], help="doc length range in words")
+    parser.add_argument("--modules", nargs="+", default=["retriever", "reranker"], choices=["retriever", "reranker"])
+    parser.add_argument("--encoder", default="minilm")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, encoder {args.encoder}, batch {args.batch}, "
+          f"{args.shared:.0%} of each list shared, docs {args.doc_words[0]}-{args.doc_words[1]} words, "
+          f"{args.rounds} timed round(s) per setting", flush=True)
+    rows = []
+    if "retriever" in args.modules:
+        rows += bench("retriever", PersonalizedRetriever.from_encoder(args.encoder, 384), 1.0, args)
+    if "reranker" in args.modules:
+        rows += bench("reranker", PersonalizedReranker.from_encoder(args.encoder, 384), 0.1, args)
+
+    print()
+    header = f"{'module':<10} {'C':>3} {'mode':<8} {'steps':>5} {'texts/pairs encoded':>20} {'s/round':>8} " \
+             f"{'samples/s':>10} {'speedup':>8}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        naive = next(r for r in rows if r["module"] == row["module"] and r["C"] == row["C"] and r["mode"] == "naive")
+        print(f"{row['module']:<10} {row['C']:>3} {row['mode']:<8} {row['steps']:>5} {row['encoded']:>20} "
+              f"{row['s/round']:>8.2f} {row['samples/s']:>10.3f} {row['samples/s'] / naive['samples/s']:>7.2f}x")
+    print("\nsteps: optimizer steps per round of the same examples; texts/pairs encoded: docs through the doc "
+          "encoder (retriever, plus one query per example) or (query, doc) pairs through the cross-encoder.")
+
+
+if __name__ == "__main__":
+    main()

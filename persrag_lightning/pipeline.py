@@ -1,0 +1,68 @@
+"""`persrag pipeline`: every CFRAG stage on the embedded default, in order, skipping stages already exported.
+
+user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
+its "w/o e_u" ablation) → evaluation of every strategy and ablation, ending with the results table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+# Settings shared by every stage of a preset, as CLI overrides. `quick` fits the main job in ~20 minutes on
+# 2 CPU cores: fewer users, m = 3 users x k = 3 docs per example (paper: 6 x 5), a subset of the examples for
+# feedback and evaluation (inference keeps the paper's m = 6, k = 5 for every preset). `paper` keeps the paper's m, k and all examples (hours on CPU; minutes on a GPU node).
+PRESETS: dict[str, dict[str, list[str]]] = {
+    "quick": {
+        "data": ["--data.init_args.synth.num_users=120"],
+        "feedback": ["--data.init_args.m=3", "--data.init_args.k=3", "--data.init_args.max_train_examples=120",
+                     "--data.init_args.max_val_examples=40"],
+        "evaluate": ["--evaluation.synth.num_users=120", "--evaluation.max_examples=40"],
+    },
+    "paper": {"data": [], "feedback": [], "evaluate": []},
+}
+
+
+def stage_done(export_root: str, run_name: str, stage: str) -> bool:
+    return (Path(export_root) / run_name / stage / "config.json").exists()
+
+
+def main(argv: list[str]) -> None:
+    from persrag_lightning.cli import evaluate_command, run
+
+    parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    parser.add_argument("--run_name", default=None, help="default: synthlamp-<preset>")
+    parser.add_argument("--export_root", default="checkpoints")
+    parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    opts, extra = parser.parse_known_args(argv)
+    preset = PRESETS[opts.preset]
+    run_name = opts.run_name or f"synthlamp-{opts.preset}"
+    common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
+    llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
+    stages = [
+        ("user_encoder", ["--config", "cfrag_user_encoder.yaml", *preset["data"]]),
+        ("retriever", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm]),
+        ("retriever_ropg", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm,
+                            "--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",
+                            "--data.init_args.candidate_owners=self"]),
+        ("reranker", ["--config", "cfrag_reranker.yaml", *preset["data"], *preset["feedback"], *llm]),
+        ("reranker_no_user", ["--config", "cfrag_reranker.yaml", *preset["data"], *preset["feedback"], *llm,
+                              "--stage_name=reranker_no_user", "--model.init_args.use_user=false"]),
+    ]
+    timings = []
+    for stage, args in stages:
+        if stage_done(opts.export_root, run_name, stage):
+            print(f"[pipeline] {stage}: exported already, skipped")
+            continue
+        t0 = time.perf_counter()
+        print(f"[pipeline] {stage}: python train.py fit {' '.join(args + common + extra)}")
+        run(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
+        timings.append((stage, time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *preset["evaluate"],
+                      f"--evaluation.llm.backend={opts.llm_backend}"])
+    timings.append(("evaluate", time.perf_counter() - t0))
+    print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
+

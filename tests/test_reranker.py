@@ -1,0 +1,189 @@
+"""Stage 3 on a tiny random BERT: Eq. 10's shapes and order, pair truncation, export round trips, a short fit.
+
+That a reranker export loads without Lightning or peft is checked in test_retriever.py, in the same subprocess
+as the retriever (one interpreter start instead of two)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
+from persrag_lightning.models.reranker import PersonalizedReranker, cls_state
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine the two threads wait on each
+    other (a layer norm of a few hundred numbers took 8 ms); restored after each test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+CORPUS = [
+    "the cat sat on the warm mat", "dogs chase cats in the park", "a recipe for lemon cake with sugar",
+    "stock markets fell sharply on monday", "the team won the football final", "how to grow tomatoes at home",
+    "a review of the new science fiction film", "quantum computers use qubits", "baking bread needs patience",
+]
+USERS = ["u0", "u1", "u2"]
+
+
+def make_batch() -> CandidateBatch:
+    """Ragged candidate lists (5, 2, 4) sharing docs; labels are distinct so rankings are informative."""
+    lists = [[0, 1, 2, 3, 4], [2, 5], [6, 7, 8, 0]]
+    exs = []
+    for i, rows in enumerate(lists):
+        cands = tuple(Candidate(row=r, doc_id=f"d{r}", owner=USERS[r % 3], user_sim=0.5, first_stage=float(-j),
+                                output="", label=float((r * 5 + i) % 7) / 6) for j, r in enumerate(rows))
+        exs.append(FeedbackExample(f"e{i}", USERS[i], "input", f"query {i}: {CORPUS[rows[-1]]}", "y", cands))
+    return collate_candidates(exs, {u: i for i, u in enumerate(USERS)}, CORPUS)
+
+
+@pytest.fixture(scope="module")
+def reranker(tiny_bert) -> PersonalizedReranker:
+    torch.manual_seed(0)
+    return PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()
+
+
+def _linears(seq: nn.Sequential) -> list[tuple[int, int]]:
+    return [(m.in_features, m.out_features) for m in seq if isinstance(m, nn.Linear)]
+
+
+def test_head_shapes_follow_reference(tiny_bert, reranker):
+    d = reranker.dim
+    assert _linears(reranker.head) == [(2 * d, d), (d, d), (d, 1)]
+    assert [type(m) for m in reranker.head] == [nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear]
+    assert (reranker.user_map.in_features, reranker.user_map.out_features) == (8, d)
+    ablation = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8, use_user=False)
+    assert ablation.user_map is None
+    assert _linears(ablation.head) == [(d, d), (d, 1)]
+    assert [type(m) for m in ablation.head] == [nn.Linear, nn.Tanh, nn.Linear]
+
+
+def test_score_is_mlp3_of_cls_then_user(reranker):
+    """Eq. 10: MLP3(CONCAT(h, MLP2(e_u))), h first as the paper writes it; MLP2 output not normalised."""
+    q, d = ["what cake to bake"], ["a recipe for lemon cake with sugar"]
+    e_u = torch.randn(1, 8)
+    with torch.no_grad():
+        got = reranker.score_pairs(q, d, e_u)
+        h = cls_state(reranker.encoder(**reranker.tokenize_pairs(q, d)).last_hidden_state)
+        want = reranker.head(torch.cat([h, reranker.user_map(e_u)], dim=-1)).squeeze(-1)
+        swapped = reranker.head(torch.cat([reranker.user_map(e_u), h], dim=-1)).squeeze(-1)
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, swapped)
+    with pytest.raises(ValueError, match="e_u"):
+        reranker.score_pairs(q, d, None)
+
+
+def test_query_and_doc_are_truncated_separately(tiny_bert):
+    model = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8, max_query_length=10, max_doc_length=12)
+    long_q, long_d = " ".join(["alpha"] * 50), " ".join(["beta"] * 50)
+    enc = model.tokenize_pairs([long_q, "short query"], [long_d, long_d])
+    types = enc["token_type_ids"][0]
+    assert enc["input_ids"].shape[1] == 1 + 10 + 1 + 12 + 1  # [CLS] q [SEP] d [SEP]
+    assert int((types == 0).sum()) == 12 and int((types == 1).sum()) == 13
+    # the short query keeps all its tokens and the doc still gets only its own 12
+    assert int(enc["attention_mask"][1].sum()) == 1 + 2 + 1 + 12 + 1
+    assert int(enc["token_type_ids"][1].sum()) == 13
+    # the total cap trims the longer side first
+    model.config.max_length = 20
+    enc = model.tokenize_pairs([long_q], [long_d])
+    assert enc["input_ids"].shape[1] == 20
+
+
+def test_forward_scatters_valid_pairs_and_leaves_padding_zero(reranker):
+    batch = make_batch()
+    e_u = torch.randn(len(batch), 8)
+    with torch.no_grad():
+        scores = reranker(batch, e_u)
+        queries, docs, pos = batch.pair_texts()
+        pairs = reranker.score_pairs(queries, docs, e_u[pos[:, 0]], batch_size=4)
+    assert scores.shape == batch.mask.shape
+    assert (scores[~batch.mask] == 0).all()
+    torch.testing.assert_close(scores[pos[:, 0], pos[:, 1]], pairs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lora_r,use_user", [(0, True), (4, True), (0, False)])
+def test_save_and_reload_reproduce_scores(tiny_bert, tmp_path, lora_r, use_user):
+    from transformers import AutoModel
+
+    torch.manual_seed(1)
+    model = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8, lora_r=lora_r, use_user=use_user).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    batch = make_batch()
+    e_u = torch.randn(len(batch), 8)
+    with torch.no_grad():
+        before = model(batch, e_u)
+    model.save_pretrained(tmp_path / "reranker")
+    assert sorted(p.name for p in (tmp_path / "reranker").iterdir()) == ["config.json", "encoder",
+                                                                         "user_heads.safetensors"]
+    reloaded = PersonalizedReranker.from_pretrained(tmp_path / "reranker")
+    assert not any("lora" in name for name in reloaded.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(batch, e_u), before, atol=1e-5, rtol=1e-5)
+        # the encoder folder is plain transformers: same [CLS] state without our code or peft
+        plain = AutoModel.from_pretrained(str(tmp_path / "reranker" / "encoder")).eval()
+        tokens = model.tokenize_pairs(["a query"], ["a doc about cake"])
+        torch.testing.assert_close(plain(**tokens).last_hidden_state[:, 0],
+                                   model.encoder(**tokens).last_hidden_state[:, 0], atol=1e-5, rtol=1e-5)
+
+
+# ---- the LightningModule --------------------------------------------------------------------------------------
+
+
+def test_reranker_module_fit_lowers_kl_and_exports(tiny_bert, tmp_path):
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from persrag_lightning.modules.reranker import RerankerModule
+
+    batch = make_batch()
+    torch.manual_seed(3)
+    table = torch.randn(len(USERS), 8)
+
+    class Data(L.LightningDataModule):
+        user_embeddings = table
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
+
+        val_dataloader = train_dataloader
+
+    data = Data()
+    module = RerankerModule(encoder=tiny_bert, lr=2e-3)
+    assert module.hparams.student_temperature == module.hparams.teacher_temperature == 0.1
+    module.attach_datamodule(data)
+
+    def kl() -> float:
+        module.eval()
+        with torch.no_grad():
+            return module.loss(module(batch), batch).item()
+
+    before = kl()
+    trainer = L.Trainer(max_epochs=8, accelerator="cpu", logger=CSVLogger(tmp_path, name="logs"),
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, log_every_n_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, datamodule=data)
+    after = kl()
+    assert after < 0.7 * before, (before, after)
+    header = next(tmp_path.glob("logs/version_*/metrics.csv")).read_text().splitlines()[0].split(",")
+    assert {"train/kl", "val/kl", "val/ndcg@5", "val/recall@5", "val/ndcg@5_first_stage"} <= set(header)
+
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    module.eval()
+    with torch.no_grad():
+        want = module(batch)
+        restored = RerankerModule.load_from_checkpoint(tmp_path / "m.ckpt").eval()
+        torch.testing.assert_close(restored(batch), want, atol=1e-5, rtol=1e-5)
+        served = PersonalizedReranker.from_pretrained(module.export(tmp_path / "export", data))
+        torch.testing.assert_close(served(batch, table[batch.users]), want, atol=1e-5, rtol=1e-5)
