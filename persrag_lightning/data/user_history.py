@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from persrag_lightning.data.augment import AugmentConfig, augment_view
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.models.text_encoder import Pooling
@@ -55,6 +56,7 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.augment = augment or AugmentConfig()
+        self.dataset: LampDataset | None = None
         self.corpus: Corpus | None = None
         self.doc_embeddings: torch.Tensor | None = None
         self.communities: np.ndarray | None = None
@@ -74,7 +76,8 @@ class UserHistoryDataModule(L.LightningDataModule):
         """On every rank: load the records and the cached embeddings (never builds anything)."""
         if self.corpus is not None:
             return
-        self.corpus = Corpus.from_dataset(self.source.load())
+        self.dataset = self.source.load()
+        self.corpus = Corpus.from_dataset(self.dataset)
         self.doc_embeddings = load_corpus_embeddings(self.hparams.cache_dir, self.corpus, **self._embedding_args())
         communities = load_communities(self.source.data_dir)
         if communities is not None:

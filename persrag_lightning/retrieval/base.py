@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.records import HistoryDoc, LampDataset
+from persrag_lightning.data.records import HistoryDoc, LampDataset, User
+from persrag_lightning.data.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class RetrievedDoc:
     user_sim: float = 1.0
     retriever_score: float = math.nan
     reranker_score: float = math.nan
+    text: str = ""
 
 
 class DocStore:
@@ -55,8 +57,22 @@ class DocStore:
     def text(self, row: int) -> str:
         return self.corpus.texts[row]
 
+    def add_user(self, user: User) -> np.ndarray:
+        """Append a new user's history (oldest first) as new corpus rows; returns the rows."""
+        if user.user_id in self.user_index:
+            raise ValueError(f"user {user.user_id!r} already exists")
+        spec = get_task(self.dataset.task)
+        start = len(self.corpus)
+        self.dataset.users[user.user_id] = user
+        self.corpus.user_ids.append(user.user_id)
+        self.corpus.doc_ids.extend(d.doc_id for d in user.docs)
+        self.corpus.texts.extend(spec.render_doc(d) for d in user.docs)
+        self.corpus.offsets = np.append(self.corpus.offsets, len(self.corpus))
+        self.user_index[user.user_id] = len(self.corpus.user_ids) - 1
+        return np.arange(start, len(self.corpus))
+
     def doc(self, row: int, **scores: float) -> RetrievedDoc:
-        return RetrievedDoc(row, self.corpus.doc_ids[row], self.owner(row), **scores)
+        return RetrievedDoc(row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row])
 
 
 class Strategy(ABC):

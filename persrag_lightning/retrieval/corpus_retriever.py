@@ -71,3 +71,10 @@ class CorpusRetriever:
             return docs @ query  # Eq. 3: cosine of L2-normalised vectors
         u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
         return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]
+
+    @torch.no_grad()
+    def add_docs(self, texts: list[str]) -> None:
+        """Embed new docs (a user added at serving time) and append them as the next corpus rows."""
+        self.load()
+        vectors = self.model.encode_docs(texts) if self.trained else self.model.encode(texts)
+        self.doc_vectors = torch.cat([self.doc_vectors, vectors.to(self.doc_vectors)])

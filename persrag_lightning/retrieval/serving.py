@@ -1,0 +1,117 @@
+"""Serving CFRAG without Lightning: `CFRAGPipeline.from_pretrained("checkpoints/<run>")` loads the exported
+bundles (user encoder, retriever, reranker, docstore) and answers `retrieve`, `generate` and `add_user`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from persrag_lightning.data.docstore import history_from_json, read_docstore
+from persrag_lightning.data.feedback import LLMConfig
+from persrag_lightning.data.records import User
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm.base import LLM
+from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
+from persrag_lightning.llm.prompts import build_prompt
+from persrag_lightning.models.text_encoder import TextEncoder
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
+from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+
+
+@dataclass
+class Generation:
+    """An answer, the prompt that produced it and the docs (with provenance) the prompt holds."""
+
+    answer: str
+    raw_output: str
+    prompt: str
+    docs: list[RetrievedDoc]
+
+
+class CFRAGPipeline:
+    """users → docs → rerank → prompt → LLM → post-processed answer, over exported bundles only."""
+
+    def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5) -> None:
+        self.strategy, self.store, self.k = strategy, store, k
+        self.task = store.dataset.task
+        self.llm_config = llm or LLMConfig()
+        self._llm: LLM | None = None
+        self._text_encoder: TextEncoder | None = None
+        strategy.prepare(store)
+
+    @classmethod
+    def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
+                        k: int = 5, cache_dir: str = ".cache/persrag") -> CFRAGPipeline:
+        """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
+        encoder, a missing reranker means first-stage order (the paper's ablations)."""
+        run_dir = Path(run_dir)
+        user_encoder = bundle(run_dir, "user_encoder")
+        if user_encoder is None:
+            raise FileNotFoundError(f"{run_dir}/user_encoder is not an export; train stage 1 first "
+                                    "(`python train.py fit --config cfrag_user_encoder.yaml`)")
+        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, "reranker"), m=m,
+                         k_per_user=k_per_user, cache_dir=cache_dir)
+        return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k)
+
+    @property
+    def llm(self) -> LLM:
+        if self._llm is None:
+            self._llm = self.llm_config.load()
+        return self._llm
+
+    def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:
+        """Top-k docs for a user's query, with owner, user similarity, retriever and reranker scores."""
+        return self.retrieve_batch([user_id], [query], k)[0]
+
+    def retrieve_batch(self, user_ids: list[str], queries: list[str], k: int | None = None) -> list[list[RetrievedDoc]]:
+        """Batched retrieval: queries are embedded together, which is where the throughput comes from."""
+        missing = [u for u in user_ids if u not in self.store.user_index]
+        if missing:
+            raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
+        spec = get_task(self.task)
+        qs = [Query(u, spec.extract_query(q), q) for u, q in zip(user_ids, queries)]
+        return self.strategy.retrieve(qs, k or self.k)
+
+    def generate(self, user_id: str, query: str) -> Generation:
+        """`query` is the task input as LaMP writes it (e.g. "Which tag does this movie relate to ... description: …")."""
+        return self.generate_batch([user_id], [query])[0]
+
+    def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
+        retrieved = self.retrieve_batch(user_ids, queries)
+        prompts = [build_prompt(self.task, q, [self.store.history_doc(d.row) for d in docs], self.llm.count_tokens,
+                                self.llm_config.max_prompt_tokens) for q, docs in zip(queries, retrieved)]
+        budget = self.llm_config.max_new_tokens or default_max_new_tokens(self.task)
+        outputs = self.llm.generate(prompts, budget)
+        return [Generation(postprocess(self.task, o), o, p, docs) for o, p, docs in zip(outputs, prompts, retrieved)]
+
+    @torch.no_grad()
+    def add_user(self, user_id: str, history: list[dict]) -> None:
+        """Make a new user retrievable at once: docs as {id, date, fields}; e_u from the exported user encoder
+        over the frozen encoder's doc vectors (the fine-tuned doc table only knows the training docs)."""
+        user = User(user_id, history_from_json(history))
+        if not user.docs:
+            raise ValueError(f"user {user_id!r} has an empty history")
+        rows = self.store.add_user(user)
+        s = self.strategy
+        texts = [self.store.text(int(r)) for r in rows]
+        s.retriever.add_docs(texts)
+        ue = s.user_encoder
+        recent = texts[-ue.config.max_history:]
+        vectors = self.text_encoder.encode(recent).unsqueeze(0)
+        ue.eval()
+        e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool)).squeeze(0)
+        ue.user_ids.append(user_id)
+        ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0)])
+        s.user_row[user_id] = len(ue.user_ids) - 1
+        s.user_vectors[user_id] = e_u if s.users == "encoder" else vectors[0].mean(0)
+        s.user_index.add([user_id], s.user_vectors[user_id].unsqueeze(0))
+
+    @property
+    def text_encoder(self) -> TextEncoder:
+        """The frozen encoder the user encoder's doc table was initialised from."""
+        if self._text_encoder is None:
+            c = self.strategy.user_encoder.config
+            self._text_encoder = TextEncoder.from_pretrained(c.text_encoder, c.text_pooling, c.text_max_length)
+        return self._text_encoder

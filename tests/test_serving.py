@@ -1,0 +1,115 @@
+"""Inference over exported bundles: CFRAG retrieval with provenance, generation, add_user, and `persrag evaluate`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from persrag_lightning.cli import main
+from persrag_lightning.data.feedback import LLMConfig
+from persrag_lightning.data.lamp import read_outputs
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.models.reranker import PersonalizedReranker
+from persrag_lightning.models.retriever import PersonalizedRetriever
+from persrag_lightning.retrieval.base import Query
+from persrag_lightning.retrieval.baselines import Recency, ZeroShot
+from persrag_lightning.retrieval.cfrag import CFRAG
+from persrag_lightning.retrieval.evaluate import Evaluation
+from persrag_lightning.retrieval.serving import CFRAGPipeline
+from tests.conftest import REPO
+
+USERS = 16
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_bert):
+    """A run with all three bundles: stage 1 trained for an epoch; retriever and reranker untrained exports
+    (their training is tested elsewhere; here only loading and inference matter)."""
+    root = tmp_path_factory.mktemp("serving")
+    shutil.copytree(REPO / "configs", root / "configs")
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        main(["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "t", f"--data.init_args.encoder={tiny_bert}",
+              f"--data.init_args.synth.num_users={USERS}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+              "--trainer.enable_progress_bar=false"])
+    finally:
+        os.chdir(old)
+    run = root / "checkpoints" / "t"
+    torch.manual_seed(0)
+    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
+    return run
+
+
+@pytest.fixture()
+def pipeline(run_dir, tiny_llm, tmp_path):
+    return CFRAGPipeline.from_pretrained(run_dir, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), m=3,
+                                         k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"))
+
+
+def test_retrieve_returns_provenance_from_similar_users(pipeline):
+    user = pipeline.store.corpus.user_ids[2]
+    docs = pipeline.retrieve(user, "description: a detective hunts a killer in a rainy city", k=3)
+    assert len(docs) == 3 and len({d.row for d in docs}) == 3
+    similar = dict(pipeline.strategy.similar_users(user))
+    assert next(iter(similar)) == user and len(similar) == 3
+    for d in docs:
+        assert d.owner in similar and d.user_sim == pytest.approx(similar[d.owner], abs=1e-5)
+        assert math.isfinite(d.retriever_score) and math.isfinite(d.reranker_score)
+        assert d.text == pipeline.store.text(d.row) and d.row in pipeline.store.rows(d.owner)
+    assert [d.reranker_score for d in docs] == sorted((d.reranker_score for d in docs), reverse=True)
+    batch = pipeline.retrieve_batch([user, user], ["description: a detective", "description: a space ship"], 3)
+    assert [d.row for d in batch[0]] == [d.row for d in pipeline.retrieve(user, "description: a detective", 3)]
+
+
+def test_generate_returns_answer_and_prompt(pipeline):
+    user = pipeline.store.corpus.user_ids[0]
+    out = pipeline.generate(user, "Which tag does this movie relate to among the following tags? "
+                                  "description: a lonely robot tends a garden on a dead planet")
+    assert isinstance(out.answer, str) and len(out.docs) == 3
+    assert "lonely robot" in out.prompt
+    assert all(pipeline.store.history_doc(d.row).fields["description"][:30] in out.prompt for d in out.docs)
+
+
+def test_add_user_is_retrievable_at_once(pipeline):
+    template = pipeline.store.dataset.users[pipeline.store.corpus.user_ids[5]].docs
+    history = [{"id": f"new-{i}", "date": f"2024-01-{i + 1:02d}", "fields": d.fields}
+               for i, d in enumerate(template[:6])]
+    pipeline.add_user("newcomer", history)
+    docs = pipeline.retrieve("newcomer", "description: " + template[0].fields["description"], k=3)
+    assert docs and all(d.owner in dict(pipeline.strategy.similar_users("newcomer")) for d in docs)
+    assert pipeline.strategy.similar_users("newcomer")[0][0] == "newcomer"
+    rows = set(pipeline.store.rows("newcomer").tolist())
+    candidates = pipeline.strategy.candidates([Query("newcomer", template[0].fields["description"])])[0]
+    assert len(rows) == 6 and {d.row for d in candidates if d.owner == "newcomer"} <= rows
+    assert sum(d.owner == "newcomer" for d in candidates) == 2  # its own k_per_user docs are candidates
+    with pytest.raises(ValueError, match="already exists"):
+        pipeline.add_user("newcomer", history)
+
+
+def test_evaluate_writes_lamp_predictions_metrics_table_and_chart(run_dir, tiny_llm, tmp_path):
+    out = tmp_path / "eval"
+    evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
+                            k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=6,
+                            out_dir=str(out))
+    strategies = [ZeroShot(), Recency(),
+                  CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"), str(run_dir / "reranker"), m=3,
+                        k_per_user=2, cache_dir=str(tmp_path / "cache"), name="CFRAG")]
+    results = evaluation.run(strategies)
+    assert list(results) == [s.name for s in strategies]
+    assert results[strategies[1].name]["own_docs"] == 1.0
+    assert 0.0 <= results["CFRAG"]["own_docs"] <= 1.0 and "same_community_docs" in results["CFRAG"]
+    assert "answer_in_docs" in results["CFRAG"] and "accuracy" in results["CFRAG"]
+    predictions = read_outputs(out / "predictions" / "CFRAG.json", "LaMP-2")
+    assert len(predictions) == 6
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["results"]["CFRAG"]["accuracy"] == results["CFRAG"]["accuracy"]
+    table = (out / "results.md").read_text()
+    assert "| method | LaMP-2 accuracy | LaMP-2 f1 |" in table and "CFRAG" in table
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
