@@ -1,0 +1,230 @@
+"""Feedback throughput: candidate evaluations per second per LLM backend versus the naive transformers loop.
+
+One candidate = one prompt built by `build_prompt` from one history doc + the query (as in CFRAG's feedback),
+~220 tokens, greedy. Baseline: transformers, one prompt at a time, max_new_tokens=64 (as the official code).
+Prints a table; asserts nothing about time.
+
+    python benchmarks/bench_llm.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm import LLM, build_prompt, default_max_new_tokens, load_llm, resolve_model
+
+BASELINE_MAX_NEW_TOKENS = 64
+WORDS_TEXT = (
+    "the of and to in is was for that with as on by at from his her their this which be are an or it have has "
+    "not were but they one all new more first after time two when been who years also other into people its "
+    "would about only some most over such city made these many year can then used where later state under "
+    "while world during part film team found known high school music before between well same three being "
+    "since both however through system work until season game series music story love family war life man "
+    "woman young book novel dark robot future science space planet network data model learning method "
+    "results paper study approach performance graph user retrieval language sensor routing energy wireless"
+)
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    task: str
+    backend: str
+    batch: int
+    max_new: int
+    prompts: int
+    prompt_tokens: float
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.prompts / self.seconds
+
+
+def synthetic_text(rng: random.Random, n_words: int) -> str:
+    """Pseudo-English of a given length: prompt lengths and tokenisation close to real LaMP text."""
+    vocab = WORDS_TEXT.split()
+    out, sentence = [], []
+    for _ in range(n_words):
+        sentence.append(rng.choice(vocab))
+        if len(sentence) >= rng.randint(8, 18):
+            out.append(" ".join(sentence).capitalize() + ".")
+            sentence = []
+    if sentence:
+        out.append(" ".join(sentence).capitalize() + ".")
+    return " ".join(out)
+
+
+def feedback_prompts(task: str, n: int, count_tokens: Callable[[str], int], max_prompt_tokens: int,
+                     seed: int = 0) -> list[str]:
+    """n feedback prompts (one candidate doc + query each), cut to `max_prompt_tokens` by the prompt builder."""
+    rng = random.Random(seed)
+    spec = get_task(task)
+    prompts = []
+    for i in range(n):
+        if spec.name == "LaMP-2":
+            raw = ("Which tag does this movie relate to among the following tags? Just answer with the tag name "
+                   f"without further explanation. tags: [sci-fi, comedy] description: {synthetic_text(rng, 40)}")
+            doc = HistoryDoc(f"d{i}", (2020, 1, 1), {"description": synthetic_text(rng, 300),
+                                                      "tag": rng.choice(spec.labels or ("comedy",))})
+        elif spec.name == "LaMP-5":
+            raw = f"Generate a title for the following abstract of a paper: {synthetic_text(rng, 160)}"
+            doc = HistoryDoc(f"d{i}", (2020, 1, 1), {"title": synthetic_text(rng, 10).rstrip("."),
+                                                      "abstract": synthetic_text(rng, 300)})
+        else:
+            raise ValueError(f"bench covers LaMP-2 and LaMP-5, not {task}")
+        prompts.append(build_prompt(spec.name, raw, [doc], count_tokens, max_prompt_tokens))
+    return prompts
+
+
+def timed(fn: Callable[..., object], *args: object) -> float:
+    """Wall-clock seconds of one call."""
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def naive_baseline(hf: LLM, prompts: list[str]) -> float:
+    """The official loop: transformers generate, one prompt at a time, 64 new tokens, chat template, greedy."""
+    tok, model = hf.tokenizer, hf.model  # type: ignore[attr-defined]
+
+    def run() -> None:
+        with torch.no_grad():
+            for p in prompts:
+                ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                              return_tensors="pt", return_dict=True)
+                model.generate(**ids, max_new_tokens=BASELINE_MAX_NEW_TOKENS, do_sample=False,
+                               pad_token_id=tok.eos_token_id)
+
+    return timed(run)
+
+
+def start_llama_server(gguf: str, threads: int) -> tuple[subprocess.Popen, str] | None:
+    """llama-cpp-python's OpenAI-compatible server on loopback, or None when it cannot start."""
+    if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette")):
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
+                             "--port", str(port), "--n_ctx", "2048", "--n_threads", str(threads),
+                             "--n_threads_batch", str(threads)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as resp:
+                if json.loads(resp.read()).get("data"):
+                    return proc, url
+        except OSError:
+            time.sleep(0.25)
+    proc.terminate()
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller grid and fewer prompts")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tasks", nargs="+", default=["LaMP-2", "LaMP-5"])
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per configuration")
+    ap.add_argument("--prompt-tokens", type=int, default=220, help="budget of the user message")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    ap.add_argument("--backends", nargs="+", default=["hf", "llamacpp", "openai"])
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="CPU threads for torch and llama.cpp (1 is far faster when other jobs share the cores)")
+    args = ap.parse_args()
+
+    n = args.prompts or (16 if args.quick else 64)
+    n_base = max(4, n // 2) if args.quick else n
+    batch_sizes = args.batch_sizes or ([1, 4, 16] if args.quick else [1, 4, 8, 16, 32])
+    threads = args.threads
+    torch.set_num_threads(threads)
+    hf = load_llm("hf", args.model, batch_size=1)
+    print(f"# model={args.model} ({hf.fingerprint}) cores={os.cpu_count()} threads={threads} "
+          f"torch={torch.__version__} device={hf.device} python={platform.python_version()}")  # type: ignore[attr-defined]
+    if importlib.util.find_spec("llama_cpp"):
+        import llama_cpp
+
+        print(f"# llama-cpp-python={llama_cpp.__version__}")
+    print(f"# load average at the start (1/5/15 min): {os.getloadavg()} (other processes share these cores)")
+    rows: list[Row] = []
+
+    def record(row: Row) -> None:
+        rows.append(row)
+        print(f"# {row.task} {row.backend} batch={row.batch} max_new={row.max_new}: {row.rate:.2f}/s",
+              file=sys.stderr, flush=True)
+
+    prompts_of = {t: feedback_prompts(t, n, hf.count_tokens, args.prompt_tokens) for t in args.tasks}
+    chat_len = {t: sum(len(hf._encode_prompts([p])[0]) for p in ps) / len(ps)  # type: ignore[attr-defined]
+                for t, ps in prompts_of.items()}
+    for task, prompts in prompts_of.items():
+        max_new = default_max_new_tokens(task)
+        hf.generate(prompts[:1], 2)  # warm-up
+        record(Row(task, "transformers naive (baseline)", 1, BASELINE_MAX_NEW_TOKENS, n_base, chat_len[task],
+                   naive_baseline(hf, prompts[:n_base])))
+        for bs in batch_sizes:
+            hf.batch_size = bs
+            record(Row(task, "hf", bs, max_new, n, chat_len[task], timed(hf.generate, prompts, max_new)))
+        hf.batch_size = max(batch_sizes)
+        record(Row(task, "hf", hf.batch_size, BASELINE_MAX_NEW_TOKENS, n, chat_len[task],
+                   timed(hf.generate, prompts, BASELINE_MAX_NEW_TOKENS)))
+    hf.close()
+    if "llamacpp" in args.backends and importlib.util.find_spec("llama_cpp"):
+        local = load_llm("llamacpp", args.model, n_threads=threads)
+        for task, prompts in prompts_of.items():
+            max_new = default_max_new_tokens(task)
+            local.generate(prompts[:1], 2)
+            record(Row(task, "llamacpp", 1, max_new, n, chat_len[task], timed(local.generate, prompts, max_new)))
+        local.close()
+    # The server starts only now so that it takes no CPU from the in-process measurements.
+    server = start_llama_server(resolve_model(args.model).path, threads) if "openai" in args.backends else None
+    if server is None and "openai" in args.backends:
+        print("# openai: llama_cpp.server could not be started (pip install 'llama-cpp-python[server]')")
+    try:
+        for task, prompts in prompts_of.items() if server is not None else ():
+            max_new = default_max_new_tokens(task)
+            for conc in (1, 4):
+                remote = load_llm("openai", args.model, base_url=server[1], batch_size=conc)
+                remote.generate(prompts[:1], 2)
+                record(Row(task, "openai (llama_cpp.server)", conc, max_new, n, chat_len[task],
+                           timed(remote.generate, prompts, max_new)))
+    finally:
+        if server is not None:
+            server[0].terminate()
+            server[0].wait(timeout=15)
+
+    print(f"# load average at the end (1/5/15 min): {os.getloadavg()}")
+    print()
+    print("| task | backend | batch | max new tokens | prompts | prompt tokens (chat) | seconds | candidates/s "
+          "| speedup |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        base = next(b for b in rows if b.task == r.task and b.backend.endswith("(baseline)"))
+        print(f"| {r.task} | {r.backend} | {r.batch} | {r.max_new} | {r.prompts} | {r.prompt_tokens:.0f} | "
+              f"{r.seconds:.1f} | {r.rate:.2f} | {r.rate / base.rate:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

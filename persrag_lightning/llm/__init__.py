@@ -1,0 +1,19 @@
+"""LLM layer: one interface (generate / score), backends behind it, Table 4 prompts, answer post-processing."""
+
+from persrag_lightning.llm.base import BACKENDS, LLM, LLMBackendError, ModelSource, load_llm, resolve_model
+from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
+from persrag_lightning.llm.prompts import DEFAULT_MAX_PROMPT_TOKENS, PROMPT_VERSION, build_prompt
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MAX_PROMPT_TOKENS",
+    "LLM",
+    "PROMPT_VERSION",
+    "LLMBackendError",
+    "ModelSource",
+    "build_prompt",
+    "default_max_new_tokens",
+    "load_llm",
+    "postprocess",
+    "resolve_model",
+]

