@@ -113,7 +113,9 @@ class PersragCLI(LightningCLI):
         """This Slurm job's own folder (the first logger's version folder, where its checkpoints/ go):
         Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job (requeued) finds it."""
         logger = cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
-        args = logger.get("init_args", Namespace()) if isinstance(logger, Namespace) else Namespace()
+        if not isinstance(logger, Namespace):  # no logger (False) or an instance: the job's own folder
+            return root / job
+        args = logger.get("init_args") or Namespace()
         name = args.get("project") if logger.get("class_path", "").endswith("WandbLogger") else args.get("name")
         version = args.get("version") or args.get("id")
         if args.get("save_dir") and name and version:

@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from persrag_lightning.data.docstore import write_docstore
 from persrag_lightning.data.user_history import UserHistoryBatch, UserHistoryDataModule
 from persrag_lightning.metrics import UserRetrievalQuality
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, pad_histories
@@ -22,9 +23,11 @@ class UserEncoderModule(L.LightningModule):
 
     def __init__(self, temperature: float = 0.1, negatives: Negatives = "all_views", lr: float = 1e-3,
                  weight_decay: float = 1e-5, freeze_doc_table: bool = False, num_layers: int = 1,
-                 num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "flat") -> None:
+                 num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "flat",
+                 gather_negatives: bool = False) -> None:
         """`eval_m`: neighbours scored by validation's community precision (the paper retrieves m = 6 users
-        including the user itself, i.e. 5 others)."""
+        including the user itself, i.e. 5 others). `gather_negatives`: under DDP, contrast against every rank's
+        users (the single-process loss on the global batch) instead of this rank's only."""
         super().__init__()
         self.save_hyperparameters()
         self.encoder: UserEncoder | None = None
@@ -63,13 +66,17 @@ class UserEncoderModule(L.LightningModule):
         return self.encoder(doc_ids)
 
     def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
-        loss = info_nce(self(batch.view_a), self(batch.view_b), self.hparams.temperature, self.hparams.negatives)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch.users))
+        gather = self.hparams.get("gather_negatives", False)
+        loss = info_nce(self(batch.view_a), self(batch.view_b), self.hparams.temperature, self.hparams.negatives,
+                        gather_negatives=gather)
+        # gathered: each rank holds world × its share, so the ranks' mean is the global batch's loss
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch.users), sync_dist=gather)
         return loss
 
     def _evaluation_step(self, batch: UserHistoryBatch, prefix: str) -> None:
         view_a, view_b = self(batch.view_a), self(batch.view_b)
-        loss = info_nce(view_a, view_b, self.hparams.temperature, self.hparams.negatives)
+        loss = info_nce(view_a, view_b, self.hparams.temperature, self.hparams.negatives,
+                        gather_negatives=self.hparams.get("gather_negatives", False))  # same figure for any #ranks
         self.log(f"{prefix}/loss", loss, sync_dist=True, batch_size=len(batch.users))
         self.val_quality.update(batch.users, self(batch.history), view_a, view_b)
 
@@ -113,7 +120,9 @@ class UserEncoderModule(L.LightningModule):
         return torch.cat(out)
 
     def export(self, path: str | Path, datamodule: UserHistoryDataModule) -> Path:
-        """Write the serving bundle: weights, config, user-embedding table and faiss index."""
+        """Write the serving bundle (weights, config, user-embedding table, faiss index) and, beside it, the
+        docstore of the users' histories that serving retrieves from."""
         self.encoder.index_users(datamodule.corpus.user_ids, self.user_embeddings(datamodule),
                                  self.hparams.index)
+        write_docstore(Path(path).parent / "docstore", datamodule.dataset)
         return self.encoder.save_pretrained(path)
