@@ -11,16 +11,24 @@ import time
 from pathlib import Path
 
 # Settings shared by every stage of a preset, as CLI overrides. `quick` fits the main job in ~20 minutes on
-# 2 CPU cores: fewer users, m = 3 users x k = 3 docs per example (paper: 6 x 5), a subset of the examples for
+# 2 CPU cores: fewer users, m = 3 users x k = 2 docs per example (paper: 6 x 5), a subset of the examples for
 # feedback and evaluation (inference keeps the paper's m = 6, k = 5 for every preset). `paper` keeps the paper's m, k and all examples (hours on CPU; minutes on a GPU node).
 PRESETS: dict[str, dict[str, list[str]]] = {
-    "quick": {
-        "data": ["--data.init_args.synth.num_users=120"],
-        "feedback": ["--data.init_args.m=3", "--data.init_args.k=3", "--data.init_args.max_train_examples=120",
-                     "--data.init_args.max_val_examples=40"],
-        "evaluate": ["--evaluation.synth.num_users=120", "--evaluation.max_examples=40"],
+    "smoke": {  # the end-to-end test: every stage with the real embedded models, minutes on 2 cores
+        "data": ["--data.init_args.synth.num_users=24"],
+        "user_encoder": ["--trainer.max_epochs=3"],
+        "feedback": ["--data.init_args.m=2", "--data.init_args.k=2", "--data.init_args.max_train_examples=8",
+                     "--data.init_args.max_val_examples=4"],
+        "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=4"],
     },
-    "paper": {"data": [], "feedback": [], "evaluate": []},
+    "quick": {
+        "data": ["--data.init_args.synth.num_users=100"],
+        "user_encoder": [],
+        "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=64",
+                     "--data.init_args.max_val_examples=16"],
+        "evaluate": ["--evaluation.synth.num_users=100", "--evaluation.max_examples=24"],
+    },
+    "paper": {"data": [], "user_encoder": [], "feedback": [], "evaluate": []},
 }
 
 
@@ -42,7 +50,7 @@ def main(argv: list[str]) -> None:
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
     stages = [
-        ("user_encoder", ["--config", "cfrag_user_encoder.yaml", *preset["data"]]),
+        ("user_encoder", ["--config", "cfrag_user_encoder.yaml", *preset["data"], *preset["user_encoder"]]),
         ("retriever", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm]),
         ("retriever_ropg", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm,
                             "--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",

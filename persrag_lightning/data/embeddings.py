@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import shutil
@@ -41,6 +42,16 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
     if (out / EMBEDDINGS_FILE).exists():
         log.info("corpus embeddings cached at %s", out)
         return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:  # concurrent builders (Slurm array tasks) wait for the first one
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / EMBEDDINGS_FILE).exists():
+            _embed_corpus(corpus, out, encoder, max_length, pooling, batch_size, device)
+    return out
+
+
+def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pooling: Pooling, batch_size: int,
+                  device: str) -> None:
     unique: dict[str, int] = {}
     inverse = torch.tensor([unique.setdefault(t, len(unique)) for t in corpus.texts], dtype=torch.long)
     texts = list(unique)
@@ -67,7 +78,6 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
     })
     atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)
     shutil.rmtree(parts, ignore_errors=True)
-    return out
 
 
 def load_corpus_embeddings(cache_dir: str | Path, corpus: Corpus, encoder: str = "minilm", max_length: int = 256,

@@ -68,7 +68,11 @@ class FeedbackDistillationModule(L.LightningModule):
         if table.dim() != 2:
             raise ValueError(f"datamodule.user_embeddings must be [U, du], got {tuple(table.shape)}")
         if self.model is None:
-            self.model = self._build_model(table.shape[1])
+            # seeded from the run's seed, not from the RNG state prepare_data left (which depends on whether the
+            # feedback labels were cached), so a run starts from the same weights either way
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(torch.initial_seed())
+                self.model = self._build_model(table.shape[1])
         if self.user_table is None:
             self._set_user_table(*table.shape, weights=table)
         elif tuple(self.user_table.weight.shape) != tuple(table.shape):
