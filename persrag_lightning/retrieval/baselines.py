@@ -1,0 +1,206 @@
+"""The paper's non-collaborative baselines (§5.1.3): zero-shot, random, recency, BM25 and an untuned dense
+retriever, each choosing k docs from the query user's own history only."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings, resolve_device
+from persrag_lightning.models.text_encoder import Pooling, TextEncoder
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+
+
+def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the top-k scores, best first; ties go to the more recent doc (higher row): deterministic."""
+    order = np.lexsort((-rows, -scores))  # last key is primary: score desc, then row desc
+    return order[:k]
+
+
+class OwnHistoryStrategy(Strategy):
+    """A baseline that reads only the query user's history, optionally cut to its `max_history` latest."""
+
+    name = "own_history"
+
+    def __init__(self, max_history: int | None = None) -> None:
+        self.max_history = max_history
+
+    def own_rows(self, query: Query) -> np.ndarray:
+        """Corpus rows of the query user's docs, oldest first; an unknown user is an error that names it."""
+        store = getattr(self, "store", None)
+        if store is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare(store) must run before retrieve")
+        if query.user_id not in store.user_index:
+            raise KeyError(f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
+                           "store")
+        return store.rows(query.user_id, self.max_history)
+
+    def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        return [self.rank(q, self.own_rows(q), k) if k > 0 else [] for q in queries]
+
+    def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
+        """Top-k of `rows` (the user's own docs, oldest first) for one query; k ≥ 1."""
+        raise NotImplementedError
+
+
+class ZeroShot(OwnHistoryStrategy):
+    """No personalization: nothing is retrieved, so the prompt carries no history."""
+
+    name = "zero_shot"
+
+    def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        return [[] for _ in queries]
+
+
+class RandomDocs(OwnHistoryStrategy):
+    """k random own docs, seeded by (seed, example id or user, query), so reruns and reorderings agree."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0, max_history: int | None = None) -> None:
+        super().__init__(max_history)
+        self.seed = seed
+
+    def rng(self, query: Query) -> np.random.Generator:
+        key = f"{query.example_id or query.user_id}\x00{query.query}".encode()
+        return np.random.default_rng([self.seed, int.from_bytes(hashlib.sha256(key).digest()[:8], "little")])
+
+    def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
+        chosen = self.rng(query).permutation(len(rows))[:k]
+        return [self.store.doc(int(rows[i]), retriever_score=math.nan) for i in chosen]
+
+
+class Recency(OwnHistoryStrategy):
+    """The k most recent own docs, most recent first (histories are stored oldest first)."""
+
+    name = "recency"
+
+    def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
+        return [self.store.doc(int(r), retriever_score=math.nan) for r in rows[::-1][:k]]
+
+
+class BM25(OwnHistoryStrategy):
+    """Okapi BM25 (bm25s, Lucene variant) over each user's own history: one small index per user, LRU-cached.
+
+    Per user rather than one global index with bm25s's weight_mask: the IDF then comes from the user's own
+    history, as in LaMP's BM25 baseline, and a query costs O(own docs) instead of scoring every doc of every
+    user. Indexes are built on first use (ms for 100 docs) and only `cache_users` are kept, so 1M users never
+    hold 1M indexes. Tokens: bm25s's regex tokenizer, lower-cased, English stopwords, no stemmer (PyStemmer
+    is not a dependency).
+    """
+
+    name = "bm25"
+
+    def __init__(self, k1: float = 1.5, b: float = 0.75, max_history: int | None = None,
+                 cache_users: int = 4096) -> None:
+        super().__init__(max_history)
+        self.k1 = k1
+        self.b = b
+        self.cache_users = cache_users
+        self._indexes: OrderedDict[str, object] = OrderedDict()
+
+    def prepare(self, store: DocStore) -> None:
+        super().prepare(store)
+        self._indexes.clear()
+
+    @staticmethod
+    def tokenize(texts: list[str]) -> list[list[str]]:
+        import bm25s
+
+        return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=None, return_ids=False,
+                              show_progress=False)
+
+    def user_index(self, user_id: str, rows: np.ndarray):
+        """The user's bm25s index over `rows` (built once, then served from the LRU cache)."""
+        import bm25s
+
+        index = self._indexes.get(user_id)
+        if index is not None:
+            self._indexes.move_to_end(user_id)
+            return index
+        index = bm25s.BM25(k1=self.k1, b=self.b)
+        index.index(self.tokenize([self.store.text(int(r)) for r in rows]), show_progress=False)
+        self._indexes[user_id] = index
+        while len(self._indexes) > self.cache_users:
+            self._indexes.popitem(last=False)
+        return index
+
+    def scores(self, query: Query, rows: np.ndarray) -> np.ndarray:
+        """BM25 score of every own doc (0 for a query of stopwords only)."""
+        tokens = self.tokenize([query.query])[0]
+        if not tokens:
+            return np.zeros(len(rows), dtype=np.float32)
+        return np.asarray(self.user_index(query.user_id, rows).get_scores(tokens), dtype=np.float32)
+
+    def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
+        if len(rows) == 0:
+            return []
+        scores = self.scores(query, rows)
+        return [self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
+                for i in rank_rows(rows, scores, k)]
+
+
+class Dense(OwnHistoryStrategy):
+    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history, doc vectors from the corpus cache.
+
+    Docs are embedded once by `build_corpus_embeddings` (the fingerprinted cache training reads too);
+    only the queries are embedded here, in batches.
+    """
+
+    name = "dense"
+
+    def __init__(self, encoder: str = "minilm", cache_dir: str | Path = ".cache/persrag",
+                 max_length: int = 256, pooling: Pooling = "mean", batch_size: int = 64, device: str = "auto",
+                 max_history: int | None = None) -> None:
+        super().__init__(max_history)
+        self.encoder_name = encoder
+        self.cache_dir = cache_dir
+        self.max_length = max_length
+        self.pooling = pooling
+        self.batch_size = batch_size
+        self.device = device
+        self.encoder: TextEncoder | None = None
+        self.doc_embeddings: torch.Tensor | None = None
+
+    def prepare(self, store: DocStore) -> None:
+        super().prepare(store)
+        device = resolve_device(self.device)
+        build_corpus_embeddings(store.corpus, self.cache_dir, self.encoder_name, self.max_length,
+                                self.pooling, self.batch_size, device)
+        table = load_corpus_embeddings(self.cache_dir, store.corpus, self.encoder_name, self.max_length,
+                                       self.pooling).float()
+        self.doc_embeddings = table.div_(table.norm(dim=1, keepdim=True).clamp_(min=1e-12))
+        encoder = TextEncoder.from_pretrained(self.encoder_name, self.pooling, self.max_length)
+        self.encoder = encoder.to(device)
+
+    def embed_queries(self, queries: list[Query]) -> torch.Tensor:
+        """Unit query vectors [n, d] on CPU, embedded in length-sorted batches."""
+        if self.encoder is None:
+            raise RuntimeError("Dense.prepare(store) must run before retrieve")
+        vectors = self.encoder.encode([q.query for q in queries], batch_size=self.batch_size)
+        return torch.nn.functional.normalize(vectors, dim=-1)
+
+    def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        if k <= 0 or not queries:
+            return [[] for _ in queries]
+        all_rows = [self.own_rows(q) for q in queries]
+        vectors = self.embed_queries(queries)
+        out = []
+        for rows, vector in zip(all_rows, vectors):
+            if len(rows) == 0:
+                out.append([])
+                continue
+            scores = (self.doc_embeddings[torch.from_numpy(rows)] @ vector).numpy()  # Eq. 3: cosine
+            out.append([self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
+                        for i in rank_rows(rows, scores, k)])
+        return out
+
+
+BASELINES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (ZeroShot, RandomDocs, Recency, BM25, Dense)
+}
