@@ -35,6 +35,18 @@ def tiny_bert(tmp_path_factory) -> str:
 
 
 @pytest.fixture()
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine the two threads wait on each
+    other (a layer norm of a few hundred numbers took 8 ms); restored after the test."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
 def in_tmp_cwd(tmp_path, monkeypatch) -> Path:
     """Run a CLI from an empty folder that has the repository's configs/ (as a fresh checkout would)."""
     shutil.copytree(REPO / "configs", tmp_path / "configs")

@@ -17,15 +17,7 @@ from persrag_lightning.data.candidates import Candidate, CandidateBatch, Feedbac
 from persrag_lightning.models.retriever import PersonalizedRetriever, doc_encoder_path
 from persrag_lightning.modules.losses import kl_to_llm_feedback
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine the two threads wait on each
-    other (a layer norm of a few hundred numbers took 8 ms); restored after each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CORPUS = [

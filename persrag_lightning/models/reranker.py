@@ -12,7 +12,7 @@ from torch import nn
 from persrag_lightning.data.candidates import CandidateBatch
 from persrag_lightning.models.retriever import (
     USER_HEADS,
-    LoraSettings,
+    LoraFields,
     apply_lora,
     atomic_directory,
     config_from_json,
@@ -24,7 +24,7 @@ from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
 
 @dataclass
-class RerankerConfig:
+class RerankerConfig(LoraFields):
     """Official shapes: query and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not
     normalised; MLP3 Linear(2d, d)–Tanh–Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded
     MiniLM (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works."""
@@ -35,14 +35,6 @@ class RerankerConfig:
     max_query_length: int = 256
     max_doc_length: int = 256
     use_user: bool = True                 # False = ablation (6) of Table 3: the head sees h alone
-    lora_r: int = 0
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("query", "value")
-
-    @property
-    def lora(self) -> LoraSettings:
-        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
 
 
 def cls_state(hidden: torch.Tensor) -> torch.Tensor:

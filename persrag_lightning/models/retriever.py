@@ -41,6 +41,20 @@ class LoraSettings:
     target_modules: tuple[str, ...] = ("query", "value")
 
 
+@dataclass
+class LoraFields:
+    """The LoRA part of a model config (flat fields, so YAML and config.json stay flat)."""
+
+    lora_r: int = 0                       # 0 = full fine-tuning
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("query", "value")
+
+    @property
+    def lora(self) -> LoraSettings:
+        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
+
+
 def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
     """Wrap a transformers model with peft adapters (base weights frozen); imported lazily, peft is slow to load."""
     if lora.r <= 0:
@@ -126,7 +140,7 @@ def personalized_retrieval_score(s_qd: torch.Tensor, s_ud: torch.Tensor, alpha: 
 
 
 @dataclass
-class RetrieverConfig:
+class RetrieverConfig(LoraFields):
     """Defaults of the official code (α = 0.1, shared mean-pooled encoder, single Linear user map), except the
     encoder (our embedded MiniLM instead of bge-base) and max_length (256 instead of 512, for CPU speed)."""
 
@@ -139,14 +153,6 @@ class RetrieverConfig:
     max_length: int = 256
     user_map_layers: int = 1              # 1 = Linear(user_dim, d) as the official code; > 1 = MLP with ReLU
     train_user_embeddings: bool = False
-    lora_r: int = 0                       # 0 = full fine-tuning
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("query", "value")
-
-    @property
-    def lora(self) -> LoraSettings:
-        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
 
 
 def user_map(user_dim: int, dim: int, layers: int) -> nn.Sequential:
