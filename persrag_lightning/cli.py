@@ -244,7 +244,8 @@ def evaluate_command(args: list[str]) -> dict:
     parser.add_argument("--export_root", type=str, default="checkpoints")
     parser.add_class_arguments(Evaluation, "evaluation")
     parser.add_argument("--strategies", type=list[Strategy], required=True)
-    cfg = parser.parse_args([a.replace("--max-examples", "--evaluation.max_examples") for a in args])
+    args = resolve_config_args([a.replace("--max-examples", "--evaluation.max_examples") for a in args])
+    cfg = parser.parse_args(args)
     run_dir = str(Path(cfg.export_root) / cfg.run_name)
     cfg = substitute_run_dir(cfg, run_dir)
     if cfg.evaluation.out_dir == "runs/synthlamp/evaluate":
