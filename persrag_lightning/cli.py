@@ -251,7 +251,7 @@ def evaluate_command(args: list[str]) -> dict:
     if cfg.evaluation.out_dir == "runs/synthlamp/evaluate":
         cfg.evaluation.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
     init = parser.instantiate_classes(cfg)
-    evaluation = Evaluation(**vars(init.evaluation))
+    evaluation: Evaluation = init.evaluation
     results = evaluation.run(init.strategies)
     print(results_table(evaluation.task, results))
     print(f"reports in {evaluation.out_dir}")

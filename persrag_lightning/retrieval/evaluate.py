@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 
 LABEL_FIELDS = {"LaMP-2": "tag", "LaMP-3": "score"}  # a doc "holds the answer" when this field equals the target
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title"}
+
+
+def file_name(name: str) -> str:
+    """A strategy name as a file name ("w/o user retrieval" → "w_o_user_retrieval")."""
+    return re.sub(r"[^\w.-]+", "_", name).strip("_")
 
 
 def strategy_config(strategy: Strategy) -> dict:
@@ -109,7 +115,7 @@ class Evaluation:
                      communities: dict[str, int] | None) -> dict[str, float]:
         key = fingerprint("evaluate/v1", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target) for e in examples], self.source.data_dir.name)
-        cached = self.out_dir / "cache" / f"{strategy.name}-{key}.json"
+        cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         if cached.exists():
             return json.loads(cached.read_text())
         t0 = time.perf_counter()
@@ -127,7 +133,7 @@ class Evaluation:
         scores = {name: float(v) for name, v in metric.compute().items()}
         scores.update(retrieval_diagnostics(self.task, store, examples, retrieved, communities))
         scores["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
-        write_predictions(self.out_dir / "predictions" / f"{strategy.name}.json", self.task,
+        write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, predictions)})
         atomic_write_json(cached, scores)
         return scores
