@@ -145,3 +145,28 @@ def test_loglik_metric_and_stats(world, tiny_bert, tiny_llm):
     stats = feedback_stats(dm.train_examples)
     assert stats.candidates_per_example == 6 and stats.informative_fraction == 1.0
     assert "informative_fraction" in stats.table()
+
+
+def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_llm, capsys):
+    """`persrag feedback --config <stage config> --shard i --num-shards n`, then `--stats`."""
+    import yaml
+
+    from persrag_lightning.cli import main
+
+    config = world / "feedback.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule",
+                  "init_args": {"encoder": tiny_bert}},
+        "data": {"class_path": "persrag_lightning.data.feedback_datamodule.FeedbackDataModule", "init_args": {
+            "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
+            "cache_dir": str(world / "cache"), "user_encoder": str(world / "user_encoder"),
+            "candidate_retriever": tiny_bert, "m": 3, "k": 2, "chunk_size": 8,
+            "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}}},
+    }))
+    for shard in (1, 0):
+        main(["feedback", "--config", str(config), "--shard", str(shard), "--num-shards", "2"])
+    built = capsys.readouterr().out
+    assert "shard 1/2" in built and "shard 0/2" in built
+    main(["feedback", "--config", str(config), "--stats"])
+    stats = capsys.readouterr().out
+    assert "| examples | 32 |" in stats and "| examples | 16 |" in stats and "informative_fraction" in stats
