@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 
 from persrag_lightning.data.augment import (
-    AugmentConfig, augment_view, document_crop, document_mask, document_reorder,
+    AugmentConfig,
+    augment_view,
+    document_crop,
+    document_mask,
+    document_reorder,
 )
 
 MASK = 1

@@ -57,9 +57,10 @@ def count_llm_calls(monkeypatch):
 
 
 def datamodule(root: Path, tiny_bert: str, tiny_llm: str, cache: str = "cache", **kw) -> FeedbackDataModule:
-    args = dict(task="LaMP-2", synth=SYNTH, cache_dir=str(root / cache), user_encoder=str(root / "user_encoder"),
-                candidate_retriever=tiny_bert, llm=LLMConfig(model=tiny_llm, batch_size=8, options={"device": "cpu"}),
-                m=3, k=2, chunk_size=8, batch_size=4)
+    args = {"task": "LaMP-2", "synth": SYNTH, "cache_dir": str(root / cache),
+            "user_encoder": str(root / "user_encoder"), "candidate_retriever": tiny_bert,
+            "llm": LLMConfig(model=tiny_llm, batch_size=8, options={"device": "cpu"}),
+            "m": 3, "k": 2, "chunk_size": 8, "batch_size": 4}
     return FeedbackDataModule(**{**args, **kw})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -41,7 +42,7 @@ def test_fit_export_reload_reproduces_embeddings(in_tmp_cwd, tiny_bert):
     top = encoder.similar_users(corpus.user_ids[3], 4)
     assert len(top) == 4 and top[0][0] == corpus.user_ids[3]
     assert top[0][1] == pytest.approx(1.0, abs=1e-4)
-    assert all(a[1] >= b[1] for a, b in zip(top, top[1:]))
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(top))
 
     metrics = list((in_tmp_cwd / "runs" / "t" / "user_encoder" / "logs").glob("version_*/metrics.csv"))
     assert metrics and "val/view_acc" in metrics[0].read_text().splitlines()[0]
