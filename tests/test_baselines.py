@@ -43,7 +43,7 @@ def make(name: str, store: DocStore, tiny_bert: str, cache_dir: str, **kwargs):
         "random": lambda: RandomDocs(**kwargs),
         "recency": lambda: Recency(**kwargs),
         "bm25": lambda: BM25(**kwargs),
-        "dense": lambda: Dense(tiny_bert, cache_dir, max_length=64, device="cpu", **kwargs),
+        "dense": lambda: Dense(tiny_bert, cache_dir, max_length=64, **kwargs),
     }[name]()
     strategy.prepare(store)
     return strategy

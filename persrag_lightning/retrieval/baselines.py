@@ -9,11 +9,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings, resolve_device
-from persrag_lightning.models.text_encoder import Pooling, TextEncoder
+from persrag_lightning.models.text_encoder import Pooling
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
 
 def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
@@ -146,56 +145,40 @@ class BM25(OwnHistoryStrategy):
 
 
 class Dense(OwnHistoryStrategy):
-    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history, doc vectors from the corpus cache.
-
-    Docs are embedded once by `build_corpus_embeddings` (the fingerprinted cache training reads too);
-    only the queries are embedded here, in batches.
-    """
+    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history: the CorpusRetriever that proposes the
+    retriever stage's candidates, restricted to the user's own docs (doc vectors from the shared corpus cache)."""
 
     name = "dense"
 
     def __init__(self, encoder: str = "minilm", cache_dir: str | Path = ".cache/persrag",
-                 max_length: int = 256, pooling: Pooling = "mean", batch_size: int = 64, device: str = "auto",
-                 max_history: int | None = None) -> None:
+                 max_length: int = 256, pooling: Pooling = "mean", max_history: int | None = None) -> None:
         super().__init__(max_history)
         self.encoder_name = encoder
         self.cache_dir = cache_dir
         self.max_length = max_length
         self.pooling = pooling
-        self.batch_size = batch_size
-        self.device = device
-        self.encoder: TextEncoder | None = None
-        self.doc_embeddings: torch.Tensor | None = None
+        self.retriever: CorpusRetriever | None = None
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
-        device = resolve_device(self.device)
-        build_corpus_embeddings(store.corpus, self.cache_dir, self.encoder_name, self.max_length,
-                                self.pooling, self.batch_size, device)
-        table = load_corpus_embeddings(self.cache_dir, store.corpus, self.encoder_name, self.max_length,
-                                       self.pooling).float()
-        self.doc_embeddings = table.div_(table.norm(dim=1, keepdim=True).clamp_(min=1e-12))
-        encoder = TextEncoder.from_pretrained(self.encoder_name, self.pooling, self.max_length)
-        self.encoder = encoder.to(device)
-
-    def embed_queries(self, queries: list[Query]) -> torch.Tensor:
-        """Unit query vectors [n, d] on CPU, embedded in length-sorted batches."""
-        if self.encoder is None:
-            raise RuntimeError("Dense.prepare(store) must run before retrieve")
-        vectors = self.encoder.encode([q.query for q in queries], batch_size=self.batch_size)
-        return torch.nn.functional.normalize(vectors, dim=-1)
+        self.retriever = CorpusRetriever(self.encoder_name, store.corpus, self.cache_dir, self.max_length,
+                                         self.pooling)
+        self.retriever.prepare()
+        self.retriever.load()
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        if self.retriever is None:
+            raise RuntimeError("Dense.prepare(store) must run before retrieve")
         if k <= 0 or not queries:
             return [[] for _ in queries]
-        all_rows = [self.own_rows(q) for q in queries]
-        vectors = self.embed_queries(queries)
+        vectors = self.retriever.query_vectors([q.query for q in queries])
         out = []
-        for rows, vector in zip(all_rows, vectors):
+        for query, vector in zip(queries, vectors):
+            rows = self.own_rows(query)
             if len(rows) == 0:
                 out.append([])
                 continue
-            scores = (self.doc_embeddings[torch.from_numpy(rows)] @ vector).numpy()  # Eq. 3: cosine
+            scores = self.retriever.score(vector, rows, None).numpy()  # Eq. 3: cosine
             out.append([self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
                         for i in rank_rows(rows, scores, k)])
         return out
