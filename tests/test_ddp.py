@@ -245,4 +245,6 @@ def test_retriever_and_reranker_train_on_two_processes(tmp_path, tiny_bert, tiny
         assert not [b for b in builds(tmp_path) if b.startswith("llm")]  # the labels are read from the cache
         single = final_metrics(logs / "version_1" / "metrics.csv")
         for name in ("val/kl", "val/ndcg@5", "val/recall@5"):
-            assert single[name] == pytest.approx(fitted[name], rel=1e-5), (stage, name)
+            # abs: the KL of near-uniform lists is ~1e-6, where float32 summation order (2 ranks vs 1) moves
+            # the last digits; 1e-8 is still far below any difference a wrong sync or split would make
+            assert single[name] == pytest.approx(fitted[name], rel=1e-5, abs=1e-8), (stage, name)

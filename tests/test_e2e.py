@@ -8,8 +8,8 @@ import json
 import pytest
 
 from persrag_lightning.cli import main
-from persrag_lightning.data.feedback import LLMConfig
-from persrag_lightning.retrieval.serving import CFRAGPipeline
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.serving import CFRAGPipeline
 
 STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user")
 

@@ -10,12 +10,13 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.data.feedback import LLMConfig, feedback_stats
-from persrag_lightning.data.feedback_datamodule import FeedbackDataModule
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.feedback.builder import feedback_stats
+from persrag_lightning.feedback.datamodule import FeedbackDataModule
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 
 SYNTH = SynthConfig(num_users=16, docs_per_user=(6, 10), train_questions_per_user=2, dev_questions_per_user=1)
@@ -158,7 +159,7 @@ def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule",
                   "init_args": {"encoder": tiny_bert}},
-        "data": {"class_path": "persrag_lightning.data.feedback_datamodule.FeedbackDataModule", "init_args": {
+        "data": {"class_path": "persrag_lightning.feedback.datamodule.FeedbackDataModule", "init_args": {
             "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
             "cache_dir": str(world / "cache"), "user_encoder": str(world / "user_encoder"),
             "candidate_retriever": tiny_bert, "m": 3, "k": 2, "chunk_size": 8,

@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from persrag_lightning.cli import main
-from persrag_lightning.data.feedback import LLMConfig
 from persrag_lightning.data.lamp import read_outputs
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.retriever import PersonalizedRetriever
 from persrag_lightning.retrieval.base import Query
 from persrag_lightning.retrieval.baselines import Recency, ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.evaluate import Evaluation
-from persrag_lightning.retrieval.serving import CFRAGPipeline
+from persrag_lightning.serving import CFRAGPipeline
 from tests.conftest import REPO
 
 USERS = 16

@@ -205,7 +205,7 @@ def feedback_config(root: Path, tiny_bert: str, tiny_llm: str) -> Path:
     config = root / "feedback.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule"},
-        "data": {"class_path": "persrag_lightning.data.feedback_datamodule.FeedbackDataModule", "init_args": {
+        "data": {"class_path": "persrag_lightning.feedback.datamodule.FeedbackDataModule", "init_args": {
             "synth": SYNTH, "user_encoder": str(root / "user_encoder"), "candidate_retriever": tiny_bert,
             "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}, "m": 3, "k": 2,
             "chunk_size": 8}}}))

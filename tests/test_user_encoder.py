@@ -10,10 +10,11 @@ import torch
 
 from persrag_lightning.cli import main
 from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.histories import history_ids, pad_histories
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.models import text_encoder
-from persrag_lightning.models.user_encoder import UserEncoder, history_ids, pad_histories
+from persrag_lightning.models.user_encoder import UserEncoder
 
 
 def fit_args(encoder: str, users: int = 40, epochs: int = 2, *extra: str) -> list[str]:

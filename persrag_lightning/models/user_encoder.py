@@ -6,17 +6,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from persrag_lightning.data.histories import FIRST_DOC_ID, PAD_ID
 from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
-
-PAD_ID = 0
-MASK_ID = 1
-FIRST_DOC_ID = 2  # doc-table row of corpus row r is r + FIRST_DOC_ID
 
 
 @dataclass
@@ -123,17 +119,3 @@ class UserEncoder(nn.Module):
             model._row = {u: i for i, u in enumerate(model.user_ids)}
             model._index = load_index(path / "users.faiss")
         return model
-
-
-def history_ids(rows: np.ndarray) -> np.ndarray:
-    """Corpus rows → doc-table ids."""
-    return rows + FIRST_DOC_ID
-
-
-def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
-    """Right-pad doc-table id sequences with PAD_ID into a [B, L] tensor (L ≥ 1)."""
-    length = max(1, max((len(h) for h in histories), default=1))
-    out = torch.full((len(histories), length), PAD_ID, dtype=torch.long)
-    for i, h in enumerate(histories):
-        out[i, :len(h)] = torch.as_tensor(h, dtype=torch.long)
-    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from persrag_lightning.models.reranker import PersonalizedReranker, RerankerConfig
-from persrag_lightning.modules.retriever import FeedbackDistillationModule, LrSchedule
+from persrag_lightning.modules.distillation import FeedbackDistillationModule, LrSchedule
 
 
 class RerankerModule(FeedbackDistillationModule):

@@ -10,7 +10,6 @@ import numpy as np
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
-from persrag_lightning.data.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -37,39 +36,33 @@ class RetrievedDoc:
 
 
 class DocStore:
-    """Users' histories as corpus rows, with the records needed to render prompts."""
+    """Users' histories as corpus rows, with the records needed to render prompts: the one place that maps a
+    row to its doc, its owner and its text, for training (feedback) and inference alike."""
 
     def __init__(self, dataset: LampDataset, corpus: Corpus | None = None) -> None:
         self.dataset = dataset
         self.corpus = corpus or Corpus.from_dataset(dataset)
-        self.user_index = self.corpus.user_index()
+
+    def __contains__(self, user_id: str) -> bool:
+        return user_id in self.corpus
 
     def rows(self, user_id: str, max_history: int | None = None) -> np.ndarray:
-        return self.corpus.user_rows(self.user_index[user_id], max_history)
+        return self.corpus.rows_of(user_id, max_history)
 
     def owner(self, row: int) -> str:
-        return self.corpus.user_ids[int(np.searchsorted(self.corpus.offsets, row, side="right")) - 1]
+        return self.corpus.owner(row)
 
     def history_doc(self, row: int) -> HistoryDoc:
-        owner = self.owner(row)
-        return self.dataset.users[owner].docs[row - int(self.corpus.offsets[self.user_index[owner]])]
+        return self.corpus.docs[row]
 
     def text(self, row: int) -> str:
         return self.corpus.texts[row]
 
     def add_user(self, user: User) -> np.ndarray:
         """Append a new user's history (oldest first) as new corpus rows; returns the rows."""
-        if user.user_id in self.user_index:
-            raise ValueError(f"user {user.user_id!r} already exists")
-        spec = get_task(self.dataset.task)
-        start = len(self.corpus)
+        rows = self.corpus.add_user(user)
         self.dataset.users[user.user_id] = user
-        self.corpus.user_ids.append(user.user_id)
-        self.corpus.doc_ids.extend(d.doc_id for d in user.docs)
-        self.corpus.texts.extend(spec.render_doc(d) for d in user.docs)
-        self.corpus.offsets = np.append(self.corpus.offsets, len(self.corpus))
-        self.user_index[user.user_id] = len(self.corpus.user_ids) - 1
-        return np.arange(start, len(self.corpus))
+        return rows
 
     def doc(self, row: int, **scores: float) -> RetrievedDoc:
         return RetrievedDoc(row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row])

@@ -12,7 +12,7 @@ import numpy as np
 
 from persrag_lightning.models.text_encoder import Pooling
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
 
 def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
@@ -34,7 +34,7 @@ class OwnHistoryStrategy(Strategy):
         store = getattr(self, "store", None)
         if store is None:
             raise RuntimeError(f"{type(self).__name__}.prepare(store) must run before retrieve")
-        if query.user_id not in store.user_index:
+        if query.user_id not in store:
             raise KeyError(f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
                            "store")
         return store.rows(query.user_id, self.max_history)
@@ -114,7 +114,7 @@ class BM25(OwnHistoryStrategy):
         return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=None, return_ids=False,
                               show_progress=False)
 
-    def user_index(self, user_id: str, rows: np.ndarray):
+    def bm25_index(self, user_id: str, rows: np.ndarray):
         """The user's bm25s index over `rows` (built once, then served from the LRU cache)."""
         import bm25s
 
@@ -134,7 +134,7 @@ class BM25(OwnHistoryStrategy):
         tokens = self.tokenize([query.query])[0]
         if not tokens:
             return np.zeros(len(rows), dtype=np.float32)
-        return np.asarray(self.user_index(query.user_id, rows).get_scores(tokens), dtype=np.float32)
+        return np.asarray(self.bm25_index(query.user_id, rows).get_scores(tokens), dtype=np.float32)
 
     def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
         if len(rows) == 0:
@@ -145,7 +145,7 @@ class BM25(OwnHistoryStrategy):
 
 
 class Dense(OwnHistoryStrategy):
-    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history: the CorpusRetriever that proposes the
+    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history: the EncoderRetriever that proposes the
     retriever stage's candidates, restricted to the user's own docs (doc vectors from the shared corpus cache)."""
 
     name = "dense"
@@ -157,11 +157,11 @@ class Dense(OwnHistoryStrategy):
         self.cache_dir = cache_dir
         self.max_length = max_length
         self.pooling = pooling
-        self.retriever: CorpusRetriever | None = None
+        self.retriever: EncoderRetriever | None = None
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
-        self.retriever = CorpusRetriever(self.encoder_name, store.corpus, self.cache_dir, self.max_length,
+        self.retriever = EncoderRetriever(self.encoder_name, store.corpus, self.cache_dir, self.max_length,
                                          self.pooling)
         self.retriever.prepare()
         self.retriever.load()

@@ -19,7 +19,8 @@ from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corp
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+from persrag_lightning.retrieval.candidates import CandidateSource
+from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.user_index import UserIndex
 
 UserSource = Literal["encoder", "mean"]
@@ -44,13 +45,15 @@ class CFRAG(Strategy):
         super().prepare(store)
         self.user_encoder = UserEncoder.from_pretrained(self.user_encoder_path)
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
-        self.user_index = self._user_index(store)
-        self.retriever = CorpusRetriever(self.retriever_spec, store.corpus, self.cache_dir)
+        self.user_index = self._build_user_index(store)
+        self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
         self.retriever.prepare()
         self.retriever.load()
+        e_u = self.e_u if self.retriever_user_term else lambda _: None
+        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user)
         self.reranker = PersonalizedReranker.from_pretrained(self.reranker_path).eval() if self.reranker_path else None
 
-    def _user_index(self, store: DocStore) -> UserIndex:
+    def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
         if self.users == "encoder":
             ids, vectors = self.user_encoder.user_ids, self.user_encoder.user_embeddings
@@ -75,22 +78,9 @@ class CFRAG(Strategy):
         scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m)
         return list(zip(ids[0], (float(s) for s in scores[0])))
 
-    @torch.no_grad()
     def candidates(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
         """The m·k candidates per query with user similarity and first-stage (Eq. 5 or Eq. 3) scores."""
-        vectors = self.retriever.query_vectors([q.query for q in queries])
-        out = []
-        for q, vec in zip(queries, vectors):
-            e_u = self.e_u(q.user_id) if self.retriever_user_term else None
-            docs: list[RetrievedDoc] = []
-            for owner, sim in self.similar_users(q.user_id):
-                rows = self.store.rows(owner)
-                scores = self.retriever.score(vec, rows, e_u)
-                top = torch.topk(scores, min(self.k_per_user, len(rows)))
-                docs += [self.store.doc(int(rows[i]), user_sim=sim, retriever_score=float(s))
-                         for s, i in zip(top.values, top.indices)]
-            out.append(docs)
-        return out
+        return self.source.propose(queries)
 
     @torch.no_grad()
     def rerank(self, query: Query, docs: list[RetrievedDoc], k: int) -> list[RetrievedDoc]:

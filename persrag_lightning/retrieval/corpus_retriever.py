@@ -1,9 +1,12 @@
-"""Dense retrieval over the whole corpus with cached doc vectors: the untuned encoder (Eq. 3) or a trained
-personalized retriever export (Eq. 5). Used to propose feedback candidates and by the CFRAG strategy."""
+"""Dense first-stage retrieval over the whole corpus with cached doc vectors, in two named kinds:
+`EncoderRetriever` (an untuned sentence encoder, Eq. 3) and `TrainedRetriever` (a stage-2 export, Eq. 5).
+`open_corpus_retriever(spec)` picks the kind from what `spec` names. Used to propose feedback candidates, by the
+CFRAG strategy and by the dense baseline."""
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import numpy as np
@@ -11,35 +14,40 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.models.retriever import PersonalizedRetriever, doc_encoder_path
-from persrag_lightning.models.text_encoder import TextEncoder, model_identity
+from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever, doc_encoder_path
+from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, model_identity
 from persrag_lightning.utils import bundle_digest
 
 
-class CorpusRetriever:
-    """Proposes top-k docs from a user's history: the untuned encoder (Eq. 3) for the retriever stage, or a
-    trained retriever export (Eq. 5, with the query user's e_u) for the reranker stage."""
+class CorpusRetriever(ABC):
+    """Scores a user's corpus rows for a query vector; doc vectors come from the shared corpus-embedding cache."""
 
-    def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
-                 pooling: str = "mean") -> None:
-        self.spec = spec
-        self.corpus = corpus
-        self.cache_dir = cache_dir
-        self.trained = (Path(spec) / "user_heads.safetensors").exists()
-        self.max_length, self.pooling = max_length, pooling
+    def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, doc_encoder: str, max_length: int,
+                 pooling: str) -> None:
+        self.spec, self.corpus, self.cache_dir = spec, corpus, cache_dir
+        self.doc_encoder, self.max_length, self.pooling = doc_encoder, max_length, pooling
         self.model = None
-        if self.trained:
-            self.doc_encoder = str(doc_encoder_path(spec))
-            config = json.loads((Path(spec) / "config.json").read_text())
-            self.max_length, self.pooling = config.get("max_length", max_length), config.get("pooling", pooling)
-        else:
-            self.doc_encoder = spec
         self.doc_vectors: torch.Tensor | None = None
 
+    @abstractmethod
     def identity(self) -> dict:
-        if self.trained:
-            return {"retriever": bundle_digest(self.spec)}
-        return {"encoder": model_identity(self.spec), "max_length": self.max_length, "pooling": self.pooling}
+        """What changes the scores (for cache fingerprints)."""
+
+    @abstractmethod
+    def _load_model(self):
+        """The query encoder (and user head, for a trained retriever)."""
+
+    @abstractmethod
+    def query_vectors(self, queries: list[str]) -> torch.Tensor:
+        """[n, d] query vectors."""
+
+    @abstractmethod
+    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+        """Scores of corpus `rows` for one query vector (e_u: the query user's embedding, if used)."""
+
+    @abstractmethod
+    def encode_docs(self, texts: list[str]) -> torch.Tensor:
+        """Doc vectors of new texts, as the cache holds them."""
 
     def _embedding_args(self) -> dict:
         return {"encoder": self.doc_encoder, "max_length": self.max_length, "pooling": self.pooling}
@@ -52,29 +60,86 @@ class CorpusRetriever:
         if self.doc_vectors is not None:
             return
         self.doc_vectors = load_corpus_embeddings(self.cache_dir, self.corpus, **self._embedding_args())
-        if self.trained:
-            self.model = PersonalizedRetriever.from_pretrained(self.spec).eval()
-        else:
-            self.model = TextEncoder.from_pretrained(self.spec, pooling=self.pooling, max_length=self.max_length)
-
-    @torch.no_grad()
-    def query_vectors(self, queries: list[str]) -> torch.Tensor:
-        if self.trained:
-            return self.model.encode_queries(queries)
-        return self.model.encode(queries)
-
-    @torch.no_grad()
-    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
-        """Scores of corpus `rows` for one query vector: Eq. 3 (untuned) or Eq. 5 (trained, with e_u)."""
-        docs = self.doc_vectors[torch.as_tensor(rows)]
-        if not self.trained:
-            return docs @ query  # Eq. 3: cosine of L2-normalised vectors
-        u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
-        return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]
+        self.model = self._load_model()
 
     @torch.no_grad()
     def add_docs(self, texts: list[str]) -> None:
         """Embed new docs (a user added at serving time) and append them as the next corpus rows."""
         self.load()
-        vectors = self.model.encode_docs(texts) if self.trained else self.model.encode(texts)
-        self.doc_vectors = torch.cat([self.doc_vectors, vectors.to(self.doc_vectors)])
+        self.doc_vectors = torch.cat([self.doc_vectors, self.encode_docs(texts).to(self.doc_vectors)])
+
+
+class EncoderRetriever(CorpusRetriever):
+    """The untuned encoder, cos(E(q), E(d)) (Eq. 3): the retriever stage's candidate proposer and the dense
+    baseline. `spec` is an embedded alias, a model folder or a Hugging Face name."""
+
+    def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
+                 pooling: str = "mean") -> None:
+        super().__init__(spec, corpus, cache_dir, spec, max_length, pooling)
+
+    def identity(self) -> dict:
+        return {"encoder": model_identity(self.spec), "max_length": self.max_length, "pooling": self.pooling}
+
+    def _load_model(self) -> TextEncoder:
+        return TextEncoder.from_pretrained(self.spec, pooling=self.pooling, max_length=self.max_length)
+
+    @torch.no_grad()
+    def query_vectors(self, queries: list[str]) -> torch.Tensor:
+        self.load()
+        return self.model.encode(queries)
+
+    @torch.no_grad()
+    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+        return self.doc_vectors[torch.as_tensor(rows)] @ query  # Eq. 3: cosine of L2-normalised vectors
+
+    @torch.no_grad()
+    def encode_docs(self, texts: list[str]) -> torch.Tensor:
+        return self.model.encode(texts)
+
+
+class TrainedRetriever(CorpusRetriever):
+    """A stage-2 export (`checkpoints/<run>/retriever`): the tuned encoder and user map, Eq. 5 with e_u."""
+
+    def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path) -> None:
+        config = json.loads((Path(spec) / "config.json").read_text())
+        super().__init__(spec, corpus, cache_dir, str(doc_encoder_path(spec)), config.get("max_length", 256),
+                         config.get("pooling", "mean"))
+
+    def identity(self) -> dict:
+        return {"retriever": bundle_digest(self.spec)}
+
+    def _load_model(self) -> PersonalizedRetriever:
+        return PersonalizedRetriever.from_pretrained(self.spec).eval()
+
+    @torch.no_grad()
+    def query_vectors(self, queries: list[str]) -> torch.Tensor:
+        self.load()
+        return self.model.encode_queries(queries)
+
+    @torch.no_grad()
+    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+        docs = self.doc_vectors[torch.as_tensor(rows)]
+        u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
+        return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]  # Eq. 5
+
+    @torch.no_grad()
+    def encode_docs(self, texts: list[str]) -> torch.Tensor:
+        return self.model.encode_docs(texts)
+
+
+def is_retriever_export(spec: str | Path) -> bool:
+    return (Path(spec) / USER_HEADS).is_file() and (Path(spec) / "config.json").is_file()
+
+
+def open_corpus_retriever(spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
+                          pooling: str = "mean") -> CorpusRetriever:
+    """A retriever export → TrainedRetriever; an embedded alias, model folder or `owner/name` Hugging Face name →
+    EncoderRetriever. A path that is neither (e.g. the export of a stage not trained yet) is a clear error."""
+    if is_retriever_export(spec):
+        return TrainedRetriever(spec, corpus, cache_dir)
+    path = Path(spec).expanduser()
+    hub_name = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if spec in EMBEDDED_MODELS or path.is_dir() or (hub_name and not path.parent.is_dir()):
+        return EncoderRetriever(spec, corpus, cache_dir, max_length, pooling)
+    raise FileNotFoundError(f"no retriever export or encoder at {spec}; a retriever export is made by "
+                            "`python train.py fit --config cfrag_retriever.yaml` (same --run_name)")

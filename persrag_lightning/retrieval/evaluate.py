@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from persrag_lightning.data.feedback import LLMConfig
 from persrag_lightning.data.lamp import write_predictions
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm.answer import answer
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
-from persrag_lightning.llm.prompts import PROMPT_VERSION, build_prompt
+from persrag_lightning.llm.prompts import PROMPT_VERSION
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import lamp_metric, rouge_scorer
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.utils import atomic_replace, atomic_write_json, atomic_write_text, fingerprint
@@ -123,11 +123,10 @@ class Evaluation:
         queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in examples]
         retrieved = strategy.retrieve(queries, self.k)
         retrieve_seconds = time.perf_counter() - t0
-        count = self.llm.count_tokens
-        prompts = [build_prompt(self.task, e.input, [store.history_doc(d.row) for d in docs], count,
-                                self.llm_config.max_prompt_tokens) for e, docs in zip(examples, retrieved)]
-        budget = self.llm_config.max_new_tokens or default_max_new_tokens(self.task)
-        predictions = [postprocess(self.task, o) for o in self.llm.generate(prompts, budget)]
+        answers = answer(self.llm, self.task, [e.input for e in examples],
+                         [[store.history_doc(d.row) for d in docs] for docs in retrieved],
+                         self.llm_config.max_prompt_tokens, self.llm_config.max_new_tokens)
+        predictions = [a.answer for a in answers]
         metric = lamp_metric(self.task)
         metric.update(predictions, [e.target for e in examples])
         scores = {name: float(v) for name, v in metric.compute().items()}

@@ -11,54 +11,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 
 from persrag_lightning.data.candidates import Candidate, FeedbackExample
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.records import Example, HistoryDoc, LampDataset
-from persrag_lightning.llm.base import LLM, LLMBackendError, load_llm, resolve_model
+from persrag_lightning.data.feedback_cache import FeedbackCache
+from persrag_lightning.data.records import Example, LampDataset
+from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import PROMPT_VERSION, build_prompt
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import score_prediction
 from persrag_lightning.models.user_encoder import UserEncoder
+from persrag_lightning.retrieval.base import DocStore, Query
+from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
-from persrag_lightning.utils import atomic_open, atomic_write_json, bundle_digest, fingerprint
+from persrag_lightning.utils import bundle_digest, fingerprint
 
 log = logging.getLogger(__name__)
 
 FeedbackMetric = Literal["task", "loglik"]
 FEEDBACK_VERSION = "feedback/v1"
-
-
-@dataclass
-class LLMConfig:
-    """Which LLM labels the candidates; `options` go to the backend (e.g. base_url, n_threads, device)."""
-
-    backend: str = "hf"
-    model: str = "smollm2"
-    batch_size: int = 16
-    max_new_tokens: int | None = None  # None: the task's short default (8 tokens for labels, 40 for titles)
-    max_prompt_tokens: int = 512
-    options: dict = field(default_factory=dict)
-
-    def identity(self) -> dict:
-        """What changes the LLM's answers, without loading it (a local model's weights digest included)."""
-        try:
-            digest = resolve_model(self.model).digest
-        except LLMBackendError:
-            digest = ""  # a served model (openai backend) is named by the server
-        output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
-        return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
-                "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens}
-
-    def load(self) -> LLM:
-        return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)
 
 
 @dataclass
@@ -87,7 +64,9 @@ class FeedbackBuilder:
         self.key = fingerprint(
             FEEDBACK_VERSION, corpus.digest(), self._examples_digest(), bundle_digest(self.user_encoder_path),
             retriever.identity(), llm.identity(), PROMPT_VERSION, asdict(settings), dataset.task)
-        self.root = Path(cache_dir) / "feedback" / self.key
+        self.cache = FeedbackCache(Path(cache_dir) / "feedback" / self.key, settings.chunk_size)
+        self.root = self.cache.root
+        self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
         self._llm: LLM | None = None
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after de-duplication)
@@ -107,15 +86,12 @@ class FeedbackBuilder:
             raise KeyError(f"split {split!r} not in the data (have {sorted(self.dataset.examples)})")
         return sorted((e for e in self.dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
 
-    def num_chunks(self, split: str, limit: int | None = None) -> int:
-        n = len(self.examples(split)) if limit is None else min(limit, len(self.examples(split)))
-        return math.ceil(n / self.settings.chunk_size)
-
-    def chunk_path(self, split: str, chunk: int) -> Path:
-        return self.root / split / f"chunk-{chunk:05d}.jsonl"
+    def num_examples(self, split: str, limit: int | None = None) -> int:
+        n = len(self.examples(split))
+        return n if limit is None else min(limit, n)
 
     def missing_chunks(self, split: str, limit: int | None = None) -> list[int]:
-        return [c for c in range(self.num_chunks(split, limit)) if not self.chunk_path(split, c).exists()]
+        return self.cache.missing_chunks(split, self.num_examples(split, limit))
 
     # ---- build ---------------------------------------------------------------------------------------------------
 
@@ -126,7 +102,7 @@ class FeedbackBuilder:
         todo = [c for c in self.missing_chunks(split, limit) if c % num_shards == shard]
         if not todo:
             return 0
-        atomic_write_json(self.root / "config.json", {
+        self.cache.write_config({
             "task": self.dataset.task, "user_encoder": str(self.user_encoder_path), "retriever": self.retriever.spec,
             "llm": asdict(self.llm_config), "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
@@ -135,9 +111,7 @@ class FeedbackBuilder:
         for c in todo:
             chunk = examples[c * self.settings.chunk_size:(c + 1) * self.settings.chunk_size]
             records = self.label_chunk(chunk, memo)
-            with atomic_open(self.chunk_path(split, c)) as f:
-                for rec in records:
-                    f.write(json.dumps(rec.to_json(), ensure_ascii=False) + "\n")
+            self.cache.write_chunk(split, c, records)
             log.info("feedback %s chunk %d: %d examples", split, c, len(records))
         return len(todo)
 
@@ -153,37 +127,27 @@ class FeedbackBuilder:
             self._llm = self.llm_config.load()
         return self._llm
 
-    def propose(self, examples: list[Example]) -> list[list[tuple[int, str, float, float]]]:
-        """(row, owner, user_sim, first_stage) of the m·k candidates per example, users by similarity."""
+    def candidate_source(self) -> CandidateSource:
+        """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
         ue = self.user_encoder
-        user_index = self.corpus.user_index()
         table_row = {u: i for i, u in enumerate(ue.user_ids)}
-        queries = self.retriever.query_vectors([e.query for e in examples])
-        out = []
-        for ex, q in zip(examples, queries):
-            if ex.user_id not in table_row:
-                raise KeyError(f"user {ex.user_id!r} of example {ex.example_id!r} is not in the user-encoder "
-                               f"export {self.user_encoder_path}; retrain it on this data")
-            e_u = ue.user_embeddings[table_row[ex.user_id]]
-            candidates = []
-            for owner, sim in ue.similar_users(ex.user_id, self.settings.m):
-                rows = self.corpus.user_rows(user_index[owner])
-                scores = self.retriever.score(q, rows, e_u)
-                top = torch.topk(scores, min(self.settings.k, len(rows)))
-                candidates += [(int(rows[i]), owner, sim, float(s)) for s, i in zip(top.values, top.indices)]
-            out.append(candidates)
-        return out
 
-    def history_doc(self, row: int, owner: str) -> HistoryDoc:
-        start = int(self.corpus.offsets[self.corpus.user_index()[owner]])
-        return self.dataset.users[owner].docs[row - start]
+        def e_u(user_id: str):
+            if user_id not in table_row:
+                raise KeyError(f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
+                               "retrain it on this data")
+            return ue.user_embeddings[table_row[user_id]]
+
+        return CandidateSource(self.store, self.retriever, lambda u: ue.similar_users(u, self.settings.m), e_u,
+                               self.settings.k)
 
     def label_chunk(self, examples: list[Example], memo: dict) -> list[FeedbackExample]:
         """One prompt per candidate (the doc alone, as Eq. 6); identical prompts go to the LLM once."""
-        proposals = self.propose(examples)
+        proposals = self.candidate_source().propose(
+            [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task, count = self.dataset.task, self.llm.count_tokens
-        prompts = [[build_prompt(task, ex.input, [self.history_doc(row, owner)], count,
-                                 self.llm_config.max_prompt_tokens) for row, owner, _, _ in cands]
+        prompts = [[build_prompt(task, ex.input, [self.store.history_doc(d.row)], count,
+                                 self.llm_config.max_prompt_tokens) for d in cands]
                    for ex, cands in zip(examples, proposals)]
         if self.settings.metric == "loglik":  # eval(y, O) = log p(y | prompt): keyed by (prompt, target)
             todo = sorted({(p, ex.target) for ex, ps in zip(examples, prompts) for p in ps} - memo.keys())
@@ -200,8 +164,8 @@ class FeedbackBuilder:
         self.llm_calls += len(todo)
         records = []
         for ex, cands, ps in zip(examples, proposals, prompts):
-            cs = tuple(Candidate(row, self.corpus.doc_ids[row], owner, sim, first, *label(p, ex))
-                       for (row, owner, sim, first), p in zip(cands, ps))
+            cs = tuple(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score, *label(p, ex))
+                       for d, p in zip(cands, ps))
             records.append(FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target, cs))
         return records
 
@@ -214,16 +178,7 @@ class FeedbackBuilder:
             raise FileNotFoundError(
                 f"feedback labels of split {split!r} are missing {len(missing)} chunk(s) under {self.root / split}; "
                 f"build them with `persrag feedback {command_hint}` (or run `fit`, whose prepare_data builds them)")
-        out: list[FeedbackExample] = []
-        for c in range(self.num_chunks(split, limit)):
-            path = self.chunk_path(split, c)
-            for line_no, line in enumerate(path.read_text().splitlines(), 1):
-                try:
-                    out.append(FeedbackExample.from_json(json.loads(line)))
-                except (json.JSONDecodeError, TypeError, KeyError) as err:
-                    raise ValueError(f"{path}: line {line_no}: corrupt feedback record ({err}); delete the file "
-                                     "and rebuild") from err
-        return out[:limit] if limit is not None else out
+        return self.cache.read(split, self.num_examples(split, limit))
 
 
 @dataclass

@@ -10,6 +10,9 @@ import argparse
 import time
 from pathlib import Path
 
+from persrag_lightning.commands.evaluate import evaluate_command
+from persrag_lightning.commands.train import lightning_command
+
 # Settings shared by every stage of a preset, as CLI overrides. `quick` fits the main job in ~20 minutes on
 # 2 CPU cores: fewer users, m = 3 users x k = 2 docs per example (paper: 6 x 5), a subset of the examples for
 # feedback and evaluation (inference keeps the paper's m = 6, k = 5 for every preset), and the target's
@@ -39,8 +42,6 @@ def stage_done(export_root: str, run_name: str, stage: str) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    from persrag_lightning.cli import evaluate_command, run
-
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--run_name", default=None, help="default: synthlamp-<preset>")
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> None:
             continue
         t0 = time.perf_counter()
         print(f"[pipeline] {stage}: python train.py fit {' '.join(args + common + extra)}")
-        run(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
+        lightning_command(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
         timings.append((stage, time.perf_counter() - t0))
     t0 = time.perf_counter()
     evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *preset["evaluate"],

@@ -12,10 +12,11 @@ from torch.utils.data import DataLoader
 
 from persrag_lightning.data.candidates import FeedbackExample, collate_candidates
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.feedback import FeedbackBuilder, FeedbackMetric, FeedbackSettings, LLMConfig
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackMetric, FeedbackSettings
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 
 
 class FeedbackDataModule(L.LightningDataModule):
@@ -53,8 +54,8 @@ class FeedbackDataModule(L.LightningDataModule):
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
         dataset = self.source.load()
         corpus = Corpus.from_dataset(dataset)
-        retriever = CorpusRetriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
-                                       self.hparams.encoder_max_length)
+        retriever = open_corpus_retriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
+                                          self.hparams.encoder_max_length)
         return FeedbackBuilder(dataset, corpus, self.hparams.user_encoder, retriever, self.llm_config,
                                self.settings, self.hparams.cache_dir)
 

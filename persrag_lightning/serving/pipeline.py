@@ -9,12 +9,11 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.data.docstore import history_from_json, read_docstore
-from persrag_lightning.data.feedback import LLMConfig
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm.answer import answer
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
-from persrag_lightning.llm.prompts import build_prompt
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle
@@ -67,7 +66,7 @@ class CFRAGPipeline:
 
     def retrieve_batch(self, user_ids: list[str], queries: list[str], k: int | None = None) -> list[list[RetrievedDoc]]:
         """Batched retrieval: queries are embedded together, which is where the throughput comes from."""
-        missing = [u for u in user_ids if u not in self.store.user_index]
+        missing = [u for u in user_ids if u not in self.store]
         if missing:
             raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
         spec = get_task(self.task)
@@ -80,11 +79,10 @@ class CFRAGPipeline:
 
     def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
         retrieved = self.retrieve_batch(user_ids, queries)
-        prompts = [build_prompt(self.task, q, [self.store.history_doc(d.row) for d in docs], self.llm.count_tokens,
-                                self.llm_config.max_prompt_tokens) for q, docs in zip(queries, retrieved)]
-        budget = self.llm_config.max_new_tokens or default_max_new_tokens(self.task)
-        outputs = self.llm.generate(prompts, budget)
-        return [Generation(postprocess(self.task, o), o, p, docs) for o, p, docs in zip(outputs, prompts, retrieved)]
+        answers = answer(self.llm, self.task, queries, [[self.store.history_doc(d.row) for d in docs]
+                                                        for docs in retrieved],
+                         self.llm_config.max_prompt_tokens, self.llm_config.max_new_tokens)
+        return [Generation(a.answer, a.raw_output, a.prompt, docs) for a, docs in zip(answers, retrieved)]
 
     @torch.no_grad()
     def add_user(self, user_id: str, history: list[dict]) -> None:

@@ -1,0 +1,1 @@
+"""Subcommands of `persrag` / `train.py`; cli.py dispatches to them (arrows run cli → commands, never back)."""

@@ -1,0 +1,49 @@
+"""`persrag evaluate`: strategies × split → predictions, metrics.json, results.md and results.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jsonargparse import Namespace
+
+from persrag_lightning.commands.train import resolve_config_args
+
+
+def substitute_run_dir(obj, run_dir: str):
+    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
+    if isinstance(obj, str):
+        return obj.replace("{run_dir}", run_dir)
+    if isinstance(obj, list):
+        return [substitute_run_dir(x, run_dir) for x in obj]
+    if isinstance(obj, Namespace):
+        for key, value in vars(obj).items():
+            setattr(obj, key, substitute_run_dir(value, run_dir))
+    return obj
+
+
+def evaluate_command(args: list[str]) -> dict:
+    """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N]`: strategies × split → predictions,
+    metrics.json, results.md (Table 2 layout) and results.png; prints the table."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from persrag_lightning.retrieval.base import Strategy
+    from persrag_lightning.retrieval.evaluate import Evaluation, results_table
+
+    parser = ArgumentParser(prog="persrag evaluate", description=evaluate_command.__doc__)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--run_name", type=str, default="synthlamp")
+    parser.add_argument("--export_root", type=str, default="checkpoints")
+    parser.add_class_arguments(Evaluation, "evaluation")
+    parser.add_argument("--strategies", type=list[Strategy], required=True)
+    args = resolve_config_args([a.replace("--max-examples", "--evaluation.max_examples") for a in args])
+    cfg = parser.parse_args(args)
+    run_dir = str(Path(cfg.export_root) / cfg.run_name)
+    cfg = substitute_run_dir(cfg, run_dir)
+    if cfg.evaluation.out_dir == "runs/synthlamp/evaluate":
+        cfg.evaluation.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
+    init = parser.instantiate_classes(cfg)
+    evaluation: Evaluation = init.evaluation
+    results = evaluation.run(init.strategies)
+    print(results_table(evaluation.task, results))
+    print(f"reports in {evaluation.out_dir}")
+    return results

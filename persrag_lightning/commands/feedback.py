@@ -1,0 +1,34 @@
+"""`persrag feedback`: build (a shard of) a stage's LLM-feedback labels, or print their statistics."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import lightning as L
+
+from persrag_lightning.commands.train import PersragCLI
+from persrag_lightning.feedback.builder import feedback_stats
+
+
+def feedback_command(args: list[str]) -> None:
+    """`persrag feedback --config X [--shard i --num-shards n] [--stats]`: build (a shard of) the LLM-feedback
+    labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
+    parser = argparse.ArgumentParser(prog="persrag feedback", add_help=False)
+    parser.add_argument("--shard", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
+    parser.add_argument("--num-shards", type=int, default=None)
+    parser.add_argument("--stats", action="store_true", help="print label statistics of the finished cache")
+    opts, rest = parser.parse_known_args(args)
+    num_shards = opts.num_shards or int(os.environ.get("SLURM_ARRAY_TASK_COUNT", "1"))
+    cli = PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     args=rest, run=False)
+    dm = cli.datamodule
+    if not hasattr(dm, "build_feedback"):
+        raise SystemExit(f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)")
+    if opts.stats:
+        dm.setup("fit")
+        for split, examples in ((dm.hparams.train_split, dm.train_examples), (dm.hparams.val_split, dm.val_examples)):
+            print(f"\n{split} ({dm.builder().root}):\n{feedback_stats(examples).table()}")
+        return
+    builder = dm.build_feedback(opts.shard, num_shards)
+    print(f"shard {opts.shard}/{num_shards}: {builder.llm_calls} LLM calls; cache {builder.root}")

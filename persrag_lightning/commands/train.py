@@ -1,0 +1,193 @@
+"""The Lightning side of the CLI: `fit`, `validate`, `test`, `predict` and `export` of every stage, with run
+names, Slurm-aware log folders and requeue, W&B configuration and the export of the best checkpoint."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import WandbLogger
+
+CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[2] / "configs")
+
+
+def resolve_config_path(name: str) -> str:
+    """A `--config` value that is not a file is looked up in ./configs and in the repository's configs/."""
+    if Path(name).exists():
+        return name
+    for folder in CONFIG_DIRS:
+        if (folder / name).exists():
+            return str(folder / name)
+    return name
+
+
+def resolve_config_args(argv: list[str]) -> list[str]:
+    out = []
+    for i, arg in enumerate(argv):
+        if i > 0 and argv[i - 1] in ("--config", "-c"):
+            arg = resolve_config_path(arg)
+        elif arg.startswith("--config="):
+            arg = "--config=" + resolve_config_path(arg.split("=", 1)[1])
+        out.append(arg)
+    return out
+
+
+def slurm_version() -> str | None:
+    """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive one): the
+    logger version of the job, stable across requeues, so a requeued job resumes its own run folder."""
+    if "SLURM_JOB_ID" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return f"slurm-{os.environ['SLURM_JOB_ID']}"
+
+
+class PersragCLI(LightningCLI):
+    """Adds a run name (runs/<run>/<stage> for logs, checkpoints/<run>/<stage> for the serving bundle),
+    validates the best checkpoint after fit and exports it."""
+
+    export_after_validate = False
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--run_name", type=str, default="synthlamp",
+                            help="names runs/<run_name>/ (logs, checkpoints) and checkpoints/<run_name>/ (exports)")
+        parser.add_argument("--export_root", type=str, default="checkpoints",
+                            help="folder that holds the exported bundles of every run")
+        parser.add_argument("--stage_name", type=str, default=None,
+                            help="name of this stage's folders (default: the module's bundle name, e.g. retriever); "
+                                 "variants such as an ablation get their own, e.g. reranker_no_user")
+
+    def _cfg(self):
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _stage_name(self) -> str:
+        """--stage_name, else the module's bundle name (user_encoder, retriever, reranker) read from its class."""
+        if self._cfg().get("stage_name"):
+            return self._cfg().stage_name
+        path = self._cfg().model.class_path
+        module, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        return getattr(cls, "bundle_name", name)
+
+    def before_instantiate_classes(self) -> None:
+        """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
+        `{run_dir}` in the data's paths is checkpoints/<run_name>, where the earlier stages exported."""
+        cfg = self._cfg()
+        run_dir = str(Path(cfg.export_root) / cfg.run_name)
+        for key, value in vars(cfg.data.init_args).items():
+            if isinstance(value, str) and "{run_dir}" in value:
+                setattr(cfg.data.init_args, key, value.replace("{run_dir}", run_dir))
+        root = Path("runs") / cfg.run_name / self._stage_name()
+        job = slurm_version()
+        if cfg.trainer.get("logger") in (None, True):
+            cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
+                                           init_args=Namespace(save_dir=str(root), name="logs", version=job))
+        for logger in cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]:
+            if isinstance(logger, Namespace) and logger.get("class_path", "").endswith("WandbLogger"):
+                self._configure_wandb(logger.init_args, root, job)
+        if not cfg.trainer.get("default_root_dir"):
+            cfg.trainer.default_root_dir = str(root if job is None else self._job_dir(cfg, root, job))
+            if job is not None and self.subcommand == "fit" and not cfg.get("ckpt_path"):
+                self._resume_requeued_job(cfg)
+
+    def _configure_wandb(self, args: Namespace, root: Path, job: str | None) -> None:
+        """W&B runs are named <run_name>/<stage> and live in the stage's run folder (unless WANDB_DIR says
+        otherwise); under Slurm the run id follows the job id, so a requeued job resumes its W&B run."""
+        cfg = self._cfg()
+        if not args.get("name"):
+            args.name = f"{cfg.run_name}/{self._stage_name()}"
+        if args.get("save_dir") in (None, ".") and not args.get("dir"):
+            args.save_dir = None if os.environ.get("WANDB_DIR") else str(root)
+        if job is not None and not args.get("version") and not args.get("id"):
+            args.version = f"{cfg.run_name}-{self._stage_name()}-{job}".replace("/", "-")
+
+    @staticmethod
+    def _job_dir(cfg: Namespace, root: Path, job: str) -> Path:
+        """This Slurm job's own folder (the first logger's version folder, where its checkpoints/ go):
+        Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job (requeued) finds it."""
+        logger = cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
+        if not isinstance(logger, Namespace):  # no logger (False) or an instance: the job's own folder
+            return root / job
+        args = logger.get("init_args") or Namespace()
+        name = args.get("project") if logger.get("class_path", "").endswith("WandbLogger") else args.get("name")
+        version = args.get("version") or args.get("id")
+        if args.get("save_dir") and name and version:
+            return Path(args.save_dir) / name / str(version)
+        return root / job
+
+    @staticmethod
+    def _resume_requeued_job(cfg: Namespace) -> None:
+        """A requeued job resumes from the newest of its hpc checkpoint (saved on SIGUSR1) and its last.ckpt
+        (a job killed without the signal); the newest matters once a resumed job has saved further epochs.
+        The CSV of the earlier attempt is kept as metrics.<n>.csv (Lightning's CSV logger would delete it)."""
+        job_dir = Path(cfg.trainer.default_root_dir)
+        found = [*job_dir.glob("hpc_ckpt_*.ckpt"), *job_dir.glob("checkpoints/last.ckpt")]
+        if not found:
+            return
+        cfg.ckpt_path = str(max(found, key=lambda p: p.stat().st_mtime))
+        metrics = job_dir / "metrics.csv"
+        if metrics.exists() and os.environ.get("SLURM_PROCID", "0") == "0":
+            n = 0
+            while (job_dir / f"metrics.{n}.csv").exists():
+                n += 1
+            metrics.rename(job_dir / f"metrics.{n}.csv")
+        print(f"requeued Slurm job: resuming from {cfg.ckpt_path}", file=sys.stderr)
+
+    def export_dir(self) -> Path:
+        cfg = self._cfg()
+        return Path(cfg.export_root) / cfg.run_name / self._stage_name()
+
+    def export_bundle(self) -> None:
+        """Rank 0 writes the bundle of the weights the trainer holds now."""
+        if self.trainer.is_global_zero:
+            path = self.model.export(self.export_dir(), self.datamodule)
+            print(f"exported {self._stage_name()} to {path}")
+            for logger in self.trainer.loggers:
+                if isinstance(logger, WandbLogger):  # the bundle the W&B run produced
+                    logger.experiment.summary["export_path"] = str(Path(path).resolve())
+        self.trainer.strategy.barrier("export")
+
+    def before_fit(self) -> None:
+        """W&B records the whole CLI config (Lightning itself logs only the model's and data's init args)."""
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                config = self._parser(self.subcommand).dump(self._cfg(), format="json", skip_check=True)
+                logger.log_hyperparams({"cli": json.loads(config)})
+
+    def after_fit(self) -> None:
+        """Evaluate and export the best checkpoint (the last weights when no checkpoint was kept)."""
+        best = getattr(self.trainer.checkpoint_callback, "best_model_path", "") or None
+        if self.trainer.fast_dev_run:
+            return
+        self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=True)
+        if best:
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            self.model.load_state_dict(state)
+        self.export_bundle()
+
+    def after_validate(self) -> None:
+        if self.export_after_validate:
+            self.export_bundle()
+
+
+class ExportCLI(PersragCLI):
+    export_after_validate = True
+
+
+def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
+    """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the bundle)."""
+    cli_class = PersragCLI
+    if args and args[0] == "export":
+        args[0] = "validate"
+        cli_class = ExportCLI
+    if from_sys_argv:  # keep LightningCLI reading sys.argv (it warns when given both)
+        sys.argv[1:] = args
+    cli_class(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+              args=None if from_sys_argv else args, save_config_kwargs={"overwrite": True})

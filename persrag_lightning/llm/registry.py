@@ -1,0 +1,57 @@
+"""Backends by name, and the LLM settings every stage shares: the only module that imports the backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
+
+BACKENDS = ("hf", "llamacpp", "openai", "vllm")
+
+
+def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
+    """Build a backend by name; extra keyword arguments go to the backend's constructor."""
+    backend = backend.lower()
+    if backend == "hf":
+        from persrag_lightning.llm.hf import HFLLM
+
+        return HFLLM(model, **kwargs)  # type: ignore[arg-type]
+    if backend in ("llamacpp", "llama_cpp", "llama-cpp"):
+        from persrag_lightning.llm.llamacpp import LlamaCppLLM
+
+        return LlamaCppLLM(model, **kwargs)  # type: ignore[arg-type]
+    if backend == "openai":
+        from persrag_lightning.llm.openai_compat import OpenAICompatLLM
+
+        return OpenAICompatLLM(model, **kwargs)  # type: ignore[arg-type]
+    if backend == "vllm":
+        from persrag_lightning.llm.vllm_backend import VLLMLLM
+
+        return VLLMLLM(model, **kwargs)  # type: ignore[arg-type]
+    raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}")
+
+
+@dataclass
+class LLMConfig:
+    """Which LLM answers (feedback labels, evaluation, serving); `options` go to the backend (e.g. base_url,
+    n_threads, device)."""
+
+    backend: str = "hf"
+    model: str = "smollm2"
+    batch_size: int = 16
+    max_new_tokens: int | None = None  # None: the task's short default (8 tokens for labels, 40 for titles)
+    max_prompt_tokens: int = 512
+    options: dict = field(default_factory=dict)
+
+    def identity(self) -> dict:
+        """What changes the LLM's answers, without loading it (a local model's weights digest included)."""
+        try:
+            digest = resolve_model(self.model).digest
+        except LLMBackendError:
+            digest = ""  # a served model (openai backend) is named by the server
+        output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
+        return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
+                "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens}
+
+    def load(self) -> LLM:
+        return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)

@@ -1,0 +1,42 @@
+"""CFRAG's first stage (Fig. 2), written once: the top-m users of the query user, then the top-k docs of each by
+the retriever (Eq. 3 untuned, Eq. 5 trained). The feedback builder labels exactly these candidates and the CFRAG
+strategy reranks exactly these, so training and inference can never disagree on what the candidates are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
+from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+
+SimilarUsers = Callable[[str], list[tuple[str, float]]]      # user id → [(user id, cosine)], best first
+UserEmbedding = Callable[[str], "torch.Tensor | None"]        # user id → e_u for the retriever's user term
+
+
+class CandidateSource:
+    """m·k candidates per query with their owner, user similarity and first-stage score."""
+
+    def __init__(self, store: DocStore, retriever: CorpusRetriever, similar_users: SimilarUsers,
+                 user_embedding: UserEmbedding, k_per_user: int) -> None:
+        self.store, self.retriever = store, retriever
+        self.similar_users, self.user_embedding = similar_users, user_embedding
+        self.k_per_user = k_per_user
+
+    @torch.no_grad()
+    def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
+        """Users by similarity (the query user first, as the official code), each user's docs best first."""
+        vectors = self.retriever.query_vectors([q.query for q in queries])
+        out = []
+        for query, vector in zip(queries, vectors):
+            e_u = self.user_embedding(query.user_id)
+            docs: list[RetrievedDoc] = []
+            for owner, sim in self.similar_users(query.user_id):
+                rows = self.store.rows(owner)
+                scores = self.retriever.score(vector, rows, e_u)
+                top = torch.topk(scores, min(self.k_per_user, len(rows)))
+                docs += [self.store.doc(int(rows[i]), user_sim=sim, retriever_score=float(s))
+                         for s, i in zip(top.values, top.indices)]
+            out.append(docs)
+        return out
