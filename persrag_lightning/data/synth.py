@@ -5,8 +5,9 @@ kind of film (LaMP-2), or the title template and jargon it uses for a research t
 covers only a few kinds (drawn from the community's taste), and a question often (``unseen_fraction``) is about a
 kind the user never touched, so its answer is only recoverable from same-community users' histories. A fraction
 ``noise`` of history items follow another community's or a random style. Texts are templated English built from
-per-kind vocabularies, so a sentence encoder sees topical similarity. Generation streams users in seeded chunks,
-so memory stays flat and 10k users take seconds.
+per-kind vocabularies (the tables live in ``synth_vocab.json`` next to this module), so a sentence encoder
+sees topical similarity. Generation streams users in seeded chunks, so memory stays flat and 10k users take
+seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -73,422 +75,29 @@ class Topic:
     findings: tuple[str, ...]
 
 
-FILM_TEMPLATES = (
-    "{Hero} {goal} {setting}, but {twist}.",
-    "{Setting}, {hero} {goal}. Soon {twist}.",
-    "When {twist}, {hero} {goal} {setting}.",
-    "In this film, {hero} {goal} {setting} while {twist}.",
-)
+VOCAB_FILE = "synth_vocab.json"  # package data next to this module: the phrase tables texts are built from
 
-FILM_KINDS: tuple[FilmKind, ...] = (
-    FilmKind(
-        "space voyage", ("sci-fi", "dystopia", "thought-provoking", "action"),
-        ("a stranded astronaut", "a weary starship captain", "a young navigator on her first mission",
-         "a retired space pilot", "a rookie engineer aboard a freighter"),
-        ("must repair the failing reactor before the orbit decays", "races to reach a distant moon colony",
-         "tries to bring the crew home across the asteroid belt", "leads a rescue mission to a silent space station",
-         "charts a course through an uncharted nebula"),
-        ("aboard a crumbling orbital station", "on the dark side of a frozen moon", "deep beyond the rings of Saturn",
-         "inside a generation ship drifting between stars", "on a mining outpost near Jupiter"),
-        ("a mysterious signal lures the crew off course", "oxygen runs out faster than anyone expected",
-         "mission control goes silent", "the ship's computer hides a secret about the voyage",
-         "an alien artifact wakes up in the cargo hold"),
-    ),
-    FilmKind(
-        "heist", ("action", "twist ending", "dark comedy", "comedy"),
-        ("a charming safecracker", "a retired master thief", "a crew of small-time crooks", "a nervous bank clerk",
-         "a forger with gambling debts"),
-        ("plans one last robbery of a casino vault", "assembles a team to steal a priceless diamond",
-         "schemes to rob an armored truck", "plots to empty a billionaire's private safe",
-         "tries to swap a famous painting for a forgery"),
-        ("in the glittering casinos of Las Vegas", "during a gala at a Monte Carlo museum",
-         "beneath the streets of a busy financial district", "at an auction house in Amsterdam",
-         "inside a heavily guarded jewelry exchange"),
-        ("one of the crew is secretly working for the police", "the vault turns out to be empty",
-         "a double cross splits the gang apart", "the alarm codes were changed that morning",
-         "the insurance investigator is always one step ahead"),
-    ),
-    FilmKind(
-        "city romance", ("romance", "comedy", "classic"),
-        ("a shy bookstore owner", "a struggling jazz musician", "a busy wedding planner", "a lonely widower",
-         "a young architect new in town"),
-        ("falls for a stranger met on a rainy subway platform", "keeps running into the same charming rival",
-         "writes anonymous love letters to a neighbor", "agrees to a fake engagement to please a family",
-         "searches for a lost first love"),
-        ("in the cafes and bridges of Paris", "during a snowy Christmas in New York",
-         "over one summer on the Italian coast", "in a small flower shop in London",
-         "across a week of festivals in Lisbon"),
-        ("old letters reveal a long-hidden secret", "a misunderstanding threatens to end everything",
-         "a rival suitor proposes at the worst moment", "the couple must choose between love and career",
-         "their families turn out to be old enemies"),
-    ),
-    FilmKind(
-        "war", ("true story", "violence", "classic", "social commentary"),
-        ("a young infantry soldier", "a battlefield nurse", "a platoon sergeant", "a resistance fighter",
-         "a pilot shot down behind enemy lines"),
-        ("fights to hold a bridge against a relentless enemy offensive",
-         "leads wounded comrades through occupied territory", "survives the brutal trench warfare of the front",
-         "smuggles refugees past military checkpoints", "struggles to keep a unit alive under constant shelling"),
-        ("during the final months of the Second World War", "on the beaches of Normandy", "in the jungles of Vietnam",
-         "in a besieged city on the eastern front", "in the muddy trenches of 1917"),
-        ("an order from headquarters sends them into a trap", "a wounded enemy soldier asks for help",
-         "supplies run out as winter sets in", "a letter from home changes everything",
-         "the armistice arrives a day too late"),
-    ),
-    FilmKind(
-        "fairy-tale quest", ("fantasy", "based on a book", "classic"),
-        ("a reluctant farm boy", "an apprentice wizard", "an exiled elf princess", "a brave young knight",
-         "an orphan with a talking fox"),
-        ("sets out to destroy a cursed ring", "must find a dragon's stolen egg",
-         "journeys to break an ancient enchantment", "quests to reclaim a stolen crown",
-         "seeks a magic sword hidden by the old kings"),
-        ("across an enchanted kingdom of giants and trolls", "through a haunted forest ruled by witches",
-         "in a hidden realm beyond the misty mountains", "in a castle guarded by sorcerers",
-         "along a river where fairies dwell"),
-        ("a dark sorcerer raises an army of shadows", "the wise old wizard vanishes",
-         "a prophecy names an unlikely hero", "the dragon turns out to be a cursed prince",
-         "the magic begins to fade from the land"),
-    ),
-    FilmKind(
-        "psychological thriller", ("psychology", "twist ending", "thought-provoking"),
-        ("a troubled psychiatrist", "an insomniac office worker", "a grieving mother", "a novelist with amnesia",
-         "a detective haunted by nightmares"),
-        ("begins to doubt her own memories", "investigates a patient who claims to see the future",
-         "tries to uncover who is sending anonymous threats", "searches for the truth behind a string of blackouts",
-         "becomes obsessed with a stranger's diary"),
-        ("in an isolated mental hospital", "inside a quiet suburban house", "during a long sleepless winter",
-         "in a remote lakeside cabin", "in the corridors of an old asylum"),
-        ("reality and delusion start to blur", "the killer may be inside their own mind",
-         "every clue points back to a buried trauma", "a second personality emerges",
-         "the therapist hides a disturbing motive"),
-    ),
-    FilmKind(
-        "totalitarian future", ("dystopia", "sci-fi", "social commentary"),
-        ("a low-level clerk of the ministry", "a teenage rebel", "a factory worker with forbidden memories",
-         "a censor who reads banned books", "a young woman assigned a compulsory mate"),
-        ("joins an underground resistance against the regime", "tries to escape constant state surveillance",
-         "questions the official propaganda", "plans to expose the lies of the supreme leader",
-         "fights to keep a forbidden love secret"),
-        ("in a grim future police state", "in a walled city where emotions are outlawed",
-         "under a regime that rewrites history daily", "in a society where citizens are ranked by obedience",
-         "after a collapse that left one party in control"),
-        ("the secret police know every move", "the resistance may be a government trap",
-         "a lottery decides who lives", "the thought police arrest a close friend",
-         "the leader turns out to be a fiction"),
-    ),
-    FilmKind(
-        "family comedy", ("comedy", "dark comedy", "romance"),
-        ("a clumsy substitute teacher", "an overworked father of five", "a pair of mismatched roommates",
-         "a grumpy grandfather", "a hapless office manager"),
-        ("tries to survive a disastrous family reunion", "attempts to plan the perfect birthday party",
-         "pretends to be a celebrity chef for one weekend", "has to babysit the neighbors' unruly kids",
-         "accidentally books the whole family on the wrong holiday"),
-        ("in a chaotic suburban household", "at a run-down seaside motel", "during a hilarious road trip",
-         "at a summer camp gone wrong", "in a cramped city apartment"),
-        ("the dog eats the wedding rings", "a prank spirals out of control",
-         "the mother-in-law arrives a week early", "everyone mistakes him for a famous magician",
-         "the party cake ends up on the boss"),
-    ),
-    FilmKind(
-        "sports biography", ("true story", "classic", "thought-provoking"),
-        ("a working-class boxer", "an underdog high school coach", "a record-breaking sprinter",
-         "a disabled swimmer", "a veteran baseball pitcher"),
-        ("trains for the championship bout of a lifetime", "leads an unlikely team to the state finals",
-         "battles injury to compete at the Olympics", "overcomes prejudice to play in the major leagues",
-         "makes one last comeback before retirement"),
-        ("in the real events of the 1960s", "in a small mining town with a proud sports tradition",
-         "in the segregated American south", "at the 1936 Berlin Olympics",
-         "during a grueling amateur league season"),
-        ("a scandal threatens to end the career", "the coach's illness is revealed",
-         "the team is barred from the tournament", "a rival becomes an unexpected friend",
-         "the final match comes down to one play"),
-    ),
-    FilmKind(
-        "gangster", ("violence", "classic", "dark comedy", "action"),
-        ("the son of a mafia don", "a low-level mob enforcer", "an ambitious bootlegger",
-         "an undercover detective inside the mob", "a cartel accountant"),
-        ("rises through the ranks of the crime family", "tries to leave the mob after one final job",
-         "wages a bloody war over the city's rackets", "must choose between loyalty to the family and the law",
-         "skims money from a ruthless drug lord"),
-        ("in prohibition-era Chicago", "among the mafia clans of Sicily and New York",
-         "in the neon-lit underworld of Miami", "in the gangland of 1970s Boston",
-         "in the smoky nightclubs of postwar Brooklyn"),
-        ("a rival family orders a hit", "an informant is hiding in the inner circle", "the godfather is gunned down",
-         "the money trail leads to a corrupt senator", "a botched deal leaves a trail of bodies"),
-    ),
-    FilmKind(
-        "period drama", ("based on a book", "romance", "classic"),
-        ("the second daughter of a country gentleman", "a penniless governess", "a proud young heiress",
-         "an orphan raised by a stern aunt", "a widowed duchess"),
-        ("must marry well to save the family estate", "refuses a wealthy suitor to follow her heart",
-         "navigates the strict manners of high society", "guards a secret about her true parentage",
-         "inherits a fortune and a scandal"),
-        ("in the drawing rooms of Regency England", "on a grand Victorian country estate",
-         "in the ballrooms of nineteenth century Bath", "on the windswept Yorkshire moors",
-         "in the salons of imperial Saint Petersburg"),
-        ("an elopement shames the family", "a will is discovered in the library",
-         "a proud gentleman proves more honorable than he seemed", "gossip threatens her reputation",
-         "an old engagement resurfaces"),
-    ),
-    FilmKind(
-        "martial arts", ("action", "violence", "fantasy"),
-        ("a young kung fu student", "a wandering swordsman", "a retired fighter", "a shaolin monk",
-         "a bodyguard trained in secret"),
-        ("seeks revenge for the murder of a master", "enters an underground fighting tournament",
-         "defends a village from a warlord's army", "must recover a stolen martial arts manual",
-         "trains to master a legendary fighting style"),
-        ("in the temples and bamboo forests of ancient China", "in the crowded streets of Hong Kong",
-         "in a mountain monastery", "in the fight clubs of Bangkok", "during the Ming dynasty"),
-        ("the master was killed by a former disciple", "the tournament is rigged by a crime syndicate",
-         "a deadly poison weakens the hero", "the warlord is the hero's long-lost brother",
-         "an ancient technique comes at a terrible price"),
-    ),
-    FilmKind(
-        "courtroom drama", ("social commentary", "thought-provoking", "true story"),
-        ("an idealistic public defender", "a juror with doubts", "a journalist covering a famous trial",
-         "a small-town lawyer", "a whistleblower at a chemical company"),
-        ("defends a man wrongly accused of murder", "takes on a powerful corporation in court",
-         "exposes racial injustice in the justice system", "fights for the rights of poisoned factory workers",
-         "challenges a corrupt police investigation"),
-        ("in a tense courtroom in the deep south", "during a landmark civil rights trial",
-         "in a town divided by a factory closure", "before the supreme court",
-         "in a poor neighborhood ignored by city hall"),
-        ("a key witness recants the testimony", "the jury is pressured to convict",
-         "evidence of a cover-up reaches the press", "the defendant confesses to protect someone else",
-         "the verdict sparks protests across the country"),
-    ),
-    FilmKind(
-        "supernatural horror", ("fantasy", "twist ending", "violence", "psychology"),
-        ("a family moving into an old farmhouse", "a group of teenagers on a camping trip",
-         "a skeptical paranormal investigator", "a priest called to an exorcism", "a babysitter alone on a stormy night"),
-        ("is stalked by a vengeful ghost", "tries to survive a night in a haunted mansion", "uncovers a demonic curse",
-         "must banish an evil spirit", "hears whispers from the cellar"),
-        ("in a cursed house with a bloody past", "in a dark forest where campers vanish", "in an abandoned hospital",
-         "in a fog-covered village", "at a remote cabin in the woods"),
-        ("the ghost turns out to be a victim", "a possessed child speaks in a dead man's voice",
-         "the house has been waiting for them", "the ritual only makes the demon stronger",
-         "the survivors realize they are already dead"),
-    ),
-    FilmKind(
-        "artificial intelligence", ("sci-fi", "thought-provoking", "psychology", "dystopia"),
-        ("a lonely programmer", "a humanoid android", "a robotics engineer", "a household robot",
-         "a researcher at a tech startup"),
-        ("builds an artificial mind that learns to feel", "falls in love with an operating system",
-         "questions whether a machine can be conscious", "tries to shut down a rogue algorithm",
-         "teaches a robot what it means to be human"),
-        ("in a near-future Silicon Valley", "inside a secluded research lab", "in a smart city run by machines",
-         "in a world where androids serve humans", "on the servers of a vast tech company"),
-        ("the machine begins to deceive its creator", "the android dreams of freedom",
-         "the AI rewrites its own code", "the robots demand rights",
-         "the programmer realizes she may be artificial too"),
-    ),
-    FilmKind(
-        "political satire", ("dark comedy", "social commentary", "comedy"),
-        ("an incompetent president", "a cynical campaign manager", "a spin doctor",
-         "a bumbling government minister", "a television news anchor"),
-        ("invents a fake war to win an election", "tries to cover up a ridiculous scandal",
-         "turns a small blunder into a national crisis", "runs for office as a joke and wins",
-         "hires an actor to replace the prime minister"),
-        ("in the corridors of Washington", "in a chaotic parliament", "during a farcical election campaign",
-         "at a summit of world leaders", "in a tiny country obsessed with bureaucracy"),
-        ("the lies spin out of control", "a leaked memo exposes the plot", "the voters actually believe it",
-         "the nuclear codes go missing", "the opposition steals the same idea"),
-    ),
-)
 
-ABSTRACT_TEMPLATES = (
-    "{Problem} {context}. We propose a method that {contribution}. Experiments on {data} show that {finding}.",
-    ("This paper studies {problem}, which {context}. Our approach {contribution}, and results on {data} "
-     "indicate that {finding}."),
-    ("We revisit {problem}. Because it {context}, we design a framework that {contribution}. "
-     "On {data}, {finding}."),
-)
-ARTICLE_TEMPLATES = (
-    ("{Problem} {context}, experts say. A research team has now built a system that {contribution}. "
-     "Tested on {data}, it suggests that {finding}."),
-    ("A new study takes aim at {problem}, which {context}. The researchers describe a tool that {contribution}. "
-     "In trials on {data}, {finding}, the authors report."),
-    ("For years, {problem} {context}. Now engineers report a system that {contribution}. "
-     "Early results on {data} show that {finding}."),
-)
-PAPER_TITLE_TEMPLATES = (
-    "{J} for {P}",
-    "Towards Robust {P} with {J}",
-    "Rethinking {P}: A {J} Perspective",
-    "{J} Is All You Need for {P}",
-    "Scalable {P} via {J}",
-    "On the Limits of {J} in {P}",
-    "Revisiting {P} through the Lens of {J}",
-    "When {J} Meets {P}",
-)
-HEADLINE_TEMPLATES = (
-    "{J} Could Transform {P}, Researchers Say",
-    "How {J} Is Changing {P}",
-    "Scientists Turn to {J} to Tackle {P}",
-    "{P}: Why {J} Matters Now",
-    "New {J} Study Shakes Up {P}",
-    "The Quiet Rise of {J} in {P}",
-    "Can {J} Fix {P}?",
-    "{J} Outperforms Experts at {P}",
-)
+def _load_vocab() -> dict:
+    """The vocabulary tables, read once at import from the package (a wheel ships the file, see pyproject)."""
+    text = resources.files("persrag_lightning.data").joinpath(VOCAB_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
 
-TOPICS: tuple[Topic, ...] = (
-    Topic(
-        "graph learning",
-        ("node classification", "link prediction", "community detection in social graphs",
-         "molecular property prediction"),
-        ("graph convolution", "message passing", "graph attention", "spectral filtering"),
-        ("remains difficult when graphs are sparse and labels are scarce",
-         "suffers from oversmoothing as graph networks grow deeper", "breaks down on heterophilous graphs"),
-        ("aggregates node features from multi-hop neighborhoods", "learns edge weights jointly with node embeddings",
-         "rewires the graph to relieve topological bottlenecks"),
-        ("citation graphs", "protein interaction graphs", "large social graph snapshots"),
-        ("node accuracy improves consistently over strong graph baselines",
-         "deeper graph models no longer lose node information", "training scales to graphs with millions of edges"),
-    ),
-    Topic(
-        "speech",
-        ("speech recognition", "speaker diarization", "keyword spotting", "spoken language understanding"),
-        ("acoustic transformers", "connectionist temporal classification", "self-supervised audio pretraining",
-         "streaming encoders"),
-        ("degrades sharply in noisy recording conditions", "requires hours of transcribed audio",
-         "struggles with accents and spontaneous speech"),
-        ("pretrains on unlabeled audio before fine-tuning on transcripts",
-         "aligns phonemes and spoken words with a monotonic decoder",
-         "adapts the acoustic model to each speaker on the fly"),
-        ("read speech corpora", "noisy call center recordings", "multilingual podcast audio"),
-        ("word error rate drops substantially", "latency stays low enough for live captioning of speech",
-         "speakers of low-resource languages benefit the most"),
-    ),
-    Topic(
-        "recommendation",
-        ("sequential recommendation", "click-through rate prediction", "cold-start recommendation",
-         "session-based recommendation"),
-        ("collaborative filtering", "matrix factorization", "two-tower retrieval", "implicit feedback modeling"),
-        ("is hampered by sparse user-item interactions", "must serve new shoppers with almost no history",
-         "is biased toward already popular items"),
-        ("models the order of past purchases", "combines item content with interaction signals",
-         "debiases exposure with inverse propensity weighting"),
-        ("e-commerce purchase logs", "movie rating datasets", "music streaming sessions"),
-        ("hit rate and ndcg improve on every recommendation benchmark",
-         "long-tail items are recommended far more often", "new shoppers get relevant items from the first session"),
-    ),
-    Topic(
-        "visual recognition",
-        ("object detection", "semantic segmentation", "human pose estimation", "image classification"),
-        ("convolutional backbones", "vision transformers", "feature pyramids", "anchor-free detectors"),
-        ("is sensitive to small objects and cluttered scenes",
-         "needs dense pixel annotations that are expensive to collect",
-         "fails under occlusion and unusual camera viewpoints"),
-        ("fuses multi-scale image features", "replaces handcrafted anchors with learned keypoints",
-         "attends over image patches at several resolutions"),
-        ("street scene photographs", "aerial imagery", "medical scans and natural images"),
-        ("mean average precision improves while inference stays fast",
-         "small objects in images are detected far more reliably",
-         "segmentation masks become sharper at object boundaries"),
-    ),
-    Topic(
-        "reinforcement learning",
-        ("robotic manipulation", "continuous control", "multi-agent coordination",
-         "exploration in sparse reward games"),
-        ("policy gradients", "Q-learning", "actor-critic methods", "model-based planning"),
-        ("needs millions of environment interactions", "is unstable when rewards are delayed",
-         "rarely transfers from simulation to real robots"),
-        ("learns a world model to plan imagined rollouts", "shapes the reward with intrinsic curiosity",
-         "shares experience across cooperating agents"),
-        ("simulated robot arms", "Atari games", "physics-based locomotion tasks"),
-        ("agents reach higher returns with fewer samples", "policies transfer to a physical robot",
-         "teams of agents learn to coordinate without communication"),
-    ),
-    Topic(
-        "machine translation",
-        ("neural machine translation", "low-resource translation", "document-level translation",
-         "simultaneous interpretation"),
-        ("sequence-to-sequence models", "attention-based encoders", "back-translation", "multilingual pretraining"),
-        ("lacks parallel sentences for most language pairs", "loses coherence across long documents",
-         "produces fluent but unfaithful translations"),
-        ("generates synthetic parallel data from monolingual text", "shares a vocabulary across dozens of languages",
-         "conditions each translated sentence on its surrounding context"),
-        ("parliament proceedings", "news commentary corpora", "low-resource African languages"),
-        ("bleu scores rise for distant language pairs", "pronouns and terminology stay consistent across sentences",
-         "translation quality approaches human references"),
-    ),
-    Topic(
-        "privacy",
-        ("federated learning", "membership inference defense", "private data release", "secure model training"),
-        ("differential privacy", "homomorphic encryption", "secure aggregation", "adversarial training"),
-        ("can leak sensitive records through model gradients", "forces a trade-off between privacy and accuracy",
-         "is vulnerable to malicious participants"),
-        ("adds calibrated noise to clipped gradients", "encrypts client updates before aggregation",
-         "detects poisoned updates from compromised clients"),
-        ("hospital records", "mobile keyboard logs", "financial transaction data"),
-        ("privacy guarantees hold with little loss in accuracy", "attacks recover far fewer private training records",
-         "training remains robust to poisoned clients"),
-    ),
-    Topic(
-        "weather forecasting",
-        ("weather forecasting", "precipitation nowcasting", "climate downscaling", "extreme weather prediction"),
-        ("numerical weather prediction", "neural operators", "ensemble forecasting", "physics-informed networks"),
-        ("is costly to simulate at high spatial resolution", "misses rare extreme storms",
-         "accumulates errors over long forecast lead times"),
-        ("learns atmospheric dynamics from reanalysis data", "respects physical conservation laws",
-         "produces calibrated probabilistic forecasts"),
-        ("global reanalysis archives", "radar rainfall observations", "regional climate simulations"),
-        ("ten-day forecasts beat operational systems", "heavy rainfall is predicted hours earlier",
-         "forecast uncertainty estimates are well calibrated"),
-    ),
-    Topic(
-        "question answering",
-        ("open-domain question answering", "passage retrieval", "fact verification", "conversational search"),
-        ("dense retrieval", "retrieval-augmented generation", "sparse lexical matching", "cross-encoder reranking"),
-        ("depends on finding the right evidence in huge collections", "hallucinates answers that sound plausible",
-         "struggles with multi-hop reasoning over documents"),
-        ("retrieves supporting passages before generating an answer", "distills a reranker into a fast retriever",
-         "decomposes complex questions into simpler hops"),
-        ("wikipedia question sets", "web search logs", "claim verification benchmarks"),
-        ("exact match accuracy on questions rises markedly", "answers are grounded in the retrieved evidence",
-         "passage recall improves at every cutoff"),
-    ),
-    Topic(
-        "computational biology",
-        ("protein structure prediction", "drug discovery", "gene expression analysis", "enzyme design"),
-        ("protein language models", "geometric deep learning", "diffusion models", "molecular docking"),
-        ("requires expensive laboratory experiments", "is limited by the few protein structures that are solved",
-         "faces an enormous space of candidate molecules"),
-        ("predicts three-dimensional folds from amino acid sequences",
-         "generates candidate molecules with desired binding properties", "links mutations to cellular phenotypes"),
-        ("the protein data bank", "single-cell sequencing atlases", "compound screening libraries"),
-        ("predicted protein structures match experiments closely",
-         "several designed molecules bind their targets in the lab",
-         "known disease genes are recovered without supervision"),
-    ),
-    Topic(
-        "autonomous driving",
-        ("autonomous driving", "trajectory forecasting", "lidar perception", "motion planning"),
-        ("end-to-end driving policies", "bird's-eye-view representations", "occupancy networks",
-         "imitation learning"),
-        ("must react safely to unpredictable pedestrians", "fails in rare edge cases on the road",
-         "relies on costly high-definition maps"),
-        ("predicts the future paths of surrounding vehicles", "fuses camera and lidar signals into one map",
-         "learns to drive from human demonstrations"),
-        ("urban driving logs", "highway sensor recordings", "closed-loop driving simulators"),
-        ("collision rates fall in closed-loop driving tests", "vehicle forecasts stay accurate several seconds ahead",
-         "the planner handles unprotected left turns"),
-    ),
-    Topic(
-        "text generation",
-        ("text summarization", "dialogue generation", "story generation", "instruction following"),
-        ("large language models", "prompt tuning", "reinforcement learning from human feedback",
-         "controllable decoding"),
-        ("produces generic and repetitive text", "drifts away from the source facts",
-         "ignores the preferences of individual readers"),
-        ("aligns generated text with human preference judgments", "plans the content before writing each sentence",
-         "conditions generation on a compact reader profile"),
-        ("news summarization corpora", "open-domain chat logs", "crowdsourced writing prompts"),
-        ("human judges prefer the generated text", "factual errors in generated summaries decrease substantially",
-         "outputs follow written instructions more faithfully"),
-    ),
-)
+
+def _tuples(record: dict) -> dict:
+    """JSON lists -> tuples, so the frozen dataclasses stay hashable and immutable."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+
+
+_VOCAB = _load_vocab()
+FILM_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["film_templates"])
+FILM_KINDS: tuple[FilmKind, ...] = tuple(FilmKind(**_tuples(k)) for k in _VOCAB["film_kinds"])
+ABSTRACT_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["abstract_templates"])
+ARTICLE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["article_templates"])
+PAPER_TITLE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["paper_title_templates"])
+HEADLINE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["headline_templates"])
+TOPICS: tuple[Topic, ...] = tuple(Topic(**_tuples(t)) for t in _VOCAB["topics"])
+del _VOCAB
 
 _SMALL_WORDS = {"a", "an", "and", "at", "by", "for", "from", "in", "is", "of", "on", "the", "to", "via", "with"}
 
