@@ -44,7 +44,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     c = all_bytes(generate_synth_lamp(tmp_path / "c", replace(SMALL, seed=8)))
     assert a == b
     assert sorted(a) == ["communities.json", "dev_outputs.json", "dev_questions.json", "synth_config.json",
-                         "train_outputs.json", "train_questions.json"]
+                         "test_outputs.json", "test_questions.json", "train_outputs.json",
+                         "train_questions.json"]  # a test split by default (issue 9 §2)
     assert a["train_questions.json"] != c["train_questions.json"]
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]  # no temp files left behind
 
@@ -59,10 +60,10 @@ def test_files_match_latents_and_questions_follow_history(tmp_path: Path) -> Non
         history = ds.users[u.user_id].docs
         assert [d.doc_id for d in history] == [d.doc_id for d in u.docs]
         assert [d.fields for d in history] == [d.fields for d in u.docs]
-        dev_q = [q for q in u.questions if q.split == "dev"]
-        train_q = [q for q in u.questions if q.split == "train"]
+        by_split = {s: [q.date for q in u.questions if q.split == s] for s in ("train", "dev", "test")}
+        assert {s: len(d) for s, d in by_split.items()} == {"train": 2, "dev": 1, "test": 1}  # the defaults
         assert u.docs[-1].date < min(q.date for q in u.questions)  # every question is newer than the history
-        assert max(q.date for q in train_q) < min(q.date for q in dev_q)  # time-based split
+        assert max(by_split["train"]) < min(by_split["dev"]) <= max(by_split["dev"]) < min(by_split["test"])
         for q in u.questions:
             ex = examples[q.example_id]
             assert (ex.target, ex.split, ex.user_id) == (q.target, q.split, u.user_id)

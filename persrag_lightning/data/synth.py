@@ -9,7 +9,8 @@ per-kind vocabularies (the tables live in ``synth_vocab.json`` next to this modu
 sees topical similarity. Generation streams users in seeded chunks, so memory stays flat and 10k users take
 seconds.
 
-Splits: every user has train, dev and (optionally) test questions, all dated after the user's history. Each question's file record carries the user's whole
+Splits: every user has train, dev and test questions (2/1/1 by default), all dated after the user's history, so
+checkpoints are selected on dev and results reported on test. Each question's file record carries the user's whole
 history as its profile (the same profile for all of a user's questions, as the official CFRAG code asserts);
 profile ids (``u000042-007``) and question ids (``u000042-dev0``) never coincide.
 
@@ -147,7 +148,8 @@ class SynthConfig:
 
     ``docs_per_user`` and ``kinds_per_user`` are (min, max) ranges drawn per user: how long a history is and how
     many kinds it covers. ``train/dev/test_questions_per_user`` questions per user of each split, in that time
-    order (0 test questions omits the test files). ``unseen_fraction`` is the share of questions on a kind the user's history lacks (answerable
+    order; test defaults to 1 so that results are reported on data no checkpoint was selected on (0 omits the
+    test files). ``unseen_fraction`` is the share of questions on a kind the user's history lacks (answerable
     only from same-community users), ``noise`` the share of history items in another community's or a random
     style. Question texts never occur in any history (see the module docstring).
     """
@@ -159,7 +161,7 @@ class SynthConfig:
     kinds_per_user: tuple[int, int] = (3, 5)
     train_questions_per_user: int = 2
     dev_questions_per_user: int = 1
-    test_questions_per_user: int = 0
+    test_questions_per_user: int = 1
     unseen_fraction: float = 0.6
     noise: float = 0.1
     seed: int = 0
