@@ -7,20 +7,29 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.synth import (
+    CHUNK_USERS,
     FILM_KINDS,
+    HEADLINE_TEMPLATES,
+    PAPER_TITLE_TEMPLATES,
+    SYNTH_TASKS,
+    TOPICS,
     SynthConfig,
+    _title_case,
     build_world,
     generate_synth_lamp,
     is_complete,
+    is_question_tuple,
     iter_synth_users,
     load_communities,
     main,
+    render_item,
 )
-from persrag_lightning.data.tasks import LAMP2_LABELS
+from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
 
 SMALL = SynthConfig(num_users=120, docs_per_user=(10, 30), seed=7)
 
@@ -35,7 +44,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     c = all_bytes(generate_synth_lamp(tmp_path / "c", replace(SMALL, seed=8)))
     assert a == b
     assert sorted(a) == ["communities.json", "dev_outputs.json", "dev_questions.json", "synth_config.json",
-                         "train_outputs.json", "train_questions.json"]
+                         "test_outputs.json", "test_questions.json", "train_outputs.json",
+                         "train_questions.json"]  # a test split by default (issue 9 §2)
     assert a["train_questions.json"] != c["train_questions.json"]
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]  # no temp files left behind
 
@@ -50,10 +60,10 @@ def test_files_match_latents_and_questions_follow_history(tmp_path: Path) -> Non
         history = ds.users[u.user_id].docs
         assert [d.doc_id for d in history] == [d.doc_id for d in u.docs]
         assert [d.fields for d in history] == [d.fields for d in u.docs]
-        dev_q = [q for q in u.questions if q.split == "dev"]
-        train_q = [q for q in u.questions if q.split == "train"]
+        by_split = {s: [q.date for q in u.questions if q.split == s] for s in ("train", "dev", "test")}
+        assert {s: len(d) for s, d in by_split.items()} == {"train": 2, "dev": 1, "test": 1}  # the defaults
         assert u.docs[-1].date < min(q.date for q in u.questions)  # every question is newer than the history
-        assert max(q.date for q in train_q) < min(q.date for q in dev_q)  # time-based split
+        assert max(by_split["train"]) < min(by_split["dev"]) <= max(by_split["dev"]) < min(by_split["test"])
         for q in u.questions:
             ex = examples[q.example_id]
             assert (ex.target, ex.split, ex.user_id) == (q.target, q.split, u.user_id)
@@ -114,11 +124,12 @@ def test_title_tasks(tmp_path: Path, task: str, fields: set[str]) -> None:
 
 
 def test_idempotent_and_regenerates_on_new_config(tmp_path: Path) -> None:
-    config = SynthConfig(num_users=20, docs_per_user=(3, 6))
+    config = SynthConfig(num_users=20, docs_per_user=(3, 6), test_questions_per_user=0)
     generate_synth_lamp(tmp_path, config)
     assert is_complete(tmp_path, config)
     stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    generate_synth_lamp(tmp_path, SynthConfig(num_users=20, docs_per_user=[3, 6], task="LaMP_2"))  # same config
+    same = SynthConfig(num_users=20, docs_per_user=[3, 6], test_questions_per_user=0, task="LaMP_2")
+    generate_synth_lamp(tmp_path, same)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == stamps
 
     bigger = replace(config, num_users=25, test_questions_per_user=1)
@@ -150,3 +161,76 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                 "--docs-per-user", "3", "5"])
     assert capsys.readouterr().out.strip() == str(out)
     assert is_complete(out, SynthConfig(task="LaMP-5", num_users=15, seed=2, docs_per_user=(3, 5)))
+
+
+def _question_profile_collisions(root: Path, task: str) -> tuple[int, int, set[str], set[str]]:
+    """(questions whose query text equals a field of any profile item of ANY user, questions, profile ids,
+    question ids), read from the raw LaMP files so no reader logic can hide a duplicate."""
+    spec = get_task(task)
+    questions: list[tuple[str, str]] = []
+    profile_texts: set[str] = set()
+    profile_ids: set[str] = set()
+    for split in ("train", "dev", "test"):
+        path = root / f"{split}_questions.json"
+        if not path.is_file():
+            continue
+        for record in json.loads(path.read_text(encoding="utf-8")):
+            questions.append((record["id"], spec.extract_query(record["input"])))
+            for item in record["profile"]:
+                profile_ids.add(item["id"])
+                profile_texts.update(v for k, v in item.items() if k not in ("id", "date"))
+    hits = sum(query in profile_texts for _, query in questions)
+    return hits, len(questions), profile_ids, {qid for qid, _ in questions}
+
+
+@pytest.mark.parametrize("task", SYNTH_TASKS)
+def test_no_question_text_appears_in_any_profile(tmp_path: Path, task: str) -> None:
+    """Issue 9 §2: a query must not retrieve its own text (description / article / abstract) from the corpus.
+
+    Questions and history items once drew their slot tuples from one space, so with enough users a question's
+    text reappeared as some user's history item (92 of 300 LaMP-2 dev questions, 42 with the gold tag). 1100
+    users span two rng chunks, so a partition that only held within a chunk would fail here too."""
+    config = SynthConfig(task=task, num_users=CHUNK_USERS + 76, docs_per_user=(2, 4), kinds_per_user=(1, 3),
+                         test_questions_per_user=1, seed=5)
+    hits, n_questions, profile_ids, question_ids = _question_profile_collisions(
+        generate_synth_lamp(tmp_path, config), task)
+    assert n_questions == config.num_users * 4
+    assert hits == 0, f"{hits} of {n_questions} {task} questions have their query text in some profile"
+    assert not profile_ids & question_ids  # no profile item shares an id with any question
+
+
+@pytest.mark.parametrize("task", SYNTH_TASKS)
+def test_texts_are_injective_and_both_sides_of_the_partition_exist(task: str) -> None:
+    """The no-collision guarantee rests on two facts checked here over the whole slot space of each kind: two
+    different (kind, slot tuple) pairs never render the same text (else disjoint tuples could still share a
+    text), and every kind has tuples on both sides (else the redraws could never finish)."""
+    world = build_world(SynthConfig(task=task))
+    space = np.indices(world.slot_sizes).reshape(len(world.slot_sizes), -1).T
+    texts: set[str] = set()
+    for kind in range(len(world.kind_names)):
+        kinds = np.full(len(space), kind)
+        side = is_question_tuple(kinds, space, world.slot_sizes)
+        assert 0.15 < side.mean() < 0.35  # about 1 / QUESTION_SHARE of each kind's tuples are questions'
+        texts.update(render_item(task, kind, row, 0)[1] for row in space.tolist())
+    assert len(texts) == len(world.kind_names) * len(space)
+
+
+@pytest.mark.parametrize("task", SYNTH_TASKS)
+def test_every_target_is_the_communitys_style_for_the_question_kind(task: str) -> None:
+    """The partition only moves slot tuples: every question's target must still be its community's style for
+    the question's kind (the tag, or the title template and jargon applied to the body's problem)."""
+    config = SynthConfig(task=task, num_users=80, docs_per_user=(4, 8), seed=11)
+    world = build_world(config)
+    for u in iter_synth_users(config, world):
+        for q in u.questions:
+            assert q.style == world.styles[u.community, q.kind]
+            if task == "LaMP-2":
+                assert q.target == LAMP2_LABELS[q.style]
+                continue
+            topic = TOPICS[q.kind]
+            titles = PAPER_TITLE_TEMPLATES if task == "LaMP-5" else HEADLINE_TEMPLATES
+            n_jargon = len(topic.jargon)
+            expected = {titles[q.style // n_jargon].format(J=_title_case(topic.jargon[q.style % n_jargon]),
+                                                          P=_title_case(p))
+                        for p in topic.problems if p.lower() in q.input.lower()}
+            assert q.target in expected
