@@ -70,7 +70,7 @@ def test_synth_round_trip_counts_users_sorted_queries(tmp_path: Path) -> None:
     ds = load_lamp(tmp_path, "LaMP_2")
     assert ds.task == "LaMP-2"
     assert len(ds.users) == 12 and ds.user_ids()[0] == "u000000"
-    assert {s: len(v) for s, v in ds.examples.items()} == {"train": 24, "dev": 12}
+    assert {s: len(v) for s, v in ds.examples.items()} == {"train": 24, "dev": 12, "test": 12}
     for user in ds.users.values():
         assert 4 <= len(user.docs) <= 9
         assert [d.date for d in user.docs] == sorted(d.date for d in user.docs)
