@@ -255,6 +255,35 @@ def test_trained_user_table_is_exported_with_ids(tiny_bert, tmp_path):
     torch.testing.assert_close(reloaded.user_embeddings, table)
 
 
+def test_tuned_user_table_is_what_candidates_use(tiny_bert, tmp_path):
+    """With train_user_embeddings the exported table is the e_u of the retriever's user term at inference (and in
+    the reranker stage's feedback), not the stage-1 table; users it never saw keep their stage-1 embedding."""
+    import numpy as np
+
+    from persrag_lightning.data.records import HistoryDoc, LampDataset, User
+    from persrag_lightning.retrieval.base import DocStore, Query
+    from persrag_lightning.retrieval.candidates import CandidateSource
+    from persrag_lightning.retrieval.corpus_retriever import TrainedRetriever
+
+    model = PersonalizedRetriever.from_encoder(tiny_bert, user_dim=8, max_length=64, train_user_embeddings=True)
+    table = torch.randn(4, 8)
+    model.save_pretrained(tmp_path / "r", user_embeddings=table, user_ids=USERS)
+    docs = [HistoryDoc(f"d{i}", (2020, 1, i + 1), {"description": f"film {i}", "tag": "comedy"}) for i in range(3)]
+    store = DocStore(LampDataset("LaMP-2", {"u1": User("u1", docs)}, {}))
+    retriever = TrainedRetriever(str(tmp_path / "r"), store.corpus, tmp_path / "cache")
+    retriever.prepare()
+    stage1 = torch.randn(8)
+    torch.testing.assert_close(retriever.tuned_user_embedding("u1", stage1), table[1])
+    torch.testing.assert_close(retriever.tuned_user_embedding("new", stage1), stage1)
+    seen = []
+    real_score = retriever.score
+    retriever.score = lambda q, rows, e_u: seen.append(e_u) or real_score(q, rows, e_u)
+    source = CandidateSource(store, retriever, lambda u: [(u, 1.0)], lambda u: stage1, k_per_user=2)
+    source.propose([Query("u1", "film")])
+    torch.testing.assert_close(seen[0], table[1])
+    assert np.array_equal(store.rows("u1"), np.arange(3))
+
+
 # ---- the LightningModule --------------------------------------------------------------------------------------
 
 

@@ -52,7 +52,7 @@ def test_fit_export_reload_reproduces_embeddings(in_tmp_cwd, tiny_bert):
 def test_second_run_reuses_corpus_embeddings(in_tmp_cwd, tiny_bert, monkeypatch):
     main(fit_args(tiny_bert, 30, 1))
     cached = list((in_tmp_cwd / ".cache" / "persrag" / "embeddings").iterdir())
-    assert len(cached) == 1
+    assert len(cached) == 2  # the corpus, and the text "<mask>" that initialises the [mask] row
 
     def no_reembedding(*args, **kwargs):
         raise AssertionError("the corpus was embedded again")
@@ -73,3 +73,22 @@ def test_export_subcommand_rewrites_bundle_from_checkpoint(in_tmp_cwd, tiny_bert
     main([*args, f"--ckpt_path={ckpt}"])
     after = UserEncoder.from_pretrained(bundle).user_embeddings
     torch.testing.assert_close(after, before)  # one epoch: the best checkpoint is the last weights
+
+
+def test_mask_row_starts_as_the_normalised_embedding_of_the_mask_text(tmp_path, tiny_bert):
+    """As the official code: the [mask] row is the unit vector of the frozen encoder's "<mask>" embedding, not a
+    N(0, 1) row whose norm (~√d) would dwarf the unit-norm doc rows in the views the mask augmentation makes."""
+    from persrag_lightning.data.histories import MASK_ID
+    from persrag_lightning.data.user_history import UserHistoryDataModule
+    from persrag_lightning.models.user_encoder import UserEncoderConfig
+
+    dm = UserHistoryDataModule(encoder=tiny_bert, encoder_max_length=64, synth=SynthConfig(num_users=8),
+                               cache_dir=str(tmp_path))
+    dm.prepare_data()
+    dm.setup("fit")
+    encoder = UserEncoder(UserEncoderConfig(dim=dm.doc_embeddings.shape[1], num_docs=len(dm.corpus)),
+                          dm.doc_embeddings, dm.mask_embedding)
+    row = encoder.doc_table.weight[MASK_ID].detach()
+    assert row.norm().item() == pytest.approx(1.0, abs=1e-5)
+    expected = text_encoder.TextEncoder.from_pretrained(tiny_bert, max_length=64).encode(["<mask>"])[0]
+    torch.testing.assert_close(row, torch.nn.functional.normalize(expected, dim=0), atol=1e-5, rtol=1e-5)

@@ -4,10 +4,11 @@ Layout of a data directory: ``{split}_questions.json`` and ``{split}_outputs.jso
 (test outputs optional). Questions: a JSON list of ``{"id", "input", "user_id", "profile": [{"id", "date", ...}]}``;
 outputs: ``{"task": "LaMP_2", "golds": [{"id", "output"}]}``. Record numbers in messages are 0-based list indices.
 
-Users are aggregated over all splits: in the time-based split a user's later questions carry a profile that
-extends the earlier ones, so a user's history is the UNION of the profile items of all their questions (matched
-by doc id). The same doc id with different content (date or a task field) for one user is an error that names the
-user, the doc id and both places. Histories are sorted oldest first, stable on equal dates in first-seen order.
+Every profile item of a user, over all questions of all splits, becomes one doc of that user (matched by doc id),
+so each doc is embedded once; the same doc id with different content (date or a task field) for one user is an
+error that names the user, the doc id and both places. Which of those docs a question may *retrieve* is decided
+elsewhere (data/histories.py): each Example keeps the ids of its own question's profile for that. Histories are
+sorted oldest first, stable on equal dates in first-seen order.
 """
 
 from __future__ import annotations
@@ -194,12 +195,14 @@ def _profile_item_checked(path: Path, i: int, qid: str, j: int, item: Any, spec:
     return HistoryDoc(did, date, fields)
 
 
-def _read_questions(path: Path, spec: TaskSpec, users: _UserAggregator) -> list[tuple[str, str, str]]:
-    """Validate a questions file, feed its profiles to `users`; returns (id, user_id, input) per record."""
+def _read_questions(path: Path, spec: TaskSpec,
+                    users: _UserAggregator) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """Validate a questions file, feed its profiles to `users`; returns (id, user_id, input, profile doc ids) per
+    record."""
     data = _load_json(path)
     if not isinstance(data, list):
         raise _fail(path, f"top level: expected a JSON list of questions, got {_typename(data)}")
-    out: list[tuple[str, str, str]] = []
+    out: list[tuple[str, str, str, tuple[str, ...]]] = []
     first_index: dict[str, int] = {}
     for i, rec in enumerate(data):
         if not isinstance(rec, dict):
@@ -218,13 +221,17 @@ def _read_questions(path: Path, spec: TaskSpec, users: _UserAggregator) -> list[
         if not profile:
             raise _fail(path, "empty profile", i, qid, "profile")
         known = users.docs.get(uid, {})
+        ids = []
         for j, item in enumerate(profile):
             # Fast path: later questions repeat the user's profile; an identical raw copy needs no checks.
             prev = known.get(item.get("id")) if type(item) is dict and type(item.get("id")) is str else None
             if prev is not None and prev[2] == item:
+                ids.append(prev[0].doc_id)
                 continue
-            users.add(uid, _profile_item(path, i, qid, j, item, spec), (path, i, qid, j), item)
-        out.append((qid, uid, text))
+            doc = _profile_item(path, i, qid, j, item, spec)
+            users.add(uid, doc, (path, i, qid, j), item)
+            ids.append(doc.doc_id)
+        out.append((qid, uid, text, tuple(ids)))
     return out
 
 
@@ -322,8 +329,8 @@ def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
             _check_ids(qpath, opath, [r[0] for r in records], golds)
         elif split != "test":
             raise LampFormatError(f"{opath.name}: missing in {data_dir} (needed for the golds of {qpath.name})")
-        examples[split] = [Example(qid, uid, text, spec.extract_query(text), golds[qid] if golds is not None else None, split)
-                           for qid, uid, text in records]
+        examples[split] = [Example(qid, uid, text, spec.extract_query(text), golds[qid] if golds is not None else None,
+                                   split, profile) for qid, uid, text, profile in records]
     if not examples:
         raise LampFormatError(f"{data_dir}: none of the splits {wanted} has a questions file")
     return LampDataset(spec.name, users.users(), examples)

@@ -28,7 +28,8 @@ class User:
 
 @dataclass(frozen=True)
 class Example:
-    """One question of a split: user u, raw input, extracted query q and target y (None on unlabeled test)."""
+    """One question of a split: user u, raw input, extracted query q, target y (None on unlabeled test) and the doc
+    ids of its own question's profile (what this question may retrieve from its user; see data/histories.py)."""
 
     example_id: str
     user_id: str
@@ -36,6 +37,7 @@ class Example:
     query: str
     target: str | None
     split: str
+    profile: tuple[str, ...] = ()
 
 
 @dataclass

@@ -12,12 +12,14 @@ from torch.utils.data import DataLoader
 from persrag_lightning.data.augment import AugmentConfig, augment_view
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.data.histories import MASK_ID, history_ids, pad_histories
+from persrag_lightning.data.histories import MASK_ID, history_ids, pad_histories, visible_histories
 from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.models.text_encoder import Pooling
 
+# The text "<mask>" as a one-doc corpus: its embedding (cached like any corpus) initialises the [mask] row.
+MASK_TEXT_CORPUS = Corpus(["<mask>"], np.array([0, 1]), ["<mask>"], ["<mask>"])
 VALIDATION_STREAM = 1  # rng stream of the fixed validation views (training uses stream 0)
 
 
@@ -58,7 +60,10 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.augment = augment or AugmentConfig()
         self.dataset: LampDataset | None = None
         self.corpus: Corpus | None = None
+        self.user_ids: list[str] = []  # users with a collaborative pool (data/histories.py), in corpus order
+        self.pools: dict[str, np.ndarray] = {}
         self.doc_embeddings: torch.Tensor | None = None
+        self.mask_embedding: torch.Tensor | None = None
         self.communities: np.ndarray | None = None
 
     def _embedding_args(self) -> dict:
@@ -71,6 +76,7 @@ class UserHistoryDataModule(L.LightningDataModule):
         corpus = Corpus.from_dataset(self.source.load())
         build_corpus_embeddings(corpus, self.hparams.cache_dir, batch_size=self.hparams.encoder_batch_size,
                                 **self._embedding_args())
+        build_corpus_embeddings(MASK_TEXT_CORPUS, self.hparams.cache_dir, **self._embedding_args())
 
     def setup(self, stage: str | None = None) -> None:
         """On every rank: load the records and the cached embeddings (never builds anything)."""
@@ -79,13 +85,18 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.dataset = self.source.load()
         self.corpus = Corpus.from_dataset(self.dataset)
         self.doc_embeddings = load_corpus_embeddings(self.hparams.cache_dir, self.corpus, **self._embedding_args())
+        self.mask_embedding = load_corpus_embeddings(self.hparams.cache_dir, MASK_TEXT_CORPUS,
+                                                     **self._embedding_args())[0]
+        # the encoder trains on the collaborative pools (never a test profile), users without one are left out
+        self.pools = visible_histories(self.dataset, self.corpus, self.hparams.max_history).pool
+        self.user_ids = [u for u in self.corpus.user_ids if len(self.pools.get(u, ()))]
         communities = load_communities(self.source.data_dir)
         if communities is not None:
-            self.communities = np.array([communities.get(u, -1) for u in self.corpus.user_ids], dtype=np.int64)
+            self.communities = np.array([communities.get(u, -1) for u in self.user_ids], dtype=np.int64)
 
     @property
     def num_users(self) -> int:
-        return len(self.corpus.user_ids)
+        return len(self.user_ids)
 
     def _loader(self, shuffle: bool) -> DataLoader:
         return DataLoader(UserIndexDataset(self.num_users), batch_size=self.hparams.batch_size, shuffle=shuffle,
@@ -104,8 +115,8 @@ class UserHistoryDataModule(L.LightningDataModule):
         return self._loader(shuffle=False)
 
     def user_history(self, user: int) -> np.ndarray:
-        """Doc-table ids of a user's `max_history` most recent docs, oldest first."""
-        return history_ids(self.corpus.user_rows(user, self.hparams.max_history))
+        """Doc-table ids of user `user`'s pool (its `max_history` most recent docs), oldest first."""
+        return history_ids(self.pools[self.user_ids[user]])
 
     def make_batch(self, users: torch.Tensor, epoch: int, stream: int) -> UserHistoryBatch:
         """Histories and two views; each view's rng is keyed by (seed, stream, epoch, user, view), so a user's

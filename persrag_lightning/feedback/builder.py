@@ -35,7 +35,7 @@ from persrag_lightning.utils import bundle_digest, fingerprint
 log = logging.getLogger(__name__)
 
 FeedbackMetric = Literal["task", "loglik"]
-FEEDBACK_VERSION = "feedback/v1"
+FEEDBACK_VERSION = "feedback/v2"  # v2: own docs = the question's profile, others' = their pools
 
 
 @dataclass
@@ -75,7 +75,7 @@ class FeedbackBuilder:
         h = hashlib.sha256()
         for split in sorted(self.dataset.examples):
             for ex in self.dataset.examples[split]:
-                h.update(json.dumps([split, ex.example_id, ex.user_id, ex.input, ex.target]).encode())
+                h.update(json.dumps([split, ex.example_id, ex.user_id, ex.input, ex.target, ex.profile]).encode())
         return h.hexdigest()
 
     # ---- layout ------------------------------------------------------------------------------------------------

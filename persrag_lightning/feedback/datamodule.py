@@ -20,7 +20,8 @@ from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 
 
 class FeedbackDataModule(L.LightningDataModule):
-    """Train on the train split's feedback, validate on the dev split's (the held-out figure of the stage).
+    """Train on the train split's feedback, validate (select checkpoints) on the dev split's, test on the test
+    split's (labels built only when `test` runs).
 
     `user_encoder` is stage 1's export; `candidate_retriever` proposes the m·k candidates: an encoder name for
     the retriever stage (the untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
@@ -32,8 +33,9 @@ class FeedbackDataModule(L.LightningDataModule):
                  cache_dir: str = ".cache/persrag", user_encoder: str = "{run_dir}/user_encoder",
                  candidate_retriever: str = "minilm", encoder_max_length: int = 256, llm: LLMConfig | None = None,
                  m: int = 6, k: int = 5, feedback_metric: FeedbackMetric = "task", chunk_size: int = 32,
-                 train_split: str = "train", val_split: str = "dev", max_train_examples: int | None = None,
-                 max_val_examples: int | None = None, candidate_owners: Literal["all", "self"] = "all",
+                 train_split: str = "train", val_split: str = "dev", test_split: str = "test",
+                 max_train_examples: int | None = None, max_val_examples: int | None = None,
+                 max_test_examples: int | None = None, candidate_owners: Literal["all", "self"] = "all",
                  batch_size: int = 4, num_workers: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -45,10 +47,19 @@ class FeedbackDataModule(L.LightningDataModule):
         self.user_embeddings: torch.Tensor | None = None
         self.train_examples: list[FeedbackExample] = []
         self.val_examples: list[FeedbackExample] = []
+        self.test_examples: list[FeedbackExample] = []
 
     def _limits(self) -> dict[str, int | None]:
+        """Splits whose labels this run needs: train and dev (selection) for fit/validate; test only for `test`,
+        so fitting never spends LLM calls on (nor looks at) the reported split."""
         h = self.hparams
+        if self._testing():
+            return {h.test_split: h.max_test_examples}
         return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
+
+    def _testing(self) -> bool:
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and trainer.state.fn == "test"
 
     def builder(self) -> FeedbackBuilder:
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
@@ -75,16 +86,19 @@ class FeedbackDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """On every rank: read the cached labels and the frozen user table; never calls the LLM."""
-        if self.corpus is not None:
-            return
         builder = self.builder()
-        self.corpus = builder.corpus
-        self.user_ids = builder.user_encoder.user_ids
-        self.user_embeddings = builder.user_encoder.user_embeddings
+        if self.corpus is None:
+            self.corpus = builder.corpus
+            self.user_ids = builder.user_encoder.user_ids
+            self.user_embeddings = builder.user_encoder.user_embeddings
         hint = "--config <this stage's config>"
         h = self.hparams
-        self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
-        self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
+        if stage == "test":
+            if not self.test_examples:
+                self.test_examples = self.select(builder.load(h.test_split, h.max_test_examples, hint))
+        elif not self.train_examples:
+            self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
+            self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
 
     def select(self, examples: list[FeedbackExample]) -> list[FeedbackExample]:
         if self.hparams.candidate_owners == "all":
@@ -104,4 +118,4 @@ class FeedbackDataModule(L.LightningDataModule):
         return self._loader(self.val_examples, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_examples, shuffle=False)
+        return self._loader(self.test_examples, shuffle=False)

@@ -7,10 +7,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from persrag_lightning.data.histories import FIRST_DOC_ID, PAD_ID
+from persrag_lightning.data.histories import FIRST_DOC_ID, MASK_ID, PAD_ID
 from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
@@ -34,7 +35,8 @@ class UserEncoderConfig:
 class UserEncoder(nn.Module):
     """e_u = MEAN(Trm(E_u + P)) over a user's most recent docs; rows 0/1 of the doc table are [pad]/[mask]."""
 
-    def __init__(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None) -> None:
+    def __init__(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None,
+                 mask_embedding: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = config
         d = config.dim
@@ -45,20 +47,25 @@ class UserEncoder(nn.Module):
                                            batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
         if doc_embeddings is not None:
-            self.load_doc_embeddings(doc_embeddings)
+            self.load_doc_embeddings(doc_embeddings, mask_embedding)
         # serving state, filled by `index_users` or `from_pretrained`
         self.user_ids: list[str] = []
         self.user_embeddings: torch.Tensor | None = None
         self._index = None
 
     @torch.no_grad()
-    def load_doc_embeddings(self, doc_embeddings: torch.Tensor) -> None:
-        """Initialise the doc table from the frozen encoder's vectors; pad row zero, mask row random."""
+    def load_doc_embeddings(self, doc_embeddings: torch.Tensor, mask_embedding: torch.Tensor | None = None) -> None:
+        """Initialise the doc table from the frozen encoder's vectors; pad row zero; the [mask] row is the
+        normalised embedding of the text "<mask>" as in the official code (given by the caller, who has the text
+        encoder), else it keeps nn.Embedding's N(0, 1) init — norm ≈ √d, far from the doc rows' 1."""
         if doc_embeddings.shape != (self.config.num_docs, self.config.dim):
             raise ValueError(f"doc embeddings {tuple(doc_embeddings.shape)} do not match "
                              f"({self.config.num_docs}, {self.config.dim})")
         self.doc_table.weight[PAD_ID].zero_()
         self.doc_table.weight[FIRST_DOC_ID:] = doc_embeddings.to(self.doc_table.weight)
+        if mask_embedding is not None:
+            self.doc_table.weight[MASK_ID] = F.normalize(mask_embedding.reshape(-1).float(), dim=0).to(
+                self.doc_table.weight)
 
     def encode_embeddings(self, doc_vectors: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         """Eq. 1 on given doc vectors [B, L, d] with pad_mask True at padding: masked mean of Trm(E + P)."""

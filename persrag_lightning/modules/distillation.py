@@ -72,6 +72,9 @@ class FeedbackDistillationModule(L.LightningModule):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(torch.initial_seed())
                 self.model = self._build_model(table.shape[1])
+            # from_pretrained leaves encoders in eval mode and Lightning keeps submodule modes: without this the
+            # encoders' dropout would be off while fine-tuning (the official code, under HF Trainer, trains with it)
+            self.model.train(self.training)
         if self.user_table is None:
             self._set_user_table(*table.shape, weights=table)
         elif tuple(self.user_table.weight.shape) != tuple(table.shape):

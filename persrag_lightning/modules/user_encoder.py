@@ -36,8 +36,9 @@ class UserEncoderModule(L.LightningModule):
 
     # ---- model construction (needs the data's doc table, so it happens in setup or from a checkpoint) -------
 
-    def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None) -> None:
-        self.encoder = UserEncoder(config, doc_embeddings)
+    def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None,
+               mask_embedding: torch.Tensor | None = None) -> None:
+        self.encoder = UserEncoder(config, doc_embeddings, mask_embedding)
         self.encoder.doc_table.weight.requires_grad_(not self.hparams.freeze_doc_table)
 
     def setup(self, stage: str) -> None:
@@ -50,7 +51,7 @@ class UserEncoderModule(L.LightningModule):
                 dim=dm.doc_embeddings.shape[1], num_docs=dm.doc_embeddings.shape[0], max_history=h.max_history,
                 num_layers=self.hparams.num_layers, num_heads=self.hparams.num_heads, dropout=self.hparams.dropout,
                 text_encoder=h.encoder, text_max_length=h.encoder_max_length, text_pooling=h.encoder_pooling,
-            ), dm.doc_embeddings)
+            ), dm.doc_embeddings, dm.mask_embedding)
         communities = None if dm.communities is None else torch.as_tensor(dm.communities)
         self.val_quality = UserRetrievalQuality(self.hparams.eval_m, communities)
 
@@ -109,7 +110,7 @@ class UserEncoderModule(L.LightningModule):
 
     @torch.no_grad()
     def user_embeddings(self, datamodule: UserHistoryDataModule, batch_size: int = 256) -> torch.Tensor:
-        """Every user's embedding from their full (recent-100) history, in datamodule user order."""
+        """Every pooled user's embedding from their pool (recent-100 docs), in datamodule user order."""
         was_training = self.encoder.training
         self.encoder.eval()
         out = []
@@ -123,7 +124,7 @@ class UserEncoderModule(L.LightningModule):
     def export(self, path: str | Path, datamodule: UserHistoryDataModule) -> Path:
         """Write the serving bundle (weights, config, user-embedding table, faiss index) and, beside it, the
         docstore of the users' histories that serving retrieves from."""
-        self.encoder.index_users(datamodule.corpus.user_ids, self.user_embeddings(datamodule),
+        self.encoder.index_users(datamodule.user_ids, self.user_embeddings(datamodule),
                                  self.hparams.index)
         write_docstore(Path(path).parent / "docstore", datamodule.dataset)
         return self.encoder.save_pretrained(path)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.histories import MAX_HISTORY, corpus_doc_ids, visible_histories
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 
 
@@ -35,6 +36,9 @@ class RetrievedDoc:
     text: str = ""
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
 class DocStore:
     """Users' histories as corpus rows, with the records needed to render prompts: the one place that maps a
     row to its doc, its owner and its text, for training (feedback) and inference alike."""
@@ -42,12 +46,26 @@ class DocStore:
     def __init__(self, dataset: LampDataset, corpus: Corpus | None = None) -> None:
         self.dataset = dataset
         self.corpus = corpus or Corpus.from_dataset(dataset)
+        self.visible = visible_histories(dataset, self.corpus)
 
     def __contains__(self, user_id: str) -> bool:
         return user_id in self.corpus
 
-    def rows(self, user_id: str, max_history: int | None = None) -> np.ndarray:
-        return self.corpus.rows_of(user_id, max_history)
+    def rows(self, user_id: str, max_history: int | None = None, query: Query | None = None) -> np.ndarray:
+        """Rows of `user_id`'s docs that `query` may see (data/histories.py): its own question's profile when the
+        user is the query's, the user's collaborative pool otherwise; never a doc whose id is the query's example
+        id. Without a query: the pool (what the user encoder and MEAN user vectors read)."""
+        if query is not None and user_id == query.user_id and query.example_id in self.visible.own:
+            rows = self.visible.own[query.example_id]
+        else:
+            rows = self.visible.pool.get(user_id, _NO_ROWS)
+        if query is not None and query.example_id:
+            rows = rows[corpus_doc_ids(self.corpus, rows) != query.example_id]
+        return rows if max_history is None else rows[max(0, len(rows) - max_history):]
+
+    def pool_users(self) -> list[str]:
+        """Users whose docs others may retrieve (every user with a collaborative pool), in corpus order."""
+        return [u for u in self.corpus.user_ids if len(self.visible.pool.get(u, _NO_ROWS))]
 
     def owner(self, row: int) -> str:
         return self.corpus.owner(row)
@@ -62,6 +80,8 @@ class DocStore:
         """Append a new user's history (oldest first) as new corpus rows; returns the rows."""
         rows = self.corpus.add_user(user)
         self.dataset.users[user.user_id] = user
+        self.visible.pool[user.user_id] = rows[max(0, len(rows) - MAX_HISTORY):]
+        self.visible.pool_source[user.user_id] = ""
         return rows
 
     def doc(self, row: int, **scores: float) -> RetrievedDoc:

@@ -30,14 +30,15 @@ class OwnHistoryStrategy(Strategy):
         self.max_history = max_history
 
     def own_rows(self, query: Query) -> np.ndarray:
-        """Corpus rows of the query user's docs, oldest first; an unknown user is an error that names it."""
+        """Corpus rows of the query's own question's profile (data/histories.py), oldest first; an unknown user
+        is an error that names it."""
         store = getattr(self, "store", None)
         if store is None:
             raise RuntimeError(f"{type(self).__name__}.prepare(store) must run before retrieve")
         if query.user_id not in store:
             raise KeyError(f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
                            "store")
-        return store.rows(query.user_id, self.max_history)
+        return store.rows(query.user_id, self.max_history, query)
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
         return [self.rank(q, self.own_rows(q), k) if k > 0 else [] for q in queries]
@@ -101,7 +102,7 @@ class BM25(OwnHistoryStrategy):
         self.k1 = k1
         self.b = b
         self.cache_users = cache_users
-        self._indexes: OrderedDict[str, object] = OrderedDict()
+        self._indexes: OrderedDict[tuple[str, bytes], object] = OrderedDict()
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
@@ -115,16 +116,18 @@ class BM25(OwnHistoryStrategy):
                               show_progress=False)
 
     def bm25_index(self, user_id: str, rows: np.ndarray):
-        """The user's bm25s index over `rows` (built once, then served from the LRU cache)."""
+        """A bm25s index over `rows` (one question's profile: the user's questions may carry different ones), built
+        once per distinct profile, then served from the LRU cache."""
         import bm25s
 
-        index = self._indexes.get(user_id)
+        key = (user_id, rows.tobytes())
+        index = self._indexes.get(key)
         if index is not None:
-            self._indexes.move_to_end(user_id)
+            self._indexes.move_to_end(key)
             return index
         index = bm25s.BM25(k1=self.k1, b=self.b)
         index.index(self.tokenize([self.store.text(int(r)) for r in rows]), show_progress=False)
-        self._indexes[user_id] = index
+        self._indexes[key] = index
         while len(self._indexes) > self.cache_users:
             self._indexes.popitem(last=False)
         return index

@@ -26,14 +26,17 @@ class CandidateSource:
 
     @torch.no_grad()
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
-        """Users by similarity (the query user first, as the official code), each user's docs best first."""
+        """Users by similarity (the query user first, as the official code), each user's docs best first; the
+        query user's docs are its own question's profile, other users' their pools (data/histories.py)."""
         vectors = self.retriever.query_vectors([q.query for q in queries])
         out = []
         for query, vector in zip(queries, vectors):
             e_u = self.user_embedding(query.user_id)
+            if e_u is not None:
+                e_u = self.retriever.tuned_user_embedding(query.user_id, e_u)
             docs: list[RetrievedDoc] = []
             for owner, sim in self.similar_users(query.user_id):
-                rows = self.store.rows(owner)
+                rows = self.store.rows(owner, query=query)
                 scores = self.retriever.score(vector, rows, e_u)
                 top = torch.topk(scores, min(self.k_per_user, len(rows)))
                 docs += [self.store.doc(int(rows[i]), user_sim=sim, retriever_score=float(s))

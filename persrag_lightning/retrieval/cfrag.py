@@ -62,8 +62,8 @@ class CFRAG(Strategy):
             args = (c.text_encoder, c.text_max_length, c.text_pooling)
             build_corpus_embeddings(store.corpus, self.cache_dir, *args)
             docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
-            ids = store.corpus.user_ids
-            vectors = torch.stack([docs[store.corpus.user_rows(i, c.max_history)].mean(0) for i in range(len(ids))])
+            ids = store.pool_users()
+            vectors = torch.stack([docs[store.rows(u, c.max_history)].mean(0) for u in ids])
         self.user_vectors = dict(zip(ids, vectors))
         return UserIndex.build(ids, vectors)
 

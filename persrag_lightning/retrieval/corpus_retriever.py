@@ -49,6 +49,10 @@ class CorpusRetriever(ABC):
     def encode_docs(self, texts: list[str]) -> torch.Tensor:
         """Doc vectors of new texts, as the cache holds them."""
 
+    def tuned_user_embedding(self, user_id: str, e_u: torch.Tensor) -> torch.Tensor:
+        """e_u for this retriever's user term: the stage-1 embedding, unless the retriever tuned its own."""
+        return e_u
+
     def _embedding_args(self) -> dict:
         return {"encoder": self.doc_encoder, "max_length": self.max_length, "pooling": self.pooling}
 
@@ -109,7 +113,16 @@ class TrainedRetriever(CorpusRetriever):
         return {"retriever": bundle_digest(self.spec)}
 
     def _load_model(self) -> PersonalizedRetriever:
-        return PersonalizedRetriever.from_pretrained(self.spec).eval()
+        model = PersonalizedRetriever.from_pretrained(self.spec).eval()
+        self._tuned_row = {u: i for i, u in enumerate(model.user_ids)}
+        return model
+
+    def tuned_user_embedding(self, user_id: str, e_u: torch.Tensor) -> torch.Tensor:
+        """A retriever trained with `train_user_embeddings: true` exports its fine-tuned user table: its row is
+        the e_u this retriever was trained with (users it never saw keep the stage-1 embedding)."""
+        self.load()
+        row = self._tuned_row.get(user_id)
+        return e_u if row is None else self.model.user_embeddings[row].to(e_u)
 
     @torch.no_grad()
     def query_vectors(self, queries: list[str]) -> torch.Tensor:
