@@ -295,6 +295,10 @@ class HFLLM(LLM):
         """
         import copy
 
+        if isinstance(cache, (tuple, list)):  # transformers < 4.47 hands back the legacy tuple format
+            from transformers import DynamicCache
+
+            cache = DynamicCache.from_legacy_cache(cache)
         n_prompts, n_opts = mask.shape[0], cont.shape[0]
         prompt_lengths = mask.sum(-1)
         targets = torch.zeros_like(cont)
