@@ -22,7 +22,6 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.feedback_cache import FeedbackCache
 from persrag_lightning.data.records import Example, LampDataset
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import PROMPT_VERSION, build_prompt
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import score_prediction
@@ -155,11 +154,10 @@ class FeedbackBuilder:
                 scores = self.llm.score([p for p, _ in todo], [t for _, t in todo])
                 memo.update({key: ("", float(s)) for key, s in zip(todo, scores)})
             label = lambda p, ex: memo[(p, ex.target)]
-        else:  # eval(y, O) = task metric of the post-processed answer: keyed by prompt
+        else:  # eval(y, O) = task metric of the answer (generated or chosen, as the LLM config says): by prompt
             todo = sorted({p for ps in prompts for p in ps} - memo.keys())
             if todo:
-                budget = self.llm_config.max_new_tokens or default_max_new_tokens(task)
-                memo.update(zip(todo, (postprocess(task, o) for o in self.llm.generate(todo, budget))))
+                memo.update(zip(todo, self.llm_config.answer(self.llm, task, todo)))
             label = lambda p, ex: (memo[p], score_prediction(task, memo[p], ex.target))
         self.llm_calls += len(todo)
         records = []

@@ -1,34 +1,68 @@
-"""The one path from retrieved docs to an answer: Table 4 prompt → LLM → post-processed answer. Evaluation and
-serving both call it, so an answer in a results table is the answer the service would give."""
+"""The one path from retrieved docs to an answer (evaluation and serving both take it): Table 4 prompts, then
+greedy generation or label choice, then official or lenient post-processing.
+
+`generate` is the paper's setting (greedy answer, then the official LaMP evaluation's strip). A 135M-parameter LLM
+often answers a label prompt with prose or an unlisted tag, which the official metric scores as wrong whatever was
+retrieved; `choose` ranks the task's allowed labels by likelihood instead, so differences between retrieval
+strategies show. The lenient extraction (label mentioned in prose, first 1-5 digit, JSON field) stays available
+under its own name so that no table silently mixes the two.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal, get_args
 
 from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import build_prompt
 
-
-@dataclass(frozen=True)
-class Answer:
-    """A post-processed answer, the raw LLM output and the prompt that produced it."""
-
-    answer: str
-    raw_output: str
-    prompt: str
+AnswerMode = Literal["generate", "choose"]
+Postprocessing = Literal["official", "lenient"]
+ANSWER_MODES: tuple[str, ...] = get_args(AnswerMode)
+POSTPROCESSING: tuple[str, ...] = get_args(Postprocessing)
 
 
 def build_prompts(task: str, llm: LLM, inputs: list[str], docs: list[list[HistoryDoc]],
                   max_prompt_tokens: int) -> list[str]:
-    """One Table 4 prompt per input with its docs, fitted to `max_prompt_tokens` of the LLM's tokenizer."""
+    """One Table 4 prompt per input with its docs, fitted to `max_prompt_tokens` of the LLM's tokenizer: the one
+    prompt path of evaluation, serving and the generator stage."""
     return [build_prompt(task, text, ds, llm.count_tokens, max_prompt_tokens) for text, ds in zip(inputs, docs)]
 
 
-def answer(llm: LLM, task: str, inputs: list[str], docs: list[list[HistoryDoc]], max_prompt_tokens: int,
-           max_new_tokens: int | None = None) -> list[Answer]:
-    """Greedy generation (the paper's) with the task's short budget unless one is given, then post-processing."""
-    prompts = build_prompts(task, llm, inputs, docs, max_prompt_tokens)
-    outputs = llm.generate(prompts, max_new_tokens or default_max_new_tokens(task))
-    return [Answer(postprocess(task, o), o, p) for o, p in zip(outputs, prompts)]
+def allowed_labels(task: str) -> tuple[str, ...]:
+    """The labels `choose` ranks: LaMP-1 `[1]`/`[2]`, LaMP-2's 15 tags, LaMP-3 `1`..`5`; a ValueError otherwise."""
+    spec = get_task(task)
+    if not spec.labels:
+        raise ValueError(f"answer_mode 'choose' needs a label task (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
+                         "generation task, use answer_mode 'generate'")
+    return spec.labels
+
+
+def official_postprocess(task: str, text: str) -> str:
+    """The official LaMP evaluation's treatment of an answer: strip surrounding whitespace, nothing else.
+
+    Note that the Table 4 prompts of LaMP-4/5/7 ask for `{"title": ...}`; under `official` such an answer is
+    scored as written (the JSON wrapper included), as the official scripts would; `lenient` unwraps it.
+    """
+    get_task(task)  # an unknown task is an error here too, not a silent pass-through
+    return (text or "").strip()
+
+
+def answer(llm: LLM, task: str, prompts: list[str], mode: AnswerMode = "generate", max_new_tokens: int | None = None,
+           postprocessing: Postprocessing = "official") -> list[str]:
+    """Predictions for `prompts`: greedy generation + post-processing, or the most likely allowed label.
+
+    `max_new_tokens` (default: the task's budget) and `postprocessing` only apply to `generate`; `choose`
+    returns labels exactly as the metric's label list spells them.
+    """
+    if mode not in ANSWER_MODES:
+        raise ValueError(f"unknown answer mode {mode!r}; use one of {', '.join(ANSWER_MODES)}")
+    if postprocessing not in POSTPROCESSING:
+        raise ValueError(f"unknown post-processing {postprocessing!r}; use one of {', '.join(POSTPROCESSING)}")
+    if mode == "choose":
+        return llm.choose(list(prompts), list(allowed_labels(task)))
+    budget = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(task)
+    clean = official_postprocess if postprocessing == "official" else postprocess
+    return [clean(task, out) for out in llm.generate(list(prompts), budget)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -143,6 +144,27 @@ class LLM(ABC):
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:
         """Sum log-likelihood of each target's tokens as the assistant answer to its chat-formatted prompt."""
 
+    def score_options(self, prompts: list[str], options: list[str]) -> list[list[float]]:
+        """`score` of every option as the answer to every prompt: one row per prompt, one column per option.
+
+        This default sends len(prompts) x len(options) pairs through `score`, so every backend has it; backends
+        that can encode a prompt once and reuse it for all options (hf, llamacpp) override it.
+        """
+        self._check_options(options)
+        if not prompts:
+            return []
+        flat = self.score([p for p in prompts for _ in options], list(options) * len(prompts))
+        k = len(options)
+        return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+    def choose(self, prompts: list[str], options: list[str]) -> list[str]:
+        """The most likely option per prompt (label tasks' `answer_mode: choose`); ties go to the earliest option.
+
+        A small LLM often answers a label prompt with prose or an unlisted label; ranking the allowed labels by
+        likelihood always yields a valid label, so a table measures retrieval rather than answer formatting.
+        """
+        return [options[_argmax_first(row)] for row in self.score_options(prompts, options)]
+
     def count_tokens(self, text: str) -> int:
         """Token count used for prompt budgets; backends with a tokenizer override this rough estimate."""
         return max(1, round(len(text.split()) * 1.3)) if text.strip() else 0
@@ -163,3 +185,18 @@ class LLM(ABC):
     def _check_pairs(prompts: list[str], targets: list[str]) -> None:
         if len(prompts) != len(targets):
             raise ValueError(f"score() got {len(prompts)} prompts but {len(targets)} targets")
+
+    @staticmethod
+    def _check_options(options: list[str]) -> None:
+        if isinstance(options, str) or not options:
+            raise ValueError(f"score_options() needs a non-empty list of option strings, got {options!r}")
+
+
+def _argmax_first(row: list[float]) -> int:
+    """Index of the largest score, the first one on ties (NaN never wins)."""
+    best = 0
+    for i, value in enumerate(row):
+        if value > row[best] or (math.isnan(row[best]) and not math.isnan(value)):
+            best = i
+    return best
+

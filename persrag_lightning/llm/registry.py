@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")
@@ -41,6 +42,10 @@ class LLMConfig:
     batch_size: int = 16
     max_new_tokens: int | None = None  # None: the task's short default (8 tokens for labels, 40 for titles)
     max_prompt_tokens: int = 512
+    # how answers are read: `generate` (the paper: greedy text) or `choose` (the most likely allowed label, label
+    # tasks only); generated text is post-processed as the official evaluation (`official`: strip) or `lenient`
+    answer_mode: AnswerMode = "generate"
+    postprocessing: Postprocessing = "official"
     options: dict = field(default_factory=dict)
 
     def identity(self) -> dict:
@@ -51,7 +56,12 @@ class LLMConfig:
             digest = ""  # a served model (openai backend) is named by the server
         output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
         return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
-                "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens}
+                "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
+                "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}
+
+    def answer(self, llm: LLM, task: str, prompts: list[str]) -> list[str]:
+        """Answers to `prompts` as this configuration reads them (mode, budget, post-processing)."""
+        return answer(llm, task, prompts, self.answer_mode, self.max_new_tokens, self.postprocessing)
 
     def load(self) -> LLM:
         return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)

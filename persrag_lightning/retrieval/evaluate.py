@@ -23,7 +23,7 @@ from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.answer import answer
+from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
@@ -123,10 +123,10 @@ class Evaluation:
         queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in examples]
         retrieved = strategy.retrieve(queries, self.k)
         retrieve_seconds = time.perf_counter() - t0
-        answers = answer(self.llm, self.task, [e.input for e in examples],
-                         [[store.history_doc(d.row) for d in docs] for docs in retrieved],
-                         self.llm_config.max_prompt_tokens, self.llm_config.max_new_tokens)
-        predictions = [a.answer for a in answers]
+        prompts = build_prompts(self.task, self.llm, [e.input for e in examples],
+                                [[store.history_doc(d.row) for d in docs] for docs in retrieved],
+                                self.llm_config.max_prompt_tokens)
+        predictions = self.llm_config.answer(self.llm, self.task, prompts)
         metric = lamp_metric(self.task)
         metric.update(predictions, [e.target for e in examples])
         scores = {name: float(v) for name, v in metric.compute().items()}

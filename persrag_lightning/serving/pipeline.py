@@ -11,7 +11,7 @@ import torch
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.answer import answer
+from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.text_encoder import TextEncoder
@@ -21,10 +21,9 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle
 
 @dataclass
 class Generation:
-    """An answer, the prompt that produced it and the docs (with provenance) the prompt holds."""
+    """An answer (as the LLM config reads it), the prompt that produced it and the docs (with provenance) it holds."""
 
     answer: str
-    raw_output: str
     prompt: str
     docs: list[RetrievedDoc]
 
@@ -79,10 +78,10 @@ class CFRAGPipeline:
 
     def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
         retrieved = self.retrieve_batch(user_ids, queries)
-        answers = answer(self.llm, self.task, queries, [[self.store.history_doc(d.row) for d in docs]
-                                                        for docs in retrieved],
-                         self.llm_config.max_prompt_tokens, self.llm_config.max_new_tokens)
-        return [Generation(a.answer, a.raw_output, a.prompt, docs) for a, docs in zip(answers, retrieved)]
+        prompts = build_prompts(self.task, self.llm, queries, [[self.store.history_doc(d.row) for d in docs]
+                                                              for docs in retrieved], self.llm_config.max_prompt_tokens)
+        answers = self.llm_config.answer(self.llm, self.task, prompts)
+        return [Generation(a, p, docs) for a, p, docs in zip(answers, prompts, retrieved)]
 
     @torch.no_grad()
     def add_user(self, user_id: str, history: list[dict]) -> None:
