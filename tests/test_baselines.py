@@ -127,7 +127,7 @@ def test_bm25_ranks_the_doc_sharing_the_rare_word_first():
     assert {d.owner for d in docs} == {"u1"}
     # the LRU keeps one index; switching users and back gives the same ranking
     bm25.retrieve([Query("u2", "zyxophone")], K)
-    assert list(bm25._indexes) == ["u2"]
+    assert [user for user, _ in bm25._indexes] == ["u2"]  # one index per (user, profile)
     assert bm25.retrieve([query], K)[0] == docs
     # a query of stopwords only scores 0 everywhere and falls back to the most recent docs
     stop = bm25.retrieve([Query("u1", "the and of")], 2)[0]

@@ -74,13 +74,20 @@ def test_build_once_then_zero_llm_calls(world, tiny_bert, tiny_llm, count_llm_ca
     dm = datamodule(world, tiny_bert, tiny_llm)
     dm.prepare_data()
     first = count_llm_calls["prompts"]
-    n_examples = 16 * 3
-    assert 0 < first <= n_examples * 3 * 2  # m·k prompts per example, fewer when identical prompts repeat
+    dm.setup("fit")
+    records = dm.train_examples + dm.val_examples
+    distinct = {(e.input, dm.corpus.texts[c.row]) for e in records for c in e.candidates}  # = distinct prompts
+    assert first == len(distinct)  # each distinct prompt reached the LLM exactly once
 
     again = datamodule(world, tiny_bert, tiny_llm)
     again.prepare_data()
     assert count_llm_calls["prompts"] == first  # the second run makes zero LLM calls
     assert count_llm_calls["loads"] == 1  # and never even loads the LLM
+
+    other_build = datamodule(world, tiny_bert, tiny_llm, chunk_size=4)  # another cache folder, same prompts
+    other_build.prepare_data()
+    assert other_build.builder().root != dm.builder().root
+    assert count_llm_calls["prompts"] == first  # the prompt store is shared across builds
 
     again.setup("fit")
     assert len(again.train_examples) == 32 and len(again.val_examples) == 16

@@ -20,9 +20,11 @@ import numpy as np
 from persrag_lightning.data.candidates import Candidate, FeedbackExample
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.feedback_cache import FeedbackCache
+from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example, LampDataset
+from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.prompts import PROMPT_VERSION, build_prompt
+from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import score_prediction
 from persrag_lightning.models.user_encoder import UserEncoder
@@ -68,7 +70,8 @@ class FeedbackBuilder:
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
         self._llm: LLM | None = None
-        self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after de-duplication)
+        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
+        self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
 
     def _examples_digest(self) -> str:
         h = hashlib.sha256()
@@ -106,10 +109,9 @@ class FeedbackBuilder:
             "llm": asdict(self.llm_config), "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
-        memo: dict = {}  # prompt → answer (or (prompt, target) → log-lik) across this call's chunks
         for c in todo:
             chunk = examples[c * self.settings.chunk_size:(c + 1) * self.settings.chunk_size]
-            records = self.label_chunk(chunk, memo)
+            records = self.label_chunk(chunk)
             self.cache.write_chunk(split, c, records)
             log.info("feedback %s chunk %d: %d examples", split, c, len(records))
         return len(todo)
@@ -140,32 +142,29 @@ class FeedbackBuilder:
         return CandidateSource(self.store, self.retriever, lambda u: ue.similar_users(u, self.settings.m), e_u,
                                self.settings.k)
 
-    def label_chunk(self, examples: list[Example], memo: dict) -> list[FeedbackExample]:
-        """One prompt per candidate (the doc alone, as Eq. 6); identical prompts go to the LLM once."""
+    def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
+        """One prompt per candidate (the doc alone, as Eq. 6); a prompt any earlier build, shard, stage or run
+        sent to this LLM is read from the shared prompt store, not sent again."""
         proposals = self.candidate_source().propose(
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
-        task, count = self.dataset.task, self.llm.count_tokens
-        prompts = [[build_prompt(task, ex.input, [self.store.history_doc(d.row)], count,
-                                 self.llm_config.max_prompt_tokens) for d in cands]
-                   for ex, cands in zip(examples, proposals)]
-        if self.settings.metric == "loglik":  # eval(y, O) = log p(y | prompt): keyed by (prompt, target)
-            todo = sorted({(p, ex.target) for ex, ps in zip(examples, prompts) for p in ps} - memo.keys())
-            if todo:
-                scores = self.llm.score([p for p, _ in todo], [t for _, t in todo])
-                memo.update({key: ("", float(s)) for key, s in zip(todo, scores)})
-            label = lambda p, ex: memo[(p, ex.target)]
-        else:  # eval(y, O) = task metric of the answer (generated or chosen, as the LLM config says): by prompt
-            todo = sorted({p for ps in prompts for p in ps} - memo.keys())
-            if todo:
-                memo.update(zip(todo, self.llm_config.answer(self.llm, task, todo)))
-            label = lambda p, ex: (memo[p], score_prediction(task, memo[p], ex.target))
-        self.llm_calls += len(todo)
-        records = []
-        for ex, cands, ps in zip(examples, proposals, prompts):
-            cs = tuple(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score, *label(p, ex))
-                       for d, p in zip(cands, ps))
-            records.append(FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target, cs))
-        return records
+        task = self.dataset.task
+        flat = [(ex, d) for ex, cands in zip(examples, proposals) for d in cands]
+        prompts = build_prompts(task, self.llm, [ex.input for ex, _ in flat],
+                                [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
+        misses = self.prompts.misses
+        if self.settings.metric == "loglik":  # eval(y, O) = log p(y | prompt)
+            scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts)
+            labels = [("", float(s)) for s in scores]
+        else:  # eval(y, O) = task metric of the answer (generated or chosen, as the LLM config says)
+            answers = self.llm_config.answer(self.llm, task, prompts, self.prompts)
+            labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
+        self.llm_calls += self.prompts.misses - misses
+        by_example: dict[str, list[Candidate]] = {ex.example_id: [] for ex in examples}
+        for (ex, d), (output, label) in zip(flat, labels):
+            by_example[ex.example_id].append(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score,
+                                                       output, label))
+        return [FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target,
+                                tuple(by_example[ex.example_id])) for ex in examples]
 
     # ---- load ----------------------------------------------------------------------------------------------------
 

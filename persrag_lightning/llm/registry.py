@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
@@ -59,9 +60,23 @@ class LLMConfig:
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}
 
-    def answer(self, llm: LLM, task: str, prompts: list[str]) -> list[str]:
-        """Answers to `prompts` as this configuration reads them (mode, budget, post-processing)."""
-        return answer(llm, task, prompts, self.answer_mode, self.max_new_tokens, self.postprocessing)
+    def answer(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None) -> list[str]:
+        """Answers to `prompts` as this configuration reads them (mode, budget, post-processing); with a store,
+        only prompts no earlier call answered reach the LLM."""
+        if store is None:
+            return answer(llm, task, prompts, self.answer_mode, self.max_new_tokens, self.postprocessing)
+        identity = self.identity()
+        keys = [prompt_key(identity, f"answer:{task}", p) for p in prompts]
+        return store.cached(keys, lambda todo: answer(llm, task, [prompts[i] for i in todo], self.answer_mode,
+                                                      self.max_new_tokens, self.postprocessing))
+
+    def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None) -> list[float]:
+        """log p(target | prompt) per pair, through the store when given."""
+        if store is None:
+            return llm.score(prompts, targets)
+        identity = self.identity()
+        keys = [prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)]
+        return store.cached(keys, lambda todo: llm.score([prompts[i] for i in todo], [targets[i] for i in todo]))
 
     def load(self) -> LLM:
         return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)
