@@ -101,15 +101,55 @@ def test_evaluate_writes_lamp_predictions_metrics_table_and_chart(run_dir, tiny_
     strategies = [ZeroShot(), Recency(),
                   CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"), str(run_dir / "reranker"), m=3,
                         k_per_user=2, cache_dir=str(tmp_path / "cache"), name="CFRAG")]
-    results = evaluation.run(strategies)
+    results = evaluation.run(strategies).results
     assert list(results) == [s.name for s in strategies]
     assert results[strategies[1].name]["own_docs"] == 1.0
     assert 0.0 <= results["CFRAG"]["own_docs"] <= 1.0 and "same_community_docs" in results["CFRAG"]
+    assert 0.0 < results["CFRAG"]["same_community_chance"] <= 1.0
     assert "answer_in_docs" in results["CFRAG"] and "accuracy" in results["CFRAG"]
     predictions = read_outputs(out / "predictions" / "CFRAG.json", "LaMP-2")
     assert len(predictions) == 6
+    assert set(predictions) == {e.example_id for e in evaluation.examples(evaluation.source.load())}
+    assert all(e.split == "test" for e in evaluation.examples(evaluation.source.load()))  # reports on test
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["results"]["CFRAG"]["accuracy"] == results["CFRAG"]["accuracy"]
+    assert metrics["split"] == "test" and metrics["answer_mode"] == "generate"
+    low, high = metrics["intervals"]["CFRAG"]["accuracy"][1:]
+    assert low <= results["CFRAG"]["accuracy"] <= high and "recency" in metrics["p_values"]
     table = (out / "results.md").read_text()
-    assert "| method | LaMP-2 accuracy | LaMP-2 f1 |" in table and "CFRAG" in table
+    assert "| method | LaMP-2 accuracy | p vs CFRAG (accuracy) |" in table and "split **test**" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_cache_follows_bundle_content_not_path(run_dir, tiny_bert, tiny_llm, tmp_path):
+    """A retrained model under the same run name (same path, new weights) gets new predictions, not the cache."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
+                            k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=4,
+                            out_dir=str(tmp_path / "eval"))
+
+    def cfrag():
+        return CFRAG(str(run / "user_encoder"), str(run / "retriever"), str(run / "reranker"), m=3, k_per_user=2,
+                     cache_dir=str(tmp_path / "cache"), name="CFRAG")
+
+    evaluation.run([cfrag()])
+    evaluation.run([cfrag()])
+    assert len(list((tmp_path / "eval" / "cache").glob("CFRAG-*.json"))) == 1  # unchanged bundles: cache hit
+    torch.manual_seed(1)
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")  # "retrained"
+    evaluation.run([cfrag()])
+    assert len(list((tmp_path / "eval" / "cache").glob("CFRAG-*.json"))) == 2
+
+
+def test_evaluate_skips_an_untrained_bundle_with_a_row_naming_the_command(run_dir, tiny_llm, tmp_path):
+    evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
+                            k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=4,
+                            out_dir=str(tmp_path / "eval"))
+    ropg = CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever_ropg"), None, m=1, name="ROPG",
+                 cache_dir=str(tmp_path / "cache"))
+    summary = evaluation.run([ZeroShot(), ropg])
+    assert list(summary.results) == ["zero_shot"]
+    assert "retriever_ropg" in evaluation.skipped["ROPG"] and "python train.py" in evaluation.skipped["ROPG"]
+    table = (tmp_path / "eval" / "results.md").read_text()
+    assert "Not trained (skipped)" in table and "- ROPG:" in table

@@ -22,12 +22,13 @@ def substitute_run_dir(obj, run_dir: str):
 
 
 def evaluate_command(args: list[str]) -> dict:
-    """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N]`: strategies × split → predictions,
-    metrics.json, results.md (Table 2 layout) and results.png; prints the table."""
+    """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N] [--split dev]`: strategies × split (test
+    by default) → predictions, metrics.json, results.md (Table 2 layout with intervals) and results.png; prints
+    the table and returns the point results."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from persrag_lightning.retrieval.base import Strategy
-    from persrag_lightning.retrieval.evaluate import Evaluation, results_table
+    from persrag_lightning.retrieval.evaluate import Evaluation
 
     parser = ArgumentParser(prog="persrag evaluate", description=evaluate_command.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
@@ -35,7 +36,9 @@ def evaluate_command(args: list[str]) -> dict:
     parser.add_argument("--export_root", type=str, default="checkpoints")
     parser.add_class_arguments(Evaluation, "evaluation")
     parser.add_argument("--strategies", type=list[Strategy], required=True)
-    args = resolve_config_args([a.replace("--max-examples", "--evaluation.max_examples") for a in args])
+    aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
+    args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
+                                for a in args])
     cfg = parser.parse_args(args)
     run_dir = str(Path(cfg.export_root) / cfg.run_name)
     cfg = substitute_run_dir(cfg, run_dir)
@@ -43,7 +46,7 @@ def evaluate_command(args: list[str]) -> dict:
         cfg.evaluation.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
     init = parser.instantiate_classes(cfg)
     evaluation: Evaluation = init.evaluation
-    results = evaluation.run(init.strategies)
-    print(results_table(evaluation.task, results))
+    summary = evaluation.run(init.strategies)
+    print(evaluation.table(summary, evaluation.skipped))
     print(f"reports in {evaluation.out_dir}")
-    return results
+    return summary.results

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import lightning_command
+from persrag_lightning.retrieval.cfrag import STAGES
 
 # Settings shared by every stage of a preset, as CLI overrides. `quick` fits the main job in ~20 minutes on
 # 2 CPU cores: fewer users, m = 3 users x k = 2 docs per example (paper: 6 x 5), a subset of the examples for
@@ -52,16 +53,9 @@ def main(argv: list[str]) -> None:
     run_name = opts.run_name or f"synthlamp-{opts.preset}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    stages = [
-        ("user_encoder", ["--config", "cfrag_user_encoder.yaml", *preset["data"], *preset["user_encoder"]]),
-        ("retriever", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm]),
-        ("retriever_ropg", ["--config", "cfrag_retriever.yaml", *preset["data"], *preset["feedback"], *llm,
-                            "--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",
-                            "--data.init_args.candidate_owners=self"]),
-        ("reranker", ["--config", "cfrag_reranker.yaml", *preset["data"], *preset["feedback"], *llm]),
-        ("reranker_no_user", ["--config", "cfrag_reranker.yaml", *preset["data"], *preset["feedback"], *llm,
-                              "--stage_name=reranker_no_user", "--model.init_args.use_user=false"]),
-    ]
+    stages = [(name, ["--config", config, *preset["data"], *(preset["user_encoder"] if name == "user_encoder" else
+                                                              [*preset["feedback"], *llm]), *variant])
+              for name, (config, variant) in STAGES.items()]
     timings = []
     for stage, args in stages:
         if stage_done(opts.export_root, run_name, stage):

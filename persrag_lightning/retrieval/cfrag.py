@@ -25,6 +25,36 @@ from persrag_lightning.retrieval.user_index import UserIndex
 
 UserSource = Literal["encoder", "mean"]
 
+# Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
+# pipeline runs exactly these; a missing bundle's error names its command.
+STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "user_encoder": ("cfrag_user_encoder.yaml", ()),
+    "retriever": ("cfrag_retriever.yaml", ()),
+    "retriever_ropg": ("cfrag_retriever.yaml", ("--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",
+                                                "--data.init_args.candidate_owners=self")),
+    "reranker": ("cfrag_reranker.yaml", ()),
+    "reranker_no_user": ("cfrag_reranker.yaml", ("--stage_name=reranker_no_user",
+                                                 "--model.init_args.use_user=false")),
+}
+
+
+def missing_bundle(path: str | Path) -> FileNotFoundError:
+    """The error for a bundle a stage has not exported yet, naming the command that makes it."""
+    name = Path(path).name
+    if name in STAGES:
+        config, extra = STAGES[name]
+        how = f"`python train.py fit --config {config}{''.join(' ' + a for a in extra)}` (same --run_name)"
+    else:
+        how = "the stage that exports it"
+    return FileNotFoundError(f"{path} is not trained yet; make it with {how}, or all stages with "
+                             "`python train.py pipeline`")
+
+
+def require_bundle(path: str | Path) -> str:
+    if not (Path(path) / "config.json").is_file():
+        raise missing_bundle(path)
+    return str(path)
+
 
 class CFRAG(Strategy):
     """Collaborative retrieval: users by the contrastive user encoder, docs by the personalized retriever."""
@@ -43,15 +73,19 @@ class CFRAG(Strategy):
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
-        self.user_encoder = UserEncoder.from_pretrained(self.user_encoder_path)
+        self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         self.user_index = self._build_user_index(store)
-        self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
+        try:
+            self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
+        except FileNotFoundError:
+            raise missing_bundle(self.retriever_spec) from None
         self.retriever.prepare()
         self.retriever.load()
         e_u = self.e_u if self.retriever_user_term else lambda _: None
         self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user)
-        self.reranker = PersonalizedReranker.from_pretrained(self.reranker_path).eval() if self.reranker_path else None
+        self.reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
+                         if self.reranker_path else None)
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""

@@ -1,35 +1,38 @@
 """`persrag evaluate`: run retrieval strategies on a split, prompt the LLM, and report like the paper's Table 2.
 
-Writes, under `out_dir`: predictions/<strategy>.json in the official LaMP output format, metrics.json,
-results.md (methods × metrics, the layout of Table 2) and results.png (a bar chart of the methods). Each
-strategy's predictions are cached under a fingerprint of its configuration, the examples and the LLM, so a re-run
-evaluates only what changed.
+Reports come from the **test** split (dev only when asked: dev is for selection). Writes, under `out_dir`:
+predictions/<strategy>.json in the official LaMP output format, metrics.json, results.md (methods × metrics with
+95 % bootstrap intervals and paired tests against CFRAG) and results.png (bars with the intervals). Each
+strategy's predictions are cached under a fingerprint of its configuration — exported bundles by their content,
+not their path —, the examples and the LLM, so a re-run evaluates only what changed, and a retrained model under
+the same run name gets new numbers. Every LLM output goes through the shared prompt store.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from persrag_lightning.data.lamp import write_predictions
+from persrag_lightning.data.lamp import LampFormatError, write_predictions
+from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
-from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.metrics import lamp_metric, rouge_scorer
+from persrag_lightning.metrics import rouge_scorer
+from persrag_lightning.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.utils import atomic_replace, atomic_write_json, atomic_write_text, fingerprint
+from persrag_lightning.utils import atomic_write_json, atomic_write_text, bundle_digest, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +46,17 @@ def file_name(name: str) -> str:
 
 
 def strategy_config(strategy: Strategy) -> dict:
-    """What identifies a strategy's retrievals: its class and constructor settings."""
-    return {"class": type(strategy).__qualname__,
-            **{k: v for k, v in vars(strategy).items() if isinstance(v, (str, int, float, bool, type(None)))}}
+    """What identifies a strategy's retrievals: its class and constructor settings, with every setting that names
+    an exported bundle (a folder) replaced by the digest of the bundle's files."""
+    out: dict = {"class": type(strategy).__qualname__}
+    for key, value in vars(strategy).items():
+        if key in ("name", "cache_dir", "batch_size"):  # labels and where caches live do not change retrievals
+            continue
+        if isinstance(value, str) and (Path(value) / "config.json").is_file():
+            out[key] = {"bundle": bundle_digest(value)}
+        elif isinstance(value, (str, int, float, bool, type(None))):
+            out[key] = value
+    return out
 
 
 def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
@@ -59,6 +70,7 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
     if communities:
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
+        out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
     if task in LABEL_FIELDS:
         field = LABEL_FIELDS[task]
         out["answer_in_docs"] = float(np.mean([
@@ -72,17 +84,33 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
     return out
 
 
+def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
+                          communities: dict[str, int]) -> float:
+    """What `same_community_docs` would be if the other users' docs came from random users: own share + other
+    users' share × the query user's community's share of the other users (per doc, averaged)."""
+    sizes = np.bincount(np.array(list(communities.values())))
+    share = {c: (sizes[c] - 1) / max(1, len(communities) - 1) for c in range(len(sizes))}
+    return float(np.mean([1.0 if d.owner == ex.user_id else share.get(communities.get(ex.user_id, -1), 0.0)
+                          for ex, ds in zip(examples, retrieved) for d in ds]))
+
+
 class Evaluation:
-    """Runs strategies over one split with one LLM and keeps the results."""
+    """Runs strategies over one split with one LLM and reports them with intervals and paired tests."""
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
-                 cache_dir: str = ".cache/persrag", split: str = "dev", k: int = 5, llm: LLMConfig | None = None,
-                 max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate") -> None:
+                 cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
+                 max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
+                 reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0) -> None:
+        """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
+        `reference`: the strategy every other one is tested against (paired test, same examples)."""
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples
         self.llm_config = llm or LLMConfig()
         self.out_dir = Path(out_dir)
+        self.reference, self.n_resamples, self.seed = reference, n_resamples, seed
+        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
+        self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self._llm: LLM | None = None
 
     @property
@@ -95,26 +123,43 @@ class Evaluation:
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
                           key=lambda e: e.example_id)
         if not examples:
-            raise ValueError(f"split {self.split!r} has no labelled examples")
+            raise LampFormatError(f"split {self.split!r} of {self.source.data_dir} has no labelled examples")
         return examples[: self.max_examples] if self.max_examples else examples
 
-    def run(self, strategies: list[Strategy]) -> dict[str, dict[str, float]]:
+    def run(self, strategies: list[Strategy]) -> Summary:
         self.source.prepare()
         dataset = self.source.load()
         store = DocStore(dataset)
         examples = self.examples(dataset)
         communities = load_communities(self.source.data_dir)
-        results: dict[str, dict[str, float]] = {}
-        for strategy in strategies:
-            results[strategy.name] = self.run_strategy(strategy, store, examples, communities)
-            log.info("%s: %s", strategy.name, results[strategy.name])
-        self.write_reports(results)
-        return results
+        predictions: dict[str, list[str]] = {}
+        diagnostics: dict[str, dict[str, float]] = {}
+        skipped: dict[str, str] = {}
+        self.skipped = skipped
+        started = time.perf_counter()
+        for i, strategy in enumerate(strategies):
+            progress(f"[evaluate {i + 1}/{len(strategies)}] {strategy.name}: {len(examples)} {self.split} examples"
+                     + eta(started, i, len(strategies)))
+            try:
+                outcome = self.run_strategy(strategy, store, examples, communities)
+            except FileNotFoundError as err:  # a bundle its stage has not exported yet: a row says so
+                log.warning("%s skipped: %s", strategy.name, err)
+                skipped[strategy.name] = str(err)
+                continue
+            predictions[strategy.name], diagnostics[strategy.name] = outcome["predictions"], outcome["diagnostics"]
+        summary = summarise(self.task, predictions, [e.target for e in examples], self.reference, self.n_resamples,
+                            seed=self.seed)
+        for name, extra in diagnostics.items():
+            summary.results[name].update(extra)
+        self.write_reports(summary, skipped)
+        return summary
 
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
-                     communities: dict[str, int] | None) -> dict[str, float]:
-        key = fingerprint("evaluate/v1", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
-                          self.k, [(e.example_id, e.input, e.target) for e in examples], self.source.data_dir.name)
+                     communities: dict[str, int] | None) -> dict:
+        """Predictions (one per example, in order) and retrieval diagnostics; cached by content."""
+        key = fingerprint("evaluate/v2", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
+                          self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
+                          self.source.data_dir.name)
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         if cached.exists():
             return json.loads(cached.read_text())
@@ -126,61 +171,45 @@ class Evaluation:
         prompts = build_prompts(self.task, self.llm, [e.input for e in examples],
                                 [[store.history_doc(d.row) for d in docs] for docs in retrieved],
                                 self.llm_config.max_prompt_tokens)
-        predictions = self.llm_config.answer(self.llm, self.task, prompts)
-        metric = lamp_metric(self.task)
-        metric.update(predictions, [e.target for e in examples])
-        scores = {name: float(v) for name, v in metric.compute().items()}
-        scores.update(retrieval_diagnostics(self.task, store, examples, retrieved, communities))
-        scores["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
+        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts)
+        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+        diagnostics["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, predictions)})
-        atomic_write_json(cached, scores)
-        return scores
+        outcome = {"predictions": predictions, "diagnostics": diagnostics}
+        atomic_write_json(cached, outcome)
+        return outcome
 
-    def write_reports(self, results: dict[str, dict[str, float]]) -> None:
+    def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
+        mode = self.llm_config.answer_mode
         atomic_write_json(self.out_dir / "metrics.json", {
-            "task": self.task, "split": self.split, "k": self.k, "llm": asdict(self.llm_config), "results": results})
-        atomic_write_text(self.out_dir / "results.md", results_table(self.task, results))
-        plot_results(self.task, results, self.out_dir / "results.png")
+            "task": self.task, "split": self.split, "examples": summary.n_examples, "k": self.k,
+            "answer_mode": mode, "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
+            "reference": summary.reference, "results": summary.results,
+            "intervals": {n: {m: list(ci) for m, ci in by.items()} for n, by in summary.intervals.items()},
+            "p_values": {n: {m: c.p_value for m, c in by.items()} for n, by in summary.comparisons.items()},
+            "skipped": skipped, "prompt_store": {"hits": self.prompts.hits, "misses": self.prompts.misses,
+                                                 "hit_rate": self.prompts.hit_rate}})
+        atomic_write_text(self.out_dir / "results.md", self.table(summary, skipped))
+        plot_results(self.task, summary.results, summary.intervals, self.out_dir / "results.png", mode,
+                     split=self.split, n_examples=summary.n_examples)
+
+    def table(self, summary: Summary, skipped: dict[str, str]) -> str:
+        """results.md: the table with intervals, then one line per strategy that could not run."""
+        text = summary_table(summary, self.llm_config.answer_mode, self.split)
+        if skipped:
+            text += "\nNot trained (skipped):\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
+        return text
 
 
-def metric_columns(task: str) -> list[str]:
-    kind = get_task(task).kind
-    return {"classification": ["accuracy", "f1"], "regression": ["mae", "rmse"],
-            "generation": ["rouge-1", "rouge-L"]}[kind]
+def eta(started: float, done: int, total: int) -> str:
+    """`, ETA 3.2 min` from the mean time of the finished items (nothing before the first one finishes)."""
+    if done == 0:
+        return ""
+    left = (time.perf_counter() - started) / done * (total - done)
+    return f" (ETA {left / 60:.1f} min)"
 
 
-def results_table(task: str, results: dict[str, dict[str, float]]) -> str:
-    """Methods × metrics in the layout of the paper's Table 2, plus the retrieval-level diagnostics."""
-    columns = metric_columns(task)
-    extra = sorted({k for r in results.values() for k in r} - set(columns) - {"neg_mae"})
-    header = ["method", *[f"{task} {c}" for c in columns], *extra]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, r in results.items():
-        cells = [name] + [f"{r[c]:.4f}" if c in r and not math.isnan(r[c]) else "-" for c in columns + extra]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_results(task: str, results: dict[str, dict[str, float]], path: Path) -> None:
-    """A bar chart of the task's main metrics per method (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = metric_columns(task)
-    names = list(results)
-    width = 0.8 / len(columns)
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names)), 4))
-    for i, column in enumerate(columns):
-        ax.bar(np.arange(len(names)) + i * width, [results[n].get(column, np.nan) for n in names], width,
-               label=column)
-    ax.set_xticks(np.arange(len(names)) + width * (len(columns) - 1) / 2)
-    ax.set_xticklabels(names, rotation=30, ha="right")
-    ax.set_title(f"{task}: methods")
-    ax.legend()
-    fig.tight_layout()
-    with atomic_replace(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
+def progress(line: str) -> None:
+    """A progress line on stderr (not a log record, so it shows without logging configured)."""
+    print(line, file=sys.stderr, flush=True)
