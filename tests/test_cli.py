@@ -38,5 +38,8 @@ def test_malformed_data_exits_nonzero_naming_file_record_field(in_tmp_cwd, tiny_
 
 def test_unknown_task_is_a_clear_error(in_tmp_cwd):
     out = run_cli(in_tmp_cwd, "fit", "--config", "cfrag_user_encoder.yaml", "--data.init_args.task=LaMP-9")
-    assert out.returncode != 0
-    assert "unknown task" in out.stderr and "LaMP-1" in out.stderr
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("persrag: error: task: unknown task 'LaMP-9'")
+    assert "LaMP-1" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli(in_tmp_cwd, "evaluate", "--config", "evaluate_cfrag.yaml", "--evaluation.task=LaMP-9")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "unknown task 'LaMP-9'" in out.stderr

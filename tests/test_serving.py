@@ -6,6 +6,9 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -66,6 +69,24 @@ def test_retrieve_returns_provenance_from_similar_users(pipeline):
     assert [d.reranker_score for d in docs] == sorted((d.reranker_score for d in docs), reverse=True)
     batch = pipeline.retrieve_batch([user, user], ["description: a detective", "description: a space ship"], 3)
     assert [d.row for d in batch[0]] == [d.row for d in pipeline.retrieve(user, "description: a detective", 3)]
+
+
+def test_serving_loads_and_retrieves_without_importing_lightning(run_dir, tmp_path):
+    """Serving code is plain torch: a fresh interpreter that loads the bundles and retrieves never imports
+    Lightning (checked on sys.modules, so an indirect import anywhere on the path fails it)."""
+    script = textwrap.dedent(f"""
+        import sys
+        from persrag_lightning.serving import CFRAGPipeline
+        pipe = CFRAGPipeline.from_pretrained({str(run_dir)!r}, m=3, k_per_user=2, k=3,
+                                             cache_dir={str(tmp_path / "cache")!r})
+        user = pipe.store.corpus.user_ids[0]
+        assert pipe.retrieve(user, "description: a film")
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("lightning", "pytorch_lightning"))
+        assert not leaked, leaked
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_generate_returns_answer_and_prompt(pipeline):

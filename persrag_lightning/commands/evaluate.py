@@ -6,7 +6,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from persrag_lightning.commands.train import resolve_config_args
+from persrag_lightning.commands.train import check_task, resolve_config_args
 
 
 def substitute_run_dir(obj, run_dir: str):
@@ -44,6 +44,7 @@ def evaluate_command(args: list[str]) -> dict:
     cfg = substitute_run_dir(cfg, run_dir)
     if cfg.evaluation.out_dir == "runs/synthlamp/evaluate":
         cfg.evaluation.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
+    check_task(cfg.evaluation.task)
     init = parser.instantiate_classes(cfg)
     evaluation: Evaluation = init.evaluation
     summary = evaluation.run(init.strategies)

@@ -39,6 +39,15 @@ def resolve_config_args(argv: list[str]) -> list[str]:
     return out
 
 
+def check_task(task: str | None) -> None:
+    """An unknown task is bad input like any other: one line naming it (exit code 2), raised here because the
+    argument parser would wrap the constructor's error into a traceback."""
+    if task is not None:
+        from persrag_lightning.data.lamp import task_spec
+
+        task_spec(task)
+
+
 def slurm_version() -> str | None:
     """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive one): the
     logger version of the job, stable across requeues, so a requeued job resumes its own run folder."""
@@ -80,6 +89,7 @@ class PersragCLI(LightningCLI):
         """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
         `{run_dir}` in the data's paths is checkpoints/<run_name>, where the earlier stages exported."""
         cfg = self._cfg()
+        check_task(cfg.data.init_args.get("task"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
         for key, value in vars(cfg.data.init_args).items():
             if isinstance(value, str) and "{run_dir}" in value:
