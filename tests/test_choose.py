@@ -63,7 +63,8 @@ def test_hf_score_options_equals_score(tiny_dir: Path, batch_size: int, option_r
 
 
 def test_hf_score_options_encodes_each_prompt_once(tiny_dir: Path) -> None:
-    """One forward over the prompts, then one over option continuations only: never a prompt per label."""
+    """One forward per batch whose rows hold each prompt once followed by the options' fed tokens (all but each
+    option's last): never a prompt per label, never a copy of the prompt's cache per option."""
     llm = load_llm("hf", str(tiny_dir), batch_size=8, device="cpu")
     calls: list[tuple[int, int]] = []
     hook = llm.model.register_forward_pre_hook(  # type: ignore[attr-defined]
@@ -73,8 +74,8 @@ def test_hf_score_options_encodes_each_prompt_once(tiny_dir: Path) -> None:
     finally:
         hook.remove()
     longest_prompt = max(len(e) for e in llm._encode_prompts(PROMPTS))  # type: ignore[attr-defined]
-    multi = [o for o in OPTIONS if len(o.split()) >= 2]
-    assert calls == [(len(PROMPTS), longest_prompt), (len(PROMPTS) * len(multi), 3)]
+    fed = sum(max(0, len(t) - 1) for t in llm.tokenizer(OPTIONS, add_special_tokens=False)["input_ids"])
+    assert calls == [(len(PROMPTS), longest_prompt + fed)]
 
 
 def test_hf_single_token_options_need_one_pass(tiny_dir: Path) -> None:

@@ -36,6 +36,8 @@ def evaluate_command(args: list[str]) -> dict:
     parser.add_argument("--export_root", type=str, default="checkpoints")
     parser.add_class_arguments(Evaluation, "evaluation")
     parser.add_argument("--strategies", type=list[Strategy], required=True)
+    parser.add_argument("--only", type=list[str] | None, default=None,
+                        help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
     aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
     args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
                                 for a in args])
@@ -47,7 +49,13 @@ def evaluate_command(args: list[str]) -> dict:
     check_task(cfg.evaluation.task)
     init = parser.instantiate_classes(cfg)
     evaluation: Evaluation = init.evaluation
-    summary = evaluation.run(init.strategies)
+    strategies = init.strategies
+    if cfg.only is not None:
+        unknown = set(cfg.only) - {s.name for s in strategies}
+        if unknown:
+            raise SystemExit(f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}")
+        strategies = [s for s in strategies if s.name in cfg.only]
+    summary = evaluation.run(strategies)
     print(evaluation.table(summary, evaluation.skipped))
     print(f"reports in {evaluation.out_dir}")
     return summary.results

@@ -193,6 +193,7 @@ class ExportCLI(PersragCLI):
 
 def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
     """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the bundle)."""
+    args = resolve_config_args(args)
     cli_class = PersragCLI
     if args and args[0] == "export":
         args[0] = "validate"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
@@ -240,91 +241,67 @@ class HFLLM(LLM):
                 scores[i] = float(rows_logp.gather(-1, tgt[:, None]).sum())
         return scores
 
-    # Most option rows (examples x multi-token options) sent through one cached forward: bounds the memory of the
-    # expanded KV cache (rows x prompt length) when prompts are long and label lists are large.
-    option_rows: int = 64
-
     @torch.inference_mode()
     def score_options(self, prompts: list[str], options: list[str]) -> list[list[float]]:
-        """`score` of every option for every prompt, encoding each prompt once rather than once per option.
+        """`score` of every option for every prompt in ONE forward per batch of prompts.
 
-        Prompts go through one left-padded forward (batched as in `score`) that keeps the KV cache; its last
-        logits already score every option's first token. Options of two or more tokens then run as right-padded
-        continuations over that cache, repeated once per option, with the positions `score` would give them.
-        Options are tokenised on their own and appended to the chat-formatted prompt ids, exactly as `score`
-        does, so both give the same numbers.
+        Each row packs the chat-formatted prompt and, after it, every option's tokens but the last (tree
+        attention): a 4D mask lets option k's tokens see the prompt and their own earlier tokens only, and their
+        positions restart after the prompt, so each option is scored exactly as `score` scores it alone, while
+        the prompt is encoded once and no KV cache is copied per option. The prompt's last logits score every
+        option's first token; option k's j-th fed token scores its (j+1)-th token.
         """
         self._check_options(options)
         if not prompts:
             return []
         prompt_ids = self._encode_prompts(prompts)
         option_ids = [list(t) for t in self.tokenizer(list(options), add_special_tokens=False)["input_ids"]]
-        multi = [k for k, o in enumerate(option_ids) if len(o) >= 2]  # options that need the cached pass
-        width = max((len(option_ids[k]) - 1 for k in multi), default=0)
-        cont = torch.full((len(multi), max(width, 1)), self._pad_id, dtype=torch.long)
-        cont_mask = torch.zeros_like(cont)
-        for r, k in enumerate(multi):  # every token but the last is fed; the last is only predicted
-            cont[r, :len(option_ids[k]) - 1] = torch.tensor(option_ids[k][:-1], dtype=torch.long)
-            cont_mask[r, :len(option_ids[k]) - 1] = 1
-        cont, cont_mask = cont.to(self.device), cont_mask.to(self.device)
-        first = torch.tensor([o[0] if o else 0 for o in option_ids], device=self.device)
-        has_first = torch.tensor([bool(o) for o in option_ids], device=self.device)
+        fed = [o[:-1] for o in option_ids]  # tokens fed after the prompt; the last one is only predicted
+        tail = [t for f in fed for t in f]
+        starts = np.cumsum([0] + [len(f) for f in fed])[:-1].tolist()  # where option k's fed tokens begin
         scores = [[0.0] * len(options) for _ in prompts]
+        dtype = self.model.dtype
         for idx in self._batches([len(e) for e in prompt_ids]):
-            ids, mask = self._left_pad([prompt_ids[i] for i in idx])
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            kwargs: dict[str, Any] = {"attention_mask": mask, "position_ids": positions, "use_cache": True}
-            if self._keep_kw is not None:
-                kwargs[self._keep_kw] = 1
-            out = self.model(input_ids=ids, **kwargs)
-            head = out.logits[:, -1, :].float().log_softmax(-1)  # [B, V]: next-token log-probs after each prompt
-            total = torch.where(has_first, head[:, first], torch.zeros((), device=head.device))  # [B, K]
-            if multi:
-                total[:, multi] += self._continuation_logp(out.past_key_values, mask, cont, cont_mask,
-                                                           [option_ids[k] for k in multi])
+            width = max(len(prompt_ids[i]) for i in idx) + len(tail)
+            ids = torch.full((len(idx), width), self._pad_id, dtype=torch.long)
+            positions = torch.zeros((len(idx), width), dtype=torch.long)
+            allowed = torch.zeros((len(idx), width, width), dtype=torch.bool)
+            lengths = []
             for b, i in enumerate(idx):
-                scores[i] = [float(v) for v in total[b]]
+                n = len(prompt_ids[i])
+                pad = width - n - len(tail)  # left padding
+                lengths.append(n)
+                ids[b, pad:pad + n] = torch.tensor(prompt_ids[i], dtype=torch.long)
+                ids[b, pad + n:] = torch.tensor(tail, dtype=torch.long)
+                positions[b, pad:pad + n] = torch.arange(n)
+                allowed[b, pad:pad + n, pad:pad + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+                for f, start in zip(fed, starts):
+                    a = pad + n + start
+                    positions[b, a:a + len(f)] = n + torch.arange(len(f))
+                    allowed[b, a:a + len(f), pad:pad + n] = True
+                    allowed[b, a:a + len(f), a:a + len(f)] = torch.tril(torch.ones(len(f), len(f), dtype=torch.bool))
+                allowed[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)  # padding rows see themselves only
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            kwargs: dict[str, Any] = {"attention_mask": mask[:, None].to(self.device),
+                                      "position_ids": positions.to(self.device), "use_cache": False}
+            keep = len(tail) + 1  # the prompt's last position and the options' tokens: the only logits needed
+            if self._keep_kw is not None:
+                kwargs[self._keep_kw] = keep
+            logits = self.model(input_ids=ids.to(self.device), **kwargs).logits[:, -keep:]
+            logp = logits.float().log_softmax(-1)
+            for b, i in enumerate(idx):
+                last_prompt = 0  # index into the kept logits
+                row = []
+                for o, start in zip(option_ids, starts):
+                    if not o:
+                        row.append(0.0)
+                        continue
+                    total = logp[b, last_prompt, o[0]]
+                    for j, token in enumerate(o[1:]):
+                        total = total + logp[b, last_prompt + 1 + start + j, token]
+                    row.append(float(total))
+                scores[i] = row
         return scores
-
-    def _continuation_logp(self, cache: Any, mask: torch.Tensor, cont: torch.Tensor, cont_mask: torch.Tensor,
-                           option_ids: list[list[int]]) -> torch.Tensor:
-        """Log-probability of options' tokens after the first, over the prompts' cache: [B, len(option_ids)].
-
-        The cache (B prompts) is repeated per option; when B x options exceeds `option_rows`, examples go in
-        chunks, each on its own copy of the cache (a forward appends to the cache it is given).
-        """
-        import copy
-
-        if isinstance(cache, (tuple, list)):  # transformers < 4.47 hands back the legacy tuple format
-            from transformers import DynamicCache
-
-            cache = DynamicCache.from_legacy_cache(cache)
-        n_prompts, n_opts = mask.shape[0], cont.shape[0]
-        prompt_lengths = mask.sum(-1)
-        targets = torch.zeros_like(cont)
-        for r, o in enumerate(option_ids):
-            targets[r, :len(o) - 1] = torch.tensor(o[1:], dtype=torch.long)
-        per_chunk = max(1, self.option_rows // n_opts)
-        result = torch.zeros((n_prompts, n_opts), dtype=torch.float32, device=mask.device)
-        for start in range(0, n_prompts, per_chunk):
-            rows = torch.arange(start, min(start + per_chunk, n_prompts), device=mask.device)
-            if len(rows) == n_prompts:
-                chunk_cache = cache  # the only chunk: expand the cache in place, no copy
-            else:
-                chunk_cache = copy.deepcopy(cache)
-                chunk_cache.batch_select_indices(rows)
-            chunk_cache.batch_repeat_interleave(n_opts)
-            n = len(rows)
-            ids = cont.repeat(n, 1)  # row = example * n_opts + option, matching repeat_interleave
-            full_mask = torch.cat([mask[rows].repeat_interleave(n_opts, 0), cont_mask.repeat(n, 1)], dim=1)
-            offsets = torch.arange(cont.shape[1], device=mask.device)
-            positions = prompt_lengths[rows].repeat_interleave(n_opts)[:, None] + offsets[None, :]
-            logits = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                                past_key_values=chunk_cache, use_cache=True).logits
-            logp = logits.float().log_softmax(-1).gather(-1, targets.repeat(n, 1)[..., None])[..., 0]
-            logp = (logp * cont_mask.repeat(n, 1)).sum(-1)
-            result[rows] = logp.view(n, n_opts)
-        return result
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
