@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import lancedb
 import numpy as np
 import pyarrow as pa
+from lancedb.expr import col, lit
+from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Candidate, Memory, Tags, Turn
 
@@ -45,8 +48,6 @@ def validate_id(value: object, what: str = "user_id") -> str:
 def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None):
     """THE predicate helper: `user_id = <literal>` [AND id IN (...)] [AND session_id = ...], as a typed
     LanceDB expression whose literals LanceDB escapes itself; every table access goes through it."""
-    from lancedb.expr import col, lit
-
     expr = col("user_id") == lit(validate_id(user_id))
     if ids is not None:
         id_list = [validate_id(i, "memory id") for i in ids]
@@ -81,13 +82,21 @@ SESSIONS_SCHEMA = pa.schema([
 ])
 
 
+# LanceDB vector index configs by name: HNSW (the seed's choice) over IVF partitions, or plain IVF.
+VECTOR_INDEXES = {"hnsw_sq": HnswSq, "hnsw_flat": HnswFlat, "ivf_flat": IvfFlat}
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Storage knobs: when the vector index is built, and which kind (the seed uses HNSW)."""
 
     index_min_rows: int = 5000  # below this many memories (all users), exact flat search is fast and exact
-    index_type: str = "IVF_HNSW_SQ"
+    index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.index_type not in VECTOR_INDEXES:
+            raise ValueError(f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}")
 
 
 @dataclass(frozen=True)
@@ -105,8 +114,6 @@ class MemoryStore:
 
     def __init__(self, path: str | Path, dim: int, settings: StoreSettings = StoreSettings(),
                  clock: Callable[[], float] = time.time) -> None:
-        import lancedb
-
         self.path = Path(path)
         self.dim = int(dim)
         self.settings = settings
@@ -123,7 +130,10 @@ class MemoryStore:
 
     def _open(self, name: str, schema: pa.Schema):
         """Open a table, creating it empty on first use (exist_ok: two processes may race to create it)."""
-        return self.db.create_table(name, schema=schema, exist_ok=True)
+        try:
+            return self.db.open_table(name)
+        except ValueError:  # "Table ... was not found"
+            return self.db.create_table(name, schema=schema, exist_ok=True)
 
     def now(self) -> float:
         """Strictly increasing timestamps, so 'oldest' and turn order are total even within one clock tick."""
@@ -196,8 +206,6 @@ class MemoryStore:
         """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows updated."""
         if not ids:
             return 0
-        from lancedb.expr import lit
-
         now = self.now()
         with self._lock:
             res = self.memories.update(where=user_filter(user_id, ids=ids),
@@ -234,10 +242,10 @@ class MemoryStore:
             n = self.memories.count_rows()
             if n < self.settings.index_min_rows:
                 return False
-            self.memories.create_index(metric="cosine", vector_column_name="vector",
-                                       index_type=self.settings.index_type,
-                                       num_partitions=max(1, n // self.settings.rows_per_partition))
-            self.memories.create_scalar_index("user_id", index_type="BTREE")
+            config = VECTOR_INDEXES[self.settings.index_type](
+                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition))
+            self.memories.create_index("vector", config=config)
+            self.memories.create_index("user_id", config=BTree())  # the prefilter on user_id
             return True
 
     def optimize(self) -> None:
