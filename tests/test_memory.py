@@ -176,40 +176,44 @@ import sys
 import numpy as np
 from persrag_lightning.memory.store import MemoryStore, NewMemory
 store = MemoryStore(sys.argv[1], dim=8)
+prefix = sys.argv[2]
 batch = 0
 while True:
     v = np.full(8, 0.35, dtype=np.float32)
-    new = store.add_memories("u", [NewMemory(f"b{batch}-r{j}", v) for j in range(5)])
-    store.mark_used("u", [m.id for m in new])          # an update rewrites the batch's rows
-    if batch % 3 == 2:                                 # and now and then a whole earlier batch is deleted
-        old = [m.id for m in store.list_memories("u") if m.text.startswith(f"b{batch - 2}-")]
+    new = store.add_memories("u", [NewMemory(f"{prefix}b{batch}-r{j}", v) for j in range(5)])
+    if batch == 0:
+        print("ready", flush=True)
+    if batch % 4 == 1:                                 # an update rewrites the batch's rows
+        store.mark_used("u", [m.id for m in new])
+    if batch % 4 == 3:                                 # and a whole earlier batch is deleted
+        old = [m.id for m in store.list_memories("u") if m.text.startswith(f"{prefix}b{batch - 2}-")]
         store.delete_memories("u", old)
     batch += 1
 """
 
 
 def test_writer_killed_mid_write_leaves_complete_rows_and_no_duplicates(tmp_path):
-    """SIGKILL a process that adds, updates and deletes in a loop; reopened, every batch is all or nothing."""
+    """SIGKILL, at a few points in time, a process that adds (5 rows per commit), updates and deletes in a loop;
+    reopened, every batch is all or nothing, nothing is duplicated, every row is complete."""
     path = tmp_path / "bank"
     MemoryStore(path, dim=8)  # create the tables before the race
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path)], env=env,
-                            stderr=subprocess.PIPE)
-    try:
-        reader = MemoryStore(path, dim=8)
-        deadline = time.monotonic() + 180  # a guard against a hung writer, not a timing assertion
-        while reader.count("u") < 40:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "writer made no progress"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    for round_, delay in enumerate([0.05, 0.4, 0.9]):
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(path), f"k{round_}"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            line = proc.stdout.readline()
+            assert line.strip() == b"ready", proc.stderr.read().decode()
+            time.sleep(delay)  # where the kill lands, not a timing assertion
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
     rows = MemoryStore(path, dim=8).list_memories("u")
     texts = [m.text for m in rows]
     assert len(texts) == len(set(texts)), "duplicated rows"
     assert len({m.id for m in rows}) == len(rows)
+    assert {t[:2] for t in texts} == {"k0", "k1", "k2"}
     batches: dict[str, list[Memory]] = {}
     for m in rows:
         batches.setdefault(m.text.split("-")[0], []).append(m)
@@ -316,10 +320,13 @@ def test_rerank_scores_rank_plus_tag_bonus_and_keeps_at_least_n_minus_2():
 
 
 def test_rerank_counts_each_query_tag_once_by_its_best_match():
-    embed = TagTable({"python": unit_at(1.0), "py": unit_at(0.9), "pyth": unit_at(0.8)})
-    cand = [Candidate(memory(0, Tags(topics=("py", "pyth"), entities=("python",))), 3, 0.0)]
-    (r,) = rerank(cand, ["python"], embed, RecallSettings(top_n=20, score_margin=5))
-    assert (r.rank_score, r.tag_bonus, r.score) == (17, 1, 18)
+    """Three close row tags give +1, not +3; two row tags at cosine .5 each give nothing (no summing)."""
+    embed = TagTable({"python": unit_at(1.0), "py": unit_at(0.9), "pyth": unit_at(0.8), "half": unit_at(0.5),
+                      "halve": unit_at(0.5)})
+    cands = [Candidate(memory(0, Tags(topics=("py", "pyth"), entities=("python",))), 3, 0.0),
+             Candidate(memory(1, Tags(topics=("half", "halve"))), 4, 0.0)]
+    out = rerank(cands, ["python"], embed, RecallSettings(top_n=20, score_margin=5))
+    assert [(r.rank_score, r.tag_bonus, r.score) for r in out] == [(17, 1, 18), (16, 0, 16)]
 
 
 def test_recall_is_per_user_and_marks_usage(tmp_path):
