@@ -346,6 +346,42 @@ def test_recall_is_per_user_and_marks_usage(tmp_path):
     assert bank.list("bob")[0].usage_count == 0
 
 
+def test_recall_of_an_unknown_user_is_empty(tmp_path):
+    bank = MemoryBank(tmp_path / "bank", HashEncoder())
+    bank.remember("alice", "alice fact", "s")
+    assert bank.recall("nobody", "alice fact") == []
+
+
+def test_chat_turn_extracts_once_recalls_before_storing_and_uses_the_query_tags(tmp_path):
+    llm = ScriptedLLM(lambda p: json.dumps({"memory": message_of(p), "topics": ["pets"]}))
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(), llm=llm, clock=Clock())
+    bank.remember("u", "my dog is called Biscuit", "s")
+    calls = len(llm.prompts)
+    turn = bank.remember_and_recall("u", "what is my dog called", "s")
+    assert len(llm.prompts) == calls + 1  # one extraction serves recall and storage
+    assert [(r.memory.text, r.tag_bonus) for r in turn.recalled] == [("my dog is called Biscuit", 1)]
+    assert turn.memory is not None and turn.memory.text == "what is my dog called"
+    assert len(bank.list("u")) == 2
+
+
+def test_concurrent_writers_lose_and_duplicate_nothing(tmp_path):
+    """Threads of a service writing for several users at once through one bank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bank = MemoryBank(tmp_path / "bank", HashEncoder())
+
+    def chat(user: str) -> None:
+        for i in range(6):
+            bank.remember(user, f"{user} fact {i}", "s")
+            bank.recall(user, f"{user} fact")
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(chat, ["a", "b", "c"]))
+    for user in ["a", "b", "c"]:
+        assert sorted(m.text for m in bank.list(user)) == [f"{user} fact {i}" for i in range(6)]
+        assert len(bank.turns(user)) == 6
+
+
 @pytest.mark.parametrize("index_type", ["hnsw_sq", "ivf_flat"])
 def test_vector_index_is_built_past_the_threshold_and_search_stays_per_user(tmp_path, index_type):
     store = MemoryStore(tmp_path / "bank", dim=16, settings=StoreSettings(index_min_rows=300, index_type=index_type))

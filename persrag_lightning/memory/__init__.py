@@ -4,7 +4,7 @@ Import from here; the modules are `store` (tables and the user filter), `extract
 `bank` (the `MemoryBank` facade) and `simulate` (planted-fact conversations and recall@k).
 """
 
-from persrag_lightning.memory.bank import MemoryBank, MemorySettings, UserExistsError
+from persrag_lightning.memory.bank import ChatMemory, MemoryBank, MemorySettings, UserExistsError
 from persrag_lightning.memory.eviction import EvictionSettings, UsageRow, select_evictions
 from persrag_lightning.memory.extract import (
     CATEGORIES,
@@ -21,6 +21,7 @@ __all__ = [
     "CATEGORIES",
     "DIMENSIONS",
     "QUESTIONNAIRE",
+    "ChatMemory",
     "EvictionSettings",
     "Extraction",
     "Extractor",

@@ -16,6 +16,16 @@ from persrag_lightning.memory.records import ROLES, Memory, Recalled, Tags, Turn
 from persrag_lightning.memory.store import MemoryStore, NewMemory, StoreSettings, validate_id
 
 
+@dataclass(frozen=True)
+class ChatMemory:
+    """What one chat turn did to the bank: the memory stored (None: nothing to remember), the memories
+    recalled for the prompt, and the extraction behind both."""
+
+    memory: Memory | None
+    recalled: list[Recalled]
+    extraction: Extraction
+
+
 class UserExistsError(ValueError):
     """Sign-up of a user who already has memories or turns (a second questionnaire would duplicate them)."""
 
@@ -123,13 +133,25 @@ class MemoryBank:
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:
         """A user's chat message: log the turn, extract a memory with the session's recent turns, store it,
         evict past capacity. None when the LLM judged that the message tells nothing about the user."""
+        return self._store(user_id, self._observe(user_id, message, session_id))
+
+    def remember_and_recall(self, user_id: str, message: str, session_id: str) -> ChatMemory:
+        """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as the seed
+        does) before storing it, so the message never recalls itself; then store and evict."""
+        extraction = self._observe(user_id, message, session_id)
+        recalled = self.recall(user_id, message, tags=extraction.tags)
+        return ChatMemory(self._store(user_id, extraction), recalled, extraction)
+
+    def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
+        """Validate, read the session's recent turns, log the user's turn, extract."""
         check_text(message, "message", self.settings.max_message_chars)
         history = self.store.turns(user_id, session_id, last=self.settings.history_turns)
         self.log_turn(user_id, session_id, "user", message)
         if self.extractor is not None:
-            extraction = self.extractor.extract(message, history)
-        else:
-            extraction = Extraction(" ".join(message.split()), Tags(), parsed=False)
+            return self.extractor.extract(message, history)
+        return Extraction(" ".join(message.split()), Tags(), parsed=False)
+
+    def _store(self, user_id: str, extraction: Extraction) -> Memory | None:
         if not extraction.memory:
             return None
         vec = self._embed([extraction.memory])[0]

@@ -120,6 +120,7 @@ class MemoryStore:
         self._clock = clock
         self._last_ts = 0.0
         self._lock = threading.RLock()
+        self._indexed = False
         # interval 0: every read checks for versions committed by other processes (strong consistency)
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
         self.memories = self._open(MEMORIES, memories_schema(self.dim))
@@ -231,7 +232,9 @@ class MemoryStore:
     # ---- vector index ---------------------------------------------------------------------------------------
 
     def has_vector_index(self) -> bool:
-        return any("vector" in idx.columns for idx in self.memories.list_indices())
+        if not self._indexed:  # once built it stays (nothing here drops it), so stop asking LanceDB
+            self._indexed = any("vector" in idx.columns for idx in self.memories.list_indices())
+        return self._indexed
 
     def maybe_index(self) -> bool:
         """Build the ANN index once the table is large enough (flat search below it); True when built now.
