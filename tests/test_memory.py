@@ -405,6 +405,19 @@ def test_parse_extraction_accepts_json_with_prose_fences_nested_tags_and_strings
     assert e.tags == Tags(topics=("coding", "tools"), entities=("Python",), preferences=("python",))
 
 
+def test_cut_off_answers_are_repaired_from_their_complete_strings():
+    """SmolLM2-135M's usual answer: a tag repeated until max_new_tokens, so the JSON never closes."""
+    answer = ('{"memory": "I prefer high-risk \\"bold\\" strategies.", "entities": ["stocks"], "topics": '
+              '["High-Risk Investing", "High-Risk Investing", "High-Risk Inv')
+    e = parse_extraction(answer, "msg")
+    assert (e.parsed, e.repaired) == (True, True)
+    assert e.memory == 'I prefer high-risk "bold" strategies.'
+    assert e.tags == Tags(topics=("High-Risk Investing",), entities=("stocks",))
+    extractor = Extractor(ScriptedLLM(lambda p: answer))
+    extractor.extract("msg")
+    assert (extractor.calls, extractor.fallbacks, extractor.repaired) == (1, 0, 1)
+
+
 @pytest.mark.parametrize("answer", ["I cannot do that.", '{"memory": 3}', "[1, 2]", '{"memory": "unterminated'])
 def test_unusable_answers_fall_back_to_the_message_and_are_counted(answer):
     extractor = Extractor(ScriptedLLM(lambda p: answer))

@@ -97,6 +97,11 @@ class MemoryBank:
         """Extractions whose LLM answer was unusable (message stored verbatim)."""
         return self.extractor.fallbacks if self.extractor else 0
 
+    @property
+    def repaired(self) -> int:
+        """Extractions recovered from a cut-off JSON answer."""
+        return self.extractor.repaired if self.extractor else 0
+
     # ---- writes ---------------------------------------------------------------------------------------------
 
     def add_user(self, user_id: str, answers: Mapping[str, str]) -> list[Memory]:

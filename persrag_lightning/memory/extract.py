@@ -25,6 +25,7 @@ class Extraction:
     memory: str
     tags: Tags
     parsed: bool
+    repaired: bool = False  # parsed from a cut-off JSON answer (small models loop until max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ CATEGORIES: tuple[str, ...] = tuple(q.category for q in QUESTIONNAIRE)
 
 PROMPT = """You keep a memory of facts about a user. From the user's latest message (and the conversation before \
 it), write ONE short sentence stating what it tells about the user, in the third person, and tags on five \
-dimensions. Answer with JSON only, exactly these keys:
+dimensions (at most 3 short tags each). Answer with JSON only, exactly these keys:
 {{"memory": "<one sentence, or empty if the message tells nothing about the user>", "topics": ["..."], \
 "entities": ["..."], "query_type": ["..."], "intent": ["..."], "preferences": ["..."]}}
 
@@ -88,6 +89,33 @@ def _json_object(text: str) -> dict | None:
     return None
 
 
+_JSON_STRING = r'"((?:[^"\\\n]|\\.)*)"'
+
+
+def _string(body: str) -> str | None:
+    try:
+        return json.loads(f'"{body}"')
+    except json.JSONDecodeError:
+        return None
+
+
+def _salvage(text: str) -> dict | None:
+    """Recover a cut-off answer (the usual failure of a 135M model: a tag list repeated until the token limit):
+    the complete `memory` string and the complete strings of each dimension's list; None without a memory."""
+    m = re.search(r'"memory"\s*:\s*' + _JSON_STRING, text)
+    memory = _string(m.group(1)) if m else None
+    if memory is None:
+        return None
+    obj: dict = {"memory": memory}
+    for dim in DIMENSIONS:
+        start = re.search(rf'"{dim}"\s*:\s*\[', text)
+        if start:
+            body = text[start.end():]
+            items = [_string(x) for x in re.findall(_JSON_STRING, body.split("]", 1)[0])]
+            obj[dim] = [x for x in items if x is not None]
+    return obj
+
+
 def fallback(message: str) -> Extraction:
     """The one fallback: the message itself is the memory, no tags."""
     return Extraction(" ".join(message.split())[:MAX_MEMORY_CHARS], Tags(), parsed=False)
@@ -95,12 +123,14 @@ def fallback(message: str) -> Extraction:
 
 def parse_extraction(answer: str, message: str) -> Extraction:
     """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives `fallback`."""
-    obj = _json_object(answer)
+    obj, repaired = _json_object(answer), False
+    if obj is None:
+        obj, repaired = _salvage(answer), True
     if obj is None or not isinstance(obj.get("memory"), str):
         return fallback(message)
     tag_src = obj.get("tags") if isinstance(obj.get("tags"), dict) else obj
     tags = Tags(**{d: _tag_list(tag_src.get(d)) for d in DIMENSIONS})
-    return Extraction(" ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True)
+    return Extraction(" ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True, repaired=repaired)
 
 
 class Extractor:
@@ -112,6 +142,7 @@ class Extractor:
         self.history_turns = history_turns
         self.calls = 0
         self.fallbacks = 0
+        self.repaired = 0
         self._lock = threading.Lock()
 
     def extract(self, message: str, history: Sequence[Turn] = ()) -> Extraction:
@@ -126,6 +157,7 @@ class Extractor:
         with self._lock:
             self.calls += len(out)
             self.fallbacks += sum(not e.parsed for e in out)
+            self.repaired += sum(e.repaired for e in out)
         return out
 
     @property

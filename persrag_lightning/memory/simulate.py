@@ -70,6 +70,7 @@ class RecallReport:
     mrr: float
     foreign: int
     fallbacks: int
+    repaired: int
 
 
 def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fact: int = 2,
@@ -112,4 +113,4 @@ def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation])
                     break
     return RecallReport(k=bank.settings.recall.k, questions=questions, hits=hits,
                         recall_at_k=hits / questions if questions else 0.0, mrr=rr / questions if questions else 0.0,
-                        foreign=foreign, fallbacks=bank.fallbacks)
+                        foreign=foreign, fallbacks=bank.fallbacks, repaired=bank.repaired)
