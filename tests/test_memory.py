@@ -395,6 +395,14 @@ def test_vector_index_is_built_past_the_threshold_and_search_stays_per_user(tmp_
     assert hits[0].memory.text == "b200" and {c.memory.user_id for c in hits} == {"bob"} and len(hits) == 20
 
 
+def test_small_commits_are_compacted_every_optimize_every_commits(tmp_path):
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(), settings=MemorySettings(store=StoreSettings(optimize_every=4)))
+    for i in range(3):  # 3 memories + 3 turns = 6 commits: compaction ran once, at the 4th
+        bank.remember("u", f"fact {i}", "s")
+    assert bank.store.memories.stats()["fragment_stats"]["num_fragments"] < 3
+    assert len(bank.list("u")) == 3 and len(bank.turns("u")) == 3
+
+
 # ---- extraction -----------------------------------------------------------------------------------------------
 
 def test_parse_extraction_accepts_json_with_prose_fences_nested_tags_and_strings():

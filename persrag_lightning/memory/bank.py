@@ -123,9 +123,11 @@ class MemoryBank:
         for (q, _), e, text, vec in zip(pairs, extractions, texts, vectors, strict=True):
             items.append(NewMemory(text, vec, e.tags.with_topic(q.category), source="questionnaire"))
         with self._user_lock(user_id):
+            if self.store.count(user_id):  # a concurrent sign-up of the same id won the race
+                raise UserExistsError(f"user {user_id!r} already exists")
             stored = self.store.add_memories(user_id, items)
             self._evict(user_id)
-        self.store.maybe_index()
+        self.store.maintain()
         return stored
 
     def log_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
@@ -163,7 +165,7 @@ class MemoryBank:
         with self._user_lock(user_id):
             (memory,) = self.store.add_memories(user_id, [NewMemory(extraction.memory, vec, extraction.tags)])
             self._evict(user_id)
-        self.store.maybe_index()
+        self.store.maintain()
         return memory
 
     def _evict(self, user_id: str) -> list[str]:

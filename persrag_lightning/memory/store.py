@@ -93,6 +93,7 @@ class StoreSettings:
     index_min_rows: int = 5000  # below this many memories (all users), exact flat search is fast and exact
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
+    optimize_every: int = 500  # commits between compactions (each recall's usage update is a commit); 0: never
 
     def __post_init__(self) -> None:
         if self.index_type not in VECTOR_INDEXES:
@@ -121,6 +122,7 @@ class MemoryStore:
         self._last_ts = 0.0
         self._lock = threading.RLock()
         self._indexed = False
+        self._commits = 0
         # interval 0: every read checks for versions committed by other processes (strong consistency)
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
         self.memories = self._open(MEMORIES, memories_schema(self.dim))
@@ -163,6 +165,7 @@ class MemoryStore:
                               usage_count=0, created_at=ts, last_used_at=ts, source=item.source, vector=vec))
         with self._lock:
             self.memories.add(self._memories_table(out))
+            self._commits += 1
         return out
 
     def _memories_table(self, memories: Sequence[Memory]) -> pa.Table:
@@ -212,6 +215,7 @@ class MemoryStore:
             res = self.memories.update(where=user_filter(user_id, ids=ids),
                                        values_sql={"usage_count": "usage_count + 1",
                                                    "last_used_at": lit(now).to_sql()})
+            self._commits += 1
         return int(res.rows_updated)
 
     def delete_memories(self, user_id: str, ids: Sequence[str]) -> int:
@@ -219,6 +223,7 @@ class MemoryStore:
         if not ids:
             return 0
         with self._lock:
+            self._commits += 1
             return int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
 
     def delete_user(self, user_id: str) -> tuple[int, int]:
@@ -252,10 +257,18 @@ class MemoryStore:
             return True
 
     def optimize(self) -> None:
-        """Compact fragments and add new rows to the indexes (call now and then, e.g. from a maintenance job)."""
+        """Compact the small fragments every commit leaves and add new rows to the indexes."""
         with self._lock:
             self.memories.optimize()
             self.sessions.optimize()
+            self._commits = 0
+
+    def maintain(self) -> None:
+        """After writes: build the index when due, compact every `optimize_every` commits."""
+        self.maybe_index()
+        every = self.settings.optimize_every
+        if every and self._commits >= every:
+            self.optimize()
 
     # ---- sessions -------------------------------------------------------------------------------------------
 
@@ -271,6 +284,7 @@ class MemoryStore:
                "text": [text], "created_at": [turn.created_at]}
         with self._lock:
             self.sessions.add(pa.Table.from_pydict(row, schema=SESSIONS_SCHEMA))
+            self._commits += 1
         return turn
 
     def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
