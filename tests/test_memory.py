@@ -35,6 +35,7 @@ from persrag_lightning.memory import (
     parse_extraction,
     rerank,
     select_evictions,
+    user_filter,
 )
 from persrag_lightning.memory.extract import Extractor, build_prompt
 from persrag_lightning.memory.records import Candidate, Memory
@@ -128,6 +129,7 @@ def test_injection_user_id_touches_only_its_own_rows(store):
     store.add_turn(EVIL, "s1", "user", "hello")
 
     assert [m.text for m in store.list_memories(EVIL)] == ["evil memory"]
+    assert [t.text for t in store.turns(EVIL)] == ["hello"]
     assert store.count(EVIL) == 1
     assert [c.memory.user_id for c in store.search(EVIL, alice[0].vector, 20)] == [EVIL]
     assert store.mark_used(EVIL, [alice[0].id, evil[0].id]) == 1  # alice's id is not the evil user's row
@@ -137,6 +139,40 @@ def test_injection_user_id_touches_only_its_own_rows(store):
     assert [m.usage_count for m in store.list_memories("alice")] == [0, 0]
     assert store.count("alice") == 2 and store.count("bob") == 1
     assert len(store.turns("alice")) == 1
+
+
+def test_the_user_filter_is_a_typed_expression_with_doubled_quotes():
+    assert user_filter(EVIL).to_sql() == "(user_id = 'x'' OR ''1''=''1')"
+
+
+def test_every_table_access_in_the_store_goes_through_user_filter():
+    """Static guard: each where/delete/update/count_rows call in store.py takes `user_filter(...)` (directly or
+    via a name bound to it); a filter string written by hand anywhere would fail here."""
+    import ast
+
+    import persrag_lightning.memory.store as store_module
+
+    tree = ast.parse(Path(store_module.__file__).read_text())
+    bound = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "user_filter"
+             for t in node.targets if isinstance(t, ast.Name)}
+
+    def filtered(arg: ast.expr) -> bool:
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "to_sql":
+            arg = arg.func.value
+        return (isinstance(arg, ast.Call) and getattr(arg.func, "id", "") == "user_filter") or (
+            isinstance(arg, ast.Name) and arg.id in bound)
+
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in ("where", "delete", "update", "count_rows")]
+    checked = 0
+    for call in calls:
+        args = list(call.args) + [k.value for k in call.keywords if k.arg == "where"]
+        if call.func.attr == "count_rows" and not args:
+            continue  # total row count (index threshold), no user data read
+        assert args and filtered(args[0]), f"store.py line {call.lineno}: {ast.unparse(call)[:80]}"
+        checked += 1
+    assert checked >= 7
 
 
 def test_quotes_and_backslashes_in_user_ids_round_trip(store):
