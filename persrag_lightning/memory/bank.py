@@ -1,0 +1,218 @@
+"""`MemoryBank`: the one object the service and the evaluation use — sign-up, remember, recall, list, delete."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from persrag_lightning.llm.base import LLM
+from persrag_lightning.memory.eviction import EvictionSettings, UsageRow, select_evictions
+from persrag_lightning.memory.extract import Extraction, Extractor, questionnaire_turns
+from persrag_lightning.memory.recall import Encoder, RecallSettings, TagEmbeddings, encode_numpy, rerank
+from persrag_lightning.memory.records import ROLES, Memory, Recalled, Tags, Turn
+from persrag_lightning.memory.store import MemoryStore, NewMemory, StoreSettings, validate_id
+
+
+@dataclass(frozen=True)
+class ChatMemory:
+    """What one chat turn did to the bank: the memory stored (None: nothing to remember), the memories
+    recalled for the prompt, and the extraction behind both."""
+
+    memory: Memory | None
+    recalled: list[Recalled]
+    extraction: Extraction
+
+
+class UserExistsError(ValueError):
+    """Sign-up of a user who already has memories or turns (a second questionnaire would duplicate them)."""
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """All knobs of the bank in one place; the defaults are the seed's."""
+
+    recall: RecallSettings = field(default_factory=RecallSettings)
+    eviction: EvictionSettings = field(default_factory=EvictionSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    history_turns: int = 6  # recent turns of the session given to the extraction prompt
+    max_message_chars: int = 8000
+    extract_query_tags: bool = True  # recall asks the LLM for the query's tags when none are given (seed)
+
+
+def check_text(text: object, what: str, max_chars: int) -> str:
+    """Reject what must never be stored: non-strings, empty text, oversized text, unencodable (lone surrogates)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"{what} is empty")
+    if len(text) > max_chars:
+        raise ValueError(f"{what} has {len(text)} characters, more than the limit of {max_chars}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid UTF-8 text: {e.reason}") from None
+    return text
+
+
+class MemoryBank:
+    """Per-user memories on LanceDB: LLM extraction on write, tag-re-ranked recall, usage-aware eviction.
+
+    Without an LLM, messages are stored verbatim and queries carry no tags (recall is then the vector top-3
+    of N = 20, since the kept score must be >= N - 2)."""
+
+    def __init__(self, path: str | Path, encoder: Encoder, llm: LLM | None = None,
+                 settings: MemorySettings | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings or MemorySettings()
+        self.encoder = encoder
+        dim = getattr(encoder, "dim", None) or encode_numpy(encoder, ["dimension probe"]).shape[1]
+        self.store = MemoryStore(path, int(dim), self.settings.store, clock)
+        self.extractor = Extractor(llm, history_turns=self.settings.history_turns) if llm is not None else None
+        self.tag_embeddings = TagEmbeddings(encoder)
+        self._user_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | Path, encoder: str | Encoder = "minilm", llm: LLM | None = None,
+             settings: MemorySettings | None = None) -> MemoryBank:
+        """Open (or create) a bank; `encoder` may be a model name/alias loaded with our TextEncoder."""
+        if isinstance(encoder, str):
+            from persrag_lightning.models.text_encoder import TextEncoder
+
+            encoder = TextEncoder.from_pretrained(encoder)
+        return cls(path, encoder, llm, settings)
+
+    def _user_lock(self, user_id: str) -> threading.Lock:
+        """Eviction reads then deletes; one lock per user keeps two concurrent turns from evicting twice."""
+        with self._locks_guard:
+            return self._user_locks.setdefault(user_id, threading.Lock())
+
+    def _embed(self, texts: list[str]):
+        return encode_numpy(self.encoder, texts)
+
+    @property
+    def fallbacks(self) -> int:
+        """Extractions whose LLM answer was unusable (message stored verbatim)."""
+        return self.extractor.fallbacks if self.extractor else 0
+
+    @property
+    def repaired(self) -> int:
+        """Extractions recovered from a cut-off JSON answer."""
+        return self.extractor.repaired if self.extractor else 0
+
+    # ---- writes ---------------------------------------------------------------------------------------------
+
+    def add_user(self, user_id: str, answers: Mapping[str, str]) -> list[Memory]:
+        """Sign-up: each answered questionnaire category becomes a memory tagged with its category."""
+        validate_id(user_id)
+        pairs = questionnaire_turns(answers)
+        for q, a in pairs:
+            check_text(a, f"answer to {q.category!r}", self.settings.max_message_chars)
+        if self.store.count(user_id) or self.store.turns(user_id, last=1):
+            raise UserExistsError(f"user {user_id!r} already exists")
+        if self.extractor is not None and pairs:
+            history = [[Turn("", "signup", user_id, "assistant", q.text, 0.0)] for q, _ in pairs]
+            extractions = self.extractor.extract_many([a for _, a in pairs], history)
+        else:
+            extractions = [Extraction(a, Tags(), parsed=False) for _, a in pairs]
+        items = []
+        texts = [e.memory or a for e, (_, a) in zip(extractions, pairs, strict=True)]
+        vectors = self._embed(texts) if texts else []
+        for (q, _), e, text, vec in zip(pairs, extractions, texts, vectors, strict=True):
+            items.append(NewMemory(text, vec, e.tags.with_topic(q.category), source="questionnaire"))
+        with self._user_lock(user_id):
+            if self.store.count(user_id):  # a concurrent sign-up of the same id won the race
+                raise UserExistsError(f"user {user_id!r} already exists")
+            stored = self.store.add_memories(user_id, items)
+            self._evict(user_id)
+        self.store.maintain()
+        return stored
+
+    def log_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
+        """Log one turn of either role (the assistant's answers are logged by the caller after generation)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        return self.store.add_turn(user_id, session_id, role,
+                                   check_text(text, f"{role} turn", self.settings.max_message_chars))
+
+    def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:
+        """A user's chat message: log the turn, extract a memory with the session's recent turns, store it,
+        evict past capacity. None when the LLM judged that the message tells nothing about the user."""
+        return self._store(user_id, self._observe(user_id, message, session_id))
+
+    def remember_and_recall(self, user_id: str, message: str, session_id: str) -> ChatMemory:
+        """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as the seed
+        does) before storing it, so the message never recalls itself; then store and evict."""
+        extraction = self._observe(user_id, message, session_id)
+        recalled = self.recall(user_id, message, tags=extraction.tags)
+        return ChatMemory(self._store(user_id, extraction), recalled, extraction)
+
+    def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
+        """Validate, read the session's recent turns, log the user's turn, extract."""
+        check_text(message, "message", self.settings.max_message_chars)
+        history = self.store.turns(user_id, session_id, last=self.settings.history_turns)
+        self.log_turn(user_id, session_id, "user", message)
+        if self.extractor is not None:
+            return self.extractor.extract(message, history)
+        return Extraction(" ".join(message.split()), Tags(), parsed=False)
+
+    def _store(self, user_id: str, extraction: Extraction) -> Memory | None:
+        if not extraction.memory:
+            return None
+        vec = self._embed([extraction.memory])[0]
+        with self._user_lock(user_id):
+            (memory,) = self.store.add_memories(user_id, [NewMemory(extraction.memory, vec, extraction.tags)])
+            self._evict(user_id)
+        self.store.maintain()
+        return memory
+
+    def _evict(self, user_id: str) -> list[str]:
+        if self.store.count(user_id) <= self.settings.eviction.capacity:
+            return []
+        rows = [UsageRow(m.id, m.usage_count, m.created_at) for m in self.store.list_memories(user_id)]
+        ids = select_evictions(rows, self.settings.eviction, rng_key=user_id)
+        self.store.delete_memories(user_id, ids)
+        return ids
+
+    def evict(self, user_id: str) -> list[str]:
+        """Run eviction for one user now; returns the deleted ids."""
+        with self._user_lock(user_id):
+            return self._evict(user_id)
+
+    def delete_memory(self, user_id: str, memory_id: str) -> bool:
+        """Delete one memory of this user; False when the user has no memory with that id."""
+        return self.store.delete_memories(user_id, [memory_id]) > 0
+
+    def delete_user(self, user_id: str) -> tuple[int, int]:
+        """Forget a user entirely: memories and session turns; returns (memories, turns) deleted."""
+        with self._user_lock(user_id):
+            return self.store.delete_user(user_id)
+
+    # ---- reads ----------------------------------------------------------------------------------------------
+
+    def recall(self, user_id: str, query: str, tags: Tags | None = None,
+               session_id: str | None = None) -> list[Recalled]:
+        """Memories of this user for a query (seed §3.5); recalled rows get usage + 1 and last_used_at = now.
+        Query tags come from `tags`, else from the LLM (with the session's recent turns), else none."""
+        check_text(query, "query", self.settings.max_message_chars)
+        validate_id(user_id)
+        if tags is None:
+            tags = Tags()
+            if self.extractor is not None and self.settings.extract_query_tags:
+                history = self.store.turns(user_id, session_id, last=self.settings.history_turns) \
+                    if session_id else []
+                tags = self.extractor.extract(query, history).tags
+        s = self.settings.recall
+        candidates = self.store.search(user_id, self._embed([query])[0], s.top_n)
+        recalled = rerank(candidates, tags.flat(), self.tag_embeddings, s)
+        self.store.mark_used(user_id, [r.memory.id for r in recalled])
+        return recalled
+
+    def list(self, user_id: str) -> list[Memory]:
+        """All memories of a user, oldest first."""
+        return self.store.list_memories(user_id)
+
+    def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
+        return self.store.turns(user_id, session_id, last)

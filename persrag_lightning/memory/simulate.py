@@ -1,0 +1,116 @@
+"""Simulated conversations with planted facts and later questions about them, and recall@k of the planted
+memory: the seed evaluated its memory with three anecdotes; this counts, over many users who all share the same
+kinds of facts (so another user's memory is the most tempting wrong answer)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from persrag_lightning.memory.bank import MemoryBank
+
+# (slot, statement, question, values): every user gets a different value of the same slots.
+FACT_TEMPLATES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("pet", "By the way, my dog is called {v}.", "What is my dog called?",
+     ("Biscuit", "Luna", "Pepper", "Ziggy", "Mochi", "Waffles")),
+    ("city", "I moved to {v} last spring and I live there now.", "Which city do I live in now?",
+     ("Lisbon", "Osaka", "Montreal", "Nairobi", "Tallinn", "Valparaiso")),
+    ("job", "I work as a {v} at a small company.", "What do I work as?",
+     ("nurse", "carpenter", "data engineer", "pharmacist", "translator", "pilot")),
+    ("language", "My favourite programming language is {v}.", "Which programming language is my favourite?",
+     ("Rust", "Haskell", "Python", "Kotlin", "Elixir", "Julia")),
+    ("allergy", "I am allergic to {v}, so keep that in mind for recipes.", "Which food am I allergic to?",
+     ("peanuts", "shellfish", "gluten", "sesame", "kiwi", "eggs")),
+    ("sport", "On weekends I play {v} with friends.", "What do I play on weekends?",
+     ("badminton", "volleyball", "chess", "rugby", "tennis", "cricket")),
+    ("risk", "I prefer {v} investment strategies.", "What investment strategies do I prefer?",
+     ("high-risk", "low-risk", "index-only", "dividend-focused", "ethical", "aggressive growth")),
+)
+FILLERS: tuple[str, ...] = (
+    "Can you explain how photosynthesis works?",
+    "Write a haiku about autumn rain.",
+    "What is the difference between TCP and UDP?",
+    "Summarise the causes of the French Revolution in three lines.",
+    "How do I reverse a linked list?",
+    "Give me a tip for sleeping better.",
+    "What does a p-value mean?",
+    "Translate 'good morning' into Spanish.",
+)
+
+
+@dataclass(frozen=True)
+class PlantedFact:
+    """A fact told once in a conversation, and the later question whose answer is `value`."""
+
+    slot: str
+    statement: str
+    question: str
+    value: str
+
+
+@dataclass(frozen=True)
+class SimulatedConversation:
+    """One user's session: facts interleaved with unrelated requests, then questions about every fact."""
+
+    user_id: str
+    session_id: str
+    messages: tuple[str, ...]
+    facts: tuple[PlantedFact, ...]
+
+
+@dataclass(frozen=True)
+class RecallReport:
+    """recall@k: share of questions whose planted memory is among the recalled ones; MRR over the same;
+    `foreign`: recalled memories of another user (must be 0)."""
+
+    k: int
+    questions: int
+    hits: int
+    recall_at_k: float
+    mrr: float
+    foreign: int
+    fallbacks: int
+    repaired: int
+
+
+def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fact: int = 2,
+                           seed: int = 0) -> list[SimulatedConversation]:
+    """Seeded conversations; each user gets `facts_per_user` distinct slots with random values."""
+    if not 1 <= facts_per_user <= len(FACT_TEMPLATES):
+        raise ValueError(f"facts_per_user must be in 1..{len(FACT_TEMPLATES)}, got {facts_per_user}")
+    rng = random.Random(seed)
+    out = []
+    for u in range(n_users):
+        facts = []
+        for slot, statement, question, values in rng.sample(FACT_TEMPLATES, facts_per_user):
+            v = rng.choice(values)
+            facts.append(PlantedFact(slot, statement.format(v=v), question, v))
+        messages: list[str] = []
+        for f in facts:
+            messages.append(f.statement)
+            messages.extend(rng.sample(FILLERS, fillers_per_fact))
+        out.append(SimulatedConversation(f"sim-user-{u}", f"sim-session-{u}", tuple(messages), tuple(facts)))
+    return out
+
+
+def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation]) -> RecallReport:
+    """Feed every conversation through `remember`, then ask every question through `recall`; a hit is a
+    recalled memory of the same user that contains the planted value."""
+    for conv in conversations:
+        for message in conv.messages:
+            bank.remember(conv.user_id, message, conv.session_id)
+    hits = foreign = questions = 0
+    rr = 0.0
+    for conv in conversations:
+        for fact in conv.facts:
+            questions += 1
+            recalled = bank.recall(conv.user_id, fact.question, session_id=conv.session_id)
+            foreign += sum(r.memory.user_id != conv.user_id for r in recalled)
+            for pos, r in enumerate(recalled, start=1):
+                if r.memory.user_id == conv.user_id and fact.value.lower() in r.memory.text.lower():
+                    hits += 1
+                    rr += 1.0 / pos
+                    break
+    return RecallReport(k=bank.settings.recall.k, questions=questions, hits=hits,
+                        recall_at_k=hits / questions if questions else 0.0, mrr=rr / questions if questions else 0.0,
+                        foreign=foreign, fallbacks=bank.fallbacks, repaired=bank.repaired)

@@ -1,0 +1,297 @@
+"""The memory bank's storage: one embedded LanceDB folder with a `memories` and a `sessions` table.
+
+Every read, write and delete is scoped to one user through `user_filter`, the single place where a user id
+becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`), which LanceDB
+renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter string. Each LanceDB
+write commits a new table version atomically, so a process killed mid-write leaves the previous version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+from lancedb.expr import col, lit
+from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
+
+from persrag_lightning.memory.records import DIMENSIONS, ROLES, Candidate, Memory, Tags, Turn
+
+MEMORIES = "memories"
+SESSIONS = "sessions"
+MAX_ID_CHARS = 256
+SOURCES = ("chat", "questionnaire", "manual")
+
+
+class InvalidIdError(ValueError):
+    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control characters)."""
+
+
+def validate_id(value: object, what: str = "user_id") -> str:
+    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some parsers)."""
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise InvalidIdError(f"{what} must have 1 to {MAX_ID_CHARS} characters, got {len(value)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidIdError(f"{what} {value!r} contains control characters")
+    return value
+
+
+def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None):
+    """THE predicate helper: `user_id = <literal>` [AND id IN (...)] [AND session_id = ...], as a typed
+    LanceDB expression whose literals LanceDB escapes itself; every table access goes through it."""
+    expr = col("user_id") == lit(validate_id(user_id))
+    if ids is not None:
+        id_list = [validate_id(i, "memory id") for i in ids]
+        expr = expr & col("id").isin([lit(i) for i in id_list])
+    if session_id is not None:
+        expr = expr & (col("session_id") == lit(validate_id(session_id, "session_id")))
+    return expr
+
+
+def memories_schema(dim: int) -> pa.Schema:
+    """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays queryable."""
+    return pa.schema([
+        ("id", pa.string()),
+        ("user_id", pa.string()),
+        ("text", pa.string()),
+        ("vector", pa.list_(pa.float32(), dim)),
+        *[(d, pa.list_(pa.string())) for d in DIMENSIONS],
+        ("usage_count", pa.int64()),
+        ("created_at", pa.float64()),
+        ("last_used_at", pa.float64()),
+        ("source", pa.string()),
+    ])
+
+
+SESSIONS_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("session_id", pa.string()),
+    ("user_id", pa.string()),
+    ("role", pa.string()),
+    ("text", pa.string()),
+    ("created_at", pa.float64()),
+])
+
+
+# LanceDB vector index configs by name: HNSW (the seed's choice) over IVF partitions, or plain IVF.
+VECTOR_INDEXES = {"hnsw_sq": HnswSq, "hnsw_flat": HnswFlat, "ivf_flat": IvfFlat}
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Storage knobs: when the vector index is built, and which kind (the seed uses HNSW)."""
+
+    index_min_rows: int = 5000  # below this many memories (all users), exact flat search is fast and exact
+    index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
+    rows_per_partition: int = 4096
+    optimize_every: int = 500  # commits between compactions (each recall's usage update is a commit); 0: never
+
+    def __post_init__(self) -> None:
+        if self.index_type not in VECTOR_INDEXES:
+            raise ValueError(f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}")
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    """What the caller supplies to store a memory; id, timestamps and usage are filled in by the store."""
+
+    text: str
+    vector: np.ndarray
+    tags: Tags = field(default_factory=Tags)
+    source: str = "chat"
+
+
+class MemoryStore:
+    """LanceDB access for the memory bank; the only module that touches the tables."""
+
+    def __init__(self, path: str | Path, dim: int, settings: StoreSettings = StoreSettings(),
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.dim = int(dim)
+        self.settings = settings
+        self._clock = clock
+        self._last_ts = 0.0
+        self._lock = threading.RLock()
+        self._indexed = False
+        self._commits = 0
+        # interval 0: every read checks for versions committed by other processes (strong consistency)
+        self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
+        self.memories = self._open(MEMORIES, memories_schema(self.dim))
+        self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
+        stored_dim = self.memories.schema.field("vector").type.list_size
+        if stored_dim != self.dim:
+            raise ValueError(f"memory bank {self.path} holds {stored_dim}-d vectors but the encoder gives {self.dim}-d")
+
+    def _open(self, name: str, schema: pa.Schema):
+        """Open a table, creating it empty on first use (exist_ok: two processes may race to create it)."""
+        try:
+            return self.db.open_table(name)
+        except ValueError:  # "Table ... was not found"
+            return self.db.create_table(name, schema=schema, exist_ok=True)
+
+    def now(self) -> float:
+        """Strictly increasing timestamps, so 'oldest' and turn order are total even within one clock tick."""
+        with self._lock:
+            self._last_ts = max(float(self._clock()), self._last_ts + 1e-6)
+            return self._last_ts
+
+    # ---- memories -------------------------------------------------------------------------------------------
+
+    def add_memories(self, user_id: str, items: Sequence[NewMemory]) -> list[Memory]:
+        """Append memories of one user in ONE commit (all or nothing)."""
+        validate_id(user_id)
+        if not items:
+            return []
+        out: list[Memory] = []
+        for item in items:
+            if item.source not in SOURCES:
+                raise ValueError(f"memory source must be one of {SOURCES}, got {item.source!r}")
+            if not item.text.strip():
+                raise ValueError("memory text is empty")
+            vec = np.asarray(item.vector, dtype=np.float32).reshape(-1)
+            if vec.shape[0] != self.dim or not np.isfinite(vec).all():
+                raise ValueError(f"memory vector must be {self.dim} finite floats, got shape {vec.shape}")
+            ts = self.now()
+            out.append(Memory(id=uuid.uuid4().hex, user_id=user_id, text=item.text.strip(), tags=item.tags,
+                              usage_count=0, created_at=ts, last_used_at=ts, source=item.source, vector=vec))
+        with self._lock:
+            self.memories.add(self._memories_table(out))
+            self._commits += 1
+        return out
+
+    def _memories_table(self, memories: Sequence[Memory]) -> pa.Table:
+        cols: dict[str, list] = {
+            "id": [m.id for m in memories], "user_id": [m.user_id for m in memories],
+            "text": [m.text for m in memories], "vector": [m.vector.tolist() for m in memories],
+            **{d: [list(getattr(m.tags, d)) for m in memories] for d in DIMENSIONS},
+            "usage_count": [m.usage_count for m in memories], "created_at": [m.created_at for m in memories],
+            "last_used_at": [m.last_used_at for m in memories], "source": [m.source for m in memories],
+        }
+        return pa.Table.from_pydict(cols, schema=memories_schema(self.dim))
+
+    @staticmethod
+    def _memory(row: dict) -> Memory:
+        return Memory(id=row["id"], user_id=row["user_id"], text=row["text"],
+                      tags=Tags(**{d: tuple(row[d] or ()) for d in DIMENSIONS}),
+                      usage_count=int(row["usage_count"]), created_at=float(row["created_at"]),
+                      last_used_at=float(row["last_used_at"]), source=row["source"],
+                      vector=np.asarray(row["vector"], dtype=np.float32))
+
+    def list_memories(self, user_id: str, ids: Iterable[str] | None = None) -> list[Memory]:
+        """A user's memories, oldest first."""
+        rows = self.memories.search().where(user_filter(user_id, ids=ids)).limit(None).to_list()
+        return sorted((self._memory(r) for r in rows), key=lambda m: (m.created_at, m.id))
+
+    def count(self, user_id: str) -> int:
+        """Number of memories of one user (eviction's trigger)."""
+        return self.memories.count_rows(user_filter(user_id).to_sql())
+
+    def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[Candidate]:
+        """Nearest memories of one user by cosine distance; the user filter is applied before the search
+        (prefilter), so an index never returns fewer rows because of other users' neighbours."""
+        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise ValueError(f"query vector must be {self.dim}-d, got {vec.shape[0]}")
+        rows = (self.memories.search(vec, vector_column_name="vector").distance_type("cosine")
+                .where(user_filter(user_id), prefilter=True).limit(limit).to_list())
+        rows.sort(key=lambda r: (r["_distance"], r["created_at"]))
+        return [Candidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
+
+    def mark_used(self, user_id: str, ids: Sequence[str]) -> int:
+        """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows updated."""
+        if not ids:
+            return 0
+        now = self.now()
+        with self._lock:
+            res = self.memories.update(where=user_filter(user_id, ids=ids),
+                                       values_sql={"usage_count": "usage_count + 1",
+                                                   "last_used_at": lit(now).to_sql()})
+            self._commits += 1
+        return int(res.rows_updated)
+
+    def delete_memories(self, user_id: str, ids: Sequence[str]) -> int:
+        """Delete rows of one user by id (never by text); returns rows deleted."""
+        if not ids:
+            return 0
+        with self._lock:
+            self._commits += 1
+            return int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
+
+    def delete_user(self, user_id: str) -> tuple[int, int]:
+        """Remove a user from both tables; returns (memories deleted, turns deleted)."""
+        pred = user_filter(user_id)
+        with self._lock:
+            n_mem = int(self.memories.delete(pred).num_deleted_rows)
+            n_turn = int(self.sessions.delete(pred).num_deleted_rows)
+        return n_mem, n_turn
+
+    # ---- vector index ---------------------------------------------------------------------------------------
+
+    def has_vector_index(self) -> bool:
+        if not self._indexed:  # once built it stays (nothing here drops it), so stop asking LanceDB
+            self._indexed = any("vector" in idx.columns for idx in self.memories.list_indices())
+        return self._indexed
+
+    def maybe_index(self) -> bool:
+        """Build the ANN index once the table is large enough (flat search below it); True when built now.
+        Rows added later are searched flat by LanceDB until `optimize` folds them into the index."""
+        with self._lock:
+            if self.has_vector_index():
+                return False
+            n = self.memories.count_rows()
+            if n < self.settings.index_min_rows:
+                return False
+            config = VECTOR_INDEXES[self.settings.index_type](
+                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition))
+            self.memories.create_index("vector", config=config)
+            self.memories.create_index("user_id", config=BTree())  # the prefilter on user_id
+            return True
+
+    def optimize(self) -> None:
+        """Compact the small fragments every commit leaves and add new rows to the indexes."""
+        with self._lock:
+            self.memories.optimize()
+            self.sessions.optimize()
+            self._commits = 0
+
+    def maintain(self) -> None:
+        """After writes: build the index when due, compact every `optimize_every` commits."""
+        self.maybe_index()
+        every = self.settings.optimize_every
+        if every and self._commits >= every:
+            self.optimize()
+
+    # ---- sessions -------------------------------------------------------------------------------------------
+
+    def add_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
+        """Log one turn (user or assistant) in one commit."""
+        validate_id(user_id)
+        validate_id(session_id, "session_id")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        turn = Turn(id=uuid.uuid4().hex, session_id=session_id, user_id=user_id, role=role, text=text,
+                    created_at=self.now())
+        row = {"id": [turn.id], "session_id": [session_id], "user_id": [user_id], "role": [role],
+               "text": [text], "created_at": [turn.created_at]}
+        with self._lock:
+            self.sessions.add(pa.Table.from_pydict(row, schema=SESSIONS_SCHEMA))
+            self._commits += 1
+        return turn
+
+    def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
+        """A user's turns (of one session when given), oldest first; `last` keeps only the most recent ones."""
+        rows = self.sessions.search().where(user_filter(user_id, session_id=session_id)).limit(None).to_list()
+        turns = sorted((Turn(r["id"], r["session_id"], r["user_id"], r["role"], r["text"], float(r["created_at"]))
+                        for r in rows), key=lambda t: (t.created_at, t.id))
+        if last is None:
+            return turns
+        return turns[len(turns) - last:] if last > 0 else []
