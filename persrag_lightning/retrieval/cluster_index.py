@@ -198,6 +198,16 @@ class ClusterIndex:
         log.info("cluster index loaded from %s (%d docs, %d clusters)", base, meta.docs, meta.clusters)
         return cls(index, lists, meta.settings, meta.fingerprint, base, loaded=True)
 
+    def add(self, vectors: np.ndarray) -> np.ndarray:
+        """File new docs (a user added at serving time) under the trained centroids, nothing re-clustered; returns
+        their rows. The in-memory index then differs from its file, whose fingerprint named the old data."""
+        x = _normalized(vectors)
+        start = self.ntotal
+        self.index.add(x)
+        _, lists = self.index.quantizer.search(x, 1)
+        self.lists = np.concatenate([self.lists, lists[:, 0].astype(np.int64)])
+        return np.arange(start, self.ntotal, dtype=np.int64)
+
     # ---- search --------------------------------------------------------------------------------------------
     @property
     def ntotal(self) -> int:
