@@ -150,10 +150,8 @@ def test_fit_sample_assigns_the_rest_to_the_clusters_of_the_sample(monkeypatch):
     monkeypatch.setattr(cohorts, "_hdbscan_labels", lambda xs, s: (seen.append(len(xs)), real(xs, s))[1])
     model = CohortModel(CohortSettings(fit_sample=15)).fit(ids, x)
     assert seen == [15]
-    from sklearn.metrics import adjusted_rand_score
-
     # users outside the sample may land beyond a cohort's sampled radius (noise), but their cohort is right
-    assert adjusted_rand_score(truth, model.cohorts) == pytest.approx(1.0)
+    assert model.adjusted_rand(truth, after_policy=True) == pytest.approx(1.0)
 
 
 def test_kmeans_alternative_has_no_noise():

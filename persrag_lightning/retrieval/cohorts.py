@@ -315,14 +315,15 @@ class CohortModel:
         return int(self.vectors.shape[1]) if self.vectors.ndim == 2 else 0
 
     # ---- diagnostics ---------------------------------------------------------------------------------------
-    def adjusted_rand(self, true_communities: Sequence[str] | Sequence[int]) -> float:
-        """ARI (sklearn) of the clustering labels against true communities (aligned with `user_ids`); each noise
-        user counts as its own singleton cluster, not as one big "noise" cluster. Diagnostics only."""
+    def adjusted_rand(self, true_communities: Sequence[str] | Sequence[int], after_policy: bool = False) -> float:
+        """ARI (sklearn) against true communities (aligned with `user_ids`). By default of the clustering labels,
+        each noise user its own singleton (not one big "noise" cluster); `after_policy=True` scores the cohorts
+        users actually get (noise placed by `noise="nearest"`). Diagnostics only."""
         from sklearn.metrics import adjusted_rand_score
 
         if len(true_communities) != len(self):
             raise ValueError(f"{len(true_communities)} communities for {len(self)} users")
-        pred = self.labels.copy()
+        pred = (self.cohorts if after_policy else self.labels).copy()
         noise = pred == NOISE
         pred[noise] = self.n_cohorts + np.arange(int(noise.sum()))
         return float(adjusted_rand_score(list(true_communities), pred))
