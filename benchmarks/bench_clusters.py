@@ -196,9 +196,10 @@ def main() -> None:
     ap.add_argument("--max-docs", type=int, default=1_000_000)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--sizes", type=int, nargs="+", help="user counts to cluster (overrides --quick's and the default)")
     ap.add_argument("--skip-index", action="store_true")
     args = ap.parse_args()
-    sizes = [10_000] if args.quick else [10_000, 100_000, 1_000_000]
+    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000, 1_000_000])
     mix = Mixture(args.dim, args.communities, anisotropy=args.anisotropy)
     run_clustering(sizes, mix, args.cap, args.sample)
     if not args.skip_index:
