@@ -1,0 +1,213 @@
+"""ClusterRAG (seed 002) as a Strategy: cohort neighbours (no training) + the cluster-level doc index, in the seed's
+three profile modes: `user` (own docs), `collab` (the top-k cohort neighbours' docs only) and `hybrid` (both).
+
+Degenerate inputs give a logged message, a counter in `notes`, and a defined result instead of an exception: an
+unknown query user gets no docs; a user without docs has no own docs (and, with MEAN user vectors, no vector, so no
+neighbours either); a user without neighbours (noise under `noise="own"`, a cohort of one, all users noise) falls
+back to user-only retrieval in `collab`, which is what the noise policy "own" promises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
+from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, mean_user_vectors
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["user", "collab", "hybrid"]
+MODES: tuple[Mode, ...] = ("user", "collab", "hybrid")
+
+
+class DocEmbedder(Protocol):
+    """What ClusterRAG needs from an encoder: one vector per corpus row (aligned with `store.corpus`) and query
+    vectors in the same space. `data_key` names the doc vectors for the index cache ("" = hash them)."""
+
+    data_key: str
+
+    def doc_vectors(self, store: DocStore) -> np.ndarray: ...
+
+    def query_vectors(self, texts: list[str]) -> np.ndarray: ...
+
+
+class CorpusEmbedder:
+    """The frozen text encoder over the shared corpus-embedding cache (the Dense baseline's vectors)."""
+
+    def __init__(self, encoder: str = "minilm", cache_dir: str | Path = ".cache/persrag", max_length: int = 256,
+                 pooling: str = "mean") -> None:
+        self.encoder, self.cache_dir, self.max_length, self.pooling = encoder, cache_dir, max_length, pooling
+        self.retriever = None
+        self.data_key = ""
+
+    def doc_vectors(self, store: DocStore) -> np.ndarray:
+        from persrag_lightning.data.embeddings import corpus_embedding_key
+        from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+
+        self.retriever = CorpusRetriever(self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling)
+        self.retriever.prepare()
+        self.retriever.load()
+        self.data_key = corpus_embedding_key(store.corpus, self.encoder, self.max_length, self.pooling)
+        return self.retriever.doc_vectors.float().numpy()
+
+    def query_vectors(self, texts: list[str]) -> np.ndarray:
+        if self.retriever is None:
+            raise RuntimeError("CorpusEmbedder.doc_vectors(store) must run before query_vectors")
+        return self.retriever.query_vectors(texts).float().numpy()
+
+
+@dataclass(frozen=True)
+class ClusterRAGSettings:
+    """The seed's defaults: hybrid mode (its best, ClusterRAG-H), k = 1 neighbour, B = 1 cluster."""
+
+    mode: Mode = "hybrid"
+    cohorts: CohortSettings = field(default_factory=CohortSettings)
+    index: ClusterIndexSettings = field(default_factory=ClusterIndexSettings)
+    max_history: int | None = None  # own/neighbour docs per user, most recent first; None = all
+
+
+@dataclass
+class RetrievalNotes:
+    """How often each degenerate case happened (a run of 100k queries logs each kind once, counts all)."""
+
+    unknown_users: int = 0
+    users_without_docs: int = 0
+    no_neighbours: int = 0  # collab fell back to user-only retrieval
+    no_vector: int = 0  # the user is not in the cohort model (no docs under MEAN vectors)
+
+    def summary(self) -> str:
+        return ", ".join(f"{f.name.replace('_', ' ')}: {getattr(self, f.name)}" for f in fields(self))
+
+
+class ClusterRAG(Strategy):
+    """ClusterRAG in one mode; `prepare` fits the cohorts (unless given) and builds or loads the cluster index."""
+
+    def __init__(self, embedder: DocEmbedder, settings: ClusterRAGSettings | None = None,
+                 cache_dir: str | Path = ".cache/persrag", user_vectors: tuple[Sequence[str], np.ndarray] | None = None,
+                 cohorts: CohortModel | None = None) -> None:
+        self.settings = settings or ClusterRAGSettings()
+        if self.settings.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.settings.mode!r}")
+        if self.settings.cohorts.user_vectors == "encoder" and user_vectors is None and cohorts is None:
+            raise ValueError("user_vectors='encoder' needs the trained user embeddings: pass "
+                             "user_vectors=(ids, vectors) (CFRAG's user table) or a fitted CohortModel")
+        self.name = f"ClusterRAG ({self.settings.mode})"
+        self.embedder = embedder
+        self.cache_dir = Path(cache_dir)
+        self.user_vectors = user_vectors
+        self.cohorts = cohorts
+        self.index: ClusterIndex | None = None
+        self.notes = RetrievalNotes()
+        self._said: set[str] = set()
+
+    # ---- preparation ---------------------------------------------------------------------------------------
+    def prepare(self, store: DocStore) -> None:
+        super().prepare(store)
+        doc_vectors = np.asarray(self.embedder.doc_vectors(store), dtype=np.float32)
+        if len(doc_vectors) != len(store.corpus):
+            raise ValueError(f"{len(doc_vectors)} doc vectors for {len(store.corpus)} corpus rows")
+        if self.cohorts is None and self.settings.mode != "user":
+            self.cohorts = self.fit_cohorts(store, doc_vectors)
+        self.index = ClusterIndex.build_or_load(doc_vectors, self.cache_dir / "cluster_index", self.settings.index,
+                                                data_key=getattr(self.embedder, "data_key", "") or None)
+        self.index.clamp_b()  # B > clusters: warned here, once, not at the first query
+
+    def fit_cohorts(self, store: DocStore, doc_vectors: np.ndarray) -> CohortModel:
+        """Cohorts over MEAN user vectors (Eq. 1) or the given ones; users without docs are left out, said once."""
+        if self.user_vectors is not None:
+            ids, vectors = list(self.user_vectors[0]), np.asarray(self.user_vectors[1], dtype=np.float32)
+        else:
+            ids, vectors, empty = mean_user_vectors(doc_vectors, store.corpus.offsets, store.corpus.user_ids)
+            if empty:
+                log.warning("%d user(s) have no docs, hence no MEAN vector and no cohort (e.g. %s); they get no "
+                            "neighbours", len(empty), ", ".join(map(repr, empty[:3])))
+        model = CohortModel(self.settings.cohorts).fit(ids, vectors)
+        log.info("ClusterRAG cohorts:\n%s", model.summary())
+        return model
+
+    # ---- retrieval -----------------------------------------------------------------------------------------
+    def _say(self, kind: str, message: str) -> None:
+        setattr(self.notes, kind, getattr(self.notes, kind) + 1)
+        if kind not in self._said:
+            self._said.add(kind)
+            log.warning("%s: %s (further cases are counted in `notes`, not logged)", self.name, message)
+
+    def candidates(self, query: Query) -> tuple[np.ndarray, np.ndarray]:
+        """The mode's candidate rows and, per row, its owner's cosine to the query user (1 for own docs)."""
+        store, mode, uid = self.store, self.settings.mode, query.user_id
+        known = uid in store.user_index
+        in_cohorts = self.cohorts is not None and uid in self.cohorts
+        if not known and not in_cohorts:
+            self._say("unknown_users", f"user {uid!r} (example {query.example_id!r}) is unknown: no docs retrieved")
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        own = store.rows(uid, self.settings.max_history) if known else np.zeros(0, np.int64)
+        if len(own) == 0 and mode != "collab":
+            self._say("users_without_docs", f"user {uid!r} has no docs of their own")
+        parts, sims = ([own], [np.ones(len(own), np.float32)]) if mode in ("user", "hybrid") else ([], [])
+        if mode != "user":
+            neighbours = []
+            if in_cohorts:
+                neighbours = self.cohorts.neighbours(uid, self.settings.cohorts.top_k_users)
+            else:
+                self._say("no_vector", f"user {uid!r} has no user vector (no docs under MEAN vectors): no neighbours")
+            for n in neighbours:
+                if n.user_id in store.user_index:
+                    rows = store.rows(n.user_id, self.settings.max_history)
+                    parts.append(rows)
+                    sims.append(np.full(len(rows), n.similarity, np.float32))
+            if not neighbours and in_cohorts:
+                self._say("no_neighbours", f"user {uid!r} has no cohort neighbours (noise, or alone in the cohort)"
+                          + ("; collab falls back to the user's own docs" if mode == "collab" else ""))
+            if mode == "collab" and not neighbours:
+                parts, sims = [own], [np.ones(len(own), np.float32)]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return np.concatenate(parts).astype(np.int64), np.concatenate(sims)
+
+    def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
+        if self.index is None:
+            raise RuntimeError("ClusterRAG.prepare(store) must run before retrieve")
+        if k <= 0 or not queries:
+            return [[] for _ in queries]
+        vectors = np.asarray(self.embedder.query_vectors([q.query for q in queries]), dtype=np.float32)
+        out = []
+        for query, vector in zip(queries, vectors):
+            rows, user_sims = self.candidates(query)
+            if len(rows) == 0:
+                out.append([])
+                continue
+            sim_of = dict(zip(rows.tolist(), user_sims.tolist()))
+            found = self.index.search_within(vector, rows, k)
+            out.append([self.store.doc(int(r), user_sim=float(sim_of.get(int(r), math.nan)),
+                                       retriever_score=float(s))
+                        for s, r in zip(found.scores[0], found.rows[0])])
+        return out
+
+    # ---- serving -------------------------------------------------------------------------------------------
+    def add_user(self, user_id: str, doc_vectors: np.ndarray, user_vector: np.ndarray | None = None) -> None:
+        """A user already appended to the store (`DocStore.add_user`) with its docs' vectors: its docs are filed
+        under the index's centroids and it joins the nearest cohort, nothing rebuilt. `user_vector` defaults to
+        the MEAN of `doc_vectors` (Eq. 1)."""
+        if self.index is None:
+            raise RuntimeError("ClusterRAG.prepare(store) must run before add_user")
+        rows = self.store.rows(user_id)
+        if len(rows) != len(doc_vectors) or (len(rows) and rows[0] != self.index.ntotal):
+            raise ValueError(f"user {user_id!r}: the store holds rows {rows[:1]}..{rows[-1:]} but the index has "
+                             f"{self.index.ntotal} docs and {len(doc_vectors)} vectors were given")
+        if len(doc_vectors):
+            self.index.add(doc_vectors)
+        if self.cohorts is not None:
+            vector = user_vector if user_vector is not None else (
+                np.asarray(doc_vectors, np.float32).mean(axis=0) if len(doc_vectors) else None)
+            if vector is None:
+                log.warning("user %r has no docs and no user vector: not assigned to a cohort", user_id)
+            else:
+                self.cohorts.add(user_id, vector)

@@ -1,0 +1,403 @@
+"""User cohorts of ClusterRAG (seed 002, §4.1): user vectors clustered by HDBSCAN (or k-means), neighbours ranked
+by cosine inside the cohort, new users assigned to the nearest centroid without re-clustering everyone.
+
+What the seed does, and where we differ on purpose:
+- user vector z_u = mean of the user's doc embeddings (Eq. 1); CFRAG's trained user embeddings may replace it
+  (`user_vectors="encoder"`; the caller passes ids + vectors either way);
+- HDBSCAN(min_cluster_size=2, metric="euclidean") on the vectors; we L2-normalise them first, so euclidean
+  distance is a monotone function of cosine (|a-b|² = 2 - 2·cos) and long histories do not dominate;
+- members are ranked by similarity to the query user inside the cluster (Eq. 2, ColBERTv2 there; cosine of the
+  user vectors here), top k = 1 similar users (§5);
+- their code keeps HDBSCAN's noise label -1 as if it were one more cluster, so unrelated "noise" users become each
+  other's neighbours; here a noise user gets the nearest cohort (`noise="nearest"`, the default: the seed's
+  collaborative and hybrid modes assume every user has neighbours) or none (`noise="own"`: user-only retrieval).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from persrag_lightning.utils import atomic_replace, atomic_write_json, atomic_write_text, fingerprint
+
+log = logging.getLogger(__name__)
+
+UserVectors = Literal["mean", "encoder"]
+ClusterMethod = Literal["hdbscan", "kmeans"]
+NoisePolicy = Literal["nearest", "own"]
+NOISE = -1  # HDBSCAN's label for users in no dense region
+FORMAT = "persrag-cohorts/v1"
+
+
+class CohortWarning(UserWarning):
+    """Degenerate clustering (all users noise, a cohort of one, ...): the run goes on, the user is told why."""
+
+
+@dataclass(frozen=True)
+class CohortSettings:
+    """How users become cohorts; every default is the seed's unless the comment says otherwise."""
+
+    user_vectors: UserVectors = "mean"  # Eq. 1; "encoder" = CFRAG's trained user embeddings
+    method: ClusterMethod = "hdbscan"  # the seed's choice; k-means is its ablation ("slightly weaker")
+    min_cluster_size: int = 2  # seed: HDBSCAN(min_cluster_size=2)
+    min_samples: int | None = None  # sklearn default (= min_cluster_size)
+    n_clusters: int | None = None  # k-means only; None = ⌈√n⌉ (ours: the seed does not say)
+    top_k_users: int = 1  # seed §5: k = 1 similar user
+    noise: NoisePolicy = "nearest"  # ours (see module docstring); the seed lumps noise into one cluster
+    fit_sample: int | None = None  # cluster a random sample of this many users, assign the rest (for scale)
+    kmeans_iter: int = 20
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A cohort member similar to the query user, with its cosine similarity."""
+
+    user_id: str
+    similarity: float
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a (new) user lands: `label` is the clustering's own label (-1 = noise); `cohort` is the cohort
+    used for neighbours after the noise policy (-1 = none, user-only retrieval)."""
+
+    label: int
+    cohort: int
+    distance: float
+
+
+def normalize_rows(vectors: np.ndarray) -> np.ndarray:
+    """L2-normalised float32 copy; a zero vector stays zero (it has no direction to compare)."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a [users, dim] matrix, got shape {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def mean_user_vectors(doc_vectors: np.ndarray, offsets: np.ndarray,
+                      user_ids: Sequence[str]) -> tuple[list[str], np.ndarray, list[str]]:
+    """Eq. 1, z_u = mean of the user's doc embeddings, for users given as `offsets[i]:offsets[i+1]` rows (the
+    Corpus layout). Returns (ids with docs, their vectors, ids without docs): a user without docs has no mean."""
+    lengths = np.diff(np.asarray(offsets, dtype=np.int64))
+    if len(lengths) != len(user_ids):
+        raise ValueError(f"{len(user_ids)} user ids for {len(lengths)} offset ranges")
+    has = lengths > 0
+    dim = doc_vectors.shape[1]
+    table = np.asarray(doc_vectors, dtype=np.float32)[:int(offsets[-1])]
+    # reduceat over the starts of users with docs: an empty user's range has length 0, so skipping it is exact
+    sums = np.add.reduceat(table, np.asarray(offsets[:-1])[has], axis=0) if has.any() \
+        else np.zeros((0, dim), np.float32)
+    means = sums / lengths[has, None]
+    kept = [u for u, h in zip(user_ids, has) if h]
+    empty = [u for u, h in zip(user_ids, has) if not h]
+    return kept, means.astype(np.float32), empty
+
+
+def _hdbscan_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
+    from sklearn.cluster import HDBSCAN
+
+    if len(x) < 2:
+        return np.full(len(x), NOISE, dtype=np.int64)
+    model = HDBSCAN(min_cluster_size=max(2, settings.min_cluster_size), min_samples=settings.min_samples,
+                    metric="euclidean", copy=True)
+    labels = model.fit_predict(x).astype(np.int64)
+    return np.where(labels < 0, NOISE, labels)  # -2/-3 (infinite/missing values) are noise too
+
+
+def _kmeans_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
+    import faiss
+
+    k = settings.n_clusters or int(np.ceil(np.sqrt(len(x))))
+    k = max(1, min(k, len(x)))
+    km = faiss.Kmeans(x.shape[1], k, niter=settings.kmeans_iter, seed=settings.seed, spherical=True,
+                      verbose=False, min_points_per_centroid=1)
+    km.train(x)
+    _, labels = km.index.search(x, 1)
+    return labels[:, 0].astype(np.int64)
+
+
+def _dense_labels(labels: np.ndarray) -> np.ndarray:
+    """Relabel clusters 0..K-1 (sorted), keeping -1: empty k-means clusters leave no gaps in the numbering."""
+    out = np.full_like(labels, NOISE)
+    clustered = labels >= 0
+    _, inverse = np.unique(labels[clustered], return_inverse=True)
+    out[clustered] = inverse
+    return out
+
+
+@dataclass
+class CohortModel:
+    """Users' cohorts, centroids and normalised vectors: everything `neighbours` and `assign` need, and what the
+    export under `clusters/` holds."""
+
+    settings: CohortSettings = field(default_factory=CohortSettings)
+    user_ids: list[str] = field(default_factory=list)
+    vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # L2-normalised
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # clustering labels, -1 = noise
+    cohorts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # after the noise policy
+    centroids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    radii: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # farthest clustered member
+    data_fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        self._row: dict[str, int] = {u: i for i, u in enumerate(self.user_ids)}
+        self._members: list[np.ndarray] | None = None
+
+    # ---- fitting -------------------------------------------------------------------------------------------
+    def fit(self, user_ids: Sequence[str], vectors: np.ndarray) -> CohortModel:
+        """Cluster the users (row i of `vectors` = user_ids[i]); with `fit_sample`, HDBSCAN/k-means sees only a
+        seeded random sample and every other user goes to its nearest centroid, as `assign` does."""
+        user_ids = list(user_ids)
+        x = normalize_rows(vectors)
+        if len(user_ids) != len(x):
+            raise ValueError(f"{len(user_ids)} user ids for {len(x)} vectors")
+        if len(set(user_ids)) != len(user_ids):
+            raise ValueError("user ids must be unique")
+        s = self.settings
+        if s.min_cluster_size < 2:
+            raise ValueError(f"min_cluster_size must be ≥ 2 (got {s.min_cluster_size}): a cluster of one user "
+                             "has no neighbours")
+        self.user_ids, self.vectors = user_ids, x
+        self._row = {u: i for i, u in enumerate(user_ids)}
+        self._members = None
+        self.data_fingerprint = fingerprint(FORMAT, asdict(s), user_ids, _array_digest(x))
+        n = len(x)
+        sample = np.arange(n)
+        if s.fit_sample is not None and s.fit_sample < n:
+            sample = np.sort(np.random.default_rng(s.seed).choice(n, s.fit_sample, replace=False))
+        fit_labels = (_hdbscan_labels if s.method == "hdbscan" else _kmeans_labels)(x[sample], s)
+        fit_labels = _dense_labels(fit_labels)
+        self._set_centroids(x[sample], fit_labels)
+        if len(sample) == n:
+            labels = fit_labels
+        else:  # the users outside the sample: nearest centroid, noise beyond the cohort's radius
+            labels = np.full(n, NOISE, dtype=np.int64)
+            labels[sample] = fit_labels
+            rest = np.setdiff1d(np.arange(n), sample)
+            labels[rest] = self._nearest(x[rest])[0]
+        self.labels = labels
+        self.cohorts = self._apply_noise_policy(labels, x)
+        self._warn_degenerate()
+        return self
+
+    def _set_centroids(self, x: np.ndarray, labels: np.ndarray) -> None:
+        k = int(labels.max()) + 1 if len(labels) and labels.max() >= 0 else 0
+        dim = x.shape[1] if x.ndim == 2 else 0
+        self.centroids = np.zeros((k, dim), np.float32)
+        self.radii = np.zeros(k, np.float32)
+        for c in range(k):
+            members = x[labels == c]
+            self.centroids[c] = members.mean(axis=0)
+            self.radii[c] = float(np.linalg.norm(members - self.centroids[c], axis=1).max())
+
+    def _nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(label, nearest cohort, distance) per row: label is -1 beyond the nearest cohort's radius (HDBSCAN;
+        k-means has no noise). Euclidean on normalised vectors, the metric the clustering used."""
+        if len(self.centroids) == 0:
+            none = np.full(len(x), NOISE, dtype=np.int64)
+            return none, none, np.full(len(x), np.inf, np.float32)
+        d2 = (x * x).sum(1)[:, None] - 2 * x @ self.centroids.T + (self.centroids ** 2).sum(1)[None, :]
+        nearest = d2.argmin(axis=1)
+        dist = np.sqrt(np.maximum(d2[np.arange(len(x)), nearest], 0)).astype(np.float32)
+        if self.settings.method == "kmeans":
+            return nearest.astype(np.int64), nearest.astype(np.int64), dist
+        inside = dist <= self.radii[nearest] + 1e-6
+        return np.where(inside, nearest, NOISE).astype(np.int64), nearest.astype(np.int64), dist
+
+    def _apply_noise_policy(self, labels: np.ndarray, x: np.ndarray) -> np.ndarray:
+        cohorts = labels.copy()
+        noise = labels == NOISE
+        if noise.any() and self.settings.noise == "nearest" and len(self.centroids):
+            cohorts[noise] = self._nearest(x[noise])[1]
+        return cohorts
+
+    def _warn_degenerate(self) -> None:
+        n, k, noise = len(self.user_ids), len(self.centroids), self.noise_count
+        if n and k == 0:
+            warnings.warn(f"all {n} users are noise (no cohort found with min_cluster_size="
+                          f"{self.settings.min_cluster_size}); every user gets user-only retrieval",
+                          CohortWarning, stacklevel=3)
+        elif noise:
+            log.info("%d of %d users are HDBSCAN noise; policy %r", noise, n, self.settings.noise)
+        ones = int((self.sizes == 1).sum())
+        if ones:
+            warnings.warn(f"{ones} cohort(s) of one user: those users have no neighbours (user-only retrieval)",
+                          CohortWarning, stacklevel=3)
+
+    # ---- queries -------------------------------------------------------------------------------------------
+    def __contains__(self, user_id: str) -> bool:
+        return user_id in self._row
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def n_cohorts(self) -> int:
+        return len(self.centroids)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Users per cohort after the noise policy (noise users placed by `nearest` count in their cohort)."""
+        return np.bincount(self.cohorts[self.cohorts >= 0], minlength=self.n_cohorts)
+
+    @property
+    def noise_count(self) -> int:
+        return int((self.labels == NOISE).sum())
+
+    def cohort_of(self, user_id: str) -> int:
+        """The user's cohort (-1: none, user-only retrieval); an unknown user is a KeyError naming it."""
+        if user_id not in self._row:
+            raise KeyError(f"user {user_id!r} is not in the cohort model ({len(self)} users); "
+                           "add it with `add(user_id, vector)`")
+        return int(self.cohorts[self._row[user_id]])
+
+    def is_noise(self, user_id: str) -> bool:
+        self.cohort_of(user_id)
+        return bool(self.labels[self._row[user_id]] == NOISE)
+
+    def members(self, cohort: int) -> np.ndarray:
+        """Rows of the cohort's users (built once for all cohorts: O(n), not O(n) per query)."""
+        if self._members is None:
+            order = np.argsort(self.cohorts, kind="stable")
+            bounds = np.searchsorted(self.cohorts[order], np.arange(self.n_cohorts + 1))
+            self._members = [order[bounds[c]:bounds[c + 1]] for c in range(self.n_cohorts)]
+        return self._members[cohort] if 0 <= cohort < self.n_cohorts else np.zeros(0, np.int64)
+
+    def neighbours(self, user_id: str, k: int | None = None) -> list[Neighbour]:
+        """The k most similar other members of the user's cohort by cosine (Eq. 2 with cosine), best first; ties
+        by user id. Empty for a user without a cohort (noise under `noise="own"`) or alone in it."""
+        k = self.settings.top_k_users if k is None else k
+        cohort = self.cohort_of(user_id)
+        row = self._row[user_id]
+        rows = self.members(cohort)
+        rows = rows[rows != row]
+        if k <= 0 or len(rows) == 0:
+            return []
+        sims = self.vectors[rows] @ self.vectors[row]
+        ids = np.array([self.user_ids[r] for r in rows])
+        order = np.lexsort((ids, -sims))[:k]
+        return [Neighbour(str(ids[i]), float(sims[i])) for i in order]
+
+    def assign(self, vector: np.ndarray) -> Assignment:
+        """Cohort of a new user from its vector: nearest centroid, noise beyond that cohort's farthest clustered
+        member (HDBSCAN), then the noise policy. Nothing is re-clustered; the model is not changed."""
+        x = normalize_rows(np.atleast_2d(vector))
+        if x.shape[1] != self.dim:
+            raise ValueError(f"user vector has dim {x.shape[1]}, the cohort model {self.dim}")
+        label, nearest, dist = (a[0] for a in self._nearest(x))
+        cohort = nearest if label == NOISE and self.settings.noise == "nearest" else label
+        return Assignment(int(label), int(cohort), float(dist))
+
+    def add(self, user_id: str, vector: np.ndarray) -> Assignment:
+        """Assign a new user and keep it, so it has neighbours and is a neighbour from now on."""
+        if user_id in self._row:
+            raise ValueError(f"user {user_id!r} is already in the cohort model")
+        a = self.assign(vector)
+        self._row[user_id] = len(self.user_ids)
+        self.user_ids.append(user_id)
+        self.vectors = np.vstack([self.vectors, normalize_rows(np.atleast_2d(vector))])
+        self.labels = np.append(self.labels, a.label)
+        self.cohorts = np.append(self.cohorts, a.cohort)
+        self._members = None
+        return a
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1]) if self.vectors.ndim == 2 else 0
+
+    # ---- diagnostics ---------------------------------------------------------------------------------------
+    def adjusted_rand(self, true_communities: Sequence[str] | Sequence[int], after_policy: bool = False) -> float:
+        """ARI (sklearn) against true communities (aligned with `user_ids`). By default of the clustering labels,
+        each noise user its own singleton (not one big "noise" cluster); `after_policy=True` scores the cohorts
+        users actually get (noise placed by `noise="nearest"`). Diagnostics only."""
+        from sklearn.metrics import adjusted_rand_score
+
+        if len(true_communities) != len(self):
+            raise ValueError(f"{len(true_communities)} communities for {len(self)} users")
+        pred = (self.cohorts if after_policy else self.labels).copy()
+        noise = pred == NOISE
+        pred[noise] = self.n_cohorts + np.arange(int(noise.sum()))
+        return float(adjusted_rand_score(list(true_communities), pred))
+
+    def summary(self) -> str:
+        """A few lines for the CLI: how many cohorts, how big, how much noise and what happened to it."""
+        s = self.settings
+        sizes = self.sizes
+        lines = [f"{len(self)} users, {self.n_cohorts} cohorts ({s.method}"
+                 + (f", min_cluster_size={s.min_cluster_size}" if s.method == "hdbscan" else "")
+                 + (f", fitted on a sample of {s.fit_sample}" if s.fit_sample and s.fit_sample < len(self) else "")
+                 + f", user vectors: {s.user_vectors})"]
+        if len(sizes):
+            lines.append(f"cohort size: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}; "
+                         f"cohorts of one: {int((sizes == 1).sum())}")
+        noise_fate = "nearest cohort" if s.noise == "nearest" else "user-only retrieval"
+        lines.append(f"noise users: {self.noise_count} ({self.noise_count / max(1, len(self)):.1%}) -> {noise_fate}")
+        return "\n".join(lines)
+
+    # ---- persistence ---------------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Export to `directory`: assignments.tsv, centroids.npy, vectors.npy, radii.npy, cohorts.json (settings,
+        sizes, noise count, fingerprint). Each file is written atomically; cohorts.json last, so a folder with
+        cohorts.json is complete."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        lines = ["user_id\tcohort\tlabel"] + [f"{u}\t{c}\t{lab}" for u, c, lab in
+                                               zip(self.user_ids, self.cohorts, self.labels)]
+        atomic_write_text(out / "assignments.tsv", "\n".join(lines) + "\n")
+        for name, arr in (("centroids", self.centroids), ("vectors", self.vectors), ("radii", self.radii)):
+            with atomic_replace(out / f"{name}.npy") as tmp, open(tmp, "wb") as f:
+                np.save(f, arr)
+        meta = CohortMeta(FORMAT, self.settings, self.data_fingerprint, len(self), self.n_cohorts,
+                          self.sizes.tolist(), self.noise_count, self.dim)
+        atomic_write_json(out / "cohorts.json", asdict(meta))
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path) -> CohortModel:
+        """Read an export of `save`; a missing or foreign folder is an error naming the file."""
+        d = Path(directory)
+        meta_path = d / "cohorts.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"no cohort export at {meta_path} (written last by CohortModel.save)")
+        raw = json.loads(meta_path.read_text())
+        meta = CohortMeta(**{**raw, "settings": CohortSettings(**raw.get("settings", {}))})
+        if meta.format != FORMAT:
+            raise ValueError(f"{meta_path}: format {meta.format!r}, expected {FORMAT!r}")
+        rows = (d / "assignments.tsv").read_text().splitlines()[1:]
+        parts = [r.split("\t") for r in rows]
+        model = cls(meta.settings, [p[0] for p in parts],
+                    np.load(d / "vectors.npy"), np.array([int(p[2]) for p in parts], np.int64),
+                    np.array([int(p[1]) for p in parts], np.int64), np.load(d / "centroids.npy"),
+                    np.load(d / "radii.npy"), meta.fingerprint)
+        if len(model) != meta.users:
+            raise ValueError(f"{d}: assignments.tsv has {len(model)} users, cohorts.json says {meta.users}")
+        return model
+
+
+@dataclass(frozen=True)
+class CohortMeta:
+    """cohorts.json: what a reader needs to trust the export (settings, counts, the data fingerprint)."""
+
+    format: str
+    settings: CohortSettings
+    fingerprint: str
+    users: int
+    cohorts: int
+    sizes: list[int]
+    noise: int
+    dim: int
+
+
+def _array_digest(x: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()

@@ -1,0 +1,189 @@
+"""User cohorts of ClusterRAG: clustering, noise policy, neighbours, assign of a new user, export, diagnostics."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # shared 2-core machine: faiss/BLAS must not spawn threads
+
+import warnings
+
+import numpy as np
+import pytest
+
+from persrag_lightning.retrieval import cohorts
+from persrag_lightning.retrieval.cohorts import (
+    NOISE,
+    CohortModel,
+    CohortSettings,
+    CohortWarning,
+    mean_user_vectors,
+)
+
+DIM = 8
+
+
+def communities(n_per: int = 6, n_comm: int = 3, noise: int = 0, seed: int = 0):
+    """Tight, well-separated communities along orthogonal axes, plus `noise` users on axes of their own."""
+    rng = np.random.default_rng(seed)
+    rows, truth = [], []
+    for c in range(n_comm):
+        centre = np.eye(DIM)[c] * 5
+        rows.append(centre + rng.normal(scale=0.05, size=(n_per, DIM)))
+        truth += [c] * n_per
+    for j in range(noise):  # each noise user alone in its own direction: no dense region
+        rows.append((np.eye(DIM)[n_comm + j] * 5)[None, :])
+        truth.append(100 + j)
+    x = np.vstack(rows).astype(np.float32)
+    return [f"u{i:02d}" for i in range(len(x))], x, truth
+
+
+def test_hdbscan_recovers_the_communities():
+    ids, x, truth = communities()
+    model = CohortModel(CohortSettings()).fit(ids, x)
+    assert model.n_cohorts == 3
+    assert model.noise_count == 0
+    assert model.adjusted_rand(truth) == pytest.approx(1.0)
+
+
+def test_seed_defaults():
+    s = CohortSettings()
+    assert (s.method, s.min_cluster_size, s.top_k_users, s.user_vectors) == ("hdbscan", 2, 1, "mean")
+
+
+def test_mean_user_vectors_is_eq1_and_reports_users_without_docs():
+    docs = np.array([[1, 0], [3, 0], [0, 2], [5, 5]], np.float32)
+    offsets = np.array([0, 2, 2, 3])  # u0: rows 0-1, u1: none, u2: row 2 (row 3 belongs to nobody)
+    kept, vectors, empty = mean_user_vectors(docs, offsets, ["u0", "u1", "u2"])
+    assert kept == ["u0", "u2"] and empty == ["u1"]
+    np.testing.assert_allclose(vectors, [[2, 0], [0, 2]])
+
+
+def test_neighbours_are_cohort_members_ranked_by_cosine_without_self():
+    ids, x, _ = communities()
+    x[1] = x[0] + 0.001  # u01 is u00's closest
+    model = CohortModel(CohortSettings()).fit(ids, x)
+    nb = model.neighbours("u00", 3)
+    assert nb[0].user_id == "u01"
+    assert all(model.cohort_of(n.user_id) == model.cohort_of("u00") for n in nb)
+    assert "u00" not in [n.user_id for n in nb]
+    assert [n.similarity for n in nb] == sorted((n.similarity for n in nb), reverse=True)
+    assert len(model.neighbours("u00")) == 1  # the seed's k = 1
+
+
+def test_noise_users_are_not_one_fake_cluster():
+    """Two far-apart noise users must not become each other's neighbours (the seed's code lumps label -1)."""
+    ids, x, _ = communities(noise=2)
+    model = CohortModel(CohortSettings(noise="own")).fit(ids, x)
+    n1, n2 = ids[-2], ids[-1]
+    assert model.is_noise(n1) and model.is_noise(n2)
+    assert model.cohort_of(n1) == NOISE
+    assert model.neighbours(n1, 5) == []  # user-only retrieval
+    assert n1 not in {n.user_id for u in ids[:-2] for n in model.neighbours(u, 20)}
+
+
+def test_noise_users_get_their_nearest_cohort_by_default():
+    """Three close cohorts and one user far from all (farther than they are from each other, so HDBSCAN calls it
+    noise), yet nearest to cohort 1: the default policy gives it cohort 1's members as neighbours."""
+    rng = np.random.default_rng(0)
+    centres = [np.eye(DIM)[0], np.eye(DIM)[0] + 0.5 * np.eye(DIM)[1], np.eye(DIM)[0] + 0.5 * np.eye(DIM)[2]]
+    x = np.vstack([c + rng.normal(scale=0.003, size=(5, DIM)) for c in centres]
+                  + [(np.eye(DIM)[3] + 0.3 * np.eye(DIM)[1])[None, :]]).astype(np.float32)
+    ids = [f"u{i:02d}" for i in range(len(x))]
+    model = CohortModel(CohortSettings()).fit(ids, x)
+    assert model.n_cohorts == 3
+    assert model.is_noise("u15")
+    assert model.cohort_of("u15") == model.cohort_of("u05")  # cohort 1
+    nb = model.neighbours("u15", 2)
+    assert len(nb) == 2 and {n.user_id for n in nb} <= {f"u{i:02d}" for i in range(5, 10)}
+    assert model.sizes.sum() == len(ids)  # the noise user counts in its cohort, not in a fake one
+
+
+def test_all_users_in_noise_warns_and_leaves_everyone_user_only():
+    ids, x, _ = communities(n_per=0, n_comm=0, noise=4)
+    with pytest.warns(CohortWarning, match="all 4 users are noise"):
+        model = CohortModel(CohortSettings()).fit(ids, x)
+    assert model.n_cohorts == 0
+    assert all(model.cohort_of(u) == NOISE and model.neighbours(u) == [] for u in ids)
+    assert model.assign(x[0]).cohort == NOISE
+    assert "noise users: 4" in model.summary()
+
+
+def test_cohort_of_one_warns_and_has_no_neighbours():
+    ids, x, _ = communities(n_per=3, n_comm=2, noise=1)
+    with pytest.warns(CohortWarning, match="cohort"):
+        model = CohortModel(CohortSettings(method="kmeans", n_clusters=3)).fit(ids, x)
+    alone = ids[-1]
+    assert model.sizes[model.cohort_of(alone)] == 1
+    assert model.neighbours(alone, 3) == []
+
+
+def test_unknown_user_is_a_clear_key_error():
+    ids, x, _ = communities()
+    model = CohortModel().fit(ids, x)
+    with pytest.raises(KeyError, match="nobody"):
+        model.neighbours("nobody")
+
+
+def test_assign_new_user_without_reclustering(monkeypatch):
+    ids, x, _ = communities()
+    model = CohortModel().fit(ids, x)
+    def no_refit(*_a, **_k):
+        raise AssertionError("assign must not re-cluster")
+
+    monkeypatch.setattr(cohorts, "_hdbscan_labels", no_refit)
+    new = np.eye(DIM)[1] * 5 + 0.01
+    a = model.assign(new)
+    assert a.label == a.cohort == model.cohort_of(ids[6])  # community 1
+    far = np.eye(DIM)[6] * 5  # no cohort near: noise, then the policy
+    b = model.assign(far)
+    assert b.label == NOISE and b.cohort >= 0
+    model.add("new", new)
+    assert model.neighbours("new", 1)[0].user_id in ids[6:12]
+    assert "new" in {n.user_id for n in model.neighbours(ids[6], 6)}
+
+
+def test_fit_sample_assigns_the_rest_to_the_clusters_of_the_sample(monkeypatch):
+    ids, x, truth = communities(n_per=10)
+    seen: list[int] = []
+    real = cohorts._hdbscan_labels
+    monkeypatch.setattr(cohorts, "_hdbscan_labels", lambda xs, s: (seen.append(len(xs)), real(xs, s))[1])
+    model = CohortModel(CohortSettings(fit_sample=15)).fit(ids, x)
+    assert seen == [15]
+    # users outside the sample may land beyond a cohort's sampled radius (noise), but their cohort is right
+    assert model.adjusted_rand(truth, after_policy=True) == pytest.approx(1.0)
+
+
+def test_kmeans_alternative_has_no_noise():
+    ids, x, truth = communities()
+    model = CohortModel(CohortSettings(method="kmeans", n_clusters=3)).fit(ids, x)
+    assert model.noise_count == 0 and model.adjusted_rand(truth) == pytest.approx(1.0)
+
+
+def test_save_load_round_trip(tmp_path):
+    ids, x, _ = communities(noise=1)
+    model = CohortModel(CohortSettings(noise="own", top_k_users=2)).fit(ids, x)
+    model.save(tmp_path / "clusters")
+    names = sorted(p.name for p in (tmp_path / "clusters").iterdir())
+    assert names == ["assignments.tsv", "centroids.npy", "cohorts.json", "radii.npy", "vectors.npy"]
+    back = CohortModel.load(tmp_path / "clusters")
+    assert back.settings == model.settings
+    assert back.data_fingerprint == model.data_fingerprint
+    assert back.summary() == model.summary()
+    assert back.neighbours("u00") == model.neighbours("u00")
+    np.testing.assert_array_equal(back.labels, model.labels)
+    with pytest.raises(FileNotFoundError, match="cohorts.json"):
+        CohortModel.load(tmp_path / "missing")
+
+
+def test_adjusted_rand_counts_noise_users_as_singletons():
+    ids, x, truth = communities(noise=2)
+    model = CohortModel(CohortSettings(noise="own")).fit(ids, x)
+    assert model.adjusted_rand(truth) == pytest.approx(1.0)  # two noise users = two true singletons
+
+
+def test_no_warnings_on_a_clean_fit():
+    ids, x, _ = communities()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CohortModel().fit(ids, x)
