@@ -53,8 +53,8 @@ def test_seed_defaults():
 
 def test_mean_user_vectors_is_eq1_and_reports_users_without_docs():
     docs = np.array([[1, 0], [3, 0], [0, 2], [5, 5]], np.float32)
-    offsets = np.array([0, 2, 2, 3])  # u0: rows 0-1, u1: none, u2: row 2 (row 3 belongs to nobody)
-    kept, vectors, empty = mean_user_vectors(docs, offsets, ["u0", "u1", "u2"])
+    rows = {"u0": np.array([0, 1]), "u1": np.array([], np.int64), "u2": np.array([2])}  # row 3: nobody's pool
+    kept, vectors, empty = mean_user_vectors(docs, rows)
     assert kept == ["u0", "u2"] and empty == ["u1"]
     np.testing.assert_allclose(vectors, [[2, 0], [0, 2]])
 

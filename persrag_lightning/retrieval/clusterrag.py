@@ -50,9 +50,9 @@ class CorpusEmbedder:
 
     def doc_vectors(self, store: DocStore) -> np.ndarray:
         from persrag_lightning.data.embeddings import corpus_embedding_key
-        from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
+        from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
-        self.retriever = CorpusRetriever(self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling)
+        self.retriever = EncoderRetriever(self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling)
         self.retriever.prepare()
         self.retriever.load()
         self.data_key = corpus_embedding_key(store.corpus, self.encoder, self.max_length, self.pooling)
@@ -125,7 +125,8 @@ class ClusterRAG(Strategy):
         if self.user_vectors is not None:
             ids, vectors = list(self.user_vectors[0]), np.asarray(self.user_vectors[1], dtype=np.float32)
         else:
-            ids, vectors, empty = mean_user_vectors(doc_vectors, store.corpus.offsets, store.corpus.user_ids)
+            # Eq. 1 over each user's collaborative pool (data/histories.py), never over test profiles
+            ids, vectors, empty = mean_user_vectors(doc_vectors, {u: store.rows(u) for u in store.corpus.user_ids})
             if empty:
                 log.warning("%d user(s) have no docs, hence no MEAN vector and no cohort (e.g. %s); they get no "
                             "neighbours", len(empty), ", ".join(map(repr, empty[:3])))
@@ -143,12 +144,12 @@ class ClusterRAG(Strategy):
     def candidates(self, query: Query) -> tuple[np.ndarray, np.ndarray]:
         """The mode's candidate rows and, per row, its owner's cosine to the query user (1 for own docs)."""
         store, mode, uid = self.store, self.settings.mode, query.user_id
-        known = uid in store.user_index
+        known = uid in store
         in_cohorts = self.cohorts is not None and uid in self.cohorts
         if not known and not in_cohorts:
             self._say("unknown_users", f"user {uid!r} (example {query.example_id!r}) is unknown: no docs retrieved")
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        own = store.rows(uid, self.settings.max_history) if known else np.zeros(0, np.int64)
+        own = store.rows(uid, self.settings.max_history, query) if known else np.zeros(0, np.int64)
         if len(own) == 0 and mode != "collab":
             self._say("users_without_docs", f"user {uid!r} has no docs of their own")
         parts, sims = ([own], [np.ones(len(own), np.float32)]) if mode in ("user", "hybrid") else ([], [])
@@ -159,8 +160,8 @@ class ClusterRAG(Strategy):
             else:
                 self._say("no_vector", f"user {uid!r} has no user vector (no docs under MEAN vectors): no neighbours")
             for n in neighbours:
-                if n.user_id in store.user_index:
-                    rows = store.rows(n.user_id, self.settings.max_history)
+                if n.user_id in store:
+                    rows = store.rows(n.user_id, self.settings.max_history, query)  # their pool (history rules)
                     parts.append(rows)
                     sims.append(np.full(len(rows), n.similarity, np.float32))
             if not neighbours and in_cohorts:

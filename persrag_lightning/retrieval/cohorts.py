@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -83,22 +83,14 @@ def normalize_rows(vectors: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
-def mean_user_vectors(doc_vectors: np.ndarray, offsets: np.ndarray,
-                      user_ids: Sequence[str]) -> tuple[list[str], np.ndarray, list[str]]:
-    """Eq. 1, z_u = mean of the user's doc embeddings, for users given as `offsets[i]:offsets[i+1]` rows (the
-    Corpus layout). Returns (ids with docs, their vectors, ids without docs): a user without docs has no mean."""
-    lengths = np.diff(np.asarray(offsets, dtype=np.int64))
-    if len(lengths) != len(user_ids):
-        raise ValueError(f"{len(user_ids)} user ids for {len(lengths)} offset ranges")
-    has = lengths > 0
-    dim = doc_vectors.shape[1]
-    table = np.asarray(doc_vectors, dtype=np.float32)[:int(offsets[-1])]
-    # reduceat over the starts of users with docs: an empty user's range has length 0, so skipping it is exact
-    sums = np.add.reduceat(table, np.asarray(offsets[:-1])[has], axis=0) if has.any() \
-        else np.zeros((0, dim), np.float32)
-    means = sums / lengths[has, None]
-    kept = [u for u, h in zip(user_ids, has) if h]
-    empty = [u for u, h in zip(user_ids, has) if not h]
+def mean_user_vectors(doc_vectors: np.ndarray, rows: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray,
+                                                                                    list[str]]:
+    """Eq. 1, z_u = mean of the user's doc embeddings over the given rows of each user (their collaborative pool,
+    data/histories.py). Returns (ids with docs, their vectors, ids without docs): a user without docs has no mean."""
+    kept = [u for u, r in rows.items() if len(r)]
+    empty = [u for u, r in rows.items() if not len(r)]
+    table = np.asarray(doc_vectors, dtype=np.float32)
+    means = np.stack([table[rows[u]].mean(0) for u in kept]) if kept else np.zeros((0, table.shape[1]), np.float32)
     return kept, means.astype(np.float32), empty
 
 
