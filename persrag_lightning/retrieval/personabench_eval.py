@@ -26,6 +26,7 @@ from persrag_lightning.utils import atomic_write_json, atomic_write_text
 class PersonaBenchEvalConfig:
     """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`)."""
 
+    kind: str = "personabench"
     data_dir: str = "../shared/data/personabench/community_0"
     noise: str = "0.0"
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
@@ -34,6 +35,8 @@ class PersonaBenchEvalConfig:
     llm_backend: str = "hf"
     llm_model: str = "smollm2"
     llm_batch_size: int = 8
+    llm_threads: int | None = None  # CPU threads of a local backend (hf: num_threads, llamacpp: n_threads)
+    llm_context: int | None = None  # llamacpp context window (n_ctx); None: the backend's default
     cache_dir: str = ".cache/pbr"
     out_dir: str = "outputs/personabench"
     max_questions_per_person: int | None = None
@@ -245,6 +248,15 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
                               results)
 
 
+def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
+    """The YAML `evaluation` section (plain mapping, `pbr` nested) as a typed config; unknown keys are errors."""
+    values = dict(section)
+    pbr = values.pop("pbr", None) or {}
+    if not isinstance(pbr, dict):
+        raise TypeError(f"evaluation.pbr must be a mapping, got {type(pbr).__name__}")
+    return PersonaBenchEvalConfig(**values, pbr=PBRSettings(**pbr))  # type: ignore[arg-type]
+
+
 def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
     """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate; write; return."""
     import torch
@@ -262,7 +274,12 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
     if any(config.pbr.for_variant(v).use_prf for v in config.variants):
         from persrag_lightning.llm.base import load_llm
 
-        raw = load_llm(config.llm_backend, config.llm_model)
+        kwargs: dict[str, object] = {"batch_size": config.llm_batch_size}
+        if config.llm_threads is not None and config.llm_backend in ("hf", "llamacpp"):
+            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = config.llm_threads
+        if config.llm_context is not None and config.llm_backend == "llamacpp":
+            kwargs["n_ctx"] = config.llm_context
+        raw = load_llm(config.llm_backend, config.llm_model, **kwargs)
         llm = CachedLLM(raw, Path(config.cache_dir) / "llm", batch_size=config.llm_batch_size)
         llm_name = raw.fingerprint
     with torch.inference_mode():
