@@ -325,3 +325,29 @@ def test_evaluate_variants_table_and_outputs(tmp_path):
     assert "| PBR w/o P-PRF |" in (out / "table.md").read_text()
     rows = json.loads((out / "results.json").read_text())
     assert len(rows) == 8 and {"q_id", "retrieved", "recall", "ndcg"} <= set(rows[0])
+
+
+def test_strategy_on_synthlamp_returns_own_docs_and_base_equals_plain_dense(tmp_path):
+    from persrag_lightning.data.source import LampSource
+    from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.retrieval.base import DocStore, Query
+    from persrag_lightning.retrieval.pbr_strategy import PBRStrategy
+
+    source = LampSource("LaMP-2", None, SynthConfig(num_users=6), str(tmp_path / "synth"))
+    source.prepare()
+    store = DocStore(source.load())
+    queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in store.dataset.examples["dev"]][:6]
+    llm = CountingLLM()
+    pbr = PBRStrategy(variant="PBR", cache_dir=str(tmp_path / "cache"), encode=fake_encode, llm=llm)
+    pbr.prepare(store)
+    results = pbr.retrieve(queries, 3)
+    assert llm.calls == 2 * len({(q.user_id, q.query) for q in queries})
+    for q, docs in zip(queries, results):
+        own = set(store.rows(q.user_id).tolist())
+        assert 0 < len(docs) <= 3 and {d.row for d in docs} <= own
+    base = PBRStrategy(variant="Base", encode=fake_encode, cache_dir=str(tmp_path / "cache"))
+    base.prepare(store)
+    for q, docs in zip(queries, base.retrieve(queries, 3)):
+        rows = store.rows(q.user_id)
+        scores = fake_encode([store.text(int(r)) for r in rows]) @ fake_encode([q.query])[0]
+        assert [d.row for d in docs] == [int(rows[i]) for i in np.argsort(-scores, kind="stable")[:3]]
