@@ -351,3 +351,21 @@ def test_strategy_on_synthlamp_returns_own_docs_and_base_equals_plain_dense(tmp_
         rows = store.rows(q.user_id)
         scores = fake_encode([store.text(int(r)) for r in rows]) @ fake_encode([q.query])[0]
         assert [d.row for d in docs] == [int(rows[i]) for i in np.argsort(-scores, kind="stable")[:3]]
+
+
+def test_prf_diagnostics_flag_template_echo(tmp_path):
+    """An LLM that echoes the prompt's JSON template gives query-independent feedback: the report must say so."""
+    from persrag_lightning.data.personabench import load_personabench
+    from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
+    from tests.test_personabench import write_community
+
+    community = load_personabench(write_community(tmp_path / "c0"))
+    echo = CountingLLM(answer='{ "candidates": [...", "...", "..."] }')
+    config = PersonaBenchEvalConfig(variants=["PBR"], warm_rerun=False, bootstrap_samples=20,
+                                    pbr=PBRSettings(theta=0.0))
+    [summary] = evaluate_variants(community, fake_encode, config, CachedLLM(echo, tmp_path / "cache")).summaries
+    assert summary.prf_json_rate == 0.0
+    assert summary.prf_distinct_rate == 0.5  # 2 questions, 1 distinct feedback
+    good = CountingLLM("fake:good")
+    [summary] = evaluate_variants(community, fake_encode, config, CachedLLM(good, tmp_path / "cache")).summaries
+    assert summary.prf_json_rate == 1.0 and summary.prf_distinct_rate == 1.0

@@ -120,18 +120,24 @@ def reasoning_prompt(history: str, query: str) -> str:
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
 
 
+def json_candidates(text: str) -> list[str] | None:
+    """The non-empty string `candidates` of a JSON answer (code fences allowed), or None if there are none."""
+    try:
+        obj = json.loads(_FENCE.sub("", text.strip()))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("candidates"), list):
+        return None
+    candidates = [c.strip() for c in obj["candidates"] if isinstance(c, str) and c.strip()]
+    return candidates or None
+
+
 def parse_utterances(text: str, max_utterances: int | None = None) -> list[str]:
     """Eq. 5's F = {f_1..f_m}: the JSON `candidates` list; anything else (not JSON, no list, no strings) falls back,
     as the authors' code does, to the raw text as one utterance. An empty answer gives no utterance."""
     raw = text.strip()
-    candidates: list[str] = []
-    try:
-        obj = json.loads(_FENCE.sub("", raw))
-        if isinstance(obj, dict) and isinstance(obj.get("candidates"), list):
-            candidates = [c.strip() for c in obj["candidates"] if isinstance(c, str) and c.strip()]
-    except json.JSONDecodeError:
-        pass
-    if not candidates:
+    candidates = json_candidates(raw)
+    if candidates is None:
         candidates = [raw] if raw else []
     return candidates if max_utterances is None else candidates[:max_utterances]
 
@@ -268,6 +274,7 @@ class PseudoFeedback:
     history: tuple[int, ...]
     utterances: tuple[str, ...]
     reasoning: str
+    parsed_json: bool = False  # False: the LLM's answer was not JSON candidates (raw-text fallback)
 
 
 @dataclass(frozen=True)
@@ -398,7 +405,8 @@ class PBRRetriever:
             if utt is None or rea is None:
                 out.append(None)
                 continue
-            out.append(PseudoFeedback(hist, tuple(parse_utterances(utt, self.settings.max_utterances)), rea.strip()))
+            out.append(PseudoFeedback(hist, tuple(parse_utterances(utt, self.settings.max_utterances)), rea.strip(),
+                                      json_candidates(utt) is not None))
         return out
 
     def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:

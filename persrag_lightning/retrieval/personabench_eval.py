@@ -8,6 +8,8 @@ intervals over questions, LLM calls per query, wall time cold and warm). Functio
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,7 +20,7 @@ import numpy as np
 from persrag_lightning.data.personabench import PersonaBenchCommunity, PersonaQuestion, load_personabench
 from persrag_lightning.personabench_metrics import personabench_scores
 from persrag_lightning.retrieval.llm_cache import CachedLLM
-from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings
+from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 
@@ -63,6 +65,8 @@ class QuestionResult:
     w2: float
     num_utterances: int
     reasoning_chars: int
+    utterances_json: bool
+    feedback_digest: str  # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class VariantSummary:
     warm_seconds: float | None
     warm_llm_calls: int | None
     pagerank_ms_per_user: float | None
+    prf_json_rate: float | None = None  # share of utterance answers that were JSON candidates
+    prf_distinct_rate: float | None = None  # distinct pseudo-feedback texts / questions (1.0 = all different)
 
 
 @dataclass
@@ -110,11 +116,17 @@ class PersonaBenchReport:
                          f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
                          f"{s.cold_seconds:.1f} | {warm} | {pr} |")
         st = self.settings
+        notes = []
+        for s in self.summaries:
+            if s.prf_json_rate is not None:
+                notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers were JSON "
+                             f"candidates (else raw-text fallback); distinct pseudo-feedback per question "
+                             f"{100 * (s.prf_distinct_rate or 0):.0f} %.")
         settings = (f"Settings: k1={st.k1}, θ={st.theta}, k2={st.k2}, α={st.damping}, max_iter={st.max_iter}, "
                     f"tol={st.tol}, top_k={st.top_k}, history_chars={st.history_chars}, "
                     f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
                     f"embedding all documents took {self.index_seconds:.1f} s.")
-        lines += ["", settings]
+        lines += ["", *notes, settings] if notes else ["", settings]
         return "\n".join(lines) + "\n"
 
     def plot(self, path: str | Path) -> Path:
@@ -201,8 +213,15 @@ def run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
             out.append(QuestionResult(retriever.settings.variant, q.q_id, q.person, q.category, q.question,
                                       retrieved, [list(a) for a in q.gt_alternatives], recall, ndcg, r.w1, r.w2,
                                       0 if fb is None else len(fb.utterances),
-                                      0 if fb is None else len(fb.reasoning)))
+                                      0 if fb is None else len(fb.reasoning),
+                                      fb is not None and fb.parsed_json, _digest(fb)))
     return out
+
+
+def _digest(fb: PseudoFeedback | None) -> str:
+    if fb is None:
+        return ""
+    return hashlib.sha256(json.dumps([fb.utterances, fb.reasoning]).encode()).hexdigest()[:12]
 
 
 def _fresh(retriever: PBRRetriever, settings: PBRSettings) -> PBRRetriever:
@@ -242,7 +261,9 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
             bootstrap_ci(recalls, config.bootstrap_samples, config.seed),
             float(np.mean(ndcgs)) if rows else math.nan, bootstrap_ci(ndcgs, config.bootstrap_samples, config.seed),
             cold.stats.llm_calls / max(n_questions, 1), cold_seconds, warm_seconds, warm_calls,
-            1000 * float(np.mean(pr)) if pr else None))
+            1000 * float(np.mean(pr)) if pr else None,
+            float(np.mean([r.utterances_json for r in rows])) if settings.use_prf and rows else None,
+            len({r.feedback_digest for r in rows}) / len(rows) if settings.use_prf and rows else None))
         results.extend(rows)
     return PersonaBenchReport(str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries,
                               results)
