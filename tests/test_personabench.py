@@ -210,3 +210,19 @@ def test_base_dense_reproduces_community_0_reference():
     assert len(recalls) == 116
     assert sum(recalls) / len(recalls) == pytest.approx(0.3532, abs=5e-4)
     assert sum(ndcgs) / len(ndcgs) == pytest.approx(0.2956, abs=5e-4)
+
+
+def test_config_file_maps_onto_the_eval_config():
+    """configs/evaluate_personabench.yaml must stay loadable as PersonaBenchEvalConfig (no unknown keys) and its
+    PBR section must be the paper's settings."""
+    from omegaconf import OmegaConf
+
+    from persrag_lightning.retrieval.pbr import PBRSettings
+    from persrag_lightning.retrieval.personabench_eval import config_from_dict
+
+    section = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
+    config = config_from_dict(section)
+    assert config.pbr == PBRSettings()
+    assert config.variants == ["PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base"]
+    with pytest.raises(TypeError):
+        config_from_dict({**section, "no_such_key": 1})
