@@ -126,7 +126,7 @@ class PersonaBenchReport:
                     f"tol={st.tol}, top_k={st.top_k}, history_chars={st.history_chars}, "
                     f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
                     f"embedding all documents took {self.index_seconds:.1f} s.")
-        lines += ["", *notes, settings] if notes else ["", settings]
+        lines += ["", *notes, "", settings] if notes else ["", settings]
         return "\n".join(lines) + "\n"
 
     def plot(self, path: str | Path) -> Path:
