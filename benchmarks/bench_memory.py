@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from persrag_lightning.llm.base import LLM, load_llm
+from persrag_lightning.llm.base import LLM
+from persrag_lightning.llm.registry import load_llm
 from persrag_lightning.memory import MemoryBank, MemorySettings, RecallSettings
 from persrag_lightning.memory.simulate import measure_recall, simulate_conversations
 from persrag_lightning.models.text_encoder import TextEncoder

@@ -1,0 +1,458 @@
+"""PBR (seed 001): personalized query expansion by P-PRF (LLM pseudo-feedback) + P-Anchor (PageRank anchor) + fusion.
+
+One function per equation of the paper (named after it, the equation in a comment), a `PBRRetriever` with switches
+for the four variants of the evaluation (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base), and `expand_query`, the
+vector-level fusion that CFRAG's retriever can apply to its first-stage query.
+
+Embeddings are L2-normalised float32 numpy rows (the encoder's output); each user searches only their own chunks
+with exact inner product (faiss IndexFlatIP), as the paper and the PersonaBench protocol do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from persrag_lightning.retrieval.llm_cache import CachedLLM
+
+# Prompts copied from the seed's appendix ("Prompt Design for Our Method"); markdown emphasis dropped.
+UTTERANCE_PROMPT = """You are to generate 10 natural candidate utterances the user might say, inspired by the dialogue \
+history and the current question.
+
+Context
+- User dialogue history (for style imitation): {history}
+- Current question (to inspire the utterances): {query}
+
+Guidelines
+1. Generate 10 fluent, natural utterances the user might plausibly say.
+2. Do NOT just paraphrase; include variations in tone, emphasis, or context.
+3. Each utterance should exceed 25 words.
+4. Reflect the style and tone consistent with the document.
+5. Return ONLY valid JSON in this format (no comments, no markdown):
+{ "candidates": [ "...", "...", "..."] }"""
+
+REASONING_PROMPT = """Solve the question step-by-step, inspired by the user dialogue history.
+
+Context
+- User dialogue history (for style imitation): {history}
+- Current question (to inspire the reasoning): {query}
+
+Output: step-by-step explanation that maintains user-specific tone and reasoning patterns."""
+
+VARIANTS = ("PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base")
+
+
+@dataclass(frozen=True)
+class PBRSettings:
+    """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, θ = 0.75,
+    k2 = 10) and the damping α = 0.85 the paper writes (the authors' code has none: `damping=1.0` reproduces it)."""
+
+    use_prf: bool = True
+    use_anchor: bool = True
+    k1: int = 5
+    theta: float = 0.75
+    k2: int = 10
+    damping: float = 0.85
+    max_iter: int = 50
+    tol: float = 1e-6
+    top_k: int = 5
+    max_utterances: int | None = None  # None: every candidate the LLM wrote (the prompt asks for 10)
+    history_chars: int | None = None  # cap per history chunk in the prompts (small-context LLMs); None: whole chunk
+    utterance_tokens: int = 512
+    reasoning_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.k1 < 1 or self.k2 < 1 or self.top_k < 1:
+            raise ValueError(f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}")
+        if not 0.0 <= self.damping <= 1.0:
+            raise ValueError(f"damping must be in [0, 1], got {self.damping}")
+        if self.max_iter < 1 or self.tol <= 0:
+            raise ValueError(f"max_iter must be >= 1 and tol > 0, got {self.max_iter}, {self.tol}")
+
+    @property
+    def variant(self) -> str:
+        return {(True, True): "PBR", (False, True): "PBR w/o P-PRF", (True, False): "PBR w/o P-Anchor",
+                (False, False): "Base"}[(self.use_prf, self.use_anchor)]
+
+    def for_variant(self, name: str) -> PBRSettings:
+        """These settings with the module switches of one of VARIANTS."""
+        switches = {"PBR": (True, True), "PBR w/o P-PRF": (False, True), "PBR w/o P-Anchor": (True, False),
+                    "Base": (False, False)}
+        if name not in switches:
+            raise ValueError(f"unknown PBR variant {name!r}; known: {', '.join(VARIANTS)}")
+        use_prf, use_anchor = switches[name]
+        return replace(self, use_prf=use_prf, use_anchor=use_anchor)
+
+
+# ------------------------------------------------------------------------------------------- P-PRF (Eqs. 4-6)
+
+def personal_history(query_emb: np.ndarray, chunk_embs: np.ndarray, k1: int) -> np.ndarray:
+    """Eq. 4, H_q = TopK_t sim(q, c_t), |H_q| = k1: indices of the user's k1 nearest chunks, best first
+    (all of them when the user has fewer than k1)."""
+    scores = chunk_embs @ query_emb
+    order = np.argsort(-scores, kind="stable")
+    return order[:min(k1, len(order))]
+
+
+def format_history(chunks: Sequence[str], max_chars: int | None = None) -> str:
+    """The {history} slot: the k1 chunks, one per line, each cut to `max_chars` when set."""
+    return "\n".join(c if max_chars is None else c[:max_chars] for c in chunks)
+
+
+def utterance_prompt(history: str, query: str) -> str:
+    """The seed's P-PRF-roughly prompt (str.replace: the template's JSON braces are not format fields)."""
+    return UTTERANCE_PROMPT.replace("{history}", history).replace("{query}", query)
+
+
+def reasoning_prompt(history: str, query: str) -> str:
+    """The seed's P-PRF-logically prompt."""
+    return REASONING_PROMPT.replace("{history}", history).replace("{query}", query)
+
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+
+
+def json_candidates(text: str) -> list[str] | None:
+    """The non-empty string `candidates` of a JSON answer (code fences allowed), or None if there are none."""
+    try:
+        obj = json.loads(_FENCE.sub("", text.strip()))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("candidates"), list):
+        return None
+    candidates = [c.strip() for c in obj["candidates"] if isinstance(c, str) and c.strip()]
+    return candidates or None
+
+
+def parse_utterances(text: str, max_utterances: int | None = None) -> list[str]:
+    """Eq. 5's F = {f_1..f_m}: the JSON `candidates` list; anything else (not JSON, no list, no strings) falls back,
+    as the authors' code does, to the raw text as one utterance. An empty answer gives no utterance."""
+    raw = text.strip()
+    candidates = json_candidates(raw)
+    if candidates is None:
+        candidates = [raw] if raw else []
+    return candidates if max_utterances is None else candidates[:max_utterances]
+
+
+def mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
+    """Eq. 5, f_avg = (1/m) Σ_i φ(f_i); zero when there is no utterance (the fusion then ignores it)."""
+    if len(utterance_embs) == 0:
+        return np.zeros(dim, dtype=np.float32)
+    return utterance_embs.mean(axis=0).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ P-Anchor (Eqs. 7-10)
+
+def cosine_similarity_matrix(chunk_embs: np.ndarray) -> np.ndarray:
+    """Eq. 7, S_ij = <c_i, c_j> / (||c_i|| ||c_j||)."""
+    norms = np.linalg.norm(chunk_embs, axis=1, keepdims=True)
+    unit = chunk_embs / np.clip(norms, 1e-12, None)
+    return unit @ unit.T
+
+
+def sparse_adjacency(similarity: np.ndarray, theta: float, k2: int) -> sp.csr_matrix:
+    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0; the diagonal (S_ii = 1) is a row's own top
+    neighbour, so self-loops stay and no row is empty (when θ ≤ 1)."""
+    n = similarity.shape[0]
+    k = min(k2, n)
+    top = np.argpartition(-similarity, k - 1, axis=1)[:, :k] if k < n else np.tile(np.arange(n), (n, 1))
+    rows = np.repeat(np.arange(n), top.shape[1])
+    cols = top.ravel()
+    vals = similarity[rows, cols]
+    keep = vals >= theta
+    return sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, n))
+
+
+def transition_matrix(adjacency: sp.csr_matrix) -> sp.csr_matrix:
+    """P = norm(A), row-normalised; an empty row (θ > 1 or negative weights) stays empty."""
+    sums = np.asarray(adjacency.sum(axis=1)).ravel()
+    inv = np.divide(1.0, sums, out=np.zeros_like(sums, dtype=np.float64), where=sums > 0)
+    return sp.csr_matrix(sp.diags(inv) @ adjacency)
+
+
+@dataclass(frozen=True)
+class PageRankResult:
+    """Stationary distribution π, the power-iteration steps taken and whether the L1 change fell below tol."""
+
+    pi: np.ndarray
+    steps: int
+    converged: bool
+
+
+def pagerank(transition: sp.csr_matrix, damping: float = 0.85, max_iter: int = 50, tol: float = 1e-6
+             ) -> PageRankResult:
+    """Eq. 9, π(t+1) = α Pᵀ π(t) + (1 − α)/n · 1, from uniform π(0), by sparse power iteration until the L1
+    change is below tol or max_iter steps."""
+    n = transition.shape[0]
+    if n == 0:
+        return PageRankResult(np.zeros(0), 0, True)
+    pt = sp.csr_matrix(transition.T, dtype=np.float64)
+    pi = np.full(n, 1.0 / n)
+    teleport = (1.0 - damping) / n
+    for step in range(1, max_iter + 1):
+        nxt = damping * (pt @ pi) + teleport
+        delta = float(np.abs(nxt - pi).sum())
+        pi = nxt
+        if delta < tol:
+            return PageRankResult(pi, step, True)
+    return PageRankResult(pi, max_iter, False)
+
+
+def anchor_embedding(pi: np.ndarray, chunk_embs: np.ndarray) -> np.ndarray:
+    """Eq. 10, c_Anchor = Σ_i π_i · c_i."""
+    return (pi @ chunk_embs.astype(np.float64)).astype(np.float32)
+
+
+def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarray, PageRankResult]:
+    """Eqs. 7-10 for one user: graph, PageRank, anchor."""
+    adjacency = sparse_adjacency(cosine_similarity_matrix(chunk_embs), settings.theta, settings.k2)
+    result = pagerank(transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol)
+    return anchor_embedding(result.pi, chunk_embs), result
+
+
+def anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
+    """Cache key of an anchor: the user's chunk embeddings (bytes) and the graph/PageRank settings."""
+    h = hashlib.sha256(np.ascontiguousarray(chunk_embs, dtype=np.float32).tobytes())
+    h.update(json.dumps([chunk_embs.shape, settings.theta, settings.k2, settings.damping, settings.max_iter,
+                         settings.tol]).encode())
+    return h.hexdigest()[:20]
+
+
+# ------------------------------------------------------------------------------------------- fusion (Eqs. 11-14)
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """sim(·,·) of Eqs. 11-12; 0 when either vector is zero (a missing signal)."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 0.0 if na == 0.0 or nb == 0.0 else float(a @ b) / (na * nb)
+
+
+def fusion_weight(query_emb: np.ndarray, anchor: np.ndarray, feedback: np.ndarray) -> float:
+    """Eqs. 11-12, w = 1 + sim((q + c_Anchor)/2, f) for f = f_avg (w1) or f = r (w2)."""
+    return 1.0 + cosine((query_emb + anchor) / 2.0, feedback)
+
+
+def personalization_shift(anchor: np.ndarray, w1: float, f_avg: np.ndarray, w2: float, r: np.ndarray
+                          ) -> np.ndarray:
+    """Eq. 13, Δ_user = c_Anchor + w1 · f_avg + w2 · r."""
+    return anchor + w1 * f_avg + w2 * r
+
+
+def personalized_query(query_emb: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Eq. 14, q* = q + Δ_user."""
+    return query_emb + shift
+
+
+def expand_query(query_emb: np.ndarray, anchor: np.ndarray | None = None, f_avg: np.ndarray | None = None,
+                 r: np.ndarray | None = None) -> np.ndarray:
+    """q* of Eqs. 11-14 from whatever signals are given (None = module switched off = zero vector), so the
+    ablations are the same code: no anchor → w from q alone; no feedback → q* = q + c; nothing → q* = q.
+    This is the transform CFRAG's first-stage retriever can apply to its query embedding."""
+    q = np.asarray(query_emb, dtype=np.float32)
+    zero = np.zeros_like(q)
+    c = zero if anchor is None else np.asarray(anchor, dtype=np.float32)
+    f = zero if f_avg is None else np.asarray(f_avg, dtype=np.float32)
+    rv = zero if r is None else np.asarray(r, dtype=np.float32)
+    w1 = fusion_weight(q, c, f) if f_avg is not None else 0.0
+    w2 = fusion_weight(q, c, rv) if r is not None else 0.0
+    return personalized_query(q, personalization_shift(c, w1, f, w2, rv)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------- retriever
+
+@dataclass(frozen=True)
+class PseudoFeedback:
+    """P-PRF's output for one query: the history used, the utterances and the reasoning text."""
+
+    history: tuple[int, ...]
+    utterances: tuple[str, ...]
+    reasoning: str
+    parsed_json: bool = False  # False: the LLM's answer was not JSON candidates (raw-text fallback)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Top-k chunk indices of a user (best first) with their inner-product scores and q*'s diagnostics."""
+
+    indices: tuple[int, ...]
+    scores: tuple[float, ...]
+    w1: float = 0.0
+    w2: float = 0.0
+    feedback: PseudoFeedback | None = None
+
+
+@dataclass
+class UserIndex:
+    """A user's chunks with their embeddings and an exact inner-product faiss index."""
+
+    texts: list[str]
+    embeddings: np.ndarray
+    index: object = field(repr=False)
+
+
+@dataclass
+class PBRStats:
+    """Counters a benchmark reports: LLM prompts sent vs. read from cache, PageRank seconds per user."""
+
+    llm_calls: int = 0
+    llm_hits: int = 0
+    anchors_built: int = 0
+    anchor_hits: int = 0
+    pagerank_seconds: list[float] = field(default_factory=list)
+    pagerank_steps: list[int] = field(default_factory=list)
+
+
+Encode = Callable[[list[str]], np.ndarray]
+
+
+def faiss_index(embeddings: np.ndarray) -> object:
+    import faiss
+
+    index = faiss.IndexFlatIP(embeddings.shape[1])
+    index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
+    return index
+
+
+class PBRRetriever:
+    """The four variants as one class: `settings.use_prf` / `settings.use_anchor` switch P-PRF and P-Anchor.
+
+    `encode` maps texts to L2-normalised float32 rows (e.g. `TextEncoder.encode(...).numpy()`); `llm` is needed
+    only with P-PRF and is always used through the on-disk cache. Anchors are memoised per user by
+    `anchor_fingerprint`, so several variants or queries of one user build the graph once.
+    """
+
+    def __init__(self, encode: Encode, settings: PBRSettings | None = None, llm: CachedLLM | None = None,
+                 anchor_dir: str | Path | None = None) -> None:
+        self.encode = encode
+        self.settings = settings or PBRSettings()
+        if self.settings.use_prf and llm is None:
+            raise ValueError(f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)")
+        self.llm = llm
+        self.anchor_dir = Path(anchor_dir) if anchor_dir is not None else None
+        self.users: dict[str, UserIndex] = {}
+        self._anchors: dict[str, np.ndarray] = {}
+        self.stats = PBRStats()
+
+    def with_settings(self, settings: PBRSettings) -> PBRRetriever:
+        """Same users, indexes, anchors and LLM under other settings (for variants: nothing is re-embedded)."""
+        other = PBRRetriever(self.encode, settings, self.llm, self.anchor_dir)
+        other.users, other._anchors, other.stats = self.users, self._anchors, self.stats
+        return other
+
+    def add_user(self, user_id: str, texts: list[str], embeddings: np.ndarray | None = None) -> None:
+        """Index a user's chunks (embedded now unless given)."""
+        if not texts:
+            raise ValueError(f"user {user_id!r} has no chunks to search")
+        embs = self.encode(texts) if embeddings is None else embeddings
+        embs = np.ascontiguousarray(embs, dtype=np.float32)
+        self.users[user_id] = UserIndex(list(texts), embs, faiss_index(embs))
+
+    def anchor(self, user_id: str) -> np.ndarray:
+        """c_Anchor of a user, from memory, from `anchor_dir`, or built (and stored there)."""
+        user = self.users[user_id]
+        key = anchor_fingerprint(user.embeddings, self.settings)
+        if key in self._anchors:
+            self.stats.anchor_hits += 1
+            return self._anchors[key]
+        path = self.anchor_dir / f"{key}.npy" if self.anchor_dir is not None else None
+        if path is not None and path.is_file():
+            anchor = np.load(path)
+            self.stats.anchor_hits += 1
+        else:
+            t0 = time.perf_counter()
+            anchor, result = user_anchor(user.embeddings, self.settings)
+            self.stats.pagerank_seconds.append(time.perf_counter() - t0)
+            self.stats.pagerank_steps.append(result.steps)
+            self.stats.anchors_built += 1
+            if path is not None:
+                from persrag_lightning.utils import atomic_replace
+
+                with atomic_replace(path) as tmp, open(tmp, "wb") as f:
+                    np.save(f, anchor)
+        self._anchors[key] = anchor
+        return anchor
+
+    def prompts(self, user_id: str, queries: list[str], query_embs: np.ndarray) -> list[tuple[str, str, tuple]]:
+        """(utterance prompt, reasoning prompt, H_q indices) per query."""
+        user = self.users[user_id]
+        out = []
+        for text, q in zip(queries, query_embs):
+            hist = personal_history(q, user.embeddings, self.settings.k1)
+            history = format_history([user.texts[i] for i in hist], self.settings.history_chars)
+            out.append((utterance_prompt(history, text), reasoning_prompt(history, text), tuple(int(i) for i in hist)))
+        return out
+
+    def pseudo_feedback(self, user_id: str, queries: list[str], query_embs: np.ndarray,
+                        shard: int = 0, num_shards: int = 1) -> list[PseudoFeedback | None]:
+        """P-PRF for a user's queries: both prompts of all queries in one cached batch (None: another shard's)."""
+        assert self.llm is not None
+        prompts = self.prompts(user_id, queries, query_embs)
+        utt_answers, s1 = self.llm.generate([p[0] for p in prompts], self.settings.utterance_tokens, shard,
+                                            num_shards)
+        rea_answers, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens, shard,
+                                            num_shards)
+        self.stats.llm_calls += s1.calls + s2.calls
+        self.stats.llm_hits += s1.hits + s2.hits
+        out: list[PseudoFeedback | None] = []
+        for (_, _, hist), utt, rea in zip(prompts, utt_answers, rea_answers):
+            if utt is None or rea is None:
+                out.append(None)
+                continue
+            out.append(PseudoFeedback(hist, tuple(parse_utterances(utt, self.settings.max_utterances)), rea.strip(),
+                                      json_candidates(utt) is not None))
+        return out
+
+    def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:
+        """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's whole job)."""
+        self.pseudo_feedback(user_id, queries, self.encode(queries), shard, num_shards)
+
+    def expanded_queries(self, user_id: str, queries: list[str], query_embs: np.ndarray | None = None
+                         ) -> tuple[np.ndarray, list[tuple[float, float]], list[PseudoFeedback | None]]:
+        """q* per query (rows), with (w1, w2) and the pseudo-feedback used."""
+        q_embs = self.encode(queries) if query_embs is None else np.asarray(query_embs, dtype=np.float32)
+        dim = q_embs.shape[1]
+        anchor = self.anchor(user_id) if self.settings.use_anchor else None
+        feedback: list[PseudoFeedback | None] = [None] * len(queries)
+        f_avgs: list[np.ndarray | None] = [None] * len(queries)
+        rs: list[np.ndarray | None] = [None] * len(queries)
+        if self.settings.use_prf:
+            feedback = self.pseudo_feedback(user_id, queries, q_embs)
+            if any(fb is None for fb in feedback):
+                raise RuntimeError("some LLM answers are missing (sharded cache not filled)")
+            utts = [u for fb in feedback for u in fb.utterances]  # type: ignore[union-attr]
+            texts = utts + [fb.reasoning for fb in feedback]  # type: ignore[union-attr]
+            embs = self.encode(texts) if texts else np.zeros((0, dim), dtype=np.float32)
+            start = 0
+            for i, fb in enumerate(feedback):
+                m = len(fb.utterances)  # type: ignore[union-attr]
+                f_avgs[i] = mean_utterance_embedding(embs[start:start + m], dim)
+                start += m
+                rs[i] = embs[len(utts) + i] if fb.reasoning else np.zeros(dim, dtype=np.float32)  # type: ignore
+        rows, weights = [], []
+        for i, q in enumerate(q_embs):
+            rows.append(expand_query(q, anchor, f_avgs[i], rs[i]))
+            c = np.zeros(dim, dtype=np.float32) if anchor is None else anchor
+            weights.append((fusion_weight(q, c, f_avgs[i]) if f_avgs[i] is not None else 0.0,
+                            fusion_weight(q, c, rs[i]) if rs[i] is not None else 0.0))
+        return np.stack(rows).astype(np.float32), weights, feedback
+
+    def retrieve(self, user_id: str, queries: list[str], k: int | None = None,
+                 query_embs: np.ndarray | None = None) -> list[Ranking]:
+        """Top-k of the user's own chunks for q* by exact inner product (fewer when the user has fewer chunks)."""
+        k = self.settings.top_k if k is None else k
+        user = self.users[user_id]
+        q_star, weights, feedback = self.expanded_queries(user_id, queries, query_embs)
+        scores, idx = user.index.search(q_star, min(k, len(user.texts)))  # type: ignore[attr-defined]
+        return [Ranking(tuple(int(j) for j in row_i if j >= 0), tuple(float(s) for s, j in zip(row_s, row_i) if j >= 0),
+                        w[0], w[1], fb)
+                for row_i, row_s, w, fb in zip(idx, scores, weights, feedback)]
+
+    def describe(self) -> str:
+        return json.dumps(asdict(self.settings), sort_keys=True)

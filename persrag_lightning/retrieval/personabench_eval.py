@@ -1,0 +1,309 @@
+"""Run PBR's variants on a PersonaBench community under the benchmark's protocol and write the table.
+
+Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5, fusion weights,
+pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per variant with 95 % bootstrap
+intervals over questions, LLM calls per query, wall time cold and warm). Function API; the CLI calls
+`run_personabench(PersonaBenchEvalConfig(...))`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from persrag_lightning.data.personabench import PersonaBenchCommunity, PersonaQuestion, load_personabench
+from persrag_lightning.personabench_metrics import personabench_scores
+from persrag_lightning.retrieval.llm_cache import CachedLLM
+from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
+from persrag_lightning.utils import atomic_write_json, atomic_write_text
+
+
+@dataclass
+class PersonaBenchEvalConfig:
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`)."""
+
+    kind: str = "personabench"
+    data_dir: str = "../shared/data/personabench/community_0"
+    noise: str = "0.0"
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    encoder: str = "minilm"
+    max_length: int = 256
+    llm_backend: str = "hf"
+    llm_model: str = "smollm2"
+    llm_batch_size: int = 8
+    llm_threads: int | None = None  # CPU threads of a local backend (hf: num_threads, llamacpp: n_threads)
+    llm_context: int | None = None  # llamacpp context window (n_ctx); None: the backend's default
+    cache_dir: str = ".cache/pbr"
+    out_dir: str = "outputs/personabench"
+    max_questions_per_person: int | None = None
+    warm_rerun: bool = True
+    bootstrap_samples: int = 1000
+    seed: int = 0
+    pbr: PBRSettings = field(default_factory=PBRSettings)
+
+
+@dataclass(frozen=True)
+class QuestionResult:
+    """One question under one variant."""
+
+    variant: str
+    q_id: str
+    person: str
+    category: str
+    question: str
+    retrieved: list[str]
+    gt_alternatives: list[list[str]]
+    recall: float
+    ndcg: float
+    w1: float
+    w2: float
+    num_utterances: int
+    reasoning_chars: int
+    utterances_json: bool
+    feedback_digest: str  # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    """A row of the table."""
+
+    variant: str
+    questions: int
+    recall: float
+    recall_ci: tuple[float, float]
+    ndcg: float
+    ndcg_ci: tuple[float, float]
+    llm_calls_per_query: float
+    cold_seconds: float
+    warm_seconds: float | None
+    warm_llm_calls: int | None
+    pagerank_ms_per_user: float | None
+    prf_json_rate: float | None = None  # share of utterance answers that were JSON candidates
+    prf_distinct_rate: float | None = None  # distinct pseudo-feedback texts / questions (1.0 = all different)
+
+
+@dataclass
+class PersonaBenchReport:
+    """Everything a run measured; `markdown()` is the table the README shows."""
+
+    data_dir: str
+    encoder: str
+    llm: str
+    settings: PBRSettings
+    index_seconds: float
+    summaries: list[VariantSummary]
+    results: list[QuestionResult]
+
+    def markdown(self) -> str:
+        n = self.summaries[0].questions if self.summaries else 0
+        lines = [
+            f"PersonaBench `{Path(self.data_dir).name}`, encoder `{self.encoder}`, LLM `{self.llm}`; "
+            + f"{n} questions; 95 % bootstrap CI over questions.",
+            "",
+            "| variant | R@5 | 95 % CI | N@5 | 95 % CI | LLM calls / query | cold s | warm s | PageRank ms / user |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for s in self.summaries:
+            warm = "-" if s.warm_seconds is None else f"{s.warm_seconds:.1f}"
+            pr = "-" if s.pagerank_ms_per_user is None else f"{s.pagerank_ms_per_user:.2f}"
+            lines.append(f"| {s.variant} | {s.recall:.4f} | {s.recall_ci[0]:.3f}–{s.recall_ci[1]:.3f} | "
+                         f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
+                         f"{s.cold_seconds:.1f} | {warm} | {pr} |")
+        st = self.settings
+        notes = []
+        for s in self.summaries:
+            if s.prf_json_rate is not None:
+                notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers were JSON "
+                             f"candidates (else raw-text fallback); distinct pseudo-feedback per question "
+                             f"{100 * (s.prf_distinct_rate or 0):.0f} %.")
+        settings = (f"Settings: k1={st.k1}, θ={st.theta}, k2={st.k2}, α={st.damping}, max_iter={st.max_iter}, "
+                    f"tol={st.tol}, top_k={st.top_k}, history_chars={st.history_chars}, "
+                    f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
+                    f"embedding all documents took {self.index_seconds:.1f} s.")
+        lines += ["", *notes, "", settings] if notes else ["", settings]
+        return "\n".join(lines) + "\n"
+
+    def plot(self, path: str | Path) -> Path:
+        """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = [s.variant for s in self.summaries]
+        x = np.arange(len(names))
+        fig, ax = plt.subplots(figsize=(1.8 * len(names) + 2, 3.6))
+        for offset, label, vals, cis in (
+                (-0.2, "R@5", [s.recall for s in self.summaries], [s.recall_ci for s in self.summaries]),
+                (0.2, "N@5", [s.ndcg for s in self.summaries], [s.ndcg_ci for s in self.summaries])):
+            err = np.array([[v - lo for v, (lo, _) in zip(vals, cis)], [hi - v for v, (_, hi) in zip(vals, cis)]])
+            ax.bar(x + offset, vals, 0.4, yerr=err, capsize=3, label=label)
+        ax.set_xticks(x, names)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"PersonaBench {Path(self.data_dir).name} ({self.llm})")
+        ax.legend()
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+    def write(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        atomic_write_json(out / "results.json", [asdict(r) for r in self.results])
+        atomic_write_json(out / "summary.json", {"data_dir": self.data_dir, "encoder": self.encoder,
+                                                 "llm": self.llm, "settings": asdict(self.settings),
+                                                 "index_seconds": self.index_seconds,
+                                                 "variants": [asdict(s) for s in self.summaries]})
+        atomic_write_text(out / "table.md", self.markdown())
+        self.plot(out / "table.png")
+        return out
+
+
+def bootstrap_ci(values: list[float] | np.ndarray, samples: int = 1000, seed: int = 0, level: float = 0.95
+                 ) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over questions (resampling questions with replacement)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(samples, len(v)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def select_questions(community: PersonaBenchCommunity, per_person: int | None) -> dict[str, list[PersonaQuestion]]:
+    """Each person's questions in file order, the first `per_person` of them when capped."""
+    return {p.name: list(p.questions if per_person is None else p.questions[:per_person])
+            for p in community.people}
+
+
+def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRSettings,
+                llm: CachedLLM | None) -> PBRRetriever:
+    """Embed every person's documents once; variants reuse the indexes via `with_settings`."""
+    base = PBRRetriever(encode, PBRSettings(use_prf=False, use_anchor=False), None)
+    for person in community.people:
+        base.add_user(person.name, person.texts)
+    base.llm = llm
+    return base.with_settings(settings)
+
+
+def run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
+                questions: dict[str, list[PersonaQuestion]]) -> list[QuestionResult]:
+    """Retrieve top-k for every selected question of every person and score it by the benchmark's metric."""
+    out = []
+    k = retriever.settings.top_k
+    for person in community.people:
+        qs = questions[person.name]
+        if not qs:
+            continue
+        rankings = retriever.retrieve(person.name, [q.question for q in qs], k)
+        ids = person.segment_ids
+        for q, r in zip(qs, rankings):
+            retrieved = [ids[i] for i in r.indices]
+            recall, ndcg = personabench_scores(retrieved, q.gt_alternatives, k)
+            fb = r.feedback
+            out.append(QuestionResult(retriever.settings.variant, q.q_id, q.person, q.category, q.question,
+                                      retrieved, [list(a) for a in q.gt_alternatives], recall, ndcg, r.w1, r.w2,
+                                      0 if fb is None else len(fb.utterances),
+                                      0 if fb is None else len(fb.reasoning),
+                                      fb is not None and fb.parsed_json, _digest(fb)))
+    return out
+
+
+def _digest(fb: PseudoFeedback | None) -> str:
+    if fb is None:
+        return ""
+    return hashlib.sha256(json.dumps([fb.utterances, fb.reasoning]).encode()).hexdigest()[:12]
+
+
+def _fresh(retriever: PBRRetriever, settings: PBRSettings) -> PBRRetriever:
+    """A view with its own anchor memo and counters (so a cold run really builds its anchors)."""
+    other = PBRRetriever(retriever.encode, settings, retriever.llm, retriever.anchor_dir)
+    other.users = retriever.users
+    return other
+
+
+def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: PersonaBenchEvalConfig,
+                      llm: CachedLLM | None = None, llm_name: str = "none") -> PersonaBenchReport:
+    """The measurement loop, independent of how the encoder and the LLM were built (tests pass fakes)."""
+    questions = select_questions(community, config.max_questions_per_person)
+    n_questions = sum(len(v) for v in questions.values())
+    t0 = time.perf_counter()
+    shared = build_index(community, encode, config.pbr.for_variant("Base"), llm)
+    index_seconds = time.perf_counter() - t0
+    summaries, results = [], []
+    for name in config.variants:
+        settings = config.pbr.for_variant(name)
+        cold = _fresh(shared, settings)
+        t0 = time.perf_counter()
+        rows = run_variant(community, cold, questions)
+        cold_seconds = time.perf_counter() - t0
+        warm_seconds = warm_calls = None
+        if config.warm_rerun:
+            warm = _fresh(shared, settings)
+            warm._anchors = cold._anchors  # warm = every cache filled: LLM answers on disk, anchors in memory
+            t0 = time.perf_counter()
+            run_variant(community, warm, questions)
+            warm_seconds, warm_calls = time.perf_counter() - t0, warm.stats.llm_calls
+        recalls = [r.recall for r in rows]
+        ndcgs = [r.ndcg for r in rows]
+        pr = cold.stats.pagerank_seconds
+        summaries.append(VariantSummary(
+            name, len(rows), float(np.mean(recalls)) if rows else math.nan,
+            bootstrap_ci(recalls, config.bootstrap_samples, config.seed),
+            float(np.mean(ndcgs)) if rows else math.nan, bootstrap_ci(ndcgs, config.bootstrap_samples, config.seed),
+            cold.stats.llm_calls / max(n_questions, 1), cold_seconds, warm_seconds, warm_calls,
+            1000 * float(np.mean(pr)) if pr else None,
+            float(np.mean([r.utterances_json for r in rows])) if settings.use_prf and rows else None,
+            len({r.feedback_digest for r in rows}) / len(rows) if settings.use_prf and rows else None))
+        results.extend(rows)
+    return PersonaBenchReport(str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries,
+                              results)
+
+
+def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
+    """The YAML `evaluation` section (plain mapping, `pbr` nested) as a typed config; unknown keys are errors."""
+    values = dict(section)
+    pbr = values.pop("pbr", None) or {}
+    if not isinstance(pbr, dict):
+        raise TypeError(f"evaluation.pbr must be a mapping, got {type(pbr).__name__}")
+    return PersonaBenchEvalConfig(**values, pbr=PBRSettings(**pbr))  # type: ignore[arg-type]
+
+
+def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
+    """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate; write; return."""
+    import torch
+
+    from persrag_lightning.models.text_encoder import TextEncoder
+
+    community = load_personabench(config.data_dir, config.noise)
+    encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return encoder.encode(texts).numpy().astype(np.float32)
+
+    llm = None
+    llm_name = "none"
+    if any(config.pbr.for_variant(v).use_prf for v in config.variants):
+        from persrag_lightning.llm.registry import load_llm
+
+        kwargs: dict[str, object] = {"batch_size": config.llm_batch_size}
+        if config.llm_threads is not None and config.llm_backend in ("hf", "llamacpp"):
+            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = config.llm_threads
+        if config.llm_context is not None and config.llm_backend == "llamacpp":
+            kwargs["n_ctx"] = config.llm_context
+        raw = load_llm(config.llm_backend, config.llm_model, **kwargs)
+        llm = CachedLLM(raw, Path(config.cache_dir) / "llm", batch_size=config.llm_batch_size)
+        llm_name = raw.fingerprint
+    with torch.inference_mode():
+        report = evaluate_variants(community, encode, config, llm, llm_name)
+    report.write(config.out_dir)
+    return report
