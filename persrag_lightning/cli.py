@@ -11,11 +11,12 @@ from persrag_lightning.commands.train import lightning_command, resolve_config_a
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `train.py` and the `persrag` console script: bad input ends with one clear line."""
     from persrag_lightning.data.lamp import LampFormatError
+    from persrag_lightning.data.personabench import PersonaBenchFormatError
     from persrag_lightning.llm.base import LLMBackendError
 
     try:
         run(argv)
-    except (LampFormatError, LLMBackendError, FileNotFoundError) as err:
+    except (LampFormatError, PersonaBenchFormatError, LLMBackendError, FileNotFoundError) as err:
         print(f"persrag: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
 

@@ -75,3 +75,30 @@ def tiny_llm(tmp_path_factory) -> str:
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+WORD_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+                      "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def word_level_llama(out: Path, words: list[str]) -> Path:
+    """A random 2-layer llama (GQA, RoPE, hidden 32) over a word-level vocabulary with a chat template, saved like
+    a Hub model: every token is a known word, so token counts and positions can be checked by hand."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
+                                  bos_token="<|im_start|>", unk_token="<unk>")
+    tok.chat_template = WORD_CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

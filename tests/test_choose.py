@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.llm import LLM, load_llm
 from persrag_lightning.llm.answer import allowed_labels, answer, official_postprocess
+from tests.conftest import word_level_llama
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 WORDS = [f"w{i}" for i in range(40)] + ["user", "assistant", "1", "2", "3", "4", "5", "[1]", "[2]"]
 # Prompts of very different lengths in one batch (left padding), options of 1 to 4 tokens and an empty one.
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13", "w14 w15", "w16 w17 w18 w19 w20 w21"]
@@ -22,24 +20,7 @@ OPTIONS = ["w30 w31", "w32", "w33 w34 w35 w36", "", "w37 w38 w39", "w30"]
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer llama (GQA, RoPE) with a word-level tokenizer and a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    vocab = {w: i for i, w in enumerate(specials + WORDS)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
-                                  bos_token="<|im_start|>", unk_token="<unk>")
-    tok.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-llama-choose")
-    LlamaForCausalLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return word_level_llama(tmp_path_factory.mktemp("tiny-llama-choose"), WORDS)
 
 
 def per_option_score(llm: LLM, prompts: list[str], options: list[str]) -> list[list[float]]:
@@ -47,11 +28,10 @@ def per_option_score(llm: LLM, prompts: list[str], options: list[str]) -> list[l
     return [[llm.score([p], [o])[0] for o in options] for p in prompts]
 
 
-@pytest.mark.parametrize(("batch_size", "option_rows"), [(8, 64), (2, 64), (3, 4), (8, 1)])
-def test_hf_score_options_equals_score(tiny_dir: Path, batch_size: int, option_rows: int) -> None:
-    """Fails if padding, positions, the cache expansion (in place or chunked) or option tokenisation are off."""
+@pytest.mark.parametrize("batch_size", [8, 3, 2, 1])
+def test_hf_score_options_equals_score(tiny_dir: Path, batch_size: int) -> None:
+    """Fails if padding, positions, the packed options' attention mask or option tokenisation are off."""
     llm = load_llm("hf", str(tiny_dir), batch_size=batch_size, device="cpu")
-    llm.option_rows = option_rows  # type: ignore[attr-defined]
     got = llm.score_options(PROMPTS, OPTIONS)
     want = per_option_score(llm, PROMPTS, OPTIONS)
     assert len(got) == len(PROMPTS) and all(len(r) == len(OPTIONS) for r in got)

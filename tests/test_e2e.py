@@ -8,7 +8,10 @@ import json
 import pytest
 
 from persrag_lightning.cli import main
+from persrag_lightning.data.lamp import read_outputs
+from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.retrieval.evaluate import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
 STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user")
@@ -20,11 +23,24 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     run = in_tmp_cwd / "checkpoints" / "synthlamp-smoke"
     for stage in STAGES:
         assert (run / stage / "config.json").exists(), stage
-    metrics = json.loads((in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate" / "metrics.json").read_text())
+    out = in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate"
+    metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])
     assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning"} <= names
-    assert all(0.0 <= r["accuracy"] <= 1.0 for r in metrics["results"].values())
+    assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
+    # every reported accuracy is the official metric of the written predictions against the test golds
+    data_dir = next((in_tmp_cwd / ".cache" / "persrag" / "synthlamp").glob("LaMP-2-*"))
+    golds = read_outputs(data_dir / "test_outputs.json", "LaMP-2")
+    for name, row in metrics["results"].items():
+        predictions = read_outputs(out / "predictions" / f"{file_name(name)}.json", "LaMP-2")
+        assert len(predictions) == metrics["examples"] == 6 and set(predictions.values()) <= set(LAMP2_LABELS)
+        correct = sum(predictions[i] == golds[i] for i in predictions)
+        assert row["accuracy"] == pytest.approx(correct / len(predictions)), name
+        low, high = metrics["intervals"][name]["accuracy"][1:]
+        assert low <= row["accuracy"] <= high
     assert metrics["results"]["recency"]["own_docs"] == 1.0
+    assert metrics["results"]["w/o user retrieval"]["own_docs"] == 1.0
+    assert metrics["results"]["CFRAG"]["own_docs"] < 1.0  # the collaborative path reached the prompts
     first = capsys.readouterr().out
     assert "| CFRAG |" in first and "exported already, skipped" not in first
 

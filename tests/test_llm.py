@@ -33,6 +33,7 @@ from persrag_lightning.llm.prompts import (
     split_budget,
     truncate_to_tokens,
 )
+from tests.conftest import word_level_llama
 
 
 def words(text: str) -> int:
@@ -230,33 +231,13 @@ def test_lamp3_scores(raw: str, expected: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- tiny random llama (hf)
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 VOCAB_WORDS = [f"w{i}" for i in range(40)] + ["user", "assistant", "system"]
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer llama (hidden 32) with a word-level tokenizer and a chat template, saved like a Hub model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    vocab = {w: i for i, w in enumerate(specials + VOCAB_WORDS)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
-                                  bos_token="<|im_start|>", unk_token="<unk>")
-    tok.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         initializer_range=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return word_level_llama(tmp_path_factory.mktemp("tiny-llama"), VOCAB_WORDS)
 
 
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13", "w14 w15", "w16 w17 w18 w19 w20 w21"]

@@ -226,3 +226,23 @@ def test_config_file_maps_onto_the_eval_config():
     assert config.variants == ["PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base"]
     with pytest.raises(TypeError):
         config_from_dict({**section, "no_such_key": 1})
+
+
+def test_cli_evaluate_on_a_malformed_folder_is_one_line_with_exit_code_2(tmp_path):
+    """`persrag evaluate --config evaluate_personabench.yaml` dispatches to the PersonaBench protocol; bad data is
+    one line naming file, record and field, exit code 2, before any model is loaded."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    files = _community()
+    files["eval_info/eval_info_all.json"] = [{"Name": "Ann", "Eval_Info": {"qa": [{"q_id": "0", "question": 3,
+                                                                                   "type": "Social"}]}}]
+    folder = write_community(tmp_path / "c0", files)
+    run = subprocess.run([sys.executable, str(repo / "train.py"), "evaluate", "--config", "evaluate_personabench.yaml",
+                          f"--evaluation.data_dir={folder}", f"--evaluation.out_dir={tmp_path / 'out'}"],
+                         cwd=repo, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 2, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("persrag: error:") and "eval_info_all.json" in last and "'question'" in last
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()

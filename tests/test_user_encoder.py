@@ -73,6 +73,26 @@ def test_export_subcommand_rewrites_bundle_from_checkpoint(in_tmp_cwd, tiny_bert
     torch.testing.assert_close(after, before)  # one epoch: the best checkpoint is the last weights
 
 
+def test_a_failed_export_keeps_the_previous_bundle_whole(in_tmp_cwd, tiny_bert, monkeypatch):
+    import persrag_lightning.models.user_encoder as user_encoder_module
+
+    main(fit_args(tiny_bert, 30, 1))
+    bundle = in_tmp_cwd / "checkpoints" / "t" / "user_encoder"
+    before = {p.name: p.read_bytes() for p in bundle.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(user_encoder_module, "save_index", disk_full)  # dies after the weights are written
+    args = fit_args(tiny_bert, 30, 1)
+    args[0] = "export"
+    ckpt = next((in_tmp_cwd / "runs" / "t" / "user_encoder").rglob("last.ckpt"))
+    with pytest.raises(OSError, match="disk full"):
+        main([*args, f"--ckpt_path={ckpt}"])
+    assert {p.name: p.read_bytes() for p in bundle.iterdir()} == before
+    assert not [p for p in bundle.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
+
+
 def test_mask_row_starts_as_the_normalised_embedding_of_the_mask_text(tmp_path, tiny_bert):
     """As the official code: the [mask] row is the unit vector of the frozen encoder's "<mask>" embedding, not a
     N(0, 1) row whose norm (~√d) would dwarf the unit-norm doc rows in the views the mask augmentation makes."""

@@ -30,6 +30,10 @@ def evaluate_command(args: list[str]) -> dict:
     from persrag_lightning.retrieval.base import Strategy
     from persrag_lightning.retrieval.evaluate import Evaluation
 
+    args = resolve_config_args(args)
+    section = personabench_section(args)
+    if section is not None:
+        return personabench_command(section)
     parser = ArgumentParser(prog="persrag evaluate", description=evaluate_command.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
@@ -59,3 +63,35 @@ def evaluate_command(args: list[str]) -> dict:
     print(evaluation.table(summary, evaluation.skipped))
     print(f"reports in {evaluation.out_dir}")
     return summary.results
+
+
+def personabench_section(args: list[str]) -> dict | None:
+    """The `evaluation` section of a PersonaBench config (`kind: personabench`) with `--evaluation.x=v` overrides
+    applied (values parsed as YAML), or None for a LaMP config."""
+    import yaml
+
+    config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")),
+                  next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None))
+    if config is None or not Path(config).is_file():
+        return None
+    section = (yaml.safe_load(Path(config).read_text()) or {}).get("evaluation") or {}
+    if section.get("kind") != "personabench":
+        return None
+    pairs = [a.split("=", 1) for a in args if a.startswith("--evaluation.") and "=" in a]
+    pairs += [[a, args[i + 1]] for i, a in enumerate(args[:-1]) if a.startswith("--evaluation.") and "=" not in a]
+    for key, value in pairs:
+        *path, leaf = key.removeprefix("--evaluation.").split(".")
+        node = section
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return section
+
+
+def personabench_command(section: dict) -> dict:
+    """PBR variants on a PersonaBench community (retrieval/personabench_eval.py): prints and writes the table."""
+    from persrag_lightning.retrieval.personabench_eval import config_from_dict, run_personabench
+
+    report = run_personabench(config_from_dict(section))
+    print(report.markdown())
+    return {s.variant: {"recall@5": s.recall, "ndcg@5": s.ndcg} for s in report.summaries}

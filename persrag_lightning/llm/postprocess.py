@@ -24,8 +24,8 @@ def _strip_fences(text: str) -> str:
     return re.sub(r"```(?:json)?", "", text).strip()
 
 
-def _first_object(text: str) -> dict | None:
-    """First `{...}` that parses as a JSON (or Python-literal) object."""
+def first_json_object(text: str) -> dict | None:
+    """First `{...}` that parses as a JSON (or Python-literal) object: small models wrap JSON in prose or fences."""
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try:
@@ -48,7 +48,7 @@ def extract_json_field(text: str, key: str) -> str:
     text = _strip_fences(text or "")
     if not text:
         return ""
-    obj = _first_object(text)
+    obj = first_json_object(text)
     if obj is not None:
         for k, v in obj.items():
             if str(k).strip().lower() == key and isinstance(v, (str, int, float)):

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from persrag_lightning.llm.base import LLM
+from persrag_lightning.llm.postprocess import first_json_object
 from persrag_lightning.memory.records import DIMENSIONS, Tags, Turn
 
 MAX_TAGS_PER_DIMENSION = 8
@@ -76,19 +77,6 @@ def _tag_list(value: object) -> tuple[str, ...]:
     return tuple(out[:MAX_TAGS_PER_DIMENSION])
 
 
-def _json_object(text: str) -> dict | None:
-    """The first JSON object in the answer (small models wrap it in prose or ``` fences), or None."""
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            obj, _ = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
-
-
 _JSON_STRING = r'"((?:[^"\\\n]|\\.)*)"'
 
 
@@ -123,7 +111,7 @@ def fallback(message: str) -> Extraction:
 
 def parse_extraction(answer: str, message: str) -> Extraction:
     """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives `fallback`."""
-    obj, repaired = _json_object(answer), False
+    obj, repaired = first_json_object(answer), False
     if obj is None:
         obj, repaired = _salvage(answer), True
     if obj is None or not isinstance(obj.get("memory"), str):

@@ -15,6 +15,7 @@ from persrag_lightning.metrics import UserRetrievalQuality
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 from persrag_lightning.modules.losses import Negatives, info_nce
 from persrag_lightning.retrieval.index import IndexKind
+from persrag_lightning.utils import atomic_directory
 
 
 class UserEncoderModule(L.LightningModule):
@@ -126,5 +127,8 @@ class UserEncoderModule(L.LightningModule):
         docstore of the users' histories that serving retrieves from."""
         self.encoder.index_users(datamodule.user_ids, self.user_embeddings(datamodule),
                                  self.hparams.index)
-        write_docstore(Path(path).parent / "docstore", datamodule.dataset)
-        return self.encoder.save_pretrained(path)
+        with atomic_directory(Path(path).parent / "docstore") as tmp:
+            write_docstore(tmp, datamodule.dataset)
+        with atomic_directory(path) as tmp:  # a killed export leaves the previous bundle, never half of one
+            self.encoder.save_pretrained(tmp)
+        return Path(path)
