@@ -24,6 +24,7 @@ from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.user_index import UserIndex
 
 UserSource = Literal["encoder", "mean"]
+RERANK_BATCH = 128  # (query, doc) pairs per cross-encoder forward when reranking a batch of queries
 
 # Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
 # pipeline runs exactly these; a missing bundle's error names its command.
@@ -117,23 +118,33 @@ class CFRAG(Strategy):
         return self.source.propose(queries)
 
     @torch.no_grad()
-    def rerank(self, query: Query, docs: list[RetrievedDoc], k: int) -> list[RetrievedDoc]:
-        if not docs:
-            return []
+    def rerank(self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
+        """The final k of each query's m·k candidates: the reranker's order (Eq. 10), every pair of the batch of
+        queries scored in one call; without a reranker, the first-stage order (Table 3, w/o reranker tuning)."""
         if self.reranker is None:
-            order = np.argsort([-d.retriever_score for d in docs], kind="stable")[:k]
-            return [docs[i] for i in order]
-        e_u = self.e_u(query.user_id)
-        users = None if e_u is None else e_u.unsqueeze(0).expand(len(docs), -1)
-        scores = self.reranker.score_pairs([query.query] * len(docs), [self.store.text(d.row) for d in docs], users)
-        order = torch.argsort(scores, descending=True, stable=True)[:k].tolist()
-        return [RetrievedDoc(**{**docs[i].__dict__, "reranker_score": float(scores[i])}) for i in order]
+            return [[docs[i] for i in np.argsort([-d.retriever_score for d in docs], kind="stable")[:k]]
+                    for docs in candidates]
+        pairs = [(q, d) for q, docs in zip(queries, candidates) for d in docs]
+        if not pairs:
+            return [[] for _ in queries]
+        users = None
+        if self.reranker.config.use_user:
+            users = torch.stack([self.e_u(q.user_id) for q, _ in pairs])
+        scores = self.reranker.score_pairs([q.query for q, _ in pairs], [self.store.text(d.row) for _, d in pairs],
+                                           users, batch_size=RERANK_BATCH)
+        out, start = [], 0
+        for docs in candidates:
+            own = scores[start:start + len(docs)]
+            start += len(docs)
+            order = torch.argsort(own, descending=True, stable=True)[:k].tolist()
+            out.append([RetrievedDoc(**{**docs[i].__dict__, "reranker_score": float(own[i])}) for i in order])
+        return out
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
         out = []
         for start in range(0, len(queries), self.batch_size):
             chunk = queries[start:start + self.batch_size]
-            out += [self.rerank(q, docs, k) for q, docs in zip(chunk, self.candidates(chunk))]
+            out += self.rerank(chunk, self.candidates(chunk), k)
         return out
 
 

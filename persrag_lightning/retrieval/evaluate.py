@@ -73,15 +73,27 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
         out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
     if task in LABEL_FIELDS:
         field = LABEL_FIELDS[task]
-        out["answer_in_docs"] = float(np.mean([
-            any(str(store.history_doc(d.row).fields.get(field, "")).strip() == (ex.target or "").strip() for d in ds)
-            for ex, ds in zip(examples, retrieved)]))
+        labels = [[str(store.history_doc(d.row).fields.get(field, "")).strip() for d in ds] for ds in retrieved]
+        out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
+        out["label_vote"] = float(np.mean([label_vote(ls) == (ex.target or "").strip()
+                                           for ex, ls in zip(examples, labels)]))
     elif task in TITLE_FIELDS:
         scorer, field = rouge_scorer(), TITLE_FIELDS[task]
         out["best_doc_rouge1"] = float(np.mean([
             max((scorer.score(ex.target or "", str(store.history_doc(d.row).fields.get(field, "")))["rouge1"].fmeasure
                  for d in ds), default=0.0) for ex, ds in zip(examples, retrieved)]))
     return out
+
+
+def label_vote(labels: list[str]) -> str:
+    """The most frequent label of the retrieved docs (ties: the better-ranked doc's): a reader without an LLM, so
+    `label_vote` measures what the retrieved docs *say*, and its gap to accuracy what the LLM makes of them."""
+    if not labels:
+        return ""
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return max(labels, key=lambda label: (counts[label], -labels.index(label)))
 
 
 def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
@@ -157,12 +169,16 @@ class Evaluation:
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
         """Predictions (one per example, in order) and retrieval diagnostics; cached by content."""
-        key = fingerprint("evaluate/v2", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
+        key = fingerprint("evaluate/v3", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
                           self.source.data_dir.name)
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
-        if cached.exists():
-            return json.loads(cached.read_text())
+        if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
+            outcome = json.loads(cached.read_text())
+            retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
+            diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+            outcome["diagnostics"] = {**diagnostics, "retrieve_ms_per_query": outcome["retrieve_ms_per_query"]}
+            return outcome
         t0 = time.perf_counter()
         strategy.prepare(store)
         queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in examples]
@@ -176,14 +192,15 @@ class Evaluation:
         diagnostics["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, predictions)})
-        outcome = {"predictions": predictions, "diagnostics": diagnostics}
-        atomic_write_json(cached, outcome)
-        return outcome
+        atomic_write_json(cached, {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
+                                   "retrieve_ms_per_query": diagnostics["retrieve_ms_per_query"]})
+        return {"predictions": predictions, "diagnostics": diagnostics}
 
     def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
         mode = self.llm_config.answer_mode
         atomic_write_json(self.out_dir / "metrics.json", {
             "task": self.task, "split": self.split, "examples": summary.n_examples, "k": self.k,
+            "synth": asdict(self.source.synth) if self.source.synth is not None else None,
             "answer_mode": mode, "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
             "reference": summary.reference, "results": summary.results,
             "intervals": {n: {m: list(ci) for m, ci in by.items()} for n, by in summary.intervals.items()},

@@ -1,0 +1,79 @@
+"""Where collaborative retrieval helps and where it hurts, on SynthLaMP: the evaluation's answers and retrieved docs
+split by the generator's latent truth (is the question about a kind of film the user has tagged before?).
+
+    python benchmarks/analyze_collaboration.py --run_name synthlamp-quick
+
+Reads what `persrag evaluate` cached (predictions and retrieved rows of each strategy, runs/<run>/evaluate/cache)
+and the SynthLaMP config of the evaluation (metrics.json); no model and no LLM runs. Columns, per question group:
+the LLM's accuracy, `label_vote` (accuracy of the most frequent tag among the 5 retrieved docs: what the docs say,
+without an LLM), `answer_in_docs` and, for all questions, own and same-community shares of the docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig, iter_synth_users, load_communities
+from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.evaluate import file_name, label_vote
+
+
+def latest_cache(cache: Path, name: str) -> dict:
+    files = sorted(cache.glob(f"{file_name(name)}-*.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise SystemExit(f"no cached evaluation of {name!r} in {cache}; run `persrag evaluate` first")
+    return json.loads(files[-1].read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run_name", default="synthlamp-quick")
+    parser.add_argument("--cache_dir", default=".cache/persrag")
+    args = parser.parse_args()
+    out = Path("runs") / args.run_name / "evaluate"
+    metrics = json.loads((out / "metrics.json").read_text())
+    synth = SynthConfig(**{k: tuple(v) if isinstance(v, list) else v
+                           for k, v in metrics.get("synth", {}).items()}) if metrics.get("synth") else None
+    if synth is None:
+        raise SystemExit("this analysis needs a SynthLaMP evaluation (metrics.json has no synth config)")
+    source = LampSource(metrics["task"], None, synth, args.cache_dir)
+    dataset = source.load()
+    store = DocStore(dataset)
+    examples = sorted((e for e in dataset.examples[metrics["split"]] if e.target is not None),
+                      key=lambda e: e.example_id)[: metrics["examples"]]
+    unseen = {q.example_id: q.unseen for u in iter_synth_users(synth) for q in u.questions}
+    communities = load_communities(source.data_dir) or {}
+    groups = {"all": [True] * len(examples), "seen kind": [not unseen[e.example_id] for e in examples],
+              "unseen kind": [unseen[e.example_id] for e in examples]}
+    print(f"{metrics['task']} {metrics['split']}, {len(examples)} questions "
+          f"({sum(groups['unseen kind'])} about a kind of film the user never tagged), answer mode "
+          f"{metrics['answer_mode']}\n")
+    header = ["method"] + [f"{m} ({g})" for g in groups for m in ("accuracy", "label_vote", "answer_in_docs")]
+    header += ["own_docs", "same_community_docs"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for name in metrics["results"]:
+        cached = latest_cache(out / "cache", name)
+        rows = []
+        for e, pred, docs in zip(examples, cached["predictions"], cached["rows"]):
+            tags = [store.history_doc(r).fields.get("tag", "") for r in docs]
+            owners = [store.owner(r) for r in docs]
+            rows.append((pred == e.target, label_vote(tags) == e.target, e.target in tags,
+                         [o == e.user_id for o in owners],
+                         [communities.get(o) == communities.get(e.user_id) for o in owners]))
+        cells = [name]
+        for mask in groups.values():
+            sel = [r for r, keep in zip(rows, mask) if keep]
+            cells += [f"{np.mean([r[i] for r in sel]):.3f}" for i in range(3)]
+        for i in (3, 4):
+            flat = [x for r in rows for x in r[i]]
+            cells.append(f"{np.mean(flat):.3f}" if flat else "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
