@@ -165,7 +165,8 @@ def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tm
         cwd = tmp_path / name
         cwd.mkdir()
         out = run_cli(cwd, *args, f"--data.init_args.batch_size={batch}", "--run_name", name, devices=devices)
-        assert builds(cwd) == ["embed 0"]  # the corpus embedded once, by rank 0; rank 1 read the cache
+        # the corpus and the "<mask>" text (the [mask] row) embedded once each, by rank 0; rank 1 read the caches
+        assert builds(cwd) == ["embed 0", "embed 0"]
         assert out.count("exported user_encoder to") == 1
         logs = cwd / "runs" / name / "user_encoder" / "logs" / "version_0"
         runs[name] = (torch.load(logs / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False),
