@@ -133,6 +133,21 @@ def test_killed_build_resumes_from_finished_chunks(world, tiny_bert, tiny_llm, c
     assert {k: v for k, v in chunk_files(dm).items() if k in done} == done  # finished chunks kept as they were
 
 
+def test_fit_builds_no_test_labels_and_test_reads_the_test_split(world, tiny_bert, tiny_llm):
+    """Dev selects, test reports: fitting never spends LLM calls on the test split; `test` builds and reads it."""
+    from types import SimpleNamespace
+
+    dm = datamodule(world, tiny_bert, tiny_llm)
+    dm.prepare_data()
+    root = dm.builder().root
+    assert (root / "train").is_dir() and (root / "dev").is_dir() and not (root / "test").exists()
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="test"))  # what Trainer.test sets before prepare_data
+    dm.prepare_data()
+    dm.setup("test")
+    ids = [i for batch in dm.test_dataloader() for i in batch.example_ids]
+    assert len(ids) == 16 and all("-test" in i for i in ids)
+
+
 def test_missing_user_encoder_names_the_command(world, tiny_bert, tiny_llm):
     dm = datamodule(world, tiny_bert, tiny_llm, user_encoder=str(world / "nowhere"))
     with pytest.raises(FileNotFoundError, match="cfrag_user_encoder.yaml"):

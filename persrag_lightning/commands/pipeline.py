@@ -23,7 +23,7 @@ from persrag_lightning.retrieval.cfrag import STAGES
 # user), enough for intervals that can show a difference. Answers are `choose` (the most likely of the 15 labels):
 # the 135M LLM rarely *generates* a listed tag, so generated answers score ~0 whatever was retrieved. Feedback uses
 # m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every
-# candidate; the task metric would be 0 for most), 48 + 16 examples; the user encoder trains 20 epochs (30 in
+# candidate; the task metric would be 0 for most), 32 + 16 examples; the user encoder trains 20 epochs (30 in
 # its config); inference keeps the paper's m = 6, k = 5. Answering costs
 # ~0.7 s per full prompt on 2 cores, so the preset reports the strategies that answer the main question — does
 # collaborative retrieval beat the best own-history retrieval? — and leaves the Table 3 ablations to `paper`.
@@ -43,7 +43,7 @@ PRESETS: dict[str, Preset] = {
     "quick": {
         "data": [],
         "user_encoder": ["--trainer.max_epochs=20"],
-        "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=48",
+        "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
                      "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik"],
         "evaluate": ["--evaluation.llm.answer_mode=choose"],
         "stages": ["user_encoder", "retriever", "reranker"],

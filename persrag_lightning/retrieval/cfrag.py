@@ -127,11 +127,14 @@ class CFRAG(Strategy):
         pairs = [(q, d) for q, docs in zip(queries, candidates) for d in docs]
         if not pairs:
             return [[] for _ in queries]
+        texts = [self.store.text(d.row) for _, d in pairs]
+        order = sorted(range(len(pairs)), key=lambda i: len(texts[i]))  # similar lengths per batch: less padding
         users = None
         if self.reranker.config.use_user:
-            users = torch.stack([self.e_u(q.user_id) for q, _ in pairs])
-        scores = self.reranker.score_pairs([q.query for q, _ in pairs], [self.store.text(d.row) for _, d in pairs],
-                                           users, batch_size=RERANK_BATCH)
+            users = torch.stack([self.e_u(pairs[i][0].user_id) for i in order])
+        scores = torch.empty(len(pairs))
+        scores[order] = self.reranker.score_pairs([pairs[i][0].query for i in order], [texts[i] for i in order],
+                                                  users, batch_size=RERANK_BATCH).float().cpu()
         out, start = [], 0
         for docs in candidates:
             own = scores[start:start + len(docs)]
