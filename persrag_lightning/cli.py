@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from persrag_lightning.commands.train import lightning_command, resolve_config_args
+from persrag_lightning.logs import configure_logs, pop_verbose
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +23,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    args = resolve_config_args(list(sys.argv[1:] if argv is None else argv))
+    """`--verbose` (anywhere on the line) keeps the libraries' logs and progress bars; see logs.py."""
+    args, verbose = pop_verbose(list(sys.argv[1:] if argv is None else argv))
+    configure_logs(verbose)
+    args = resolve_config_args(args)
     if args and args[0] == "feedback":
         from persrag_lightning.commands.feedback import feedback_command
 

@@ -43,3 +43,17 @@ def test_unknown_task_is_a_clear_error(in_tmp_cwd):
     assert "LaMP-1" in out.stderr and "Traceback" not in out.stderr
     out = run_cli(in_tmp_cwd, "evaluate", "--config", "evaluate_cfrag.yaml", "--evaluation.task=LaMP-9")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "unknown task 'LaMP-9'" in out.stderr
+
+
+def test_logs_are_quiet_unless_verbose(in_tmp_cwd, tiny_bert):
+    """A stage started as a subprocess prints none of the libraries' chatter; `--verbose` brings it back."""
+    args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "q", f"--data.init_args.encoder={tiny_bert}",
+            "--data.init_args.synth.num_users=24", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    quiet = run_cli(in_tmp_cwd, *args)
+    assert quiet.returncode == 0, quiet.stderr
+    noise = ("Loading weights", "litlogger", "Seed set to", "GPU available", "LightningCLI's args")
+    assert not [n for n in noise if n in quiet.stderr + quiet.stdout], quiet.stderr
+    loud = run_cli(in_tmp_cwd, *args[:3], "--verbose", *args[3:], "--run_name", "v")
+    assert loud.returncode == 0, loud.stderr
+    assert "Seed set to" in loud.stderr + loud.stdout

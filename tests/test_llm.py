@@ -281,6 +281,18 @@ def test_hf_fingerprint_and_name(tiny_model_dir: Path) -> None:
     assert a.count_tokens("w1 w2 w3") == 3
 
 
+def test_bf16_if_native_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    from persrag_lightning.llm import hf
+
+    monkeypatch.setattr(hf, "cpu_has_native_bf16", lambda: True)
+    assert hf.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.bfloat16)
+    assert hf.resolve_device_dtype("cpu", "auto")[1] == torch.float32  # generation drifts in bf16 on CPU
+    monkeypatch.setattr(hf, "cpu_has_native_bf16", lambda: False)
+    assert hf.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="bf16_if_native"):
+        hf.resolve_device_dtype("cpu", "int3")
+
+
 # ------------------------------------------------------------------------------------ resolution and errors
 def test_resolve_model_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

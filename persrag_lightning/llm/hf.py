@@ -90,18 +90,32 @@ def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = No
         raise LLMBackendError(f"cannot load the tokenizer of {source.path!r} from local files: {err}") from err
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
+
+
 def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.device, torch.dtype]:
-    """`auto` picks CUDA with bfloat16 when present, else CPU with float32."""
+    """`auto` picks CUDA with bfloat16 when present, else CPU with float32. `bf16_if_native` is bfloat16 wherever
+    the hardware computes it natively (CUDA, or a CPU with AVX512-BF16/AMX) and float32 elsewhere: on our 2-core CPU
+    SmolLM2 scores `choose` answers 2.6x faster in it, with the float32 answer on 95-99.7 % of 300 test prompts per
+    strategy (README); greedy *generation* drifts more in bfloat16 on CPU, so `auto` stays float32 there."""
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     if isinstance(dtype, torch.dtype):
         return dev, dtype
     if dtype == "auto":
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if dtype == "bf16_if_native":
+        native = dev.type == "cuda" or (dev.type == "cpu" and cpu_has_native_bf16())
+        return dev, torch.bfloat16 if native else torch.float32
     named = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in named:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(named)}")
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, bf16_if_native, {', '.join(named)}")
     return dev, named[dtype]
 
 

@@ -1,0 +1,48 @@
+"""Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its errors.
+
+Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading weights" and "Writing
+model shards" bars of transformers, Lightning's info lines ("Seed set to 0", "GPU available", the litlogger tip) and
+three warnings that are not actionable here (LightningCLI's args-and-argv notice when a command starts a stage
+from Python, the `srun` hint on machines that have Slurm installed, a torch pytree deprecation inside Lightning).
+Warnings that are about the user's run still show.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+VERBOSE_FLAGS = ("--verbose", "-v")
+_NOT_ACTIONABLE = (
+    r"LightningCLI's args parameter is intended to run from within Python",
+    r"The `srun` command is available on your system but is not used",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+
+
+def pop_verbose(args: list[str]) -> tuple[list[str], bool]:
+    """Remove the global `--verbose` / `-v` flag from a command line; the environment can set it too."""
+    verbose = os.environ.get("PERSRAG_VERBOSE", "") not in ("", "0")
+    kept = [a for a in args if a not in VERBOSE_FLAGS]
+    return kept, verbose or len(kept) < len(args)
+
+
+def configure_logs(verbose: bool) -> None:
+    """Set the libraries' verbosity for this process (and, through the environment, its DDP children)."""
+    if verbose:
+        os.environ["PERSRAG_VERBOSE"] = "1"
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in _NOT_ACTIONABLE:
+        warnings.filterwarnings("ignore", message=pattern)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # transformers is a dependency; this only guards a broken install's error message
+        pass
