@@ -26,6 +26,8 @@ from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
+from persrag_lightning.retrieval.pbr import PBRSettings, expand_query, user_anchor
+from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRStrategy
 
 USERS = ("a", "b", "c", "d")
 PROMPT = "Which tag does this movie relate to among the following tags? tags: [...] description: "
@@ -118,6 +120,50 @@ def test_own_history_baselines_see_only_the_question_profile(world, tiny_bert, m
     for q, docs in zip(queries, strategy.retrieve(queries, 20)):  # k larger than any profile: everything visible
         check(dataset, q.example_id, docs)
         assert {d.doc_id for d in docs} == allowed(dataset, q.example_id)[q.user_id]
+
+
+def test_pbr_strategy_sees_only_the_question_profile(world, tiny_bert, tmp_path):
+    dataset, corpus, _, _ = world
+    strategy = PBRStrategy(variant="PBR w/o P-PRF", settings=PBRSettings(theta=0.0), encoder=tiny_bert,
+                           max_length=64, cache_dir=str(tmp_path))
+    strategy.prepare(DocStore(dataset, corpus))
+    queries = all_queries(dataset)
+    for q, docs in zip(queries, strategy.retrieve(queries, 20)):
+        check(dataset, q.example_id, docs)
+        assert {d.doc_id for d in docs} == allowed(dataset, q.example_id)[q.user_id]
+
+
+def test_cfrag_with_pbr_expansion_searches_q_star_within_the_rules(world, tiny_bert, tiny_llm, tmp_path):
+    """`query_expansion: pbr`: the first stage searches q* = q + c (the anchor of the query's own profile, in the
+    retriever's space) — checked against the seed's equations by hand — and P-PRF runs through the LLM cache."""
+    dataset, corpus, cache, user_encoder = world
+    store = DocStore(dataset, corpus)
+    settings = PBRSettings(theta=0.0, utterance_tokens=8, reasoning_tokens=8)
+    plain = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=3, cache_dir=cache)
+    anchored = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=3, cache_dir=cache, query_expansion="pbr",
+                     pbr=PBRExpansion("PBR w/o P-PRF", settings, cache_dir=str(tmp_path / "a")))
+    full = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=3, cache_dir=cache, query_expansion="pbr",
+                 pbr=PBRExpansion("PBR", settings, llm_model=tiny_llm, cache_dir=str(tmp_path / "f")))
+    for s in (plain, anchored, full):
+        s.prepare(store)
+    queries = all_queries(dataset)
+    q = queries[0]
+    vector = plain.retriever.query_vectors([q.query])
+    rows = store.rows(q.user_id, query=q)
+    anchor, _ = user_anchor(plain.retriever.doc_vectors[torch.as_tensor(rows)].numpy(), settings)
+    got = anchored.source.query_transform([q], vector)[0].numpy()
+    assert got == pytest.approx(expand_query(vector[0].numpy(), anchor), abs=1e-5)
+    assert full.source.query_transform([q], vector)[0].numpy() != pytest.approx(got, abs=1e-4)  # + w1 f + w2 r
+
+    plain_ids = [[d.doc_id for d in c] for c in plain.candidates(queries)]
+    moved = 0
+    for strategy in (anchored, full):
+        for q, cands, before in zip(queries, strategy.candidates(queries), plain_ids):
+            check(dataset, q.example_id, cands)
+            moved += [d.doc_id for d in cands] != before
+    assert moved > 0  # q* changes what the first stage finds
+    stats = full.source.query_transform.pbr.stats
+    assert stats.llm_calls > 0 and stats.llm_hits > 0  # P-PRF answers through the cache: the second pass hit it
 
 
 @pytest.mark.parametrize("users", ["encoder", "mean"])

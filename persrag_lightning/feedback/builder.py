@@ -153,10 +153,11 @@ class FeedbackBuilder:
                                 [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
         misses = self.prompts.misses
         if self.settings.metric == "loglik":  # eval(y, O) = log p(y | prompt)
-            scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts)
+            scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts,
+                                           phase="feedback labels")
             labels = [("", float(s)) for s in scores]
         else:  # eval(y, O) = task metric of the answer (generated or chosen, as the LLM config says)
-            answers = self.llm_config.answer(self.llm, task, prompts, self.prompts)
+            answers = self.llm_config.answer(self.llm, task, prompts, self.prompts, phase="feedback labels")
             labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
         self.llm_calls += self.prompts.misses - misses
         by_example: dict[str, list[Candidate]] = {ex.example_id: [] for ex in examples}

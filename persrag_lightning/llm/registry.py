@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
+from persrag_lightning.progress import in_blocks
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")
+PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
 
 
 def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
@@ -60,23 +62,31 @@ class LLMConfig:
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}
 
-    def answer(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None) -> list[str]:
+    def answer(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
+               phase: str | None = None) -> list[str]:
         """Answers to `prompts` as this configuration reads them (mode, budget, post-processing); with a store,
-        only prompts no earlier call answered reach the LLM."""
-        if store is None:
-            return answer(llm, task, prompts, self.answer_mode, self.max_new_tokens, self.postprocessing)
-        identity = self.identity()
-        keys = [prompt_key(identity, f"answer:{task}", p) for p in prompts]
-        return store.cached(keys, lambda todo: answer(llm, task, [prompts[i] for i in todo], self.answer_mode,
-                                                      self.max_new_tokens, self.postprocessing))
+        only prompts no earlier call answered reach the LLM; a named `phase` prints progress with an ETA."""
+        def compute(todo: list[int]) -> list[str]:
+            return in_blocks(todo, lambda part: answer(llm, task, [prompts[i] for i in part], self.answer_mode,
+                                                       self.max_new_tokens, self.postprocessing),
+                             phase, PROGRESS_BLOCKS * self.batch_size)
 
-    def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None) -> list[float]:
-        """log p(target | prompt) per pair, through the store when given."""
         if store is None:
-            return llm.score(prompts, targets)
+            return compute(list(range(len(prompts))))
         identity = self.identity()
-        keys = [prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)]
-        return store.cached(keys, lambda todo: llm.score([prompts[i] for i in todo], [targets[i] for i in todo]))
+        return store.cached([prompt_key(identity, f"answer:{task}", p) for p in prompts], compute)
+
+    def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None,
+              phase: str | None = None) -> list[float]:
+        """log p(target | prompt) per pair, through the store when given; a named `phase` prints progress."""
+        def compute(todo: list[int]) -> list[float]:
+            return in_blocks(todo, lambda part: llm.score([prompts[i] for i in part], [targets[i] for i in part]),
+                             phase, PROGRESS_BLOCKS * self.batch_size)
+
+        if store is None:
+            return compute(list(range(len(prompts))))
+        identity = self.identity()
+        return store.cached([prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)], compute)
 
     def load(self) -> LLM:
         return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)

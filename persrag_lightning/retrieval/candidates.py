@@ -13,22 +13,27 @@ from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
 SimilarUsers = Callable[[str], list[tuple[str, float]]]      # user id → [(user id, cosine)], best first
 UserEmbedding = Callable[[str], "torch.Tensor | None"]        # user id → e_u for the retriever's user term
+QueryTransform = Callable[[list[Query], torch.Tensor], torch.Tensor]  # (queries, q vectors) → the vectors to search
 
 
 class CandidateSource:
     """m·k candidates per query with their owner, user similarity and first-stage score."""
 
     def __init__(self, store: DocStore, retriever: CorpusRetriever, similar_users: SimilarUsers,
-                 user_embedding: UserEmbedding, k_per_user: int) -> None:
+                 user_embedding: UserEmbedding, k_per_user: int, query_transform: QueryTransform | None = None
+                 ) -> None:
         self.store, self.retriever = store, retriever
         self.similar_users, self.user_embedding = similar_users, user_embedding
         self.k_per_user = k_per_user
+        self.query_transform = query_transform  # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
 
     @torch.no_grad()
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
         """Users by similarity (the query user first, as the official code), each user's docs best first; the
         query user's docs are its own question's profile, other users' their pools (data/histories.py)."""
         vectors = self.retriever.query_vectors([q.query for q in queries])
+        if self.query_transform is not None:
+            vectors = self.query_transform(queries, vectors)
         out = []
         for query, vector in zip(queries, vectors):
             e_u = self.user_embedding(query.user_id)

@@ -4,7 +4,8 @@ The switches of `CFRAG` give the paper's Table 3 ablations without separate code
 w/o user retrieval (`m=1`), MEAN user embeddings (`users="mean"`), w/o retriever tuning (`retriever` = an encoder
 name), w/o the user term in the retriever (`retriever_user_term=False`), w/o reranker tuning (`reranker=None`:
 the final k are the best first-stage scores of the m·k), w/o e_u in the reranker (a reranker trained with
-`use_user: false`).
+`use_user: false`). Beyond the paper: `query_expansion="pbr"` searches the first stage with PBR's personalised
+query q* (seed 001) instead of q.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
+from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
 
 UserSource = Literal["encoder", "mean"]
+QueryExpansion = Literal["none", "pbr"]
 RERANK_BATCH = 128  # (query, doc) pairs per cross-encoder forward when reranking a batch of queries
 
 # Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
@@ -62,8 +65,11 @@ class CFRAG(Strategy):
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
-                 cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64) -> None:
+                 cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
+                 query_expansion: QueryExpansion = "none", pbr: PBRExpansion | None = None) -> None:
+        """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion()."""
         self.name = name
+        self.query_expansion, self.pbr = query_expansion, pbr or PBRExpansion()
         self.user_encoder_path = user_encoder
         self.retriever_spec = retriever
         self.reranker_path = reranker
@@ -84,7 +90,9 @@ class CFRAG(Strategy):
         self.retriever.prepare()
         self.retriever.load()
         e_u = self.e_u if self.retriever_user_term else lambda _: None
-        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user)
+        expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
+                     if self.query_expansion == "pbr" else None)
+        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
         self.reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
                          if self.reranker_path else None)
 

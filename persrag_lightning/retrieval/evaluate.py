@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +29,7 @@ from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
+from persrag_lightning.progress import eta, progress
 from persrag_lightning.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.utils import atomic_write_json, atomic_write_text, bundle_digest, fingerprint
@@ -187,7 +187,7 @@ class Evaluation:
         prompts = build_prompts(self.task, self.llm, [e.input for e in examples],
                                 [[store.history_doc(d.row) for d in docs] for docs in retrieved],
                                 self.llm_config.max_prompt_tokens)
-        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts)
+        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts, phase=f"evaluate {strategy.name}")
         diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
@@ -217,16 +217,3 @@ class Evaluation:
         if skipped:
             text += "\nNot trained (skipped):\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
         return text
-
-
-def eta(started: float, done: int, total: int) -> str:
-    """`, ETA 3.2 min` from the mean time of the finished items (nothing before the first one finishes)."""
-    if done == 0:
-        return ""
-    left = (time.perf_counter() - started) / done * (total - done)
-    return f" (ETA {left / 60:.1f} min)"
-
-
-def progress(line: str) -> None:
-    """A progress line on stderr (not a log record, so it shows without logging configured)."""
-    print(line, file=sys.stderr, flush=True)
