@@ -1,10 +1,11 @@
 """Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its errors.
 
 Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading weights" and "Writing
-model shards" bars of transformers, Lightning's info lines ("Seed set to 0", "GPU available", the litlogger tip) and
-three warnings that are not actionable here (LightningCLI's args-and-argv notice when a command starts a stage
-from Python, the `srun` hint on machines that have Slurm installed, a torch pytree deprecation inside Lightning).
-Warnings that are about the user's run still show.
+model shards" bars of transformers, Lightning's boilerplate info lines ("Seed set to 0", "GPU available", the
+litlogger tip, the restore-best-checkpoint lines) and three warnings that are not actionable here (LightningCLI's
+args-and-argv notice when a command starts a stage from Python, the `srun` hint on machines that have Slurm
+installed, a torch pytree deprecation inside Lightning). What is about the user's run still shows: warnings,
+DDP membership, Slurm requeue and resume lines, metrics.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import warnings
 
 VERBOSE_FLAGS = ("--verbose", "-v")
+_BOILERPLATE = ("Seed set to", "GPU available", "TPU available", "HPU available", "💡 Tip", "Restoring states from",
+                "Loaded model weights from")
 _NOT_ACTIONABLE = (
     r"LightningCLI's args parameter is intended to run from within Python",
     r"The `srun` command is available on your system but is not used",
@@ -28,13 +31,21 @@ def pop_verbose(args: list[str]) -> tuple[list[str], bool]:
     return kept, verbose or len(kept) < len(args)
 
 
+def _drop_boilerplate(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_BOILERPLATE)
+
+
 def configure_logs(verbose: bool) -> None:
     """Set the libraries' verbosity for this process (and, through the environment, its DDP children)."""
     if verbose:
         os.environ["PERSRAG_VERBOSE"] = "1"
         return
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    import lightning.fabric  # noqa: F401  (importing Lightning installs its stream handlers, filtered below)
+    import lightning.pytorch  # noqa: F401
+
+    for name in ("", "lightning.pytorch", "lightning.fabric"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_drop_boilerplate)
     for pattern in _NOT_ACTIONABLE:
         warnings.filterwarnings("ignore", message=pattern)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

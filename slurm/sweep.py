@@ -6,7 +6,9 @@
 
 A sweep file names a stage config, fixed CLI arguments and a grid (CLI key → list of values). Grid point i runs
 as `fit --config <config> --run_name <sweep>-<i> <args> --<key>=<value>...`, so every array task has its own
-runs/<sweep>-<i>/ folder. Run from the repository root; needs only the standard library and PyYAML.
+runs/<sweep>-<i>/ folder. With `subcommand: evaluate` a point is an evaluation instead (e.g. PBR's θ, k2, α on
+PersonaBench: slurm/sweeps/pbr_personabench.yaml) writing its reports to runs/<sweep>-<i>/evaluate/, and
+`aggregate` reads their metrics. Run from the repository root; needs only the standard library and PyYAML.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def cli_value(value: object) -> str:
     return str(value)
 
 
-def write_grid(sweep_file: Path, out_root: Path = SWEEP_ROOT) -> Path:
+def write_grid(sweep_file: Path, out_root: Path = SWEEP_ROOT, runs_root: Path = Path("runs")) -> Path:
     """Write <out_root>/<name>/tasks.txt (one shell-quoted argument line per array index) and points.json."""
     spec = yaml.safe_load(sweep_file.read_text())
     for key in ("config", "grid"):
@@ -59,7 +61,10 @@ def write_grid(sweep_file: Path, out_root: Path = SWEEP_ROOT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, point in enumerate(points):
-        args = [spec.get("subcommand", "fit"), "--config", spec["config"], "--run_name", f"{name}-{i}",
+        subcommand = spec.get("subcommand", "fit")
+        reports = ([f"--evaluation.out_dir={runs_root / f'{name}-{i}' / 'evaluate'}"] if subcommand == "evaluate"
+                   else [])
+        args = [subcommand, "--config", spec["config"], "--run_name", f"{name}-{i}", *reports,
                 *map(str, spec.get("args", [])), *(f"--{k}={cli_value(v)}" for k, v in point.items())]
         lines.append(" ".join(shlex.quote(a) for a in args))
     (out / "tasks.txt").write_text("\n".join(lines) + "\n")
@@ -81,10 +86,10 @@ def submit(sweep_dir: Path, max_parallel: int | None, sbatch_args: list[str]) ->
 
 def final_metrics(run_dir: Path) -> dict[str, float]:
     """The last logged value of each metric in the newest metrics.csv of a run (after `fit`, the last val/* row
-    is the validation of the best checkpoint)."""
+    is the validation of the best checkpoint), or an evaluation's figures (`evaluation_metrics`)."""
     files = sorted(run_dir.glob("*/logs/*/metrics.csv"), key=lambda p: p.stat().st_mtime)
     if not files:
-        return {}
+        return evaluation_metrics(run_dir / "evaluate")
     out: dict[str, float] = {}
     with files[-1].open(newline="") as f:
         for row in csv.DictReader(f):
@@ -92,6 +97,20 @@ def final_metrics(run_dir: Path) -> dict[str, float]:
                 if value not in ("", None) and key not in ("epoch", "step"):
                     out[key] = float(value)
     return out
+
+
+def evaluation_metrics(out_dir: Path) -> dict[str, float]:
+    """`<variant>/recall@5`, `<variant>/ndcg@5` of a PersonaBench evaluation (summary.json), or `<strategy>/<metric>`
+    of a LaMP one (metrics.json); {} when neither exists."""
+    if (out_dir / "summary.json").is_file():
+        summary = json.loads((out_dir / "summary.json").read_text())
+        return {f"{v['variant']}/{name}": float(v[key]) for v in summary.get("variants", [])
+                for key, name in (("recall", "recall@5"), ("ndcg", "ndcg@5"))}
+    if (out_dir / "metrics.json").is_file():
+        results = json.loads((out_dir / "metrics.json").read_text()).get("results", {})
+        return {f"{strategy}/{metric}": float(value) for strategy, metrics in results.items()
+                for metric, value in metrics.items() if isinstance(value, (int, float))}
+    return {}
 
 
 def aggregate(sweep_dir: Path, metric: str | None, mode: str, runs_root: Path = Path("runs")) -> list[dict]:

@@ -246,3 +246,36 @@ def test_cli_evaluate_on_a_malformed_folder_is_one_line_with_exit_code_2(tmp_pat
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("persrag: error:") and "eval_info_all.json" in last and "'question'" in last
     assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_pbr_sweep_point_runs_and_aggregates(tmp_path, tiny_bert):
+    """slurm/sweeps/pbr_personabench.yaml: each grid point is an `evaluate` line with its own out_dir; one line run
+    as the array task runs it (train.py + the line) writes summary.json, and `aggregate` ranks the points by it."""
+    import shlex
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = yaml.safe_load((repo / "slurm" / "sweeps" / "pbr_personabench.yaml").read_text())
+    folder = write_community(tmp_path / "c0")
+    spec["args"] = [f"--evaluation.data_dir={folder}", "--evaluation.variants=[PBR w/o P-PRF]",
+                    "--evaluation.warm_rerun=false", f"--evaluation.encoder={tiny_bert}",
+                    "--evaluation.bootstrap_samples=20", f"--evaluation.cache_dir={tmp_path / 'cache'}"]
+    spec["grid"] = {"evaluation.pbr.theta": [0.0, 0.9]}
+    (tmp_path / "pbr.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    sweep = [sys.executable, str(repo / "slurm" / "sweep.py")]
+    subprocess.run([*sweep, "grid", str(tmp_path / "pbr.yaml"), "--out-root", "sweeps"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=60)
+    lines = (tmp_path / "sweeps" / "pbr" / "tasks.txt").read_text().splitlines()
+    assert len(lines) == 2 and all(line.startswith("evaluate --config evaluate_personabench.yaml") for line in lines)
+    for line in lines:
+        run = subprocess.run([sys.executable, str(repo / "train.py"), *shlex.split(line)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600, check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+    for i in range(2):
+        assert (tmp_path / "runs" / f"pbr-{i}" / "evaluate" / "summary.json").is_file()
+    out = subprocess.run([*sweep, "aggregate", "sweeps/pbr", "--metric", "PBR w/o P-PRF/recall@5", "--mode", "max"],
+                         cwd=tmp_path, check=True, capture_output=True, text=True, timeout=60).stdout
+    assert "PBR w/o P-PRF/recall@5" in out and "evaluation.pbr.theta" in out
