@@ -10,6 +10,7 @@ DDP membership, Slurm requeue and resume lines, metrics.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import warnings
@@ -40,8 +41,8 @@ def configure_logs(verbose: bool) -> None:
     if verbose:
         os.environ["PERSRAG_VERBOSE"] = "1"
         return
-    import lightning.fabric  # noqa: F401  (importing Lightning installs its stream handlers, filtered below)
-    import lightning.pytorch  # noqa: F401
+    for module in ("lightning.fabric", "lightning.pytorch"):  # importing them installs the handlers filtered below
+        importlib.import_module(module)
 
     for name in ("", "lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
