@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.models.text_encoder import Pooling, TextEncoder, model_identity
+from persrag_lightning.progress import Progress
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json, fingerprint
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
     parts.mkdir(parents=True, exist_ok=True)
     model: TextEncoder | None = None
     shards = []
+    bar = Progress(f"embed corpus ({encoder})", len(texts), "unique texts", every=0)
     for n, start in enumerate(range(0, len(texts), SHARD_TEXTS)):
         shard = parts / f"part-{n:05d}.safetensors"
         if not shard.exists():
@@ -67,7 +69,8 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
                 model.to(resolve_device(device))
             vectors = model.encode(texts[start:start + SHARD_TEXTS], batch_size=batch_size)
             atomic_save_tensors({"embeddings": vectors}, shard)
-            log.info("embedded %d/%d unique texts", min(start + SHARD_TEXTS, len(texts)), len(texts))
+        if len(texts) > SHARD_TEXTS:  # one line per resumable shard (a shard kept from a killed run counts)
+            bar.advance(min(SHARD_TEXTS, len(texts) - start))
         shards.append(shard)
     if not texts:
         raise ValueError("the corpus has no documents to embed")
