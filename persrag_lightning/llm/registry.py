@@ -70,6 +70,19 @@ class LLMConfig:
         return store.cached(keys, lambda todo: answer(llm, task, [prompts[i] for i in todo], self.answer_mode,
                                                       self.max_new_tokens, self.postprocessing))
 
+    def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None) -> list[str]:
+        """Free-text replies (the service and the memory evaluation): greedy generation, `max_new_tokens` (default
+        64, the paper's budget), stripped; through the store when given."""
+        budget = self.max_new_tokens or 64
+
+        def run(todo: list[int]) -> list[str]:
+            return [(out or "").strip() for out in llm.generate([prompts[i] for i in todo], budget)]
+
+        if store is None:
+            return run(list(range(len(prompts))))
+        identity = self.identity()
+        return store.cached([prompt_key(identity, "chat", p) for p in prompts], run)
+
     def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None) -> list[float]:
         """log p(target | prompt) per pair, through the store when given."""
         if store is None:
