@@ -42,7 +42,7 @@ class ThreadServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         self.thread.start()
         deadline = time.monotonic() + 60
         while not self.server.started:
