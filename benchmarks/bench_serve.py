@@ -9,7 +9,6 @@ turn, without the LLM and with it. Asserts nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -31,18 +30,20 @@ MAX_CLIENTS = 16
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
 
 
 def load(service: ChatService, clients: int, turns: int, tag: str) -> dict:
     """Every client signs up and sends `turns` messages; returns latencies and the row check."""
     chat_ms: list[float] = []
+    acked: dict[str, list[str]] = {}  # user → memory ids the server acknowledged (sign-up and chat turns)
     with ThreadServer(create_app(service)) as server:
         def one(i: int) -> int:
             with httpx.Client(base_url=server.url, timeout=600) as http:
                 user = f"{tag}-{i}"
                 r = http.post("/v1/users", json={"user_id": user, "answers": {"goals": f"goal of {user}"}})
                 r.raise_for_status()
+                acked[user] = [m.id for m in service.bank.list(user)]
                 headers = {"Authorization": f"Bearer {r.json()['access_token']}"}
                 for t in range(turns):
                     t0 = time.perf_counter()
@@ -50,6 +51,8 @@ def load(service: ChatService, clients: int, turns: int, tag: str) -> dict:
                         "session_id": "bench", "messages": [{"role": "user", "content": f"fact {t}: I like item {t}"}]})
                     r.raise_for_status()
                     chat_ms.append(1000 * (time.perf_counter() - t0))
+                    if r.json()["provenance"]["memory_stored"]:
+                        acked[user].append(r.json()["provenance"]["memory_stored"])
                 return i
 
         t0 = time.perf_counter()
@@ -58,10 +61,9 @@ def load(service: ChatService, clients: int, turns: int, tag: str) -> dict:
         wall = time.perf_counter() - t0
     lost = dup = 0
     for i in range(clients):
-        texts = [m.text for m in service.bank.list(f"{tag}-{i}")]
-        expected = {f"goal of {tag}-{i}", *(f"fact {t}: I like item {t}" for t in range(turns))}
-        lost += len(expected - set(texts))
-        dup += len(texts) - len(set(texts))
+        ids = [m.id for m in service.bank.list(f"{tag}-{i}")]
+        lost += len(set(acked[f"{tag}-{i}"]) - set(ids))
+        dup += len(ids) - len(set(ids)) + len(set(ids) - set(acked[f"{tag}-{i}"]))  # rows nobody acknowledged
         turns_logged = service.bank.turns(f"{tag}-{i}")
         lost += 2 * turns - len(turns_logged)
     recall_ms = []
