@@ -17,4 +17,14 @@ if ! python -c "import llama_cpp" 2>/dev/null; then
 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
     python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 fi
+# Debian's chromium + its driver for the chat page's browser test (tests/test_serve_browser.py skips, saying why,
+# where they cannot be installed: no root or no apt).
+if ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+      || echo "install.sh: chromium/chromium-driver not installed; the browser test will skip" >&2
+  else
+    echo "install.sh: no root/apt; chromium not installed, the browser test will skip" >&2
+  fi
+fi
 bash .ci/install_slurm.sh                         # slurm-wlm + munge for tests/test_slurm.py (skips without root/apt)

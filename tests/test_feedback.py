@@ -18,6 +18,7 @@ from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
+from persrag_lightning.retrieval.base import Query
 
 SYNTH = SynthConfig(num_users=16, docs_per_user=(6, 10), train_questions_per_user=2, dev_questions_per_user=1)
 
@@ -194,3 +195,16 @@ def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_
     main(["feedback", "--config", str(config), "--stats"])
     stats = capsys.readouterr().out
     assert "| examples | 32 |" in stats and "| examples | 16 |" in stats and "informative_fraction" in stats
+
+
+def test_candidates_never_come_from_a_user_who_does_not_share(world, tiny_bert, tiny_llm):
+    """`share: false`: never a neighbour in the feedback candidates, and never a doc in another user's prompt."""
+    builder = datamodule(world, tiny_bert, tiny_llm).builder()
+    examples = builder.dataset.examples["train"]
+    source = builder.candidate_source()
+    private = examples[0].user_id
+    queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in examples if e.user_id != private]
+    assert any(d.owner == private for docs in source.propose(queries) for d in docs)  # it would be a neighbour
+    builder.store.set_share(private, False)
+    for docs in builder.candidate_source().propose(queries):
+        assert len({d.owner for d in docs}) == 3 and all(d.owner != private for d in docs)

@@ -34,6 +34,9 @@ def evaluate_command(args: list[str]) -> dict:
     section = personabench_section(args)
     if section is not None:
         return personabench_command(section)
+    section = personabench_section(args, kind="memory")
+    if section is not None:
+        return memory_command(section)
     parser = ArgumentParser(prog="persrag evaluate", description=evaluate_command.__doc__)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
@@ -65,9 +68,10 @@ def evaluate_command(args: list[str]) -> dict:
     return summary.results
 
 
-def personabench_section(args: list[str]) -> dict | None:
-    """The `evaluation` section of a PersonaBench config (`kind: personabench`) with `--evaluation.x=v` overrides
-    applied (values parsed as YAML), or None for a LaMP config."""
+def personabench_section(args: list[str], kind: str = "personabench") -> dict | None:
+    """The `evaluation` section of a PersonaBench config (`kind: personabench`; or of another `kind`, e.g. the
+    memory evaluation's) with `--evaluation.x=v` overrides applied (values parsed as YAML), or None for a LaMP
+    config."""
     import yaml
 
     config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--config", "-c")),
@@ -75,7 +79,7 @@ def personabench_section(args: list[str]) -> dict | None:
     if config is None or not Path(config).is_file():
         return None
     section = (yaml.safe_load(Path(config).read_text()) or {}).get("evaluation") or {}
-    if section.get("kind") != "personabench":
+    if section.get("kind") != kind:
         return None
     pairs = [a.split("=", 1) for a in args if a.startswith("--evaluation.") and "=" in a]
     pairs += [[a, args[i + 1]] for i, a in enumerate(args[:-1]) if a.startswith("--evaluation.") and "=" not in a]
@@ -95,3 +99,24 @@ def personabench_command(section: dict) -> dict:
     report = run_personabench(config_from_dict(section))
     print(report.markdown())
     return {s.variant: {"recall@5": s.recall, "ndcg@5": s.ndcg} for s in report.summaries}
+
+
+def memory_command(section: dict) -> dict:
+    """What remembered facts add (retrieval/memory_eval.py): planted facts, questions, answers, counted."""
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.retrieval.memory_eval import MemoryEvalConfig, run_memory_evaluation, table
+
+    section = {k: v for k, v in section.items() if k != "kind"}
+    llm = LLMConfig(**section.pop("llm", {}) or {})
+    known = set(MemoryEvalConfig.__dataclass_fields__)
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise SystemExit(f"persrag evaluate: unknown memory evaluation settings {unknown}; known: {sorted(known)}")
+    cfg = MemoryEvalConfig(**section, llm=llm)
+    if not (Path(cfg.run_dir) / "docstore").is_dir():
+        raise FileNotFoundError(f"{cfg.run_dir}/docstore: no exported run; train one first "
+                                "(`python train.py pipeline --preset quick`)")
+    results = run_memory_evaluation(cfg)
+    print(table(results, cfg))
+    print(f"reports in {cfg.out_dir}")
+    return {r.name: {"recall@k": r.recall_at_k, "answer_hits": r.answer_hits} for r in results}

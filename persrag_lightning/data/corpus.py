@@ -47,6 +47,11 @@ class Corpus:
     def __contains__(self, user_id: str) -> bool:
         return user_id in self._positions
 
+    @property
+    def num_users(self) -> int:
+        """Users present (removed users excluded, unlike `user_ids`, which keeps their placeholders)."""
+        return len(self._positions)
+
     def user_position(self, user_id: str) -> int:
         """Position of `user_id` in `user_ids`; KeyError names the user."""
         try:
@@ -80,6 +85,15 @@ class Corpus:
         self.texts.extend(spec.render_doc(d) for d in user.docs)
         self.offsets = np.append(self.offsets, len(self))
         return np.arange(start, len(self))
+
+    def remove_user(self, user_id: str) -> np.ndarray:
+        """Drop a user from the id map (serving's deletion); their rows stay as blank placeholders so that every
+        other row number, and the vectors indexed by it, stay valid. Returns the user's rows."""
+        i = self.user_position(user_id)
+        rows = self.user_rows(i)
+        del self._positions[user_id]
+        self.user_ids[i] = f"\x00deleted-{i}"  # keeps offsets aligned; no real id contains NUL
+        return rows
 
     def digest(self) -> str:
         """Content hash of the corpus (owners, ids and texts in order): the data part of cache fingerprints."""

@@ -13,12 +13,14 @@ USERS_FILE = "users.jsonl"
 
 
 def write_docstore(path: str | Path, dataset: LampDataset) -> Path:
-    """One JSON line per user ({user_id, docs: [{id, date, fields}]}) plus the task name; written atomically."""
+    """One JSON line per user ({user_id, docs: [{id, date, fields}], share: false only for private users}) plus
+    the task name; written atomically."""
     path = Path(path)
     with atomic_open(path / USERS_FILE) as f:
         for uid in dataset.user_ids():
             docs = [{"id": d.doc_id, "date": format_date(d.date), "fields": d.fields} for d in dataset.users[uid].docs]
-            f.write(json.dumps({"user_id": uid, "docs": docs}, ensure_ascii=False) + "\n")
+            line = {"user_id": uid, "docs": docs, **({"share": False} if uid in dataset.private else {})}
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
     atomic_write_json(path / "task.json", {"task": dataset.task})
     return path
 
@@ -36,9 +38,11 @@ def read_docstore(path: str | Path) -> LampDataset:
         raise FileNotFoundError(f"no docstore at {path}; it is exported with the user encoder "
                                 "(`python train.py fit --config cfrag_user_encoder.yaml`)")
     task = json.loads((path / "task.json").read_text())["task"]
-    users = {}
+    users, private = {}, set()
     with open(path / USERS_FILE, encoding="utf-8") as f:
         for line in f:
             obj = json.loads(line)
             users[obj["user_id"]] = User(obj["user_id"], history_from_json(obj["docs"]))
-    return LampDataset(task, users)
+            if obj.get("share", True) is False:
+                private.add(obj["user_id"])
+    return LampDataset(task, users, private=private)

@@ -55,7 +55,7 @@ def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = M
        user's earliest train or dev question (train before dev, then the profile's latest date, then its size):
        never a test profile, never a later profile; a user whose questions are all in test has no pool (no one
        retrieves their docs; they still retrieve from others); a user without any question (a docstore or a user
-       added at serving time) pools all their docs.
+       added at serving time) pools all their docs; a user with `share: false` (`dataset.private`) has no pool.
     A query never receives a doc whose id equals its example id, from anyone (DocStore.rows enforces it).
     """
     own: dict[str, np.ndarray] = {}
@@ -76,6 +76,8 @@ def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = M
     pool: dict[str, np.ndarray] = {}
     source: dict[str, str] = {}
     for uid in corpus.user_ids:
+        if uid in dataset.private:
+            continue
         if uid in earliest:
             pool[uid], source[uid] = _recent(earliest[uid][1], max_history), earliest[uid][2]
         elif uid not in asked:

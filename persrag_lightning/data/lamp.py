@@ -333,7 +333,21 @@ def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
                                    split, profile) for qid, uid, text, profile in records]
     if not examples:
         raise LampFormatError(f"{data_dir}: none of the splits {wanted} has a questions file")
-    return LampDataset(spec.name, users.users(), examples)
+    return LampDataset(spec.name, users.users(), examples, read_sharing(data_dir))
+
+
+SHARING_FILE = "sharing.json"
+
+
+def read_sharing(data_dir: Path) -> set[str]:
+    """Users with `share: false` from `<data_dir>/sharing.json` ({"user id": false, ...}); none without the file."""
+    path = Path(data_dir) / SHARING_FILE
+    if not path.is_file():
+        return set()
+    obj = _load_json(path)
+    if not isinstance(obj, dict) or not all(isinstance(v, bool) for v in obj.values()):
+        raise LampFormatError(f"{path.name}: expected an object of user id → true/false (share), got {_typename(obj)}")
+    return {str(u) for u, share in obj.items() if not share}
 
 
 # ----------------------------------------------------------------------------------------------------- writing

@@ -47,6 +47,8 @@ class LampDataset:
     task: str
     users: dict[str, User]
     examples: dict[str, list[Example]] = field(default_factory=dict)
+    # users with `share: false`: never a neighbour, their docs never in another user's prompt (histories.py)
+    private: set[str] = field(default_factory=set)
 
     def user_ids(self) -> list[str]:
         """Users in a stable order (sorted ids) so row i of every table means the same user."""

@@ -139,8 +139,12 @@ class FeedbackBuilder:
                                "retrain it on this data")
             return ue.user_embeddings[table_row[user_id]]
 
-        return CandidateSource(self.store, self.retriever, lambda u: ue.similar_users(u, self.settings.m), e_u,
-                               self.settings.k)
+        m, hidden = self.settings.m, len(self.store.dataset.private)
+
+        def similar(u: str) -> list[tuple[str, float]]:  # `share: false` users are never neighbours
+            return self.store.shared_neighbours(u, ue.similar_users(u, m + hidden), m)
+
+        return CandidateSource(self.store, self.retriever, similar, e_u, self.settings.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
         """One prompt per candidate (the doc alone, as Eq. 6); a prompt any earlier build, shard, stage or run

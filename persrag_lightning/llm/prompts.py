@@ -192,3 +192,30 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
         for doc, body, n, g, f in zip(docs, bodies, need, granted, item_fixed)
     ]
     return _render(tp, items, query, refs)
+
+
+# ---- open chat (the service and the memory evaluation) --------------------------------------------------------
+
+CHAT_PROMPT_VERSION = "chat-memory-v1"
+CHAT_MEMORY_HEADER = "What you remember about the user:"
+CHAT_DOCS_HEADER = "Items from the user's history and from similar users' histories:"
+CHAT_INSTRUCTION = "Answer the user's last message briefly, using what you remember about them when it helps."
+
+
+def build_chat_prompt(message: str, memories: Sequence[str], docs: Sequence[str],
+                      history: Sequence[tuple[str, str]], tokenizer_len: Callable[[str], int],
+                      max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> str:
+    """A chat prompt: recalled memories, then retrieved docs, then recent turns, then the message; the message
+    keeps at most half the budget and the remaining lines share the rest (memories first: they are the user's)."""
+    msg = truncate_to_tokens(message, max_prompt_tokens // 2, tokenizer_len)
+    parts = [CHAT_INSTRUCTION]
+    if memories:
+        parts += [CHAT_MEMORY_HEADER, *(f"- {m}" for m in memories)]
+    if docs:
+        parts += [CHAT_DOCS_HEADER, *(f"- {d}" for d in docs)]
+    parts += [f"{role}: {text}" for role, text in history]
+    budget = max(0, max_prompt_tokens - tokenizer_len(msg) - tokenizer_len("user: \nassistant:"))
+    granted = split_budget(budget, [tokenizer_len(p) + 1 for p in parts])
+    kept = [p if tokenizer_len(p) + 1 <= g else truncate_to_tokens(p, g - 1, tokenizer_len)
+            for p, g in zip(parts, granted)]
+    return "\n".join([*(p for p in kept if p), f"user: {msg}", "assistant:"])

@@ -88,5 +88,18 @@ class LLMConfig:
         identity = self.identity()
         return store.cached([prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)], compute)
 
+    def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None) -> list[str]:
+        """Free-text replies (the service and the memory evaluation): greedy generation, `max_new_tokens` (default
+        64, the paper's budget), stripped; through the store when given."""
+        budget = self.max_new_tokens or 64
+
+        def run(todo: list[int]) -> list[str]:
+            return [(out or "").strip() for out in llm.generate([prompts[i] for i in todo], budget)]
+
+        if store is None:
+            return run(list(range(len(prompts))))
+        identity = self.identity()
+        return store.cached([prompt_key(identity, "chat", p) for p in prompts], run)
+
     def load(self) -> LLM:
         return load_llm(self.backend, self.model, batch_size=self.batch_size, **self.options)

@@ -34,6 +34,7 @@ class RetrievedDoc:
     retriever_score: float = math.nan
     reranker_score: float = math.nan
     text: str = ""
+    source: str = "doc"  # "doc": a corpus row; "memory": a memory of the bank (row -1, doc_id = memory id)
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
@@ -63,6 +64,37 @@ class DocStore:
             rows = rows[corpus_doc_ids(self.corpus, rows) != query.example_id]
         return rows if max_history is None else rows[max(0, len(rows) - max_history):]
 
+    def shares(self, user_id: str) -> bool:
+        """False for a user with `share: false`: never a neighbour, docs never in another user's prompt."""
+        return user_id not in self.dataset.private
+
+    def shared_neighbours(self, user_id: str, ranked: list[tuple[str, float]], m: int) -> list[tuple[str, float]]:
+        """The first m of a similarity ranking without private users (the query user itself always stays) and
+        without users removed from the store: the one filter every neighbour list goes through."""
+        return [(u, s) for u, s in ranked if u == user_id or (self.shares(u) and u in self)][:m]
+
+    def set_share(self, user_id: str, share: bool) -> None:
+        """Switch a user's sharing at serving time: private users lose their collaborative pool at once."""
+        if share:
+            self.dataset.private.discard(user_id)
+            rows = self.corpus.rows_of(user_id)
+            self.visible.pool[user_id] = rows[max(0, len(rows) - MAX_HISTORY):]
+        else:
+            self.dataset.private.add(user_id)
+            self.visible.pool.pop(user_id, None)
+
+    def remove_user(self, user_id: str) -> None:
+        """Forget a user at serving time: out of the corpus' user map, no pool, texts and records blanked (row
+        numbers of other users stay valid for the retriever's vectors)."""
+        rows = self.corpus.remove_user(user_id)
+        self.dataset.users.pop(user_id, None)
+        self.dataset.private.discard(user_id)
+        self.visible.pool.pop(user_id, None)
+        self.visible.pool_source.pop(user_id, None)
+        for r in rows:
+            self.corpus.texts[r] = ""
+            self.corpus.docs[r] = HistoryDoc(self.corpus.doc_ids[r], self.corpus.docs[r].date, {})
+
     def pool_users(self) -> list[str]:
         """Users whose docs others may retrieve (every user with a collaborative pool), in corpus order."""
         return [u for u in self.corpus.user_ids if len(self.visible.pool.get(u, _NO_ROWS))]
@@ -80,7 +112,8 @@ class DocStore:
         """Append a new user's history (oldest first) as new corpus rows; returns the rows."""
         rows = self.corpus.add_user(user)
         self.dataset.users[user.user_id] = user
-        self.visible.pool[user.user_id] = rows[max(0, len(rows) - MAX_HISTORY):]
+        if self.shares(user.user_id):
+            self.visible.pool[user.user_id] = rows[max(0, len(rows) - MAX_HISTORY):]
         self.visible.pool_source[user.user_id] = ""
         return rows
 

@@ -41,6 +41,8 @@ class CandidateSource:
                 e_u = self.retriever.tuned_user_embedding(query.user_id, e_u)
             docs: list[RetrievedDoc] = []
             for owner, sim in self.similar_users(query.user_id):
+                if owner != query.user_id and not self.store.shares(owner):
+                    continue  # `share: false`: never a neighbour (similar_users already filters; kept as a guard)
                 rows = self.store.rows(owner, query=query)
                 scores = self.retriever.score(vector, rows, e_u)
                 top = torch.topk(scores, min(self.k_per_user, len(rows)))

@@ -105,8 +105,9 @@ class CFRAG(Strategy):
             args = (c.text_encoder, c.text_max_length, c.text_pooling)
             build_corpus_embeddings(store.corpus, self.cache_dir, *args)
             docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
-            ids = store.pool_users()
-            vectors = torch.stack([docs[store.rows(u, c.max_history)].mean(0) for u in ids])
+            ids = store.pool_users() + sorted(u for u in store.dataset.private if u in store)  # private: own only
+            vectors = torch.stack([docs[store.rows(u, c.max_history) if store.shares(u)
+                                        else store.corpus.rows_of(u, c.max_history)].mean(0) for u in ids])
         self.user_vectors = dict(zip(ids, vectors))
         return UserIndex.build(ids, vectors)
 
@@ -118,8 +119,9 @@ class CFRAG(Strategy):
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
         if self.m == 1:
             return [(user_id, 1.0)]
-        scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m)
-        return list(zip(ids[0], (float(s) for s in scores[0])))
+        hidden = len(self.store.dataset.private) + (len(self.user_index) - self.store.corpus.num_users)
+        scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + max(0, hidden))
+        return self.store.shared_neighbours(user_id, list(zip(ids[0], (float(s) for s in scores[0]))), self.m)
 
     def candidates(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
         """The m·k candidates per query with user similarity and first-stage (Eq. 5 or Eq. 3) scores."""

@@ -17,6 +17,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+from persrag_lightning.retrieval.user_index import UserIndex
 
 
 @dataclass
@@ -87,23 +88,63 @@ class CFRAGPipeline:
     def add_user(self, user_id: str, history: list[dict]) -> None:
         """Make a new user retrievable at once: docs as {id, date, fields}; e_u from the exported user encoder
         over the frozen encoder's doc vectors (the fine-tuned doc table only knows the training docs)."""
+        self.attach_user(*self.encode_user(user_id, history))
+
+    @torch.no_grad()
+    def encode_user(self, user_id: str, history: list[dict],
+                    replace: bool = False) -> tuple[User, torch.Tensor, torch.Tensor]:
+        """(user, the retriever's doc vectors, e_u) of a new history, computed without changing anything, so a
+        caller can persist them before the user becomes visible."""
         user = User(user_id, history_from_json(history))
         if not user.docs:
             raise ValueError(f"user {user_id!r} has an empty history")
-        rows = self.store.add_user(user)
+        if user_id in self.store and not replace:
+            raise ValueError(f"user {user_id!r} already exists")
+        spec = get_task(self.task)
+        texts = [spec.render_doc(d) for d in user.docs]
         s = self.strategy
-        texts = [self.store.text(int(r)) for r in rows]
-        s.retriever.add_docs(texts)
+        s.retriever.load()
+        doc_vectors = s.retriever.encode_docs(texts).float().cpu()
         ue = s.user_encoder
         recent = texts[-ue.config.max_history:]
         vectors = self.text_encoder.encode(recent).unsqueeze(0)
         ue.eval()
         e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool)).squeeze(0)
-        ue.user_ids.append(user_id)
-        ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0)])
-        s.user_row[user_id] = len(ue.user_ids) - 1
-        s.user_vectors[user_id] = e_u if s.users == "encoder" else vectors[0].mean(0)
-        s.user_index.add([user_id], s.user_vectors[user_id].unsqueeze(0))
+        user_vector = e_u if s.users == "encoder" else vectors[0].mean(0)
+        return user, doc_vectors, torch.stack([e_u, user_vector])
+
+    def attach_user(self, user: User, doc_vectors: torch.Tensor, user_vectors: torch.Tensor) -> None:
+        """Append a user whose vectors are known (encode_user, or a restart reading them back)."""
+        s, ue = self.strategy, self.strategy.user_encoder
+        if len(doc_vectors) != len(user.docs):
+            raise ValueError(f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs")
+        self.store.add_user(user)
+        s.retriever.load()
+        s.retriever.doc_vectors = torch.cat([s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)])
+        e_u, user_vector = user_vectors[0], user_vectors[1]
+        ue.user_ids.append(user.user_id)
+        ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)])
+        s.user_row[user.user_id] = len(ue.user_ids) - 1
+        s.user_vectors[user.user_id] = user_vector
+        if user.user_id in s.user_index:
+            self.rebuild_user_index()
+        else:
+            s.user_index.add([user.user_id], user_vector.unsqueeze(0))
+
+    def remove_user(self, user_id: str) -> None:
+        """Forget a user: docs out of the store (rows blanked), out of the user index and the vector tables."""
+        s = self.strategy
+        self.store.remove_user(user_id)
+        s.user_vectors.pop(user_id, None)
+        s.user_row.pop(user_id, None)
+        self.rebuild_user_index()
+
+    def rebuild_user_index(self) -> None:
+        """The user index over the users present (after a deletion or a replaced history); cheap at serving
+        scale (an exact index over a few thousand vectors)."""
+        s = self.strategy
+        ids = [u for u in s.user_vectors if u in self.store]
+        s.user_index = UserIndex.build(ids, torch.stack([s.user_vectors[u] for u in ids]), kind=s.user_index.kind)
 
     @property
     def text_encoder(self) -> TextEncoder:

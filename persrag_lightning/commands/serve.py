@@ -1,0 +1,47 @@
+"""`persrag serve --run checkpoints/<run> [--host 127.0.0.1] [--port 8000]`: the personalized chat service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def serve_command(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
+    parser.add_argument("--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--state", default=None, help="service state folder (default: <run>/serve)")
+    parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    parser.add_argument("--llm-model", default="smollm2")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--no-llm", action="store_true",
+                        help="answer without an LLM (retrieval, memories and provenance only)")
+    parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
+                        help="memory extraction: the LLM (the seed's) or the message stored verbatim")
+    parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
+    parser.add_argument("--m", type=int, default=6, help="similar users (CFRAG m)")
+    parser.add_argument("--k", type=int, default=5, help="docs per prompt (CFRAG k)")
+    parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
+                        help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.serving.app import create_app
+    from persrag_lightning.serving.service import ChatService
+
+    logging.basicConfig(level=logging.WARNING)
+    llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens)
+    service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
+                                          admin_token=os.environ.get(args.admin_token_env) or None,
+                                          use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k)
+    service.k = args.k
+    if generated:
+        print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
+    print(f"persrag serve: http://{args.host}:{args.port}/ ({service.health()['users']} users)", file=sys.stderr,
+          flush=True)
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")

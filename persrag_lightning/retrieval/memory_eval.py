@@ -1,0 +1,147 @@
+"""What remembered facts add, counted: simulated conversations plant facts in the memory bank (memory/simulate.py),
+then each strategy answers the later questions about them. Per strategy: recall@k of the planted memory, the share
+of answers that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must be
+0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py --end-to-end`.
+
+Simulated users are mapped onto the run's docstore users (conversation i ↔ the i-th user), so CFRAG retrieves
+their real histories and neighbours next to the memories.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from persrag_lightning.data.docstore import read_docstore
+from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
+from persrag_lightning.llm.prompts import build_chat_prompt
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.memory.bank import MemoryBank, MemorySettings
+from persrag_lightning.memory.recall import RecallSettings
+from persrag_lightning.memory.simulate import SimulatedConversation, simulate_conversations
+from persrag_lightning.retrieval.base import DocStore, Query, Strategy
+from persrag_lightning.retrieval.baselines import ZeroShot
+from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
+from persrag_lightning.utils import atomic_write_json, atomic_write_text
+
+STRATEGIES = ("zero_shot", "Memory", "CFRAG", "CFRAG + memory")
+
+
+@dataclass
+class MemoryEvalConfig:
+    run_dir: str = "checkpoints/synthlamp-quick"
+    users: int = 20                 # simulated users (mapped onto the first docstore users)
+    facts_per_user: int = 3
+    fillers_per_fact: int = 2
+    seed: int = 0
+    k: int = 5                      # docs (CFRAG) and memories (seed: k = 5) per prompt
+    encoder: str = "minilm"         # the memory bank's text encoder
+    extraction: str = "verbatim"    # verbatim (message stored as is) or llm (the seed's extraction, slow on CPU)
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    llm: LLMConfig = field(default_factory=lambda: LLMConfig(max_new_tokens=24))
+    cache_dir: str = ".cache/persrag"
+    out_dir: str = "runs/memory_eval"
+
+
+@dataclass
+class StrategyResult:
+    name: str
+    questions: int
+    recall_at_k: float | None       # None: the strategy recalls no memories
+    answer_hits: float
+    answer_ci: tuple[float, float]
+    foreign_memories: int
+    own_docs: float | None
+    seconds: float
+
+
+def bootstrap_mean(values: np.ndarray, n: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of a mean over questions."""
+    if len(values) == 0:
+        return (0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(n, len(values)))].mean(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
+    cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
+                  "retriever": bundle(run_dir, "retriever") or "minilm", "reranker": bundle(run_dir, "reranker"),
+                  "cache_dir": cfg.cache_dir}
+    if name == "zero_shot":
+        return ZeroShot()
+    if name == "Memory":
+        return MemoryRecall(name="Memory")
+    if name == "CFRAG":
+        return CFRAG(**cfrag_args, name="CFRAG")
+    if name == "CFRAG + memory":
+        return CFRAGMemory(**cfrag_args, memory_k=cfg.k)
+    raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+
+
+def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None) -> list[StrategyResult]:
+    """Plant, ask, answer, count; writes metrics.json and results.md under `out_dir`."""
+    run_dir = Path(cfg.run_dir)
+    store = DocStore(read_docstore(run_dir / "docstore"))
+    users = [u for u in store.corpus.user_ids if u in store][: cfg.users]
+    convs = [SimulatedConversation(u, c.session_id, c.messages, c.facts) for u, c in
+             zip(users, simulate_conversations(len(users), cfg.facts_per_user, cfg.fillers_per_fact, cfg.seed))]
+    llm = cfg.llm.load()
+    out = Path(cfg.out_dir)
+    if bank is None:
+        shutil.rmtree(out / "bank", ignore_errors=True)
+        settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm")
+        bank = MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+    for conv in convs:
+        for message in conv.messages:
+            bank.remember(conv.user_id, message, conv.session_id)
+    questions = [(c.user_id, f) for c in convs for f in c.facts]
+    queries = [Query(u, f.question, f.question) for u, f in questions]
+    prompts_store = PromptStore(Path(cfg.cache_dir) / PROMPT_STORE)
+    results = []
+    for name in cfg.strategies:
+        t0 = time.perf_counter()
+        strategy = make_strategy(name, run_dir, cfg)
+        if isinstance(strategy, (MemoryRecall, CFRAGMemory)):
+            strategy.attach(bank)
+        strategy.prepare(store)
+        retrieved = strategy.retrieve(queries, cfg.k)
+        prompts, recall_hits, foreign, own, n_docs = [], [], 0, 0, 0
+        for (user, fact), docs in zip(questions, retrieved):
+            memories = [d for d in docs if d.source == "memory"]
+            corpus_docs = [d for d in docs if d.source == "doc"]
+            foreign += sum(d.owner != user for d in memories)
+            recall_hits.append(any(d.owner == user and fact.value.lower() in d.text.lower() for d in memories))
+            own += sum(d.owner == user for d in corpus_docs)
+            n_docs += len(corpus_docs)
+            prompts.append(build_chat_prompt(fact.question, [d.text for d in memories],
+                                             [d.text for d in corpus_docs], [], llm.count_tokens,
+                                             cfg.llm.max_prompt_tokens))
+        answers = cfg.llm.chat(llm, prompts, prompts_store)
+        hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
+        has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
+        results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
+                                      float(hits.mean()) if len(hits) else 0.0, bootstrap_mean(hits, seed=cfg.seed),
+                                      foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
+    atomic_write_json(out / "metrics.json", {"config": {**asdict(cfg), "llm": asdict(cfg.llm)},
+                                             "results": [asdict(r) for r in results],
+                                             "extraction_fallbacks": bank.fallbacks})
+    atomic_write_text(out / "results.md", table(results, cfg))
+    return results
+
+
+def table(results: list[StrategyResult], cfg: MemoryEvalConfig) -> str:
+    head = (f"Simulated conversations: {cfg.users} users × {cfg.facts_per_user} planted facts, k = {cfg.k}, "
+            f"extraction {cfg.extraction}, LLM {cfg.llm.backend}:{cfg.llm.model}\n\n"
+            "| strategy | questions | recall@k of the planted memory | answer contains the fact [95 % CI] "
+            "| foreign memories | own docs | seconds |\n|---|---|---|---|---|---|---|\n")
+    rows = "".join(
+        f"| {r.name} | {r.questions} | {'-' if r.recall_at_k is None else f'{r.recall_at_k:.3f}'} | "
+        f"{r.answer_hits:.3f} [{r.answer_ci[0]:.3f}, {r.answer_ci[1]:.3f}] | {r.foreign_memories} | "
+        f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n" for r in results)
+    return head + rows

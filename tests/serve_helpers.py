@@ -1,0 +1,60 @@
+"""Helpers of the serving tests: a service over the tiny test run, and a real uvicorn server on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.serving.app import create_app
+from persrag_lightning.serving.service import ChatService
+
+ADMIN = "admin-secret-token"
+
+
+def open_service(run_dir, state, tiny_bert, tiny_llm=None, cache=None) -> ChatService:
+    llm = LLMConfig(model=tiny_llm, max_new_tokens=4, options={"device": "cpu"}) if tiny_llm else None
+    service, _ = ChatService.open(run_dir, state, llm=llm, encoder=tiny_bert, admin_token=ADMIN,
+                                  use_llm=tiny_llm is not None, extraction="verbatim", m=3, k_per_user=2, k=3,
+                                  cache_dir=str(cache or (state.parent / "cache")))
+    service.k = 3
+    return service
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadServer:
+    """uvicorn serving an app in a thread on a free loopback port (the real HTTP stack, no subprocess)."""
+
+    def __init__(self, app) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def serve_app(service: ChatService):
+    return create_app(service)
