@@ -103,6 +103,11 @@ class DocStore:
         return self.corpus.owner(row)
 
     def history_doc(self, row: int) -> HistoryDoc:
+        """The corpus doc of `row`; a negative row (a memory, `source="memory"`, has none) is an error, never
+        Python's wrap-around to the last doc."""
+        if row < 0:
+            raise ValueError(f"row {row} is not a corpus row (memories have no history doc; render them with "
+                             "their text, as retrieval/memory.py does)")
         return self.corpus.docs[row]
 
     def text(self, row: int) -> str:
