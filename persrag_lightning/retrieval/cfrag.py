@@ -4,7 +4,8 @@ The switches of `CFRAG` give the paper's Table 3 ablations without separate code
 w/o user retrieval (`m=1`), MEAN user embeddings (`users="mean"`), w/o retriever tuning (`retriever` = an encoder
 name), w/o the user term in the retriever (`retriever_user_term=False`), w/o reranker tuning (`reranker=None`:
 the final k are the best first-stage scores of the m·k), w/o e_u in the reranker (a reranker trained with
-`use_user: false`).
+`use_user: false`). `users="cluster"` takes the similar users from ClusterRAG's cohorts (seed 002, no training)
+instead of the encoder's top-m: the query user and the m − 1 members of their cohort most similar to them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
+from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.user_index import UserIndex
 
-UserSource = Literal["encoder", "mean"]
+UserSource = Literal["encoder", "mean", "cluster"]
 RERANK_BATCH = 128  # (query, doc) pairs per cross-encoder forward when reranking a batch of queries
 
 # Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
@@ -58,16 +60,25 @@ def require_bundle(path: str | Path) -> str:
 
 
 class CFRAG(Strategy):
-    """Collaborative retrieval: users by the contrastive user encoder, docs by the personalized retriever."""
+    """Collaborative retrieval: users by the contrastive user encoder (the paper; `users="mean"`: MEAN doc
+    embeddings; `users="cluster"`: cohort neighbours, clustered as `cohorts` says — default the seed's HDBSCAN over
+    MEAN vectors), docs by the personalized retriever."""
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
-                 cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64) -> None:
+                 cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
+                 cohorts: CohortSettings | None = None) -> None:
+        if users not in ("encoder", "mean", "cluster"):
+            raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
+        if cohorts is not None and users != "cluster":
+            raise ValueError(f"cohorts settings apply only to users='cluster' (got users={users!r})")
         self.name = name
         self.user_encoder_path = user_encoder
         self.retriever_spec = retriever
         self.reranker_path = reranker
         self.m, self.k_per_user, self.users = m, k_per_user, users
+        if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
+            self.cohort_settings = cohorts or CohortSettings()
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -76,7 +87,13 @@ class CFRAG(Strategy):
         super().prepare(store)
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
-        self.user_index = self._build_user_index(store)
+        self.cohort_model: CohortModel | None = None
+        if self.users == "cluster":
+            ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
+            self.cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
+            self.user_index = None
+        else:
+            self.user_index = self._build_user_index(store)
         try:
             self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
         except FileNotFoundError:
@@ -90,8 +107,14 @@ class CFRAG(Strategy):
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
-        if self.users == "encoder":
-            ids, vectors = self.user_encoder.user_ids, self.user_encoder.user_embeddings
+        ids, vectors = self._user_vectors(store, self.users)
+        self.user_vectors = dict(zip(ids, vectors))
+        return UserIndex.build(ids, vectors)
+
+    def _user_vectors(self, store: DocStore, source: str) -> tuple[list[str], torch.Tensor]:
+        """(ids, vectors): the encoder's user table, or MEAN of the frozen doc embeddings of each user's pool."""
+        if source == "encoder":
+            ids, vectors = list(self.user_encoder.user_ids), self.user_encoder.user_embeddings
         else:
             c = self.user_encoder.config
             args = (c.text_encoder, c.text_max_length, c.text_pooling)
@@ -99,8 +122,7 @@ class CFRAG(Strategy):
             docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
             ids = store.pool_users()
             vectors = torch.stack([docs[store.rows(u, c.max_history)].mean(0) for u in ids])
-        self.user_vectors = dict(zip(ids, vectors))
-        return UserIndex.build(ids, vectors)
+        return ids, vectors
 
     def e_u(self, user_id: str) -> torch.Tensor | None:
         row = self.user_row.get(user_id)
@@ -110,6 +132,11 @@ class CFRAG(Strategy):
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
         if self.m == 1:
             return [(user_id, 1.0)]
+        if self.cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
+            if user_id not in self.cohort_model:  # no pool (MEAN) or no trained vector: the user alone
+                return [(user_id, 1.0)]
+            return [(user_id, 1.0)] + [(n.user_id, n.similarity)
+                                       for n in self.cohort_model.neighbours(user_id, self.m - 1)]
         scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m)
         return list(zip(ids[0], (float(s) for s in scores[0])))
 
