@@ -197,9 +197,16 @@ class CohortModel:
         if len(self.centroids) == 0:
             none = np.full(len(x), NOISE, dtype=np.int64)
             return none, none, np.full(len(x), np.inf, np.float32)
-        d2 = (x * x).sum(1)[:, None] - 2 * x @ self.centroids.T + (self.centroids ** 2).sum(1)[None, :]
-        nearest = d2.argmin(axis=1)
-        dist = np.sqrt(np.maximum(d2[np.arange(len(x)), nearest], 0)).astype(np.float32)
+        nearest = np.empty(len(x), np.int64)
+        dist = np.empty(len(x), np.float32)
+        c2 = (self.centroids ** 2).sum(1)[None, :]
+        step = max(1, 2 ** 24 // max(1, len(self.centroids)))  # ~64 MiB of distances at a time (1M users: chunks)
+        for start in range(0, len(x), step):
+            xs = x[start:start + step]
+            d2 = (xs * xs).sum(1)[:, None] - 2 * xs @ self.centroids.T + c2
+            best = d2.argmin(axis=1)
+            nearest[start:start + len(xs)] = best
+            dist[start:start + len(xs)] = np.sqrt(np.maximum(d2[np.arange(len(xs)), best], 0))
         if self.settings.method == "kmeans":
             return nearest.astype(np.int64), nearest.astype(np.int64), dist
         inside = dist <= self.radii[nearest] + 1e-6
