@@ -321,16 +321,16 @@ def main() -> None:
             _, _, ids, means, communities, _ = real
             mixture = UserMixture(means, np.array([communities[u] for u in ids]))
             k_true = len(mixture.share)
-            draw = lambda n: mixture.sample(n, seed=0)  # noqa: E731
+            draw = lambda n: mixture.sample(n, seed=0)
             what = (f"realistic: per-community Gaussians fitted to {len(ids)} real SynthLaMP users' MEAN MiniLM "
                     f"vectors, d = {means.shape[1]}, {k_true} communities")
         else:
             k_true = mix.communities
-            draw = lambda n: user_vectors(n, mix)  # noqa: E731
+            draw = lambda n: user_vectors(n, mix)
             what = f"synthetic Gaussian mixture, dim {mix.dim}, {mix.communities} communities"
         run_clustering(sizes, draw, k_true, what, args.cap, args.sample, args.wall_cap, args.hdbscan_cap)
     if real is not None:
-        store, docs, ids, means, communities, queries = real
+        _, docs, ids, means, communities, queries = real
         print(f"\n## Cohorts of the real SynthLaMP users ({len(ids)} users, LaMP-2)\n")
         print(f"| {'user vectors':<24} | {'method':<30} | {'time s':>6} | {'cohorts':>7} | {'noise':>6} | "
               f"{'ARI':>5} | {'ARI cohorts':>11} | {'nb p@1':>6} |")

@@ -191,7 +191,7 @@ def test_cfrag_users_cluster_takes_cohort_neighbours_not_the_encoders_top_m(run_
     from persrag_lightning.retrieval.cohorts import CohortSettings
 
     store = synth_store(tmp_path)
-    make = lambda users, **kw: CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"),  # noqa: E731
+    make = lambda users, **kw: CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"),
                                      str(run_dir / "reranker"), m=4, k_per_user=2,
                                      cache_dir=str(tmp_path / "cache"), users=users, **kw)
     cfrag = make("cluster", cohorts=CohortSettings(method="kmeans", n_clusters=3))
