@@ -39,6 +39,10 @@ def run(argv: list[str] | None = None) -> None:
         from persrag_lightning.commands.serve import serve_command
 
         return serve_command(args[1:])
+    if args and args[0] == "cluster":
+        from persrag_lightning.commands.cluster import cluster_command
+
+        return cluster_command(args[1:])
     if args and args[0] == "pipeline":
         from persrag_lightning.commands.pipeline import main as pipeline_main
 

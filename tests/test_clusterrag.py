@@ -7,6 +7,8 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # shared 2-core machine: faiss/BLAS must not spawn threads
 
 import logging
+import tempfile
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -72,6 +74,85 @@ def test_fit_profile_truncates_query_then_items():
     # ⌊0.3·10⌋ = 3 query tokens; profile 10 − 3 = 7; share 3 each; the first item needs exactly 3
     assert query == "q r s"
     assert items == ["a b c", "d e f"]
+
+
+def lamp2_doc(i: int, words_in_description: int) -> HistoryDoc:
+    return HistoryDoc(f"d{i}", (2020, 1, 1), {"description": " ".join(f"w{i}x{j}" for j in range(words_in_description)),
+                                             "tag": "comedy"})
+
+
+def test_prompt_builder_applies_eq3_in_the_llms_tokens():
+    """build_prompt(profile_gamma=γ): the query keeps ⌊γ·L⌋ tokens (L = what the template's fixed text leaves of
+    the LLM budget), the profile L − |q| split ⌊·/n⌋ per doc with carry-over (LaMP's rule, not the even split)."""
+    import re
+
+    from persrag_lightning.llm.prompts import TABLE4, _render, build_prompt, render_item
+
+    def toks(text: str) -> int:  # the "LLM's tokenizer": words, with ':' and ';' splitting as well
+        return len(re.findall(r"[^\s:;]+", text))
+
+    query_words = 400
+    raw = 'Which tag does this movie relate to among the following tags? Just answer with the tag name without ' \
+          'further explanation. tags: [sci-fi, based on a book, comedy, action, twist ending, dystopia, dark ' \
+          'comedy, classic, psychology, fantasy, romance, thought-provoking, social commentary, violence, true ' \
+          'story] description: ' + " ".join(f"q{j}" for j in range(query_words))
+    docs = [lamp2_doc(0, 3), lamp2_doc(1, 200), lamp2_doc(2, 200)]
+    L_total = 302  # 61 fixed tokens, L = 241: ⌊0.55·241⌋ = 132 query tokens, 109 for the profile (mod 3 = 1)
+    tp = TABLE4["LaMP-2"]
+    fixed = toks(_render(tp, ["", "", ""], "", None))
+    L = L_total - fixed  # L_max of Eq. 3 in this builder
+    prompt = build_prompt("LaMP-2", raw, docs, toks, L_total, profile_gamma=0.55)
+    assert toks(prompt) <= L_total
+    query_line = prompt.split("\n")[-1]
+    query = query_line.removeprefix('"description":').removesuffix('; "tag":')
+    assert toks(query) == int(0.55 * L) == query_length(10_000, L, 0.55)
+    # the profile: (L − ⌊0.55 L⌋) tokens, ⌊·/3⌋ each; the short first doc passes its unused share on
+    budget = profile_length(10_000, L, 0.55)
+    item_fixed = toks(render_item(tp, docs[0], body=""))
+    granted = allocate_budget(budget, [item_fixed + 3, item_fixed + 200, item_fixed + 200])
+    lines = prompt.split("\n")[1:4]
+    assert [toks(x) for x in lines] == granted
+    assert granted[1] > granted[2]  # the carried-over tokens go to the next doc only
+    from persrag_lightning.llm.prompts import split_budget
+
+    assert budget % 3 and sum(granted) == budget - 1 != sum(split_budget(budget, [6, 203, 203]))  # no remainder
+    # CFRAG's builder over the same input gives another prompt (half the tokens to the query, even split)
+    assert build_prompt("LaMP-2", raw, docs, toks, L_total) != prompt
+
+
+def test_evaluate_builds_prompts_with_the_strategys_budget(monkeypatch):
+    """Evaluation hands each strategy's γ to the one prompt builder: ClusterRAG rows Eq. 3, the others CFRAG's."""
+    from persrag_lightning.retrieval import evaluate
+
+    seen = []
+
+    def spy(task, llm, inputs, docs, max_prompt_tokens, profile_gamma=None):
+        seen.append(profile_gamma)
+        return ["p"] * len(inputs)
+
+    monkeypatch.setattr(evaluate, "build_prompts", spy)
+    assert ClusterRAG(AxisEmbedder()).prompt_gamma == 0.55  # the seed's γ by default
+    from persrag_lightning.retrieval.baselines import Recency
+
+    assert Recency().prompt_gamma is None
+    # run_strategy up to the prompt builder: the LLM is never reached (answer is stubbed too)
+    ev = evaluate.Evaluation.__new__(evaluate.Evaluation)
+    ev.task, ev.k, ev._llm = "LaMP-2", 2, object()
+    ev.llm_config = type("C", (), {"identity": lambda self: {}, "max_prompt_tokens": 64,
+                                    "answer": lambda self, llm, task, prompts, store: ["comedy"] * len(prompts)})()
+    ev.prompts, ev.out_dir = None, Path(tempfile.mkdtemp())
+    ev.source = type("S", (), {"data_dir": Path("synth")})()
+    store = make_store()
+    from persrag_lightning.data.records import Example
+
+    examples = [Example("e1", "s1", "description: space rocket", "space rocket", "comedy", "test")]
+    monkeypatch.setattr(evaluate, "write_predictions", lambda *a, **k: None)
+    cluster = ClusterRAG(AxisEmbedder(), ClusterRAGSettings("hybrid", CohortSettings(),
+                                                            ClusterIndexSettings(method="hdbscan", top_b=4)),
+                         cache_dir=ev.out_dir, prompt_gamma=0.7)
+    ev.run_strategy(cluster, store, examples, None)
+    ev.run_strategy(Recency(), store, examples, None)
+    assert seen == [0.7, None]
 
 
 # ---- the strategy ----------------------------------------------------------------------------------------
@@ -272,3 +353,30 @@ def test_add_user_joins_a_cohort_and_the_index_without_rebuild(tmp_path):
     assert owners(s.retrieve([Query("k9", "recipe")], 2)[0]) <= {"k1", "k2"}
     assert s.cohorts.cohort_of("k9") == s.cohorts.cohort_of("k1")
     assert {n.user_id for n in s.cohorts.neighbours("k1", 2)} == {"k2", "k9"}  # a neighbour for others too
+
+
+def test_evaluate_config_has_the_three_modes_and_cfrag_on_cohorts():
+    """configs/evaluate_cfrag.yaml instantiates the ClusterRAG rows (Eq. 3 budget) and `CFRAG (users: cluster)`."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from persrag_lightning.commands.pipeline import PRESETS
+    from persrag_lightning.retrieval.base import Strategy
+    from persrag_lightning.retrieval.cfrag import CFRAG
+    from persrag_lightning.retrieval.evaluate import Evaluation
+    from tests.conftest import REPO
+
+    parser = ArgumentParser()
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--run_name", type=str)
+    parser.add_class_arguments(Evaluation, "evaluation")
+    parser.add_argument("--strategies", type=list[Strategy])
+    strategies = {s.name: s for s in parser.instantiate_classes(
+        parser.parse_args(["--config", str(REPO / "configs" / "evaluate_cfrag.yaml")])).strategies}
+    for mode in ("user", "collab", "hybrid"):
+        s = strategies[f"ClusterRAG ({mode})"]
+        assert isinstance(s, ClusterRAG) and s.settings.mode == mode and s.prompt_gamma == 0.55
+        assert (s.settings.index.top_b, s.settings.cohorts.method, s.settings.cohorts.top_k_users) == (1, "hdbscan", 1)
+    cfrag = strategies["CFRAG (users: cluster)"]
+    assert isinstance(cfrag, CFRAG) and cfrag.users == "cluster" and cfrag.prompt_gamma is None
+    assert strategies["CFRAG"].users == "encoder"  # the paper's default stays
+    assert not any(n.startswith("ClusterRAG") for n in PRESETS["quick"]["strategies"])

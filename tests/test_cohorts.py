@@ -187,3 +187,17 @@ def test_no_warnings_on_a_clean_fit():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CohortModel().fit(ids, x)
+
+
+def test_nearest_cohort_in_chunks_equals_one_pass(monkeypatch):
+    """Assignment of many users runs in chunks (1M users × K centroids would need GiBs at once): any chunking
+    gives the one-pass answer, chunk boundaries included."""
+    ids, x, _ = communities(n_per=7, noise=2)
+    model = CohortModel(CohortSettings()).fit(ids, x)
+    xn = cohorts.normalize_rows(x)
+    whole = model._nearest(xn)
+    monkeypatch.setattr(cohorts, "ASSIGN_CHUNK", 5)  # 5 // 3 centroids = 1 user per chunk
+    for got, want in zip(model._nearest(xn), whole):
+        np.testing.assert_array_equal(got, want)
+    d2 = ((xn[:, None, :] - model.centroids[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(whole[1], d2.argmin(1))

@@ -174,3 +174,69 @@ def test_evaluate_skips_an_untrained_bundle_with_a_row_naming_the_command(run_di
     assert "retriever_ropg" in evaluation.skipped["ROPG"] and "python train.py" in evaluation.skipped["ROPG"]
     table = (tmp_path / "eval" / "results.md").read_text()
     assert "Not trained (skipped)" in table and "- ROPG:" in table
+
+
+def synth_store(tmp_path):
+    from persrag_lightning.data.source import LampSource
+    from persrag_lightning.retrieval.base import DocStore
+
+    source = LampSource("LaMP-2", None, SynthConfig(num_users=USERS), str(tmp_path / "cache"))
+    source.prepare()
+    return DocStore(source.load())
+
+
+def test_cfrag_users_cluster_takes_cohort_neighbours_not_the_encoders_top_m(run_dir, tmp_path):
+    """`users: cluster`: the query user, then the m − 1 members of its cohort most similar to it (cosine, best
+    first); a user outside the cohort model retrieves alone; the encoder's top-m is not consulted."""
+    from persrag_lightning.retrieval.cohorts import CohortSettings
+
+    store = synth_store(tmp_path)
+    make = lambda users, **kw: CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"),
+                                     str(run_dir / "reranker"), m=4, k_per_user=2,
+                                     cache_dir=str(tmp_path / "cache"), users=users, **kw)
+    cfrag = make("cluster", cohorts=CohortSettings(method="kmeans", n_clusters=3))
+    cfrag.prepare(store)
+    assert cfrag.user_index is None and cfrag.cohort_model.n_cohorts == 3
+    for user in store.corpus.user_ids[:6]:
+        similar = cfrag.similar_users(user)
+        cohort = cfrag.cohort_model.cohort_of(user)
+        assert similar[0] == (user, 1.0) and 1 <= len(similar) <= 4
+        assert all(cfrag.cohort_model.cohort_of(u) == cohort for u, _ in similar[1:])
+        assert [s for _, s in similar[1:]] == sorted((s for _, s in similar[1:]), reverse=True)
+        assert [(n.user_id, n.similarity) for n in cfrag.cohort_model.neighbours(user, 3)] == similar[1:]
+    docs = cfrag.retrieve([Query(store.corpus.user_ids[0], "description: a detective", "", "")], 3)[0]
+    allowed = {u for u, _ in cfrag.similar_users(store.corpus.user_ids[0])}
+    assert len(docs) == 3 and {d.owner for d in docs} <= allowed
+    assert cfrag.similar_users("somebody-new") == [("somebody-new", 1.0)]
+    with pytest.raises(ValueError, match="cohorts settings apply only"):
+        make("encoder", cohorts=CohortSettings())
+    encoder = make("encoder")
+    encoder.prepare(store)
+    assert len(encoder.similar_users(store.corpus.user_ids[0])) == 4  # the paper's top-m still works
+
+
+def test_clusterrag_rows_in_the_evaluation_with_trained_user_vectors(run_dir, tiny_bert, tiny_llm, tmp_path):
+    """ClusterRAG goes through `persrag evaluate`'s one path (retrieve → Eq. 3 prompt → LLM → metric), cohorts
+    from the stage-1 export's user table (`cohorts.user_vectors: encoder`), and a second run reads its cache."""
+    from persrag_lightning.retrieval.cluster_index import ClusterIndexSettings
+    from persrag_lightning.retrieval.clusterrag import ClusterRAG, ClusterRAGSettings, CorpusEmbedder
+    from persrag_lightning.retrieval.cohorts import CohortSettings
+
+    def rows():
+        return [ClusterRAG(CorpusEmbedder(tiny_bert, str(tmp_path / "cache")),
+                           ClusterRAGSettings(mode, CohortSettings(user_vectors="encoder"),
+                                              ClusterIndexSettings(top_b=2)),
+                           cache_dir=str(tmp_path / "cache"), user_encoder=str(run_dir / "user_encoder"))
+                for mode in ("user", "collab", "hybrid")]
+
+    evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
+                            k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=4,
+                            out_dir=str(tmp_path / "eval"), reference="ClusterRAG (hybrid)")
+    results = evaluation.run(rows()).results
+    assert list(results) == ["ClusterRAG (user)", "ClusterRAG (collab)", "ClusterRAG (hybrid)"]
+    assert results["ClusterRAG (user)"]["own_docs"] == 1.0 and results["ClusterRAG (collab)"]["own_docs"] < 1.0
+    assert len(list((tmp_path / "eval" / "cache").glob("ClusterRAG*.json"))) == 3
+    again = rows()
+    evaluation.run(again)
+    assert all(s.index is None for s in again)  # answered from the cache: nothing prepared
+    assert len(list((tmp_path / "eval" / "cache").glob("ClusterRAG*.json"))) == 3

@@ -25,10 +25,12 @@ POSTPROCESSING: tuple[str, ...] = get_args(Postprocessing)
 
 
 def build_prompts(task: str, llm: LLM, inputs: list[str], docs: list[list[HistoryDoc]],
-                  max_prompt_tokens: int) -> list[str]:
+                  max_prompt_tokens: int, profile_gamma: float | None = None) -> list[str]:
     """One Table 4 prompt per input with its docs, fitted to `max_prompt_tokens` of the LLM's tokenizer: the one
-    prompt path of evaluation, serving and the generator stage."""
-    return [build_prompt(task, text, ds, llm.count_tokens, max_prompt_tokens) for text, ds in zip(inputs, docs)]
+    prompt path of evaluation, serving and the generator stage. `profile_gamma`: ClusterRAG's Eq. 3 budget (a
+    strategy's `prompt_gamma`); None: CFRAG's even split."""
+    return [build_prompt(task, text, ds, llm.count_tokens, max_prompt_tokens, profile_gamma=profile_gamma)
+            for text, ds in zip(inputs, docs)]
 
 
 def allowed_labels(task: str) -> tuple[str, ...]:

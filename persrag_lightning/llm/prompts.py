@@ -164,11 +164,17 @@ def render_item(tp: TaskPrompt, doc: HistoryDoc, body: str | None = None) -> str
 
 
 def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_len: Callable[[str], int],
-                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, max_query_fraction: float = 0.5) -> str:
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, max_query_fraction: float = 0.5,
+                 profile_gamma: float | None = None) -> str:
     """Table 4 prompt for `query_input` (the raw LaMP input) with `docs` fitted into `max_prompt_tokens`.
 
     The query keeps at most `max_query_fraction` of the tokens left after the fixed text (all of them without
     docs); the rest is split evenly across the docs with carry-over, each doc's long field truncated to its share.
+
+    `profile_gamma` switches to ClusterRAG's budget (seed 002, Eq. 3, llm/profile_budget.py) over the same tokens
+    L_max (what the fixed text leaves): the query keeps min(|q|, ⌊γ·L_max⌋), the profile gets
+    |U_p| = L_max − that, split as LaMP's code does (⌊|U_p| / n⌋ per doc in rank order, unused tokens carried on).
+    The fixed text is taken off first so the prompt never exceeds `max_prompt_tokens` of the LLM's tokens.
     """
     spec = get_task(task)
     tp = TABLE4[spec.name]
@@ -177,16 +183,25 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
 
     fixed = tokenizer_len(_render(tp, ["" for _ in docs], "", refs))
     available = max(0, max_prompt_tokens - fixed)
-    query_cap = int(available * max_query_fraction) if docs else available
-    query = truncate_to_tokens(query, query_cap, tokenizer_len)
-    if not docs:
-        return _render(tp, [], query, refs)
+    if profile_gamma is not None and docs:
+        from persrag_lightning.llm.profile_budget import allocate_budget, profile_length, query_length
 
-    history_budget = available - tokenizer_len(query)
+        query = truncate_to_tokens(query, query_length(tokenizer_len(query), available, profile_gamma),
+                                   tokenizer_len)
+        history_budget = profile_length(tokenizer_len(query), available, profile_gamma)  # Eq. 3
+        allocate: Callable[[int, Sequence[int]], list[int]] = allocate_budget
+    else:
+        query_cap = int(available * max_query_fraction) if docs else available
+        query = truncate_to_tokens(query, query_cap, tokenizer_len)
+        if not docs:
+            return _render(tp, [], query, refs)
+        history_budget = available - tokenizer_len(query)
+        allocate = split_budget
+
     item_fixed = [tokenizer_len(render_item(tp, d, body="")) for d in docs]
     bodies = [str(d.fields.get(tp.body_field, "")) for d in docs]
     need = [f + tokenizer_len(b) for f, b in zip(item_fixed, bodies)]
-    granted = split_budget(history_budget, need)
+    granted = allocate(history_budget, need)
     items = [
         render_item(tp, doc, body if n <= g else truncate_to_tokens(body, g - f, tokenizer_len))
         for doc, body, n, g, f in zip(docs, bodies, need, granted, item_fixed)

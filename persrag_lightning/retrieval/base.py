@@ -130,6 +130,9 @@ class Strategy(ABC):
     """A retrieval method of the evaluation (zero-shot, BM25, ..., CFRAG and its ablations)."""
 
     name: str = "strategy"
+    # The prompt budget its prompts are built with: None = CFRAG's builder (llm/prompts.build_prompt's even
+    # split); γ = ClusterRAG's Eq. 3 (seed 002), the query's largest share of the prompt's tokens.
+    prompt_gamma: float | None = None
 
     def prepare(self, store: DocStore) -> None:
         """Build whatever the method needs over the store (indexes, embeddings); called once before retrieve."""

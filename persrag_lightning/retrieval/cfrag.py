@@ -4,8 +4,9 @@ The switches of `CFRAG` give the paper's Table 3 ablations without separate code
 w/o user retrieval (`m=1`), MEAN user embeddings (`users="mean"`), w/o retriever tuning (`retriever` = an encoder
 name), w/o the user term in the retriever (`retriever_user_term=False`), w/o reranker tuning (`reranker=None`:
 the final k are the best first-stage scores of the m·k), w/o e_u in the reranker (a reranker trained with
-`use_user: false`). Beyond the paper: `query_expansion="pbr"` searches the first stage with PBR's personalised
-query q* (seed 001) instead of q.
+`use_user: false`). Beyond the paper: `users="cluster"` takes the similar users from ClusterRAG's cohorts (seed
+002, no training) instead of the encoder's top-m: the query user and the m − 1 members of their cohort most similar
+to them; `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
+from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
 
-UserSource = Literal["encoder", "mean"]
+UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
 RERANK_BATCH = 128  # (query, doc) pairs per cross-encoder forward when reranking a batch of queries
 
@@ -61,19 +63,28 @@ def require_bundle(path: str | Path) -> str:
 
 
 class CFRAG(Strategy):
-    """Collaborative retrieval: users by the contrastive user encoder, docs by the personalized retriever."""
+    """Collaborative retrieval: users by the contrastive user encoder (the paper; `users="mean"`: MEAN doc
+    embeddings; `users="cluster"`: cohort neighbours, clustered as `cohorts` says — default the seed's HDBSCAN over
+    MEAN vectors), docs by the personalized retriever."""
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
                  cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
-                 query_expansion: QueryExpansion = "none", pbr: PBRExpansion | None = None) -> None:
+                 cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
+                 pbr: PBRExpansion | None = None) -> None:
         """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion()."""
+        if users not in ("encoder", "mean", "cluster"):
+            raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
+        if cohorts is not None and users != "cluster":
+            raise ValueError(f"cohorts settings apply only to users='cluster' (got users={users!r})")
         self.name = name
         self.query_expansion, self.pbr = query_expansion, pbr or PBRExpansion()
         self.user_encoder_path = user_encoder
         self.retriever_spec = retriever
         self.reranker_path = reranker
         self.m, self.k_per_user, self.users = m, k_per_user, users
+        if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
+            self.cohort_settings = cohorts or CohortSettings()
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -82,7 +93,13 @@ class CFRAG(Strategy):
         super().prepare(store)
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
-        self.user_index = self._build_user_index(store)
+        self.cohort_model: CohortModel | None = None
+        if self.users == "cluster":
+            ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
+            self.cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
+            self.user_index = None
+        else:
+            self.user_index = self._build_user_index(store)
         try:
             self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
         except FileNotFoundError:
@@ -98,8 +115,14 @@ class CFRAG(Strategy):
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
-        if self.users == "encoder":
-            ids, vectors = self.user_encoder.user_ids, self.user_encoder.user_embeddings
+        ids, vectors = self._user_vectors(store, self.users)
+        self.user_vectors = dict(zip(ids, vectors))
+        return UserIndex.build(ids, vectors)
+
+    def _user_vectors(self, store: DocStore, source: str) -> tuple[list[str], torch.Tensor]:
+        """(ids, vectors): the encoder's user table, or MEAN of the frozen doc embeddings of each user's pool."""
+        if source == "encoder":
+            ids, vectors = list(self.user_encoder.user_ids), self.user_encoder.user_embeddings
         else:
             c = self.user_encoder.config
             args = (c.text_encoder, c.text_max_length, c.text_pooling)
@@ -108,8 +131,7 @@ class CFRAG(Strategy):
             ids = store.pool_users() + sorted(u for u in store.dataset.private if u in store)  # private: own only
             vectors = torch.stack([docs[store.rows(u, c.max_history) if store.shares(u)
                                         else store.corpus.rows_of(u, c.max_history)].mean(0) for u in ids])
-        self.user_vectors = dict(zip(ids, vectors))
-        return UserIndex.build(ids, vectors)
+        return ids, vectors
 
     def e_u(self, user_id: str) -> torch.Tensor | None:
         row = self.user_row.get(user_id)
@@ -119,9 +141,16 @@ class CFRAG(Strategy):
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
         if self.m == 1:
             return [(user_id, 1.0)]
-        hidden = len(self.store.dataset.private) + (len(self.user_index) - self.store.corpus.num_users)
-        scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + max(0, hidden))
-        return self.store.shared_neighbours(user_id, list(zip(ids[0], (float(s) for s in scores[0]))), self.m)
+        hidden = len(self.store.dataset.private) + max(0, len(self.user_index or ()) - self.store.corpus.num_users)
+        if self.cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
+            if user_id not in self.cohort_model:  # no pool (MEAN) or no trained vector: the user alone
+                return [(user_id, 1.0)]
+            ranked = [(user_id, 1.0)] + [(n.user_id, n.similarity)
+                                         for n in self.cohort_model.neighbours(user_id, self.m - 1 + hidden)]
+        else:
+            scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + hidden)
+            ranked = list(zip(ids[0], (float(s) for s in scores[0])))
+        return self.store.shared_neighbours(user_id, ranked, self.m)
 
     def candidates(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
         """The m·k candidates per query with user similarity and first-stage (Eq. 5 or Eq. 3) scores."""

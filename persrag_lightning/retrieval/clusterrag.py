@@ -9,16 +9,19 @@ back to user-only retrieval in `collab`, which is what the noise policy "own" pr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
 
+from persrag_lightning.llm.profile_budget import BudgetSettings
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.cfrag import require_bundle
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
 from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, mean_user_vectors
 
@@ -64,6 +67,14 @@ class CorpusEmbedder:
         return self.retriever.query_vectors(texts).float().numpy()
 
 
+def encoder_user_vectors(user_encoder: str | Path) -> tuple[list[str], np.ndarray]:
+    """CFRAG's trained user table (stage-1 export): (user ids, embeddings); a missing export names its command."""
+    from persrag_lightning.models.user_encoder import UserEncoder
+
+    encoder = UserEncoder.from_pretrained(require_bundle(user_encoder))
+    return list(encoder.user_ids), encoder.user_embeddings.float().numpy()
+
+
 @dataclass(frozen=True)
 class ClusterRAGSettings:
     """The seed's defaults: hybrid mode (its best, ClusterRAG-H), k = 1 neighbour, B = 1 cluster."""
@@ -88,25 +99,60 @@ class RetrievalNotes:
 
 
 class ClusterRAG(Strategy):
-    """ClusterRAG in one mode; `prepare` fits the cohorts (unless given) and builds or loads the cluster index."""
+    """ClusterRAG in one mode; `prepare` fits the cohorts (unless given) and builds or loads the cluster index.
 
-    def __init__(self, embedder: DocEmbedder, settings: ClusterRAGSettings | None = None,
+    In an evaluate config (`configs/evaluate_cfrag.yaml`): `settings` (mode, cohorts, index), `embedder` (default:
+    the frozen MiniLM over the shared corpus-embedding cache, the Dense baseline's vectors), `user_encoder` (the
+    stage-1 export, read only with `cohorts.user_vectors: encoder`) and `prompt_gamma` (Eq. 3's γ, the seed's
+    0.55; the prompt builder counts it in the LLM's tokens)."""
+
+    def __init__(self, embedder: DocEmbedder | None = None, settings: ClusterRAGSettings | None = None,
                  cache_dir: str | Path = ".cache/persrag", user_vectors: tuple[Sequence[str], np.ndarray] | None = None,
-                 cohorts: CohortModel | None = None) -> None:
+                 cohorts: CohortModel | None = None, user_encoder: str | None = None,
+                 prompt_gamma: float | None = BudgetSettings().gamma, name: str | None = None) -> None:
         self.settings = settings or ClusterRAGSettings()
         if self.settings.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.settings.mode!r}")
-        if self.settings.cohorts.user_vectors == "encoder" and user_vectors is None and cohorts is None:
-            raise ValueError("user_vectors='encoder' needs the trained user embeddings: pass "
-                             "user_vectors=(ids, vectors) (CFRAG's user table) or a fitted CohortModel")
-        self.name = f"ClusterRAG ({self.settings.mode})"
-        self.embedder = embedder
+        if (self.settings.cohorts.user_vectors == "encoder" and user_vectors is None and cohorts is None
+                and user_encoder is None):
+            raise ValueError("user_vectors='encoder' needs the trained user embeddings: pass user_encoder=<the "
+                             "stage-1 export>, user_vectors=(ids, vectors) (CFRAG's user table) or a fitted "
+                             "CohortModel")
+        if prompt_gamma is not None and not 0.0 <= prompt_gamma <= 1.0:
+            raise ValueError(f"prompt_gamma (Eq. 3's γ) must be in [0, 1], got {prompt_gamma}")
+        self.name = name or f"ClusterRAG ({self.settings.mode})"
+        self.embedder = embedder if embedder is not None else CorpusEmbedder(cache_dir=cache_dir)
         self.cache_dir = Path(cache_dir)
         self.user_vectors = user_vectors
+        self.user_encoder = user_encoder
+        self.prompt_gamma = prompt_gamma
         self.cohorts = cohorts
         self.index: ClusterIndex | None = None
         self.notes = RetrievalNotes()
         self._said: set[str] = set()
+
+    def cache_config(self) -> dict:
+        """What identifies this strategy's retrievals (the evaluation's cache key): every setting, the embedder,
+        and the user vectors or cohorts it was given (the user-encoder export by the digest of its files)."""
+        from persrag_lightning.utils import bundle_digest, fingerprint
+
+        emb = self.embedder
+        given = None
+        if self.cohorts is not None and self.cohorts.data_fingerprint:
+            given = {"cohorts": self.cohorts.data_fingerprint}
+        elif self.user_vectors is not None:
+            vectors = np.ascontiguousarray(self.user_vectors[1], np.float32)
+            given = {"user_vectors": fingerprint(list(self.user_vectors[0]),
+                                                 hashlib.sha256(vectors.tobytes()).hexdigest())}
+        encoder = None
+        if self.user_encoder is not None and self.settings.cohorts.user_vectors == "encoder":
+            encoder = bundle_digest(require_bundle(self.user_encoder))
+        return {"version": "clusterrag/v1", "settings": asdict(self.settings),
+                "embedder": {"class": type(emb).__qualname__,
+                             **{k: v for k, v in vars(emb).items()
+                                if k not in ("cache_dir", "retriever", "data_key")
+                                and isinstance(v, (str, int, float, bool, type(None)))}},
+                "given": given, "user_encoder": encoder}
 
     # ---- preparation ---------------------------------------------------------------------------------------
     def prepare(self, store: DocStore) -> None:
@@ -122,6 +168,8 @@ class ClusterRAG(Strategy):
 
     def fit_cohorts(self, store: DocStore, doc_vectors: np.ndarray) -> CohortModel:
         """Cohorts over MEAN user vectors (Eq. 1) or the given ones; users without docs are left out, said once."""
+        if self.user_vectors is None and self.settings.cohorts.user_vectors == "encoder":
+            self.user_vectors = encoder_user_vectors(self.user_encoder)
         if self.user_vectors is not None:
             ids, vectors = list(self.user_vectors[0]), np.asarray(self.user_vectors[1], dtype=np.float32)
         else:

@@ -34,6 +34,7 @@ ClusterMethod = Literal["hdbscan", "kmeans"]
 NoisePolicy = Literal["nearest", "own"]
 NOISE = -1  # HDBSCAN's label for users in no dense region
 FORMAT = "persrag-cohorts/v1"
+ASSIGN_CHUNK = 2 ** 24  # users × centroids distances computed at a time (~64 MiB): 1M users never need 4+ GiB
 
 
 class CohortWarning(UserWarning):
@@ -197,9 +198,18 @@ class CohortModel:
         if len(self.centroids) == 0:
             none = np.full(len(x), NOISE, dtype=np.int64)
             return none, none, np.full(len(x), np.inf, np.float32)
-        d2 = (x * x).sum(1)[:, None] - 2 * x @ self.centroids.T + (self.centroids ** 2).sum(1)[None, :]
-        nearest = d2.argmin(axis=1)
-        dist = np.sqrt(np.maximum(d2[np.arange(len(x)), nearest], 0)).astype(np.float32)
+        nearest = np.empty(len(x), np.int64)
+        dist = np.empty(len(x), np.float32)
+        c2 = (self.centroids ** 2).sum(1)[None, :]
+        step = max(1, ASSIGN_CHUNK // max(1, len(self.centroids)))
+        for start in range(0, len(x), step):
+            xs = x[start:start + step]
+            d2 = (xs * xs).sum(1)[:, None] - 2 * xs @ self.centroids.T + c2
+            best = d2.argmin(axis=1)
+            nearest[start:start + len(xs)] = best
+            # the distance to the chosen centroid from the difference, not the expansion above: |x|² − 2x·c + |c|²
+            # loses ~√eps in float32, enough to move a cohort's farthest member across its radius
+            dist[start:start + len(xs)] = np.linalg.norm(xs - self.centroids[best], axis=1)
         if self.settings.method == "kmeans":
             return nearest.astype(np.int64), nearest.astype(np.int64), dist
         inside = dist <= self.radii[nearest] + 1e-6

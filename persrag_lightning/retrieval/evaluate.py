@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,10 @@ def strategy_config(strategy: Strategy) -> dict:
     """What identifies a strategy's retrievals: its class and constructor settings, with every setting that names
     an exported bundle (a folder) replaced by the digest of the bundle's files."""
     out: dict = {"class": type(strategy).__qualname__}
+    if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
+        out["prompt_gamma"] = strategy.prompt_gamma
+    if hasattr(strategy, "cache_config"):  # a strategy that says what identifies its retrievals
+        return {**out, **strategy.cache_config()}
     for key, value in vars(strategy).items():
         if key in ("name", "cache_dir", "batch_size"):  # labels and where caches live do not change retrievals
             continue
@@ -56,6 +60,8 @@ def strategy_config(strategy: Strategy) -> dict:
             out[key] = {"bundle": bundle_digest(value)}
         elif isinstance(value, (str, int, float, bool, type(None))):
             out[key] = value
+        elif is_dataclass(value) and not isinstance(value, type):  # settings objects (CFRAG's cohorts, PBR's)
+            out[key] = asdict(value)
     return out
 
 
@@ -186,8 +192,9 @@ class Evaluation:
         retrieve_seconds = time.perf_counter() - t0
         prompts = build_prompts(self.task, self.llm, [e.input for e in examples],
                                 [[store.history_doc(d.row) for d in docs] for docs in retrieved],
-                                self.llm_config.max_prompt_tokens)
-        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts, phase=f"evaluate {strategy.name}")
+                                self.llm_config.max_prompt_tokens, strategy.prompt_gamma)
+        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts,
+                                             phase=f"evaluate {strategy.name}")
         diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
