@@ -1,7 +1,8 @@
 """`persrag pipeline`: every CFRAG stage on the embedded default, in order, skipping stages already exported.
 
 user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
-its "w/o e_u" ablation) → evaluation on the test split, ending with the results table (intervals, paired tests).
+its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
+with the results table (intervals, paired tests).
 A preset may train only the bundles its reported strategies need.
 """
 
@@ -35,6 +36,8 @@ PRESETS: dict[str, Preset] = {
         "user_encoder": ["--trainer.max_epochs=3"],
         "feedback": ["--data.init_args.m=2", "--data.init_args.k=2", "--data.init_args.max_train_examples=8",
                      "--data.init_args.max_val_examples=4"],
+        "generator": ["--data.init_args.max_train_examples=8", "--data.init_args.max_val_examples=4",
+                      "--data.init_args.batch_size=4", "--trainer.max_epochs=1"],
         "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=6",
                      "--evaluation.llm.answer_mode=choose", "--evaluation.n_resamples=200"],
         "stages": None,
@@ -45,12 +48,14 @@ PRESETS: dict[str, Preset] = {
         "user_encoder": ["--trainer.max_epochs=20"],
         "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
                      "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik"],
+        # GENERATOR_QUICK_SIZES
         "evaluate": ["--evaluation.llm.answer_mode=choose"],
-        "stages": ["user_encoder", "retriever", "reranker"],
-        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o user retrieval"],
+        "stages": ["user_encoder", "retriever", "reranker", "generator"],
+        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o user retrieval", "zero_shot + tuned generator",
+                       "bm25 + tuned generator", "CFRAG + tuned generator"],
     },
-    "paper": {"data": [], "user_encoder": [], "feedback": [], "evaluate": ["--evaluation.llm.answer_mode=generate"],
-              "stages": None, "strategies": None},
+    "paper": {"data": [], "user_encoder": [], "feedback": [], "generator": [],
+              "evaluate": ["--evaluation.llm.answer_mode=generate"], "stages": None, "strategies": None},
 }
 
 
@@ -69,8 +74,9 @@ def main(argv: list[str]) -> None:
     run_name = opts.run_name or f"synthlamp-{opts.preset}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    stages = [(name, ["--config", config, *preset["data"], *(preset["user_encoder"] if name == "user_encoder" else
-                                                              [*preset["feedback"], *llm]), *variant])
+    per_stage = {"user_encoder": preset["user_encoder"], "generator": preset["generator"]}  # others: feedback
+    stages = [(name, ["--config", config, *preset["data"], *per_stage.get(name, [*preset["feedback"], *llm]),
+                      *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
     timings = []
     for stage, args in stages:
