@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast, as --trainer.precision=bf16-mixed")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,22 +48,24 @@ def main() -> None:
     ex = data.train_examples
     tokens = [len(p) for p, _ in module.backend.encode_pairs([e.prompt for e in ex], [e.target for e in ex])]
     module.train()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
     t0 = time.perf_counter()
     for start in range(0, len(ex), args.batch):
-        loss = module.loss(collate_generator(ex[start:start + args.batch]))
+        with autocast:
+            loss = module.loss(collate_generator(ex[start:start + args.batch]))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     train_s = time.perf_counter() - t0
     module.eval()
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         module.answers([e.prompt for e in data.val_examples])
     val_s = time.perf_counter() - t0
-    print("| model | LoRA r | trainable params | batch | prompt tokens (mean) | train examples/s | "
+    print("| model | precision | LoRA r | trainable params | batch | prompt tokens (mean) | train examples/s | "
           "validation answers/s | prompts built (s) |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| {args.model} | {args.lora_r} | {trainable:,} | {args.batch} | {sum(tokens) / len(tokens):.0f} | "
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {args.model} | {'bf16-mixed' if args.bf16 else 'float32'} | {args.lora_r} | {trainable:,} | {args.batch} | {sum(tokens) / len(tokens):.0f} | "
           f"{len(ex) / train_s:.2f} | {len(data.val_examples) / val_s:.2f} | {prep:.1f} |")
 
 
