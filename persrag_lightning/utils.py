@@ -136,6 +136,11 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         raise
 
 
+class ConfigError(ValueError):
+    """A setting that names something that does not exist (a strategy, a model); the CLI prints it as one line
+    with exit code 2, like bad data."""
+
+
 CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 
 

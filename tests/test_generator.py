@@ -207,6 +207,18 @@ def test_fit_generator_yaml_exports_and_evaluates_tuned_rows(in_tmp_cwd, tiny_ll
     assert "CFRAG + tuned generator" in report and "not trained" in report
 
 
+def test_unknown_strategy_is_one_line_exit_2(in_tmp_cwd, tiny_llm, capsys, one_thread):
+    from persrag_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fit_args(tiny_llm, 1), "--data.init_args.strategy=nope"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("persrag: error:")]
+    assert "Traceback" not in err and len(lines) == 1, err[-2000:]
+    assert "evaluate_cfrag.yaml" in lines[0] and "'nope'" in lines[0] and "CFRAG" in lines[0]
+
+
 def test_a_killed_fit_resumes_to_the_uninterrupted_result(in_tmp_cwd, tiny_llm):
     """SIGKILL a fit once its first epoch's last.ckpt exists; `--ckpt_path last.ckpt` finishes the remaining
     epochs and ends with the weights (and export) of a run that was never interrupted."""

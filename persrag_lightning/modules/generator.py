@@ -31,6 +31,7 @@ from persrag_lightning.models.generator import (
     target_token_loss,
 )
 from persrag_lightning.modules.distillation import LrSchedule, warmup_linear
+from persrag_lightning.utils import ConfigError
 
 
 class GeneratorModule(L.LightningModule):
@@ -50,6 +51,9 @@ class GeneratorModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # quiet logs: no weight-loading bars per stage
 
         self.source = resolve_model(model)
         path = local_model_path(self.source)
@@ -81,7 +85,7 @@ class GeneratorModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
         if getattr(data, "hparams", {}).get("model", self.hparams.model) != self.hparams.model:
-            raise ValueError(f"data.init_args.model ({data.hparams.model}) must be the module's model "
+            raise ConfigError(f"data.init_args.model ({data.hparams.model}) must be the module's model "
                              f"({self.hparams.model}): its tokenizer fits the prompts to the budget")
         self.task = data.task
         self.metric = lamp_metric(self.task)

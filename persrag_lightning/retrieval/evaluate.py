@@ -32,7 +32,13 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
 from persrag_lightning.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.utils import atomic_write_json, atomic_write_text, bundle_digest, fingerprint
+from persrag_lightning.utils import (
+    ConfigError,
+    atomic_write_json,
+    atomic_write_text,
+    bundle_digest,
+    fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +140,7 @@ def strategy_by_name(config: str | Path, name: str, run_dir: str) -> Strategy:
     for s in strategies:
         if s.name == name:
             return s
-    raise ValueError(f"{config}: no strategy named {name!r}; the config has {[s.name for s in strategies]}")
+    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
 
 
 def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],

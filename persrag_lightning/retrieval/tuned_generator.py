@@ -5,6 +5,7 @@ generator has learned to use it."""
 from __future__ import annotations
 
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.utils import ConfigError
 
 
 class TunedGenerator(Strategy):
@@ -20,7 +21,7 @@ class TunedGenerator(Strategy):
     def bind(self, by_name: dict[str, Strategy]) -> None:
         if self.retrieval is None:
             if self.retrieval_name not in by_name:
-                raise ValueError(f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
+                raise ConfigError(f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
                                  f"(have {sorted(by_name)})")
             self.retrieval = by_name[self.retrieval_name]
 
