@@ -86,6 +86,8 @@ def export_generator(model: nn.Module, tokenizer, path: str | Path, meta: dict) 
     with atomic_directory(path) as tmp:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():  # transformers writes the weights 0600; an export is read by other users' jobs
+            f.chmod(0o644)
         weights = sorted(tmp.glob("*.safetensors"))
         digest = {w.name: file_digest(w) for w in weights}
         (tmp / GENERATOR_META).write_text(json.dumps({**meta, "weights_sha256": digest}, indent=2, default=str)
