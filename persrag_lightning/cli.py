@@ -14,10 +14,11 @@ def main(argv: list[str] | None = None) -> None:
     from persrag_lightning.data.lamp import LampFormatError
     from persrag_lightning.data.personabench import PersonaBenchFormatError
     from persrag_lightning.llm.base import LLMBackendError
+    from persrag_lightning.utils import ConfigError
 
     try:
         run(argv)
-    except (LampFormatError, PersonaBenchFormatError, LLMBackendError, FileNotFoundError) as err:
+    except (LampFormatError, PersonaBenchFormatError, LLMBackendError, FileNotFoundError, ConfigError) as err:
         print(f"persrag: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
 

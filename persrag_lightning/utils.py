@@ -134,3 +134,21 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class ConfigError(ValueError):
+    """A setting that names something that does not exist (a strategy, a model); the CLI prints it as one line
+    with exit code 2, like bad data."""
+
+
+CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
+
+
+def resolve_config_path(name: str) -> str:
+    """A config name that is not a file is looked up in ./configs and in the repository's configs/."""
+    if Path(name).exists():
+        return name
+    for folder in CONFIG_DIRS:
+        if (folder / name).exists():
+            return str(folder / name)
+    return name

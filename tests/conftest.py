@@ -102,3 +102,22 @@ def word_level_llama(out: Path, words: list[str]) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_t5(tmp_path_factory) -> str:
+    """A random 2-layer T5 (seq2seq, the FlanT5 family's architecture) over the MiniLM word-piece vocabulary."""
+    import torch
+    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+
+    from persrag_lightning.models.text_encoder import resolve_model_path
+
+    path = tmp_path_factory.mktemp("tiny_t5")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+    config = T5Config(vocab_size=tokenizer.vocab_size, d_model=16, d_ff=32, d_kv=8, num_layers=2, num_heads=2,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.sep_token_id,
+                      decoder_start_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

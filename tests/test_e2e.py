@@ -14,7 +14,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.evaluate import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
-STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user")
+STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "generator")
 
 
 @pytest.mark.slow
@@ -41,6 +41,10 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     assert metrics["results"]["recency"]["own_docs"] == 1.0
     assert metrics["results"]["w/o user retrieval"]["own_docs"] == 1.0
     assert metrics["results"]["CFRAG"]["own_docs"] < 1.0  # the collaborative path reached the prompts
+    # the tuned generator answers the same docs as the strategy it wraps (one retrieval, read from the cache)
+    for name in ("zero_shot", "bm25", "CFRAG"):
+        tuned = metrics["results"][f"{name} + tuned generator"]
+        assert tuned.get("own_docs") == metrics["results"][name].get("own_docs"), name
     first = capsys.readouterr().out
     assert "| CFRAG |" in first and "exported already, skipped" not in first
 

@@ -4,31 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jsonargparse import Namespace
-
 from persrag_lightning.commands.train import check_task, resolve_config_args
-
-
-def substitute_run_dir(obj, run_dir: str):
-    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
-    if isinstance(obj, str):
-        return obj.replace("{run_dir}", run_dir)
-    if isinstance(obj, list):
-        return [substitute_run_dir(x, run_dir) for x in obj]
-    if isinstance(obj, Namespace):
-        for key, value in vars(obj).items():
-            setattr(obj, key, substitute_run_dir(value, run_dir))
-    return obj
 
 
 def evaluate_command(args: list[str]) -> dict:
     """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N] [--split dev]`: strategies × split (test
     by default) → predictions, metrics.json, results.md (Table 2 layout with intervals) and results.png; prints
     the table and returns the point results."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    from persrag_lightning.retrieval.base import Strategy
-    from persrag_lightning.retrieval.evaluate import Evaluation
+    from persrag_lightning.retrieval.evaluate import (
+        Evaluation,
+        bind_strategies,
+        evaluate_parser,
+        substitute_run_dir,
+    )
 
     args = resolve_config_args(args)
     section = personabench_section(args)
@@ -37,14 +25,7 @@ def evaluate_command(args: list[str]) -> dict:
     section = personabench_section(args, kind="memory")
     if section is not None:
         return memory_command(section)
-    parser = ArgumentParser(prog="persrag evaluate", description=evaluate_command.__doc__)
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_argument("--run_name", type=str, default="synthlamp")
-    parser.add_argument("--export_root", type=str, default="checkpoints")
-    parser.add_class_arguments(Evaluation, "evaluation")
-    parser.add_argument("--strategies", type=list[Strategy], required=True)
-    parser.add_argument("--only", type=list[str] | None, default=None,
-                        help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
+    parser = evaluate_parser(description=evaluate_command.__doc__)
     aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
     args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
                                 for a in args])
@@ -57,6 +38,7 @@ def evaluate_command(args: list[str]) -> dict:
     init = parser.instantiate_classes(cfg)
     evaluation: Evaluation = init.evaluation
     strategies = init.strategies
+    bind_strategies(strategies)  # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
     if cfg.only is not None:
         unknown = set(cfg.only) - {s.name for s in strategies}
         if unknown:

@@ -1,7 +1,8 @@
 """`persrag pipeline`: every CFRAG stage on the embedded default, in order, skipping stages already exported.
 
 user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
-its "w/o e_u" ablation) → evaluation on the test split, ending with the results table (intervals, paired tests).
+its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
+with the results table (intervals, paired tests).
 A preset may train only the bundles its reported strategies need.
 """
 
@@ -35,6 +36,8 @@ PRESETS: dict[str, Preset] = {
         "user_encoder": ["--trainer.max_epochs=3"],
         "feedback": ["--data.init_args.m=2", "--data.init_args.k=2", "--data.init_args.max_train_examples=8",
                      "--data.init_args.max_val_examples=4"],
+        "generator": ["--data.init_args.max_train_examples=8", "--data.init_args.max_val_examples=4",
+                      "--data.init_args.batch_size=4", "--trainer.max_epochs=1"],
         "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=6",
                      "--evaluation.llm.answer_mode=choose", "--evaluation.n_resamples=200"],
         "stages": None,
@@ -45,14 +48,23 @@ PRESETS: dict[str, Preset] = {
         "user_encoder": ["--trainer.max_epochs=20"],
         "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
                      "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik"],
+        # The generator (LoRA on SmolLM2, trained on CFRAG's prompts) gets what is left of the budget once the
+        # three "+ tuned generator" rows (~1.1 min each to answer 300 test prompts) are paid: ~2.5 minutes. It trains
+        # 32 train examples x 1 epoch (4 steps of 8, so lr 1e-3 instead of 2e-4) in bfloat16 autocast and validates
+        # on 16 dev examples. Measured alone with 48 examples (BM25 prompts, shared CPU at load 10-12): 336 s of CPU
+        # time, i.e. ~3 min on 2 quiet cores; 32 examples cut the training third of it (README "Generator stage").
+        "generator": ["--data.init_args.max_train_examples=32", "--data.init_args.max_val_examples=16",
+                      "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--trainer.precision=bf16-mixed",
+                      "--model.init_args.lr=1e-3"],
         # bfloat16 where the CPU computes it natively: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
         # of the prompts per strategy and the same conclusions (README). Feedback labels stay float32.
         "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}'],
-        "stages": ["user_encoder", "retriever", "reranker"],
-        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o user retrieval"],
+        "stages": ["user_encoder", "retriever", "reranker", "generator"],
+        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o user retrieval", "zero_shot + tuned generator",
+                       "bm25 + tuned generator", "CFRAG + tuned generator"],
     },
-    "paper": {"data": [], "user_encoder": [], "feedback": [], "evaluate": ["--evaluation.llm.answer_mode=generate"],
-              "stages": None, "strategies": None},
+    "paper": {"data": [], "user_encoder": [], "feedback": [], "generator": [],
+              "evaluate": ["--evaluation.llm.answer_mode=generate"], "stages": None, "strategies": None},
 }
 
 
@@ -71,8 +83,9 @@ def main(argv: list[str]) -> None:
     run_name = opts.run_name or f"synthlamp-{opts.preset}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    stages = [(name, ["--config", config, *preset["data"], *(preset["user_encoder"] if name == "user_encoder" else
-                                                              [*preset["feedback"], *llm]), *variant])
+    per_stage = {"user_encoder": preset["user_encoder"], "generator": preset["generator"]}  # others: feedback
+    stages = [(name, ["--config", config, *preset["data"], *per_stage.get(name, [*preset["feedback"], *llm]),
+                      *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
     timings = []
     for stage, args in stages:

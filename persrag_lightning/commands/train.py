@@ -15,17 +15,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 
-CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[2] / "configs")
-
-
-def resolve_config_path(name: str) -> str:
-    """A `--config` value that is not a file is looked up in ./configs and in the repository's configs/."""
-    if Path(name).exists():
-        return name
-    for folder in CONFIG_DIRS:
-        if (folder / name).exists():
-            return str(folder / name)
-    return name
+from persrag_lightning.utils import resolve_config_path
 
 
 def resolve_config_args(argv: list[str]) -> list[str]:
@@ -179,7 +169,8 @@ class PersragCLI(LightningCLI):
         self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=True)
         if best:
             state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            self.model.load_state_dict(state)
+            # a LoRA generator's checkpoint holds its trainable weights only (the base is the model source's)
+            self.model.load_state_dict(state, strict=getattr(self.model, "strict_loading", True))
         self.export_bundle()
 
     def after_validate(self) -> None:

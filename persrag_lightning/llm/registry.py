@@ -17,8 +17,10 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
     """Build a backend by name; extra keyword arguments go to the backend's constructor."""
     backend = backend.lower()
     if backend == "hf":
-        from persrag_lightning.llm.hf import HFLLM
+        from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
 
+        if is_seq2seq_folder(model):  # a FlanT5-family folder, e.g. a tuned generator's export
+            return HFSeq2SeqLLM(model, **kwargs)  # type: ignore[arg-type]
         return HFLLM(model, **kwargs)  # type: ignore[arg-type]
     if backend in ("llamacpp", "llama_cpp", "llama-cpp"):
         from persrag_lightning.llm.llamacpp import LlamaCppLLM

@@ -41,6 +41,7 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "reranker": ("cfrag_reranker.yaml", ()),
     "reranker_no_user": ("cfrag_reranker.yaml", ("--stage_name=reranker_no_user",
                                                  "--model.init_args.use_user=false")),
+    "generator": ("generator.yaml", ()),  # the "+ tuned generator" rows; trained on CFRAG's prompts by default
 }
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,13 @@ from persrag_lightning.metrics import rouge_scorer
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.utils import atomic_write_json, atomic_write_text, bundle_digest, fingerprint
+from persrag_lightning.utils import (
+    ConfigError,
+    atomic_write_json,
+    atomic_write_text,
+    bundle_digest,
+    fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +62,91 @@ def strategy_config(strategy: Strategy) -> dict:
     for key, value in vars(strategy).items():
         if key in ("name", "cache_dir", "batch_size"):  # labels and where caches live do not change retrievals
             continue
-        if isinstance(value, str) and (Path(value) / "config.json").is_file():
+        if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
+            out[key] = strategy_config(value)
+        elif isinstance(value, str) and (Path(value) / "config.json").is_file():
             out[key] = {"bundle": bundle_digest(value)}
         elif isinstance(value, (str, int, float, bool, type(None))):
             out[key] = value
         elif is_dataclass(value) and not isinstance(value, type):  # settings objects (CFRAG's cohorts, PBR's)
             out[key] = asdict(value)
     return out
+
+
+RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+
+
+def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
+                     cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
+    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
+    of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
+    prompts and every "+ tuned generator" row read one strategy's retrievals once."""
+    strategy = getattr(strategy, "retrieval", None) or strategy  # a wrapper retrieves as the strategy it wraps
+    key = fingerprint("retrieve/v1", strategy_config(strategy), k,
+                      [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
+    path = Path(cache_dir) / RETRIEVALS / f"{file_name(strategy.name)}-{key}.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
+    t0 = time.perf_counter()
+    strategy.prepare(store)
+    retrieved = strategy.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k)
+    ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
+    atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
+                             "example_ids": [e.example_id for e in examples],
+                             "rows": [[d.row for d in ds] for ds in retrieved]}, indent=None)
+    return retrieved, ms
+
+
+def substitute_run_dir(obj, run_dir: str):
+    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
+    from jsonargparse import Namespace
+
+    if isinstance(obj, str):
+        return obj.replace("{run_dir}", run_dir)
+    if isinstance(obj, list):
+        return [substitute_run_dir(x, run_dir) for x in obj]
+    if isinstance(obj, Namespace):
+        for key, value in vars(obj).items():
+            setattr(obj, key, substitute_run_dir(value, run_dir))
+    return obj
+
+
+def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
+    """The parser of an evaluate config (`run_name`, `evaluation`, `strategies`), shared by `persrag evaluate` and
+    the generator stage, which takes its training prompts' strategy from the same file by name."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_argument("--run_name", type=str, default="synthlamp")
+    parser.add_argument("--export_root", type=str, default="checkpoints")
+    parser.add_class_arguments(Evaluation, "evaluation")
+    parser.add_argument("--strategies", type=list[Strategy], required=True)
+    parser.add_argument("--only", type=list[str] | None, default=None,
+                        help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
+    return parser
+
+
+def bind_strategies(strategies: list[Strategy]) -> None:
+    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
+    by_name = {s.name: s for s in strategies}
+    for s in strategies:
+        bind = getattr(s, "bind", None)
+        if bind is not None:
+            bind(by_name)
+
+
+def strategy_by_name(config: str | Path, name: str, run_dir: str) -> Strategy:
+    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
+    parser = evaluate_parser()
+    cfg = substitute_run_dir(parser.parse_args(["--config", str(config)]), run_dir)
+    strategies = parser.instantiate_classes(cfg).strategies
+    bind_strategies(strategies)
+    for s in strategies:
+        if s.name == name:
+            return s
+    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
 
 
 def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
@@ -130,12 +214,29 @@ class Evaluation:
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self._llm: LLM | None = None
+        self._generators: dict[str, LLM] = {}  # tuned generators' exports by path
 
     @property
     def llm(self) -> LLM:
         if self._llm is None:
             self._llm = self.llm_config.load()
         return self._llm
+
+    def llm_for(self, strategy: Strategy, load: bool = True) -> tuple[LLMConfig, LLM | None]:
+        """The LLM that answers a strategy's prompts: the evaluation's, or a tuned generator's export (the same
+        settings with its folder as the model) for a `TunedGenerator` row; each model is loaded once."""
+        generator = getattr(strategy, "generator", None)
+        if generator is None:
+            return self.llm_config, (self.llm if load else None)
+        from persrag_lightning.retrieval.cfrag import require_bundle
+
+        require_bundle(generator)  # not trained yet: the row is skipped with the command that makes it
+        config = replace(self.llm_config, model=generator)
+        if not load:
+            return config, None
+        if generator not in self._generators:
+            self._generators[generator] = config.load()
+        return config, self._generators[generator]
 
     def examples(self, dataset) -> list[Example]:
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
@@ -155,6 +256,7 @@ class Evaluation:
         skipped: dict[str, str] = {}
         self.skipped = skipped
         started = time.perf_counter()
+        bind_strategies(strategies)
         for i, strategy in enumerate(strategies):
             progress(f"[evaluate {i + 1}/{len(strategies)}] {strategy.name}: {len(examples)} {self.split} examples"
                      + eta(started, i, len(strategies)))
@@ -175,7 +277,8 @@ class Evaluation:
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
         """Predictions (one per example, in order) and retrieval diagnostics; cached by content."""
-        key = fingerprint("evaluate/v3", strategy_config(strategy), self.llm_config.identity(), PROMPT_VERSION,
+        key = fingerprint("evaluate/v3", strategy_config(strategy), self.llm_for(strategy, load=False)[0].identity(),
+                          PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
                           self.source.data_dir.name)
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
@@ -185,18 +288,15 @@ class Evaluation:
             diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
             outcome["diagnostics"] = {**diagnostics, "retrieve_ms_per_query": outcome["retrieve_ms_per_query"]}
             return outcome
-        t0 = time.perf_counter()
-        strategy.prepare(store)
-        queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in examples]
-        retrieved = strategy.retrieve(queries, self.k)
-        retrieve_seconds = time.perf_counter() - t0
-        prompts = build_prompts(self.task, self.llm, [e.input for e in examples],
+        retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
+                                                   self.source.data_dir.name)
+        llm_config, llm = self.llm_for(strategy)
+        prompts = build_prompts(self.task, llm, [e.input for e in examples],
                                 [[store.history_doc(d.row) for d in docs] for docs in retrieved],
-                                self.llm_config.max_prompt_tokens, strategy.prompt_gamma)
-        predictions = self.llm_config.answer(self.llm, self.task, prompts, self.prompts,
-                                             phase=f"evaluate {strategy.name}")
+                                llm_config.max_prompt_tokens, strategy.prompt_gamma)
+        predictions = llm_config.answer(llm, self.task, prompts, self.prompts, phase=f"evaluate {strategy.name}")
         diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
-        diagnostics["retrieve_ms_per_query"] = 1000 * retrieve_seconds / len(examples)
+        diagnostics["retrieve_ms_per_query"] = ms_per_query
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, predictions)})
         atomic_write_json(cached, {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],

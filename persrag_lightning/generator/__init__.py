@@ -1,0 +1,1 @@
+"""The generator stage's data: training prompts built by a retrieval strategy of the evaluation, cached."""

@@ -1,0 +1,193 @@
+"""The generator stage (LaMP's and ClusterRAG's fine-tuned reader): tune the LLM on prompts that hold a strategy's
+retrieved docs, with the loss on the target tokens only; LoRA (peft) by default, full fine-tuning with
+`lora_r: 0`; causal and seq2seq (FlanT5 family) models, told apart by the model's config.
+
+Validation answers dev prompts through the same backend code and answer path as `persrag evaluate` (chat template,
+`choose` or greedy generation) and scores them with the task's LaMP metric; the best checkpoint is chosen on it.
+Checkpoints of a LoRA run hold only the trainable weights: the frozen base is reloaded from the model source
+(its digest is checked), so a checkpoint of the 135M LLM is a few MB instead of 0.5 GB.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import lightning as L
+import torch
+
+from persrag_lightning.generator.datamodule import GeneratorBatch
+from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
+from persrag_lightning.llm.base import resolve_model
+from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, _dtype_kw, is_seq2seq_folder, local_model_path
+from persrag_lightning.metrics import lamp_metric, primary_metric_name
+from persrag_lightning.models.common import LoraSettings, apply_lora
+from persrag_lightning.models.generator import (
+    causal_lm_batch,
+    default_lora_targets,
+    export_generator,
+    seq2seq_batch,
+    target_token_loss,
+)
+from persrag_lightning.modules.distillation import LrSchedule, warmup_linear
+from persrag_lightning.utils import ConfigError
+
+
+class GeneratorModule(L.LightningModule):
+    """An LLM tuned to answer from retrieved docs. Defaults: ClusterRAG's (AdamW, weight decay 1e-4, linear
+    schedule, warm-up 0.05, targets up to 128 tokens), with LoRA r = 8 on the attention query/value projections
+    instead of full fine-tuning and lr 2e-4 instead of 5e-5 (LoRA's adapters start at zero and need the larger
+    step; `lora_r: 0, lr: 5.0e-5` is the paper's full fine-tuning)."""
+
+    bundle_name = "generator"
+
+    def __init__(self, model: str = "smollm2", lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.05,
+                 lora_target_modules: list[str] | None = None, lr: float = 2e-4, weight_decay: float = 1e-4,
+                 warmup_ratio: float = 0.05, lr_schedule: LrSchedule = "linear", max_target_tokens: int = 128,
+                 answer_mode: AnswerMode = "choose", postprocessing: Postprocessing = "official",
+                 max_new_tokens: int | None = None, eval_batch_size: int = 16,
+                 dtype: Literal["float32", "bfloat16"] = "float32") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # quiet logs: no weight-loading bars per stage
+
+        self.source = resolve_model(model)
+        path = local_model_path(self.source)
+        self.seq2seq = is_seq2seq_folder(path)
+        cls = AutoModelForSeq2SeqLM if self.seq2seq else AutoModelForCausalLM
+        dtype_ = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        # seeded from the run's seed, not from whatever RNG state data preparation left (LoRA's A is random)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(torch.initial_seed())
+            base = cls.from_pretrained(path, local_files_only=True, **_dtype_kw(dtype_))
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            targets = tuple(lora_target_modules or default_lora_targets(base)) if lora_r > 0 else ()
+            self.lm = apply_lora(base, LoraSettings(lora_r, lora_alpha, lora_dropout, targets))
+        self.lora_targets = targets
+        # from_pretrained returns eval mode and Lightning keeps submodule modes: LoRA's (and a full fine-tune's)
+        # dropout would be off while training
+        self.lm.train()
+        self.strict_loading = lora_r <= 0  # LoRA checkpoints hold the trainable weights only
+        backend = HFSeq2SeqLLM if self.seq2seq else HFLLM
+        self.backend = backend.from_model(self.lm, self.tokenizer, batch_size=eval_batch_size,
+                                          name=f"{self.source.name}-tuning")
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.task: str | None = None
+        self.metric = None
+        self._batch_started = 0.0
+
+    # ---- data ------------------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        data = self.trainer.datamodule
+        if getattr(data, "hparams", {}).get("model", self.hparams.model) != self.hparams.model:
+            raise ConfigError(f"data.init_args.model ({data.hparams.model}) must be the module's model "
+                             f"({self.hparams.model}): its tokenizer fits the prompts to the budget")
+        self.task = data.task
+        self.metric = lamp_metric(self.task)
+
+    def encode(self, batch: GeneratorBatch) -> dict[str, torch.Tensor]:
+        """Token ids and labels as the backend encodes prompts for evaluation; targets cut to max_target_tokens
+        (the end-of-turn / </s> token kept last, so the model still learns to stop)."""
+        pairs = self.backend.encode_pairs(batch.prompts, batch.targets)
+        n = self.hparams.max_target_tokens
+        pairs = [(p, t if len(t) <= n else [*t[:n - 1], t[-1]]) for p, t in pairs]
+        tensors = (seq2seq_batch if self.seq2seq else causal_lm_batch)(pairs, self.pad_id)
+        return {k: v.to(self.device) for k, v in tensors.items()}
+
+    # ---- training --------------------------------------------------------------------------------------------
+
+    def loss(self, batch: GeneratorBatch) -> torch.Tensor:
+        """Mean cross-entropy of the target tokens given the prompt (prompt and padding carry no loss)."""
+        inputs = self.encode(batch)
+        if self.seq2seq:
+            return self.lm(**inputs).loss
+        labels = inputs.pop("labels")
+        keep = int(inputs.pop("logits_to_keep"))
+        kwargs = {self.backend._keep_kw: keep} if self.backend._keep_kw else {}
+        logits = self.lm(**inputs, use_cache=False, **kwargs).logits
+        return target_token_loss(logits, labels)
+
+    def on_train_batch_start(self, batch: GeneratorBatch, batch_idx: int) -> None:
+        self._batch_started = time.perf_counter()
+
+    def training_step(self, batch: GeneratorBatch, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch: GeneratorBatch, batch_idx: int) -> None:
+        seconds = time.perf_counter() - self._batch_started
+        self.log("train/examples_per_s", len(batch) / max(seconds, 1e-9), batch_size=len(batch))
+
+    # ---- validation: the evaluation's answer path, the task's LaMP metric -------------------------------------
+
+    def answers(self, prompts: list[str]) -> list[str]:
+        h = self.hparams
+        return answer(self.backend, self.task, prompts, h.answer_mode, h.max_new_tokens, h.postprocessing)
+
+    def validation_step(self, batch: GeneratorBatch, batch_idx: int) -> None:
+        self.log("val/loss", self.loss(batch), sync_dist=True, batch_size=len(batch))
+        self.metric.update(self.answers(batch.prompts), batch.targets)
+
+    def on_validation_epoch_end(self) -> None:
+        values = {f"val/{k}": v.float() for k, v in self.metric.compute().items()}
+        values["val/metric"] = values[f"val/{primary_metric_name(self.task)}"]  # what the checkpoint monitors
+        for name, value in values.items():  # compute() already summed over DDP ranks
+            self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
+        self.metric.reset()
+
+    # ---- optimisation ----------------------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        """AdamW over the trainable weights (no decay on biases and norms); warm-up then linear decay per step."""
+        decay, no_decay = [], []
+        for _, p in self.named_parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = math.ceil(self.hparams.warmup_ratio * total)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_linear(s, warmup, total, self.hparams.lr_schedule))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # ---- checkpoints: trainable weights only under LoRA -------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["generator_source_digest"] = self.source.digest
+        if self.hparams.lora_r > 0:
+            trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("generator_source_digest")
+        if saved is not None and saved != self.source.digest:
+            raise ValueError(f"this checkpoint tuned a different {self.hparams.model!r} (weights digest {saved}, "
+                             f"now {self.source.digest}): its adapters do not apply to these weights")
+
+    # ---- export ----------------------------------------------------------------------------------------------
+
+    def export(self, path, datamodule=None):
+        """The merged model as a plain transformers folder (checkpoints/<run>/generator/): `hf` loads it as a
+        model path (LLMConfig.model), in evaluation (`+ tuned generator` rows) and serving."""
+        h = self.hparams
+        meta = {"base_model": h.model, "base_digest": self.source.digest, "seq2seq": self.seq2seq,
+                "lora_r": h.lora_r, "lora_alpha": h.lora_alpha, "lora_targets": list(self.lora_targets),
+                "task": getattr(datamodule, "task", self.task)}
+        if datamodule is not None and hasattr(datamodule, "hparams"):
+            d = datamodule.hparams
+            meta.update(strategy=d.strategy, k=d.k, max_prompt_tokens=d.max_prompt_tokens,
+                        train_examples=len(getattr(datamodule, "train_examples", [])))
+        was_training = self.lm.training
+        self.lm.eval()  # no dropout in the merged copy's config state
+        try:
+            return export_generator(self.lm, self.tokenizer, path, meta)
+        finally:
+            self.lm.train(was_training)
