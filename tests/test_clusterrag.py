@@ -139,9 +139,9 @@ def test_evaluate_builds_prompts_with_the_strategys_budget(monkeypatch):
     ev = evaluate.Evaluation.__new__(evaluate.Evaluation)
     ev.task, ev.k, ev._llm = "LaMP-2", 2, object()
     ev.llm_config = type("C", (), {"identity": lambda self: {}, "max_prompt_tokens": 64,
-                                    "answer": lambda self, llm, task, prompts, store: ["comedy"] * len(prompts)})()
+                                    "answer": lambda self, llm, task, prompts, store, **kw: ["comedy"] * len(prompts)})()
     ev.prompts, ev.out_dir = None, Path(tempfile.mkdtemp())
-    ev.source = type("S", (), {"data_dir": Path("synth")})()
+    ev.source = type("S", (), {"data_dir": Path("synth"), "cache_dir": ev.out_dir / "cache"})()
     store = make_store()
     from persrag_lightning.data.records import Example
 
