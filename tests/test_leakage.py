@@ -26,6 +26,7 @@ from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
+from persrag_lightning.retrieval.evaluate import strategy_config
 from persrag_lightning.retrieval.pbr import PBRSettings, expand_query, user_anchor
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRStrategy
 
@@ -170,7 +171,9 @@ def test_cfrag_with_pbr_expansion_searches_q_star_within_the_rules(world, tiny_b
 def test_cfrag_candidates_and_final_docs_follow_the_rules(world, tiny_bert, users):
     dataset, corpus, cache, user_encoder = world
     strategy = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=20, users=users, cache_dir=cache)
+    key = strategy_config(strategy)
     strategy.prepare(DocStore(dataset, corpus))
+    assert strategy_config(strategy) == key  # retrieval caches are keyed before and read after prepare
     queries = all_queries(dataset)
     seen_others = 0
     for q, cands in zip(queries, strategy.candidates(queries)):

@@ -142,21 +142,23 @@ class GeneratorDataModule(L.LightningDataModule):
         self.source.prepare()
         dataset = self.source.load()
         strategy = self._strategy()
-        todo = [(split, self.examples(dataset, split, limit)) for split, limit in self._splits().items()]
-        todo = [(split, exs) for split, exs in todo if not self.cache_path(strategy, split, exs).exists()]
+        # paths from the unprepared strategy, as `setup` computes them (retrieval prepares it)
+        todo = [(split, exs, self.cache_path(strategy, split, exs))
+                for split, exs in ((s, self.examples(dataset, s, limit)) for s, limit in self._splits().items())]
+        todo = [(split, exs, path) for split, exs, path in todo if not path.exists()]
         if not todo:
             return
         source = resolve_model(self.hparams.model)
         local_model_path(source)  # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
         counter = TokenCounter(load_tokenizer(source))
         store = DocStore(dataset)
-        for split, examples in todo:
+        for split, examples, path in todo:
             retrieved, _ = cached_retrieval(strategy, store, examples, self.hparams.k, self.hparams.cache_dir,
                                             self.source.data_dir.name)
             prompts = build_prompts(self.task, counter, [e.input for e in examples],
                                     [[store.history_doc(d.row) for d in docs] for docs in retrieved],
                                     self.hparams.max_prompt_tokens)
-            atomic_write_json(self.cache_path(strategy, split, examples), {
+            atomic_write_json(path, {
                 "strategy": strategy.name, "split": split, "task": self.task, "k": self.hparams.k,
                 "examples": [{"example_id": e.example_id, "prompt": p, "target": e.target,
                               "rows": [d.row for d in docs]} for e, p, docs in zip(examples, prompts, retrieved)]})

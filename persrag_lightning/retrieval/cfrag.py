@@ -86,6 +86,8 @@ class CFRAG(Strategy):
         self.m, self.k_per_user, self.users = m, k_per_user, users
         if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
             self.cohort_settings = cohorts or CohortSettings()
+        self.cohort_model: CohortModel | None = None  # fitted by prepare (users="cluster"); here so `vars` keeps
+        # the same settings before and after prepare (the retrieval caches are keyed on them)
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -94,7 +96,6 @@ class CFRAG(Strategy):
         super().prepare(store)
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
-        self.cohort_model: CohortModel | None = None
         if self.users == "cluster":
             ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
             self.cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
