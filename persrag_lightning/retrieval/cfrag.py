@@ -112,8 +112,8 @@ class CFRAG(Strategy):
         expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
                      if self.query_expansion == "pbr" else None)
         self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
-        self.reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
-                         if self.reranker_path else None)
+        self._reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
+                          if self.reranker_path else None)
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
@@ -162,7 +162,7 @@ class CFRAG(Strategy):
     def rerank(self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
         """The final k of each query's m·k candidates: the reranker's order (Eq. 10), every pair of the batch of
         queries scored in one call; without a reranker, the first-stage order (Table 3, w/o reranker tuning)."""
-        if self.reranker is None:
+        if self._reranker is None:
             return [[docs[i] for i in np.argsort([-d.retriever_score for d in docs], kind="stable")[:k]]
                     for docs in candidates]
         pairs = [(q, d) for q, docs in zip(queries, candidates) for d in docs]
@@ -171,10 +171,10 @@ class CFRAG(Strategy):
         texts = [self.store.text(d.row) for _, d in pairs]
         order = sorted(range(len(pairs)), key=lambda i: len(texts[i]))  # similar lengths per batch: less padding
         users = None
-        if self.reranker.config.use_user:
+        if self._reranker.config.use_user:
             users = torch.stack([self.e_u(pairs[i][0].user_id) for i in order])
         scores = torch.empty(len(pairs))
-        scores[order] = self.reranker.score_pairs([pairs[i][0].query for i in order], [texts[i] for i in order],
+        scores[order] = self._reranker.score_pairs([pairs[i][0].query for i in order], [texts[i] for i in order],
                                                   users, batch_size=RERANK_BATCH).float().cpu()
         out, start = [], 0
         for docs in candidates:

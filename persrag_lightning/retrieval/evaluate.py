@@ -60,8 +60,8 @@ def strategy_config(strategy: Strategy) -> dict:
     if hasattr(strategy, "cache_config"):  # a strategy that says what identifies its retrievals
         return {**out, **strategy.cache_config()}
     for key, value in vars(strategy).items():
-        if key in ("name", "cache_dir", "batch_size"):  # labels and where caches live do not change retrievals
-            continue
+        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
+            continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
         if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
             out[key] = strategy_config(value)
         elif isinstance(value, str) and (Path(value) / "config.json").is_file():
