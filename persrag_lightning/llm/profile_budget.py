@@ -9,10 +9,9 @@ not handed out). Unlike `prompts.split_budget` (CFRAG's builder), which also spr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from persrag_lightning.llm.prompts import truncate_to_tokens
 
 CountTokens = Callable[[str], int]
 
@@ -23,6 +22,34 @@ class BudgetSettings:
 
     max_prompt_tokens: int = 512  # L_max
     gamma: float = 0.55  # γ, the query's largest share of L_max
+
+
+def truncate_to_tokens(text: str, budget: int, tokenizer_len: Callable[[str], int]) -> str:
+    """Longest prefix of `text` (whole words when possible) with at most `budget` tokens; binary search."""
+    if budget <= 0 or not text:
+        return ""
+    if tokenizer_len(text) <= budget:
+        return text
+    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits, of `hi` words does not (hi == all words)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tokenizer_len(text[:ends[mid - 1]]) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    if lo > 0:
+        return text[:ends[lo - 1]]
+    # Not even one word fits: cut the first word by characters.
+    first = text[:ends[0]] if ends else text
+    lo_c, hi_c = 0, len(first)
+    while hi_c - lo_c > 1:
+        mid = (lo_c + hi_c) // 2
+        if tokenizer_len(first[:mid]) <= budget:
+            lo_c = mid
+        else:
+            hi_c = mid
+    return first[:lo_c]
 
 
 def query_length(query_tokens: int, max_prompt_tokens: int = 512, gamma: float = 0.55) -> int:

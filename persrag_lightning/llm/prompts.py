@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
+from persrag_lightning.llm.profile_budget import (
+    allocate_budget,
+    profile_length,
+    query_length,
+    truncate_to_tokens,
+)
 
 # Bump whenever a template or the budget rule changes: it is part of every feedback / prediction cache key.
 PROMPT_VERSION = "cfrag-table4-v1"
@@ -100,34 +106,6 @@ def lamp1_references(raw_input: str) -> tuple[str, str]:
     return m.group(1).strip(), m.group(2).strip()
 
 
-def truncate_to_tokens(text: str, budget: int, tokenizer_len: Callable[[str], int]) -> str:
-    """Longest prefix of `text` (whole words when possible) with at most `budget` tokens; binary search."""
-    if budget <= 0 or not text:
-        return ""
-    if tokenizer_len(text) <= budget:
-        return text
-    ends = [m.end() for m in re.finditer(r"\S+", text)]
-    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits, of `hi` words does not (hi == all words)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if tokenizer_len(text[:ends[mid - 1]]) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    if lo > 0:
-        return text[:ends[lo - 1]]
-    # Not even one word fits: cut the first word by characters.
-    first = text[:ends[0]] if ends else text
-    lo_c, hi_c = 0, len(first)
-    while hi_c - lo_c > 1:
-        mid = (lo_c + hi_c) // 2
-        if tokenizer_len(first[:mid]) <= budget:
-            lo_c = mid
-        else:
-            hi_c = mid
-    return first[:lo_c]
-
-
 def split_budget(total: int, lengths: Sequence[int]) -> list[int]:
     """Tokens granted to each of k items: an even share each, a share's unused part carried to the next item."""
     k = len(lengths)
@@ -184,7 +162,6 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
     fixed = tokenizer_len(_render(tp, ["" for _ in docs], "", refs))
     available = max(0, max_prompt_tokens - fixed)
     if profile_gamma is not None and docs:
-        from persrag_lightning.llm.profile_budget import allocate_budget, profile_length, query_length
 
         query = truncate_to_tokens(query, query_length(tokenizer_len(query), available, profile_gamma),
                                    tokenizer_len)
