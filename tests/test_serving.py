@@ -196,14 +196,14 @@ def test_cfrag_users_cluster_takes_cohort_neighbours_not_the_encoders_top_m(run_
                                      cache_dir=str(tmp_path / "cache"), users=users, **kw)
     cfrag = make("cluster", cohorts=CohortSettings(method="kmeans", n_clusters=3))
     cfrag.prepare(store)
-    assert cfrag.user_index is None and cfrag.cohort_model.n_cohorts == 3
+    assert cfrag.user_index is None and cfrag._cohort_model.n_cohorts == 3
     for user in store.corpus.user_ids[:6]:
         similar = cfrag.similar_users(user)
-        cohort = cfrag.cohort_model.cohort_of(user)
+        cohort = cfrag._cohort_model.cohort_of(user)
         assert similar[0] == (user, 1.0) and 1 <= len(similar) <= 4
-        assert all(cfrag.cohort_model.cohort_of(u) == cohort for u, _ in similar[1:])
+        assert all(cfrag._cohort_model.cohort_of(u) == cohort for u, _ in similar[1:])
         assert [s for _, s in similar[1:]] == sorted((s for _, s in similar[1:]), reverse=True)
-        assert [(n.user_id, n.similarity) for n in cfrag.cohort_model.neighbours(user, 3)] == similar[1:]
+        assert [(n.user_id, n.similarity) for n in cfrag._cohort_model.neighbours(user, 3)] == similar[1:]
     docs = cfrag.retrieve([Query(store.corpus.user_ids[0], "description: a detective", "", "")], 3)[0]
     allowed = {u for u, _ in cfrag.similar_users(store.corpus.user_ids[0])}
     assert len(docs) == 3 and {d.owner for d in docs} <= allowed

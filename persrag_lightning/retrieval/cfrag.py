@@ -86,8 +86,7 @@ class CFRAG(Strategy):
         self.m, self.k_per_user, self.users = m, k_per_user, users
         if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
             self.cohort_settings = cohorts or CohortSettings()
-        self.cohort_model: CohortModel | None = None  # fitted by prepare (users="cluster"); here so `vars` keeps
-        # the same settings before and after prepare (the retrieval caches are keyed on them)
+        self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -98,7 +97,7 @@ class CFRAG(Strategy):
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if self.users == "cluster":
             ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
-            self.cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
+            self._cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
             self.user_index = None
         else:
             self.user_index = self._build_user_index(store)
@@ -144,11 +143,11 @@ class CFRAG(Strategy):
         if self.m == 1:
             return [(user_id, 1.0)]
         hidden = len(self.store.dataset.private) + max(0, len(self.user_index or ()) - self.store.corpus.num_users)
-        if self.cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
-            if user_id not in self.cohort_model:  # no pool (MEAN) or no trained vector: the user alone
+        if self._cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
+            if user_id not in self._cohort_model:  # no pool (MEAN) or no trained vector: the user alone
                 return [(user_id, 1.0)]
             ranked = [(user_id, 1.0)] + [(n.user_id, n.similarity)
-                                         for n in self.cohort_model.neighbours(user_id, self.m - 1 + hidden)]
+                                         for n in self._cohort_model.neighbours(user_id, self.m - 1 + hidden)]
         else:
             scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + hidden)
             ranked = list(zip(ids[0], (float(s) for s in scores[0])))
