@@ -38,6 +38,7 @@ from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.metrics import community_precision_at_m
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
+from persrag_lightning.retrieval.index import FAISS_DEFAULT_BLAS_THRESHOLD
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
 
 PROCESS = psutil.Process(os.getpid())
@@ -222,9 +223,13 @@ def bench_size(n: int, mixture: UserMixture, args: argparse.Namespace, hnsw: dic
         label = {"flat": "faiss flat (exact)",
                  "ivf": f"faiss IVF nlist={params.get('nlist')} nprobe={args.nprobe}",
                  "hnsw": f"faiss HNSW M={hnsw['M']} efC={hnsw['efConstruction']} efS={args.ef_search}"}[kind]
-        sweep = {"flat": [None], "ivf": [args.nprobe] + [p for p in (64, 256) if p < params.get("nlist", 0)],
+        # flat: our BLAS threshold (index.py), then faiss's own default — the before/after of batched exact search
+        sweep = {"flat": [None, "faiss default"], "ivf": [args.nprobe] + [p for p in (64, 256) if p < params.get("nlist", 0)],
                  "hnsw": [args.ef_search, 4 * args.ef_search]}[kind]
         for setting in sweep:
+            ours = faiss.cvar.distance_compute_blas_threshold
+            if kind == "flat" and setting:
+                faiss.cvar.distance_compute_blas_threshold = FAISS_DEFAULT_BLAS_THRESHOLD
             if kind == "ivf":
                 index.index.nprobe = setting
             elif kind == "hnsw":
@@ -235,8 +240,10 @@ def bench_size(n: int, mixture: UserMixture, args: argparse.Namespace, hnsw: dic
                 rows = batched(search, queries[:nq])
                 lat = time_single(search, queries, args.single_queries, args.budget_s)
                 qps = time_batches(search, queries, 64, args.max_batches, args.budget_s)
+            faiss.cvar.distance_compute_blas_threshold = ours
             first = setting == sweep[0]
-            name = label if first else f"↳ same index, {'nprobe' if kind == 'ivf' else 'efSearch'}={setting}"
+            knob = {"flat": "BLAS threshold", "ivf": "nprobe", "hnsw": "efSearch"}[kind]
+            name = label if first else f"↳ same index, {knob}={setting}"
             out.append([name, f"{build_s:.2f}" if first else "", f"{1e3 * np.percentile(lat, 50):.3f}",
                         f"{1e3 * np.percentile(lat, 95):.3f}", f"{qps:,.0f}",
                         mib(serialized_bytes(index.index)) if first else "", mib(delta) if first else "",

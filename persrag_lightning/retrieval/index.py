@@ -12,6 +12,23 @@ from persrag_lightning.utils import atomic_replace
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
 
+# faiss (≥ 1.10; 1.15 here) sends a batch of nq queries to BLAS only when nq·d ≥ 128,000 — 334 queries of 384-d.
+# Below that, each query streams the whole table through a per-pair SIMD dot product, so a batch costs nq single
+# queries: 5.3–6.0 ms per query at any batch size over 100k × 384 on one thread, against 0.8–1.2 ms for numpy's
+# matmul (benchmarks/bench_retrieval.py, "batched exact search"). With BLAS from 4 queries on, batches of 64 cost
+# 0.84 ms and of 256 0.71 ms per query; a single query stays on the SIMD path, which is faster there (5.9 vs 12 ms).
+FAISS_DEFAULT_BLAS_THRESHOLD = 128_000
+BLAS_MIN_QUERIES = 4
+
+
+def use_blas_for_batches(dim: int = 384, min_queries: int = BLAS_MIN_QUERIES) -> None:
+    """Let faiss's exact search (flat indexes, IVF coarse quantizers, k-means assignment) use BLAS from
+    `min_queries` queries of `dim` dimensions on (the threshold is global: larger dims switch a little earlier)."""
+    faiss.cvar.distance_compute_blas_threshold = min_queries * dim
+
+
+use_blas_for_batches()
+
 
 def normalized(vectors: np.ndarray) -> np.ndarray:
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
