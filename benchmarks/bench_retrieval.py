@@ -203,7 +203,7 @@ def bench_size(n: int, mixture: UserMixture, args: argparse.Namespace, hnsw: dic
 
     torch_row, truth = bench_torch(table_np, queries, args)
     torch_row.append("1 (reference)")
-    for kind in ("flat", "ivf", "hnsw"):
+    for kind in args.kinds:
         params: dict = {}
         if kind == "ivf":
             nlist = max(1, min(n // 39, int(4 * np.sqrt(n)), args.ivf_nlist_max))
@@ -302,6 +302,8 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--ivf-nlist-max", type=int, default=1024,
                         help="cap on nlist (4*sqrt(n)): k-means with 4000 lists on 1M users is >10 min here")
+    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "hnsw"], default=["flat", "ivf", "hnsw"],
+                        help="faiss indexes to measure next to the torch scan")
     parser.add_argument("--hnsw-m", type=int, default=32)
     parser.add_argument("--ef-construction", type=int, default=100)
     parser.add_argument("--ef-search", type=int, default=128)
