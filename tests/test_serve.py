@@ -425,6 +425,8 @@ def others_snapshot(run, cache, victim: str) -> dict:
 
 
 def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir, tiny_bert, tmp_path):  # noqa: F811
+    from persrag_lightning.data.corpus import Corpus
+    from persrag_lightning.data.docstore import read_docstore
     from persrag_lightning.data.embeddings import corpus_embedding_key
 
     run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
@@ -432,6 +434,7 @@ def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir,
     client = TestClient(create_app(service))
     victim, texts = victim_of(service.pipeline.store)
     before = others_snapshot(run, cache, victim)
+    corpus = Corpus.from_dataset(read_docstore(run / "docstore"))
     token = client.post("/v1/users", json={"user_id": victim, "answers": {"goals": "I collect zebra-kiwi stamps."}},
                         headers=auth(ADMIN)).json()["access_token"]
     client.post("/v1/chat/completions", headers=auth(token),
@@ -444,7 +447,6 @@ def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir,
     assert not (state / "purge.json").exists() and not (state / "deleted.json").exists()
     assert not list(run.rglob("*.purge-new"))
     assert others_snapshot(run, cache, victim) == before  # other users unchanged, row for row
-    corpus = service.pipeline.store.corpus
     assert client.post("/v1/chat/completions", headers=auth(token), json={
         "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
     # the corpus-embedding cache of the old corpus is gone; the one of the new corpus holds only kept rows
@@ -454,10 +456,11 @@ def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir,
     assert victim not in store and victim not in again.pipeline.strategy.user_index
     assert victim not in again.pipeline.strategy.user_encoder.user_ids and victim not in again.accounts
     assert again.bank.list(victim) == [] and again.bank.turns(victim) == []
-    assert len(corpus) - len(store.corpus) == len(texts) or len(store.corpus) < len(corpus)
+    exported = Corpus.from_dataset(read_docstore(run / "docstore"))
+    assert victim not in exported and len(exported) == len(corpus) - len(corpus.rows_of(victim))
     folders = sorted(p.name for p in (cache / "embeddings").iterdir())
     r = again.pipeline.strategy.retriever
-    assert folders == [corpus_embedding_key(store.corpus, r.doc_encoder, r.max_length, r.pooling)]
+    assert folders == [corpus_embedding_key(exported, r.doc_encoder, r.max_length, r.pooling)]
     assert "friend" in store and again.pipeline.retrieve("friend", "description: a film", 3)
     assert all(d.owner != victim for d in again.pipeline.retrieve("friend", "description: a film", 3))
     assert TestClient(create_app(again)).get("/v1/users/friend/memories", headers=auth(friend)).status_code == 200
