@@ -226,7 +226,7 @@ def test_a_cfrag_row_on_a_cohort_export_is_keyed_by_the_export_content(tmp_path)
 
     ids, x, _ = communities()
     CohortModel().fit(ids, x).save(tmp_path / "clusters")
-    make = lambda: CFRAG("ue", users="cluster", cohort_export=str(tmp_path / "clusters"))  # noqa: E731
+    make = lambda: CFRAG("ue", users="cluster", cohort_export=str(tmp_path / "clusters"))
     first = strategy_config(make())
     assert first["cohort_export"] == {"bundle": first["cohort_export"]["bundle"]}
     model = CohortModel.load(tmp_path / "clusters")

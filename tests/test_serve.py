@@ -375,7 +375,7 @@ def test_killed_server_restarts_consistent(run_dir, tiny_bert, tmp_path):  # noq
 
 # ---- deletion rewrites the export (issue 14) and cohorts in serving (issue 12) ------------------------------------
 
-def copy_run(run_dir, tmp_path):
+def copy_run(run_dir, tmp_path):  # noqa: F811
     """A private copy of the module's run: these tests rewrite the export."""
     import shutil
 
@@ -552,7 +552,6 @@ def test_serving_reads_the_cohort_export_and_new_users_join_the_nearest_cohort(r
                                                                                monkeypatch):
     from persrag_lightning.retrieval.cohorts import CohortModel
     from persrag_lightning.serving import CFRAGPipeline
-    from persrag_lightning.serving.service import Caller
 
     run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
     with pytest.raises(FileNotFoundError, match="persrag cluster"):
@@ -573,7 +572,7 @@ def test_serving_reads_the_cohort_export_and_new_users_join_the_nearest_cohort(r
     # a new user: the nearest centroid of its MEAN vector (the export's encoder), kept across a restart
     template = pipe.store.corpus.user_ids[6]
     history = history_like(service, template, "n", 6)
-    user, _, vectors = pipe.encode_user("newbie", history)
+    _, _, vectors = pipe.encode_user("newbie", history)
     want = exported.assign(vectors[1].numpy())
     client = TestClient(create_app(service))
     sign_up(client, "newbie", history=history)
