@@ -15,11 +15,11 @@ from persrag_lightning.serving.service import ChatService
 ADMIN = "admin-secret-token"
 
 
-def open_service(run_dir, state, tiny_bert, tiny_llm=None, cache=None) -> ChatService:
+def open_service(run_dir, state, tiny_bert, tiny_llm=None, cache=None, **pipeline_args) -> ChatService:
     llm = LLMConfig(model=tiny_llm, max_new_tokens=4, options={"device": "cpu"}) if tiny_llm else None
     service, _ = ChatService.open(run_dir, state, llm=llm, encoder=tiny_bert, admin_token=ADMIN,
                                   use_llm=tiny_llm is not None, extraction="verbatim", m=3, k_per_user=2, k=3,
-                                  cache_dir=str(cache or (state.parent / "cache")))
+                                  cache_dir=str(cache or (state.parent / "cache")), **pipeline_args)
     service.k = 3
     return service
 

@@ -201,3 +201,38 @@ def test_nearest_cohort_in_chunks_equals_one_pass(monkeypatch):
         np.testing.assert_array_equal(got, want)
     d2 = ((xn[:, None, :] - model.centroids[None]) ** 2).sum(-1)
     np.testing.assert_array_equal(whole[1], d2.argmin(1))
+
+
+def test_remove_recomputes_the_cohort_without_the_user_and_an_emptied_cohort_takes_nobody():
+    ids, x, _ = communities()
+    model = CohortModel().fit(ids, x)
+    c = model.cohort_of(ids[6])
+    members = [u for u in ids if model.cohort_of(u) == c]
+    assert model.remove([ids[6], "nobody"]) == [ids[6]]
+    assert ids[6] not in model and ids[6] not in {n.user_id for n in model.neighbours(ids[7], 10)}
+    rest = model.vectors[[model.user_ids.index(u) for u in members[1:]]]
+    np.testing.assert_allclose(model.centroids[c], rest.mean(0), atol=1e-6)  # no trace of the removed vector
+    assert model.assign(np.eye(DIM)[1] * 5).cohort == c  # the cohort still takes users near it
+    model.remove(members[1:])
+    assert model.radii[c] == -1 and not model.centroids[c].any()
+    assert model.assign(np.eye(DIM)[1] * 5).cohort != c  # emptied: the nearest *other* cohort
+    with pytest.raises(ValueError, match="names a cohort"):
+        model.add("x", x[0], cohorts.Assignment(0, model.n_cohorts + 3, 0.0))
+
+
+def test_a_cfrag_row_on_a_cohort_export_is_keyed_by_the_export_content(tmp_path):
+    from persrag_lightning.retrieval.cfrag import CFRAG
+    from persrag_lightning.retrieval.evaluate import strategy_config
+
+    ids, x, _ = communities()
+    CohortModel().fit(ids, x).save(tmp_path / "clusters")
+    make = lambda: CFRAG("ue", users="cluster", cohort_export=str(tmp_path / "clusters"))
+    first = strategy_config(make())
+    assert first["cohort_export"] == {"bundle": first["cohort_export"]["bundle"]}
+    model = CohortModel.load(tmp_path / "clusters")
+    model.remove(ids[:1])
+    model.save(tmp_path / "clusters")
+    assert strategy_config(make()) != first  # a deletion (or a new clustering) is a new key
+    assert "cohort_export" not in strategy_config(CFRAG("ue", users="cluster"))  # other rows keep their keys
+    with pytest.raises(ValueError, match="cohort_export applies only"):
+        CFRAG("ue", users="encoder", cohort_export=str(tmp_path / "clusters"))

@@ -173,6 +173,7 @@ def test_share_false_in_data_folders_and_docstores(run_dir, tmp_path):  # noqa: 
 
 
 def test_online_users_survive_a_restart_and_deletion_is_permanent(run_dir, tiny_bert, tmp_path):  # noqa: F811
+    run_dir = copy_run(run_dir, tmp_path)  # deleting an exported user rewrites the run
     state = tmp_path / "state"
     service = open_service(run_dir, state, tiny_bert)
     client = TestClient(create_app(service))
@@ -370,3 +371,236 @@ def test_killed_server_restarts_consistent(run_dir, tiny_bert, tmp_path):  # noq
         proc.wait(timeout=30)
     bank = MemoryBank(state / "memory", TextEncoder.from_pretrained(tiny_bert))
     assert all(m.vector.shape == (bank.store.dim,) for m in bank.list("kim"))
+
+
+# ---- deletion rewrites the export (issue 14) and cohorts in serving (issue 12) ------------------------------------
+
+def copy_run(run_dir, tmp_path):  # noqa: F811
+    """A private copy of the module's run: these tests rewrite the export."""
+    import shutil
+
+    return shutil.copytree(run_dir, tmp_path / "run")
+
+
+def victim_of(store) -> tuple[str, list[str]]:
+    """An exported user whose id is in no other id, and the texts of their docs that no other user has."""
+    ids = [u for u in store.corpus.user_ids if u in store]
+    for u in ids:
+        if any(u in o for o in ids if o != u):
+            continue
+        others = {v for o in ids if o != u for d in store.dataset.users[o].docs for v in d.fields.values()}
+        mine = [v for d in store.dataset.users[u].docs for v in d.fields.values()
+                if v not in others and len(v) > 12 and '"' not in v and "\\" not in v]
+        if mine:
+            return u, mine
+    raise AssertionError("no user with docs of their own")
+
+
+def files_holding(roots, needles: list[str]) -> list[str]:
+    """Every file under `roots` whose bytes contain one of `needles` (a grep over JSON, safetensors, faiss, npz
+    and LanceDB's data, deletion and index files)."""
+    hits = []
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            hits += [f"{path} ∋ {n[:30]!r}" for n in needles if n.encode() in data]
+    return hits
+
+
+def others_snapshot(run, cache, victim: str) -> dict:
+    """What the deletion must not change: every other user's docstore line, user-table row and doc-table rows."""
+    from safetensors.torch import load_file
+
+    from persrag_lightning.data.corpus import Corpus
+    from persrag_lightning.data.docstore import read_docstore
+
+    dataset = read_docstore(run / "docstore")
+    corpus = Corpus.from_dataset(dataset)
+    ids = json.loads((run / "user_encoder" / "user_ids.json").read_text())
+    table = load_file(str(run / "user_encoder" / "user_embeddings.safetensors"))["embeddings"]
+    docs = load_file(str(run / "user_encoder" / "model.safetensors"))["doc_table.weight"]
+    return {u: ([(d.doc_id, d.fields) for d in dataset.users[u].docs], table[ids.index(u)].tolist(),
+                docs[corpus.rows_of(u) + 2].tolist())
+            for u in dataset.user_ids() if u != victim}
+
+
+def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir, tiny_bert, tmp_path):  # noqa: F811
+    from persrag_lightning.data.corpus import Corpus
+    from persrag_lightning.data.docstore import read_docstore
+    from persrag_lightning.data.embeddings import corpus_embedding_key
+
+    run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
+    service = open_service(run, state, tiny_bert, cache=cache)
+    client = TestClient(create_app(service))
+    victim, texts = victim_of(service.pipeline.store)
+    before = others_snapshot(run, cache, victim)
+    corpus = Corpus.from_dataset(read_docstore(run / "docstore"))
+    token = client.post("/v1/users", json={"user_id": victim, "answers": {"goals": "I collect zebra-kiwi stamps."}},
+                        headers=auth(ADMIN)).json()["access_token"]
+    client.post("/v1/chat/completions", headers=auth(token),
+                json={"messages": [{"role": "user", "content": "My locker code is quokka-7731."}]})
+    friend = sign_up(client, "friend", history=history_like(service, victim, "f", 4))
+    secrets_ = [victim, "zebra-kiwi", "quokka-7731", *texts]
+    assert files_holding([run, state], secrets_)  # the grep finds them before
+    assert client.delete(f"/v1/users/{victim}", headers=auth(ADMIN)).status_code == 200
+    assert files_holding([run, state, cache], secrets_) == []
+    assert not (state / "purge.json").exists() and not (state / "deleted.json").exists()
+    assert not list(run.rglob("*.purge-new"))
+    assert others_snapshot(run, cache, victim) == before  # other users unchanged, row for row
+    assert client.post("/v1/chat/completions", headers=auth(token), json={
+        "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
+    # the corpus-embedding cache of the old corpus is gone; the one of the new corpus holds only kept rows
+    del service, client
+    again = open_service(run, state, tiny_bert, cache=cache)
+    store = again.pipeline.store
+    assert victim not in store and victim not in again.pipeline.strategy.user_index
+    assert victim not in again.pipeline.strategy.user_encoder.user_ids and victim not in again.accounts
+    assert again.bank.list(victim) == [] and again.bank.turns(victim) == []
+    exported = Corpus.from_dataset(read_docstore(run / "docstore"))
+    assert victim not in exported and len(exported) == len(corpus) - len(corpus.rows_of(victim))
+    folders = sorted(p.name for p in (cache / "embeddings").iterdir())
+    r = again.pipeline.strategy.retriever
+    assert folders == [corpus_embedding_key(exported, r.doc_encoder, r.max_length, r.pooling)]
+    assert "friend" in store and again.pipeline.retrieve("friend", "description: a film", 3)
+    assert all(d.owner != victim for d in again.pipeline.retrieve("friend", "description: a film", 3))
+    assert TestClient(create_app(again)).get("/v1/users/friend/memories", headers=auth(friend)).status_code == 200
+    assert files_holding([run, state, cache], secrets_) == []
+
+
+@pytest.mark.parametrize("crash", ["bank", "stage", "first_rename", "third_rename"])
+def test_a_deletion_cut_short_is_finished_at_the_next_start(run_dir, tiny_bert, tmp_path, monkeypatch,  # noqa: F811
+                                                          crash):
+    """The process dies at a step of the deletion: before `commit` the export is the old one, whole; at the next
+    start the deletion is finished (export, bank, account) before anything reads the run."""
+    from persrag_lightning.data.docstore import read_docstore
+    from persrag_lightning.serving import purge
+    from persrag_lightning.serving.service import Caller
+
+    run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
+    service = open_service(run, state, tiny_bert, cache=cache)
+    victim, texts = victim_of(service.pipeline.store)
+    service.sign_up({"user_id": victim, "answers": {"goals": "I collect zebra-kiwi stamps."}}, Caller(None, True))
+    calls = []
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt  # the process is killed here
+
+    if crash == "bank":
+        monkeypatch.setattr(service.bank, "purge_user", die)
+    elif crash == "stage":
+        monkeypatch.setattr(purge, "stage", die)
+    else:
+        real = purge._replace
+        limit = 0 if crash == "first_rename" else 2
+
+        def rename(src, dst):
+            if len(calls) >= limit:
+                die()
+            calls.append(dst)
+            real(src, dst)
+
+        monkeypatch.setattr(purge, "_replace", rename)
+    with pytest.raises(KeyboardInterrupt):
+        service.delete_user(Caller(None, admin=True), victim)
+    assert (state / "purge.json").exists()
+    if crash in ("bank", "stage", "first_rename"):  # nothing renamed yet: the old export, whole
+        assert victim in read_docstore(run / "docstore").users
+        assert victim in json.loads((run / "user_encoder" / "user_ids.json").read_text())
+    monkeypatch.undo()
+    del service
+    again = open_service(run, state, tiny_bert, cache=cache)
+    assert victim not in again.pipeline.store and victim not in again.accounts and again.bank.list(victim) == []
+    assert victim not in read_docstore(run / "docstore").users
+    assert files_holding([run, state, cache], [victim, "zebra-kiwi", *texts]) == []
+    assert not (state / "purge.json").exists() and not list(run.rglob("*.purge-new"))
+
+
+def test_purge_removes_rows_from_lancedb_files_even_in_shared_fragments(tmp_path):
+    """A LanceDB delete leaves the text in the data file (one fragment holds many users: below 10 % deleted rows,
+    compaction does not rewrite it); purge_user leaves no byte of it, index files included, others intact."""
+    import numpy as np
+
+    from persrag_lightning.memory.store import MemoryStore, NewMemory, StoreSettings
+
+    store = MemoryStore(tmp_path / "db", 8, StoreSettings(index_min_rows=40, rows_per_partition=20))
+    rng = np.random.default_rng(0)
+    items = {u: [NewMemory(f"{u} note {i}", rng.standard_normal(8)) for i in range(n)]
+             for u, n in (("ann", 5), ("bea", 60), ("cid", 60))}  # ann: 4 % of the fragment
+    for u, batch in items.items():
+        store.add_memories(u, batch)
+    store.optimize()  # one fragment with every user's rows
+    assert store.maybe_index() or store.has_vector_index()
+    store.add_memories("bea", [NewMemory("bea late note", rng.standard_normal(8))])
+    store.add_turn("ann", "s", "user", "ann says hello")
+    assert store.purge_user("ann") == (5, 1)
+    assert files_holding([tmp_path / "db"], ["ann"]) == []
+    assert len(store.list_memories("bea")) == 61 and len(store.list_memories("cid")) == 60
+    assert store.search("cid", rng.standard_normal(8), 5) and store.purge_user("ann") == (0, 0)
+
+
+def cohort_export(run, tiny_bert, cache, n_clusters: int = 3):
+    """`persrag cluster` on the run's data (k-means, MEAN vectors of the run's text encoder)."""
+    from persrag_lightning.cli import main
+    from tests.test_serving import USERS
+
+    main(["cluster", "--run_name", run.name, "--export_root", str(run.parent), "--num_users", str(USERS),
+          "--cache_dir", str(cache), "--encoder", tiny_bert, "--method", "kmeans", "--n_clusters", str(n_clusters)])
+    return run / "clusters"
+
+
+def test_serving_reads_the_cohort_export_and_new_users_join_the_nearest_cohort(run_dir, tiny_bert, tmp_path,  # noqa: F811
+                                                                               monkeypatch):
+    from persrag_lightning.retrieval.cohorts import CohortModel
+    from persrag_lightning.serving import CFRAGPipeline
+
+    run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
+    with pytest.raises(FileNotFoundError, match="persrag cluster"):
+        CFRAGPipeline.from_pretrained(run, users="cluster", cache_dir=str(cache))
+    export = cohort_export(run, tiny_bert, cache)
+    exported = CohortModel.load(export)
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("serving re-clustered the users")
+
+    monkeypatch.setattr(CohortModel, "fit", no_fit)
+    service = open_service(run, state, tiny_bert, cache=cache, users="cluster")
+    pipe = service.pipeline
+    assert pipe.cohorts.user_ids == exported.user_ids and pipe.strategy.user_index is None
+    for u in pipe.store.corpus.user_ids[:5]:  # CFRAG's `users: cluster`: the user, then its cohort's nearest
+        expected = [(u, 1.0)] + [(n.user_id, n.similarity) for n in exported.neighbours(u, 2)]
+        assert pipe.strategy.similar_users(u) == expected
+    # a new user: the nearest centroid of its MEAN vector (the export's encoder), kept across a restart
+    template = pipe.store.corpus.user_ids[6]
+    history = history_like(service, template, "n", 6)
+    _, _, vectors = pipe.encode_user("newbie", history)
+    want = exported.assign(vectors[1].numpy())
+    client = TestClient(create_app(service))
+    sign_up(client, "newbie", history=history)
+    assert pipe.cohorts.cohort_of("newbie") == want.cohort
+    assert all(pipe.cohorts.cohort_of(n) == want.cohort for n, _ in pipe.strategy.similar_users("newbie")[1:])
+    assert {d.owner for d in pipe.retrieve("newbie", "description: a film", 3)} <= \
+        {n for n, _ in pipe.strategy.similar_users("newbie")}
+    victim = next(u for u in exported.user_ids if exported.cohort_of(u) == exported.cohort_of(template)
+                  and u != template)
+    assert client.delete(f"/v1/users/{victim}", headers=auth(ADMIN)).status_code == 200
+    assert victim not in pipe.cohorts and victim not in CohortModel.load(export)
+    assert victim not in (export / "assignments.tsv").read_text()
+    del service, client, pipe
+    again = open_service(run, state, tiny_bert, cache=cache, users="cluster")
+    assert again.pipeline.cohorts.cohort_of("newbie") == want.cohort and victim not in again.pipeline.cohorts
+    assert all(victim not in [n for n, _ in again.pipeline.strategy.similar_users(u)]
+               for u in again.pipeline.store.corpus.user_ids if u in again.pipeline.store)
+
+
+def test_a_cohort_export_of_another_encoder_is_refused(run_dir, tiny_bert, tmp_path):  # noqa: F811
+    from persrag_lightning.retrieval.cohorts import CohortModel
+    from persrag_lightning.serving import CFRAGPipeline
+    from persrag_lightning.utils import ConfigError
+
+    run, cache = copy_run(run_dir, tmp_path), tmp_path / "cache"
+    export = cohort_export(run, tiny_bert, cache)
+    model = CohortModel.load(export)
+    model.encoder = "minilm"
+    model.save(export)
+    with pytest.raises(ConfigError, match="persrag cluster --encoder"):
+        CFRAGPipeline.from_pretrained(run, users="cluster", cache_dir=str(cache), m=3, k_per_user=2)

@@ -115,6 +115,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
         return model, [str(w.message) for w in caught]
 
     model, said = fit(settings.user_vectors)
+    if settings.user_vectors == "mean":
+        model.encoder = args.encoder  # serving computes a new user's MEAN vector with the same encoder
     communities = load_communities(source.data_dir)
     diagnostics: dict = {"data_dir": str(source.data_dir), "settings": asdict(settings), "users": len(model),
                          "cohorts": model.n_cohorts, "noise": model.noise_count, "warnings": said, "ari": {}}

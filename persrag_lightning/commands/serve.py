@@ -24,9 +24,15 @@ def serve_command(argv: list[str]) -> None:
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
     parser.add_argument("--m", type=int, default=6, help="similar users (CFRAG m)")
     parser.add_argument("--k", type=int, default=5, help="docs per prompt (CFRAG k)")
+    parser.add_argument("--users", choices=("encoder", "cluster"), default="encoder",
+                        help="similar users: the user encoder's top-m (the paper) or the cohorts of `persrag "
+                             "cluster` (CFRAG's `users: cluster`; new users join the nearest cohort)")
+    parser.add_argument("--cohorts", default=None, help="the cohort export for --users cluster (default <run>/clusters)")
     parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
     args = parser.parse_args(argv)
+    if args.cohorts is not None and args.users != "cluster":
+        parser.error("--cohorts is read only with --users cluster")
 
     import uvicorn
 
@@ -38,7 +44,8 @@ def serve_command(argv: list[str]) -> None:
     llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens)
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
-                                          use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k)
+                                          use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
+                                          users=args.users, cohort_export=args.cohorts)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)

@@ -190,6 +190,11 @@ class MemoryBank:
         with self._user_lock(user_id):
             return self.store.delete_user(user_id)
 
+    def purge_user(self, user_id: str) -> tuple[int, int]:
+        """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps them)."""
+        with self._user_lock(user_id):
+            return self.store.purge_user(user_id)
+
     # ---- reads ----------------------------------------------------------------------------------------------
 
     def recall(self, user_id: str, query: str, tags: Tags | None = None,

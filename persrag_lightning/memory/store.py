@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -233,6 +234,38 @@ class MemoryStore:
             n_mem = int(self.memories.delete(pred).num_deleted_rows)
             n_turn = int(self.sessions.delete(pred).num_deleted_rows)
         return n_mem, n_turn
+
+    def purge_user(self, user_id: str) -> tuple[int, int]:
+        """`delete_user`, then physically: a LanceDB delete only marks rows in deletion files (and compaction
+        rewrites a fragment only past 10 % deleted rows), so the other rows sharing a fragment with the user's
+        are rewritten elsewhere in the same commit (one merge_insert), which leaves those fragments empty, and
+        every older version — data, deletion and index files — is removed. Idempotent; returns (memories,
+        turns) deleted. Old versions go at once (`cleanup_older_than=0`), so this must be the only process
+        writing the bank (the service is)."""
+        with self._lock:
+            counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
+            with warnings.catch_warnings():  # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
+                warnings.simplefilter("ignore")
+                for _ in range(2):  # the 2nd pass drops the index files the 1st pass's index update replaced
+                    for table in (self.memories, self.sessions):
+                        table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+            self._commits = 0
+        return counts
+
+    @staticmethod
+    def _purge_rows(table, user_id: str) -> int:
+        pred = user_filter(user_id).to_sql()
+        found = table.search().where(pred).with_row_id(True).select(["id"]).limit(None).to_arrow()
+        if not found.num_rows:
+            return 0
+        # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's fragments
+        fragments = sorted({int(r) >> 32 for r in found.column("_rowid").to_pylist()})
+        in_fragments = " OR ".join(f"(_rowid >= {f << 32} AND _rowid < {(f + 1) << 32})" for f in fragments)
+        others = table.search().where(f"({in_fragments}) AND NOT ({pred})").limit(None).to_arrow()
+        others = others.select(table.schema.names).cast(table.schema)
+        (table.merge_insert("id").when_matched_update_all().when_not_matched_by_source_delete(pred)
+         .execute(others))
+        return found.num_rows
 
     # ---- vector index ---------------------------------------------------------------------------------------
 

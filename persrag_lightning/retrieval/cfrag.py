@@ -6,7 +6,8 @@ name), w/o the user term in the retriever (`retriever_user_term=False`), w/o rer
 the final k are the best first-stage scores of the m·k), w/o e_u in the reranker (a reranker trained with
 `use_user: false`). Beyond the paper: `users="cluster"` takes the similar users from ClusterRAG's cohorts (seed
 002, no training) instead of the encoder's top-m: the query user and the m − 1 members of their cohort most similar
-to them; `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
+to them — fitted at `prepare`, or read from `persrag cluster`'s export (`cohort_export`, no re-clustering; serving
+uses this); `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
+from persrag_lightning.utils import ConfigError
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
@@ -72,12 +74,17 @@ class CFRAG(Strategy):
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
                  cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
                  cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
-                 pbr: PBRExpansion | None = None) -> None:
-        """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion()."""
+                 pbr: PBRExpansion | None = None, cohort_export: str | None = None) -> None:
+        """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
+        `cohort_export` (users="cluster" only): a `persrag cluster` export (`<run>/clusters`) read instead of
+        fitting the cohorts; its own settings apply, so `cohorts` must then be left out."""
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
         if cohorts is not None and users != "cluster":
             raise ValueError(f"cohorts settings apply only to users='cluster' (got users={users!r})")
+        if cohort_export is not None and (users != "cluster" or cohorts is not None):
+            raise ValueError("cohort_export applies only to users='cluster', without cohorts settings (the export "
+                             f"carries its own); got users={users!r}, cohorts={cohorts!r}")
         self.name = name
         self.query_expansion, self.pbr = query_expansion, pbr or PBRExpansion()
         self.user_encoder_path = user_encoder
@@ -86,6 +93,8 @@ class CFRAG(Strategy):
         self.m, self.k_per_user, self.users = m, k_per_user, users
         if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
             self.cohort_settings = cohorts or CohortSettings()
+        if cohort_export is not None:  # likewise: a key names the export (by content) only when one is used
+            self.cohort_export = str(cohort_export)
         self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
@@ -96,8 +105,10 @@ class CFRAG(Strategy):
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if self.users == "cluster":
-            ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
-            self._cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
+            self._cohort_model = self._load_cohorts(store) if hasattr(self, "cohort_export") else None
+            if self._cohort_model is None:
+                ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
+                self._cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
             self.user_index = None
         else:
             self.user_index = self._build_user_index(store)
@@ -113,6 +124,30 @@ class CFRAG(Strategy):
         self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
         self._reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
                           if self.reranker_path else None)
+
+    def _load_cohorts(self, store: DocStore) -> CohortModel:
+        """The cohort export, its settings taking over; users of the store it does not hold (a run exported after
+        the clustering, users added since) join their nearest cohort as `add` places a new user — nobody is
+        re-clustered. MEAN vectors must come from the encoder the export was clustered with."""
+        model = CohortModel.load(self.cohort_export)
+        self.cohort_settings = model.settings
+        c = self.user_encoder.config
+        if model.settings.user_vectors == "mean" and model.encoder and model.encoder != c.text_encoder:
+            raise ConfigError(f"{self.cohort_export}: cohorts of MEAN vectors by {model.encoder!r}, but this run's "
+                             f"text encoder is {c.text_encoder!r}; re-run `persrag cluster --encoder "
+                             f"{c.text_encoder}` (same --run_name)")
+        missing = [u for u in store.corpus.user_ids if u in store and u not in model]
+        if missing:
+            ids, vectors = self._user_vectors(store, model.settings.user_vectors)
+            row = {u: i for i, u in enumerate(ids)}
+            for u in missing:
+                if u in row:
+                    model.add(u, vectors[row[u]].float().numpy())
+        return model
+
+    def user_vector_source(self) -> str:
+        """What a user's vector is for finding similar users: the encoder's e_u or the MEAN of doc vectors."""
+        return self.cohort_settings.user_vectors if self.users == "cluster" else self.users
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
         """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
@@ -142,7 +177,8 @@ class CFRAG(Strategy):
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
         if self.m == 1:
             return [(user_id, 1.0)]
-        hidden = len(self.store.dataset.private) + max(0, len(self.user_index or ()) - self.store.corpus.num_users)
+        known = self._cohort_model if self._cohort_model is not None else self.user_index
+        hidden = len(self.store.dataset.private) + max(0, len(known or ()) - self.store.corpus.num_users)
         if self._cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
             if user_id not in self._cohort_model:  # no pool (MEAN) or no trained vector: the user alone
                 return [(user_id, 1.0)]

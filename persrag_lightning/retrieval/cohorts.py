@@ -138,8 +138,10 @@ class CohortModel:
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # clustering labels, -1 = noise
     cohorts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # after the noise policy
     centroids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
-    radii: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # farthest clustered member
+    radii: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # farthest clustered member;
+    # -1 marks a cohort whose clustered members were all removed (deleted users): nobody is assigned to it
     data_fingerprint: str = ""
+    encoder: str = ""  # the text encoder of MEAN user vectors ("" when unknown or user_vectors="encoder")
 
     def __post_init__(self) -> None:
         self._row: dict[str, int] = {u: i for i, u in enumerate(self.user_ids)}
@@ -195,12 +197,13 @@ class CohortModel:
     def _nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(label, nearest cohort, distance) per row: label is -1 beyond the nearest cohort's radius (HDBSCAN;
         k-means has no noise). Euclidean on normalised vectors, the metric the clustering used."""
-        if len(self.centroids) == 0:
+        if len(self.centroids) == 0 or (self.radii < 0).all():
             none = np.full(len(x), NOISE, dtype=np.int64)
             return none, none, np.full(len(x), np.inf, np.float32)
         nearest = np.empty(len(x), np.int64)
         dist = np.empty(len(x), np.float32)
         c2 = (self.centroids ** 2).sum(1)[None, :]
+        c2 = np.where(self.radii[None, :] < 0, np.inf, c2)  # emptied cohorts are never the nearest
         step = max(1, ASSIGN_CHUNK // max(1, len(self.centroids)))
         for start in range(0, len(x), step):
             xs = x[start:start + step]
@@ -299,11 +302,15 @@ class CohortModel:
         cohort = nearest if label == NOISE and self.settings.noise == "nearest" else label
         return Assignment(int(label), int(cohort), float(dist))
 
-    def add(self, user_id: str, vector: np.ndarray) -> Assignment:
-        """Assign a new user and keep it, so it has neighbours and is a neighbour from now on."""
+    def add(self, user_id: str, vector: np.ndarray, assignment: Assignment | None = None) -> Assignment:
+        """Assign a new user and keep it, so it has neighbours and is a neighbour from now on; `assignment` is
+        one computed (and persisted) earlier by `assign` on the same model, reused as is."""
         if user_id in self._row:
             raise ValueError(f"user {user_id!r} is already in the cohort model")
-        a = self.assign(vector)
+        a = assignment if assignment is not None else self.assign(vector)
+        if not -1 <= a.cohort < self.n_cohorts or not -1 <= a.label < self.n_cohorts:
+            raise ValueError(f"user {user_id!r}: assignment {a} names a cohort this model does not have "
+                             f"({self.n_cohorts} cohorts)")
         self._row[user_id] = len(self.user_ids)
         self.user_ids.append(user_id)
         self.vectors = np.vstack([self.vectors, normalize_rows(np.atleast_2d(vector))])
@@ -311,6 +318,33 @@ class CohortModel:
         self.cohorts = np.append(self.cohorts, a.cohort)
         self._members = None
         return a
+
+    def remove(self, user_ids: Sequence[str]) -> list[str]:
+        """Forget users (a deletion): their rows go, and the centroid and radius of each cohort they were
+        clustered in are recomputed over its remaining clustered members, so no aggregate keeps their vector; a
+        cohort left without clustered members is marked empty (radius -1: nobody is assigned to it again, the
+        noise users placed in it stay each other's neighbours). Cohort numbers do not change. Returns the ids
+        that were present."""
+        gone = [u for u in dict.fromkeys(user_ids) if u in self._row]
+        if not gone:
+            return []
+        drop = np.array([self._row[u] for u in gone], np.int64)
+        touched = sorted({int(c) for c in self.labels[drop] if c >= 0})
+        keep = np.setdiff1d(np.arange(len(self.user_ids)), drop)
+        self.user_ids = [self.user_ids[i] for i in keep]
+        self.vectors, self.labels, self.cohorts = self.vectors[keep], self.labels[keep], self.cohorts[keep]
+        self.centroids, self.radii = self.centroids.copy(), self.radii.copy()
+        for c in touched:
+            members = self.vectors[self.labels == c]
+            if len(members):
+                self.centroids[c] = members.mean(axis=0)
+                self.radii[c] = float(np.linalg.norm(members - self.centroids[c], axis=1).max())
+            else:
+                self.centroids[c] = 0.0
+                self.radii[c] = -1.0
+        self._row = {u: i for i, u in enumerate(self.user_ids)}
+        self._members = None
+        return gone
 
     @property
     def dim(self) -> int:
@@ -359,7 +393,7 @@ class CohortModel:
             with atomic_replace(out / f"{name}.npy") as tmp, open(tmp, "wb") as f:
                 np.save(f, arr)
         meta = CohortMeta(FORMAT, self.settings, self.data_fingerprint, len(self), self.n_cohorts,
-                          self.sizes.tolist(), self.noise_count, self.dim)
+                          self.sizes.tolist(), self.noise_count, self.dim, self.encoder)
         atomic_write_json(out / "cohorts.json", asdict(meta))
         return out
 
@@ -379,7 +413,7 @@ class CohortModel:
         model = cls(meta.settings, [p[0] for p in parts],
                     np.load(d / "vectors.npy"), np.array([int(p[2]) for p in parts], np.int64),
                     np.array([int(p[1]) for p in parts], np.int64), np.load(d / "centroids.npy"),
-                    np.load(d / "radii.npy"), meta.fingerprint)
+                    np.load(d / "radii.npy"), meta.fingerprint, meta.encoder)
         if len(model) != meta.users:
             raise ValueError(f"{d}: assignments.tsv has {len(model)} users, cohorts.json says {meta.users}")
         return model
@@ -397,6 +431,7 @@ class CohortMeta:
     sizes: list[int]
     noise: int
     dim: int
+    encoder: str = ""  # MEAN vectors' text encoder (absent in exports written before it was recorded)
 
 
 def _array_digest(x: np.ndarray) -> str:

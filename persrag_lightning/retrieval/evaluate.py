@@ -64,7 +64,8 @@ def strategy_config(strategy: Strategy) -> dict:
             continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
         if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
             out[key] = strategy_config(value)
-        elif isinstance(value, str) and (Path(value) / "config.json").is_file():
+        elif isinstance(value, str) and ((Path(value) / "config.json").is_file()
+                                         or (Path(value) / "cohorts.json").is_file()):  # a bundle, a cohort export
             out[key] = {"bundle": bundle_digest(value)}
         elif isinstance(value, (str, int, float, bool, type(None))):
             out[key] = value

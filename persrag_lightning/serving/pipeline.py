@@ -1,5 +1,6 @@
 """Serving CFRAG without Lightning: `CFRAGPipeline.from_pretrained("checkpoints/<run>")` loads the exported
-bundles (user encoder, retriever, reranker, docstore) and answers `retrieve`, `generate` and `add_user`."""
+bundles (user encoder, retriever, reranker, docstore; with `users="cluster"` the cohort export of `persrag
+cluster`) and answers `retrieve`, `generate`, `add_user` and `remove_user`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
+
+COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
 
 
 @dataclass
@@ -42,16 +46,30 @@ class CFRAGPipeline:
 
     @classmethod
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
-                        k: int = 5, cache_dir: str = ".cache/persrag") -> CFRAGPipeline:
+                        k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
+                        cohort_export: str | Path | None = None) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
-        encoder, a missing reranker means first-stage order (the paper's ablations)."""
+        encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
+        similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
+        cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
             raise FileNotFoundError(f"{run_dir}/user_encoder is not an export; train stage 1 first "
                                     "(`python train.py fit --config cfrag_user_encoder.yaml`)")
+        if users not in ("encoder", "mean", "cluster"):
+            raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
+        extra: dict = {}
+        if users == "cluster":
+            export = Path(cohort_export) if cohort_export is not None else run_dir / COHORTS
+            if not (export / "cohorts.json").is_file():
+                raise FileNotFoundError(f"{export}: no cohort export; make it with `persrag cluster --run_name "
+                                        f"{run_dir.name} --export_root {run_dir.parent}`")
+            extra["cohort_export"] = str(export)
+        elif cohort_export is not None:
+            raise ValueError("cohort_export is read only with users='cluster'")
         strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, "reranker"), m=m,
-                         k_per_user=k_per_user, cache_dir=cache_dir)
+                         k_per_user=k_per_user, cache_dir=cache_dir, users=users, **extra)
         return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k)
 
     @property
@@ -110,11 +128,28 @@ class CFRAGPipeline:
         vectors = self.text_encoder.encode(recent).unsqueeze(0)
         ue.eval()
         e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool)).squeeze(0)
-        user_vector = e_u if s.users == "encoder" else vectors[0].mean(0)
+        user_vector = e_u if s.user_vector_source() == "encoder" else vectors[0].mean(0)
         return user, doc_vectors, torch.stack([e_u, user_vector])
 
-    def attach_user(self, user: User, doc_vectors: torch.Tensor, user_vectors: torch.Tensor) -> None:
-        """Append a user whose vectors are known (encode_user, or a restart reading them back)."""
+    @property
+    def cohorts(self):
+        """The cohort model (`users="cluster"`), else None."""
+        return self.strategy._cohort_model
+
+    def cohort_assignment(self, user_vectors: torch.Tensor) -> dict | None:
+        """Where a new user (vectors of `encode_user`) will land: the nearest cohort centroid, noise policy
+        applied, nothing changed; with the export's fingerprint, so a caller can persist it and a restart on
+        the same export reuses it. None without cohorts."""
+        if self.cohorts is None:
+            return None
+        a = self.cohorts.assign(user_vectors[1].float().numpy())
+        return {"fingerprint": self.cohorts.data_fingerprint, "label": a.label, "cohort": a.cohort,
+                "distance": a.distance}
+
+    def attach_user(self, user: User, doc_vectors: torch.Tensor, user_vectors: torch.Tensor,
+                    cohort: dict | None = None) -> None:
+        """Append a user whose vectors are known (encode_user, or a restart reading them back); `cohort` is a
+        persisted `cohort_assignment`, reused when it was made on the cohort export now loaded."""
         s, ue = self.strategy, self.strategy.user_encoder
         if len(doc_vectors) != len(user.docs):
             raise ValueError(f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs")
@@ -125,24 +160,43 @@ class CFRAGPipeline:
         ue.user_ids.append(user.user_id)
         ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)])
         s.user_row[user.user_id] = len(ue.user_ids) - 1
+        if self.cohorts is not None:
+            self.cohorts.remove([user.user_id])  # a replaced history: assigned again from its new vector
+            given = None
+            if cohort is not None and cohort.get("fingerprint") == self.cohorts.data_fingerprint:
+                given = Assignment(int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"]))
+            self.cohorts.add(user.user_id, user_vector.float().numpy(), given)
+            return
         s.user_vectors[user.user_id] = user_vector
         if user.user_id in s.user_index:
             self.rebuild_user_index()
         else:
             s.user_index.add([user.user_id], user_vector.unsqueeze(0))
 
+    @torch.no_grad()
     def remove_user(self, user_id: str) -> None:
-        """Forget a user: docs out of the store (rows blanked), out of the user index and the vector tables."""
+        """Forget a user: docs out of the store (rows blanked), their doc vectors and user embedding zeroed, out
+        of the user index or the cohorts (serving/purge.py rewrites the export's files)."""
         s = self.strategy
+        rows = self.store.corpus.rows_of(user_id)
         self.store.remove_user(user_id)
+        s.retriever.load()
+        s.retriever.doc_vectors[torch.as_tensor(rows)] = 0
+        row = s.user_row.pop(user_id, None)
+        if row is not None:
+            s.user_encoder.user_embeddings[row] = 0
+        if self.cohorts is not None:
+            self.cohorts.remove([user_id])
+            return
         s.user_vectors.pop(user_id, None)
-        s.user_row.pop(user_id, None)
         self.rebuild_user_index()
 
     def rebuild_user_index(self) -> None:
         """The user index over the users present (after a deletion or a replaced history); cheap at serving
         scale (an exact index over a few thousand vectors)."""
         s = self.strategy
+        if s.user_index is None:  # users="cluster": the cohorts are the index
+            return
         ids = [u for u in s.user_vectors if u in self.store]
         s.user_index = UserIndex.build(ids, torch.stack([s.user_vectors[u] for u in ids]), kind=s.user_index.kind)
 

@@ -8,8 +8,9 @@ State lives in one folder (default `<run>/serve/`), every file written atomicall
   their user vectors, so a restart re-attaches them without re-encoding;
 - `accounts.json`: user id → sha256 of their bearer token, share flag; written LAST at sign-up, so a user without
   an account line is an unfinished sign-up and is removed at start;
-- `deleted.json`: users deleted from the exported run (the export itself is the training artefact and is not
-  rewritten); re-applied at every start, memories included.
+- `purge.json`: only while a deletion is under way (serving/purge.py): the users being deleted; a deletion cut
+  short is finished at the next start, before the run is loaded. A finished deletion leaves no trace of the user
+  here or in the run: the export's files are rewritten without them and the memory bank's old versions removed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from persrag_lightning.memory.extract import questionnaire_turns
 from persrag_lightning.memory.store import InvalidIdError, validate_id
 from persrag_lightning.retrieval.base import RetrievedDoc
 from persrag_lightning.retrieval.memory import memory_doc
+from persrag_lightning.serving import purge
 from persrag_lightning.serving.pipeline import CFRAGPipeline
 from persrag_lightning.utils import atomic_replace, atomic_write_json
 
@@ -100,8 +102,12 @@ class ChatService:
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
                  use_llm: bool = True, k: int = 5, max_message_chars: int = 8000,
-                 model_lock: threading.Lock | None = None) -> None:
+                 model_lock: threading.Lock | None = None, run_dir: str | Path | None = None,
+                 cache_dir: str | Path = ".cache/persrag") -> None:
+        """`run_dir`: the exported run a deletion rewrites (None: the export is left alone, as in tests of the
+        service logic over a run they share)."""
         self.pipeline, self.bank = pipeline, bank
+        self.run_dir, self.cache_dir = (Path(run_dir) if run_dir is not None else None), Path(cache_dir)
         self.state = Path(state_dir)
         (self.state / "users").mkdir(parents=True, exist_ok=True)
         self.admin_token_hash = admin_token_hash
@@ -110,7 +116,6 @@ class ChatService:
         self._model_lock = model_lock or threading.Lock()
         self._state_lock = threading.RLock()
         self.accounts: dict[str, Account] = {}
-        self.deleted: set[str] = set()
         self._by_hash: dict[str, str] = {}
         self._load()
 
@@ -127,6 +132,11 @@ class ChatService:
                                     "`python train.py pipeline --preset quick`")
         state = Path(state_dir) if state_dir else run_dir / "serve"
         llm = llm or LLMConfig(max_new_tokens=64)
+        legacy = state / "deleted.json"  # deletions recorded (not done) by earlier versions: done now
+        if legacy.is_file():
+            purge.begin(state, json.loads(legacy.read_text()))
+            legacy.unlink()
+        purge.purge_export(run_dir, state, cache_dir)  # a deletion cut short: the export part, before loading it
         pipeline = CFRAGPipeline.from_pretrained(run_dir, llm=llm, cache_dir=cache_dir, **pipeline_args)
         if extraction not in ("llm", "verbatim"):
             raise ValueError(f"extraction must be llm or verbatim, got {extraction!r}")
@@ -145,32 +155,33 @@ class ChatService:
                     tmp.write_text(admin_token + "\n")
                     os.chmod(tmp, 0o600)
                 os.chmod(path, 0o600)
-        return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock), generated
+        return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock, run_dir=run_dir,
+                   cache_dir=cache_dir), generated
 
     # ---- state ----------------------------------------------------------------------------------------------
 
     def _load(self) -> None:
-        if (self.state / "deleted.json").is_file():
-            self.deleted = set(json.loads((self.state / "deleted.json").read_text()))
         if (self.state / "accounts.json").is_file():
             for uid, a in json.loads((self.state / "accounts.json").read_text()).items():
                 self.accounts[uid] = Account(uid, a["token_sha256"], bool(a.get("share", True)),
                                              float(a.get("created_at", 0.0)))
+        journal = purge.pending(self.state)
+        if journal is not None:  # a deletion cut short: finish it (every step is idempotent)
+            for uid in journal["users"]:
+                self._forget(uid)
+            if self.run_dir is not None:
+                purge.purge_export(self.run_dir, self.state, self.cache_dir)
+            purge.done(self.state)
         self._by_hash = {a.token_sha256: uid for uid, a in self.accounts.items()}
-        for uid in sorted(self.deleted):
-            self.bank.delete_user(uid)  # idempotent: finishes a deletion a crash interrupted
-            if uid in self.pipeline.store:
-                self.pipeline.remove_user(uid)
         for path in sorted((self.state / "users").glob("*.npz")):
-            user, doc_vectors, user_vectors = self._read_user_file(path)
-            if user.user_id not in self.accounts or user.user_id in self.deleted:
-                path.unlink()  # an unfinished sign-up (no account line) or a deleted user
-                if user.user_id not in self.accounts:
-                    self.bank.delete_user(user.user_id)
+            user, doc_vectors, user_vectors, cohort = self._read_user_file(path)
+            if user.user_id not in self.accounts:
+                path.unlink()  # an unfinished sign-up (no account line)
+                self.bank.purge_user(user.user_id)
                 continue
             if user.user_id in self.pipeline.store:  # an exported user given a new history
                 self.pipeline.remove_user(user.user_id)
-            self.pipeline.attach_user(user, doc_vectors, user_vectors)
+            self.pipeline.attach_user(user, doc_vectors, user_vectors, cohort)
         for uid, account in self.accounts.items():
             if not account.share and uid in self.pipeline.store:
                 self.pipeline.store.set_share(uid, False)
@@ -179,9 +190,10 @@ class ChatService:
         return self.state / "users" / f"{hashlib.sha256(user_id.encode()).hexdigest()[:32]}.npz"
 
     def _write_user_file(self, user: User, history: list[dict], doc_vectors: torch.Tensor,
-                         user_vectors: torch.Tensor) -> None:
+                         user_vectors: torch.Tensor, cohort: dict | None = None) -> None:
+        """`cohort`: the cohort the user was assigned to (users="cluster"), kept so a restart reuses it."""
         buf = io.BytesIO()
-        meta = json.dumps({"user_id": user.user_id, "docs": history}, ensure_ascii=False)
+        meta = json.dumps({"user_id": user.user_id, "docs": history, "cohort": cohort}, ensure_ascii=False)
         np.savez(buf, meta=np.array(meta), doc_vectors=doc_vectors.float().numpy(),
                  user_vectors=user_vectors.float().numpy())
         with atomic_replace(self._user_file(user.user_id)) as tmp, open(tmp, "wb") as f:
@@ -190,11 +202,11 @@ class ChatService:
             os.fsync(f.fileno())
 
     @staticmethod
-    def _read_user_file(path: Path) -> tuple[User, torch.Tensor, torch.Tensor]:
+    def _read_user_file(path: Path) -> tuple[User, torch.Tensor, torch.Tensor, dict | None]:
         with np.load(path) as z:
             meta = json.loads(str(z["meta"]))
             return (User(meta["user_id"], history_from_json(meta["docs"])), torch.from_numpy(z["doc_vectors"]),
-                    torch.from_numpy(z["user_vectors"]))
+                    torch.from_numpy(z["user_vectors"]), meta.get("cohort"))
 
     def _save_accounts(self) -> None:
         atomic_write_json(self.state / "accounts.json", {
@@ -261,14 +273,13 @@ class ChatService:
             except UserExistsError:
                 raise ServiceError(409, f"user {user_id!r} already has memories") from None
             if encoded is not None:
-                self._write_user_file(encoded[0], history, encoded[1], encoded[2])
+                cohort = self.pipeline.cohort_assignment(encoded[2])
+                self._write_user_file(encoded[0], history, encoded[1], encoded[2], cohort)
                 with self._model_lock:
-                    self.pipeline.attach_user(*encoded)
+                    self.pipeline.attach_user(*encoded, cohort)
             token = secrets.token_urlsafe(32)
             self.accounts[user_id] = Account(user_id, hash_token(token), share)
-            self.deleted.discard(user_id)
             self._save_accounts()  # the commit point of a sign-up
-            atomic_write_json(self.state / "deleted.json", sorted(self.deleted))
             self._by_hash[self.accounts[user_id].token_sha256] = user_id
             if not share and user_id in self.pipeline.store:
                 self.pipeline.store.set_share(user_id, False)
@@ -308,31 +319,44 @@ class ChatService:
         history = body.get("history")
         with self._state_lock:
             user, doc_vectors, user_vectors = self._encode_history(user_id, history, replace=True)
-            self._write_user_file(user, history, doc_vectors, user_vectors)
+            cohort = self.pipeline.cohort_assignment(user_vectors)
+            self._write_user_file(user, history, doc_vectors, user_vectors, cohort)
             with self._model_lock:
                 if user_id in self.pipeline.store:
                     self.pipeline.remove_user(user_id)
-                self.pipeline.attach_user(user, doc_vectors, user_vectors)
+                self.pipeline.attach_user(user, doc_vectors, user_vectors, cohort)
                 if user_id in self.accounts and not self.accounts[user_id].share:
                     self.pipeline.store.set_share(user_id, False)
         return {"user_id": user_id, "history_docs": len(user.docs)}
 
     def delete_user(self, caller: Caller, user_id: str) -> dict:
-        """The user everywhere: memories, sessions, docs, vectors, user index, account and token."""
+        """The user everywhere: memories and session turns (gone from LanceDB's files too), docs, vectors, user
+        index or cohort, account and token, and — for a user of the exported run — the run's files (docstore,
+        user tables and index, doc table, cohort export, corpus-embedding caches; serving/purge.py). Journaled:
+        a crash at any step is finished at the next start."""
         self.authorize(caller, user_id)
         with self._state_lock:
-            self.deleted.add(user_id)
-            atomic_write_json(self.state / "deleted.json", sorted(self.deleted))  # a crash from here on: redone
-            memories, turns = self.bank.delete_user(user_id)
-            self._user_file(user_id).unlink(missing_ok=True)
-            with self._model_lock:
-                if user_id in self.pipeline.store:
-                    self.pipeline.remove_user(user_id)
-            account = self.accounts.pop(user_id, None)
-            if account is not None:
-                self._by_hash.pop(account.token_sha256, None)
-            self._save_accounts()
+            purge.begin(self.state, [user_id])  # a crash from here on: finished at the next start
+            memories, turns = self._forget(user_id)
+            if self.run_dir is not None and user_id in self.exported_users:
+                purge.purge_export(self.run_dir, self.state, self.cache_dir)
+                self.exported_users.discard(user_id)
+            purge.done(self.state)
         return {"user_id": user_id, "deleted": True, "memories": memories, "turns": turns}
+
+    def _forget(self, user_id: str) -> tuple[int, int]:
+        """What the service itself keeps of a user, idempotent: bank rows (purged), their user file, the
+        in-memory pipeline, the account and token."""
+        memories, turns = self.bank.purge_user(user_id)
+        self._user_file(user_id).unlink(missing_ok=True)
+        with self._model_lock:
+            if user_id in self.pipeline.store:
+                self.pipeline.remove_user(user_id)
+        account = self.accounts.pop(user_id, None)
+        if account is not None:
+            self._by_hash.pop(account.token_sha256, None)
+        self._save_accounts()
+        return memories, turns
 
     def memories(self, caller: Caller, user_id: str) -> list[dict]:
         self.authorize(caller, user_id)
