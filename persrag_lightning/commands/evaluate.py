@@ -15,6 +15,7 @@ def evaluate_command(args: list[str]) -> dict:
         Evaluation,
         bind_strategies,
         evaluate_parser,
+        only_names,
         substitute_run_dir,
     )
 
@@ -40,10 +41,11 @@ def evaluate_command(args: list[str]) -> dict:
     strategies = init.strategies
     bind_strategies(strategies)  # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
     if cfg.only is not None:
-        unknown = set(cfg.only) - {s.name for s in strategies}
+        only = only_names(cfg.only)
+        unknown = set(only) - {s.name for s in strategies}
         if unknown:
             raise SystemExit(f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}")
-        strategies = [s for s in strategies if s.name in cfg.only]
+        strategies = [s for s in strategies if s.name in only]
     summary = evaluation.run(strategies)
     print(evaluation.table(summary, evaluation.skipped))
     print(f"reports in {evaluation.out_dir}")

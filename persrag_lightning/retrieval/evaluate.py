@@ -124,9 +124,16 @@ def evaluate_parser(prog: str = "persrag evaluate", description: str | None = No
     parser.add_argument("--export_root", type=str, default="checkpoints")
     parser.add_class_arguments(Evaluation, "evaluation")
     parser.add_argument("--strategies", type=list[Strategy], required=True)
-    parser.add_argument("--only", type=list[str] | None, default=None,
+    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a one-key mapping;
+    # `only_names` turns it back into the name the user typed instead of failing with a type error
+    parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
                         help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
     return parser
+
+
+def only_names(only: list[str | dict[str, str]]) -> list[str]:
+    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)"."""
+    return [n if isinstance(n, str) else ", ".join(f"{k}: {v}" for k, v in n.items()) for n in only]
 
 
 def bind_strategies(strategies: list[Strategy]) -> None:
