@@ -48,12 +48,14 @@ class CountingLLM:
         self.fail_after = fail_after
         self.answer = answer
         self.calls = 0
+        self.batches: list[int] = []
 
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        self.batches.append(len(prompts))
         out = []
         for p in prompts:
             if self.fail_after is not None and self.calls >= self.fail_after:
@@ -344,6 +346,8 @@ def test_strategy_on_synthlamp_returns_own_docs_and_base_equals_plain_dense(tmp_
     pbr.prepare(store)
     results = pbr.retrieve(queries, 3)
     assert llm.calls == 2 * len({(q.user_id, q.query) for q in queries})
+    # one question per user: prompts are batched across users (prefetch), not one LLM call per user
+    assert llm.batches == [len(queries), len(queries)] and pbr.retriever.stats.llm_calls == llm.calls
     for q, docs in zip(queries, results):
         own = set(store.rows(q.user_id).tolist())
         assert 0 < len(docs) <= 3 and {d.row for d in docs} <= own

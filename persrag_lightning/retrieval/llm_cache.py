@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
+from persrag_lightning.progress import Progress
 
 
 class Generator(Protocol):
@@ -62,12 +63,12 @@ class CachedLLM:
     def fingerprint(self) -> str:
         return self.llm.fingerprint
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int, shard: int = 0, num_shards: int = 1
-                 ) -> tuple[list[str | None], CacheStats]:
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, shard: int = 0, num_shards: int = 1,
+                 phase: str | None = None) -> tuple[list[str | None], CacheStats]:
         """Answers for `prompts`, from the store when present, else from the LLM (stored batch by batch).
 
         With `num_shards > 1` only this shard's missing prompts are generated; other shards' misses stay None.
-        Identical prompts in one call are generated once.
+        Identical prompts in one call are generated once. A named `phase` prints progress with an ETA.
         """
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
@@ -87,6 +88,7 @@ class CachedLLM:
                 missing.setdefault(prompt, []).append(i)
                 keys[prompt] = key
         todo = list(missing)
+        bar = Progress(phase, len(todo), "prompts") if phase and len(todo) > self.batch_size else None
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
             answers = self.llm.generate(batch, max_new_tokens)
@@ -97,5 +99,7 @@ class CachedLLM:
             for prompt, answer in zip(batch, answers):
                 for i in missing[prompt]:
                     out[i] = answer
+            if bar is not None:
+                bar.advance(len(batch))
         self.hits += hits
         return out, CacheStats(hits=hits, calls=len(todo), skipped=skipped)

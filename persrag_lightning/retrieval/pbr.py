@@ -409,6 +409,20 @@ class PBRRetriever:
                                       json_candidates(utt) is not None))
         return out
 
+    def prefetch(self, groups: list[tuple[str, list[str], np.ndarray]]) -> None:
+        """P-PRF answers of many users' queries (user, queries, query embeddings) generated in LLM batches across
+        users, with progress: per user, a LaMP user's one question would leave every LLM batch at size 1. The
+        per-user pass then reads them from the store; they are counted once, as calls."""
+        if self.llm is None or not self.settings.use_prf:
+            return
+        prompts = [p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)]
+        _, s1 = self.llm.generate([p[0] for p in prompts], self.settings.utterance_tokens,
+                                  phase="PBR pseudo-utterances")
+        _, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens,
+                                  phase="PBR pseudo-reasoning")
+        self.stats.llm_calls += s1.calls + s2.calls
+        self.stats.llm_hits -= s1.calls + s2.calls  # the per-user pass finds them in the store: not hits
+
     def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:
         """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's whole job)."""
         self.pseudo_feedback(user_id, queries, self.encode(queries), shard, num_shards)

@@ -104,9 +104,14 @@ class PBRStrategy(Strategy):
         out: list[list[RetrievedDoc]] = [[] for _ in queries]
         if k <= 0:
             return out
-        for key, idx in self.profiles.group(queries).items():
+        groups = self.profiles.group(queries)
+        texts = {key: [queries[i].query for i in idx] for key, idx in groups.items()}
+        vectors = self.retriever.encode([q.query for q in queries])  # one batched encoding for every group
+        embs = {key: vectors[idx] for key, idx in groups.items()}
+        self.retriever.prefetch([(key, texts[key], embs[key]) for key in groups])
+        for key, idx in groups.items():
             rows = self.profiles.rows[key]
-            rankings = self.retriever.retrieve(key, [queries[i].query for i in idx], k)
+            rankings = self.retriever.retrieve(key, texts[key], k, query_embs=embs[key])
             for i, ranking in zip(idx, rankings):
                 out[i] = [self.store.doc(int(rows[j]), retriever_score=s)
                           for j, s in zip(ranking.indices, ranking.scores)]
@@ -147,7 +152,10 @@ class PBRQueryExpansion:
 
     def __call__(self, queries: list[Query], vectors: torch.Tensor) -> torch.Tensor:
         out = vectors.clone()
-        for key, idx in self.profiles.group(queries).items():
+        groups = self.profiles.group(queries)
+        self.pbr.prefetch([(key, [queries[i].query for i in idx], vectors[idx].float().numpy())
+                           for key, idx in groups.items()])
+        for key, idx in groups.items():
             q_star, _, _ = self.pbr.expanded_queries(key, [queries[i].query for i in idx],
                                                      vectors[idx].float().numpy())
             out[idx] = torch.from_numpy(q_star).to(out)
