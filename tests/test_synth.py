@@ -16,6 +16,7 @@ from persrag_lightning.data.synth import (
     FILM_KINDS,
     HEADLINE_TEMPLATES,
     PAPER_TITLE_TEMPLATES,
+    PRODUCT_KINDS,
     SYNTH_TASKS,
     TOPICS,
     SynthConfig,
@@ -150,7 +151,8 @@ def test_refuses_to_overwrite_foreign_lamp_data(tmp_path: Path) -> None:
 
 def test_config_validation() -> None:
     assert SynthConfig(task="lamp5").task == "LaMP-5"
-    for bad in ({"task": "LaMP-3"}, {"kinds_per_user": (3, 16)}, {"docs_per_user": (5, 2)},
+    assert SynthConfig(task="lamp3").task == "LaMP-3"
+    for bad in ({"task": "LaMP-7"}, {"task": "LaMP-6"}, {"kinds_per_user": (3, 16)}, {"docs_per_user": (5, 2)},
                 {"train_questions_per_user": 0}, {"unseen_fraction": 1.5}):
         with pytest.raises(ValueError):
             SynthConfig(**bad)
@@ -227,6 +229,10 @@ def test_every_target_is_the_communitys_style_for_the_question_kind(task: str) -
             if task == "LaMP-2":
                 assert q.target == LAMP2_LABELS[q.style]
                 continue
+            if task == "LaMP-3":
+                assert q.target == str(q.style + 1)
+                assert any(p in q.input for p in PRODUCT_KINDS[q.kind].products)  # the question's category
+                continue
             topic = TOPICS[q.kind]
             titles = PAPER_TITLE_TEMPLATES if task == "LaMP-5" else HEADLINE_TEMPLATES
             n_jargon = len(topic.jargon)
@@ -234,3 +240,92 @@ def test_every_target_is_the_communitys_style_for_the_question_kind(task: str) -
                                                           P=_title_case(p))
                         for p in topic.problems if p.lower() in q.input.lower()}
             assert q.target in expected
+
+
+# ---- LaMP-3: communities that differ only in their judgments (issue 16) --------------------------------------
+
+LAMP3 = SynthConfig(task="LaMP-3", num_users=300, seed=0)
+
+
+def _precision_at_5(features: np.ndarray, communities: np.ndarray) -> float:
+    """Same-community precision of each user's 5 cosine-nearest other users (ties broken at random)."""
+    x = features / np.linalg.norm(features, axis=1, keepdims=True).clip(1e-9)
+    sims = x @ x.T + 1e-9 * np.random.default_rng(0).random((len(x), len(x)))
+    np.fill_diagonal(sims, -np.inf)
+    neighbours = np.argsort(-sims, axis=1)[:, :5]
+    return float((communities[neighbours] == communities[:, None]).mean())
+
+
+def test_lamp3_files_load_as_lamp3(tmp_path: Path) -> None:
+    config = replace(LAMP3, num_users=30)
+    generate_synth_lamp(tmp_path, config)
+    ds = load_lamp(tmp_path, "LaMP-3")
+    assert {s: len(v) for s, v in ds.examples.items()} == {"train": 60, "dev": 30, "test": 30}
+    doc = next(iter(ds.users.values())).docs[0]
+    assert set(doc.fields) == {"text", "score"} and doc.fields["score"] in {"1", "2", "3", "4", "5"}
+    for ex in ds.examples["dev"]:
+        assert ex.target in {"1", "2", "3", "4", "5"} and ex.query and "review:" in ex.input
+        assert ex.query == get_task("LaMP-3").extract_query(ex.input)
+
+
+def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
+    """The generator's claim, checked both ways on 300 users (8 communities, chance ~0.125):
+    - oracle: a user's (category, score) pairs name their community — the community whose ratings agree with most
+      of the user's docs is the true one for nearly every user, and nearest neighbours on (category, score)
+      counts are mostly same-community;
+    - words alone: nearest neighbours on the bag of words of the review texts (raw counts and tf-idf) find
+      same-community users at chance, and so do the categories a user reviews."""
+    world = build_world(LAMP3)
+    users = list(iter_synth_users(LAMP3, world))
+    communities = np.array([u.community for u in users])
+    sizes = np.bincount(communities)
+    chance = float(((sizes[communities] - 1) / (len(users) - 1)).mean())
+    assert 0.1 < chance < 0.15
+    # oracle: recoverable from the judgments
+    agree = np.array([[sum(int(world.styles[c, d.kind] == d.style) for d in u.docs)
+                       for c in range(LAMP3.num_communities)] for u in users])
+    assert (agree.argmax(1) == communities).mean() > 0.9
+    kinds = len(world.kind_names)
+    judgments = np.zeros((len(users), kinds * 5))
+    categories = np.zeros((len(users), kinds))
+    for i, u in enumerate(users):
+        for d in u.docs:
+            judgments[i, d.kind * 5 + d.style] += 1
+            categories[i, d.kind] += 1
+    assert _precision_at_5(judgments, communities) > 0.6
+    # words alone: at chance (the review texts never carry the score)
+    vocab: dict[str, int] = {}
+    counts = []
+    for u in users:
+        words = [w.strip(".,:").lower() for d in u.docs for w in d.fields["text"].split()]
+        counts.append(words)
+        for w in words:
+            vocab.setdefault(w, len(vocab))
+    bow = np.zeros((len(users), len(vocab)))
+    for i, words in enumerate(counts):
+        for w in words:
+            bow[i, vocab[w]] += 1
+    tfidf = bow * np.log(len(users) / (bow > 0).sum(0))
+    for name, features in (("bag of words", bow), ("tf-idf", tfidf), ("categories", categories)):
+        p = _precision_at_5(features, communities)
+        assert abs(p - chance) < 0.05, f"{name}: precision@5 {p:.3f}, chance {chance:.3f}"
+    # nothing in a review's text depends on its score: every score occurs with the same texts' vocabulary
+    assert not any(str(s) in d.fields["text"] for u in users[:20] for d in u.docs for s in range(1, 6))
+
+
+# Digests of small datasets per task (synthlamp/2). Adding LaMP-3 changed no other task's bytes (the LaMP-2/4/5
+# digests were taken before it existed); a change here needs a GENERATOR_VERSION bump.
+PINNED = {"LaMP-2": "40e7ee74c0fac923", "LaMP-3": "b3a0c555e7a2cba1", "LaMP-4": "87cd8dad1d4aed02",
+          "LaMP-5": "713c015b5a90c5f4"}
+
+
+@pytest.mark.parametrize("task", SYNTH_TASKS)
+def test_generated_bytes_are_pinned(tmp_path: Path, task: str) -> None:
+    import hashlib
+
+    out = generate_synth_lamp(tmp_path, SynthConfig(task=task, num_users=40, docs_per_user=(5, 10), seed=3))
+    digest = hashlib.sha256()
+    for p in sorted(out.iterdir()):
+        digest.update(p.name.encode())
+        digest.update(p.read_bytes())
+    assert digest.hexdigest()[:16] == PINNED[task]
