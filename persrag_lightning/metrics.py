@@ -27,6 +27,7 @@ __all__ = [
     "RankingNDCG",
     "RankingRecall",
     "UserRetrievalQuality",
+    "community_chance",
     "community_precision_at_m",
     "informative_rows",
     "lamp_metric",
@@ -371,6 +372,15 @@ def community_precision_at_m(embeddings: torch.Tensor, communities: torch.Tensor
     return (communities[neighbours] == communities.unsqueeze(1)).float().mean().item()
 
 
+def community_chance(communities: torch.Tensor) -> float:
+    """What `community_precision_at_m` is for random neighbours: the mean over users of the share of the *other*
+    users that are in the user's community, (n_c − 1) / (N − 1)."""
+    if len(communities) < 2:
+        return float("nan")
+    sizes = torch.bincount(communities)
+    return ((sizes[communities] - 1).float() / (len(communities) - 1)).mean().item()
+
+
 def view_retrieval_accuracy(view_a: torch.Tensor, view_b: torch.Tensor) -> float:
     """Fraction of users whose view A finds their own view B first among all users' B views."""
     sim = F.normalize(view_a.float(), dim=-1) @ F.normalize(view_b.float(), dim=-1).T
@@ -409,4 +419,5 @@ class UserRetrievalQuality(Metric):
             labels = self.communities.to(users.device)[users[keep]]
             if (labels >= 0).all():
                 out[f"community_p@{self.m}"] = torch.tensor(community_precision_at_m(full, labels, self.m))
+                out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))  # random neighbours
         return out

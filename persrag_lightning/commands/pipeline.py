@@ -3,7 +3,8 @@
 user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
 its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
 with the results table (intervals, paired tests).
-A preset may train only the bundles its reported strategies need.
+A preset may train only the bundles its reported strategies need. `--task` runs the same stages on another LaMP task
+(SynthLaMP generates LaMP-2, 3, 4 and 5); the main job is LaMP-2.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import lightning_command
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.retrieval.cfrag import STAGES
 
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
@@ -72,19 +74,39 @@ def stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (Path(export_root) / run_name / stage / "config.json").exists()
 
 
+def task_args(task: str, preset: Preset) -> tuple[list[str], list[str]]:
+    """(every stage's data override, the evaluation's overrides) that switch a preset to `task`. Label tasks keep
+    the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to `choose` among, so they generate."""
+    spec = get_task(task)
+    if spec.name == "LaMP-2":
+        return [], list(preset["evaluate"])
+    evaluate = [a for a in preset["evaluate"] if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
+    if spec.labels is None:
+        evaluate.append("--evaluation.llm.answer_mode=generate")
+    return [f"--data.init_args.task={spec.name}"], [f"--evaluation.task={spec.name}", *evaluate]
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument("--run_name", default=None, help="default: synthlamp-<preset>")
+    parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
+    parser.add_argument("--run_name", default=None,
+                        help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task")
     parser.add_argument("--export_root", default="checkpoints")
     parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
     opts, extra = parser.parse_known_args(argv)
     preset = PRESETS[opts.preset]
-    run_name = opts.run_name or f"synthlamp-{opts.preset}"
+    try:
+        task = get_task(opts.task).name
+    except ValueError as e:
+        parser.error(str(e))
+    data_task, evaluate_args = task_args(task, preset)
+    suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
+    run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
     per_stage = {"user_encoder": preset["user_encoder"], "generator": preset["generator"]}  # others: feedback
-    stages = [(name, ["--config", config, *preset["data"], *per_stage.get(name, [*preset["feedback"], *llm]),
+    stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, [*preset["feedback"], *llm]),
                       *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
     timings = []
@@ -98,7 +120,7 @@ def main(argv: list[str]) -> None:
         timings.append((stage, time.perf_counter() - t0))
     t0 = time.perf_counter()
     only = [] if preset["strategies"] is None else [f"--only={json.dumps(preset['strategies'])}"]
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *preset["evaluate"], *only,
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only,
                       f"--evaluation.llm.backend={opts.llm_backend}"])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))

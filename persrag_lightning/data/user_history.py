@@ -16,6 +16,7 @@ from persrag_lightning.data.histories import MASK_ID, history_ids, pad_histories
 from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.text_encoder import Pooling
 
 # The text "<mask>" as a one-doc corpus: its embedding (cached like any corpus) initialises the [mask] row.
@@ -65,6 +66,7 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.doc_embeddings: torch.Tensor | None = None
         self.mask_embedding: torch.Tensor | None = None
         self.communities: np.ndarray | None = None
+        self.doc_labels: np.ndarray | None = None  # corpus row -> the doc's judgment (label id, 0 = none)
 
     def _embedding_args(self) -> dict:
         h = self.hparams
@@ -88,6 +90,8 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.mask_embedding = load_corpus_embeddings(self.hparams.cache_dir, MASK_TEXT_CORPUS,
                                                      **self._embedding_args())[0]
         # the encoder trains on the collaborative pools (never a test profile), users without one are left out
+        spec = get_task(self.source.task)
+        self.doc_labels = np.array([spec.doc_label(d) for d in self.corpus.docs], dtype=np.int64)
         self.pools = visible_histories(self.dataset, self.corpus, self.hparams.max_history).pool
         self.user_ids = [u for u in self.corpus.user_ids if len(self.pools.get(u, ()))]
         communities = load_communities(self.source.data_dir)

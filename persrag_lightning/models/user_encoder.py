@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,8 +14,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from persrag_lightning.data.histories import FIRST_DOC_ID, MASK_ID, PAD_ID
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
+
+Judgments = Literal["none", "label"]
 
 
 @dataclass
@@ -30,6 +36,22 @@ class UserEncoderConfig:
     text_encoder: str = "minilm"
     text_max_length: int = 256
     text_pooling: str = "mean"
+    # beyond the paper (issue 16): `label` adds a learned embedding of each history doc's judgment (the task's
+    # label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `none` is the paper's text-only encoder
+    judgments: Judgments = "none"
+    task: str | None = None  # the task whose label field and labels `judgments: label` embeds
+
+
+def judgment_labels(task: str | None) -> tuple[str, ...]:
+    """The labels a `judgments: label` encoder embeds for `task`; a ValueError naming the task where its history
+    docs carry no judgment (LaMP-1's profile holds the user's papers, not their citation choices; LaMP-4/5/7)."""
+    if task is None:
+        raise ValueError("judgments: label needs the task whose labels it embeds (UserEncoderConfig.task)")
+    spec = get_task(task)
+    if spec.label_field is None or spec.labels is None:
+        raise ValueError(f"judgments: label needs a task whose history docs carry the user's judgment (LaMP-2's "
+                         f"tag, LaMP-3's score); {spec.name}'s profile items have no label field")
+    return spec.labels
 
 
 class UserEncoder(nn.Module):
@@ -46,6 +68,23 @@ class UserEncoder(nn.Module):
         layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ffn_dim or d, config.dropout,
                                            batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+        if config.judgments == "label":
+            # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the transformer
+            # keeps width d and the doc table keeps the frozen encoder's space (a projection in front would
+            # re-mix the MiniLM rows with the labels, so the paper's encoder would no longer be the special case of
+            # zero label rows); the [mask] and [pad] ids carry label 0, a fixed zero row, so a masked doc hides
+            # its judgment as well as its text and crop/mask/reorder stay unchanged. Rows start at the doc rows'
+            # scale (N(0, 1/d), norm ≈ 1), not at zero: instance discrimination can be solved from the
+            # fine-tuned doc rows alone, so zero label rows would get little reason to grow.
+            labels = judgment_labels(config.task)
+            self.label_table = nn.Embedding(len(labels) + 1, d, padding_idx=0)
+            nn.init.normal_(self.label_table.weight, std=d ** -0.5)
+            with torch.no_grad():
+                self.label_table.weight[0].zero_()
+            # doc-table id -> label id (0 = none); saved with the weights, so an export embeds the same judgments
+            self.register_buffer("doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long))
+        elif config.judgments != "none":
+            raise ValueError(f"judgments must be 'none' or 'label', got {config.judgments!r}")
         if doc_embeddings is not None:
             self.load_doc_embeddings(doc_embeddings, mask_embedding)
         # serving state, filled by `index_users` or `from_pretrained`
@@ -67,8 +106,39 @@ class UserEncoder(nn.Module):
             self.doc_table.weight[MASK_ID] = F.normalize(mask_embedding.reshape(-1).float(), dim=0).to(
                 self.doc_table.weight)
 
-    def encode_embeddings(self, doc_vectors: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        """Eq. 1 on given doc vectors [B, L, d] with pad_mask True at padding: masked mean of Trm(E + P)."""
+    @property
+    def uses_judgments(self) -> bool:
+        return self.config.judgments == "label"
+
+    def doc_label_ids(self, docs: Sequence[HistoryDoc]) -> torch.Tensor:
+        """Label ids (0 = none) of history docs as this encoder embeds them; a ValueError on a text-only encoder."""
+        if not self.uses_judgments:
+            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+        spec = get_task(self.config.task or "")
+        return torch.tensor([spec.doc_label(d) for d in docs], dtype=torch.long)
+
+    @torch.no_grad()
+    def set_doc_labels(self, label_ids: torch.Tensor) -> None:
+        """The judgment of every corpus row (label ids, 0 = none), in corpus order."""
+        if not self.uses_judgments:
+            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+        if label_ids.shape != (self.config.num_docs,):
+            raise ValueError(f"doc labels {tuple(label_ids.shape)} do not match ({self.config.num_docs},)")
+        self.doc_labels.zero_()
+        self.doc_labels[FIRST_DOC_ID:] = label_ids.to(self.doc_labels)
+
+    def encode_embeddings(self, doc_vectors: torch.Tensor, pad_mask: torch.Tensor,
+                          labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 1 on given doc vectors [B, L, d] with pad_mask True at padding: masked mean of Trm(E + P).
+        `labels` [B, L] (label ids, 0 = none): the docs' judgments, required by and only by a `judgments: label`
+        encoder (serving's new users, whose docs are not in the doc table)."""
+        if self.uses_judgments and labels is None:
+            raise ValueError("this user encoder was trained with judgments: label; pass the docs' label ids "
+                             "(doc_label_ids)")
+        if not self.uses_judgments and labels is not None:
+            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+        if labels is not None:
+            doc_vectors = doc_vectors + self.label_table(labels.to(doc_vectors.device))
         length = doc_vectors.shape[1]
         if length > self.config.max_history:
             raise ValueError(f"history length {length} exceeds max_history {self.config.max_history}")
@@ -78,7 +148,8 @@ class UserEncoder(nn.Module):
 
     def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
         """Users from doc-table ids [B, L] (0 = pad, 1 = mask, r + 2 = corpus row r), oldest first."""
-        return self.encode_embeddings(self.doc_table(doc_ids), doc_ids == PAD_ID)
+        labels = self.doc_labels[doc_ids] if self.uses_judgments else None
+        return self.encode_embeddings(self.doc_table(doc_ids), doc_ids == PAD_ID, labels)
 
     # ---- serving -------------------------------------------------------------------------------------------
 

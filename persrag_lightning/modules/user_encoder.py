@@ -12,10 +12,10 @@ from persrag_lightning.data.docstore import write_docstore
 from persrag_lightning.data.histories import pad_histories
 from persrag_lightning.data.user_history import UserHistoryBatch, UserHistoryDataModule
 from persrag_lightning.metrics import UserRetrievalQuality
-from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
+from persrag_lightning.models.user_encoder import Judgments, UserEncoder, UserEncoderConfig, judgment_labels
 from persrag_lightning.modules.losses import Negatives, info_nce
 from persrag_lightning.retrieval.index import IndexKind
-from persrag_lightning.utils import atomic_directory
+from persrag_lightning.utils import ConfigError, atomic_directory
 
 
 class UserEncoderModule(L.LightningModule):
@@ -26,10 +26,12 @@ class UserEncoderModule(L.LightningModule):
     def __init__(self, temperature: float = 0.1, negatives: Negatives = "all_views", lr: float = 1e-3,
                  weight_decay: float = 1e-5, freeze_doc_table: bool = False, num_layers: int = 1,
                  num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "flat",
-                 gather_negatives: bool = False) -> None:
+                 gather_negatives: bool = False, judgments: Judgments = "none") -> None:
         """`eval_m`: neighbours scored by validation's community precision (the paper retrieves m = 6 users
         including the user itself, i.e. 5 others). `gather_negatives`: under DDP, contrast against every rank's
-        users (the single-process loss on the global batch) instead of this rank's only."""
+        users (the single-process loss on the global batch) instead of this rank's only. `judgments`: `none` is
+        the paper's text-only encoder; `label` adds a learned embedding of each history doc's label (LaMP-2 tag,
+        LaMP-3 score) to its doc vector (models/user_encoder.py says why a sum), beyond the paper."""
         super().__init__()
         self.save_hyperparameters()
         self.encoder: UserEncoder | None = None
@@ -46,13 +48,22 @@ class UserEncoderModule(L.LightningModule):
         dm = self.trainer.datamodule
         if not isinstance(dm, UserHistoryDataModule):
             raise TypeError("UserEncoderModule needs a UserHistoryDataModule")
+        judgments = self.hparams.get("judgments", "none")
+        if judgments == "label":
+            try:
+                judgment_labels(dm.source.task)
+            except ValueError as e:
+                raise ConfigError(f"model.init_args.judgments: {e}") from None
         if self.encoder is None:
             h = dm.hparams
             self._build(UserEncoderConfig(
                 dim=dm.doc_embeddings.shape[1], num_docs=dm.doc_embeddings.shape[0], max_history=h.max_history,
                 num_layers=self.hparams.num_layers, num_heads=self.hparams.num_heads, dropout=self.hparams.dropout,
                 text_encoder=h.encoder, text_max_length=h.encoder_max_length, text_pooling=h.encoder_pooling,
+                judgments=judgments, task=dm.source.task,
             ), dm.doc_embeddings, dm.mask_embedding)
+            if self.encoder.uses_judgments:
+                self.encoder.set_doc_labels(torch.as_tensor(dm.doc_labels))
         communities = None if dm.communities is None else torch.as_tensor(dm.communities)
         self.val_quality = UserRetrievalQuality(self.hparams.eval_m, communities)
 

@@ -126,8 +126,11 @@ class CFRAGPipeline:
         ue = s.user_encoder
         recent = texts[-ue.config.max_history:]
         vectors = self.text_encoder.encode(recent).unsqueeze(0)
+        # a `judgments: label` encoder embeds each doc's label (tag, score) with its text: the new user's
+        # judgments enter their embedding as the training users' did
+        labels = ue.doc_label_ids(user.docs[-ue.config.max_history:]).unsqueeze(0) if ue.uses_judgments else None
         ue.eval()
-        e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool)).squeeze(0)
+        e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels).squeeze(0)
         user_vector = e_u if s.user_vector_source() == "encoder" else vectors[0].mean(0)
         return user, doc_vectors, torch.stack([e_u, user_vector])
 

@@ -1,0 +1,220 @@
+"""Issue 16: a user encoder that sees judgments (`judgments: label`), its export and serving, the community chance
+level of stage 1's validation, and the pipeline's `--task` switch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from persrag_lightning.cli import main
+from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.histories import FIRST_DOC_ID, MASK_ID, history_ids, pad_histories
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.metrics import community_chance
+from persrag_lightning.models.reranker import PersonalizedReranker
+from persrag_lightning.models.retriever import PersonalizedRetriever
+from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, judgment_labels
+from tests.conftest import REPO
+
+USERS = 24
+
+
+def doc(i: int, **fields: str) -> HistoryDoc:
+    return HistoryDoc(f"d{i}", (2024, 1, i + 1), fields)
+
+
+# ---- the label embedding exists only where the task's history docs carry labels ------------------------------
+
+def test_label_ids_follow_the_tasks_label_field() -> None:
+    lamp3, lamp2 = get_task("LaMP-3"), get_task("LaMP-2")
+    assert [lamp3.doc_label(doc(0, text="x", score=s)) for s in ("1", "5", "4.0", " 3 ", "7", "")] == [1, 5, 4, 3, 0, 0]
+    assert lamp2.doc_label(doc(0, description="x", tag="comedy")) == lamp2.labels.index("comedy") + 1
+    assert lamp2.doc_label(doc(0, description="x", tag="not a tag")) == 0
+    for task in ("LaMP-1", "LaMP-4", "LaMP-5", "LaMP-7"):  # LaMP-1's profile holds papers, not citation choices
+        assert get_task(task).label_field is None
+        assert get_task(task).doc_label(doc(0, title="x", abstract="y", text="z")) == 0
+        with pytest.raises(ValueError, match="no label field"):
+            judgment_labels(task)
+        with pytest.raises(ValueError, match="no label field"):
+            UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label", task=task))
+    with pytest.raises(ValueError, match="needs the task"):
+        UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label"))
+    with pytest.raises(ValueError, match="'none' or 'label'"):
+        UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="score"))
+
+
+def test_a_text_only_encoder_has_no_label_parameters_and_refuses_labels() -> None:
+    encoder = UserEncoder(UserEncoderConfig(dim=8, num_docs=4, task="LaMP-3"))
+    assert not encoder.uses_judgments and not hasattr(encoder, "label_table")
+    assert not any("label" in k for k in encoder.state_dict())
+    with pytest.raises(ValueError, match="judgments: none"):
+        encoder.encode_embeddings(torch.randn(1, 2, 8), torch.zeros(1, 2, dtype=torch.bool),
+                                  torch.ones(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="judgments: none"):
+        encoder.doc_label_ids([doc(0, text="x", score="3")])
+
+
+def test_the_label_enters_the_embedding_and_a_masked_doc_hides_it() -> None:
+    torch.manual_seed(0)
+    encoder = UserEncoder(UserEncoderConfig(dim=8, num_docs=4, dropout=0.0, judgments="label", task="LaMP-3"),
+                          torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)).eval()
+    ids = torch.tensor([[FIRST_DOC_ID, FIRST_DOC_ID + 1, MASK_ID]])
+    encoder.set_doc_labels(torch.tensor([1, 5, 2, 3]))
+    with torch.no_grad():
+        before = encoder(ids)
+        encoder.set_doc_labels(torch.tensor([1, 4, 2, 3]))  # the second doc's score changes: 5 -> 4
+        after = encoder(ids)
+        assert not torch.allclose(before, after)
+        encoder.set_doc_labels(torch.tensor([1, 4, 2, 1]))  # only an unseen doc's label changes
+        torch.testing.assert_close(encoder(ids), after)
+        # the mask and pad rows always carry label 0, a zero vector: a masked doc hides its judgment
+        assert encoder.doc_labels[MASK_ID] == 0 and encoder.label_table.weight[0].abs().sum() == 0
+        # the doc-id path and the vector path (serving's new users) agree
+        vectors = encoder.doc_table(ids)
+        labels = encoder.doc_labels[ids]
+        torch.testing.assert_close(encoder.encode_embeddings(vectors, ids == 0, labels), after)
+        with pytest.raises(ValueError, match="judgments: label"):
+            encoder.encode_embeddings(vectors, ids == 0)
+    with pytest.raises(ValueError, match="do not match"):
+        encoder.set_doc_labels(torch.tensor([1, 2]))
+
+
+def test_community_chance_is_the_share_of_other_users_in_ones_community() -> None:
+    communities = torch.tensor([0, 0, 0, 1, 1, 2])
+    # users of community 0 see 2 of 5 others, of 1: 1 of 5, of 2: 0 of 5
+    assert community_chance(communities) == pytest.approx((3 * 2 / 5 + 2 * 1 / 5 + 0) / 6)
+    assert community_chance(torch.zeros(4, dtype=torch.long)) == pytest.approx(1.0)
+
+
+# ---- stage 1 with judgments: fit, export, reload without Lightning, serving's add_user ---------------------------
+
+def fit_args(encoder: str, *extra: str, task: str = "LaMP-3", users: int = USERS) -> list[str]:
+    return ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "j", f"--data.init_args.encoder={encoder}",
+            f"--data.init_args.task={task}", f"--data.init_args.synth.num_users={users}", "--trainer.max_epochs=2",
+            "--trainer.accelerator=cpu", "--data.init_args.batch_size=8", "--trainer.enable_progress_bar=false",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def label_run(tmp_path_factory, tiny_bert):
+    """A `judgments: label` user encoder on SynthLaMP LaMP-3 (frozen doc table, so a new user with a training
+    user's history gets that user's embedding), with untrained tiny retriever and reranker exports beside it."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("judgments")
+    shutil.copytree(REPO / "configs", root / "configs")
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        main(fit_args(tiny_bert, "--model.init_args.judgments=label", "--model.init_args.freeze_doc_table=true"))
+    finally:
+        os.chdir(old)
+    run = root / "checkpoints" / "j"
+    torch.manual_seed(0)
+    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
+    return root, run
+
+
+def test_label_export_reloads_and_reproduces_embeddings_without_lightning(label_run) -> None:
+    root, run = label_run
+    encoder = UserEncoder.from_pretrained(run / "user_encoder")
+    assert encoder.uses_judgments and encoder.config.task == "LaMP-3"
+    source = LampSource("LaMP-3", None, SynthConfig(num_users=USERS), str(root / ".cache" / "persrag"))
+    corpus = Corpus.from_dataset(source.load())
+    spec = get_task("LaMP-3")
+    # the export carries every corpus row's judgment
+    assert encoder.doc_labels[FIRST_DOC_ID:].tolist() == [spec.doc_label(d) for d in corpus.docs]
+    assert set(encoder.doc_labels[FIRST_DOC_ID:].tolist()) <= {1, 2, 3, 4, 5}
+    ids = pad_histories([history_ids(corpus.user_rows(i, 100)) for i in range(len(corpus.user_ids))])
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(ids), encoder.user_embeddings, atol=1e-5, rtol=1e-5)
+    # label 0 (pad, mask, no label) stays the zero row through training
+    assert encoder.label_table.weight[0].abs().sum() == 0
+    # the same in a fresh interpreter that never imports Lightning
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from persrag_lightning.models.user_encoder import UserEncoder
+        e = UserEncoder.from_pretrained({str(run / "user_encoder")!r})
+        ids = torch.load({str(root / "ids.pt")!r})
+        with torch.no_grad():
+            torch.testing.assert_close(e(ids), e.user_embeddings, atol=1e-5, rtol=1e-5)
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("lightning", "pytorch_lightning"))
+        assert not leaked, leaked
+    """)
+    torch.save(ids, root / "ids.pt")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_add_user_embeds_the_new_users_judgments(label_run, tmp_path) -> None:
+    from persrag_lightning.serving import CFRAGPipeline
+
+    _, run = label_run
+    pipe = CFRAGPipeline.from_pretrained(run, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"))
+    ue = pipe.strategy.user_encoder
+    source_user = pipe.store.corpus.user_ids[4]
+    docs = pipe.store.dataset.users[source_user].docs
+    same = [{"id": f"a{i}", "date": "2024-01-01", "fields": d.fields} for i, d in enumerate(docs)]
+    flipped = [{"id": f"b{i}", "date": "2024-01-01",
+                "fields": {**d.fields, "score": str(6 - int(d.fields["score"]))}} for i, d in enumerate(docs)]
+    pipe.add_user("copy", same)
+    pipe.add_user("flipped", flipped)
+    e = {u: ue.user_embeddings[ue.user_ids.index(u)] for u in (source_user, "copy", "flipped")}
+    # frozen doc table: the same docs with the same scores give the training user's own embedding ...
+    torch.testing.assert_close(e["copy"], e[source_user], atol=1e-4, rtol=1e-4)
+    # ... and other scores on the same texts another one (the judgments entered the embedding)
+    assert (e["flipped"] - e["copy"]).norm() > 1e-3 * e["copy"].norm()
+    assert pipe.strategy.similar_users("copy")[0][0] in {"copy", source_user}
+
+
+def test_judgments_label_on_a_task_without_labels_is_one_line_exit_2(in_tmp_cwd, tiny_bert, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(fit_args(tiny_bert, "--model.init_args.judgments=label", task="LaMP-5", users=8))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "judgments" in err[-1] and "LaMP-5" in err[-1]
+
+
+def test_validation_logs_community_precision_next_to_its_chance(in_tmp_cwd, tiny_bert) -> None:
+    main(fit_args(tiny_bert, users=16))
+    csv = next((in_tmp_cwd / "runs" / "j" / "user_encoder" / "logs").glob("version_*/metrics.csv"))
+    rows = csv.read_text().splitlines()
+    header = rows[0].split(",")
+    assert "val/community_p@5" in header and "val/community_p@5_chance" in header
+    chance = [float(r.split(",")[header.index("val/community_p@5_chance")]) for r in rows[1:]
+              if r.split(",")[header.index("val/community_p@5_chance")]]
+    assert chance and all(0 < c < 1 for c in chance) and len(set(chance)) == 1  # a property of the users only
+
+
+# ---- the pipeline's --task switch ------------------------------------------------------------------------------
+
+def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, tmp_path) -> None:
+    from persrag_lightning.commands import pipeline
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: calls.append(args))
+    monkeypatch.setattr(pipeline, "evaluate_command", lambda args: calls.append(args))
+    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
+    stages, evaluate = calls[:-1], calls[-1]
+    assert len(stages) == 4 and all("--data.init_args.task=LaMP-3" in a for a in stages)
+    assert all("--run_name=synthlamp-lamp3-quick" in a for a in calls)
+    assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
+    calls.clear()
+    pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])  # the main job is unchanged
+    assert not any(".task=" in a for args in calls for a in args) and "--run_name=synthlamp-quick" in calls[0]
+    calls.clear()
+    pipeline.main(["--preset", "quick", "--task", "LaMP-5", "--export_root", str(tmp_path)])
+    assert "--evaluation.llm.answer_mode=generate" in calls[-1]  # no labels to choose among
+    assert "--evaluation.llm.answer_mode=choose" not in calls[-1]
+    with pytest.raises(SystemExit):
+        pipeline.main(["--task", "LaMP-9"])
