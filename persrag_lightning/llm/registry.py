@@ -90,13 +90,16 @@ class LLMConfig:
         identity = self.identity()
         return store.cached([prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)], compute)
 
-    def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None) -> list[str]:
+    def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None,
+             phase: str | None = None) -> list[str]:
         """Free-text replies (the service and the memory evaluation): greedy generation, `max_new_tokens` (default
-        64, the paper's budget), stripped; through the store when given."""
+        64, the paper's budget), stripped; through the store when given; a named `phase` prints progress."""
         budget = self.max_new_tokens or 64
 
         def run(todo: list[int]) -> list[str]:
-            return [(out or "").strip() for out in llm.generate([prompts[i] for i in todo], budget)]
+            return in_blocks(todo, lambda part: [(out or "").strip()
+                                                 for out in llm.generate([prompts[i] for i in part], budget)],
+                             phase, PROGRESS_BLOCKS * self.batch_size)
 
         if store is None:
             return run(list(range(len(prompts))))

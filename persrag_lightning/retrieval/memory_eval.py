@@ -122,7 +122,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
             prompts.append(build_chat_prompt(fact.question, [d.text for d in memories],
                                              [d.text for d in corpus_docs], [], llm.count_tokens,
                                              cfg.llm.max_prompt_tokens))
-        answers = cfg.llm.chat(llm, prompts, prompts_store)
+        answers = cfg.llm.chat(llm, prompts, prompts_store, phase=f"memory evaluation {name}")
         hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
