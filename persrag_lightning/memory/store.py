@@ -8,6 +8,8 @@ write commits a new table version atomically, so a process killed mid-write leav
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
 import time
 import uuid
@@ -46,15 +48,22 @@ def validate_id(value: object, what: str = "user_id") -> str:
     return value
 
 
-def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None):
+def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None,
+                others_in_fragments: Sequence[int] | None = None):
     """THE predicate helper: `user_id = <literal>` [AND id IN (...)] [AND session_id = ...], as a typed
-    LanceDB expression whose literals LanceDB escapes itself; every table access goes through it."""
+    LanceDB expression whose literals LanceDB escapes itself; every table access goes through it.
+    `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not* the user's
+    (row id = fragment << 32 | offset, LanceDB's default row ids)."""
     expr = col("user_id") == lit(validate_id(user_id))
     if ids is not None:
         id_list = [validate_id(i, "memory id") for i in ids]
         expr = expr & col("id").isin([lit(i) for i in id_list])
     if session_id is not None:
         expr = expr & (col("session_id") == lit(validate_id(session_id, "session_id")))
+    if others_in_fragments is not None:
+        ranges = [(col("_rowid") >= lit(int(f) << 32)) & (col("_rowid") < lit((int(f) + 1) << 32))
+                  for f in others_in_fragments]
+        return functools.reduce(operator.or_, ranges) & ~expr
     return expr
 
 
@@ -254,16 +263,16 @@ class MemoryStore:
 
     @staticmethod
     def _purge_rows(table, user_id: str) -> int:
-        pred = user_filter(user_id).to_sql()
+        pred = user_filter(user_id)
         found = table.search().where(pred).with_row_id(True).select(["id"]).limit(None).to_arrow()
         if not found.num_rows:
             return 0
         # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's fragments
         fragments = sorted({int(r) >> 32 for r in found.column("_rowid").to_pylist()})
-        in_fragments = " OR ".join(f"(_rowid >= {f << 32} AND _rowid < {(f + 1) << 32})" for f in fragments)
-        others = table.search().where(f"({in_fragments}) AND NOT ({pred})").limit(None).to_arrow()
+        others_pred = user_filter(user_id, others_in_fragments=fragments)
+        others = table.search().where(others_pred).limit(None).to_arrow()
         others = others.select(table.schema.names).cast(table.schema)
-        (table.merge_insert("id").when_matched_update_all().when_not_matched_by_source_delete(pred)
+        (table.merge_insert("id").when_matched_update_all().when_not_matched_by_source_delete(pred.to_sql())
          .execute(others))
         return found.num_rows
 
