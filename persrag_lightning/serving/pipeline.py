@@ -47,11 +47,14 @@ class CFRAGPipeline:
     @classmethod
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
-                        cohort_export: str | Path | None = None) -> CFRAGPipeline:
+                        cohort_export: str | Path | None = None, rerank_top: int | None = None,
+                        reranker_runtime: str = "fp32", cache_doc_tokens: bool = True) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
-        cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered."""
+        cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
+        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`: CFRAG's inference-time settings (retrieval/cfrag.py);
+        the serving defaults are what benchmarks/bench_serving.py measured (README "Serving latency")."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -69,7 +72,8 @@ class CFRAGPipeline:
         elif cohort_export is not None:
             raise ValueError("cohort_export is read only with users='cluster'")
         strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, "reranker"), m=m,
-                         k_per_user=k_per_user, cache_dir=cache_dir, users=users, **extra)
+                         k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
+                         reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens, **extra)
         return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k)
 
     @property
