@@ -222,7 +222,11 @@ class PersonalizedReranker(nn.Module):
             raise ValueError(f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}")
         self.eval()
         if runtime == "int8":
-            self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
+            import warnings
+
+            with warnings.catch_warnings():  # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+                warnings.simplefilter("ignore")
+                self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
         elif runtime == "onnx":
             self._onnx = onnx_session(self, onnx_path)
         self.runtime = runtime
