@@ -15,7 +15,8 @@ from persrag_lightning.retrieval.base import Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.evaluate import strategy_config
 
-WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city", "night", "music", "school", "friends"]
+WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city",
+         "night", "music", "school", "friends"]
 
 
 def texts(n: int, seed: int, low: int = 3, high: int = 40) -> list[str]:
