@@ -37,6 +37,7 @@ OPTIONS: dict[str, dict] = {
     "(e) 1 thread": {"threads": 1},
     "(a+e) bf16 + cached (serving default)": {"reranker_runtime": "bf16", "cache_doc_tokens": True},
     "(a+e) bf16 + cached + 1 thread": {"reranker_runtime": "bf16", "cache_doc_tokens": True, "threads": 1},
+    "(a+c+e) onnx + cached + 1 thread": {"reranker_runtime": "onnx", "cache_doc_tokens": True, "threads": 1},
     "(b+d) int8 + top 10 + cached": {"reranker_runtime": "int8", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 10 + cached": {"reranker_runtime": "onnx", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 5 + cached": {"reranker_runtime": "onnx", "rerank_top": 5, "cache_doc_tokens": True},
