@@ -71,6 +71,41 @@ def test_retrieve_returns_provenance_from_similar_users(pipeline):
     assert [d.row for d in batch[0]] == [d.row for d in pipeline.retrieve(user, "description: a detective", 3)]
 
 
+def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_available(pipeline, run_dir, tmp_path):
+    """README "Serving latency": docs tokenised once, the reranker in bf16 where the CPU computes it natively; the
+    evaluation's exact CFRAG (fp32, no cache) is one argument away and returns the same docs without the cache."""
+    from persrag_lightning.llm.hf import cpu_has_native_bf16
+
+    reranker = pipeline.strategy._reranker
+    assert reranker.runtime == ("bf16" if cpu_has_native_bf16() else "fp32") and reranker._doc_tokens is not None
+    exact = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                          reranker_runtime="fp32", cache_doc_tokens=False)
+    cached = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                           reranker_runtime="fp32")
+    assert exact.strategy._reranker.runtime == "fp32" and exact.strategy._reranker._doc_tokens is None
+    user = pipeline.store.corpus.user_ids[2]
+    for query in ("description: a detective story", "description: robots in space"):
+        assert [d.row for d in cached.retrieve(user, query)] == [d.row for d in exact.retrieve(user, query)]
+
+
+def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_path, monkeypatch):
+    pipe = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                         threads=1)
+    seen = []
+    retrieve = pipe.strategy.retrieve
+    monkeypatch.setattr(pipe.strategy, "retrieve", lambda qs, k: seen.append(torch.get_num_threads()) or
+                        retrieve(qs, k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert pipe.retrieve(pipe.store.corpus.user_ids[0], "description: robots")
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        CFRAGPipeline.from_pretrained(run_dir, cache_dir=str(tmp_path / "cache"), threads=0)
+
+
 def test_serving_loads_and_retrieves_without_importing_lightning(run_dir, tmp_path):
     """Serving code is plain torch: a fresh interpreter that loads the bundles and retrieves never imports
     Lightning (checked on sys.modules, so an indirect import anywhere on the path fails it)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors.torch import load_file
@@ -34,6 +35,14 @@ class RerankerConfig(LoraFields):
     max_query_length: int = 256
     max_doc_length: int = 256
     use_user: bool = True                 # False = ablation (6) of Table 3: the head sees h alone
+
+
+# How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch
+# (the trained model as is), int8 dynamic quantisation of its Linear layers, bf16 autocast (where the CPU computes
+# bf16 natively), or the encoder exported to ONNX Runtime (the optional `onnx` extra). benchmarks/bench_serving.py
+# measures each against fp32.
+Runtime = Literal["fp32", "int8", "bf16", "onnx"]
+RUNTIMES = ("fp32", "int8", "bf16", "onnx")
 
 
 def cls_state(hidden: torch.Tensor) -> torch.Tensor:
@@ -67,6 +76,9 @@ class PersonalizedReranker(nn.Module):
         self.encoder = apply_lora(encoder, config.lora)
         self.tokenizer = tokenizer
         self._pair_tokenizer = None
+        self._doc_tokens: dict[str, object] | None = None  # doc text → its encoding (cache_doc_tokens)
+        self.runtime: Runtime = "fp32"
+        self._onnx = None  # an onnxruntime session over the encoder (runtime "onnx")
         dim = self.dim
         self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
@@ -117,8 +129,8 @@ class PersonalizedReranker(nn.Module):
                                        return_tensors="pt"))
         budget = cfg.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
         encoded = []
-        for q, d in zip(backend.encode_batch(list(queries), add_special_tokens=False),
-                        backend.encode_batch(list(docs), add_special_tokens=False)):
+        for q, d, text in zip(backend.encode_batch(list(queries), add_special_tokens=False),
+                              self._encode_docs(backend, list(docs)), docs):
             nq, nd = min(len(q.ids), cfg.max_query_length), min(len(d.ids), cfg.max_doc_length)
             while nq + nd > budget:  # longest_first, as transformers' pair truncation
                 if nq >= nd:
@@ -126,7 +138,10 @@ class PersonalizedReranker(nn.Module):
                 else:
                     nd -= 1
             q.truncate(nq)
-            d.truncate(nd)
+            if nd < len(d.ids):
+                if self._doc_tokens is not None:  # never cut a cached encoding: a fresh one for this pair
+                    d = backend.encode(text, add_special_tokens=False)
+                d.truncate(nd)
             encoded.append(backend.post_process(q, d, add_special_tokens=True))
         width = max(len(e.ids) for e in encoded) if encoded else 0
         pad_id = self.tokenizer.pad_token_id or 0
@@ -139,6 +154,23 @@ class PersonalizedReranker(nn.Module):
             out["token_type_ids"] = torch.tensor([e.type_ids + [0] * (width - len(e.ids)) for e in encoded],
                                                  dtype=torch.long)
         return out
+
+    def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
+        """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later pair; the pairs are
+        the same token for token (tests/test_serving_latency.py). Inference only: the cache never empties, so it
+        is meant for a fixed corpus (serving, evaluation)."""
+        self._doc_tokens = {} if on else None
+        return self
+
+    def _encode_docs(self, backend, docs: list[str]) -> list:
+        if self._doc_tokens is None:
+            return backend.encode_batch(docs, add_special_tokens=False)
+        cache = self._doc_tokens
+        new = list(dict.fromkeys(d for d in docs if d not in cache))
+        for text, enc in zip(new, backend.encode_batch(new, add_special_tokens=False) if new else []):
+            enc.truncate(self.config.max_doc_length)
+            cache[text] = enc
+        return [cache[d] for d in docs]
 
     # ---- scoring --------------------------------------------------------------------------------------------
 
@@ -163,10 +195,42 @@ class PersonalizedReranker(nn.Module):
         for start in range(0, len(queries), step):
             sl = slice(start, start + step)
             inputs = {k: v.to(self.device) for k, v in self.tokenize_pairs(queries[sl], docs[sl]).items()}
-            h = cls_state(self.encoder(**inputs).last_hidden_state)
+            h = self._cls(inputs)
             user = self.user_vectors(e_u[sl]).to(h.dtype) if self.config.use_user else None
             out.append(personalized_rerank_score(self.head, h, user))
         return torch.cat(out)
+
+    def _cls(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32 torch by default)."""
+        if self._onnx is not None:
+            names = {i.name for i in self._onnx.get_inputs()}
+            feed = {k: v.cpu().numpy() for k, v in inputs.items() if k in names}
+            return torch.from_numpy(self._onnx.run(None, feed)[0])
+        if self.runtime == "bf16":
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                return cls_state(self.encoder(**inputs).last_hidden_state).float()
+        return cls_state(self.encoder(**inputs).last_hidden_state)
+
+    def for_inference(self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None) -> PersonalizedReranker:
+        """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as trained. int8 quantises
+        the encoder's Linear layers dynamically (torch.ao, weights int8, activations quantised per batch); bf16
+        autocasts the encoder; onnx exports the encoder to `onnx_path` (reused when it exists: a persistent file
+        made once per bundle) and runs it in ONNX Runtime. The user MLPs stay fp32 torch in every runtime."""
+        if runtime not in RUNTIMES:
+            raise ValueError(f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+        if runtime != "fp32" and self.device.type != "cpu":
+            raise ValueError(f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}")
+        self.eval()
+        if runtime == "int8":
+            import warnings
+
+            with warnings.catch_warnings():  # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+                warnings.simplefilter("ignore")
+                self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
+        elif runtime == "onnx":
+            self._onnx = onnx_session(self, onnx_path)
+        self.runtime = runtime
+        return self
 
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
         """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is masked by the loss."""
@@ -210,3 +274,43 @@ class PersonalizedReranker(nn.Module):
         model.to(map_location)
         return model.eval()
 
+
+class _ClsEncoder(nn.Module):
+    """The encoder as a function of tensors only (what torch.onnx exports): inputs → [CLS] state (Eq. 9)."""
+
+    def __init__(self, encoder: nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.encoder, self.names = encoder, names
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return cls_state(self.encoder(**dict(zip(self.names, tensors))).last_hidden_state)
+
+
+def onnx_session(model: PersonalizedReranker, path: str | Path | None):
+    """An ONNX Runtime session over the model's encoder, exported to `path` once (atomic rename; a temp file when
+    None). Needs the optional extra: pip install -e ".[onnx]"."""
+    import tempfile
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ImportError('reranker runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"') from None
+    path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="persrag-onnx-")) / "encoder.onnx"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sample = model.tokenize_pairs(["a query"], ["a document"])
+        names = list(sample)
+        axes = {n: {0: "pairs", 1: "tokens"} for n in names}
+        tmp = path.with_name(path.name + ".tmp")
+        import warnings
+
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
+            torch.onnx.export(_ClsEncoder(model.encoder, names).eval(), tuple(sample[n] for n in names), str(tmp),
+                              input_names=names, output_names=["cls"], dynamic_axes={**axes, "cls": {0: "pairs"}},
+                              opset_version=17, dynamo=False)
+        tmp.replace(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

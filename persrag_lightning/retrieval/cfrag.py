@@ -8,6 +8,12 @@ the final k are the best first-stage scores of the m·k), w/o e_u in the reranke
 002, no training) instead of the encoder's top-m: the query user and the m − 1 members of their cohort most similar
 to them — fitted at `prepare`, or read from `persrag cluster`'s export (`cohort_export`, no re-clustering; serving
 uses this); `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
+
+Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
+reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
+`reranker_runtime` runs the cross-encoder in int8, bf16 or ONNX Runtime (models/reranker.py); `cache_doc_tokens`
+tokenises each doc once. The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py
+measures each against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 import torch
 
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.models.reranker import PersonalizedReranker
+from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
@@ -27,7 +33,7 @@ from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
-from persrag_lightning.utils import ConfigError
+from persrag_lightning.utils import ConfigError, bundle_digest
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
@@ -74,7 +80,8 @@ class CFRAG(Strategy):
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
                  cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
                  cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
-                 pbr: PBRExpansion | None = None, cohort_export: str | None = None) -> None:
+                 pbr: PBRExpansion | None = None, cohort_export: str | None = None, rerank_top: int | None = None,
+                 reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False) -> None:
         """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
         `cohort_export` (users="cluster" only): a `persrag cluster` export (`<run>/clusters`) read instead of
         fitting the cohorts; its own settings apply, so `cohorts` must then be left out."""
@@ -96,6 +103,16 @@ class CFRAG(Strategy):
         if cohort_export is not None:  # likewise: a key names the export (by content) only when one is used
             self.cohort_export = str(cohort_export)
         self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
+        if rerank_top is not None and rerank_top < 1:
+            raise ValueError(f"rerank_top must be a positive number of candidates or None (all), got {rerank_top}")
+        if reranker_runtime not in RUNTIMES:
+            raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {reranker_runtime!r}")
+        # Set only when not the default, so the evaluation cache keys of every existing row stay as they were.
+        if rerank_top is not None:
+            self.rerank_top = rerank_top
+        if reranker_runtime != "fp32":
+            self.reranker_runtime = reranker_runtime
+        self._cache_doc_tokens = cache_doc_tokens  # the same pairs token for token: not part of a cache key
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -124,6 +141,11 @@ class CFRAG(Strategy):
         self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
         self._reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
                           if self.reranker_path else None)
+        if self._reranker is not None:
+            runtime = getattr(self, "reranker_runtime", "fp32")
+            onnx = (Path(self.cache_dir) / "onnx" / f"reranker-{bundle_digest(self.reranker_path)}.onnx"
+                    if runtime == "onnx" else None)  # exported once per bundle content, loaded by later processes
+            self._reranker.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:
         """The cohort export, its settings taking over; users of the store it does not hold (a run exported after
@@ -193,14 +215,18 @@ class CFRAG(Strategy):
         """The m·k candidates per query with user similarity and first-stage (Eq. 5 or Eq. 3) scores."""
         return self.source.propose(queries)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def rerank(self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
         """The final k of each query's m·k candidates: the reranker's order (Eq. 10), every pair of the batch of
-        queries scored in one call; without a reranker, the first-stage order (Table 3, w/o reranker tuning)."""
+        queries scored in one call; without a reranker, the first-stage order (Table 3, w/o reranker tuning).
+        With `rerank_top` = N only the N best first-stage candidates are reranked (kept in candidate order, so N ≥
+        m·k is exactly the full rerank); the rest follow them in first-stage order, without a reranker score."""
         if self._reranker is None:
-            return [[docs[i] for i in np.argsort([-d.retriever_score for d in docs], kind="stable")[:k]]
-                    for docs in candidates]
-        pairs = [(q, d) for q, docs in zip(queries, candidates) for d in docs]
+            return [[docs[i] for i in first_stage_order(docs)[:k]] for docs in candidates]
+        top = getattr(self, "rerank_top", None)
+        chosen = [list(range(len(docs))) if top is None or top >= len(docs) else sorted(first_stage_order(docs)[:top])
+                  for docs in candidates]
+        pairs = [(q, docs[i]) for q, docs, idx in zip(queries, candidates, chosen) for i in idx]
         if not pairs:
             return [[] for _ in queries]
         texts = [self.store.text(d.row) for _, d in pairs]
@@ -212,11 +238,16 @@ class CFRAG(Strategy):
         scores[order] = self._reranker.score_pairs([pairs[i][0].query for i in order], [texts[i] for i in order],
                                                   users, batch_size=RERANK_BATCH).float().cpu()
         out, start = [], 0
-        for docs in candidates:
-            own = scores[start:start + len(docs)]
-            start += len(docs)
-            order = torch.argsort(own, descending=True, stable=True)[:k].tolist()
-            out.append([RetrievedDoc(**{**docs[i].__dict__, "reranker_score": float(own[i])}) for i in order])
+        for docs, idx in zip(candidates, chosen):
+            own = scores[start:start + len(idx)]
+            start += len(idx)
+            best = [idx[i] for i in torch.argsort(own, descending=True, stable=True)[:k].tolist()]
+            score = dict(zip(idx, own.tolist()))
+            ranked = [RetrievedDoc(**{**docs[i].__dict__, "reranker_score": score[i]}) for i in best]
+            if len(ranked) < k:  # fewer reranked than k: the best of the rest by the first stage
+                kept = set(idx)
+                ranked += [docs[i] for i in first_stage_order(docs) if i not in kept][:k - len(ranked)]
+            out.append(ranked)
         return out
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
@@ -225,6 +256,11 @@ class CFRAG(Strategy):
             chunk = queries[start:start + self.batch_size]
             out += self.rerank(chunk, self.candidates(chunk), k)
         return out
+
+
+def first_stage_order(docs: list[RetrievedDoc]) -> list[int]:
+    """Candidate positions by first-stage score, best first (ties in candidate order)."""
+    return np.argsort([-d.retriever_score for d in docs], kind="stable").tolist()
 
 
 def bundle(run_dir: str | Path, name: str) -> str | None:

@@ -1,0 +1,173 @@
+"""`CFRAGPipeline.retrieve` latency, one query at a time, without the LLM: p50 / p95 per stage (similar users,
+first-stage docs, rerank, total), CPU time per query and load time, for the paper's settings (baseline: all m·k
+candidates reranked by the fp32 cross-encoder) and for each inference-time option of CFRAG (retrieval/cfrag.py),
+with the agreement of each option's final top-k with the baseline's (overlap@k, and the share of queries with the
+same docs in the same order). Wall-clock timings; on a machine shared with other jobs say so ("shared CPU").
+Asserts nothing.
+
+    python benchmarks/bench_serving.py --run checkpoints/synthlamp-quick --queries 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.llm.hf import cpu_has_native_bf16
+from persrag_lightning.serving.pipeline import CFRAGPipeline
+
+# name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.
+BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False}
+OPTIONS: dict[str, dict] = {
+    "baseline (fp32, all m·k)": {},
+    "(a) cached doc tokens": {"cache_doc_tokens": True},
+    "(b) int8": {"reranker_runtime": "int8"},
+    "(c) onnx": {"reranker_runtime": "onnx"},
+    "(d) rerank top 10": {"rerank_top": 10},
+    "(d) rerank top 5": {"rerank_top": 5},
+    "(e) bf16 autocast": {"reranker_runtime": "bf16"},
+    "(e) 1 thread": {"threads": 1},
+    "(a+e) bf16 + cached (serving default)": {"reranker_runtime": "bf16", "cache_doc_tokens": True},
+    "(a+e) bf16 + cached + 1 thread": {"reranker_runtime": "bf16", "cache_doc_tokens": True, "threads": 1},
+    "(a+c+e) onnx + cached + 1 thread": {"reranker_runtime": "onnx", "cache_doc_tokens": True, "threads": 1},
+    "(b+d) int8 + top 10 + cached": {"reranker_runtime": "int8", "rerank_top": 10, "cache_doc_tokens": True},
+    "(c+d) onnx + top 10 + cached": {"reranker_runtime": "onnx", "rerank_top": 10, "cache_doc_tokens": True},
+    "(c+d) onnx + top 5 + cached": {"reranker_runtime": "onnx", "rerank_top": 5, "cache_doc_tokens": True},
+}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
+
+
+class Timer:
+    """Wraps a callable and sums its wall time (per query: reset between queries)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+class Option:
+    """One option's pipeline, its stage timers and what it measured."""
+
+    def __init__(self, run: str, cache_dir: str, settings: dict, k: int) -> None:
+        settings = dict(settings)
+        self.threads = settings.pop("threads", None) or torch.get_num_threads()
+        with threads(self.threads):
+            t0 = time.perf_counter()
+            self.pipe = CFRAGPipeline.from_pretrained(run, cache_dir=cache_dir, k=k, **{**BASELINE, **settings})
+            self.load_s = time.perf_counter() - t0
+        s = self.pipe.strategy
+        self.users = s.source.similar_users = Timer(s.source.similar_users)
+        self.cands = s.candidates = Timer(s.candidates)
+        self.rerank = s.rerank = Timer(s.rerank)
+        self.rows: list[list[int]] = []
+        self.stages: dict[str, list[float]] = {"users": [], "docs": [], "rerank": [], "total": [], "cpu": []}
+
+    def query(self, user_id: str, text: str, record: bool = True) -> None:
+        self.users.seconds = self.cands.seconds = self.rerank.seconds = 0.0
+        with threads(self.threads):
+            c0, t0 = time.process_time(), time.perf_counter()
+            docs = self.pipe.retrieve(user_id, text)
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if not record:
+            return
+        self.rows.append([d.row for d in docs])
+        for key, value in (("users", self.users.seconds), ("docs", self.cands.seconds - self.users.seconds),
+                           ("rerank", self.rerank.seconds), ("total", total), ("cpu", cpu)):
+            self.stages[key].append(1000 * value)
+
+
+@contextmanager
+def threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def agreement(rows: list[list[int]], base: list[list[int]], k: int) -> tuple[float, float]:
+    overlap = sum(len(set(a) & set(b)) / max(1, min(k, len(b))) for a, b in zip(rows, base)) / max(1, len(base))
+    exact = sum(a == b for a, b in zip(rows, base)) / max(1, len(base))
+    return overlap, exact
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", default="checkpoints/synthlamp-quick", help="an exported run (user_encoder, retriever, "
+                   "reranker, docstore)")
+    p.add_argument("--queries", type=int, default=50, help="test (then dev) questions, one at a time")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--cache-dir", default=".cache/persrag")
+    p.add_argument("--only", nargs="*", help="option names (substrings) to run besides the baseline")
+    args = p.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # no "Loading weights" bar per model load (lightning stays out, as in serving)
+    hf_logging.disable_progress_bar()
+
+    source = LampSource(cache_dir=args.cache_dir)
+    source.prepare()
+    data = source.load()
+    examples = data.examples.get("test", []) + data.examples.get("dev", [])
+    queries = [(e.user_id, e.input) for e in examples][:args.queries]
+    options = {n: o for i, (n, o) in enumerate(OPTIONS.items())
+               if i == 0 or not args.only or any(s in n for s in args.only)}
+    if "onnx" in str(options):
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            print('onnx rows skipped: onnxruntime is not installed (pip install -e ".[onnx]")')
+            options = {n: o for n, o in options.items() if o.get("reranker_runtime") != "onnx"}
+    if not cpu_has_native_bf16():
+        print("this CPU has no native bf16: the bf16 row runs emulated")
+    print(f"{len(queries)} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
+          f"threads; wall-clock ms (shared CPU: other jobs may run on these cores)")
+    results: dict[str, Option] = {}
+    for name, settings in options.items():  # every pipeline loaded first (load time each), then queried in turns
+        results[name] = Option(args.run, args.cache_dir, settings, args.k)
+        print(f"  loaded {name} in {results[name].load_s:.1f} s", flush=True)
+    names = list(results)
+    for user_id, text in queries[:args.warmup]:  # first calls pay one-time costs (allocator, oneDNN kernels)
+        for name in names:
+            results[name].query(user_id, text, record=False)
+    # Each query goes through every option in turn, the order rotated per query: a burst of load from other jobs
+    # on the shared cores then falls on every option alike instead of on whichever ran at that moment.
+    for i, (user_id, text) in enumerate(queries):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            results[name].query(user_id, text)
+        if (i + 1) % 10 == 0:
+            print(f"  {i + 1}/{len(queries)} queries", flush=True)
+    base = results[names[0]].rows
+    head = (f"| option | load s | users p50/p95 | docs p50/p95 | rerank p50/p95 | total p50/p95 | CPU ms/query | "
+            f"overlap@{args.k} | same order |")
+    print("\n" + head + "\n|" + "---|" * 9)
+    for name, r in results.items():
+        st = r.stages
+        overlap, exact = agreement(r.rows, base, args.k)
+        cells = " | ".join(f"{pct(st[s], .5):.1f} / {pct(st[s], .95):.1f}" for s in ("users", "docs", "rerank", "total"))
+        print(f"| {name} | {r.load_s:.1f} | {cells} | {sum(st['cpu']) / len(st['cpu']):.0f} | {overlap:.3f} | "
+              f"{exact:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
