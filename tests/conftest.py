@@ -121,3 +121,26 @@ def tiny_t5(tmp_path_factory) -> str:
     T5ForConditionalGeneration(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: str) -> Path:
+    """Stage 1 trained through the CLI in `root` (configs copied there), with untrained tiny retriever and reranker
+    exports beside it: a run folder serving and evaluation load (their training is tested elsewhere)."""
+    import torch
+
+    from persrag_lightning.cli import main
+    from persrag_lightning.models.reranker import PersonalizedReranker
+    from persrag_lightning.models.retriever import PersonalizedRetriever
+
+    shutil.copytree(REPO / "configs", root / "configs")
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        main(fit_args)
+    finally:
+        os.chdir(old)
+    run = root / "checkpoints" / run_name
+    torch.manual_seed(0)
+    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
+    return run

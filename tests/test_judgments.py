@@ -19,10 +19,8 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.metrics import community_chance
-from persrag_lightning.models.reranker import PersonalizedReranker
-from persrag_lightning.models.retriever import PersonalizedRetriever
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, judgment_labels
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_serving_run
 
 USERS = 24
 
@@ -107,21 +105,9 @@ def fit_args(encoder: str, *extra: str, task: str = "LaMP-3", users: int = USERS
 def label_run(tmp_path_factory, tiny_bert):
     """A `judgments: label` user encoder on SynthLaMP LaMP-3 (frozen doc table, so a new user with a training
     user's history gets that user's embedding), with untrained tiny retriever and reranker exports beside it."""
-    import shutil
-
     root = tmp_path_factory.mktemp("judgments")
-    shutil.copytree(REPO / "configs", root / "configs")
-    old = os.getcwd()
-    os.chdir(root)
-    try:
-        main(fit_args(tiny_bert, "--model.init_args.judgments=label", "--model.init_args.freeze_doc_table=true"))
-    finally:
-        os.chdir(old)
-    run = root / "checkpoints" / "j"
-    torch.manual_seed(0)
-    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
-    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
-    return root, run
+    args = fit_args(tiny_bert, "--model.init_args.judgments=label", "--model.init_args.freeze_doc_table=true")
+    return root, tiny_serving_run(root, args, "j", tiny_bert)
 
 
 def test_label_export_reloads_and_reproduces_embeddings_without_lightning(label_run) -> None:

@@ -13,18 +13,16 @@ import textwrap
 import pytest
 import torch
 
-from persrag_lightning.cli import main
 from persrag_lightning.data.lamp import read_outputs
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.reranker import PersonalizedReranker
-from persrag_lightning.models.retriever import PersonalizedRetriever
 from persrag_lightning.retrieval.base import Query
 from persrag_lightning.retrieval.baselines import Recency, ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.evaluate import Evaluation
 from persrag_lightning.serving import CFRAGPipeline
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_serving_run
 
 USERS = 16
 
@@ -33,21 +31,10 @@ USERS = 16
 def run_dir(tmp_path_factory, tiny_bert):
     """A run with all three bundles: stage 1 trained for an epoch; retriever and reranker untrained exports
     (their training is tested elsewhere; here only loading and inference matter)."""
-    root = tmp_path_factory.mktemp("serving")
-    shutil.copytree(REPO / "configs", root / "configs")
-    old = os.getcwd()
-    os.chdir(root)
-    try:
-        main(["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "t", f"--data.init_args.encoder={tiny_bert}",
-              f"--data.init_args.synth.num_users={USERS}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
-              "--trainer.enable_progress_bar=false"])
-    finally:
-        os.chdir(old)
-    run = root / "checkpoints" / "t"
-    torch.manual_seed(0)
-    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
-    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
-    return run
+    args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "t", f"--data.init_args.encoder={tiny_bert}",
+            f"--data.init_args.synth.num_users={USERS}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false"]
+    return tiny_serving_run(tmp_path_factory.mktemp("serving"), args, "t", tiny_bert)
 
 
 @pytest.fixture()
