@@ -65,8 +65,9 @@ def main() -> None:
     parser.add_argument("--embed-sample", type=int, default=2048)
     parser.add_argument("--cache-dir", default=".cache/persrag")
     parser.add_argument("--seeds", type=int, default=1, help="training seeds averaged for precision@m")
-    parser.add_argument("--judgments", nargs="+", default=["none"], choices=["none", "label"],
-                        help="encoder inputs: the paper's text only, and/or with a learned label embedding")
+    parser.add_argument("--judgments", nargs="+", default=["none"], choices=["none", "label", "paired"],
+                        help="encoder inputs: the paper's text only, with a learned label embedding, and/or with "
+                             "that plus a label-specific map of the doc vector")
     parser.add_argument("--doc-table", nargs="+", default=["tuned", "frozen"], choices=["tuned", "frozen"])
     parser.add_argument("--skip-throughput", action="store_true", help="only the precision table")
     args = parser.parse_args()
@@ -105,7 +106,7 @@ def main() -> None:
                 speeds.append(args.epochs * dm.num_users / seconds)
                 scores.append(community_precision_at_m(module.user_embeddings(dm), communities, args.m))
             name = "contrastive (CFRAG §4.1)" + (", frozen doc table" if freeze else ", doc table fine-tuned")
-            name += ", judgments: label" if judgments == "label" else ""
+            name += f", judgments: {judgments}" if judgments != "none" else ""
             spread = f" (seeds: {', '.join(f'{x:.3f}' for x in scores)})" if args.seeds > 1 else ""
             rows.append([name, args.epochs, f"{sum(speeds) / len(speeds):.0f}",
                          f"{sum(scores) / len(scores):.3f}{spread}"])

@@ -152,17 +152,18 @@ def final_metrics(csv_path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in zip(header, last) if v and k not in ("epoch", "step")}
 
 
-@pytest.mark.parametrize("judgments", ["none", "label"])
+@pytest.mark.parametrize("judgments", ["none", "label", "paired"])
 def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tmp_path, tiny_bert, judgments):
     """2 ranks × 8 users vs 1 rank × 16 users, gathered negatives, dropout 0, 2 epochs. The DistributedSampler's
     permutation depends only on (seed, epoch), and rank r takes positions r, r+2, ..., so the 2 ranks' batch s is
     the 1-rank batch s (in another row order): weights, losses and synced metrics agree; each run embeds its
     corpus once (rank 0's prepare_data) and exports once; 2 × 32 / 16 = 4 optimizer steps in both. `label`: the
-    judgment-aware encoder (issue 16) on SynthLaMP LaMP-3, its label table and doc labels included."""
+    judgment-aware encoder (issue 16) on SynthLaMP LaMP-3, its label table and doc labels included; `paired`
+    with its per-label maps as well."""
     args = ["fit", "--config", "cfrag_user_encoder.yaml", f"--data.init_args.encoder={tiny_bert}",
             "--data.init_args.synth.num_users=32", "--trainer.max_epochs=2", "--model.init_args.dropout=0",
             "--model.init_args.gather_negatives=true", f"--model.init_args.judgments={judgments}"]
-    if judgments == "label":
+    if judgments != "none":
         args.append("--data.init_args.task=LaMP-3")
     runs = {}
     for name, devices, batch in (("one", 1, 16), ("two", 2, 8)):
@@ -177,7 +178,8 @@ def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tm
                       (logs / "metrics.csv").read_text().splitlines(), cwd / "checkpoints" / name / "user_encoder")
     (one, one_rows, one_export), (two, two_rows, two_export) = runs["one"], runs["two"]
     assert one["global_step"] == two["global_step"] == 4
-    assert ("encoder.label_table.weight" in one["state_dict"]) == (judgments == "label")
+    assert ("encoder.label_table.weight" in one["state_dict"]) == (judgments != "none")
+    assert ("encoder.label_maps" in one["state_dict"]) == (judgments == "paired")
     for key, want in one["state_dict"].items():
         got = two["state_dict"][key]
         if key.endswith("in_proj_bias"):  # the key bias has no gradient (softmax ignores it): Adam's noise

@@ -45,7 +45,7 @@ def test_label_ids_follow_the_tasks_label_field() -> None:
             UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label", task=task))
     with pytest.raises(ValueError, match="needs the task"):
         UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label"))
-    with pytest.raises(ValueError, match="'none' or 'label'"):
+    with pytest.raises(ValueError, match="'none', 'label' or 'paired'"):
         UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="score"))
 
 
@@ -83,6 +83,36 @@ def test_the_label_enters_the_embedding_and_a_masked_doc_hides_it() -> None:
             encoder.encode_embeddings(vectors, ids == 0)
     with pytest.raises(ValueError, match="do not match"):
         encoder.set_doc_labels(torch.tensor([1, 2]))
+
+
+def test_paired_keeps_which_doc_got_which_label_through_mean_pooling(tmp_path) -> None:
+    """Two users rate the same two docs (5, 1) and (1, 5): a sum (doc + label vector) has the same mean for both,
+    `paired` (+ a label-specific map of the doc vector) does not; label 0 leaves the doc vector alone; the map's
+    weights are saved in the export and reproduce the embeddings."""
+    torch.manual_seed(0)
+    docs = torch.nn.functional.normalize(torch.randn(1, 2, 8), dim=-1)
+    ratings, swapped = torch.tensor([[5, 1]]), torch.tensor([[1, 5]])
+    label = UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label", task="LaMP-3"))
+    torch.testing.assert_close(label.judged_inputs(docs, ratings).mean(1), label.judged_inputs(docs, swapped).mean(1))
+    paired = UserEncoder(UserEncoderConfig(dim=8, num_docs=4, dropout=0.0, judgments="paired", task="LaMP-3"),
+                         torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)).eval()
+    difference = paired.judged_inputs(docs, ratings).mean(1) - paired.judged_inputs(docs, swapped).mean(1)
+    assert difference.norm() > 0.1 * docs.norm()
+    torch.testing.assert_close(paired.judged_inputs(docs, torch.zeros(1, 2, dtype=torch.long)), docs)
+    # each label's map differs, and a doc's mapped vectors under two labels are near-orthogonal at init
+    assert not torch.allclose(paired.label_maps[1], paired.label_maps[5])
+    paired.set_doc_labels(torch.tensor([5, 1, 3, 0]))
+    ids = torch.tensor([[FIRST_DOC_ID, FIRST_DOC_ID + 1, FIRST_DOC_ID + 3, MASK_ID]])
+    with torch.no_grad():
+        expected = paired(ids)
+        paired.save_pretrained(tmp_path / "ue")
+        reloaded = UserEncoder.from_pretrained(tmp_path / "ue")
+        assert reloaded.config.judgments == "paired" and reloaded.uses_judgments
+        torch.testing.assert_close(reloaded(ids), expected)
+    # the gradient reaches only the maps of labels present (label 0, [mask] here, has no map in use)
+    paired(ids).sum().backward()
+    used = paired.label_maps.grad.flatten(1).abs().sum(1) > 0
+    assert used.tolist() == [False, True, False, False, False, True]  # scores 1 and 5; the 4th doc has none
 
 
 def test_community_chance_is_the_share_of_other_users_in_ones_community() -> None:
@@ -195,6 +225,13 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
     assert len(stages) == 4 and all("--data.init_args.task=LaMP-3" in a for a in stages)
     assert all("--run_name=synthlamp-lamp3-quick" in a for a in calls)
     assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
+    assert not any("judgments" in a for args in calls for a in args)
+    calls.clear()
+    # --judgments reaches stage 1 only and names the run
+    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "paired", "--export_root", str(tmp_path)])
+    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.judgments=paired"]
+    assert not any("judgments" in a for args in calls[1:] for a in args)
+    assert all("--run_name=synthlamp-lamp3-quick-paired" in a for a in calls)
     calls.clear()
     pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])  # the main job is unchanged
     assert not any(".task=" in a for args in calls for a in args) and "--run_name=synthlamp-quick" in calls[0]

@@ -19,7 +19,7 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
-Judgments = Literal["none", "label"]
+Judgments = Literal["none", "label", "paired"]
 
 
 @dataclass
@@ -37,7 +37,9 @@ class UserEncoderConfig:
     text_max_length: int = 256
     text_pooling: str = "mean"
     # beyond the paper (issue 16): `label` adds a learned embedding of each history doc's judgment (the task's
-    # label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `none` is the paper's text-only encoder
+    # label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `paired` adds as well a label-specific linear map of
+    # the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is the paper's text-only
+    # encoder
     judgments: Judgments = "none"
     task: str | None = None  # the task whose label field and labels `judgments: label` embeds
 
@@ -68,7 +70,7 @@ class UserEncoder(nn.Module):
         layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ffn_dim or d, config.dropout,
                                            batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
-        if config.judgments == "label":
+        if config.judgments in ("label", "paired"):
             # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the transformer
             # keeps width d and the doc table keeps the frozen encoder's space (a projection in front would
             # re-mix the MiniLM rows with the labels, so the paper's encoder would no longer be the special case of
@@ -83,8 +85,17 @@ class UserEncoder(nn.Module):
                 self.label_table.weight[0].zero_()
             # doc-table id -> label id (0 = none); saved with the weights, so an export embeds the same judgments
             self.register_buffer("doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long))
-        elif config.judgments != "none":
-            raise ValueError(f"judgments must be 'none' or 'label', got {config.judgments!r}")
+        if config.judgments == "paired":
+            # `paired`: x = d + g_l + A_l d, a d × d map per label (A_0 = 0 for none/[mask]/[pad]). A sum alone,
+            # averaged by MEAN pooling, keeps the mean text and the label histogram but not which doc got which
+            # label: users rating categories (a, b) as (5, 1) and (1, 5) get the same sum. A_l d puts each label's
+            # docs in their own random subspace (N(0, 1/d) entries: norm-preserving, near-orthogonal across
+            # labels), so the pooled vector holds a mean doc vector per label, the pairing the untrained
+            # diagnostic (doc vector ⊗ label one-hot) showed to expose the communities. Not concat + projection:
+            # that is linear in (doc, label) and loses the pairing in the mean as the sum does.
+            self.label_maps = nn.Parameter(torch.randn(len(labels) + 1, d, d) * d ** -0.5)
+        elif config.judgments not in ("none", "label"):
+            raise ValueError(f"judgments must be 'none', 'label' or 'paired', got {config.judgments!r}")
         if doc_embeddings is not None:
             self.load_doc_embeddings(doc_embeddings, mask_embedding)
         # serving state, filled by `index_users` or `from_pretrained`
@@ -108,7 +119,7 @@ class UserEncoder(nn.Module):
 
     @property
     def uses_judgments(self) -> bool:
-        return self.config.judgments == "label"
+        return self.config.judgments != "none"
 
     def doc_label_ids(self, docs: Sequence[HistoryDoc]) -> torch.Tensor:
         """Label ids (0 = none) of history docs as this encoder embeds them; a ValueError on a text-only encoder."""
@@ -133,18 +144,32 @@ class UserEncoder(nn.Module):
         `labels` [B, L] (label ids, 0 = none): the docs' judgments, required by and only by a `judgments: label`
         encoder (serving's new users, whose docs are not in the doc table)."""
         if self.uses_judgments and labels is None:
-            raise ValueError("this user encoder was trained with judgments: label; pass the docs' label ids "
-                             "(doc_label_ids)")
+            raise ValueError(f"this user encoder was trained with judgments: {self.config.judgments}; pass the "
+                             "docs' label ids (doc_label_ids)")
         if not self.uses_judgments and labels is not None:
             raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
         if labels is not None:
-            doc_vectors = doc_vectors + self.label_table(labels.to(doc_vectors.device))
+            doc_vectors = self.judged_inputs(doc_vectors, labels)
         length = doc_vectors.shape[1]
         if length > self.config.max_history:
             raise ValueError(f"history length {length} exceeds max_history {self.config.max_history}")
         hidden = self.transformer(doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask)
         keep = (~pad_mask).unsqueeze(-1).to(hidden.dtype)
         return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # Eq. 1: MEAN over non-pad positions
+
+    def judged_inputs(self, doc_vectors: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The transformer's input per doc: d + g_l (`label`), d + g_l + A_l d (`paired`); label 0 (none, [mask],
+        [pad]) leaves d unchanged. A_l d is one matmul per label present, not a [B, L, d, d] gather."""
+        labels = labels.to(doc_vectors.device)
+        judged = doc_vectors + self.label_table(labels)
+        if self.config.judgments == "paired":
+            mapped = torch.zeros_like(doc_vectors)
+            for label in labels.unique().tolist():
+                if label:
+                    rows = labels == label
+                    mapped[rows] = doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)
+            judged = judged + mapped
+        return judged
 
     def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
         """Users from doc-table ids [B, L] (0 = pad, 1 = mask, r + 2 = corpus row r), oldest first."""

@@ -31,7 +31,8 @@ class UserEncoderModule(L.LightningModule):
         including the user itself, i.e. 5 others). `gather_negatives`: under DDP, contrast against every rank's
         users (the single-process loss on the global batch) instead of this rank's only. `judgments`: `none` is
         the paper's text-only encoder; `label` adds a learned embedding of each history doc's label (LaMP-2 tag,
-        LaMP-3 score) to its doc vector (models/user_encoder.py says why a sum), beyond the paper."""
+        LaMP-3 score) to its doc vector (models/user_encoder.py says why a sum); `paired` adds also a label-specific
+        linear map of the doc vector, so which doc got which label survives pooling; both beyond the paper."""
         super().__init__()
         self.save_hyperparameters()
         self.encoder: UserEncoder | None = None
@@ -49,7 +50,7 @@ class UserEncoderModule(L.LightningModule):
         if not isinstance(dm, UserHistoryDataModule):
             raise TypeError("UserEncoderModule needs a UserHistoryDataModule")
         judgments = self.hparams.get("judgments", "none")
-        if judgments == "label":
+        if judgments != "none":
             try:
                 judgment_labels(dm.source.task)
             except ValueError as e:
