@@ -90,8 +90,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
+    parser.add_argument("--judgments", choices=["none", "label", "paired"], default="none",
+                        help="stage 1's input per history doc (issue 16): the paper's text only (default), + a label "
+                             "embedding, + a label-specific map of the doc vector; only the user encoder gets it")
     parser.add_argument("--run_name", default=None,
-                        help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task")
+                        help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "
+                             "with -<judgments> appended unless none")
     parser.add_argument("--export_root", default="checkpoints")
     parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
     opts, extra = parser.parse_known_args(argv)
@@ -102,10 +106,13 @@ def main(argv: list[str]) -> None:
         parser.error(str(e))
     data_task, evaluate_args = task_args(task, preset)
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
-    run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}"
+    judged = "" if opts.judgments == "none" else f"-{opts.judgments}"
+    run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}{judged}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    per_stage = {"user_encoder": preset["user_encoder"], "generator": preset["generator"]}  # others: feedback
+    per_stage = {"user_encoder": [*preset["user_encoder"], *([f"--model.init_args.judgments={opts.judgments}"]
+                                                             if judged else [])],
+                 "generator": preset["generator"]}  # others: feedback
     stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, [*preset["feedback"], *llm]),
                       *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
