@@ -45,3 +45,36 @@ def test_llamacpp_metadata(llm: LLM) -> None:
     assert "<|im_start|>assistant" in llm.chat_text("hi")  # type: ignore[attr-defined]
     with pytest.raises(LLMBackendError, match="n_ctx"):
         llm.generate(["word " * 3000], 4)
+
+
+def test_reencoded_weights_are_built_once_keep_the_answers_and_change_the_fingerprint(llm: LLM, tmp_path,
+                                                                                       monkeypatch) -> None:
+    """`weights: f16` re-encodes the shipped Q4_1 GGUF once (atomically, under the cache) into a type with a fast
+    CPU kernel; it answers like the shipped file here and is told apart from it in cache keys."""
+    import gguf as gguf_reader
+    import llama_cpp
+
+    from persrag_lightning.llm.llamacpp import reencoded_gguf
+
+    f16 = load_llm("llamacpp", "smollm2", n_ctx=1024, weights="f16", cache_dir=str(tmp_path))
+    try:
+        path = reencoded_gguf(f16.source, "f16", tmp_path)  # type: ignore[attr-defined]
+        assert f16.model_path == str(path) and path.parent == tmp_path / "llm"  # type: ignore[attr-defined]
+        types = {t.tensor_type.name for t in gguf_reader.GGUFReader(str(path)).tensors}
+        assert "Q4_1" not in types and "F16" in types
+        assert f16.fingerprint != llm.fingerprint and "weights" not in llm.settings  # type: ignore[attr-defined]
+        assert "paris" in f16.generate([QUESTION], 16)[0].lower()
+        paris, london = f16.score([QUESTION] * 2, ["Paris", "London"])
+        assert paris > london and abs(paris - llm.score([QUESTION], ["Paris"])[0]) < 0.5
+    finally:
+        f16.close()
+    # a second load reuses the file; a failed conversion leaves nothing behind
+    mtime = path.stat().st_mtime_ns
+    load_llm("llamacpp", "smollm2", n_ctx=256, weights="f16", cache_dir=str(tmp_path)).close()
+    assert path.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", lambda *a: 1)
+    with pytest.raises(LLMBackendError, match="re-encode"):
+        load_llm("llamacpp", "smollm2", weights="q8_0", cache_dir=str(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [path.name]
+    with pytest.raises(LLMBackendError, match="weights must be"):
+        load_llm("llamacpp", "smollm2", weights="q3")

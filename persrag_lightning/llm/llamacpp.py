@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
+from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 
 _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama-cpp-python`"
+# `weights`: the GGUF as shipped, or re-encoded once by llama.cpp's own quantizer into a type with a fast CPU kernel.
+# SmolLM2 ships as Q4_1, which this CPU backend has no batched kernel for without AMX (no repacking, no llamafile
+# GEMM): a 200-token prompt runs at ~90 tokens/s, barely above one-token decoding. F16 / BF16 / Q4_0 go through
+# llamafile's GEMM or the repacked Q4_0 kernel (README, "LLM feedback throughput").
+WEIGHT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
+                "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
 def _import_llama() -> Any:
@@ -25,12 +34,20 @@ class LlamaCppLLM(LLM):
     backend = "llamacpp"
 
     def __init__(self, model: str = "smollm2", batch_size: int = 1, n_ctx: int = 2048,
-                 n_threads: int | None = None, n_batch: int = 512, seed: int = 0, verbose: bool = False) -> None:
+                 n_threads: int | None = None, n_batch: int = 512, seed: int = 0, verbose: bool = False,
+                 weights: str = "gguf", cache_dir: str | os.PathLike | None = None) -> None:
+        """`weights`: `gguf` runs the file as shipped; f32, f16, bf16, q8_0 or q4_0 re-encode it once (cached under
+        `<cache>/llm/`) into a type with a fast CPU kernel, in the fingerprint since answers may change."""
         super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
         self._llama_cpp = _import_llama()
         self.source = resolve_model(model)
         if not self.source.is_gguf:
             raise LLMBackendError(f"the llamacpp backend needs a GGUF file; {model!r} resolved to {self.source.path}")
+        if weights != "gguf" and weights not in WEIGHT_TYPES:
+            raise LLMBackendError(f"llamacpp weights must be gguf or one of {', '.join(WEIGHT_TYPES)}, got {weights!r}")
+        self.weights = weights
+        self.model_path = self.source.path if weights == "gguf" else str(
+            reencoded_gguf(self.source, weights, cache_dir))
         self.n_ctx = n_ctx
         self.n_threads = n_threads  # None: llama-cpp-python's default (half the logical cores)
         self.n_batch = n_batch
@@ -43,10 +60,10 @@ class LlamaCppLLM(LLM):
     def _new_context(self, logits_all: bool) -> Any:
         threads = {} if self.n_threads is None else {"n_threads": self.n_threads, "n_threads_batch": self.n_threads}
         try:
-            return self._llama_cpp.Llama(model_path=self.source.path, n_ctx=self.n_ctx, n_batch=self.n_batch,
+            return self._llama_cpp.Llama(model_path=self.model_path, n_ctx=self.n_ctx, n_batch=self.n_batch,
                                          seed=self.seed, logits_all=logits_all, verbose=self.verbose, **threads)
         except Exception as err:  # llama.cpp reports load failures as ValueError/RuntimeError
-            raise LLMBackendError(f"llama.cpp could not load {self.source.path}: {err}") from err
+            raise LLMBackendError(f"llama.cpp could not load {self.model_path}: {err}") from err
 
     @property
     def name(self) -> str:
@@ -54,7 +71,8 @@ class LlamaCppLLM(LLM):
 
     @property
     def settings(self) -> dict[str, object]:
-        return {"n_ctx": self.n_ctx}
+        # the shipped weights keep the fingerprint they had before `weights` existed (caches stay valid)
+        return {"n_ctx": self.n_ctx} if self.weights == "gguf" else {"n_ctx": self.n_ctx, "weights": self.weights}
 
     def _digest(self) -> str:
         return self.source.digest
@@ -155,6 +173,35 @@ class LlamaCppLLM(LLM):
             if ctx is not None and hasattr(ctx, "close"):
                 ctx.close()
         self.engine = self._scorer = None
+
+
+def reencoded_gguf(source: ModelSource, weights: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """`source` re-encoded as `weights` by llama.cpp's quantizer, once: <cache>/llm/<name>-<digest>.<weights>.gguf,
+    written to a temporary file and renamed (a killed conversion leaves nothing behind; two processes race
+    harmlessly to the same bytes)."""
+    llama_cpp = _import_llama()
+    target = cache_root(cache_dir) / "llm" / f"{source.name}-{source.digest}.{weights}.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    os.close(fd)
+    try:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, WEIGHT_TYPES[weights])
+        params.allow_requantize = True  # the source is already quantised; f32/f16/bf16 hold its values
+        params.nthread = 1
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        with suppress_stdout_stderr(disable=False):  # the quantizer prints every tensor
+            failed = llama_cpp.llama_model_quantize(source.path.encode(), tmp.encode(), params)
+        if failed:
+            raise LLMBackendError(f"llama.cpp could not re-encode {source.path} as {weights} (code {failed})")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
