@@ -150,8 +150,8 @@ class CFRAGPipeline:
         ue = s.user_encoder
         recent = texts[-ue.config.max_history:]
         vectors = self.text_encoder.encode(recent).unsqueeze(0)
-        # a `judgments: label` encoder embeds each doc's label (tag, score) with its text: the new user's
-        # judgments enter their embedding as the training users' did
+        # a judgments-aware encoder (`label`, `paired`) embeds each doc's label (tag, score) with its text: the new
+        # user's judgments enter their embedding as the training users' did
         labels = ue.doc_label_ids(user.docs[-ue.config.max_history:]).unsqueeze(0) if ue.uses_judgments else None
         ue.eval()
         e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels).squeeze(0)
