@@ -2,7 +2,9 @@
 
 One candidate = one prompt built by `build_prompt` from one history doc + the query (as in CFRAG's feedback),
 ~220 tokens, greedy. Baseline: transformers, one prompt at a time, max_new_tokens=64 (as the official code).
-Prints a table; asserts nothing about time.
+Rows "loglik labels" time the quick preset's feedback labels, log p(gold | prompt) in one forward per candidate.
+llamacpp runs the shipped Q4_1 GGUF and re-encoded copies (`--llamacpp-weights`); the last column counts answers
+(or log-likelihoods within 0.1 nat) equal to float32 transformers' on the de-quantised weights (the exact model). Prints a table; asserts nothing about time.
 
     python benchmarks/bench_llm.py --quick
 """
@@ -55,6 +57,7 @@ class Row:
     prompts: int
     prompt_tokens: float
     seconds: float
+    agree: str = "-"  # llamacpp: answers (or log-likelihoods within 0.1 nat) equal to float32 transformers' ones
 
     @property
     def rate(self) -> float:
@@ -152,6 +155,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=220, help="budget of the user message")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
     ap.add_argument("--backends", nargs="+", default=["hf", "llamacpp", "openai"])
+    ap.add_argument("--llamacpp-weights", nargs="+", default=["gguf", "f16", "bf16", "q4_0"],
+                    help="llamacpp weight types: gguf = the shipped Q4_1 file; others re-encoded once (cached)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="CPU threads for torch and llama.cpp (1 is far faster when other jobs share the cores)")
     args = ap.parse_args()
@@ -177,8 +182,15 @@ def main() -> None:
               file=sys.stderr, flush=True)
 
     prompts_of = {t: feedback_prompts(t, n, hf.count_tokens, args.prompt_tokens) for t in args.tasks}
+    # the gold output a loglik label scores: a tag (LaMP-2), a title of ~10 words (LaMP-5)
+    rng = random.Random(1)
+    targets_of = {t: [rng.choice(get_task(t).labels) if get_task(t).labels else synthetic_text(rng, 10).rstrip(".")
+                      for _ in range(n)] for t in args.tasks}
     chat_len = {t: sum(len(hf._encode_prompts([p])[0]) for p in ps) / len(ps)  # type: ignore[attr-defined]
                 for t, ps in prompts_of.items()}
+    # float32 transformers on the de-quantised weights computes the model exactly (up to float32 rounding): the
+    # reference the llamacpp rows' answers are compared with (Q4_1 kernels also round the activations to 8 bits)
+    exact: dict[str, tuple[list[str], list[float]]] = {}
     for task, prompts in prompts_of.items():
         max_new = default_max_new_tokens(task)
         hf.generate(prompts[:1], 2)  # warm-up
@@ -186,18 +198,37 @@ def main() -> None:
                    naive_baseline(hf, prompts[:n_base])))
         for bs in batch_sizes:
             hf.batch_size = bs
-            record(Row(task, "hf", bs, max_new, n, chat_len[task], timed(hf.generate, prompts, max_new)))
+            t0 = time.perf_counter()
+            answers = hf.generate(prompts, max_new)
+            record(Row(task, "hf", bs, max_new, n, chat_len[task], time.perf_counter() - t0))
         hf.batch_size = max(batch_sizes)
         record(Row(task, "hf", hf.batch_size, BASELINE_MAX_NEW_TOKENS, n, chat_len[task],
                    timed(hf.generate, prompts, BASELINE_MAX_NEW_TOKENS)))
+        # the quick preset's labels: log p(gold | prompt), one forward per candidate, no generation
+        t0 = time.perf_counter()
+        scores = hf.score(prompts, targets_of[task])
+        record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], time.perf_counter() - t0))
+        exact[task] = (answers, scores)
     hf.close()
     if "llamacpp" in args.backends and importlib.util.find_spec("llama_cpp"):
-        local = load_llm("llamacpp", args.model, n_threads=threads)
-        for task, prompts in prompts_of.items():
-            max_new = default_max_new_tokens(task)
-            local.generate(prompts[:1], 2)
-            record(Row(task, "llamacpp", 1, max_new, n, chat_len[task], timed(local.generate, prompts, max_new)))
-        local.close()
+        for weights in args.llamacpp_weights:
+            local = load_llm("llamacpp", args.model, n_threads=threads, weights=weights)
+            name = "llamacpp" + ("" if weights == "gguf" else f", weights {weights}")
+            for task, prompts in prompts_of.items():
+                max_new = default_max_new_tokens(task)
+                local.generate(prompts[:1], 2)
+                t0 = time.perf_counter()
+                answers = local.generate(prompts, max_new)
+                seconds = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                scores = local.score(prompts, targets_of[task])
+                score_seconds = time.perf_counter() - t0
+                ref = exact[task]
+                agree_gen = f"{sum(a == b for a, b in zip(answers, ref[0]))}/{n}"
+                agree_ll = f"{sum(abs(a - b) < 0.1 for a, b in zip(scores, ref[1]))}/{n}"
+                record(Row(task, name, 1, max_new, n, chat_len[task], seconds, agree_gen))
+                record(Row(task, f"{name}, loglik labels", 1, 0, n, chat_len[task], score_seconds, agree_ll))
+            local.close()
     # The server starts only now so that it takes no CPU from the in-process measurements.
     server = start_llama_server(resolve_model(args.model).path, threads) if "openai" in args.backends else None
     if server is None and "openai" in args.backends:
@@ -218,12 +249,12 @@ def main() -> None:
     print(f"# load average at the end (1/5/15 min): {os.getloadavg()}")
     print()
     print("| task | backend | batch | max new tokens | prompts | prompt tokens (chat) | seconds | candidates/s "
-          "| speedup |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| speedup | same as exact (hf float32) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         base = next(b for b in rows if b.task == r.task and b.backend.endswith("(baseline)"))
         print(f"| {r.task} | {r.backend} | {r.batch} | {r.max_new} | {r.prompts} | {r.prompt_tokens:.0f} | "
-              f"{r.seconds:.1f} | {r.rate:.2f} | {r.rate / base.rate:.1f}x |")
+              f"{r.seconds:.1f} | {r.rate:.2f} | {r.rate / base.rate:.1f}x | {r.agree} |")
 
 
 if __name__ == "__main__":
