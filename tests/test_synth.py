@@ -504,6 +504,7 @@ def test_evaluate_answers_and_scores_lamp1_and_lamp7(tmp_path: Path, tiny_llm: s
         assert {"accuracy", "f1"} <= set(results["bm25"]) and 0.0 <= results["bm25"]["accuracy"] <= 1.0
     else:
         assert {"rouge-1", "rouge-L"} <= set(results["bm25"]) and 0.0 <= results["bm25"]["rouge-1"] <= 1.0
+        assert 0.0 < results["bm25"]["best_doc_rouge1"] < 1.0  # the best retrieved tweet against the gold
     assert 0.0 <= results["bm25"]["same_community_docs"] <= 1.0 and results["bm25"]["own_docs"] == 1.0
     assert f"{task} " in (out / "results.md").read_text()
 

@@ -4,7 +4,7 @@ user encoder → feedback + retriever (and the ROPG-style baseline, on the same 
 its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
 with the results table (intervals, paired tests).
 A preset may train only the bundles its reported strategies need. `--task` runs the same stages on another LaMP task
-(SynthLaMP generates LaMP-2, 3, 4 and 5); the main job is LaMP-2.
+(SynthLaMP generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2.
 """
 
 from __future__ import annotations
