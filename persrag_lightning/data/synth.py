@@ -28,7 +28,9 @@ No leakage by construction: a text is a function of (kind, slot tuple), and a fi
 tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so no question's description /
 article / abstract equals any profile item's, of any user, in any rng chunk -- without any state shared between
 chunks. (Up to ``synthlamp/1`` both drew from one space, and 92 of 300 default LaMP-2 dev questions had their exact
-description in the corpus.)
+description in the corpus.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a neutral tweet)
+is never a profile text anyway; there the partition keeps the question's *item* out of every profile: its paper,
+in any school, and its tweet's content, in any style.
 """
 
 from __future__ import annotations
