@@ -74,16 +74,19 @@ def stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (Path(export_root) / run_name / stage / "config.json").exists()
 
 
-def task_args(task: str, preset: Preset) -> tuple[list[str], list[str]]:
-    """(every stage's data override, the evaluation's overrides) that switch a preset to `task`. Label tasks keep
-    the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to `choose` among, so they generate."""
+def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str]]:
+    """(every stage's data override, the generator stage's overrides, the evaluation's overrides) that switch a
+    preset to `task`. Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
+    `choose` among, so they generate, in the evaluation and in the generator stage's validation alike."""
     spec = get_task(task)
     if spec.name == "LaMP-2":
-        return [], list(preset["evaluate"])
+        return [], [], list(preset["evaluate"])
     evaluate = [a for a in preset["evaluate"] if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
+    generator = []
     if spec.labels is None:
         evaluate.append("--evaluation.llm.answer_mode=generate")
-    return [f"--data.init_args.task={spec.name}"], [f"--evaluation.task={spec.name}", *evaluate]
+        generator.append("--model.init_args.answer_mode=generate")
+    return [f"--data.init_args.task={spec.name}"], generator, [f"--evaluation.task={spec.name}", *evaluate]
 
 
 def main(argv: list[str]) -> None:
@@ -100,12 +103,13 @@ def main(argv: list[str]) -> None:
         task = get_task(opts.task).name
     except ValueError as e:
         parser.error(str(e))
-    data_task, evaluate_args = task_args(task, preset)
+    data_task, generator_task, evaluate_args = task_args(task, preset)
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
     run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    per_stage = {"user_encoder": preset["user_encoder"], "generator": preset["generator"]}  # others: feedback
+    # stage 1 and the generator have their own settings; the other stages are feedback stages
+    per_stage = {"user_encoder": preset["user_encoder"], "generator": [*preset["generator"], *generator_task]}
     stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, [*preset["feedback"], *llm]),
                       *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
