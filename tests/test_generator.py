@@ -207,6 +207,35 @@ def test_fit_generator_yaml_exports_and_evaluates_tuned_rows(in_tmp_cwd, tiny_ll
     assert "CFRAG + tuned generator" in report and "not trained" in report
 
 
+def test_choose_on_a_generation_task_is_one_line_exit_2_before_training(in_tmp_cwd, tiny_llm, capsys, one_thread):
+    """generator.yaml validates with `choose`; on LaMP-7 (no labels) that once failed at the end of the first
+    epoch, in the middle of `pipeline --task LaMP-7`. Now setup refuses it, naming the switch."""
+    from persrag_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*fit_args(tiny_llm, 1), "--data.init_args.task=LaMP-7"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("persrag: error:")]
+    assert "Traceback" not in err and len(lines) == 1, err[-2000:]
+    assert "LaMP-7" in lines[0] and "--model.init_args.answer_mode=generate" in lines[0]
+    assert not list((in_tmp_cwd / "runs").rglob("*.ckpt"))
+
+
+def test_pipeline_validates_the_generator_by_generating_on_generation_tasks(monkeypatch, tmp_path):
+    from persrag_lightning.commands import pipeline
+
+    for task, generate in (("LaMP-7", True), ("LaMP-5", True), ("LaMP-1", False), ("LaMP-2", False)):
+        calls: list[list[str]] = []
+        monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
+        monkeypatch.setattr(pipeline, "evaluate_command", lambda args, calls=calls: calls.append(args))
+        pipeline.main(["--preset", "smoke", "--task", task, "--export_root", str(tmp_path)])
+        generator = next(a for a in calls if "generator.yaml" in a)
+        assert ("--model.init_args.answer_mode=generate" in generator) == generate, task
+        assert not any("answer_mode" in a for args in calls if args is not generator for a in args
+                       if a.startswith("--model.")), task
+
+
 def test_unknown_strategy_is_one_line_exit_2(in_tmp_cwd, tiny_llm, capsys, one_thread):
     from persrag_lightning.cli import main
 

@@ -15,10 +15,14 @@ from persrag_lightning.data.synth import (
     CHUNK_USERS,
     FILM_KINDS,
     HEADLINE_TEMPLATES,
+    LAMP7_PROMPT,
     PAPER_TITLE_TEMPLATES,
     PRODUCT_KINDS,
     SYNTH_TASKS,
     TOPICS,
+    TWEET_CLOSERS,
+    TWEET_OPENERS,
+    TWEET_TOPICS,
     SynthConfig,
     _title_case,
     build_world,
@@ -31,6 +35,7 @@ from persrag_lightning.data.synth import (
     render_item,
 )
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
+from persrag_lightning.llm.prompts import lamp1_references
 
 SMALL = SynthConfig(num_users=120, docs_per_user=(10, 30), seed=7)
 
@@ -152,7 +157,9 @@ def test_refuses_to_overwrite_foreign_lamp_data(tmp_path: Path) -> None:
 def test_config_validation() -> None:
     assert SynthConfig(task="lamp5").task == "LaMP-5"
     assert SynthConfig(task="lamp3").task == "LaMP-3"
-    for bad in ({"task": "LaMP-7"}, {"task": "LaMP-6"}, {"kinds_per_user": (3, 16)}, {"docs_per_user": (5, 2)},
+    assert (SynthConfig(task="1").task, SynthConfig(task="LaMP_7").task) == ("LaMP-1", "LaMP-7")
+    for bad in ({"task": "LaMP-6"}, {"kinds_per_user": (3, 16)}, {"docs_per_user": (5, 2)},
+                {"task": "LaMP-7", "kinds_per_user": (3, 12)}, {"task": "LaMP-1", "kinds_per_user": (3, 12)},
                 {"train_questions_per_user": 0}, {"unseen_fraction": 1.5}):
         with pytest.raises(ValueError):
             SynthConfig(**bad)
@@ -232,6 +239,18 @@ def test_every_target_is_the_communitys_style_for_the_question_kind(task: str) -
             if task == "LaMP-3":
                 assert q.target == str(q.style + 1)
                 assert any(p in q.input for p in PRODUCT_KINDS[q.kind].products)  # the question's category
+                continue
+            if task == "LaMP-1":  # the gold reference is in the community's school, the other in another school
+                refs, schools = lamp1_references(q.input), [_title_case(j) for j in TOPICS[q.kind].jargon]
+                gold = int(q.target.strip("[]")) - 1
+                assert q.target in ("[1]", "[2]") and schools[q.style] in refs[gold]
+                assert schools[q.style] not in refs[1 - gold]
+                assert any(s in refs[1 - gold] for s in schools)
+                continue
+            if task == "LaMP-7":  # the neutral tweet wrapped in the community's opener, closer and topic hashtag
+                neutral = q.input[len(LAMP7_PROMPT):]
+                assert q.target == (f"{TWEET_OPENERS[q.style]} {neutral[:1].lower()}{neutral[1:]} "
+                                    f"{TWEET_CLOSERS[q.style]} {TWEET_TOPICS[q.kind].hashtags[q.style]}")
                 continue
             topic = TOPICS[q.kind]
             titles = PAPER_TITLE_TEMPLATES if task == "LaMP-5" else HEADLINE_TEMPLATES
@@ -313,10 +332,188 @@ def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
     assert not any(str(s) in d.fields["text"] for u in users[:20] for d in u.docs for s in range(1, 6))
 
 
-# Digests of small datasets per task (synthlamp/2). Adding LaMP-3 changed no other task's bytes (the LaMP-2/4/5
-# digests were taken before it existed); a change here needs a GENERATOR_VERSION bump.
-PINNED = {"LaMP-2": "40e7ee74c0fac923", "LaMP-3": "b3a0c555e7a2cba1", "LaMP-4": "87cd8dad1d4aed02",
-          "LaMP-5": "713c015b5a90c5f4"}
+# ---- LaMP-1 and LaMP-7: the community is in the school a user writes in / the style a user tweets in (issue 16) -
+
+NEW_TASKS = ("LaMP-1", "LaMP-7")
+
+
+def _style_terms(task: str) -> list[str]:
+    """The phrases that carry a community's judgment in the text (longest first): LaMP-1's schools, LaMP-7's
+    openers, closers and hashtags. Everything else is topic vocabulary shared by every community."""
+    if task == "LaMP-1":
+        terms = {j.lower() for t in TOPICS for j in t.jargon}
+    else:
+        terms = {x.lower() for x in TWEET_OPENERS + TWEET_CLOSERS} | {h for t in TWEET_TOPICS for h in t.hashtags}
+    return sorted(terms, key=len, reverse=True)
+
+
+def _bag_of_words(texts: list[list[str]], drop: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(raw counts, tf-idf) per user over the words of their texts, after deleting the phrases in `drop`."""
+    vocab: dict[str, int] = {}
+    rows = []
+    for user_texts in texts:
+        words = []
+        for text in user_texts:
+            text = text.lower()
+            for phrase in drop:
+                text = text.replace(phrase, " ")
+            words += [w.strip(".,:;#") for w in text.split() if w.strip(".,:;#")]
+        rows.append(words)
+        for w in words:
+            vocab.setdefault(w, len(vocab))
+    bow = np.zeros((len(texts), len(vocab)))
+    for i, words in enumerate(rows):
+        for w in words:
+            bow[i, vocab[w]] += 1
+    return bow, bow * np.log(len(texts) / (bow > 0).sum(0))
+
+
+@pytest.mark.parametrize("task", NEW_TASKS)
+def test_lamp1_lamp7_files_load_and_the_query_is_the_title_or_the_tweet(tmp_path: Path, task: str) -> None:
+    from persrag_lightning.llm.prompts import build_prompt
+
+    generate_synth_lamp(tmp_path, SynthConfig(task=task, num_users=30, seed=0))
+    ds = load_lamp(tmp_path, task)
+    spec = get_task(task)
+    assert {s: len(v) for s, v in ds.examples.items()} == {"train": 60, "dev": 30, "test": 30}
+    doc = next(iter(ds.users.values())).docs[0]
+    assert set(doc.fields) == set(spec.profile_fields)  # title + abstract (the user's papers), or text (tweets)
+    schools = _style_terms("LaMP-1")
+    examples = [e for split in ds.examples.values() for e in split]
+    for ex in examples:
+        assert ex.query and ex.query == spec.extract_query(ex.input)
+        if task == "LaMP-1":
+            assert ex.input.startswith(f'For an author who has written the paper with the title "{ex.query}", '
+                                       "which reference is related? Just answer with [1] or [2] without explanation.")
+            refs = lamp1_references(ex.input)
+            assert ex.target in spec.labels and ex.query not in refs
+            assert not any(school in ex.query.lower() for school in schools)  # the title names no school
+        else:
+            assert ex.input == LAMP7_PROMPT + ex.query and ex.query[:1].lower() + ex.query[1:] in ex.target
+            assert "#" not in ex.query and "#" in ex.target
+        prompt = build_prompt(task, ex.input, ds.users[ex.user_id].docs[:3], lambda t: len(t.split()), 400)
+        assert ex.query[:20] in prompt
+    if task == "LaMP-1":  # the gold's position is drawn per question, not fixed
+        assert 0.3 < np.mean([e.target == "[1]" for e in examples]) < 0.7
+
+
+@pytest.mark.parametrize("task", NEW_TASKS)
+def test_lamp1_lamp7_communities_are_in_the_judgments_not_the_topic_words(task: str) -> None:
+    """As for LaMP-3, on 300 users (8 communities, chance ~0.125):
+    - oracle: the community whose school (LaMP-1) or style (LaMP-7) per topic agrees with most of a user's docs is
+      the true one for > 90 % of users; nearest neighbours on (topic, school/style) counts are mostly
+      same-community; an unseen question's answer is in some other same-community user's docs;
+    - topic words: nearest neighbours on the bag of words of the texts with the school / style phrases deleted,
+      and on the topics a user writes about, find same-community users at chance.
+    Unlike LaMP-3 the judgment is itself written in words here (a school's name, an opener): with those phrases
+    kept the bag of words is well above chance, so a text encoder can see it where it looks at those words."""
+    config = SynthConfig(task=task, num_users=300, seed=0)
+    world = build_world(config)
+    users = list(iter_synth_users(config, world))
+    communities = np.array([u.community for u in users])
+    sizes = np.bincount(communities)
+    chance = float(((sizes[communities] - 1) / (len(users) - 1)).mean())
+    assert 0.1 < chance < 0.15
+    agree = np.array([[sum(int(world.styles[c, d.kind] == d.style) for d in u.docs)
+                       for c in range(config.num_communities)] for u in users])
+    assert (agree.argmax(1) == communities).mean() > 0.9
+    kinds, styles = len(world.kind_names), world.num_styles
+    judgments, topics = np.zeros((len(users), kinds * styles)), np.zeros((len(users), kinds))
+    holders: dict[tuple[int, int, int], set[str]] = defaultdict(set)  # (community, kind, style) -> users
+    for i, u in enumerate(users):
+        for d in u.docs:
+            judgments[i, d.kind * styles + d.style] += 1
+            topics[i, d.kind] += 1
+            holders[u.community, d.kind, d.style].add(u.user_id)
+    assert _precision_at_5(judgments, communities) > 0.6
+    texts = [[v for d in u.docs for v in d.fields.values()] for u in users]
+    bow, tfidf = _bag_of_words(texts, _style_terms(task))
+    for name, features in (("topic words", bow), ("topic words tf-idf", tfidf), ("topics", topics)):
+        p = _precision_at_5(features, communities)
+        assert abs(p - chance) < 0.05, f"{name}: precision@5 {p:.3f}, chance {chance:.3f}"
+    assert _precision_at_5(_bag_of_words(texts, [])[1], communities) > chance + 0.2  # the judgment's own words
+    questions = [(u, q) for u in users for q in u.questions]
+    unseen = [(u, q) for u, q in questions if q.unseen]
+    assert 0.5 < len(unseen) / len(questions) < 0.7
+    for u, q in unseen:
+        assert q.kind not in {d.kind for d in u.docs} and q.style == world.styles[u.community, q.kind]
+    supported = sum(bool(holders[u.community, q.kind, q.style] - {u.user_id}) for u, q in unseen)
+    assert supported / len(unseen) > 0.9
+
+
+@pytest.mark.parametrize("task", NEW_TASKS)
+def test_lamp1_lamp7_question_items_never_enter_the_corpus(tmp_path: Path, task: str) -> None:
+    """A LaMP-1 question's title names no school and a neutral tweet has no opener or hashtag, so their query
+    never equals a profile text whatever the partition does (the collision count above cannot fail for them).
+    What the partition must keep out is the question's *item*: its paper (with any school) in someone's
+    profile, or a history tweet around the question's content. Every query and every history text over the
+    whole slot space is inverted to its (kind, slot tuple); over two rng chunks no question's tuple is any
+    history item's."""
+    world = build_world(SynthConfig(task=task))
+    spec = get_task(task)
+    field = "abstract" if task == "LaMP-1" else "text"
+    space = np.indices(world.slot_sizes).reshape(len(world.slot_sizes), -1).T.tolist()
+    question_of: dict[str, tuple[int, tuple[int, ...]]] = {}
+    history_of: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for kind in range(len(world.kind_names)):
+        for row in space:
+            question_of[spec.extract_query(render_item(task, kind, row, 0)[1])] = (kind, tuple(row))
+            for style in range(world.num_styles):
+                history_of[render_item(task, kind, row, style)[0][field]] = (kind, tuple(row))
+    n_items = len(world.kind_names) * len(space)
+    assert len(question_of) == n_items and len(history_of) == n_items * world.num_styles  # both injective
+    config = SynthConfig(task=task, num_users=CHUNK_USERS + 76, docs_per_user=(2, 4), kinds_per_user=(1, 3),
+                         seed=5)
+    generate_synth_lamp(tmp_path, config)
+    asked: set[tuple[int, tuple[int, ...]]] = set()
+    written: set[tuple[int, tuple[int, ...]]] = set()
+    for split in ("train", "dev", "test"):
+        for record in json.loads((tmp_path / f"{split}_questions.json").read_text(encoding="utf-8")):
+            asked.add(question_of[spec.extract_query(record["input"])])
+            written.update(history_of[item[field]] for item in record["profile"])
+    assert len(asked) > 100 and len(written) > 1000
+    assert not asked & written
+    sides = {key: bool(is_question_tuple(np.array([key[0]]), np.array([key[1]]), world.slot_sizes)[0])
+             for key in asked | written}
+    assert all(sides[key] for key in asked) and not any(sides[key] for key in written)
+
+
+@pytest.mark.parametrize("task,mode", [("LaMP-1", "choose"), ("LaMP-7", "generate")])
+def test_evaluate_answers_and_scores_lamp1_and_lamp7(tmp_path: Path, tiny_llm: str, task: str, mode: str) -> None:
+    """`persrag evaluate`'s path on a tiny generated set with a tiny random LLM: LaMP-1 answers are one of
+    "[1]"/"[2]" (choose) scored by accuracy and F1; LaMP-7 answers are generated and scored by ROUGE."""
+    from persrag_lightning.data.lamp import read_outputs
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.retrieval.baselines import BM25, ZeroShot
+    from persrag_lightning.retrieval.evaluate import Evaluation
+
+    out = tmp_path / "eval"
+    evaluation = Evaluation(task=task, synth=SynthConfig(num_users=12, docs_per_user=(4, 8)),
+                            cache_dir=str(tmp_path / "cache"), k=2, max_examples=6, out_dir=str(out),
+                            llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}, answer_mode=mode,
+                                          max_new_tokens=8),
+                            reference="bm25", n_resamples=50)
+    results = evaluation.run([ZeroShot(), BM25()]).results
+    assert set(results) == {"zero_shot", "bm25"}
+    predictions = read_outputs(out / "predictions" / "bm25.json", task)
+    assert len(predictions) == 6
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == task and metrics["answer_mode"] == mode
+    if task == "LaMP-1":
+        assert set(predictions.values()) <= {"[1]", "[2]"}
+        assert {"accuracy", "f1"} <= set(results["bm25"]) and 0.0 <= results["bm25"]["accuracy"] <= 1.0
+    else:
+        assert {"rouge-1", "rouge-L"} <= set(results["bm25"]) and 0.0 <= results["bm25"]["rouge-1"] <= 1.0
+        assert 0.0 < results["bm25"]["best_doc_rouge1"] < 1.0  # the best retrieved tweet against the gold
+    assert 0.0 <= results["bm25"]["same_community_docs"] <= 1.0 and results["bm25"]["own_docs"] == 1.0
+    assert f"{task} " in (out / "results.md").read_text()
+
+
+# Digests of small datasets per task (synthlamp/2). Adding LaMP-3, then LaMP-1 and LaMP-7, changed no other task's
+# bytes (the LaMP-2/4/5 digests were taken before LaMP-3 existed, LaMP-3's before LaMP-1/7); a change here needs a
+# GENERATOR_VERSION bump.
+PINNED = {"LaMP-1": "f9cfb3b6391c4c08", "LaMP-2": "40e7ee74c0fac923", "LaMP-3": "b3a0c555e7a2cba1",
+          "LaMP-4": "87cd8dad1d4aed02", "LaMP-5": "713c015b5a90c5f4", "LaMP-7": "f104a9bf3bec0321"}
 
 
 @pytest.mark.parametrize("task", SYNTH_TASKS)

@@ -4,7 +4,7 @@ user encoder → feedback + retriever (and the ROPG-style baseline, on the same 
 its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
 with the results table (intervals, paired tests).
 A preset may train only the bundles its reported strategies need. `--task` runs the same stages on another LaMP task
-(SynthLaMP generates LaMP-2, 3, 4 and 5); the main job is LaMP-2.
+(SynthLaMP generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2.
 """
 
 from __future__ import annotations
@@ -74,16 +74,19 @@ def stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (Path(export_root) / run_name / stage / "config.json").exists()
 
 
-def task_args(task: str, preset: Preset) -> tuple[list[str], list[str]]:
-    """(every stage's data override, the evaluation's overrides) that switch a preset to `task`. Label tasks keep
-    the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to `choose` among, so they generate."""
+def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str]]:
+    """(every stage's data override, the generator stage's overrides, the evaluation's overrides) that switch a
+    preset to `task`. Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
+    `choose` among, so they generate, in the evaluation and in the generator stage's validation alike."""
     spec = get_task(task)
     if spec.name == "LaMP-2":
-        return [], list(preset["evaluate"])
+        return [], [], list(preset["evaluate"])
     evaluate = [a for a in preset["evaluate"] if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
+    generator = []
     if spec.labels is None:
         evaluate.append("--evaluation.llm.answer_mode=generate")
-    return [f"--data.init_args.task={spec.name}"], [f"--evaluation.task={spec.name}", *evaluate]
+        generator.append("--model.init_args.answer_mode=generate")
+    return [f"--data.init_args.task={spec.name}"], generator, [f"--evaluation.task={spec.name}", *evaluate]
 
 
 def main(argv: list[str]) -> None:
@@ -104,15 +107,16 @@ def main(argv: list[str]) -> None:
         task = get_task(opts.task).name
     except ValueError as e:
         parser.error(str(e))
-    data_task, evaluate_args = task_args(task, preset)
+    data_task, generator_task, evaluate_args = task_args(task, preset)
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
     judged = "" if opts.judgments == "none" else f"-{opts.judgments}"
     run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}{judged}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
-    per_stage = {"user_encoder": [*preset["user_encoder"], *([f"--model.init_args.judgments={opts.judgments}"]
-                                                             if judged else [])],
-                 "generator": preset["generator"]}  # others: feedback
+    # stage 1 and the generator have their own settings; the other stages are feedback stages
+    judgments = [f"--model.init_args.judgments={opts.judgments}"] if judged else []
+    per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
+                 "generator": [*preset["generator"], *generator_task]}
     stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, [*preset["feedback"], *llm]),
                       *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]

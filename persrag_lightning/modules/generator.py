@@ -17,6 +17,7 @@ from typing import Literal
 import lightning as L
 import torch
 
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.generator.datamodule import GeneratorBatch
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import resolve_model
@@ -88,6 +89,9 @@ class GeneratorModule(L.LightningModule):
             raise ConfigError(f"data.init_args.model ({data.hparams.model}) must be the module's model "
                              f"({self.hparams.model}): its tokenizer fits the prompts to the budget")
         self.task = data.task
+        if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:  # before any training
+            raise ConfigError(f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "
+                              f"{self.task} is a generation task: pass --model.init_args.answer_mode=generate")
         self.metric = lamp_metric(self.task)
 
     def encode(self, batch: GeneratorBatch) -> dict[str, torch.Tensor]:

@@ -43,7 +43,9 @@ from persrag_lightning.utils import (
 log = logging.getLogger(__name__)
 
 LABEL_FIELDS = {"LaMP-2": "tag", "LaMP-3": "score"}  # a doc "holds the answer" when this field equals the target
-TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title"}
+# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one against the
+# gold); a LaMP-7 tweet is written like the paraphrase the user would give
+TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 
 def file_name(name: str) -> str:
