@@ -241,3 +241,26 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
     assert "--evaluation.llm.answer_mode=choose" not in calls[-1]
     with pytest.raises(SystemExit):
         pipeline.main(["--task", "LaMP-9"])
+
+
+def test_the_judgments_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
+    """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments paired`
+    sibling, each row with its own run's three bundles, and names the runs as `persrag pipeline` does."""
+    from persrag_lightning.commands import pipeline
+    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
+
+    cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / "evaluate_judgments.yaml")])
+    cfg = substitute_run_dir(cfg, f"checkpoints/{cfg.run_name}")
+    rows = {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
+    assert cfg.evaluation.task == "LaMP-3" and cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
+    for bundle in ("user_encoder", "retriever", "reranker"):
+        assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
+        assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-paired/{bundle}"
+    named: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
+        mp.setattr(pipeline, "evaluate_command", lambda args: None)
+        for judgments in ("none", "paired"):
+            pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", judgments,
+                           "--export_root", str(tmp_path)])
+    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-paired"}
