@@ -49,25 +49,31 @@ def test_llamacpp_metadata(llm: LLM) -> None:
 
 def test_reencoded_weights_are_built_once_keep_the_answers_and_change_the_fingerprint(llm: LLM, tmp_path,
                                                                                        monkeypatch) -> None:
-    """`weights: f16` re-encodes the shipped Q4_1 GGUF once (atomically, under the cache) into a type with a fast
-    CPU kernel; it answers like the shipped file here and is told apart from it in cache keys."""
+    """The default `auto` re-encodes the shipped Q4_1 SmolLM2 once (atomically, under the cache) as f16, a type with
+    a fast CPU kernel; it answers like the shipped file here and is told apart from it in cache keys; `gguf` keeps
+    the shipped file and the fingerprint it always had."""
     import gguf as gguf_reader
     import llama_cpp
 
     from persrag_lightning.llm.llamacpp import reencoded_gguf
 
+    assert llm.weights == "f16" and llm.settings["weights"] == "f16"  # type: ignore[attr-defined]
     f16 = load_llm("llamacpp", "smollm2", n_ctx=1024, weights="f16", cache_dir=str(tmp_path))
+    shipped = load_llm("llamacpp", "smollm2", n_ctx=1024, weights="gguf")
     try:
         path = reencoded_gguf(f16.source, "f16", tmp_path)  # type: ignore[attr-defined]
         assert f16.model_path == str(path) and path.parent == tmp_path / "llm"  # type: ignore[attr-defined]
         types = {t.tensor_type.name for t in gguf_reader.GGUFReader(str(path)).tensors}
         assert "Q4_1" not in types and "F16" in types
-        assert f16.fingerprint != llm.fingerprint and "weights" not in llm.settings  # type: ignore[attr-defined]
+        assert shipped.model_path == resolve_model("smollm2").path  # type: ignore[attr-defined]
+        assert f16.fingerprint == llm.fingerprint != shipped.fingerprint
+        assert shipped.settings == {"n_ctx": 1024}  # type: ignore[attr-defined]
         assert "paris" in f16.generate([QUESTION], 16)[0].lower()
         paris, london = f16.score([QUESTION] * 2, ["Paris", "London"])
-        assert paris > london and abs(paris - llm.score([QUESTION], ["Paris"])[0]) < 0.5
+        assert paris > london and abs(paris - shipped.score([QUESTION], ["Paris"])[0]) < 0.5
     finally:
         f16.close()
+        shipped.close()
     # a second load reuses the file; a failed conversion leaves nothing behind
     mtime = path.stat().st_mtime_ns
     load_llm("llamacpp", "smollm2", n_ctx=256, weights="f16", cache_dir=str(tmp_path)).close()
@@ -78,3 +84,13 @@ def test_reencoded_weights_are_built_once_keep_the_answers_and_change_the_finger
     assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [path.name]
     with pytest.raises(LLMBackendError, match="weights must be"):
         load_llm("llamacpp", "smollm2", weights="q3")
+
+
+def test_auto_weights_reencode_only_a_small_q4_1_file(tmp_path) -> None:
+    from persrag_lightning.llm.llamacpp import auto_weights, reencoded_gguf
+
+    source = resolve_model("smollm2")
+    assert auto_weights(source.path) == "f16"
+    assert auto_weights(source.path, max_bytes=1024) == "gguf"  # a large model keeps its file
+    q8 = reencoded_gguf(source, "q8_0", tmp_path)
+    assert auto_weights(str(q8)) == "gguf"  # a type with a fast kernel is used as shipped
