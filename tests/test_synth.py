@@ -287,6 +287,22 @@ def test_lamp3_files_load_as_lamp3(tmp_path: Path) -> None:
         assert ex.query == get_task("LaMP-3").extract_query(ex.input)
 
 
+def users_whose_judgments_name_their_community(config: SynthConfig):
+    """(world, users, communities, chance) of `config`, after the oracle check shared by the judgment tasks: chance
+    is ~1/8 and the community whose judgments (style per kind) agree with most of a user's docs is the true one for
+    more than 90 % of users."""
+    world = build_world(config)
+    users = list(iter_synth_users(config, world))
+    communities = np.array([u.community for u in users])
+    sizes = np.bincount(communities)
+    chance = float(((sizes[communities] - 1) / (len(users) - 1)).mean())
+    assert 0.1 < chance < 0.15
+    agree = np.array([[sum(int(world.styles[c, d.kind] == d.style) for d in u.docs)
+                       for c in range(config.num_communities)] for u in users])
+    assert (agree.argmax(1) == communities).mean() > 0.9
+    return world, users, communities, chance
+
+
 def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
     """The generator's claim, checked both ways on 300 users (8 communities, chance ~0.125):
     - oracle: a user's (category, score) pairs name their community — the community whose ratings agree with most
@@ -294,16 +310,8 @@ def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
       counts are mostly same-community;
     - words alone: nearest neighbours on the bag of words of the review texts (raw counts and tf-idf) find
       same-community users at chance, and so do the categories a user reviews."""
-    world = build_world(LAMP3)
-    users = list(iter_synth_users(LAMP3, world))
-    communities = np.array([u.community for u in users])
-    sizes = np.bincount(communities)
-    chance = float(((sizes[communities] - 1) / (len(users) - 1)).mean())
-    assert 0.1 < chance < 0.15
     # oracle: recoverable from the judgments
-    agree = np.array([[sum(int(world.styles[c, d.kind] == d.style) for d in u.docs)
-                       for c in range(LAMP3.num_communities)] for u in users])
-    assert (agree.argmax(1) == communities).mean() > 0.9
+    world, users, communities, chance = users_whose_judgments_name_their_community(LAMP3)
     kinds = len(world.kind_names)
     judgments = np.zeros((len(users), kinds * 5))
     categories = np.zeros((len(users), kinds))
@@ -313,18 +321,7 @@ def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
             categories[i, d.kind] += 1
     assert _precision_at_5(judgments, communities) > 0.6
     # words alone: at chance (the review texts never carry the score)
-    vocab: dict[str, int] = {}
-    counts = []
-    for u in users:
-        words = [w.strip(".,:").lower() for d in u.docs for w in d.fields["text"].split()]
-        counts.append(words)
-        for w in words:
-            vocab.setdefault(w, len(vocab))
-    bow = np.zeros((len(users), len(vocab)))
-    for i, words in enumerate(counts):
-        for w in words:
-            bow[i, vocab[w]] += 1
-    tfidf = bow * np.log(len(users) / (bow > 0).sum(0))
+    bow, tfidf = _bag_of_words([[d.fields["text"] for d in u.docs] for u in users], [])
     for name, features in (("bag of words", bow), ("tf-idf", tfidf), ("categories", categories)):
         p = _precision_at_5(features, communities)
         assert abs(p - chance) < 0.05, f"{name}: precision@5 {p:.3f}, chance {chance:.3f}"
@@ -407,16 +404,8 @@ def test_lamp1_lamp7_communities_are_in_the_judgments_not_the_topic_words(task: 
       and on the topics a user writes about, find same-community users at chance.
     Unlike LaMP-3 the judgment is itself written in words here (a school's name, an opener): with those phrases
     kept the bag of words is well above chance, so a text encoder can see it where it looks at those words."""
-    config = SynthConfig(task=task, num_users=300, seed=0)
-    world = build_world(config)
-    users = list(iter_synth_users(config, world))
-    communities = np.array([u.community for u in users])
-    sizes = np.bincount(communities)
-    chance = float(((sizes[communities] - 1) / (len(users) - 1)).mean())
-    assert 0.1 < chance < 0.15
-    agree = np.array([[sum(int(world.styles[c, d.kind] == d.style) for d in u.docs)
-                       for c in range(config.num_communities)] for u in users])
-    assert (agree.argmax(1) == communities).mean() > 0.9
+    world, users, communities, chance = users_whose_judgments_name_their_community(
+        SynthConfig(task=task, num_users=300, seed=0))
     kinds, styles = len(world.kind_names), world.num_styles
     judgments, topics = np.zeros((len(users), kinds * styles)), np.zeros((len(users), kinds))
     holders: dict[tuple[int, int, int], set[str]] = defaultdict(set)  # (community, kind, style) -> users
