@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +36,7 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm import LLM, build_prompt, default_max_new_tokens, load_llm, resolve_model
 
 BASELINE_MAX_NEW_TOKENS = 64
+T = TypeVar("T")
 WORDS_TEXT = (
     "the of and to in is was for that with as on by at from his her their this which be are an or it have has "
     "not were but they one all new more first after time two when been who years also other into people its "
@@ -100,11 +102,16 @@ def feedback_prompts(task: str, n: int, count_tokens: Callable[[str], int], max_
     return prompts
 
 
+def timed_call(fn: Callable[..., T], *args: object) -> tuple[T, float]:
+    """(result, wall-clock seconds) of one call."""
+    t0 = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - t0
+
+
 def timed(fn: Callable[..., object], *args: object) -> float:
     """Wall-clock seconds of one call."""
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
+    return timed_call(fn, *args)[1]
 
 
 def naive_baseline(hf: LLM, prompts: list[str]) -> float:
@@ -198,16 +205,14 @@ def main() -> None:
                    naive_baseline(hf, prompts[:n_base])))
         for bs in batch_sizes:
             hf.batch_size = bs
-            t0 = time.perf_counter()
-            answers = hf.generate(prompts, max_new)
-            record(Row(task, "hf", bs, max_new, n, chat_len[task], time.perf_counter() - t0))
+            answers, seconds = timed_call(hf.generate, prompts, max_new)
+            record(Row(task, "hf", bs, max_new, n, chat_len[task], seconds))
         hf.batch_size = max(batch_sizes)
         record(Row(task, "hf", hf.batch_size, BASELINE_MAX_NEW_TOKENS, n, chat_len[task],
                    timed(hf.generate, prompts, BASELINE_MAX_NEW_TOKENS)))
         # the quick preset's labels: log p(gold | prompt), one forward per candidate, no generation
-        t0 = time.perf_counter()
-        scores = hf.score(prompts, targets_of[task])
-        record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], time.perf_counter() - t0))
+        scores, seconds = timed_call(hf.score, prompts, targets_of[task])
+        record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
         exact[task] = (answers, scores)
     hf.close()
     if "llamacpp" in args.backends and importlib.util.find_spec("llama_cpp"):
@@ -217,12 +222,8 @@ def main() -> None:
             for task, prompts in prompts_of.items():
                 max_new = default_max_new_tokens(task)
                 local.generate(prompts[:1], 2)
-                t0 = time.perf_counter()
-                answers = local.generate(prompts, max_new)
-                seconds = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                scores = local.score(prompts, targets_of[task])
-                score_seconds = time.perf_counter() - t0
+                answers, seconds = timed_call(local.generate, prompts, max_new)
+                scores, score_seconds = timed_call(local.score, prompts, targets_of[task])
                 ref = exact[task]
                 agree_gen = f"{sum(a == b for a, b in zip(answers, ref[0]))}/{n}"
                 agree_ll = f"{sum(abs(a - b) < 0.1 for a, b in zip(scores, ref[1]))}/{n}"

@@ -41,7 +41,7 @@ class UserEncoderConfig:
     # the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is the paper's text-only
     # encoder
     judgments: Judgments = "none"
-    task: str | None = None  # the task whose label field and labels `judgments: label` embeds
+    task: str | None = None  # the task whose label field and labels `judgments: label|paired` embeds
 
 
 def judgment_labels(task: str | None) -> tuple[str, ...]:
@@ -86,7 +86,8 @@ class UserEncoder(nn.Module):
             # doc-table id -> label id (0 = none); saved with the weights, so an export embeds the same judgments
             self.register_buffer("doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long))
         if config.judgments == "paired":
-            # `paired`: x = d + g_l + A_l d, a d × d map per label (A_0 = 0 for none/[mask]/[pad]). A sum alone,
+            # `paired`: x = d + g_l + A_l d, a d × d map per label (row 0 unused: label 0 — none, [mask], [pad] —
+            # keeps d). A sum alone,
             # averaged by MEAN pooling, keeps the mean text and the label histogram but not which doc got which
             # label: users rating categories (a, b) as (5, 1) and (1, 5) get the same sum. A_l d puts each label's
             # docs in their own random subspace (N(0, 1/d) entries: norm-preserving, near-orthogonal across
@@ -141,8 +142,8 @@ class UserEncoder(nn.Module):
     def encode_embeddings(self, doc_vectors: torch.Tensor, pad_mask: torch.Tensor,
                           labels: torch.Tensor | None = None) -> torch.Tensor:
         """Eq. 1 on given doc vectors [B, L, d] with pad_mask True at padding: masked mean of Trm(E + P).
-        `labels` [B, L] (label ids, 0 = none): the docs' judgments, required by and only by a `judgments: label`
-        encoder (serving's new users, whose docs are not in the doc table)."""
+        `labels` [B, L] (label ids, 0 = none): the docs' judgments, required by and only by a `judgments: label` or
+        `paired` encoder (serving's new users, whose docs are not in the doc table)."""
         if self.uses_judgments and labels is None:
             raise ValueError(f"this user encoder was trained with judgments: {self.config.judgments}; pass the "
                              "docs' label ids (doc_label_ids)")
