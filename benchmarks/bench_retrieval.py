@@ -1,17 +1,22 @@
-"""Retrieval benchmark: top-m user retrieval (faiss flat / IVF / HNSW vs a brute-force torch scan) at
-1k-1M users, and end-to-end queries/s of the non-collaborative baselines (no LLM).
+"""Retrieval benchmark: top-m user retrieval (faiss flat / IVF / IVF-SQ8 + re-rank / HNSW vs a brute-force
+torch scan) at 1k-1M users, and end-to-end queries/s of the non-collaborative baselines (no LLM).
 
     python benchmarks/bench_retrieval.py                      # 1k, 100k and 1M users, d = 384, m = 6
     python benchmarks/bench_retrieval.py --quick              # 1k and 100k only
 
-User embeddings at scale are SAMPLED, not real: SynthLaMP with 1M users would mean embedding ~40M docs, which
-this machine cannot do. Instead a small real SynthLaMP (--fit-users, default 300) is embedded with MiniLM
-through the shared corpus-embedding cache, each user is the MEAN of their (up to 100 most recent) doc vectors,
-and a Gaussian mixture with one component per latent community (communities.json) is fitted: per-community
-mean and a DIAGONAL std. N users are drawn from it (community by its real share). A diagonal Gaussian has no
-low-rank structure within a community, so neighbours are more uniformly far than real users' are: ANN recall
-here is likely pessimistic (the table "real vs sampled" shows how the two differ). Queries are fresh users
-drawn from the same mixture. Prints Markdown tables; asserts nothing about time.
+Two sets of user vectors, both SAMPLED (1M real SynthLaMP users would mean embedding ~40M docs):
+
+- `encoded` (realistic, needs the quick pipeline's export, README "Quick start"): users drawn as SynthLaMP's
+  generator draws them (community, history length, kinds by the community's taste, each item's style; the same
+  world as the export's data), each history item played by a real doc of the same kind and style from the export's
+  corpus, embedded by the export's trained user encoder (data/synth_scale.py). The encoder runs in bfloat16 here
+  (3x faster; cosine to fp32 vectors 0.99998, top-6 neighbours 99.75 % the same); vectors are cached.
+- `gaussian` (pessimistic): a Gaussian mixture with one component per latent community and a DIAGONAL std,
+  fitted to --fit-users real users' MEAN-pooled MiniLM vectors. Within a community it has no low-rank structure,
+  so neighbours are nearly uniformly far: the worst case for an ANN index.
+
+Queries are fresh users drawn the same way; recall is against the exact torch scan. Prints Markdown tables;
+asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -35,11 +42,15 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
+from persrag_lightning.data.synth_scale import ScaledSynthUsers
 from persrag_lightning.metrics import community_precision_at_m
+from persrag_lightning.models.user_encoder import UserEncoder
+from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
-from persrag_lightning.retrieval.index import FAISS_DEFAULT_BLAS_THRESHOLD
+from persrag_lightning.retrieval.index import BLAS_MIN_QUERIES, FAISS_DEFAULT_BLAS_THRESHOLD, normalized
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
+from persrag_lightning.utils import atomic_replace, bundle_digest
 
 PROCESS = psutil.Process(os.getpid())
 SEARCH_THREADS = 1  # threads of every search timing (--search-threads); builds use all (--threads)
@@ -110,6 +121,61 @@ class UserMixture:
             out[s:s + chunk] = self.means[c] + self.stds[c] * rng.standard_normal((len(c), out.shape[1]),
                                                                                   dtype=np.float32)
         return out, comm
+
+
+@dataclass
+class VectorSet:
+    """User vectors to index (a prefix of `table` per size), fresh query users, and real users to compare with."""
+
+    name: str
+    table: np.ndarray
+    queries: np.ndarray
+    real: torch.Tensor
+    real_comm: np.ndarray
+    sampled_comm: np.ndarray
+    note: str
+
+
+def gaussian_set(mixture: UserMixture, users: torch.Tensor, communities: np.ndarray, n: int, n_queries: int,
+                 seed: int) -> VectorSet:
+    table, comm = mixture.sample(n, seed=seed)
+    queries, _ = mixture.sample(n_queries, seed=seed + 1)
+    return VectorSet("gaussian", table, queries, users, communities, comm,
+                     "diagonal Gaussian mixture fitted to MEAN-pooled MiniLM vectors (pessimistic)")
+
+
+def encoded_set(args: argparse.Namespace, n: int, n_queries: int) -> VectorSet:
+    """Users drawn as SynthLaMP draws them and embedded by the export's trained user encoder (cached)."""
+    if not (Path(args.export) / "config.json").is_file():
+        sys.exit(f"{args.export}: no user-encoder export; run the README's quick pipeline first "
+                 f"(`persrag pipeline --preset quick`), or pass --vectors gaussian")
+    encoder = UserEncoder.from_pretrained(args.export)
+    config = SynthConfig()  # the quick preset's data; checked below by reproducing the export's user table
+    source = LampSource("LaMP-2", None, config, args.cache_dir)
+    source.prepare()
+    users = ScaledSynthUsers(encoder, source.load(), config)
+    real = users.real_embeddings()
+    if not torch.allclose(real, encoder.user_embeddings, atol=1e-4):
+        sys.exit(f"{args.export}: its users' embeddings are not reproduced from {config}: not the data it was "
+                 "trained on")
+    communities = load_communities(source.data_dir)
+    real_comm = np.array([communities[u] for u in users.pool_users])
+    path = Path(args.cache_dir) / "bench" / f"users-{bundle_digest(args.export)}-{n}-{args.seed}-bf16.npz"
+    if path.is_file():
+        cached = np.load(path)
+        table, comm = cached["table"], cached["comm"]
+    else:
+        t0 = time.perf_counter()
+        table, comm = users.encode(n, args.seed, dtype=torch.bfloat16,
+                                   progress=Progress("encode sampled users", n, "users", every=30))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_replace(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, table=table, comm=comm)
+        print(f"(encoded {n:,} users in {time.perf_counter() - t0:.0f} s, {users.fallbacks:,} history items "
+              f"played by a doc of their kind in another style (no real doc had theirs); cached in {path})\n")
+    queries, _ = users.encode(n_queries, args.seed + 1, dtype=torch.bfloat16)
+    return VectorSet("encoded", table, queries, real, real_comm, comm,
+                     f"drawn as SynthLaMP draws users, embedded by {args.export} (realistic)")
 
 
 def nearest_other_cos(x: torch.Tensor) -> float:
@@ -193,66 +259,97 @@ def bench_torch(table_np: np.ndarray, queries: np.ndarray,
             f"{1e3 * np.percentile(lat, 95):.3f}", f"{qps:,.0f}", mib(table_t.numel() * 4), mib(delta)], truth
 
 
-def bench_size(n: int, mixture: UserMixture, args: argparse.Namespace, hnsw: dict) -> tuple[list[list], dict]:
-    """One table row per method at n users, and the HNSW build time (to plan the next size)."""
-    table_np, _ = mixture.sample(n, seed=args.seed)
-    queries, _ = mixture.sample(max(args.recall_queries, args.single_queries, 64 * 4), seed=args.seed + 1)
-    ids = [str(i) for i in range(n)]
-    m = args.m
-    out, info = [], {}
+def ivf_nlist(n: int, args: argparse.Namespace) -> int:
+    return max(1, min(n // 39, int(4 * np.sqrt(n)), args.ivf_nlist_max))
 
-    torch_row, truth = bench_torch(table_np, queries, args)
-    torch_row.append("1 (reference)")
+
+def ivf_sq8_refined(table: np.ndarray, nlist: int, k_factor: int) -> faiss.Index:
+    """IVF over 8-bit scalar-quantised vectors, its top m·k_factor re-ranked exactly (faiss IndexRefineFlat)."""
+    x = normalized(table)
+    base = faiss.index_factory(x.shape[1], f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
+    base.train(x)
+    index = faiss.IndexRefineFlat(base)
+    index.k_factor = k_factor
+    index.add(x)
+    return index
+
+
+@dataclass
+class Method:
+    """An index to measure: how to build it, the search knob swept on the built index, and its settings."""
+
+    label: str
+    build: Callable[[], object]  # -> a UserIndex or a raw faiss index
+    knob: str
+    settings: list
+    set_knob: Callable[[object, object], None]
+
+
+def methods(n: int, args: argparse.Namespace) -> list[Method]:
+    nlist = ivf_nlist(n, args)
+    probes = [p for p in dict.fromkeys([args.nprobe, 64, 256]) if p <= nlist]
+    ids = [str(i) for i in range(n)]
+    out: list[Method] = []
     for kind in args.kinds:
-        params: dict = {}
-        if kind == "ivf":
-            nlist = max(1, min(n // 39, int(4 * np.sqrt(n)), args.ivf_nlist_max))
-            params = {"nlist": nlist, "nprobe": args.nprobe}
+        if kind == "flat":
+            def blas(index: UserIndex, setting) -> None:
+                faiss.cvar.distance_compute_blas_threshold = (FAISS_DEFAULT_BLAS_THRESHOLD if setting
+                                                              else BLAS_MIN_QUERIES * index.dim)
+            out.append(Method("faiss flat (exact)", lambda t: UserIndex.build(ids, t, "flat"), "BLAS threshold",
+                              [None, "faiss default"], blas))
+        elif kind == "ivf":
+            out.append(Method(f"faiss IVF nlist={nlist}", lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist),
+                              "nprobe", probes, lambda i, p: setattr(i.index, "nprobe", p)))
+        elif kind == "ivf-sq8":
+            out.append(Method(f"faiss IVF nlist={nlist} SQ8 + exact re-rank of {args.refine}·m",
+                              lambda t: ivf_sq8_refined(t, nlist, args.refine), "nprobe", probes,
+                              lambda i, p: setattr(faiss.downcast_index(i.base_index), "nprobe", p)))
         elif kind == "hnsw":
-            params = {"hnsw_m": hnsw["M"], "ef_construction": hnsw["efConstruction"],
-                      "ef_search": args.ef_search}
+            for spec in args.hnsw:
+                M, efc = (int(v) for v in spec.split(":"))
+                out.append(Method(f"faiss HNSW M={M} efConstruction={efc}",
+                                  lambda t, M=M, efc=efc: UserIndex.build(ids, t, "hnsw", hnsw_m=M,
+                                                                          ef_construction=efc),
+                                  "efSearch", args.ef_search,
+                                  lambda i, e: setattr(i.index.hnsw, "efSearch", e)))
+    return out
+
+
+def bench_size(n: int, vectors: VectorSet, args: argparse.Namespace) -> list[list]:
+    """One table row per method and search setting at n users (the first n of the vector set)."""
+    table_np, queries, m = vectors.table[:n], vectors.queries, args.m
+    torch_row, truth = bench_torch(table_np, queries, args)
+    out = [torch_row + ["1 (reference)"]]
+    for method in methods(n, args):
         base = rss()
         t0 = time.perf_counter()
-        index = UserIndex.build(ids, table_np, kind, **params)
+        index = method.build(table_np)
         build_s = time.perf_counter() - t0
         delta = rss() - base
-
-        def search(q: np.ndarray, index: UserIndex = index) -> np.ndarray:
-            return index.search_rows(q, m)[1]
-
-        label = {"flat": "faiss flat (exact)",
-                 "ivf": f"faiss IVF nlist={params.get('nlist')} nprobe={args.nprobe}",
-                 "hnsw": f"faiss HNSW M={hnsw['M']} efC={hnsw['efConstruction']} efS={args.ef_search}"}[kind]
-        # flat: our BLAS threshold (index.py), then faiss's own default — the before/after of batched exact search
-        sweep = {"flat": [None, "faiss default"], "ivf": [args.nprobe] + [p for p in (64, 256) if p < params.get("nlist", 0)],
-                 "hnsw": [args.ef_search, 4 * args.ef_search]}[kind]
-        for setting in sweep:
-            ours = faiss.cvar.distance_compute_blas_threshold
-            if kind == "flat" and setting:
-                faiss.cvar.distance_compute_blas_threshold = FAISS_DEFAULT_BLAS_THRESHOLD
-            if kind == "ivf":
-                index.index.nprobe = setting
-            elif kind == "hnsw":
-                index.index.hnsw.efSearch = setting
+        if isinstance(index, UserIndex):
+            search, raw = (lambda q, index=index: index.search_rows(q, m)[1]), index.index
+        else:
+            search, raw = (lambda q, index=index: index.search(normalized(q), m)[1]), index
+        ours = faiss.cvar.distance_compute_blas_threshold
+        for setting in method.settings:
+            method.set_knob(index, setting)
             with search_threads():
-                # the torch scan is the exact reference; flat is checked on fewer queries (it is slow here)
-                nq = args.check_queries if kind == "flat" else args.recall_queries
+                # the torch scan is the exact reference; flat is checked on fewer queries (slow at 1M)
+                nq = args.check_queries if method.knob == "BLAS threshold" else args.recall_queries
                 rows = batched(search, queries[:nq])
                 lat = time_single(search, queries, args.single_queries, args.budget_s)
                 qps = time_batches(search, queries, 64, args.max_batches, args.budget_s)
             faiss.cvar.distance_compute_blas_threshold = ours
-            first = setting == sweep[0]
-            knob = {"flat": "BLAS threshold", "ivf": "nprobe", "hnsw": "efSearch"}[kind]
-            name = label if first else f"↳ same index, {knob}={setting}"
-            out.append([name, f"{build_s:.2f}" if first else "", f"{1e3 * np.percentile(lat, 50):.3f}",
+            first = setting == method.settings[0]
+            shown = "ours (4 queries)" if method.knob == "BLAS threshold" and setting is None else setting
+            name = f"{method.label}, {method.knob}={shown}" if first else f"↳ same index, {method.knob}={shown}"
+            out.append([name, f"{build_s:.1f}" if first else "", f"{1e3 * np.percentile(lat, 50):.3f}",
                         f"{1e3 * np.percentile(lat, 95):.3f}", f"{qps:,.0f}",
-                        mib(serialized_bytes(index.index)) if first else "", mib(delta) if first else "",
-                        f"{recall(rows, truth[:nq]):.4f}" + (f" ({nq} q)" if kind == "flat" else "")])
-        if kind == "hnsw":
-            info["hnsw_build_s"] = build_s
-        del index, search
+                        mib(serialized_bytes(raw)) if first else "", mib(delta) if first else "",
+                        f"{recall(rows, truth[:nq]):.4f}" + (f" ({nq} q)" if nq != args.recall_queries else "")])
+        del index, search, raw
         gc.collect()
-    return [torch_row] + out, info
+    return out
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -302,13 +399,17 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--ivf-nlist-max", type=int, default=1024,
                         help="cap on nlist (4*sqrt(n)): k-means with 4000 lists on 1M users is >10 min here")
-    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "hnsw"], default=["flat", "ivf", "hnsw"],
-                        help="faiss indexes to measure next to the torch scan")
-    parser.add_argument("--hnsw-m", type=int, default=32)
-    parser.add_argument("--ef-construction", type=int, default=100)
-    parser.add_argument("--ef-search", type=int, default=128)
-    parser.add_argument("--hnsw-budget-s", type=float, default=300.0,
-                        help="if the projected HNSW build is longer, fall back to M=16, efConstruction=40")
+    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "ivf-sq8", "hnsw"],
+                        default=["flat", "ivf", "ivf-sq8", "hnsw"], help="faiss indexes to measure next to the torch scan")
+    parser.add_argument("--refine", type=int, default=4, help="ivf-sq8: re-rank the top refine·m exactly")
+    parser.add_argument("--hnsw", nargs="+", default=["32:100", "64:200"],
+                        help="HNSW builds as M:efConstruction (built with all --threads)")
+    parser.add_argument("--ef-search", type=int, nargs="+", default=[16, 32, 64, 128, 256],
+                        help="HNSW efSearch settings measured on each build")
+    parser.add_argument("--vectors", nargs="+", choices=["encoded", "gaussian"], default=["encoded", "gaussian"],
+                        help="user-vector sets (module docstring); each runs every size")
+    parser.add_argument("--export", default="checkpoints/synthlamp-quick/user_encoder",
+                        help="the trained user encoder of the `encoded` set (the quick pipeline's export)")
     parser.add_argument("--threads", type=int, default=0, help="torch and faiss threads (0: all cores)")
     parser.add_argument("--search-threads", type=int, default=1, help="threads of the search timings")
     args = parser.parse_args()
@@ -329,44 +430,37 @@ def main() -> None:
           f"{torch.get_num_threads()}.\n")
 
     store, users, communities, _ = real_users(args.fit_users, args.cache_dir, args.encoder)
-    mixture = UserMixture(users.numpy(), communities)
-    print(f"## User-embedding mixture (fitted to {len(users)} real SynthLaMP LaMP-2 users, MEAN-pooled "
-          f"{args.encoder} doc vectors, d = {users.shape[1]})\n")
-    print(table(["community", "real users", "‖mean‖", "mean per-dim std"],
-                [[c, s, f"{np.linalg.norm(mu):.3f}", f"{sd.mean():.4f}"]
-                 for c, (s, mu, sd) in enumerate(zip(mixture.sizes, mixture.means, mixture.stds))]))
-    sampled, sampled_comm = mixture.sample(len(users), seed=args.seed + 2)
-    sampled_t = torch.from_numpy(sampled)
-    print("\nReal vs sampled users (same count): how faithful the synthetic table is.\n")
-    print(table(["set", "mean cos to nearest other user", f"same-community precision@{args.m}"],
-                [["real (MEAN-pooled)", f"{nearest_other_cos(users):.3f}",
-                  f"{community_precision_at_m(users, torch.as_tensor(communities), args.m):.3f}"],
-                 ["sampled (diag. Gaussian mixture)", f"{nearest_other_cos(sampled_t):.3f}",
-                  f"{community_precision_at_m(sampled_t, torch.as_tensor(sampled_comm), args.m):.3f}"]]))
-
-    hnsw = {"M": args.hnsw_m, "efConstruction": args.ef_construction}
-    prev: tuple[int, float] | None = None
-    for n in sizes:
-        note = ""
-        if prev is not None:
-            projected = prev[1] * n / prev[0] * 1.3  # HNSW insert cost grows ~ n log n
-            if projected > args.hnsw_budget_s and hnsw["M"] != 16:
-                hnsw = {"M": 16, "efConstruction": 40}
-                note = (f"HNSW build projected at {projected:.0f} s (> {args.hnsw_budget_s:.0f} s) with the "
-                        f"default parameters, so this size uses M=16, efConstruction=40.")
-        print(f"\n## Top-{args.m} users among {n:,} sampled users (d = {users.shape[1]}, "
-              f"{args.recall_queries} held-out queries for recall vs the exact torch scan)\n")
-        if note:
-            print(note.strip() + "\n")
-        t0 = time.perf_counter()
-        rows, info = bench_size(n, mixture, args, hnsw)
-        print(table(["method", "build s", "p50 ms (1 query)", "p95 ms (1 query)", "queries/s (batch 64)",
-                     "index MiB (serialized / table)", "RSS Δ MiB (incl. id map)",
-                     f"recall@{args.m} vs exact"], rows))
-        print(f"\n({time.perf_counter() - t0:.0f} s for this size)")
-        if "hnsw_build_s" in info:
-            prev = (n, info["hnsw_build_s"]) if hnsw["M"] == args.hnsw_m else prev
-        sys.stdout.flush()
+    n_queries = max(args.recall_queries, args.single_queries, 64 * 4)
+    for name in args.vectors:
+        if name == "gaussian":
+            mixture = UserMixture(users.numpy(), communities)
+            print(f"## User-embedding mixture (fitted to {len(users)} real SynthLaMP LaMP-2 users, MEAN-pooled "
+                  f"{args.encoder} doc vectors, d = {users.shape[1]})\n")
+            print(table(["community", "real users", "‖mean‖", "mean per-dim std"],
+                        [[c, s, f"{np.linalg.norm(mu):.3f}", f"{sd.mean():.4f}"]
+                         for c, (s, mu, sd) in enumerate(zip(mixture.sizes, mixture.means, mixture.stds))]))
+            vectors = gaussian_set(mixture, users, communities, max(sizes), n_queries, args.seed)
+        else:
+            vectors = encoded_set(args, max(sizes), n_queries)
+        sampled_t = torch.from_numpy(vectors.table[:len(vectors.real)])
+        print(f"\nReal vs sampled users ({len(vectors.real)} each), set `{name}`: {vectors.note}.\n")
+        print(table(["set", "mean cos to nearest other user", f"same-community precision@{args.m}"],
+                    [["real", f"{nearest_other_cos(vectors.real):.3f}",
+                      f"{community_precision_at_m(vectors.real, torch.as_tensor(vectors.real_comm), args.m):.3f}"],
+                     ["sampled", f"{nearest_other_cos(sampled_t):.3f}",
+                      f"{community_precision_at_m(sampled_t, torch.as_tensor(vectors.sampled_comm[:len(vectors.real)]), args.m):.3f}"]]))
+        for n in sizes:
+            print(f"\n## Top-{args.m} users among {n:,} sampled users, set `{name}` (d = {vectors.table.shape[1]}, "
+                  f"{args.recall_queries} held-out queries for recall vs the exact torch scan)\n")
+            t0 = time.perf_counter()
+            rows = bench_size(n, vectors, args)
+            print(table(["method", "build s", "p50 ms (1 query)", "p95 ms (1 query)", "queries/s (batch 64)",
+                         "index MiB (serialized / table)", "RSS Δ MiB (incl. id map)",
+                         f"recall@{args.m} vs exact"], rows))
+            print(f"\n({time.perf_counter() - t0:.0f} s for this size; load average {os.getloadavg()[0]:.1f})")
+            sys.stdout.flush()
+        del vectors
+        gc.collect()
 
     print(f"\n## End-to-end retrieve without the LLM ({len(store.corpus.user_ids)}-user SynthLaMP LaMP-2, "
           f"{len(store.dataset.examples['dev'])} dev queries, k = {args.k}, CPU)\n")

@@ -515,3 +515,49 @@ def test_generated_bytes_are_pinned(tmp_path: Path, task: str) -> None:
         digest.update(p.name.encode())
         digest.update(p.read_bytes())
     assert digest.hexdigest()[:16] == PINNED[task]
+
+
+# ---- users at scale (data/synth_scale.py, the realistic vectors of benchmarks/bench_retrieval.py) ----------------
+
+def test_scaled_users_play_each_drawn_item_by_a_real_doc_of_its_kind_and_style(tmp_path: Path) -> None:
+    import torch
+
+    from persrag_lightning.data.corpus import Corpus
+    from persrag_lightning.data.histories import FIRST_DOC_ID, PAD_ID
+    from persrag_lightning.data.source import LampSource
+    from persrag_lightning.data.synth import draw_histories
+    from persrag_lightning.data.synth_scale import DRAW_STREAM, ScaledSynthUsers
+    from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
+
+    source = LampSource("LaMP-2", None, SMALL, str(tmp_path))
+    source.prepare()
+    dataset = source.load()
+    corpus = Corpus.from_dataset(dataset)
+    torch.manual_seed(0)
+    encoder = UserEncoder(UserEncoderConfig(dim=8, num_docs=len(corpus.doc_ids), max_history=20))
+    users = ScaledSynthUsers(encoder, dataset, SMALL)
+    latent = {d.doc_id: (d.kind, d.style) for u in iter_synth_users(SMALL) for d in u.docs}
+
+    ids, comm = users.draw(300, seed=3, chunk=0)
+    h = draw_histories(np.random.default_rng([3, DRAW_STREAM, 0]), SMALL, users.world, 300)
+    assert (comm == h.comm).all() and ids.shape == (300, 20)  # histories of up to 30 items keep the last 20
+    played, wanted = [], []
+    for u in range(300):
+        items = range(h.starts[u], h.starts[u] + h.n_docs[u])[-20:]
+        row_ids = ids[u][ids[u] != PAD_ID]
+        assert len(row_ids) == len(items) and (ids[u][len(items):] == PAD_ID).all()  # right-padded, oldest first
+        played += [latent[corpus.doc_ids[r - FIRST_DOC_ID]] for r in row_ids]
+        wanted += [(int(h.kind[i]), int(h.style[i])) for i in items]
+    assert all(p[0] == w[0] for p, w in zip(played, wanted))  # always the item's kind
+    other_style = sum(p != w for p, w in zip(played, wanted))
+    assert other_style <= users.fallbacks < 0.1 * len(h.kind)  # another style only where no doc has the item's
+
+    # encoding: chunks and length-sorted batches give what the encoder gives on the padded draw
+    vectors, comm2 = users.encode(300, seed=3, chunk_users=300, batch_size=64)
+    with torch.inference_mode():
+        expected = encoder(torch.from_numpy(ids)).numpy()
+    assert (comm2 == comm).all() and np.allclose(vectors, expected, atol=1e-5)
+    assert users.real_embeddings().shape == (len(users.pool_users), 8)
+
+    with pytest.raises(ValueError, match="doc table has"):
+        ScaledSynthUsers(UserEncoder(UserEncoderConfig(dim=8, num_docs=5)), dataset, SMALL)

@@ -509,12 +509,25 @@ def _draw_slots(rng: np.random.Generator, redraw_rng: np.random.Generator, slot_
     raise RuntimeError("slot redraws did not converge; is one side of the slot partition empty for some kind?")
 
 
-def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser]:
-    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk) and, for slot
-    redraws only, (seed, 2, chunk)."""
-    rng = np.random.default_rng([config.seed, 1, chunk])
-    start = chunk * CHUNK_USERS
-    n = min(CHUNK_USERS, config.num_users - start)
+@dataclass
+class HistoryDraws:
+    """The (kind, style) of every history item of n users, items of user u at rows starts[u]:starts[u]+n_docs[u],
+    oldest first; `order` is each user's kinds by taste, the first n_seen[u] seen."""
+
+    comm: np.ndarray
+    n_docs: np.ndarray
+    n_seen: np.ndarray
+    order: np.ndarray
+    starts: np.ndarray
+    owner: np.ndarray
+    kind: np.ndarray
+    style: np.ndarray
+    noisy: np.ndarray
+
+
+def draw_histories(rng: np.random.Generator, config: SynthConfig, world: SynthWorld, n: int) -> HistoryDraws:
+    """The first draws of a chunk: each user's community, history length, kinds and each item's kind and style
+    (benchmarks/bench_retrieval.py draws a million users' histories this way without rendering any text)."""
     c_count, k_count = world.styles.shape
     comm = rng.integers(0, c_count, n)
     n_docs = rng.integers(config.docs_per_user[0], config.docs_per_user[1] + 1, n)
@@ -533,6 +546,19 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     noisy = rng.random(total) < config.noise
     style = np.where(noisy, np.where(rng.random(total) < 0.5, world.styles[other, kind],
                                      rng.integers(0, world.num_styles, total)), world.styles[comm[owner], kind])
+    return HistoryDraws(comm, n_docs, n_seen, order, starts, owner, kind, style, noisy)
+
+
+def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser]:
+    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk) and, for slot
+    redraws only, (seed, 2, chunk)."""
+    rng = np.random.default_rng([config.seed, 1, chunk])
+    start = chunk * CHUNK_USERS
+    n = min(CHUNK_USERS, config.num_users - start)
+    k_count = world.styles.shape[1]
+    h = draw_histories(rng, config, world, n)
+    comm, n_docs, n_seen, order, starts, owner = h.comm, h.n_docs, h.n_seen, h.order, h.starts, h.owner
+    kind, style, noisy, total = h.kind, h.style, h.noisy, len(h.kind)
     redraw_rng = np.random.default_rng([config.seed, 2, chunk])  # slot redraws only; see _draw_slots
     slots = _draw_slots(rng, redraw_rng, world.slot_sizes, kind, question=False)
     gaps = rng.integers(1, MAX_GAP_DAYS, total)
