@@ -171,7 +171,8 @@ def test_flat_user_index_equals_torch_scan():
 def test_approximate_user_index_recall(kind):
     table, queries, m = clustered(4000), clustered(200, seed=1), 6
     _, exact = torch_topk_users(torch.from_numpy(table), torch.from_numpy(queries), m)
-    _, rows = UserIndex.build([str(i) for i in range(len(table))], table, kind).search_rows(queries, m)
+    knobs = {"ef_search": 128} if kind == "hnsw" else {}  # 0.86 at index.HNSW_EF_SEARCH = 64: too near the bar
+    _, rows = UserIndex.build([str(i) for i in range(len(table))], table, kind, **knobs).search_rows(queries, m)
     recall = np.mean([len(set(a) & set(b)) / m for a, b in zip(rows.tolist(), exact.tolist())])
     assert recall >= 0.85, recall  # measured 0.99 (IVF, nprobe 16) and 0.95 (HNSW, efSearch 128)
 

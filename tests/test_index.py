@@ -1,11 +1,27 @@
-"""Exact faiss search: the BLAS path the project switches on for batches (index.py) returns the same top-k as a
-numpy reference and as one-query calls."""
+"""Faiss indexes: the BLAS path the project switches on for batches (index.py) returns the same top-k as a
+numpy reference and as one-query calls; `auto` picks exact or HNSW by the number of users; an index's parameters
+survive a rebuild (index_params) and a purge of the export."""
+
+import json
 
 import faiss
 import numpy as np
+import pytest
+import torch
 
-from persrag_lightning.retrieval.index import (BLAS_MIN_QUERIES, FAISS_DEFAULT_BLAS_THRESHOLD, build_index,
-                                               normalized, search)
+from persrag_lightning.retrieval import index as index_module
+from persrag_lightning.retrieval.index import (
+    BLAS_MIN_QUERIES,
+    FAISS_DEFAULT_BLAS_THRESHOLD,
+    build_index,
+    index_kind,
+    index_params,
+    load_index,
+    normalized,
+    resolve_kind,
+    save_index,
+    search,
+)
 
 
 def test_importing_retrieval_sets_the_blas_threshold_below_faiss_default():
@@ -24,3 +40,59 @@ def test_batched_exact_search_matches_numpy_and_single_queries():
     single = np.concatenate([search(index, q, 6)[1] for q in queries])  # one query: SIMD path
     assert (batch_ids == ref).all() and (single == ref).all()
     assert np.allclose(batch_scores, np.take_along_axis(normalized(queries) @ normalized(table).T, ref, 1), atol=1e-5)
+
+
+def test_auto_is_exact_up_to_the_threshold_and_hnsw_above(monkeypatch):
+    monkeypatch.setattr(index_module, "AUTO_EXACT_MAX_USERS", 10)
+    assert resolve_kind("auto", 10) == "flat" and resolve_kind("auto", 11) == "hnsw"
+    assert resolve_kind("ivf", 5) == "ivf"
+    x = np.random.default_rng(0).standard_normal((11, 8)).astype(np.float32)
+    assert index_kind(build_index(x[:10], "auto")) == "flat"
+    assert index_kind(build_index(x, "auto")) == "hnsw"
+    with pytest.raises(ValueError, match="unknown index kind"):
+        build_index(x, "exact")
+
+
+def test_hnsw_links_every_vector_with_the_requested_ef_construction(monkeypatch):
+    """efConstruction is set before the vectors are added (faiss applies it while linking each one)."""
+    seen = []
+
+    class Recording(faiss.IndexHNSWFlat):
+        def add(self, x):
+            seen.append(self.hnsw.efConstruction)
+            super().add(x)
+
+    monkeypatch.setattr(faiss, "IndexHNSWFlat", Recording)
+    x = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    index = build_index(x, "hnsw", hnsw_m=8, ef_construction=120, ef_search=20)
+    assert seen == [120] and index.ntotal == 50
+    assert (index.hnsw.nb_neighbors(1), index.hnsw.efConstruction, index.hnsw.efSearch) == (8, 120, 20)
+
+
+@pytest.mark.parametrize("kind, params", [("flat", {}), ("ivf", {"nlist": 8, "nprobe": 3}),
+                                          ("hnsw", {"hnsw_m": 12, "ef_construction": 70, "ef_search": 24})])
+def test_index_params_rebuild_the_same_kind_with_the_same_parameters(kind, params, tmp_path):
+    x = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    index = build_index(x, kind, **params)
+    assert index_params(index) == {"kind": kind, **params}
+    save_index(index, tmp_path / "users.faiss")
+    loaded = load_index(tmp_path / "users.faiss")
+    assert index_params(loaded) == {"kind": kind, **params}
+    assert index_params(build_index(x[:300], **index_params(loaded))) == {"kind": kind, **params}
+
+
+def test_a_purged_user_index_keeps_its_parameters(tmp_path):
+    from safetensors.torch import save_file
+
+    from persrag_lightning.serving.purge import _stage_user_table
+
+    ids = [f"u{i}" for i in range(40)]
+    table = torch.randn(40, 8)
+    save_file({"embeddings": table}, str(tmp_path / "user_embeddings.safetensors"))
+    (tmp_path / "user_ids.json").write_text(json.dumps(ids))
+    params = {"kind": "hnsw", "hnsw_m": 6, "ef_construction": 55, "ef_search": 21}
+    save_index(build_index(table.numpy(), **params), tmp_path / "users.faiss")
+    _stage_user_table(tmp_path, {"u3", "u7"}, lambda target: target)  # staged in place
+    purged = load_index(tmp_path / "users.faiss")
+    assert purged.ntotal == 38 and json.loads((tmp_path / "user_ids.json").read_text())[3] == "u4"
+    assert index_params(purged) == params

@@ -262,3 +262,68 @@ def test_clusterrag_rows_in_the_evaluation_with_trained_user_vectors(run_dir, ti
     evaluation.run(again)
     assert all(s.index is None for s in again)  # answered from the cache: nothing prepared
     assert len(list((tmp_path / "eval" / "cache").glob("ClusterRAG*.json"))) == 3
+
+
+def _no_rebuild(*args, **kwargs):
+    raise AssertionError("the exported user index was rebuilt")
+
+
+def test_cfrag_loads_the_exported_user_index_and_finds_the_exact_neighbours(run_dir, tmp_path, monkeypatch):
+    """users.faiss is built once at export (`index: auto`: exact at this size) and loaded by every process that
+    prepares CFRAG, not rebuilt; its top-m is the exact one. MEAN vectors still get an index built for them."""
+    import faiss
+
+    from persrag_lightning.retrieval.user_index import UserIndex
+
+    store = synth_store(tmp_path)
+    make = lambda users: CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"), None, m=4,
+                               k_per_user=2, cache_dir=str(tmp_path / "cache"), users=users)
+    with monkeypatch.context() as patch:
+        patch.setattr(UserIndex, "build", _no_rebuild)
+        cfrag = make("encoder")
+        cfrag.prepare(store)
+    ue = cfrag.user_encoder
+    assert isinstance(ue._index, faiss.IndexFlatIP) and cfrag.user_index.kind == "flat"
+    if faiss.get_num_gpus() == 0:  # on a GPU the loaded index is copied there
+        assert cfrag.user_index.index is ue._index
+    users = [u for u in store.corpus.user_ids if u in cfrag.user_vectors]
+    loaded = {u: cfrag.similar_users(u) for u in users}
+    cfrag.user_index = UserIndex.build(ue.user_ids, ue.user_embeddings, "flat")
+    assert loaded == {u: cfrag.similar_users(u) for u in users} and all(len(s) == 4 for s in loaded.values())
+    mean = make("mean")
+    mean.prepare(store)
+    assert mean.user_index.index is not mean.user_encoder._index and len(mean.user_index) == len(mean.user_vectors)
+
+
+def test_an_hnsw_export_is_served_as_exported_and_keeps_its_parameters(run_dir, tmp_path, monkeypatch):
+    """Above the `auto` threshold the export holds HNSW; serving loads it (no rebuild), adds users to it, and a
+    deletion rebuilds it with the exported M, efConstruction and efSearch."""
+    import faiss
+
+    from persrag_lightning.models.user_encoder import UserEncoder
+    from persrag_lightning.retrieval import index as index_module
+    from persrag_lightning.retrieval.index import index_params
+    from persrag_lightning.retrieval.user_index import UserIndex
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    ue = UserEncoder.from_pretrained(run / "user_encoder")
+    monkeypatch.setattr(index_module, "AUTO_EXACT_MAX_USERS", USERS // 2)
+    ue.index_users(ue.user_ids, ue.user_embeddings)  # kind "auto"
+    assert isinstance(ue._index, faiss.IndexHNSW)
+    ue._index.hnsw.efSearch = 21  # not the default, so a lost parameter shows
+    params = index_params(ue._index)
+    ue.save_pretrained(run / "user_encoder")
+    assert index_params(UserEncoder.from_pretrained(run / "user_encoder")._index) == params
+    with monkeypatch.context() as patch:
+        patch.setattr(UserIndex, "build", _no_rebuild)
+        pipe = CFRAGPipeline.from_pretrained(run, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"))
+    s = pipe.strategy
+    assert s.user_index.kind == "hnsw" and s.user_index.index is s.user_encoder._index
+    template = pipe.store.dataset.users[pipe.store.corpus.user_ids[5]].docs
+    pipe.add_user("newcomer", [{"id": f"new-{i}", "date": f"2024-01-{i + 1:02d}", "fields": d.fields}
+                               for i, d in enumerate(template[:6])])
+    assert s.similar_users("newcomer")[0][0] == "newcomer" and len(s.user_index) == USERS + 1
+    assert pipe.retrieve("newcomer", "description: " + template[0].fields["description"], k=3)
+    pipe.remove_user(pipe.store.corpus.user_ids[0])
+    assert index_params(s.user_index.index) == params and len(s.user_index) == USERS

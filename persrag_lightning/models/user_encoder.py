@@ -179,8 +179,9 @@ class UserEncoder(nn.Module):
 
     # ---- serving -------------------------------------------------------------------------------------------
 
-    def index_users(self, user_ids: list[str], embeddings: torch.Tensor, kind: IndexKind = "flat") -> None:
-        """Attach the user table and a cosine index so `similar_users` works."""
+    def index_users(self, user_ids: list[str], embeddings: torch.Tensor, kind: IndexKind = "auto") -> None:
+        """Attach the user table and a cosine index so `similar_users` works; saved as users.faiss, which serving
+        and evaluation load instead of rebuilding ("auto": exact up to index.AUTO_EXACT_MAX_USERS, HNSW above)."""
         self.user_ids = list(user_ids)
         self.user_embeddings = embeddings.detach().float().cpu()
         self._row = {u: i for i, u in enumerate(self.user_ids)}

@@ -25,7 +25,7 @@ class UserEncoderModule(L.LightningModule):
 
     def __init__(self, temperature: float = 0.1, negatives: Negatives = "all_views", lr: float = 1e-3,
                  weight_decay: float = 1e-5, freeze_doc_table: bool = False, num_layers: int = 1,
-                 num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "flat",
+                 num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "auto",
                  gather_negatives: bool = False, judgments: Judgments = "none") -> None:
         """`eval_m`: neighbours scored by validation's community precision (the paper retrieves m = 6 users
         including the user itself, i.e. 5 others). `gather_negatives`: under DDP, contrast against every rank's

@@ -172,10 +172,14 @@ class CFRAG(Strategy):
         return self.cohort_settings.user_vectors if self.users == "cluster" else self.users
 
     def _build_user_index(self, store: DocStore) -> UserIndex:
-        """Cosine index over user vectors: the trained encoder's table, or MEAN of frozen doc embeddings."""
+        """Cosine index over user vectors: the trained encoder's table — its exported users.faiss, loaded, not
+        rebuilt, when it holds exactly the table's users — or MEAN of frozen doc embeddings (built, kind "auto")."""
         ids, vectors = self._user_vectors(store, self.users)
         self.user_vectors = dict(zip(ids, vectors))
-        return UserIndex.build(ids, vectors)
+        exported = self.user_encoder._index
+        if self.users == "encoder" and exported is not None and exported.ntotal == len(ids):
+            return UserIndex.wrap(exported, ids)
+        return UserIndex.build(ids, vectors, "auto")
 
     def _user_vectors(self, store: DocStore, source: str) -> tuple[list[str], torch.Tensor]:
         """(ids, vectors): the encoder's user table, or MEAN of the frozen doc embeddings of each user's pool."""

@@ -10,7 +10,15 @@ import numpy as np
 
 from persrag_lightning.utils import atomic_replace
 
-IndexKind = Literal["flat", "ivf", "hnsw"]
+IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
+
+# The index parameters, in one place (export, evaluation, serving and purge all build through build_index).
+# Placeholders until set from benchmarks/bench_retrieval.py, README "User retrieval at scale":
+AUTO_EXACT_MAX_USERS = 200_000  # index "auto": exact (flat) up to this many users, HNSW above
+HNSW_M = 32                     # links per node
+HNSW_EF_CONSTRUCTION = 100      # candidate list while linking (faiss's default, 40, loses recall at scale)
+HNSW_EF_SEARCH = 64             # candidate list per query
+IVF_NPROBE = 16                 # lists scanned per query
 
 # faiss (≥ 1.10; 1.15 here) sends a batch of nq queries to BLAS only when nq·d ≥ 128,000 — 334 queries of 384-d.
 # Below that, each query streams the whole table through a per-pair SIMD dot product, so a batch costs nq single
@@ -35,11 +43,22 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
 
 
-def build_index(vectors: np.ndarray, kind: IndexKind = "flat", nlist: int | None = None, nprobe: int = 16,
-                hnsw_m: int = 32) -> faiss.Index:
-    """Cosine index: exact by default; IVF (nlist ≈ 4·√n) or HNSW for large user sets."""
+def resolve_kind(kind: IndexKind, n: int) -> IndexKind:
+    """The concrete kind for `n` vectors: "auto" is exact up to AUTO_EXACT_MAX_USERS, HNSW above."""
+    if kind == "auto":
+        return "flat" if n <= AUTO_EXACT_MAX_USERS else "hnsw"
+    if kind not in ("flat", "ivf", "hnsw"):
+        raise ValueError(f"unknown index kind {kind!r}; expected auto, flat, ivf or hnsw")
+    return kind
+
+
+def build_index(vectors: np.ndarray, kind: IndexKind = "flat", nlist: int | None = None, nprobe: int = IVF_NPROBE,
+                hnsw_m: int = HNSW_M, ef_construction: int = HNSW_EF_CONSTRUCTION,
+                ef_search: int = HNSW_EF_SEARCH) -> faiss.Index:
+    """Cosine index: exact, IVF (nlist ≈ 4·√n) or HNSW; "auto" picks by the number of vectors (resolve_kind)."""
     x = normalized(vectors)
     n, dim = x.shape
+    kind = resolve_kind(kind, n)
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind == "ivf":
@@ -47,12 +66,39 @@ def build_index(vectors: np.ndarray, kind: IndexKind = "flat", nlist: int | None
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(x)
         index.nprobe = min(nprobe, nlist)
-    elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
     else:
-        raise ValueError(f"unknown index kind {kind!r}; expected flat, ivf or hnsw")
+        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction  # before adding: it applies to each vector as it is linked
+        index.hnsw.efSearch = ef_search
     index.add(x)
     return index
+
+
+def index_kind(index: faiss.Index) -> IndexKind:
+    """The kind of a built index, CPU or GPU (faiss has no GPU HNSW)."""
+    if isinstance(index, faiss.IndexHNSW):
+        return "hnsw"
+    if isinstance(index, (faiss.IndexIVF, *_gpu_classes("GpuIndexIVF"))):
+        return "ivf"
+    if isinstance(index, (faiss.IndexFlat, *_gpu_classes("GpuIndexFlat"))):
+        return "flat"
+    raise ValueError(f"not an index build_index makes: {type(index).__name__}")
+
+
+def index_params(index: faiss.Index) -> dict:
+    """build_index keyword arguments that rebuild `index`'s kind with its parameters (M, efConstruction, efSearch;
+    nlist, nprobe), so a rebuild over other vectors (a deletion, a purge) searches as the original did."""
+    kind = index_kind(index)
+    if kind == "hnsw":
+        return {"kind": kind, "hnsw_m": int(index.hnsw.nb_neighbors(1)),  # level ≥ 1 holds M links, level 0 2·M
+                "ef_construction": int(index.hnsw.efConstruction), "ef_search": int(index.hnsw.efSearch)}
+    if kind == "ivf":
+        return {"kind": kind, "nlist": int(index.nlist), "nprobe": int(index.nprobe)}
+    return {"kind": kind}
+
+
+def _gpu_classes(name: str) -> tuple[type, ...]:
+    return (getattr(faiss, name),) if hasattr(faiss, name) else ()
 
 
 def to_gpu_if_available(index: faiss.Index) -> faiss.Index:

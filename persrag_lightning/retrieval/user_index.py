@@ -10,7 +10,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from persrag_lightning.retrieval.index import IndexKind, build_index, normalized, search, to_gpu_if_available
+from persrag_lightning.retrieval.index import (
+    HNSW_EF_CONSTRUCTION,
+    HNSW_EF_SEARCH,
+    HNSW_M,
+    IVF_NPROBE,
+    IndexKind,
+    build_index,
+    index_kind,
+    normalized,
+    search,
+    to_gpu_if_available,
+)
 
 
 def torch_topk_users(table: torch.Tensor, vectors: torch.Tensor, m: int,
@@ -38,21 +49,22 @@ class UserIndex:
 
     @classmethod
     def build(cls, user_ids: Sequence[str], vectors: np.ndarray | torch.Tensor, kind: IndexKind = "flat",
-              nlist: int | None = None, nprobe: int = 16, hnsw_m: int = 32, ef_construction: int = 100,
-              ef_search: int = 128, gpu: bool = True) -> UserIndex:
-        """Index `vectors` (row i = user_ids[i]); IVF trains its centroids on them once."""
+              nlist: int | None = None, nprobe: int = IVF_NPROBE, hnsw_m: int = HNSW_M,
+              ef_construction: int = HNSW_EF_CONSTRUCTION, ef_search: int = HNSW_EF_SEARCH,
+              gpu: bool = True) -> UserIndex:
+        """Index `vectors` (row i = user_ids[i]) with build_index ("auto" resolved by the number of users)."""
         x = _numpy(vectors)
         if len(user_ids) != x.shape[0]:
             raise ValueError(f"{len(user_ids)} user ids for {x.shape[0]} vectors")
-        if kind == "hnsw":
-            index = build_index(x[:0], "hnsw", hnsw_m=hnsw_m)  # empty, so efConstruction applies to every add
-            index.hnsw.efConstruction = ef_construction
-            index.add(normalized(x))
-        else:
-            index = build_index(x, kind, nlist=nlist, nprobe=nprobe)
-        if kind == "hnsw":
-            index.hnsw.efSearch = ef_search
-        elif gpu:
+        index = build_index(x, kind, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                            ef_search=ef_search)
+        return cls.wrap(index, user_ids, gpu)
+
+    @classmethod
+    def wrap(cls, index: faiss.Index, user_ids: Sequence[str], gpu: bool = True) -> UserIndex:
+        """A built (or exported, loaded) index of `user_ids`' vectors, moved to GPU when it can be (flat, IVF)."""
+        kind = index_kind(index)
+        if gpu and kind != "hnsw":
             index = to_gpu_if_available(index)
         return cls(index, user_ids, kind)
 

@@ -20,6 +20,7 @@ from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle
 from persrag_lightning.retrieval.cohorts import Assignment
+from persrag_lightning.retrieval.index import index_params
 from persrag_lightning.retrieval.user_index import UserIndex
 
 COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
@@ -219,13 +220,15 @@ class CFRAGPipeline:
         self.rebuild_user_index()
 
     def rebuild_user_index(self) -> None:
-        """The user index over the users present (after a deletion or a replaced history); cheap at serving
-        scale (an exact index over a few thousand vectors)."""
+        """The user index over the users present, same kind and parameters: a deletion or a replaced history
+        rebuilds it (new users are only added). An exact index rebuilds as a copy of the vectors; an HNSW one at 1M
+        users takes minutes."""
         s = self.strategy
         if s.user_index is None:  # users="cluster": the cohorts are the index
             return
         ids = [u for u in s.user_vectors if u in self.store]
-        s.user_index = UserIndex.build(ids, torch.stack([s.user_vectors[u] for u in ids]), kind=s.user_index.kind)
+        s.user_index = UserIndex.build(ids, torch.stack([s.user_vectors[u] for u in ids]),
+                                       **index_params(s.user_index.index))
 
     @property
     def text_encoder(self) -> TextEncoder:

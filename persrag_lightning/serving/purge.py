@@ -3,7 +3,7 @@
 What a deletion rewrites (each file staged beside its target as `<name>.purge-new`, then renamed over it):
 - `docstore/users.jsonl`: their lines;
 - every bundle's user table (`user_ids.json`, `user_embeddings.safetensors`, and `users.faiss`, rebuilt as the
-  same kind of index): the user encoder's, a retriever's fine-tuned one;
+  same kind of index with the same parameters): the user encoder's, a retriever's fine-tuned one;
 - the user encoder's doc table (`model.safetensors`, `config.json`'s num_docs): the rows of their docs (row r + 2
   is docstore corpus row r, so the remaining rows keep matching the rewritten docstore);
 - the cohort export (`clusters/`): their assignment and vector; their cohort's centroid and radius recomputed;
@@ -40,7 +40,7 @@ from persrag_lightning.data.embeddings import (
 )
 from persrag_lightning.data.histories import FIRST_DOC_ID
 from persrag_lightning.retrieval.cohorts import CohortModel
-from persrag_lightning.retrieval.index import build_index, load_index
+from persrag_lightning.retrieval.index import build_index, index_params, load_index
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -161,9 +161,7 @@ def _stage_user_table(bundle: Path, users: set[str], staged) -> None:
     table = load_file(str(bundle / "user_embeddings.safetensors"))["embeddings"][keep].contiguous()
     atomic_save_tensors({"embeddings": table}, staged(bundle / "user_embeddings.safetensors"))
     if (bundle / "users.faiss").is_file():
-        old = load_index(bundle / "users.faiss")
-        kind = "hnsw" if isinstance(old, faiss.IndexHNSW) else "ivf" if isinstance(old, faiss.IndexIVF) else "flat"
-        index = build_index(table.float().numpy(), kind)
+        index = build_index(table.float().numpy(), **index_params(load_index(bundle / "users.faiss")))
         with atomic_replace(staged(bundle / "users.faiss")) as tmp:
             faiss.write_index(index, str(tmp))
     atomic_write_json(staged(bundle / "user_ids.json"), [ids[i] for i in keep])  # ids last, as save_pretrained
