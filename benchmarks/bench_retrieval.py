@@ -43,6 +43,7 @@ from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corp
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.synth_scale import ScaledSynthUsers
+from persrag_lightning.logs import configure_logs
 from persrag_lightning.metrics import community_precision_at_m
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
@@ -413,6 +414,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch and faiss threads (0: all cores)")
     parser.add_argument("--search-threads", type=int, default=1, help="threads of the search timings")
     args = parser.parse_args()
+    configure_logs(verbose=False)  # no "Loading weights" bars in the tables
     global SEARCH_THREADS
     SEARCH_THREADS = args.search_threads
     if args.threads:

@@ -16,6 +16,8 @@ import time
 import torch
 
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
+from persrag_lightning.llm.hf import cpu_has_native_bf16
+from persrag_lightning.logs import configure_logs
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.retriever import PersonalizedRetriever
 from persrag_lightning.modules.losses import kl_to_llm_feedback
@@ -50,20 +52,24 @@ def make_examples(rng: random.Random, batch: int, candidates: int, shared: float
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: CandidateBatch,
-               e_u: torch.Tensor, temperature: float) -> None:
-    loss = kl_to_llm_feedback(model(batch, e_u[batch.users]), batch.labels, batch.mask, temperature, temperature)
+               e_u: torch.Tensor, temperature: float, bf16: bool = False) -> None:
+    """One optimiser step; `bf16` runs the forward under bfloat16 autocast as Lightning's `bf16-mixed` does
+    (float32 weights, optimiser and loss reduction)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        scores = model(batch, e_u[batch.users])
+    loss = kl_to_llm_feedback(scores.float(), batch.labels, batch.mask, temperature, temperature)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
 
 
 def time_rounds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[CandidateBatch],
-                e_u: torch.Tensor, temperature: float, rounds: int) -> float:
+                e_u: torch.Tensor, temperature: float, rounds: int, bf16: bool = False) -> float:
     """Seconds per round; a round trains once on each of `batches` (together, the same examples in every mode)."""
     start = time.perf_counter()
     for _ in range(rounds):
         for batch in batches:
-            train_step(model, optimizer, batch, e_u, temperature)
+            train_step(model, optimizer, batch, e_u, temperature, bf16)
     return (time.perf_counter() - start) / rounds
 
 
@@ -80,11 +86,13 @@ def bench(name: str, model: torch.nn.Module, temperature: float, args: argparse.
         user_row = {e.user_id: i for i, e in enumerate(examples)}
         batched = collate_candidates(examples, user_row, corpus)
         singles = [collate_candidates([e], user_row, corpus) for e in examples]
-        if not warmed:  # first step allocates optimizer state and warms the kernels
+        if not warmed:  # first step allocates optimizer state and warms the kernels (both precisions)
             train_step(model, optimizer, batched, e_u, temperature)
+            train_step(model, optimizer, batched, e_u, temperature, bf16=args.bf16)
             warmed = True
-        for mode, batches in (("batched", [batched]), ("naive", singles)):
-            seconds = time_rounds(model, optimizer, batches, e_u, temperature, args.rounds)
+        modes = [("batched", [batched], False)] + ([("batched+bf16", [batched], True)] if args.bf16 else [])
+        for mode, batches, bf16 in modes + [("naive", singles, False)]:
+            seconds = time_rounds(model, optimizer, batches, e_u, temperature, args.rounds, bf16)
             docs = sum(len(b.docs) for b in batches) + len(examples)
             texts = docs if name == "retriever" else args.batch * candidates
             rows.append({"module": name, "C": candidates, "mode": mode, "steps": len(batches), "encoded": texts,
@@ -104,7 +112,11 @@ def main() -> None:
     parser.add_argument("--modules", nargs="+", default=["retriever", "reranker"], choices=["retriever", "reranker"])
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=cpu_has_native_bf16(),
+                        help="also time the batched step under bfloat16 autocast (default: where the CPU has native "
+                             "bf16)")
     args = parser.parse_args()
+    configure_logs(verbose=False)  # no "Loading weights" bars in the tables
     if args.quick:
         args.rounds = 1
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, encoder {args.encoder}, batch {args.batch}, "
@@ -117,13 +129,13 @@ def main() -> None:
         rows += bench("reranker", PersonalizedReranker.from_encoder(args.encoder, 384), 0.1, args)
 
     print()
-    header = f"{'module':<10} {'C':>3} {'mode':<8} {'steps':>5} {'texts/pairs encoded':>20} {'s/round':>8} " \
+    header = f"{'module':<10} {'C':>3} {'mode':<12} {'steps':>5} {'texts/pairs encoded':>20} {'s/round':>8} " \
              f"{'samples/s':>10} {'speedup':>8}"
     print(header)
     print("-" * len(header))
     for row in rows:
         naive = next(r for r in rows if r["module"] == row["module"] and r["C"] == row["C"] and r["mode"] == "naive")
-        print(f"{row['module']:<10} {row['C']:>3} {row['mode']:<8} {row['steps']:>5} {row['encoded']:>20} "
+        print(f"{row['module']:<10} {row['C']:>3} {row['mode']:<12} {row['steps']:>5} {row['encoded']:>20} "
               f"{row['s/round']:>8.2f} {row['samples/s']:>10.3f} {row['samples/s'] / naive['samples/s']:>7.2f}x")
     print("\nsteps: optimizer steps per round of the same examples; texts/pairs encoded: docs through the doc "
           "encoder (retriever, plus one query per example) or (query, doc) pairs through the cross-encoder.")

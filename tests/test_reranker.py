@@ -25,7 +25,7 @@ CORPUS = [
 USERS = ["u0", "u1", "u2"]
 
 
-def make_batch() -> CandidateBatch:
+def make_examples() -> list[FeedbackExample]:
     """Ragged candidate lists (5, 2, 4) sharing docs; labels are distinct so rankings are informative."""
     lists = [[0, 1, 2, 3, 4], [2, 5], [6, 7, 8, 0]]
     exs = []
@@ -33,7 +33,11 @@ def make_batch() -> CandidateBatch:
         cands = tuple(Candidate(row=r, doc_id=f"d{r}", owner=USERS[r % 3], user_sim=0.5, first_stage=float(-j),
                                 output="", label=float((r * 5 + i) % 7) / 6) for j, r in enumerate(rows))
         exs.append(FeedbackExample(f"e{i}", USERS[i], "input", f"query {i}: {CORPUS[rows[-1]]}", "y", cands))
-    return collate_candidates(exs, {u: i for i, u in enumerate(USERS)}, CORPUS)
+    return exs
+
+
+def make_batch(examples: list[FeedbackExample] | None = None) -> CandidateBatch:
+    return collate_candidates(examples or make_examples(), {u: i for i, u in enumerate(USERS)}, CORPUS)
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +183,40 @@ def test_reranker_module_fit_lowers_kl_and_exports(tiny_bert, tmp_path):
         torch.testing.assert_close(restored(batch), want, atol=1e-5, rtol=1e-5)
         served = PersonalizedReranker.from_pretrained(module.export(tmp_path / "export", data))
         torch.testing.assert_close(served(batch, table[batch.users]), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_batch_of_b_examples_is_the_official_b_steps_of_accumulation(tiny_bert):
+    """The configs train on batches of 4 examples where the official code takes 4 single-example steps with
+    gradient accumulation 4: the same gradient (the KL is the mean over examples), from one forward instead of 4."""
+    from persrag_lightning.modules.losses import kl_to_llm_feedback
+
+    torch.manual_seed(0)
+    model = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()  # eval: no dropout, same forward
+    table = torch.randn(len(USERS), 8)
+    examples = make_examples()
+
+    def grads(batch: CandidateBatch, scale: float) -> list[torch.Tensor]:
+        model.zero_grad()
+        loss = kl_to_llm_feedback(model(batch, table[batch.users]), batch.labels, batch.mask, 0.1, 0.1) * scale
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    together = grads(make_batch(examples), 1.0)
+    accumulated = [sum(g) for g in zip(*(grads(make_batch([e]), 1 / len(examples)) for e in examples))]
+    assert max((a - b).abs().max().item() for a, b in zip(together, accumulated)) < 1e-5
+    assert max(g.abs().max().item() for g in together) > 1e-3  # a real gradient, not zeros on both sides
+
+
+def test_pairs_are_encoded_in_length_chunks_and_returned_in_input_order(reranker):
+    """score_pairs encodes ROWS_PER_FORWARD pairs at a time by token length (less padding) — training and
+    inference alike — and gives every pair the score it gets alone."""
+    queries = [f"query {i}" for i in range(len(CORPUS))]
+    e_u = torch.randn(len(CORPUS), 8)
+    with torch.no_grad():
+        alone = torch.stack([reranker.score_pairs([q], [d], e_u[i:i + 1])[0]
+                             for i, (q, d) in enumerate(zip(queries, CORPUS))])
+        for step in (2, 4, None):
+            chunked = reranker.score_pairs(queries, CORPUS, e_u, batch_size=step)
+            assert torch.allclose(chunked, alone, atol=1e-5), step
+    lengths = reranker.tokenize_pairs(queries, CORPUS)["attention_mask"].sum(1)
+    assert len(set(lengths.tolist())) > 2  # the chunks really reorder pairs of different lengths

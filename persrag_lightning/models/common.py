@@ -5,12 +5,35 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import torch
 from torch import nn
 
 USER_HEADS = "user_heads.safetensors"
+
+# Texts (retriever) or (query, doc) pairs (reranker) per encoder forward, taken in order of token length. Measured
+# on 2 cores (MiniLM cross-encoder, 120 pairs of 4 examples x m*k = 30, forward + backward): one forward of all 120
+# 17.5 s, chunks of 30 in candidate order 10.5 s, chunks of 30 by length 6.9 s (of 16: 7.0 s); under bfloat16
+# autocast 7.5 / 4.7 / 3.4 s. Large activations cost more than the extra calls on a CPU; less padding does the rest.
+ROWS_PER_FORWARD = 32
+
+
+def encode_by_length(inputs: dict[str, torch.Tensor], encode: Callable[[torch.Tensor, dict], torch.Tensor],
+                     device: torch.device, step: int | None = None) -> torch.Tensor:
+    """`encode(rows, chunk)` over chunks of `step` (ROWS_PER_FORWARD) right-padded rows of `inputs` in order of
+    length, each chunk cut to its longest row; the results concatenated back in input order. Differentiable."""
+    lengths = inputs["attention_mask"].sum(1)
+    order = torch.argsort(lengths, stable=True)
+    step = step or ROWS_PER_FORWARD
+    out = []
+    for start in range(0, len(order), step):
+        rows = order[start:start + step]
+        width = int(lengths[rows].max())
+        out.append(encode(rows, {k: v[rows, :width].contiguous().to(device) for k, v in inputs.items()}))
+    return torch.cat(out)[torch.argsort(order).to(out[0].device)]
 
 
 @dataclass

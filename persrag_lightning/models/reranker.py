@@ -16,6 +16,7 @@ from persrag_lightning.models.common import (
     LoraFields,
     apply_lora,
     config_from_json,
+    encode_by_length,
     freeze_pooler,
     merged_copy,
 )
@@ -182,23 +183,23 @@ class PersonalizedReranker(nn.Module):
 
     def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
                     batch_size: int | None = None) -> torch.Tensor:
-        """Eq. 10 for P pairs, [P]; e_u [P, du] is the query user's embedding per pair (ignored without users).
-        Differentiable; wrap in torch.no_grad() to serve, and pass batch_size to bound memory."""
+        """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per pair (ignored
+        without users). The pairs are tokenised together, then encoded `batch_size` (default ROWS_PER_FORWARD) at a
+        time in order of token length, each chunk cut to its longest pair (models/common.py). Differentiable:
+        training and inference take this one path; wrap in torch.no_grad() to serve."""
         if len(queries) != len(docs):
             raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
         if self.config.use_user and e_u is None:
             raise ValueError("this reranker uses users (use_user=True): pass e_u")
         if not queries:  # a batch of padding only: an empty result that still belongs to the graph
             return self.head[-1].bias.sum() * 0.0 + torch.zeros(0, device=self.device)
-        step = batch_size or len(queries)
-        out = []
-        for start in range(0, len(queries), step):
-            sl = slice(start, start + step)
-            inputs = {k: v.to(self.device) for k, v in self.tokenize_pairs(queries[sl], docs[sl]).items()}
-            h = self._cls(inputs)
-            user = self.user_vectors(e_u[sl]).to(h.dtype) if self.config.use_user else None
-            out.append(personalized_rerank_score(self.head, h, user))
-        return torch.cat(out)
+
+        def encode(rows: torch.Tensor, chunk: dict[str, torch.Tensor]) -> torch.Tensor:
+            h = self._cls(chunk)
+            user = self.user_vectors(e_u[rows.to(e_u.device)]).to(h.dtype) if self.config.use_user else None
+            return personalized_rerank_score(self.head, h, user)
+
+        return encode_by_length(self.tokenize_pairs(queries, docs), encode, self.device, batch_size)
 
     def _cls(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32 torch by default)."""

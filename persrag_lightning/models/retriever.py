@@ -21,6 +21,7 @@ from persrag_lightning.models.common import (
     LoraFields,
     apply_lora,
     config_from_json,
+    encode_by_length,
     freeze_pooler,
     merged_copy,
 )
@@ -180,8 +181,8 @@ class PersonalizedRetriever(nn.Module):
     # ---- training -------------------------------------------------------------------------------------------
 
     def _embed(self, encoder: TextEncoder, texts: list[str]) -> torch.Tensor:
-        batch = {k: v.to(self.device) for k, v in encoder.tokenize(texts).items()}
-        return encoder(**batch)
+        """Differentiable embeddings in input order, encoded in chunks of similar token length (models/common.py)."""
+        return encode_by_length(encoder.tokenize(texts), lambda _, chunk: encoder(**chunk), self.device)
 
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
         """Differentiable [B, C] scores; each distinct doc of the batch is encoded once. Padded slots hold

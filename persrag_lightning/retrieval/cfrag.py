@@ -37,7 +37,6 @@ from persrag_lightning.utils import ConfigError, bundle_digest
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
-RERANK_BATCH = 128  # (query, doc) pairs per cross-encoder forward when reranking a batch of queries
 
 # Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
 # pipeline runs exactly these; a missing bundle's error names its command.
@@ -234,13 +233,9 @@ class CFRAG(Strategy):
         if not pairs:
             return [[] for _ in queries]
         texts = [self.store.text(d.row) for _, d in pairs]
-        order = sorted(range(len(pairs)), key=lambda i: len(texts[i]))  # similar lengths per batch: less padding
-        users = None
-        if self._reranker.config.use_user:
-            users = torch.stack([self.e_u(pairs[i][0].user_id) for i in order])
-        scores = torch.empty(len(pairs))
-        scores[order] = self._reranker.score_pairs([pairs[i][0].query for i in order], [texts[i] for i in order],
-                                                  users, batch_size=RERANK_BATCH).float().cpu()
+        users = torch.stack([self.e_u(q.user_id) for q, _ in pairs]) if self._reranker.config.use_user else None
+        # score_pairs encodes them in chunks of similar token length (models/common.py, ROWS_PER_FORWARD)
+        scores = self._reranker.score_pairs([q.query for q, _ in pairs], texts, users).float().cpu()
         out, start = [], 0
         for docs, idx in zip(candidates, chosen):
             own = scores[start:start + len(idx)]
