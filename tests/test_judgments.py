@@ -243,6 +243,25 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
         pipeline.main(["--task", "LaMP-9"])
 
 
+def test_quick_preset_trains_the_retriever_and_reranker_in_bf16_only_where_the_cpu_has_it(monkeypatch,
+                                                                                         tmp_path) -> None:
+    from persrag_lightning.commands import pipeline
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: calls.append(args))
+    monkeypatch.setattr(pipeline, "evaluate_command", lambda args: None)
+    for native in (True, False):
+        calls.clear()
+        monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda native=native: native)
+        pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])
+        bf16 = {args[args.index("--config") + 1]: "--trainer.precision=bf16-mixed" in args for args in calls}
+        assert bf16 == {"cfrag_user_encoder.yaml": False, "cfrag_retriever.yaml": native,
+                        "cfrag_reranker.yaml": native, "generator.yaml": True}  # the generator's is its own
+        calls.clear()
+        pipeline.main(["--preset", "smoke", "--export_root", str(tmp_path)])  # the smoke test stays float32
+        assert not any("--trainer.precision=bf16-mixed" in args for args in calls)
+
+
 def test_the_judgments_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
     """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments paired`
     sibling, each row with its own run's three bundles, and names the runs as `persrag pipeline` does."""

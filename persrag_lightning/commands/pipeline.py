@@ -20,8 +20,6 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.hf import cpu_has_native_bf16
 from persrag_lightning.retrieval.cfrag import STAGES
 
-BF16_WHERE_NATIVE = ["--trainer.precision=bf16-mixed"] if cpu_has_native_bf16() else []
-
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
 # reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split (dev selects).
 #
@@ -34,7 +32,7 @@ BF16_WHERE_NATIVE = ["--trainer.precision=bf16-mixed"] if cpu_has_native_bf16() 
 # ~0.3 s per full prompt on 2 cores (bfloat16), so the preset reports the strategies that answer the main question — does
 # collaborative retrieval beat the best own-history retrieval? — and leaves the Table 3 ablations to `paper`.
 # `paper` keeps the paper's m, k, all examples and generated answers (hours on CPU; minutes on a GPU node).
-Preset = dict[str, list[str] | None]
+Preset = dict[str, list[str] | bool | None]
 PRESETS: dict[str, Preset] = {
     "smoke": {  # the end-to-end test: every stage with the real embedded models, minutes on 2 cores
         "data": ["--data.init_args.synth.num_users=24"],
@@ -55,8 +53,8 @@ PRESETS: dict[str, Preset] = {
         # batches of 4 examples, 3.3x and 2.0x the official single-example float32 loop at m*k = 30 (README
         # "Retriever and reranker training"); elsewhere in float32.
         "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
-                     "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik",
-                     *BF16_WHERE_NATIVE],
+                     "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik"],
+        "feedback_bf16_where_native": True,
         # The generator (LoRA on SmolLM2, trained on CFRAG's prompts) gets what is left of the budget once the
         # three "+ tuned generator" rows (~1.1 min each to answer 300 test prompts) are paid: ~2.5 minutes. It trains
         # 32 train examples x 1 epoch (4 steps of 8, so lr 1e-3 instead of 2e-4) in bfloat16 autocast and validates
@@ -124,7 +122,10 @@ def main(argv: list[str]) -> None:
     judgments = [f"--model.init_args.judgments={opts.judgments}"] if judged else []
     per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
                  "generator": [*preset["generator"], *generator_task]}
-    stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, [*preset["feedback"], *llm]),
+    native = preset.get("feedback_bf16_where_native") and cpu_has_native_bf16()
+    bf16 = ["--trainer.precision=bf16-mixed"] if native else []
+    feedback = [*preset["feedback"], *bf16, *llm]
+    stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, feedback),
                       *variant])
               for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
     timings = []
