@@ -280,7 +280,7 @@ class Method:
     """An index to measure: how to build it, the search knob swept on the built index, and its settings."""
 
     label: str
-    build: Callable[[], object]  # -> a UserIndex or a raw faiss index
+    build: Callable[[np.ndarray], object]  # table -> a UserIndex or a raw faiss index
     knob: str
     settings: list
     set_knob: Callable[[object, object], None]

@@ -55,10 +55,11 @@ class DocsByKindStyle:
         lo, count = self.key_start[key], self.key_start[key + 1] - self.key_start[key]
         missing = count == 0
         if (self.kind_start[kind + 1] - self.kind_start[kind] == 0).any():
-            raise ValueError("a drawn kind has no doc in the embedded corpus; embed more users (--fit-users)")
+            raise ValueError("a drawn kind has no doc in the corpus: not the world the corpus was generated from")
         u = rng.random(len(key))
         out = self.rows[np.minimum(lo + (u * count).astype(np.int64), len(self.rows) - 1)]
-        k_lo, k_count = self.kind_start[kind[missing]], self.kind_start[kind[missing] + 1] - self.kind_start[kind[missing]]
+        k = kind[missing]
+        k_lo, k_count = self.kind_start[k], self.kind_start[k + 1] - self.kind_start[k]
         out[missing] = self.kind_rows[k_lo + (u[missing] * k_count).astype(np.int64)]
         return out, int(missing.sum())
 
@@ -85,7 +86,9 @@ class ScaledSynthUsers:
             for doc in user.docs:
                 r = row_of.get(doc.doc_id)
                 if r is not None and pooled[r]:  # docs the encoder trained on (never a test profile's)
-                    rows.append(r), kinds.append(doc.kind), styles.append(doc.style)
+                    rows.append(r)
+                    kinds.append(doc.kind)
+                    styles.append(doc.style)
         self.docs = DocsByKindStyle.build(np.array(rows), np.array(kinds), np.array(styles),
                                           self.world.styles.shape[1], self.world.num_styles)
         self.fallbacks = 0
