@@ -262,9 +262,9 @@ def test_quick_preset_trains_the_retriever_and_reranker_in_bf16_only_where_the_c
         assert not any("--trainer.precision=bf16-mixed" in args for args in calls)
 
 
-def test_the_judgments_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
-    """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments paired`
-    sibling, each row with its own run's three bundles, and names the runs as `persrag pipeline` does."""
+def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:
+    """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments label`
+    and `paired` siblings, each row with its own run's bundles, and names the runs as `persrag pipeline` does."""
     from persrag_lightning.commands import pipeline
     from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
 
@@ -274,12 +274,16 @@ def test_the_judgments_comparison_config_reads_the_two_runs_the_pipeline_names(t
     assert cfg.evaluation.task == "LaMP-3" and cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
     for bundle in ("user_encoder", "retriever", "reranker"):
         assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
+        assert rows["CFRAG (judgments label)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-label/{bundle}"
         assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-paired/{bundle}"
+    tuned = {s.init_args.retrieval: s.init_args.generator for s in cfg.strategies if "generator" in s.init_args}
+    assert tuned["CFRAG (judgments label)"] == "checkpoints/synthlamp-lamp3-quick-label/generator"
     named: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
         mp.setattr(pipeline, "evaluate_command", lambda args: None)
-        for judgments in ("none", "paired"):
+        for judgments in ("none", "label", "paired"):
             pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", judgments,
                            "--export_root", str(tmp_path)])
-    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-paired"}
+    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-label",
+                          "--run_name=synthlamp-lamp3-quick-paired"}
