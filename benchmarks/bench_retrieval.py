@@ -175,8 +175,16 @@ def encoded_set(args: argparse.Namespace, n: int, n_queries: int) -> VectorSet:
         print(f"(encoded {n:,} users in {time.perf_counter() - t0:.0f} s, {users.fallbacks:,} history items "
               f"played by a doc of their kind in another style (no real doc had theirs); cached in {path})\n")
     queries, _ = users.encode(n_queries, args.seed + 1, dtype=torch.bfloat16)
+    # what bfloat16 changed: the first users again in float32 (the export's precision)
+    check = min(n, 2000)
+    exact = F.normalize(torch.from_numpy(users.encode(check, args.seed)[0]), dim=-1)
+    fast = F.normalize(torch.from_numpy(table[:check]), dim=-1)
+    top = [torch.topk(x[:200] @ x.T, args.m).indices for x in (exact, fast)]
+    same = np.mean([len(set(a.tolist()) & set(b.tolist())) / args.m for a, b in zip(*top)])
     return VectorSet("encoded", table, queries, real, real_comm, comm,
-                     f"drawn as SynthLaMP draws users, embedded by {args.export} (realistic)")
+                     f"drawn as SynthLaMP draws users, embedded by {args.export} (realistic); bfloat16 vs float32 "
+                     f"on the first {check:,} users: cosine min {float((exact * fast).sum(1).min()):.5f}, top-{args.m} "
+                     f"neighbours of 200 of them {100 * same:.2f} % the same")
 
 
 def nearest_other_cos(x: torch.Tensor) -> float:
