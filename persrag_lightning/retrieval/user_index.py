@@ -11,10 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from persrag_lightning.retrieval.index import (
-    HNSW_EF_CONSTRUCTION,
-    HNSW_EF_SEARCH,
-    HNSW_M,
-    IVF_NPROBE,
     IndexKind,
     build_index,
     index_kind,
@@ -49,16 +45,13 @@ class UserIndex:
 
     @classmethod
     def build(cls, user_ids: Sequence[str], vectors: np.ndarray | torch.Tensor, kind: IndexKind = "flat",
-              nlist: int | None = None, nprobe: int = IVF_NPROBE, hnsw_m: int = HNSW_M,
-              ef_construction: int = HNSW_EF_CONSTRUCTION, ef_search: int = HNSW_EF_SEARCH,
-              gpu: bool = True) -> UserIndex:
-        """Index `vectors` (row i = user_ids[i]) with build_index ("auto" resolved by the number of users)."""
+              gpu: bool = True, **params) -> UserIndex:
+        """Index `vectors` (row i = user_ids[i]) with build_index ("auto" resolved by the number of users);
+        `params` are build_index's (nlist, nprobe, hnsw_m, ef_construction, ef_search; defaults in index.py)."""
         x = _numpy(vectors)
         if len(user_ids) != x.shape[0]:
             raise ValueError(f"{len(user_ids)} user ids for {x.shape[0]} vectors")
-        index = build_index(x, kind, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_construction=ef_construction,
-                            ef_search=ef_search)
-        return cls.wrap(index, user_ids, gpu)
+        return cls.wrap(build_index(x, kind, **params), user_ids, gpu)
 
     @classmethod
     def wrap(cls, index: faiss.Index, user_ids: Sequence[str], gpu: bool = True) -> UserIndex:
