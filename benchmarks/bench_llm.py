@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm import LLM, build_prompt, default_max_new_tokens, load_llm, resolve_model
+from persrag_lightning.llm.hf import cpu_has_native_bf16
 
 BASELINE_MAX_NEW_TOKENS = 64
 T = TypeVar("T")
@@ -215,6 +216,18 @@ def main() -> None:
         record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
         exact[task] = (answers, scores)
     hf.close()
+    if cpu_has_native_bf16():  # the same model in bfloat16 weights (what the quick preset answers with)
+        half = load_llm("hf", args.model, batch_size=max(batch_sizes), dtype="bf16")
+        for task, prompts in prompts_of.items():
+            half.generate(prompts[:1], 2)
+            answers, seconds = timed_call(half.generate, prompts, default_max_new_tokens(task))
+            scores, score_seconds = timed_call(half.score, prompts, targets_of[task])
+            ref = exact[task]
+            record(Row(task, "hf, bf16", half.batch_size, default_max_new_tokens(task), n, chat_len[task], seconds,
+                       f"{sum(a == b for a, b in zip(answers, ref[0]))}/{n}"))
+            record(Row(task, "hf, bf16, loglik labels", half.batch_size, 0, n, chat_len[task], score_seconds,
+                       f"{sum(abs(a - b) < 0.1 for a, b in zip(scores, ref[1]))}/{n}"))
+        half.close()
     if "llamacpp" in args.backends and importlib.util.find_spec("llama_cpp"):
         for weights in args.llamacpp_weights:
             local = load_llm("llamacpp", args.model, n_threads=threads, weights=weights)

@@ -1,11 +1,11 @@
 """`CFRAGPipeline.retrieve` latency, one query at a time, without the LLM: p50 / p95 per stage (similar users,
 first-stage docs, rerank, total), CPU time per query and load time, for the paper's settings (baseline: all m·k
-candidates reranked by the fp32 cross-encoder) and for each inference-time option of CFRAG (retrieval/cfrag.py),
-with the agreement of each option's final top-k with the baseline's (overlap@k, and the share of queries with the
-same docs in the same order). Wall-clock timings; on a machine shared with other jobs say so ("shared CPU").
-Asserts nothing.
+candidates reranked by the fp32 cross-encoder), for each inference-time option of CFRAG (retrieval/cfrag.py) and
+for the distilled reranker (when the run has one), with the agreement of each option's final top-k with the
+baseline's (overlap@k, and the share of queries with the same docs in the same order). Wall-clock timings; on a
+machine shared with other jobs say so ("shared CPU"). Asserts nothing.
 
-    python benchmarks/bench_serving.py --run checkpoints/synthlamp-quick --queries 50
+    python benchmarks/bench_serving.py --run checkpoints/synthlamp-quick-b4 --queries 40
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ OPTIONS: dict[str, dict] = {
     "(b+d) int8 + top 10 + cached": {"reranker_runtime": "int8", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 10 + cached": {"reranker_runtime": "onnx", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 5 + cached": {"reranker_runtime": "onnx", "rerank_top": 5, "cache_doc_tokens": True},
+    "(f) bf16 query + (a+e)": {"query_runtime": "bf16", "reranker_runtime": "bf16", "cache_doc_tokens": True},
+    # the reranker distilled into its first layer (configs/cfrag_reranker_distilled.yaml): another model, so its
+    # agreement with the baseline is the student's fidelity, not a runtime's rounding
+    "(g) distilled 1-layer reranker + (a+e)": {"reranker": "reranker_distilled", "reranker_runtime": "bf16",
+                                               "cache_doc_tokens": True},
+    "(f+g) distilled + bf16 query + (a+e)": {"reranker": "reranker_distilled", "query_runtime": "bf16",
+                                             "reranker_runtime": "bf16", "cache_doc_tokens": True},
 }
 
 
@@ -138,6 +145,10 @@ def main() -> None:
         except ImportError:
             print('onnx rows skipped: onnxruntime is not installed (pip install -e ".[onnx]")')
             options = {n: o for n, o in options.items() if o.get("reranker_runtime") != "onnx"}
+    if not (Path(args.run) / "reranker_distilled" / "config.json").is_file():
+        print(f"distilled rows skipped: {args.run}/reranker_distilled is not trained (python train.py fit --config "
+              f"cfrag_reranker_distilled.yaml --run_name {Path(args.run).name})")
+        options = {n: o for n, o in options.items() if "reranker" not in o}
     if not cpu_has_native_bf16():
         print("this CPU has no native bf16: the bf16 row runs emulated")
     print(f"{len(queries)} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "

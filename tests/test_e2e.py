@@ -14,7 +14,8 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.evaluate import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
-STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "generator")
+STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "reranker_distilled",
+          "generator")
 
 
 @pytest.mark.slow
@@ -26,7 +27,8 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     out = in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate"
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])
-    assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning"} <= names
+    assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning",
+            "CFRAG (distilled reranker)"} <= names
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
     # every reported accuracy is the official metric of the written predictions against the test golds
     data_dir = next((in_tmp_cwd / ".cache" / "persrag" / "synthlamp").glob("LaMP-2-*"))
@@ -57,3 +59,5 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
                                   "the tag name without further explanation. tags: [sci-fi, comedy] description: "
                                   "A crew of miners wakes a buried alien signal on a frozen moon.")
     assert out.docs and isinstance(out.answer, str) and "frozen moon" in out.prompt
+    small = CFRAGPipeline.from_pretrained(run, m=3, k_per_user=2, k=3, reranker="reranker_distilled")
+    assert len(small.strategy._reranker.encoder.encoder.layer) == 1 and len(small.retrieve(user, "a frozen moon")) == 3

@@ -208,3 +208,41 @@ def test_candidates_never_come_from_a_user_who_does_not_share(world, tiny_bert, 
     builder.store.set_share(private, False)
     for docs in builder.candidate_source().propose(queries):
         assert len({d.owner for d in docs}) == 3 and all(d.owner != private for d in docs)
+
+
+def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_bert, tiny_llm, count_llm_calls):
+    """feedback_metric teacher: each candidate's label is the teacher reranker's score of it, exactly what CFRAG's
+    rerank computes at inference for the same query (same candidates, same pairs, same e_u); no LLM is loaded."""
+    from persrag_lightning.models.reranker import PersonalizedReranker
+    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.cfrag import CFRAG
+
+    dim = UserEncoder.from_pretrained(world / "user_encoder").user_embeddings.shape[1]
+    torch.manual_seed(2)
+    teacher = PersonalizedReranker.from_encoder(tiny_bert, user_dim=dim).save_pretrained(world / "teacher")
+    dm = datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(teacher),
+                    max_train_examples=8, max_val_examples=4)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert count_llm_calls["loads"] == 0 and count_llm_calls["prompts"] == 0
+    assert len(dm.train_examples) == 8 and len(dm.val_examples) == 4
+
+    dataset = dm.source.load()
+    strategy = CFRAG(str(world / "user_encoder"), tiny_bert, str(teacher), m=3, k_per_user=2,
+                     cache_dir=str(world / "cache"))
+    strategy.prepare(DocStore(dataset, dm.corpus))
+    queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in dm.train_examples]
+    served = strategy.rerank(queries, strategy.candidates(queries), k=6)
+    for example, docs in zip(dm.train_examples, served):
+        labels = {c.row: c.label for c in example.candidates}
+        assert labels.keys() == {d.row for d in docs}
+        for d in docs:
+            assert labels[d.row] == pytest.approx(d.reranker_score, abs=1e-5)
+
+    with pytest.raises(ValueError, match="go together"):
+        datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher").builder()
+    with pytest.raises(FileNotFoundError, match="cfrag_reranker.yaml"):
+        datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(world / "none")).builder()
+    other = PersonalizedReranker.from_encoder(tiny_bert, user_dim=dim).save_pretrained(world / "other")
+    assert datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(other)).builder().key != \
+        dm.builder().key  # another teacher, other labels

@@ -220,3 +220,61 @@ def test_pairs_are_encoded_in_length_chunks_and_returned_in_input_order(reranker
             assert torch.allclose(chunked, alone, atol=1e-5), step
     lengths = reranker.tokenize_pairs(queries, CORPUS)["attention_mask"].sum(1)
     assert len(set(lengths.tolist())) > 2  # the chunks really reorder pairs of different lengths
+
+
+def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tmp_path):
+    """init_from + num_layers: the student is the teacher's encoder cut to its first layers with the teacher's
+    MLP2 and MLP3; all layers kept reproduce the teacher; checkpoint and export round trips keep the cut."""
+    import lightning as L
+
+    from persrag_lightning.models.reranker import keep_layers
+    from persrag_lightning.modules.reranker import RerankerModule
+
+    batch = make_batch()
+    table = torch.randn(len(USERS), 8)
+    torch.manual_seed(1)
+    teacher_path = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).save_pretrained(tmp_path / "teacher")
+    teacher = PersonalizedReranker.from_pretrained(teacher_path)
+
+    class Data(L.LightningDataModule):
+        user_embeddings = table
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
+
+    def student(**kw) -> RerankerModule:
+        module = RerankerModule(init_from=str(teacher_path), **kw)
+        module.attach_datamodule(Data())
+        return module.eval()
+
+    with torch.no_grad():
+        want = teacher(batch, table[batch.users])
+        torch.testing.assert_close(student()(batch), want)          # every layer kept: the teacher itself
+        cut = student(num_layers=1)
+        assert len(cut.model.encoder.encoder.layer) == 1 and cut.model.config.num_layers == 1
+        assert not torch.allclose(cut(batch), want)
+        for name, p in teacher.state_dict().items():               # what is left is the teacher's
+            if ".layer.1." not in name:
+                torch.testing.assert_close(cut.model.state_dict()[name], p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(cut, datamodule=Data())
+    trainer.save_checkpoint(tmp_path / "student.ckpt")
+    cut.eval()
+    with torch.no_grad():
+        got = cut(batch)
+        torch.testing.assert_close(RerankerModule.load_from_checkpoint(tmp_path / "student.ckpt").eval()(batch), got)
+        served = PersonalizedReranker.from_pretrained(cut.export(tmp_path / "student"))
+        assert len(served.encoder.encoder.layer) == 1
+        torch.testing.assert_close(served(batch, table[batch.users]), got)
+
+    with pytest.raises(ValueError, match="lora_r: 0"):
+        student(lora_r=4)
+    with pytest.raises(ValueError, match="use_user=True"):
+        student(use_user=False)
+    with pytest.raises(ValueError, match="pairs are cut to"):
+        student(max_query_length=16)
+    with pytest.raises(ValueError, match=r"num_layers must be in \[1, 2\]"):
+        keep_layers(teacher.encoder, 3)

@@ -75,6 +75,34 @@ def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_a
         assert [d.row for d in cached.retrieve(user, query)] == [d.row for d in exact.retrieve(user, query)]
 
 
+def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir, tmp_path):
+    """from_pretrained(reranker="reranker_distilled") scores the same m·k candidates with the smaller export; a
+    missing one names the config that trains it."""
+    import dataclasses
+
+    from persrag_lightning.models.reranker import keep_layers
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    student = PersonalizedReranker.from_pretrained(run / "reranker")
+    keep_layers(student.encoder, 1)
+    student.config = dataclasses.replace(student.config, num_layers=1)
+    student.save_pretrained(run / "reranker_distilled")
+    args = {"m": 3, "k_per_user": 2, "k": 3, "cache_dir": str(tmp_path / "cache"), "reranker_runtime": "fp32"}
+    full = CFRAGPipeline.from_pretrained(run, **args)
+    small = CFRAGPipeline.from_pretrained(run, reranker="reranker_distilled", **args)
+    assert len(small.strategy._reranker.encoder.encoder.layer) == 1
+    user, query = full.store.corpus.user_ids[2], "description: a detective story"
+    from persrag_lightning.data.tasks import get_task
+
+    asked = Query(user, get_task(small.task).extract_query(query), query)  # as retrieve() asks
+    candidates = {d.row for d in small.strategy.candidates([asked])[0]}
+    got, want = small.retrieve(user, query), full.retrieve(user, query)
+    assert len(got) == 3 and {d.row for d in got} <= candidates and {d.row for d in want} <= candidates
+    assert [d.reranker_score for d in got] != [d.reranker_score for d in want]
+    with pytest.raises(FileNotFoundError, match="cfrag_reranker_distilled.yaml"):
+        CFRAGPipeline.from_pretrained(run_dir, reranker="reranker_distilled", **args)
+
+
 def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_path, monkeypatch):
     pipe = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
                                          threads=1)

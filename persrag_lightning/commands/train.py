@@ -77,13 +77,14 @@ class PersragCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
-        `{run_dir}` in the data's paths is checkpoints/<run_name>, where the earlier stages exported."""
+        `{run_dir}` in the data's and the model's paths is checkpoints/<run_name>, where earlier stages exported."""
         cfg = self._cfg()
         check_task(cfg.data.init_args.get("task"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
-        for key, value in vars(cfg.data.init_args).items():
-            if isinstance(value, str) and "{run_dir}" in value:
-                setattr(cfg.data.init_args, key, value.replace("{run_dir}", run_dir))
+        for args in (cfg.data.init_args, cfg.model.init_args):
+            for key, value in vars(args).items():
+                if isinstance(value, str) and "{run_dir}" in value:
+                    setattr(args, key, value.replace("{run_dir}", run_dir))
         root = Path("runs") / cfg.run_name / self._stage_name()
         job = slurm_version()
         if cfg.trainer.get("logger") in (None, True):

@@ -1,4 +1,6 @@
 """LLM-feedback labels (CFRAG §4.2.2 Eq. 6, §4.3.2): m·k candidates per example, each alone in a prompt, scored.
+With `metric="teacher"` the labels are a trained reranker's scores of the same candidates instead (no LLM): what a
+smaller reranker is distilled from (configs/cfrag_reranker_distilled.yaml).
 
 The labels are cached content-addressed: one folder per fingerprint of everything that changes them, one JSONL
 file per chunk of examples written atomically. A killed build resumes from its finished chunks, and
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 
 from persrag_lightning.data.candidates import Candidate, FeedbackExample
 from persrag_lightning.data.corpus import Corpus
@@ -27,21 +30,24 @@ from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import score_prediction
+from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
-from persrag_lightning.retrieval.base import DocStore, Query
+from persrag_lightning.progress import Progress
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 from persrag_lightning.utils import bundle_digest, fingerprint
 
 log = logging.getLogger(__name__)
 
-FeedbackMetric = Literal["task", "loglik"]
+FeedbackMetric = Literal["task", "loglik", "teacher"]
 FEEDBACK_VERSION = "feedback/v2"  # v2: own docs = the question's profile, others' = their pools
 
 
 @dataclass
 class FeedbackSettings:
-    """m users (the query user included, as the official code) × k docs each; eval = task metric or log-lik."""
+    """m users (the query user included, as the official code) × k docs each; eval = task metric or log-lik, or
+    `teacher`: the score of the builder's teacher reranker (Eq. 10) for the query user's pair."""
 
     m: int = 6
     k: int = 5
@@ -54,7 +60,9 @@ class FeedbackBuilder:
 
     def __init__(self, dataset: LampDataset, corpus: Corpus, user_encoder: str | Path,
                  retriever: CorpusRetriever, llm: LLMConfig, settings: FeedbackSettings,
-                 cache_dir: str | Path) -> None:
+                 cache_dir: str | Path, teacher: str | Path | None = None) -> None:
+        """`teacher`: a reranker export (stage 3's bundle) whose scores are the labels when settings.metric is
+        "teacher"; it replaces the LLM in the cache key."""
         self.dataset, self.corpus, self.retriever, self.llm_config = dataset, corpus, retriever, llm
         self.settings = settings
         self.user_encoder_path = Path(user_encoder)
@@ -62,14 +70,23 @@ class FeedbackBuilder:
             raise FileNotFoundError(
                 f"no user-encoder export at {self.user_encoder_path}; make it with "
                 "`python train.py fit --config cfrag_user_encoder.yaml` (same --run_name)")
+        if (settings.metric == "teacher") != (teacher is not None):
+            raise ValueError(f"feedback_metric 'teacher' and a teacher reranker go together; got metric "
+                             f"{settings.metric!r} with teacher {teacher!r}")
+        self.teacher_path = None if teacher is None else Path(teacher)
+        if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
+            raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
+                                    "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
+        labeller = llm.identity() if teacher is None else {"teacher": bundle_digest(self.teacher_path)}
         self.key = fingerprint(
             FEEDBACK_VERSION, corpus.digest(), self._examples_digest(), bundle_digest(self.user_encoder_path),
-            retriever.identity(), llm.identity(), PROMPT_VERSION, asdict(settings), dataset.task)
+            retriever.identity(), labeller, PROMPT_VERSION, asdict(settings), dataset.task)
         self.cache = FeedbackCache(Path(cache_dir) / "feedback" / self.key, settings.chunk_size)
         self.root = self.cache.root
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
         self._llm: LLM | None = None
+        self._teacher: PersonalizedReranker | None = None
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
 
@@ -106,14 +123,16 @@ class FeedbackBuilder:
             return 0
         self.cache.write_config({
             "task": self.dataset.task, "user_encoder": str(self.user_encoder_path), "retriever": self.retriever.spec,
-            "llm": asdict(self.llm_config), "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
+            "llm": asdict(self.llm_config), "teacher": None if self.teacher_path is None else str(self.teacher_path), "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
+        bar = Progress(f"feedback {split}", len(todo), "chunks")  # the whole build's ETA (chunks take alike)
         for c in todo:
             chunk = examples[c * self.settings.chunk_size:(c + 1) * self.settings.chunk_size]
             records = self.label_chunk(chunk)
             self.cache.write_chunk(split, c, records)
             log.info("feedback %s chunk %d: %d examples", split, c, len(records))
+            bar.advance()
         return len(todo)
 
     @property
@@ -127,6 +146,21 @@ class FeedbackBuilder:
         if self._llm is None:
             self._llm = self.llm_config.load()
         return self._llm
+
+    @property
+    def teacher(self) -> PersonalizedReranker:
+        if self._teacher is None:
+            self._teacher = PersonalizedReranker.from_pretrained(self.teacher_path).eval()
+        return self._teacher
+
+    @torch.inference_mode()
+    def teacher_scores(self, flat: list[tuple[Example, RetrievedDoc]]) -> list[float]:
+        """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's rerank computes
+        them at inference."""
+        ue, row = self.user_encoder, {u: i for i, u in enumerate(self.user_encoder.user_ids)}
+        users = ue.user_embeddings[[row[ex.user_id] for ex, _ in flat]] if self.teacher.config.use_user else None
+        return self.teacher.score_pairs([ex.query for ex, _ in flat], [self.store.text(d.row) for _, d in flat],
+                                        users).float().tolist()
 
     def candidate_source(self) -> CandidateSource:
         """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
@@ -153,6 +187,9 @@ class FeedbackBuilder:
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
         flat = [(ex, d) for ex, cands in zip(examples, proposals) for d in cands]
+        if self.settings.metric == "teacher":  # no LLM: the teacher reranker's scores
+            labels = [("", s) for s in self.teacher_scores(flat)]
+            return self._records(examples, flat, labels)
         prompts = build_prompts(task, self.llm, [ex.input for ex, _ in flat],
                                 [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
         misses = self.prompts.misses
@@ -164,6 +201,11 @@ class FeedbackBuilder:
             answers = self.llm_config.answer(self.llm, task, prompts, self.prompts, phase="feedback labels")
             labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
         self.llm_calls += self.prompts.misses - misses
+        return self._records(examples, flat, labels)
+
+    @staticmethod
+    def _records(examples: list[Example], flat: list[tuple[Example, RetrievedDoc]],
+                 labels: list[tuple[str, float]]) -> list[FeedbackExample]:
         by_example: dict[str, list[Candidate]] = {ex.example_id: [] for ex in examples}
         for (ex, d), (output, label) in zip(flat, labels):
             by_example[ex.example_id].append(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score,

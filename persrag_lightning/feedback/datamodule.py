@@ -27,6 +27,8 @@ class FeedbackDataModule(L.LightningDataModule):
     the retriever stage (the untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
     `candidate_owners: self` keeps only the query user's own candidates: the ROPG-style baseline trained on the
     same labels (no extra LLM calls), since the user ranks first among its m similar users.
+    `feedback_metric: teacher` with `teacher` (a reranker export) labels the candidates with that reranker's scores
+    instead of the LLM's feedback: the data of a distilled reranker (configs/cfrag_reranker_distilled.yaml).
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
@@ -36,7 +38,7 @@ class FeedbackDataModule(L.LightningDataModule):
                  train_split: str = "train", val_split: str = "dev", test_split: str = "test",
                  max_train_examples: int | None = None, max_val_examples: int | None = None,
                  max_test_examples: int | None = None, candidate_owners: Literal["all", "self"] = "all",
-                 batch_size: int = 4, num_workers: int = 0) -> None:
+                 batch_size: int = 4, num_workers: int = 0, teacher: str | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
@@ -68,7 +70,7 @@ class FeedbackDataModule(L.LightningDataModule):
         retriever = open_corpus_retriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
                                           self.hparams.encoder_max_length)
         return FeedbackBuilder(dataset, corpus, self.hparams.user_encoder, retriever, self.llm_config,
-                               self.settings, self.hparams.cache_dir)
+                               self.settings, self.hparams.cache_dir, self.hparams.teacher)
 
     def build_feedback(self, shard: int = 0, num_shards: int = 1) -> FeedbackBuilder:
         """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs)."""

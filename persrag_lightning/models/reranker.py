@@ -36,6 +36,7 @@ class RerankerConfig(LoraFields):
     max_query_length: int = 256
     max_doc_length: int = 256
     use_user: bool = True                 # False = ablation (6) of Table 3: the head sees h alone
+    num_layers: int | None = None         # keep the encoder's first N layers (a distilled reranker); None = all
 
 
 # How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch
@@ -44,6 +45,23 @@ class RerankerConfig(LoraFields):
 # measures each against fp32.
 Runtime = Literal["fp32", "int8", "bf16", "onnx"]
 RUNTIMES = ("fp32", "int8", "bf16", "onnx")
+
+
+def keep_layers(encoder: nn.Module, n: int | None) -> nn.Module:
+    """The encoder with only its first `n` transformer layers (in place; None keeps all): the student of a distilled
+    reranker starts from its teacher's bottom layers, which layer-dropping studies found to keep the most (Sajjad et
+    al., "On the effect of dropping layers of pre-trained transformer models", 2023). BERT-style encoders
+    (`encoder.layer`: BERT, MiniLM, RoBERTa, XLM-R) only."""
+    if n is None:
+        return encoder
+    layers = getattr(getattr(encoder, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"num_layers needs a BERT-style encoder (encoder.layer); {type(encoder).__name__} has none")
+    if not 1 <= n <= len(layers):
+        raise ValueError(f"num_layers must be in [1, {len(layers)}] for this encoder, got {n}")
+    encoder.encoder.layer = layers[:n]
+    encoder.config.num_hidden_layers = n
+    return encoder
 
 
 def cls_state(hidden: torch.Tensor) -> torch.Tensor:
@@ -90,7 +108,8 @@ class PersonalizedReranker(nn.Module):
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(name)
-        return cls(RerankerConfig(user_dim=user_dim, encoder=name, **config), AutoModel.from_pretrained(path),
+        config = RerankerConfig(user_dim=user_dim, encoder=name, **config)
+        return cls(config, keep_layers(AutoModel.from_pretrained(path), config.num_layers),
                    AutoTokenizer.from_pretrained(path))
 
     @property

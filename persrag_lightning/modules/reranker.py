@@ -3,9 +3,9 @@ m·k candidates; the training logic is stage 2's (FeedbackDistillationModule).""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from persrag_lightning.models.reranker import PersonalizedReranker, RerankerConfig
+from persrag_lightning.models.reranker import PersonalizedReranker, RerankerConfig, keep_layers
 from persrag_lightning.modules.distillation import FeedbackDistillationModule, LrSchedule
 
 
@@ -20,19 +20,42 @@ class RerankerModule(FeedbackDistillationModule):
                  lora_dropout: float = 0.0, lora_target_modules: tuple[str, ...] = ("query", "value"),
                  student_temperature: float = 0.1, teacher_temperature: float = 0.1, lr: float = 6e-5,
                  weight_decay: float = 0.0, warmup_ratio: float = 0.0, lr_schedule: LrSchedule = "constant",
-                 eval_k: int = 5) -> None:
+                 eval_k: int = 5, num_layers: int | None = None, init_from: str | None = None) -> None:
         """T = T_t = 0.1 as the official code. REFERENCE.md gives no reranker learning rate, so lr is the
-        retriever's official 6e-5 (the paper tunes it in {1e-3, 1e-4, 1e-5})."""
+        retriever's official 6e-5 (the paper tunes it in {1e-3, 1e-4, 1e-5}).
+
+        A distilled reranker (configs/cfrag_reranker_distilled.yaml): `num_layers` keeps the encoder's first N
+        layers; `init_from` (a reranker export, usually the teacher) starts from its weights — encoder, MLP2 and
+        MLP3 — and its pair lengths, so the student reads the pairs its teacher read."""
         super().__init__()
         self.save_hyperparameters()
         self._init_state()
 
     def _build_model(self, user_dim: int) -> PersonalizedReranker:
         h = self.hparams
+        if h.init_from:
+            return self._student_of(h.init_from, user_dim)
         return PersonalizedReranker.from_encoder(
             h.encoder, user_dim, use_user=h.use_user, max_length=h.max_length, max_query_length=h.max_query_length,
             max_doc_length=h.max_doc_length, lora_r=h.lora_r, lora_alpha=h.lora_alpha, lora_dropout=h.lora_dropout,
-            lora_target_modules=tuple(h.lora_target_modules))
+            lora_target_modules=tuple(h.lora_target_modules), num_layers=h.num_layers)
+
+    def _student_of(self, path: str, user_dim: int) -> PersonalizedReranker:
+        h = self.hparams
+        model = PersonalizedReranker.from_pretrained(path)
+        c = model.config
+        if h.lora_r > 0:
+            raise ValueError("init_from fine-tunes the whole (smaller) student: set lora_r: 0")
+        if (c.user_dim, c.use_user) != (user_dim, h.use_user):
+            raise ValueError(f"init_from {path}: a reranker for {c.user_dim}-d users with use_user={c.use_user}, "
+                             f"this stage has {user_dim}-d users and use_user={h.use_user}")
+        lengths = (c.max_length, c.max_query_length, c.max_doc_length)
+        if lengths != (h.max_length, h.max_query_length, h.max_doc_length):
+            raise ValueError(f"init_from {path}: its pairs are cut to (max_length, max_query_length, max_doc_length) "
+                             f"= {lengths}, this stage's settings say {(h.max_length, h.max_query_length, h.max_doc_length)}")
+        keep_layers(model.encoder, h.num_layers)
+        model.config = replace(c, num_layers=h.num_layers if h.num_layers is not None else c.num_layers)
+        return model
 
     def _model_from_config(self, config: dict) -> PersonalizedReranker:
         cfg = RerankerConfig(**{**config, "lora_target_modules": tuple(config["lora_target_modules"])})

@@ -12,7 +12,7 @@ uses this); `query_expansion="pbr"` searches the first stage with PBR's personal
 Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
 reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
 `reranker_runtime` runs the cross-encoder in int8, bf16 or ONNX Runtime (models/reranker.py); `cache_doc_tokens`
-tokenises each doc once. The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py
+tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py
 measures each against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
 """
 
@@ -48,6 +48,8 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "reranker": ("cfrag_reranker.yaml", ()),
     "reranker_no_user": ("cfrag_reranker.yaml", ("--stage_name=reranker_no_user",
                                                  "--model.init_args.use_user=false")),
+    # a smaller reranker distilled from stage 3's, for serving latency (README "Serving latency")
+    "reranker_distilled": ("cfrag_reranker_distilled.yaml", ()),
     "generator": ("generator.yaml", ()),  # the "+ tuned generator" rows; trained on CFRAG's prompts by default
 }
 
@@ -80,7 +82,8 @@ class CFRAG(Strategy):
                  cache_dir: str = ".cache/persrag", name: str = "CFRAG", batch_size: int = 64,
                  cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
                  pbr: PBRExpansion | None = None, cohort_export: str | None = None, rerank_top: int | None = None,
-                 reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False) -> None:
+                 reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False,
+                 query_runtime: Literal["fp32", "bf16"] = "fp32") -> None:
         """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
         `cohort_export` (users="cluster" only): a `persrag cluster` export (`<run>/clusters`) read instead of
         fitting the cohorts; its own settings apply, so `cohorts` must then be left out."""
@@ -111,6 +114,10 @@ class CFRAG(Strategy):
             self.rerank_top = rerank_top
         if reranker_runtime != "fp32":
             self.reranker_runtime = reranker_runtime
+        if query_runtime not in ("fp32", "bf16"):
+            raise ValueError(f"query_runtime must be fp32 or bf16, got {query_runtime!r}")
+        if query_runtime != "fp32":
+            self.query_runtime = query_runtime
         self._cache_doc_tokens = cache_doc_tokens  # the same pairs token for token: not part of a cache key
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
@@ -137,7 +144,8 @@ class CFRAG(Strategy):
         e_u = self.e_u if self.retriever_user_term else lambda _: None
         expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
                      if self.query_expansion == "pbr" else None)
-        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
+        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion,
+                                      bf16_queries=getattr(self, "query_runtime", "fp32") == "bf16")
         self._reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
                           if self.reranker_path else None)
         if self._reranker is not None:

@@ -18,7 +18,7 @@ from persrag_lightning.llm.hf import cpu_has_native_bf16
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
-from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.index import index_params
 from persrag_lightning.retrieval.user_index import UserIndex
@@ -57,16 +57,19 @@ class CFRAGPipeline:
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "bf16_if_native", cache_doc_tokens: bool = True,
-                        threads: int | None = None) -> CFRAGPipeline:
+                        threads: int | None = None, reranker: str = "reranker",
+                        query_runtime: str = "fp32") -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
         cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
-        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`: CFRAG's inference-time settings (retrieval/cfrag.py);
+        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings (retrieval/cfrag.py);
         the serving defaults are what benchmarks/bench_serving.py measured (README "Serving latency"): docs
         tokenised once (the same pairs), the cross-encoder in bf16 autocast where the CPU computes bf16 natively
         (`bf16_if_native`; fp32 elsewhere) — 2× faster reranking, the fp32 top-k on ~99 % of its docs. Pass
-        `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG."""
+        `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
+        reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
+        cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order)."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -83,11 +86,15 @@ class CFRAGPipeline:
             extra["cohort_export"] = str(export)
         elif cohort_export is not None:
             raise ValueError("cohort_export is read only with users='cluster'")
-        if reranker_runtime == "bf16_if_native":
-            reranker_runtime = "bf16" if cpu_has_native_bf16() else "fp32"
-        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, "reranker"), m=m,
+        native = "bf16" if cpu_has_native_bf16() else "fp32"
+        reranker_runtime = native if reranker_runtime == "bf16_if_native" else reranker_runtime
+        query_runtime = native if query_runtime == "bf16_if_native" else query_runtime
+        if reranker != "reranker" and bundle(run_dir, reranker) is None:  # asked for by name: must exist
+            raise missing_bundle(run_dir / reranker)
+        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, reranker), m=m,
                          k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
-                         reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens, **extra)
+                         reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
+                         query_runtime=query_runtime, **extra)
         return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads)
 
     @property
