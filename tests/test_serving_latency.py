@@ -1,7 +1,7 @@
 """CFRAG's inference-time settings (issue 15, serving latency) on tiny random models: cached doc tokenisation and a
 first cut that covers every candidate return exactly the baseline's docs, int8 and ONNX Runtime stay within
-tolerance, the first cut keeps first-stage order after the reranked head, and only non-default settings enter the
-evaluation cache key."""
+tolerance, the first cut keeps first-stage order after the reranked head, bf16 queries are embedded in bf16 and
+scored in float32, and only non-default settings enter the evaluation cache key."""
 
 from __future__ import annotations
 
@@ -149,6 +149,8 @@ def test_unknown_runtime_and_bad_first_cut_are_refused(reranker):
         CFRAG("unused", reranker_runtime="fp8")
     with pytest.raises(ValueError, match="rerank_top"):
         CFRAG("unused", rerank_top=0)
+    with pytest.raises(ValueError, match="query_runtime"):
+        CFRAG("unused", query_runtime="int8")
 
 
 def test_only_non_default_settings_enter_the_evaluation_cache_key():
@@ -158,3 +160,35 @@ def test_only_non_default_settings_enter_the_evaluation_cache_key():
     assert strategy_config(CFRAG("unused", cache_doc_tokens=True)) == base  # same pairs, same retrievals
     assert strategy_config(CFRAG("unused", rerank_top=10)) == {**base, "rerank_top": 10}
     assert strategy_config(CFRAG("unused", reranker_runtime="int8")) == {**base, "reranker_runtime": "int8"}
+    assert strategy_config(CFRAG("unused", query_runtime="bf16")) == {**base, "query_runtime": "bf16"}
+
+
+def test_bf16_queries_embed_in_bf16_and_score_in_float32(tiny_bert, one_thread):
+    """query_runtime bf16: the query encoder runs under bf16 autocast, the vectors and first-stage scores stay
+    float32 and close to the float32 ones."""
+    from types import SimpleNamespace
+
+    from persrag_lightning.models.text_encoder import TextEncoder
+    from persrag_lightning.retrieval.candidates import CandidateSource
+
+    encoder, seen = TextEncoder.from_pretrained(tiny_bert), []
+    docs = encoder.encode(texts(6, 0))
+
+    def query_vectors(queries: list[str]) -> torch.Tensor:
+        seen.append(("embed", torch.is_autocast_enabled("cpu")))
+        return encoder.encode(queries)
+
+    def score(q: torch.Tensor, rows: list[int], e_u: None) -> torch.Tensor:
+        seen.append(("score", torch.is_autocast_enabled("cpu")))
+        return docs[torch.as_tensor(rows)] @ q
+
+    retriever = SimpleNamespace(query_vectors=query_vectors, score=score)
+    store = SimpleNamespace(shares=lambda u: True, rows=lambda owner, query=None: list(range(6)),
+                            doc=lambda row, **kw: (row, kw["retriever_score"]))
+    queries = [Query("u", t, t) for t in texts(3, 1)]
+    out = {bf16: CandidateSource(store, retriever, lambda u: [("u", 1.0)], lambda u: None, 3,
+                                 bf16_queries=bf16).propose(queries) for bf16 in (False, True)}
+    assert seen == [("embed", False)] + [("score", False)] * 3 + [("embed", True)] + [("score", False)] * 3
+    for fp32, half in zip(out[False], out[True]):
+        assert all(isinstance(s, float) for _, s in half)
+        assert [s for _, s in half] == pytest.approx([s for _, s in fp32], abs=0.05)
