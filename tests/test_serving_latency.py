@@ -192,3 +192,26 @@ def test_bf16_queries_embed_in_bf16_and_score_in_float32(tiny_bert, one_thread):
     for fp32, half in zip(out[False], out[True]):
         assert all(isinstance(s, float) for _, s in half)
         assert [s for _, s in half] == pytest.approx([s for _, s in fp32], abs=0.05)
+
+
+def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
+    """configs/evaluate_distilled.yaml: every CFRAG row is the same run's stage 1 and retriever; the rerankers are
+    the teacher, the bundle cfrag_reranker_distilled.yaml exports and its two-layer variant, against the teacher."""
+    import yaml
+
+    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
+    from tests.conftest import REPO
+
+    cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / "evaluate_distilled.yaml")])
+    run = f"checkpoints/{cfg.run_name}"
+    cfg = substitute_run_dir(cfg, run)
+    rows = {s.init_args.name: s.init_args for s in cfg.strategies if "name" in s.init_args}
+    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
+    assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
+    assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
+    stage = yaml.safe_load((REPO / "configs" / "cfrag_reranker_distilled.yaml").read_text())
+    assert stage["stage_name"] == "reranker_distilled" and stage["model"]["init_args"]["num_layers"] == 1
+    assert stage["model"]["init_args"]["init_from"] == stage["data"]["init_args"]["teacher"] == "{run_dir}/reranker"
+    assert [rows[n].reranker for n in ("CFRAG", "CFRAG (distilled reranker)", "CFRAG (distilled reranker, 2 layers)",
+                                       "w/o reranker tuning")] == \
+        [f"{run}/reranker", f"{run}/reranker_distilled", f"{run}/reranker_distilled_l2", None]
