@@ -48,6 +48,9 @@ OPTIONS: dict[str, dict] = {
                                                "cache_doc_tokens": True},
     "(f+g) distilled + bf16 query + (a+e)": {"reranker": "reranker_distilled", "query_runtime": "bf16",
                                              "reranker_runtime": "bf16", "cache_doc_tokens": True},
+    "(g) distilled 2-layer reranker + (a+e)": {"reranker": "reranker_distilled_l2", "reranker_runtime": "bf16",
+                                               "cache_doc_tokens": True},
+    "(h) no reranker: first-stage order": {"reranker": None},
 }
 
 
@@ -145,10 +148,11 @@ def main() -> None:
         except ImportError:
             print('onnx rows skipped: onnxruntime is not installed (pip install -e ".[onnx]")')
             options = {n: o for n, o in options.items() if o.get("reranker_runtime") != "onnx"}
-    if not (Path(args.run) / "reranker_distilled" / "config.json").is_file():
-        print(f"distilled rows skipped: {args.run}/reranker_distilled is not trained (python train.py fit --config "
-              f"cfrag_reranker_distilled.yaml --run_name {Path(args.run).name})")
-        options = {n: o for n, o in options.items() if "reranker" not in o}
+    for bundle in sorted({o["reranker"] for o in options.values() if o.get("reranker")}):
+        if not (Path(args.run) / bundle / "config.json").is_file():
+            print(f"rows of {bundle} skipped: {args.run}/{bundle} is not trained (configs/evaluate_distilled.yaml "
+                  "names the commands)")
+            options = {n: o for n, o in options.items() if o.get("reranker") != bundle}
     if not cpu_has_native_bf16():
         print("this CPU has no native bf16: the bf16 row runs emulated")
     print(f"{len(queries)} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "

@@ -77,7 +77,7 @@ def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_a
 
 def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir, tmp_path):
     """from_pretrained(reranker="reranker_distilled") scores the same m·k candidates with the smaller export; a
-    missing one names the config that trains it."""
+    missing one names the config that trains it; reranker=None serves the first-stage order."""
     import dataclasses
 
     from persrag_lightning.models.reranker import keep_layers
@@ -101,6 +101,10 @@ def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir
     assert [d.reranker_score for d in got] != [d.reranker_score for d in want]
     with pytest.raises(FileNotFoundError, match="cfrag_reranker_distilled.yaml"):
         CFRAGPipeline.from_pretrained(run_dir, reranker="reranker_distilled", **args)
+    first = CFRAGPipeline.from_pretrained(run, reranker=None, **args)  # Table 3's "w/o reranker tuning"
+    assert first.strategy._reranker is None
+    assert [d.row for d in first.retrieve(user, query)] == \
+        [d.row for d in sorted(first.strategy.candidates([asked])[0], key=lambda d: -d.retriever_score)][:3]
 
 
 def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_path, monkeypatch):

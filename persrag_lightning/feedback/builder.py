@@ -123,7 +123,8 @@ class FeedbackBuilder:
             return 0
         self.cache.write_config({
             "task": self.dataset.task, "user_encoder": str(self.user_encoder_path), "retriever": self.retriever.spec,
-            "llm": asdict(self.llm_config), "teacher": None if self.teacher_path is None else str(self.teacher_path), "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
+            "llm": asdict(self.llm_config), "teacher": None if self.teacher_path is None else str(self.teacher_path),
+            "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
         bar = Progress(f"feedback {split}", len(todo), "chunks")  # the whole build's ETA (chunks take alike)

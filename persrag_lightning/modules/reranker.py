@@ -41,6 +41,7 @@ class RerankerModule(FeedbackDistillationModule):
             lora_target_modules=tuple(h.lora_target_modules), num_layers=h.num_layers)
 
     def _student_of(self, path: str, user_dim: int) -> PersonalizedReranker:
+        """The export at `path` cut to `num_layers`, after checking it fits this stage (users, pair lengths)."""
         h = self.hparams
         model = PersonalizedReranker.from_pretrained(path)
         c = model.config

@@ -57,7 +57,7 @@ class CFRAGPipeline:
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "bf16_if_native", cache_doc_tokens: bool = True,
-                        threads: int | None = None, reranker: str = "reranker",
+                        threads: int | None = None, reranker: str | None = "reranker",
                         query_runtime: str = "fp32") -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
@@ -69,7 +69,8 @@ class CFRAGPipeline:
         (`bf16_if_native`; fp32 elsewhere) — 2× faster reranking, the fp32 top-k on ~99 % of its docs. Pass
         `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
         reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
-        cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order)."""
+        cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order); None
+        serves the first-stage order (Table 3's "w/o reranker tuning")."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -89,9 +90,10 @@ class CFRAGPipeline:
         native = "bf16" if cpu_has_native_bf16() else "fp32"
         reranker_runtime = native if reranker_runtime == "bf16_if_native" else reranker_runtime
         query_runtime = native if query_runtime == "bf16_if_native" else query_runtime
-        if reranker != "reranker" and bundle(run_dir, reranker) is None:  # asked for by name: must exist
+        if reranker not in (None, "reranker") and bundle(run_dir, reranker) is None:  # named: must exist
             raise missing_bundle(run_dir / reranker)
-        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", bundle(run_dir, reranker), m=m,
+        reranker = bundle(run_dir, reranker) if reranker is not None else None
+        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", reranker, m=m,
                          k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
                          reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
                          query_runtime=query_runtime, **extra)
