@@ -12,8 +12,9 @@ uses this); `query_expansion="pbr"` searches the first stage with PBR's personal
 Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
 reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
 `reranker_runtime` runs the cross-encoder in int8, bf16 or ONNX Runtime (models/reranker.py); `cache_doc_tokens`
-tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py
-measures each against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
+tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc vectors stay as
+cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py measures each
+against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ class CFRAGPipeline:
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
         cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
-        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings (retrieval/cfrag.py);
-        the serving defaults are what benchmarks/bench_serving.py measured (README "Serving latency"): docs
+        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings
+        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (README "Serving latency"): docs
         tokenised once (the same pairs), the cross-encoder in bf16 autocast where the CPU computes bf16 natively
         (`bf16_if_native`; fp32 elsewhere) — 2× faster reranking, the fp32 top-k on ~99 % of its docs. Pass
         `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
