@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,10 +47,10 @@ def main() -> None:
     if trained is None:
         raise SystemExit(f"{args.run}: no reranker export")
     c = trained.config
+    settings = asdict(c)  # the export's shapes (LoRA already merged into it: lora_r 0)
     torch.manual_seed(args.seed)  # the module builds its model under this seed (modules/distillation.py)
-    fresh = PersonalizedReranker.from_encoder(c.encoder, c.user_dim, use_user=c.use_user, max_length=c.max_length,
-                                              max_query_length=c.max_query_length, max_doc_length=c.max_doc_length,
-                                              num_layers=c.num_layers).eval().cache_doc_tokens()
+    fresh = PersonalizedReranker.from_encoder(settings.pop("encoder"), settings.pop("user_dim"),
+                                              **settings).eval().cache_doc_tokens()
     source = LampSource(pipe.task, cache_dir=args.cache_dir)
     source.prepare()
     spec = get_task(pipe.task)

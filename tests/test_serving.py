@@ -80,6 +80,7 @@ def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir
     missing one names the config that trains it; reranker=None serves the first-stage order."""
     import dataclasses
 
+    from persrag_lightning.data.tasks import get_task
     from persrag_lightning.models.reranker import keep_layers
 
     run = shutil.copytree(run_dir, tmp_path / "run")
@@ -92,8 +93,6 @@ def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir
     small = CFRAGPipeline.from_pretrained(run, reranker="reranker_distilled", **args)
     assert len(small.strategy._reranker.encoder.encoder.layer) == 1
     user, query = full.store.corpus.user_ids[2], "description: a detective story"
-    from persrag_lightning.data.tasks import get_task
-
     asked = Query(user, get_task(small.task).extract_query(query), query)  # as retrieve() asks
     candidates = {d.row for d in small.strategy.candidates([asked])[0]}
     got, want = small.retrieve(user, query), full.retrieve(user, query)

@@ -87,6 +87,7 @@ class FeedbackBuilder:
         self._user_encoder: UserEncoder | None = None
         self._llm: LLM | None = None
         self._teacher: PersonalizedReranker | None = None
+        self._user_row: dict[str, int] | None = None  # user id → row of the user-encoder export's table
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
 
@@ -158,28 +159,28 @@ class FeedbackBuilder:
     def teacher_scores(self, flat: list[tuple[Example, RetrievedDoc]]) -> list[float]:
         """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's rerank computes
         them at inference."""
-        ue, row = self.user_encoder, {u: i for i, u in enumerate(self.user_encoder.user_ids)}
-        users = ue.user_embeddings[[row[ex.user_id] for ex, _ in flat]] if self.teacher.config.use_user else None
+        users = torch.stack([self.e_u(ex.user_id) for ex, _ in flat]) if self.teacher.config.use_user else None
         return self.teacher.score_pairs([ex.query for ex, _ in flat], [self.store.text(d.row) for _, d in flat],
                                         users).float().tolist()
+
+    def e_u(self, user_id: str) -> torch.Tensor:
+        """The user's stage-1 embedding (the retriever's user term and the teacher's e_u)."""
+        if self._user_row is None:
+            self._user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
+        if user_id not in self._user_row:
+            raise KeyError(f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
+                           "retrain it on this data")
+        return self.user_encoder.user_embeddings[self._user_row[user_id]]
 
     def candidate_source(self) -> CandidateSource:
         """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
         ue = self.user_encoder
-        table_row = {u: i for i, u in enumerate(ue.user_ids)}
-
-        def e_u(user_id: str):
-            if user_id not in table_row:
-                raise KeyError(f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
-                               "retrain it on this data")
-            return ue.user_embeddings[table_row[user_id]]
-
         m, hidden = self.settings.m, len(self.store.dataset.private)
 
         def similar(u: str) -> list[tuple[str, float]]:  # `share: false` users are never neighbours
             return self.store.shared_neighbours(u, ue.similar_users(u, m + hidden), m)
 
-        return CandidateSource(self.store, self.retriever, similar, e_u, self.settings.k)
+        return CandidateSource(self.store, self.retriever, similar, self.e_u, self.settings.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
         """One prompt per candidate (the doc alone, as Eq. 6); a prompt any earlier build, shard, stage or run
