@@ -123,7 +123,7 @@ def naive_baseline(hf: LLM, prompts: list[str]) -> float:
         with torch.no_grad():
             for p in prompts:
                 ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                              return_tensors="pt", return_dict=True)
+                                              return_tensors="pt", return_dict=True).to(model.device)
                 model.generate(**ids, max_new_tokens=BASELINE_MAX_NEW_TOKENS, do_sample=False,
                                pad_token_id=tok.eos_token_id)
 
@@ -165,6 +165,8 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["hf", "llamacpp", "openai"])
     ap.add_argument("--llamacpp-weights", nargs="+", default=["gguf", "f16", "bf16", "q4_0"],
                     help="llamacpp weight types: gguf = the shipped Q4_1 file; others re-encoded once (cached)")
+    ap.add_argument("--device", default="auto", help="hf rows' device: auto (CUDA when present), cpu or cuda; the "
+                    "reference (and naive baseline) is float32 there, the bf16 rows follow it")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="CPU threads for torch and llama.cpp (1 is far faster when other jobs share the cores)")
     args = ap.parse_args()
@@ -174,9 +176,11 @@ def main() -> None:
     batch_sizes = args.batch_sizes or ([1, 4, 16] if args.quick else [1, 4, 8, 16, 32])
     threads = args.threads
     torch.set_num_threads(threads)
-    hf = load_llm("hf", args.model, batch_size=1)
+    hf = load_llm("hf", args.model, batch_size=1, device=args.device, dtype="float32")
     print(f"# model={args.model} ({hf.fingerprint}) cores={os.cpu_count()} threads={threads} "
           f"torch={torch.__version__} device={hf.device} python={platform.python_version()}")  # type: ignore[attr-defined]
+    if hf.device.type == "cuda":  # type: ignore[attr-defined]
+        print(f"# gpu={torch.cuda.get_device_name()}")
     if importlib.util.find_spec("llama_cpp"):
         import llama_cpp
 
@@ -216,8 +220,9 @@ def main() -> None:
         record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
         exact[task] = (answers, scores)
     hf.close()
-    if cpu_has_native_bf16():  # the same model in bfloat16 weights (what the quick preset answers with)
-        half = load_llm("hf", args.model, batch_size=max(batch_sizes), dtype="bf16")
+    if hf.device.type == "cuda" or cpu_has_native_bf16():  # type: ignore[attr-defined]
+        # the same model in bfloat16 weights (what the quick preset answers with, and CUDA's default)
+        half = load_llm("hf", args.model, batch_size=max(batch_sizes), device=args.device, dtype="bf16")
         for task, prompts in prompts_of.items():
             half.generate(prompts[:1], 2)
             answers, seconds = timed_call(half.generate, prompts, default_max_new_tokens(task))

@@ -49,7 +49,12 @@ from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
-from persrag_lightning.retrieval.index import BLAS_MIN_QUERIES, FAISS_DEFAULT_BLAS_THRESHOLD, normalized
+from persrag_lightning.retrieval.index import (
+    BLAS_MIN_QUERIES,
+    FAISS_DEFAULT_BLAS_THRESHOLD,
+    TorchFlatIndex,
+    normalized,
+)
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
 from persrag_lightning.utils import atomic_replace, bundle_digest
 
@@ -75,6 +80,8 @@ def serialized_bytes(index: faiss.Index) -> int:
     """Size faiss.write_index would write, counted through a callback so 1M vectors are never copied."""
     if hasattr(faiss, "GpuIndex") and isinstance(index, faiss.GpuIndex):
         index = faiss.index_gpu_to_cpu(index)
+    if isinstance(index, TorchFlatIndex):
+        index = index.to_faiss()
     total = [0]
 
     def count(chunk: bytes) -> int:
@@ -304,10 +311,17 @@ def methods(n: int, args: argparse.Namespace) -> list[Method]:
             def blas(index: UserIndex, setting) -> None:
                 faiss.cvar.distance_compute_blas_threshold = (FAISS_DEFAULT_BLAS_THRESHOLD if setting
                                                               else BLAS_MIN_QUERIES * index.dim)
-            out.append(Method("faiss flat (exact)", lambda t: UserIndex.build(ids, t, "flat"), "BLAS threshold",
-                              [None, "faiss default"], blas))
+            out.append(Method("faiss flat (exact)", lambda t: UserIndex.build(ids, t, "flat", gpu=False),
+                              "BLAS threshold", [None, "faiss default"], blas))
+        elif kind == "flat-gpu":  # UserIndex's GPU path: faiss-gpu where it loads, else torch on CUDA
+            if not torch.cuda.is_available():
+                sys.exit("--kinds flat-gpu needs a CUDA device")
+            out.append(Method(f"flat (exact) on {torch.cuda.get_device_name()}",
+                              lambda t: UserIndex.build(ids, t, "flat"), "index", ["UserIndex.wrap's GPU path"],
+                              lambda i, _: None))
         elif kind == "ivf":
-            out.append(Method(f"faiss IVF nlist={nlist}", lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist),
+            out.append(Method(f"faiss IVF nlist={nlist}",
+                              lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist, gpu=False),
                               "nprobe", probes, lambda i, p: setattr(i.index, "nprobe", p)))
         elif kind == "ivf-sq8":
             out.append(Method(f"faiss IVF nlist={nlist} SQ8 + exact re-rank of {args.refine}·m",
@@ -408,8 +422,9 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--ivf-nlist-max", type=int, default=1024,
                         help="cap on nlist (4*sqrt(n)): k-means with 4000 lists on 1M users is >10 min here")
-    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "ivf-sq8", "hnsw"],
-                        default=["flat", "ivf", "ivf-sq8", "hnsw"], help="faiss indexes to measure next to the torch scan")
+    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "ivf-sq8", "hnsw", "flat-gpu"],
+                        default=["flat", "ivf", "ivf-sq8", "hnsw"],
+                        help="indexes to measure next to the torch scan (flat-gpu: UserIndex on a CUDA device)")
     parser.add_argument("--refine", type=int, default=4, help="ivf-sq8: re-rank the top refine·m exactly")
     parser.add_argument("--hnsw", nargs="+", default=["32:100", "64:200"],
                         help="HNSW builds as M:efConstruction (built with all --threads)")

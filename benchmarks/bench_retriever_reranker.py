@@ -1,4 +1,4 @@
-"""Training throughput of stages 2 and 3 on CPU with the real MiniLM: batched CandidateBatch steps (each distinct doc
+"""Training throughput of stages 2 and 3 (CPU, or CUDA with --device) with the real MiniLM: batched CandidateBatch steps (each distinct doc
 encoded once per batch) against a naive loop (one example per step, every candidate encoded for its example).
 
 Candidate lists overlap across the examples of a batch as real feedback does (similar users share docs): a share
@@ -14,6 +14,7 @@ import random
 import time
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
 from persrag_lightning.llm.hf import cpu_has_native_bf16
@@ -55,7 +56,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
                e_u: torch.Tensor, temperature: float, bf16: bool = False) -> None:
     """One optimiser step; `bf16` runs the forward under bfloat16 autocast as Lightning's `bf16-mixed` does
     (float32 weights, optimiser and loss reduction)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(e_u.device.type, dtype=torch.bfloat16, enabled=bf16):
         scores = model(batch, e_u[batch.users])
     loss = kl_to_llm_feedback(scores.float(), batch.labels, batch.mask, temperature, temperature)
     optimizer.zero_grad(set_to_none=True)
@@ -70,6 +71,8 @@ def time_rounds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batche
     for _ in range(rounds):
         for batch in batches:
             train_step(model, optimizer, batch, e_u, temperature, bf16)
+    if e_u.device.type == "cuda":
+        torch.cuda.synchronize()  # kernels run asynchronously: count them all
     return (time.perf_counter() - start) / rounds
 
 
@@ -78,14 +81,16 @@ def bench(name: str, model: torch.nn.Module, temperature: float, args: argparse.
     torch.manual_seed(args.seed)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=6e-5)
-    e_u = torch.randn(args.batch, 384)
+    model.to(args.device)
+    e_u = torch.randn(args.batch, 384, device=args.device)
     rows = []
     warmed = False
     for candidates in args.candidates:
         examples, corpus = make_examples(rng, args.batch, candidates, args.shared, tuple(args.doc_words))
         user_row = {e.user_id: i for i, e in enumerate(examples)}
-        batched = collate_candidates(examples, user_row, corpus)
-        singles = [collate_candidates([e], user_row, corpus) for e in examples]
+        # on the device before timing, as Lightning's transfer_batch_to_device does
+        batched = move_data_to_device(collate_candidates(examples, user_row, corpus), args.device)
+        singles = [move_data_to_device(collate_candidates([e], user_row, corpus), args.device) for e in examples]
         if not warmed:  # first step allocates optimizer state and warms the kernels (both precisions)
             train_step(model, optimizer, batched, e_u, temperature)
             train_step(model, optimizer, batched, e_u, temperature, bf16=args.bf16)
@@ -112,14 +117,20 @@ def main() -> None:
     parser.add_argument("--modules", nargs="+", default=["retriever", "reranker"], choices=["retriever", "reranker"])
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=cpu_has_native_bf16(),
-                        help="also time the batched step under bfloat16 autocast (default: where the CPU has native "
-                             "bf16)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time the batched step under bfloat16 autocast (default: on CUDA, and where the "
+                             "CPU has native bf16)")
     args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.bf16 is None:
+        args.bf16 = args.device == "cuda" or cpu_has_native_bf16()
     configure_logs(verbose=False)  # no "Loading weights" bars in the tables
     if args.quick:
         args.rounds = 1
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, encoder {args.encoder}, batch {args.batch}, "
+    on = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {on}, encoder {args.encoder}, batch {args.batch}, "
           f"{args.shared:.0%} of each list shared, docs {args.doc_words[0]}-{args.doc_words[1]} words, "
           f"{args.rounds} timed round(s) per setting", flush=True)
     rows = []

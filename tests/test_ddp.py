@@ -123,7 +123,7 @@ main()
 """
 
 
-def run_cli(cwd: Path, *args: str, devices: int = 1) -> str:
+def run_cli(cwd: Path, *args: str, devices: int = 1, accelerator: str = "cpu") -> str:
     """`python train.py <args>` in a subprocess (DDP launches rank 1 by re-running it), recording which rank
     loads an embedding model or the LLM into cwd/builds.log; returns stdout + stderr."""
     (cwd / "counting_train.py").write_text(WRAPPER)
@@ -131,7 +131,7 @@ def run_cli(cwd: Path, *args: str, devices: int = 1) -> str:
         shutil.copytree(REPO / "configs", cwd / "configs")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_", "MASTER_", "LOCAL_RANK"))}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, "counting_train.py", *args, "--trainer.accelerator=cpu",
+    out = subprocess.run([sys.executable, "counting_train.py", *args, f"--trainer.accelerator={accelerator}",
                           "--trainer.strategy=ddp", f"--trainer.devices={devices}", "--trainer.enable_progress_bar=false",
                           "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1"],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -13,6 +13,7 @@ from persrag_lightning.retrieval import index as index_module
 from persrag_lightning.retrieval.index import (
     BLAS_MIN_QUERIES,
     FAISS_DEFAULT_BLAS_THRESHOLD,
+    TorchFlatIndex,
     build_index,
     index_kind,
     index_params,
@@ -96,3 +97,36 @@ def test_a_purged_user_index_keeps_its_parameters(tmp_path):
     purged = load_index(tmp_path / "users.faiss")
     assert purged.ntotal == 38 and json.loads((tmp_path / "user_ids.json").read_text())[3] == "u4"
     assert index_params(purged) == params
+
+
+def test_torch_flat_index_searches_adds_and_saves_like_faiss_flat(tmp_path):
+    """The GPU fallback of a flat index (index.py, when faiss has no GPUs), exercised on the CPU here and on CUDA in
+    tests/test_gpu.py: the same neighbours and scores as IndexFlatIP, appends, and saves as a faiss index."""
+    rng = np.random.default_rng(0)
+    table, queries = rng.standard_normal((600, 384)).astype(np.float32), rng.standard_normal((40, 384)).astype(np.float32)
+    flat = build_index(table, "flat")
+    index = TorchFlatIndex(flat, device="cpu")
+    TorchFlatIndex.QUERY_CHUNK, chunk = 16, TorchFlatIndex.QUERY_CHUNK  # several chunks per batch
+    try:
+        (ts, ti), (fs, fi) = search(index, queries, 6), search(flat, queries, 6)
+    finally:
+        TorchFlatIndex.QUERY_CHUNK = chunk
+    np.testing.assert_array_equal(ti, fi)
+    np.testing.assert_allclose(ts, fs, atol=1e-5)
+    assert index_kind(index) == "flat" and index_params(index) == {"kind": "flat"} and index.d == 384
+    new = normalized(rng.standard_normal((3, 384)).astype(np.float32))
+    index.add(new)
+    assert index.ntotal == 603 and search(index, new, 1)[1].ravel().tolist() == [600, 601, 602]
+    assert search(index, queries[:0], 6)[1].shape == (0, 6)
+    save_index(index, tmp_path / "i.faiss")
+    loaded = load_index(tmp_path / "i.faiss")
+    assert isinstance(loaded, faiss.IndexFlatIP) and loaded.ntotal == 603
+    np.testing.assert_array_equal(search(loaded, queries, 6)[1], search(index, queries, 6)[1])
+    with pytest.raises(ValueError, match="inner-product"):
+        TorchFlatIndex(faiss.IndexFlatL2(4), device="cpu")
+
+
+def test_without_a_gpu_indexes_stay_faiss_cpu_indexes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    flat = build_index(np.eye(4, dtype=np.float32), "flat")
+    assert index_module.to_gpu_if_available(flat) is flat

@@ -469,3 +469,22 @@ def test_openai_score_parses_llamacpp_style_echo() -> None:
     assert _target_logprob(out, text, "Paris", 1, "u") == pytest.approx(-10.5)
     with pytest.raises(NotImplementedError):
         _target_logprob({"choices": [{"text": "x"}]}, text, "Paris", 1, "u")
+
+
+def test_a_backend_around_a_live_model_follows_it_to_another_device(tiny_llm):
+    """The generator stage wraps the model it trains before Lightning moves it (to a GPU): the backend's `device`,
+    where it puts the prompts' tensors, is where the weights are now (tests/test_gpu.py runs it on CUDA)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from persrag_lightning.llm.hf import HFLLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llm)
+    llm = HFLLM.from_model(model, AutoTokenizer.from_pretrained(tiny_llm))
+    assert llm.device.type == "cpu"
+    model.to("meta")
+    assert llm.device.type == "meta"
+    llm.close()
+    assert llm.device.type == "cpu"  # no model: the device it was built for
+    # a backend that loads its model puts it on the device it was asked for ("meta" stands in for a GPU here)
+    loaded = HFLLM(tiny_llm, device="meta", dtype="float32")
+    assert loaded.device.type == "meta" and next(loaded.model.parameters()).device.type == "meta"

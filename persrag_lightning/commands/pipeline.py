@@ -14,10 +14,12 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.hf import cpu_has_native_bf16
+from persrag_lightning.llm.hf import resolve_device_dtype
 from persrag_lightning.retrieval.cfrag import STAGES
 
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
@@ -124,7 +126,9 @@ def main(argv: list[str]) -> None:
     judgments = [f"--model.init_args.judgments={opts.judgments}"] if judged else []
     per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
                  "generator": [*preset["generator"], *generator_task]}
-    native = preset.get("feedback_bf16_where_native") and cpu_has_native_bf16()
+    # bf16-mixed where the trainer's device (accelerator auto: CUDA when present) computes bfloat16 natively
+    native = preset.get("feedback_bf16_where_native") and \
+        resolve_device_dtype("auto", "bf16_if_native")[1] == torch.bfloat16
     bf16 = ["--trainer.precision=bf16-mixed"] if native else []
     feedback = [*preset["feedback"], *bf16, *llm]
     stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, feedback),

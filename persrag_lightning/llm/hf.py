@@ -119,7 +119,27 @@ def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.d
     return dev, named[dtype]
 
 
-class HFLLM(LLM):
+class _FollowsModelDevice:
+    """`device` is where the model's weights are now, not where they were when the backend was built: the generator
+    stage wraps the model it trains (`from_model`) before Lightning moves it to the GPU, and its validation answers
+    must feed their tensors to wherever the weights went. Before a model is loaded (or after `close`), the device
+    the backend was asked for."""
+
+    _device: torch.device
+    model: Any
+
+    @property
+    def device(self) -> torch.device:
+        model = getattr(self, "model", None)
+        param = next(model.parameters(), None) if model is not None else None
+        return param.device if param is not None else self._device
+
+    @device.setter
+    def device(self, value: torch.device) -> None:
+        self._device = value
+
+
+class HFLLM(_FollowsModelDevice, LLM):
     """transformers causal LM behind the LLM interface (default backend, also the training-time scorer)."""
 
     backend = "hf"
@@ -145,7 +165,7 @@ class HFLLM(LLM):
                 f"cannot load model {model!r} from local files ({path}); nothing is downloaded at run time, "
                 f"so fetch it beforehand or pass a local folder / GGUF file: {err}"
             ) from err
-        self.model.to(self.device).eval()
+        self.model.to(self._device).eval()
         self._attach(model)
 
     @classmethod
@@ -361,7 +381,7 @@ def is_seq2seq_folder(path: str | os.PathLike) -> bool:
         return False
 
 
-class HFSeq2SeqLLM(LLM):
+class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
     """transformers encoder-decoder (FlanT5 family) behind the LLM interface: the prompt is the encoder input as
     written (no chat template), the answer the decoder's output; `score` sums the target tokens' log-probs."""
 
@@ -383,7 +403,7 @@ class HFSeq2SeqLLM(LLM):
                                                                **_dtype_kw(self.dtype))
         except OSError as err:
             raise LLMBackendError(f"cannot load seq2seq model {model!r} from local files: {err}") from err
-        self.model.to(self.device).eval()
+        self.model.to(self._device).eval()
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, batch_size: int = 8, name: str = "in-training",

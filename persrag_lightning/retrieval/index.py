@@ -7,6 +7,7 @@ from typing import Literal
 
 import faiss
 import numpy as np
+import torch
 
 from persrag_lightning.utils import atomic_replace
 
@@ -86,7 +87,7 @@ def index_kind(index: faiss.Index) -> IndexKind:
         return "hnsw"
     if isinstance(index, (faiss.IndexIVF, *_gpu_classes("GpuIndexIVF"))):
         return "ivf"
-    if isinstance(index, (faiss.IndexFlat, *_gpu_classes("GpuIndexFlat"))):
+    if isinstance(index, (faiss.IndexFlat, TorchFlatIndex, *_gpu_classes("GpuIndexFlat"))):
         return "flat"
     raise ValueError(f"not an index build_index makes: {type(index).__name__}")
 
@@ -107,14 +108,58 @@ def _gpu_classes(name: str) -> tuple[type, ...]:
     return (getattr(faiss, name),) if hasattr(faiss, name) else ()
 
 
-def to_gpu_if_available(index: faiss.Index) -> faiss.Index:
-    """Move an index to GPU 0 when faiss was built with GPUs (faiss-gpu); otherwise return it unchanged."""
+class TorchFlatIndex:
+    """Exact inner-product search on a CUDA device as one matmul + top-k in torch: the GPU path of a flat index
+    where faiss has no GPUs. faiss-gpu's wheels (faiss-gpu-cu12) need CUDA 12's runtime and cuBLAS, which a CUDA 13
+    node (the H100 we measured on, README "GPU") does not have; torch runs on whatever CUDA it was built for.
+    float32 like faiss's IndexFlatIP, so the neighbours are the same up to float rounding. Duck-types the part of
+    faiss.Index that UserIndex and save_index use (d, ntotal, add, search)."""
+
+    QUERY_CHUNK = 256  # queries per matmul: 256 × 1M float32 scores = 1 GiB of scratch
+
+    def __init__(self, index: faiss.IndexFlat, device: str | torch.device = "cuda") -> None:
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ValueError("TorchFlatIndex holds cosine (inner-product) indexes only")
+        self.d = int(index.d)
+        self.table = torch.from_numpy(index.reconstruct_n(0, index.ntotal)).to(device)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.table.shape[0])
+
+    def add(self, vectors: np.ndarray) -> None:
+        self.table = torch.cat([self.table, torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+                                .to(self.table.device)])
+
+    @torch.inference_mode()
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(self.table.device)
+        parts = [torch.topk(q[s:s + self.QUERY_CHUNK] @ self.table.T, k, dim=-1)
+                 for s in range(0, len(q), self.QUERY_CHUNK)]
+        if not parts:
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        return (torch.cat([p.values for p in parts]).cpu().numpy(),
+                torch.cat([p.indices for p in parts]).cpu().numpy())
+
+    def to_faiss(self) -> faiss.IndexFlatIP:
+        index = faiss.IndexFlatIP(self.d)
+        index.add(self.table.cpu().numpy())
+        return index
+
+
+def to_gpu_if_available(index: faiss.Index) -> faiss.Index | TorchFlatIndex:
+    """Move an index to GPU 0 when faiss was built with GPUs (faiss-gpu); else a flat index to torch on CUDA when
+    torch sees a GPU (TorchFlatIndex); otherwise return it unchanged (IVF stays on the CPU without faiss-gpu)."""
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
         return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+    if torch.cuda.is_available() and isinstance(index, faiss.IndexFlat):
+        return TorchFlatIndex(index)
     return index
 
 
-def save_index(index: faiss.Index, path: str | Path) -> None:
+def save_index(index: faiss.Index | TorchFlatIndex, path: str | Path) -> None:
+    if isinstance(index, TorchFlatIndex):
+        index = index.to_faiss()
     if hasattr(faiss, "index_gpu_to_cpu") and not isinstance(index, (faiss.IndexFlat, faiss.IndexIVF,
                                                                         faiss.IndexHNSW)):
         index = faiss.index_gpu_to_cpu(index)

@@ -1,0 +1,104 @@
+"""The CUDA paths (marked `gpu`, deselected by the CI command, run on a lent GPU machine: README "GPU"): the user
+index's exact GPU search, the text encoder and the hf LLM on CUDA against the CPU, and stages 2 and 3 trained
+through the CLI on one GPU with `strategy: ddp` (NCCL) in bf16-mixed, LLM-feedback labels computed on the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_ddp import builds, feedback_data_args, feedback_world, final_metrics, run_cli
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_user_index_on_cuda_searches_exactly_and_saves_as_a_faiss_index(tmp_path):
+    from persrag_lightning.retrieval.index import TorchFlatIndex, index_kind, load_index, save_index
+    from persrag_lightning.retrieval.user_index import UserIndex
+
+    rng = np.random.default_rng(0)
+    table, queries = rng.standard_normal((5000, 384), np.float32), rng.standard_normal((300, 384), np.float32)
+    ids = [f"u{i}" for i in range(len(table))]
+    gpu, cpu = UserIndex.build(ids, table, "flat"), UserIndex.build(ids, table, "flat", gpu=False)
+    assert gpu.kind == index_kind(gpu.index) == "flat" and not isinstance(gpu.index, type(cpu.index))
+    if isinstance(gpu.index, TorchFlatIndex):
+        assert gpu.index.table.is_cuda
+    for batch in (queries[:1], queries):  # one query and more than one matmul chunk
+        (gs, gi), (cs, ci) = gpu.search_rows(batch, 6), cpu.search_rows(batch, 6)
+        assert (gi == ci).mean() > 0.999  # float32 both ways: only exact ties may swap
+        np.testing.assert_allclose(gs, cs, atol=1e-5)
+    new = rng.standard_normal((2, 384), np.float32)
+    gpu.add(["new0", "new1"], new)
+    assert gpu.search(new, 1)[1] == [["new0"], ["new1"]]
+    save_index(gpu.index, tmp_path / "users.faiss")
+    assert load_index(tmp_path / "users.faiss").ntotal == len(table) + 2
+    assert UserIndex.wrap(load_index(tmp_path / "users.faiss"), ids + ["new0", "new1"]).search(new, 1)[1] == \
+        [["new0"], ["new1"]]
+
+
+def test_text_encoder_embeds_on_cuda_as_on_cpu(tiny_bert):
+    from persrag_lightning.models.text_encoder import TextEncoder
+
+    texts = ["a short one", "a much longer text about movies, ratings and the users who wrote them " * 5, "x"]
+    encoder = TextEncoder.from_pretrained(tiny_bert)
+    on_cpu = encoder.encode(texts)
+    on_gpu = encoder.cuda().encode(texts)
+    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
+
+
+def test_hf_llm_on_cuda_answers_and_scores_as_on_cpu(tiny_llm):
+    from persrag_lightning.llm.registry import load_llm
+
+    prompts = ["which tag fits this movie about robots", "title for a paper on retrieval", "a third prompt"]
+    targets = ["sci-fi", "personal retrieval", "comedy"]
+    cpu = load_llm("hf", tiny_llm, batch_size=2, device="cpu", dtype="float32")
+    gpu = load_llm("hf", tiny_llm, batch_size=2, device="cuda", dtype="float32")
+    assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
+    # greedy: float32 on both devices, so only a near-tie of a random model's logits could pick another token
+    assert sum(a == b for a, b in zip(gpu.generate(prompts, 6), cpu.generate(prompts, 6))) >= 2
+    np.testing.assert_allclose(gpu.score(prompts, targets), cpu.score(prompts, targets), atol=1e-3)
+    half = load_llm("hf", tiny_llm, batch_size=2, device="auto")  # auto on CUDA: bfloat16
+    assert half.dtype == torch.bfloat16
+    assert np.isfinite(half.score(prompts, targets)).all()
+
+
+def test_retriever_and_reranker_train_on_one_gpu_with_ddp_in_bf16_mixed(tmp_path, tiny_bert, tiny_llm):
+    """The CLI on CUDA: the feedback labels come from the LLM on the GPU (once), training runs under bf16-mixed
+    with the DDP strategy (NCCL, one process), the export loads on the CPU and its validation metrics are finite."""
+    from persrag_lightning.models.reranker import PersonalizedReranker
+    from persrag_lightning.models.retriever import PersonalizedRetriever
+
+    feedback_world(tmp_path, tiny_bert)
+    stages = (("cfrag_retriever.yaml", "retriever", tiny_bert, ["--model.init_args.max_length=64"],
+               PersonalizedRetriever),
+              ("cfrag_reranker.yaml", "reranker", str(tmp_path / "checkpoints" / "g" / "retriever"),
+               ["--model.init_args.max_query_length=32", "--model.init_args.max_doc_length=32"],
+               PersonalizedReranker))
+    for config, stage, candidates, model_args, cls in stages:
+        args = ["--config", config, "--run_name", "g", *feedback_data_args(tmp_path, tiny_llm, candidates),
+                '--data.init_args.llm.options={"device": "cuda", "dtype": "float32"}',
+                f"--model.init_args.encoder={tiny_bert}", "--model.init_args.lr=1e-3", *model_args,
+                "--trainer.max_epochs=1", "--trainer.accumulate_grad_batches=1", "--trainer.precision=bf16-mixed"]
+        out = run_cli(tmp_path, "fit", *args, devices=1, accelerator="gpu")
+        assert [b for b in builds(tmp_path) if b.startswith("llm")] == ["llm 0"], stage
+        assert out.count(f"exported {stage} to") == 1
+        metrics = final_metrics(tmp_path / "runs" / "g" / stage / "logs" / "version_0" / "metrics.csv")
+        assert all(np.isfinite(metrics[k]) for k in ("val/kl", "val/ndcg@5", "val/recall@5")), metrics
+        model = cls.from_pretrained(tmp_path / "checkpoints" / "g" / stage)
+        assert next(model.parameters()).device.type == "cpu"
+
+
+def test_generator_stage_trains_and_validates_on_cuda(in_tmp_cwd, tiny_llm):
+    """The LoRA generator stage on one GPU: its validation answers go through the backend that wraps the model it
+    trains, built before Lightning moved that model to the GPU (found on the first GPU run: the prompts' tensors
+    stayed on the CPU)."""
+    from persrag_lightning.cli import main
+    from tests.test_generator import fit_args
+
+    args = [a for a in fit_args(tiny_llm, 1) if a != "--trainer.accelerator=cpu"]
+    main([*args, "--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.precision=bf16-mixed"])
+    metrics = next((in_tmp_cwd / "runs" / "t" / "generator").rglob("metrics.csv")).read_text().splitlines()
+    assert "val/metric" in metrics[0].split(",")
+    assert (in_tmp_cwd / "checkpoints" / "t" / "generator" / "model.safetensors").exists()
