@@ -111,7 +111,7 @@ def _gpu_classes(name: str) -> tuple[type, ...]:
 class TorchFlatIndex:
     """Exact inner-product search on a CUDA device as one matmul + top-k in torch: the GPU path of a flat index
     where faiss has no GPUs. faiss-gpu's wheels (faiss-gpu-cu12) need CUDA 12's runtime and cuBLAS, which a CUDA 13
-    node (the H100 we measured on, README "GPU") does not have; torch runs on whatever CUDA it was built for.
+    node (the H100 we measured on, README "GPU paths") does not have; torch runs on whatever CUDA it was built for.
     float32 like faiss's IndexFlatIP, so the neighbours are the same up to float rounding. Duck-types the part of
     faiss.Index that UserIndex and save_index use (d, ntotal, add, search)."""
 
