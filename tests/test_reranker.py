@@ -278,3 +278,22 @@ def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tm
         student(max_query_length=16)
     with pytest.raises(ValueError, match=r"num_layers must be in \[1, 2\]"):
         keep_layers(teacher.encoder, 3)
+
+
+def test_the_feedback_amount_comparison_reads_one_runs_rerankers_against_its_first_stage():
+    """configs/evaluate_reranker_feedback.yaml (README "Main job"): the same run's stage 1 and retriever in every CFRAG
+    row; the quick reranker, the one trained on 256 feedback examples (the bundle its header's command exports) and
+    none, against the first stage; test by default (dev is chosen on the command line)."""
+    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
+    from tests.conftest import REPO
+
+    path = REPO / "configs" / "evaluate_reranker_feedback.yaml"
+    cfg = evaluate_parser().parse_args(["--config", str(path)])
+    run = f"checkpoints/{cfg.run_name}"
+    cfg = substitute_run_dir(cfg, run)
+    rows = {s.init_args.name: s.init_args for s in cfg.strategies if "name" in s.init_args}
+    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "w/o reranker tuning"
+    assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
+    assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
+    assert [r.reranker for r in rows.values()] == [f"{run}/reranker", f"{run}/reranker_f256", None]
+    assert "--stage_name reranker_f256" in path.read_text() and "max_train_examples=256" in path.read_text()
