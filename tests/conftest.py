@@ -144,3 +144,14 @@ def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: 
     PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
     PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
     return run
+
+
+def evaluate_config_rows(config: str):
+    """An evaluate config of configs/ as `persrag evaluate` reads it, `{run_dir}` resolved to checkpoints/<run_name>:
+    (config, run_dir, rows by name — a strategy without a name under its class path)."""
+    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
+
+    cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / config)])
+    run = f"checkpoints/{cfg.run_name}"
+    cfg = substitute_run_dir(cfg, run)
+    return cfg, run, {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}

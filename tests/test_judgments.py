@@ -270,11 +270,9 @@ def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names
     """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments label`
     and `paired` siblings, each row with its own run's bundles, and names the runs as `persrag pipeline` does."""
     from persrag_lightning.commands import pipeline
-    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
+    from tests.conftest import evaluate_config_rows
 
-    cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / "evaluate_judgments.yaml")])
-    cfg = substitute_run_dir(cfg, f"checkpoints/{cfg.run_name}")
-    rows = {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
+    cfg, _, rows = evaluate_config_rows("evaluate_judgments.yaml")
     assert cfg.evaluation.task == "LaMP-3" and cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
     for bundle in ("user_encoder", "retriever", "reranker"):
         assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"

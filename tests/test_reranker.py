@@ -284,14 +284,11 @@ def test_the_feedback_amount_comparison_reads_one_runs_rerankers_against_its_fir
     """configs/evaluate_reranker_feedback.yaml (README "Main job"): the same run's stage 1 and retriever in every CFRAG
     row; the quick reranker, the one trained on 256 feedback examples (the bundle its header's command exports) and
     none, against the first stage; test by default (dev is chosen on the command line)."""
-    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
-    from tests.conftest import REPO
+    from tests.conftest import REPO, evaluate_config_rows
 
+    cfg, run, rows = evaluate_config_rows("evaluate_reranker_feedback.yaml")
+    rows = {name: row for name, row in rows.items() if "retriever" in row}  # the CFRAG rows
     path = REPO / "configs" / "evaluate_reranker_feedback.yaml"
-    cfg = evaluate_parser().parse_args(["--config", str(path)])
-    run = f"checkpoints/{cfg.run_name}"
-    cfg = substitute_run_dir(cfg, run)
-    rows = {s.init_args.name: s.init_args for s in cfg.strategies if "name" in s.init_args}
     assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "w/o reranker tuning"
     assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}

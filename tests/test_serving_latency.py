@@ -199,13 +199,10 @@ def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
     the teacher, the bundle cfrag_reranker_distilled.yaml exports and its two-layer variant, against the teacher."""
     import yaml
 
-    from persrag_lightning.retrieval.evaluate import evaluate_parser, substitute_run_dir
-    from tests.conftest import REPO
+    from tests.conftest import REPO, evaluate_config_rows
 
-    cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / "evaluate_distilled.yaml")])
-    run = f"checkpoints/{cfg.run_name}"
-    cfg = substitute_run_dir(cfg, run)
-    rows = {s.init_args.name: s.init_args for s in cfg.strategies if "name" in s.init_args}
+    cfg, run, rows = evaluate_config_rows("evaluate_distilled.yaml")
+    rows = {name: row for name, row in rows.items() if "retriever" in row}  # the CFRAG rows
     assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
     assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
