@@ -32,6 +32,7 @@ def top(scores: torch.Tensor, k: int) -> set[int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", default="checkpoints/synthlamp-quick-b4")
+    p.add_argument("--reranker", default="reranker", help="the run's reranker bundle (e.g. reranker_f256)")
     p.add_argument("--questions", type=int, default=40, help="test questions")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="the reranker stage's seed_everything (its fresh head)")
@@ -41,11 +42,12 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    pipe = CFRAGPipeline.from_pretrained(args.run, cache_dir=args.cache_dir, reranker_runtime="fp32")
+    pipe = CFRAGPipeline.from_pretrained(args.run, cache_dir=args.cache_dir, reranker_runtime="fp32",
+                                         reranker=args.reranker)
     s = pipe.strategy
     trained = s._reranker
     if trained is None:
-        raise SystemExit(f"{args.run}: no reranker export")
+        raise SystemExit(f"{args.run}: no {args.reranker} export")
     c = trained.config
     settings = asdict(c)  # the export's shapes (LoRA already merged into it: lora_r 0)
     torch.manual_seed(args.seed)  # the module builds its model under this seed (modules/distillation.py)
@@ -66,7 +68,7 @@ def main() -> None:
             same_fresh += len(ours & top(fresh.score_pairs([q.query] * len(cands), texts, users), args.k)) / args.k
             same_first += len(ours & set(first_stage_order(cands)[:args.k])) / args.k
     n = len(examples)
-    print(f"{args.run}: {n} test questions, {len(cands)} candidates each; share of the trained reranker's top "
+    print(f"{args.run}/{args.reranker}: {n} test questions, {len(cands)} candidates each; share of the trained reranker's top "
           f"{args.k} also in the top {args.k} of an untrained reranker: {same_fresh / n:.3f}, of the first stage: "
           f"{same_first / n:.3f} (chance {args.k / len(cands):.3f})")
 
