@@ -1,10 +1,12 @@
-"""Training throughput of stages 2 and 3 (CPU, or CUDA with --device) with the real MiniLM: batched CandidateBatch steps (each distinct doc
-encoded once per batch) against a naive loop (one example per step, every candidate encoded for its example).
+"""Training throughput of stages 2 and 3 with the real MiniLM (CPU, or CUDA with --device): batched CandidateBatch
+steps (each distinct doc encoded once per batch) against a naive loop (one example per step, every candidate encoded
+for its example).
 
 Candidate lists overlap across the examples of a batch as real feedback does (similar users share docs): a share
 of each list comes from a pool common to the batch, the rest is the example's own. Prints a table; asserts nothing.
 
     python benchmarks/bench_retriever_reranker.py --quick
+    python benchmarks/bench_retriever_reranker.py --device cuda --batch 32 --candidates 30   # README "GPU paths"
 """
 
 from __future__ import annotations
