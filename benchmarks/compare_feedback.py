@@ -19,7 +19,7 @@ from scipy.stats import kendalltau
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from persrag_lightning.data.feedback_cache import FeedbackCache  # noqa: E402
+from persrag_lightning.data.feedback_cache import FeedbackCache
 
 
 def labels(root: Path, split: str) -> dict[str, tuple[list[str], np.ndarray]]:
