@@ -71,6 +71,23 @@ def test_neighbours_are_cohort_members_ranked_by_cosine_without_self():
     assert len(model.neighbours("u00")) == 1  # the seed's k = 1
 
 
+def test_neighbours_in_a_big_cohort_equal_the_full_sort_ties_included():
+    """`neighbours` keeps only the k best (and all tied with the k-th) before sorting by (score, id): the same list
+    as sorting the whole cohort — checked on one cohort of 400 users with many exactly tied scores."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, size=(400, 4)).astype(np.float32) + 1.0  # few distinct vectors: many ties
+    ids = [f"u{i:03d}" for i in range(len(x))]
+    model = CohortModel(CohortSettings(method="kmeans", n_clusters=1)).fit(ids, x)
+    for user in ("u000", "u123", "u399"):
+        r = ids.index(user)
+        others = np.array([i for i in range(len(ids)) if i != r])
+        sims = model.vectors[others] @ model.vectors[r]  # the scores neighbours computes, bit for bit
+        assert len(np.unique(sims)) < len(sims) // 4  # ties everywhere
+        for k in (1, 3, 25):
+            want = others[np.lexsort((np.array(ids)[others], -sims))[:k]]  # the whole cohort sorted
+            assert [n.user_id for n in model.neighbours(user, k)] == [ids[i] for i in want], (user, k)
+
+
 def test_noise_users_are_not_one_fake_cluster():
     """Two far-apart noise users must not become each other's neighbours (the seed's code lumps label -1)."""
     ids, x, _ = communities(noise=2)

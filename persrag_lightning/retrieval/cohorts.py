@@ -288,6 +288,10 @@ class CohortModel:
         if k <= 0 or len(rows) == 0:
             return []
         sims = self.vectors[rows] @ self.vectors[row]
+        if len(rows) > k:  # a big cohort (k-means with few clusters over 1M users: 125k+ members): keep the k best
+            # and everything tied with the k-th before sorting by (score, id), so the result is the full sort's
+            keep = np.flatnonzero(sims >= np.partition(sims, len(sims) - k)[len(sims) - k])
+            rows, sims = rows[keep], sims[keep]
         ids = np.array([self.user_ids[r] for r in rows])
         order = np.lexsort((ids, -sims))[:k]
         return [Neighbour(str(ids[i]), float(sims[i])) for i in order]
