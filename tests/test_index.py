@@ -115,8 +115,10 @@ def test_torch_flat_index_searches_adds_and_saves_like_faiss_flat(tmp_path):
     np.testing.assert_allclose(ts, fs, atol=1e-5)
     assert index_kind(index) == "flat" and index_params(index) == {"kind": "flat"} and index.d == 384
     new = normalized(rng.standard_normal((3, 384)).astype(np.float32))
-    index.add(new)
+    for row in new:  # one at a time: the buffer grows, the rows stay in order
+        index.add(row[None])
     assert index.ntotal == 603 and search(index, new, 1)[1].ravel().tolist() == [600, 601, 602]
+    np.testing.assert_array_equal(index.table.numpy(), np.concatenate([normalized(table), new]))
     assert search(index, queries[:0], 6)[1].shape == (0, 6)
     save_index(index, tmp_path / "i.faiss")
     loaded = load_index(tmp_path / "i.faiss")
