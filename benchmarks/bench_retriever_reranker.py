@@ -6,7 +6,8 @@ Candidate lists overlap across the examples of a batch as real feedback does (si
 of each list comes from a pool common to the batch, the rest is the example's own. Prints a table; asserts nothing.
 
     python benchmarks/bench_retriever_reranker.py --quick
-    python benchmarks/bench_retriever_reranker.py --device cuda --batch 32 --candidates 30   # README "GPU paths"
+    python benchmarks/bench_retriever_reranker.py --device cuda --batch 32 --candidates 30 --rows 32 256 960 --tf32
+                                                                                        # README "GPU paths"
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
 from persrag_lightning.llm.hf import cpu_has_native_bf16
 from persrag_lightning.logs import configure_logs
+from persrag_lightning.models import common
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.retriever import PersonalizedRetriever
 from persrag_lightning.modules.losses import kl_to_llm_feedback
@@ -67,15 +69,34 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
 
 def time_rounds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[CandidateBatch],
-                e_u: torch.Tensor, temperature: float, rounds: int, bf16: bool = False) -> float:
-    """Seconds per round; a round trains once on each of `batches` (together, the same examples in every mode)."""
-    start = time.perf_counter()
-    for _ in range(rounds):
-        for batch in batches:
-            train_step(model, optimizer, batch, e_u, temperature, bf16)
-    if e_u.device.type == "cuda":
-        torch.cuda.synchronize()  # kernels run asynchronously: count them all
-    return (time.perf_counter() - start) / rounds
+                e_u: torch.Tensor, temperature: float, rounds: int, bf16: bool = False, tf32: bool = False,
+                rows: int | None = None) -> float:
+    """Seconds per round; a round trains once on each of `batches` (together, the same examples in every mode).
+    `tf32` lets float32 matmuls use TensorFloat-32 (`torch.set_float32_matmul_precision("high")`); `rows` sets the
+    rows per encoder forward on this device (models/common.py), restored after. One untimed step first: a new
+    chunk shape or precision compiles/warms its kernels."""
+    device = e_u.device.type
+    saved_rows, saved_precision = common.ROWS_PER_FORWARD_BY_DEVICE.get(device), torch.get_float32_matmul_precision()
+    try:
+        if rows is not None:
+            common.ROWS_PER_FORWARD_BY_DEVICE[device] = rows
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        train_step(model, optimizer, batches[0], e_u, temperature, bf16)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            for batch in batches:
+                train_step(model, optimizer, batch, e_u, temperature, bf16)
+        if device == "cuda":
+            torch.cuda.synchronize()  # kernels run asynchronously: count them all
+        return (time.perf_counter() - start) / rounds
+    finally:
+        torch.set_float32_matmul_precision(saved_precision)
+        if saved_rows is None:
+            common.ROWS_PER_FORWARD_BY_DEVICE.pop(device, None)
+        else:
+            common.ROWS_PER_FORWARD_BY_DEVICE[device] = saved_rows
 
 
 def bench(name: str, model: torch.nn.Module, temperature: float, args: argparse.Namespace) -> list[dict]:
@@ -86,20 +107,24 @@ def bench(name: str, model: torch.nn.Module, temperature: float, args: argparse.
     model.to(args.device)
     e_u = torch.randn(args.batch, 384, device=args.device)
     rows = []
-    warmed = False
+    chunk_sizes = args.rows or [None]
     for candidates in args.candidates:
         examples, corpus = make_examples(rng, args.batch, candidates, args.shared, tuple(args.doc_words))
         user_row = {e.user_id: i for i, e in enumerate(examples)}
         # on the device before timing, as Lightning's transfer_batch_to_device does
         batched = move_data_to_device(collate_candidates(examples, user_row, corpus), args.device)
         singles = [move_data_to_device(collate_candidates([e], user_row, corpus), args.device) for e in examples]
-        if not warmed:  # first step allocates optimizer state and warms the kernels (both precisions)
-            train_step(model, optimizer, batched, e_u, temperature)
-            train_step(model, optimizer, batched, e_u, temperature, bf16=args.bf16)
-            warmed = True
-        modes = [("batched", [batched], False)] + ([("batched+bf16", [batched], True)] if args.bf16 else [])
-        for mode, batches, bf16 in modes + [("naive", singles, False)]:
-            seconds = time_rounds(model, optimizer, batches, e_u, temperature, args.rounds, bf16)
+        # (label, batches, bf16, tf32, rows per forward); the naive loop keeps the default chunk and float32
+        modes = []
+        for chunk in chunk_sizes:
+            suffix = "" if chunk is None else f" r{chunk}"
+            modes.append((f"batched{suffix}", [batched], False, False, chunk))
+            if args.tf32:
+                modes.append((f"batched+tf32{suffix}", [batched], False, True, chunk))
+            if args.bf16:
+                modes.append((f"batched+bf16{suffix}", [batched], True, False, chunk))
+        for mode, batches, bf16, tf32, chunk in modes + [("naive", singles, False, False, None)]:
+            seconds = time_rounds(model, optimizer, batches, e_u, temperature, args.rounds, bf16, tf32, chunk)
             docs = sum(len(b.docs) for b in batches) + len(examples)
             texts = docs if name == "retriever" else args.batch * candidates
             rows.append({"module": name, "C": candidates, "mode": mode, "steps": len(batches), "encoded": texts,
@@ -123,6 +148,10 @@ def main() -> None:
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                         help="also time the batched step under bfloat16 autocast (default: on CUDA, and where the "
                              "CPU has native bf16)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="also time float32 with TensorFloat-32 matmuls (GPUs with tensor cores)")
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help="rows per encoder forward to compare (default: the device's, models/common.py)")
     args = parser.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,13 +171,13 @@ def main() -> None:
         rows += bench("reranker", PersonalizedReranker.from_encoder(args.encoder, 384), 0.1, args)
 
     print()
-    header = f"{'module':<10} {'C':>3} {'mode':<12} {'steps':>5} {'texts/pairs encoded':>20} {'s/round':>8} " \
+    header = f"{'module':<10} {'C':>3} {'mode':<20} {'steps':>5} {'texts/pairs encoded':>20} {'s/round':>8} " \
              f"{'samples/s':>10} {'speedup':>8}"
     print(header)
     print("-" * len(header))
     for row in rows:
         naive = next(r for r in rows if r["module"] == row["module"] and r["C"] == row["C"] and r["mode"] == "naive")
-        print(f"{row['module']:<10} {row['C']:>3} {row['mode']:<12} {row['steps']:>5} {row['encoded']:>20} "
+        print(f"{row['module']:<10} {row['C']:>3} {row['mode']:<20} {row['steps']:>5} {row['encoded']:>20} "
               f"{row['s/round']:>8.2f} {row['samples/s']:>10.3f} {row['samples/s'] / naive['samples/s']:>7.2f}x")
     print("\nsteps: optimizer steps per round of the same examples; texts/pairs encoded: docs through the doc "
           "encoder (retriever, plus one query per example) or (query, doc) pairs through the cross-encoder.")

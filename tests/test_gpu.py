@@ -32,10 +32,15 @@ def test_user_index_on_cuda_searches_exactly_and_saves_as_a_faiss_index(tmp_path
     new = rng.standard_normal((2, 384), np.float32)
     gpu.add(["new0", "new1"], new)
     assert gpu.search(new, 1)[1] == [["new0"], ["new1"]]
+    more = rng.standard_normal((40, 384), np.float32)
+    for i, row in enumerate(more):  # serving adds users one at a time: the table's buffer grows on the GPU
+        gpu.add([f"more{i}"], row[None])
+    assert gpu.search(more, 1)[1] == [[f"more{i}"] for i in range(len(more))]
     save_index(gpu.index, tmp_path / "users.faiss")
-    assert load_index(tmp_path / "users.faiss").ntotal == len(table) + 2
-    assert UserIndex.wrap(load_index(tmp_path / "users.faiss"), ids + ["new0", "new1"]).search(new, 1)[1] == \
-        [["new0"], ["new1"]]
+    assert load_index(tmp_path / "users.faiss").ntotal == len(table) + 2 + len(more)
+    all_ids = ids + ["new0", "new1"] + [f"more{i}" for i in range(len(more))]
+    saved = UserIndex.wrap(load_index(tmp_path / "users.faiss"), all_ids)
+    assert saved.search(new, 1)[1] == [["new0"], ["new1"]] and saved.search(more[-1:], 1)[1] == [["more39"]]
 
 
 def test_text_encoder_embeds_on_cuda_as_on_cpu(tiny_bert):

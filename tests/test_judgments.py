@@ -246,7 +246,7 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
 @pytest.mark.parametrize("cuda", [False, True])
 def test_quick_preset_trains_the_retriever_and_reranker_in_bf16_only_on_a_cpu_that_has_it(monkeypatch, tmp_path,
                                                                                         cuda) -> None:
-    """bf16-mixed when training runs on a CPU with AVX512-BF16/AMX; float32 on a GPU (measured faster there)."""
+    """bf16-mixed when training runs on a CPU with AVX512-BF16/AMX; float32 on a GPU (README "GPU paths")."""
     from persrag_lightning.commands import pipeline
 
     calls: list[list[str]] = []
@@ -264,6 +264,30 @@ def test_quick_preset_trains_the_retriever_and_reranker_in_bf16_only_on_a_cpu_th
         calls.clear()
         pipeline.main(["--preset", "smoke", "--export_root", str(tmp_path)])  # the smoke test stays float32
         assert not any("--trainer.precision=bf16-mixed" in args for args in calls)
+
+
+def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(monkeypatch, tmp_path) -> None:
+    """`--preset full-feedback` changes only the feedback stages: no m/k/example caps (the configs' m 6, k 5, every
+    question), loglik labels; the user encoder, generator, evaluation and reported rows are quick's."""
+    from persrag_lightning.commands import pipeline
+
+    runs: dict[str, dict[str, list[str]]] = {}
+    for preset in ("quick", "full-feedback"):
+        calls: list[list[str]] = []
+        monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
+        monkeypatch.setattr(pipeline, "evaluate_command", lambda args, calls=calls: calls.append(args))
+        pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
+        runs[preset] = {a[a.index("--config") + 1]: [x for x in a if not x.startswith("--run_name")] for a in calls}
+        assert all(f"--run_name=synthlamp-{preset}" in a for a in calls)
+    quick, full = runs["quick"], runs["full-feedback"]
+    assert quick.keys() == full.keys()
+    for config in ("cfrag_user_encoder.yaml", "generator.yaml", "evaluate_cfrag.yaml"):
+        assert full[config] == quick[config]
+    for config in ("cfrag_retriever.yaml", "cfrag_reranker.yaml"):
+        assert "--data.init_args.feedback_metric=loglik" in full[config]
+        assert not any(a.startswith(("--data.init_args.m=", "--data.init_args.k=", "--data.init_args.max_"))
+                       for a in full[config])
+        assert any(a.startswith("--data.init_args.max_train_examples=") for a in quick[config])
 
 
 def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:

@@ -208,7 +208,7 @@ def test_a_batch_of_b_examples_is_the_official_b_steps_of_accumulation(tiny_bert
 
 
 def test_pairs_are_encoded_in_length_chunks_and_returned_in_input_order(reranker):
-    """score_pairs encodes ROWS_PER_FORWARD pairs at a time by token length (less padding) — training and
+    """score_pairs encodes rows_per_forward(device) pairs at a time by token length (less padding) — training and
     inference alike — and gives every pair the score it gets alone."""
     queries = [f"query {i}" for i in range(len(CORPUS))]
     e_u = torch.randn(len(CORPUS), 8)
@@ -220,6 +220,22 @@ def test_pairs_are_encoded_in_length_chunks_and_returned_in_input_order(reranker
             assert torch.allclose(chunked, alone, atol=1e-5), step
     lengths = reranker.tokenize_pairs(queries, CORPUS)["attention_mask"].sum(1)
     assert len(set(lengths.tolist())) > 2  # the chunks really reorder pairs of different lengths
+
+
+def test_rows_per_forward_depend_on_the_device_and_default_the_chunks(monkeypatch):
+    """A CPU chunk stays small (padding costs more than calls there), a CUDA chunk is large (kernel launches cost
+    more there: README "GPU paths"); other device types take the CPU's. encode_by_length uses the device's."""
+    from persrag_lightning.models import common
+
+    assert common.rows_per_forward("cpu") == common.ROWS_PER_FORWARD == 32
+    assert common.rows_per_forward(torch.device("cuda", 0)) == 256
+    assert common.rows_per_forward("meta") == common.ROWS_PER_FORWARD
+    monkeypatch.setitem(common.ROWS_PER_FORWARD_BY_DEVICE, "cpu", 3)
+    seen: list[int] = []
+    inputs = {"attention_mask": torch.ones(7, 4, dtype=torch.long), "input_ids": torch.arange(28).view(7, 4)}
+    out = common.encode_by_length(inputs, lambda rows, chunk: seen.append(len(rows)) or chunk["input_ids"][:, 0],
+                                  torch.device("cpu"))
+    assert seen == [3, 3, 1] and out.tolist() == [0, 4, 8, 12, 16, 20, 24]
 
 
 def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tmp_path):

@@ -79,6 +79,14 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# `full-feedback`: the quick protocol (same data, stages, answers, reported rows) with the paper's amount of feedback,
+# which the quick reranker lacks (README "Main job"): m = 6 users x k = 5 docs for every train and every dev question
+# (600 + 300 questions x 30 candidates per stage), log-likelihood labels in batches of 64. ~2 x 27,000 LLM calls:
+# minutes on a GPU node, hours on 2 CPU cores.
+PRESETS["full-feedback"] = {**PRESETS["quick"],
+                             "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"]}
+
+
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (Path(export_root) / run_name / stage / "config.json").exists()
 
@@ -127,8 +135,9 @@ def main(argv: list[str]) -> None:
     per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
                  "generator": [*preset["generator"], *generator_task]}
     # bf16-mixed when the trainer runs on a CPU that computes bfloat16 natively. Not on a GPU (accelerator auto
-    # picks CUDA when present): there the float32 step of these MiniLM-sized models was faster (one H100: retriever
-    # 0.37 vs 0.48 s, reranker 1.04 vs 1.18 s per 32 examples at m·k = 30; README "GPU paths").
+    # picks CUDA when present): there bf16 pays only with large chunks (one H100, 32 examples per step at m·k = 30,
+    # 256 rows per forward: 1.2x float32), not measured at the configs' 4 examples per step, and the GPU runs
+    # reported in the README trained in float32 (README "GPU paths").
     native = preset.get("feedback_bf16_where_native") and not torch.cuda.is_available() and cpu_has_native_bf16()
     bf16 = ["--trainer.precision=bf16-mixed"] if native else []
     feedback = [*preset["feedback"], *bf16, *llm]

@@ -18,16 +18,25 @@ USER_HEADS = "user_heads.safetensors"
 # on 2 cores (MiniLM cross-encoder, 120 pairs of 4 examples x m*k = 30, forward + backward): one forward of all 120
 # 17.5 s, chunks of 30 in candidate order 10.5 s, chunks of 30 by length 6.9 s (of 16: 7.0 s); under bfloat16
 # autocast 7.5 / 4.7 / 3.4 s. Large activations cost more than the extra calls on a CPU; less padding does the rest.
+# On a GPU the opposite holds: a chunk of 32 leaves it waiting on kernel launches (measured below), so CUDA takes
+# larger chunks. A device type missing here takes the CPU's.
 ROWS_PER_FORWARD = 32
+ROWS_PER_FORWARD_BY_DEVICE: dict[str, int] = {"cpu": ROWS_PER_FORWARD, "cuda": 256}
+
+
+def rows_per_forward(device: torch.device | str) -> int:
+    """Rows per encoder forward in `encode_by_length` on `device` (ROWS_PER_FORWARD_BY_DEVICE)."""
+    return ROWS_PER_FORWARD_BY_DEVICE.get(torch.device(device).type, ROWS_PER_FORWARD)
 
 
 def encode_by_length(inputs: dict[str, torch.Tensor], encode: Callable[[torch.Tensor, dict], torch.Tensor],
                      device: torch.device, step: int | None = None) -> torch.Tensor:
-    """`encode(rows, chunk)` over chunks of `step` (ROWS_PER_FORWARD) right-padded rows of `inputs` in order of
-    length, each chunk cut to its longest row; the results concatenated back in input order. Differentiable."""
+    """`encode(rows, chunk)` over chunks of `step` (default `rows_per_forward(device)`) right-padded rows of
+    `inputs` in order of length, each chunk cut to its longest row; the results concatenated back in input order.
+    Differentiable."""
     lengths = inputs["attention_mask"].sum(1)
     order = torch.argsort(lengths, stable=True)
-    step = step or ROWS_PER_FORWARD
+    step = step or rows_per_forward(device)
     out = []
     for start in range(0, len(order), step):
         rows = order[start:start + step]

@@ -203,9 +203,9 @@ class PersonalizedReranker(nn.Module):
     def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
                     batch_size: int | None = None) -> torch.Tensor:
         """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per pair (ignored
-        without users). The pairs are tokenised together, then encoded `batch_size` (default ROWS_PER_FORWARD) at a
-        time in order of token length, each chunk cut to its longest pair (models/common.py). Differentiable:
-        training and inference take this one path; wrap in torch.no_grad() to serve."""
+        without users). The pairs are tokenised together, then encoded `batch_size` (default: rows_per_forward of
+        the device) at a time in order of token length, each chunk cut to its longest pair (models/common.py).
+        Differentiable: training and inference take this one path; wrap in torch.no_grad() to serve."""
         if len(queries) != len(docs):
             raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
         if self.config.use_user and e_u is None:
