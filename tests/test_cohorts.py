@@ -81,11 +81,28 @@ def test_neighbours_in_a_big_cohort_equal_the_full_sort_ties_included():
     for user in ("u000", "u123", "u399"):
         r = ids.index(user)
         others = np.array([i for i in range(len(ids)) if i != r])
-        sims = model.vectors[others] @ model.vectors[r]  # the scores neighbours computes, bit for bit
+        sims = (model.vectors @ model.vectors[r])[others]  # the scores neighbours computes (a cohort of everyone)
         assert len(np.unique(sims)) < len(sims) // 4  # ties everywhere
         for k in (1, 3, 25):
             want = others[np.lexsort((np.array(ids)[others], -sims))[:k]]  # the whole cohort sorted
             assert [n.user_id for n in model.neighbours(user, k)] == [ids[i] for i in want], (user, k)
+
+
+def test_neighbours_are_the_same_whether_the_cohort_is_gathered_or_the_whole_table_scanned(monkeypatch):
+    """A big cohort (over FULL_SCAN_SHARE of the users) is scored by one product with the whole table, a small one
+    by gathering its members: both give the same neighbours and similarities."""
+    from persrag_lightning.retrieval import cohorts
+
+    ids, x, _ = communities()
+    model = CohortModel(CohortSettings(method="kmeans", n_clusters=2)).fit(ids, x)
+    lists = {}
+    for share in (0.0, 1.0):  # every cohort scanned / every cohort gathered
+        monkeypatch.setattr(cohorts, "FULL_SCAN_SHARE", share)
+        lists[share] = [model.neighbours(u, 5) for u in ids]
+    assert [[n.user_id for n in nb] for nb in lists[0.0]] == [[n.user_id for n in nb] for nb in lists[1.0]]
+    np.testing.assert_allclose([n.similarity for nb in lists[0.0] for n in nb],
+                               [n.similarity for nb in lists[1.0] for n in nb], rtol=1e-6)
+    assert all(len(nb) == 5 for nb in lists[0.0])
 
 
 def test_noise_users_are_not_one_fake_cluster():
