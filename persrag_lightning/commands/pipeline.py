@@ -83,8 +83,10 @@ PRESETS: dict[str, Preset] = {
 # which the quick reranker lacks (README "Main job"): m = 6 users x k = 5 docs for every train and every dev question
 # (600 + 300 questions x 30 candidates per stage), log-likelihood labels in batches of 64. ~2 x 27,000 LLM calls:
 # minutes on a GPU node, hours on 2 CPU cores.
-PRESETS["full-feedback"] = {**PRESETS["quick"],
-                             "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"]}
+PRESETS["full-feedback"] = {
+    **PRESETS["quick"],
+    "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"],
+}
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
