@@ -290,6 +290,30 @@ def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(mon
         assert any(a.startswith("--data.init_args.max_train_examples=") for a in quick[config])
 
 
+def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
+    """configs/evaluate_full_feedback.yaml puts CFRAG of the quick run and of the full-feedback run in one table (paired
+    tests across the runs), each row with its own run's bundles, named as `persrag pipeline` names the two runs."""
+    from persrag_lightning.commands import pipeline
+    from tests.conftest import evaluate_config_rows
+
+    cfg, _, rows = evaluate_config_rows("evaluate_full_feedback.yaml")
+    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG (full feedback)"
+    runs = {"quick": "checkpoints/synthlamp-quick", "full feedback": "checkpoints/synthlamp-full-feedback"}
+    for label, run in runs.items():
+        assert {b: rows[f"CFRAG ({label})"][b] for b in ("user_encoder", "retriever", "reranker")} == \
+            {b: f"{run}/{b}" for b in ("user_encoder", "retriever", "reranker")}
+        first_stage = rows[f"w/o reranker tuning ({label})"]
+        assert first_stage.reranker is None and first_stage.retriever == f"{run}/retriever"
+    assert rows["w/o user retrieval (full feedback)"].m == 1
+    named: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
+        mp.setattr(pipeline, "evaluate_command", lambda args: None)
+        for preset in ("quick", "full-feedback"):
+            pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
+    assert {n.split("=")[1] for n in named} == {r.split("/")[1] for r in runs.values()}
+
+
 def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:
     """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments label`
     and `paired` siblings, each row with its own run's bundles, and names the runs as `persrag pipeline` does."""
