@@ -68,8 +68,9 @@ def main() -> None:
             same_fresh += len(ours & top(fresh.score_pairs([q.query] * len(cands), texts, users), args.k)) / args.k
             same_first += len(ours & set(first_stage_order(cands)[:args.k])) / args.k
     n = len(examples)
-    print(f"{args.run}/{args.reranker}: {n} test questions, {len(cands)} candidates each; share of the trained reranker's top "
-          f"{args.k} also in the top {args.k} of an untrained reranker: {same_fresh / n:.3f}, of the first stage: "
+    print(f"{args.run}/{args.reranker}: {n} test questions, {len(cands)} candidates each; share of the trained "
+          f"reranker's top {args.k} also in the top {args.k} of an untrained reranker: {same_fresh / n:.3f}, of the "
+          f"first stage: "
           f"{same_first / n:.3f} (chance {args.k / len(cands):.3f})")
 
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from persrag_lightning.data.feedback_cache import FeedbackCache
 
 
-def labels(root: Path, split: str) -> dict[str, tuple[list[str], np.ndarray]]:
-    chunk = json.loads((root / "config.json").read_text())["settings"]["chunk_size"]
+def labels(root: Path, config: dict, split: str) -> dict[str, tuple[list[str], np.ndarray]]:
+    chunk = config["settings"]["chunk_size"]
     n = sum(1 for _ in (root / split).glob("chunk-*.jsonl")) * chunk
     return {e.example_id: ([c.doc_id for c in e.candidates], np.array([c.label for c in e.candidates]))
             for e in FeedbackCache(root, chunk).read(split, n)}
@@ -36,12 +36,12 @@ def main() -> None:
     p.add_argument("--tau", type=float, default=1.0, help="teacher temperature of the stage (retriever 1.0, "
                    "reranker 0.1)")
     args = p.parse_args()
-    print(f"a = {args.a} ({json.loads((args.a / 'config.json').read_text())['llm']['options']})\n"
-          f"b = {args.b} ({json.loads((args.b / 'config.json').read_text())['llm']['options']})\n")
+    configs = {root: json.loads((root / "config.json").read_text()) for root in (args.a, args.b)}
+    print(f"a = {args.a} ({configs[args.a]['llm']['options']})\nb = {args.b} ({configs[args.b]['llm']['options']})\n")
     print("| split | examples | same top-1 | Kendall tau (mean) | KL(P_a ‖ P_b) mean / max | max label diff |")
     print("|---|---:|---:|---:|---:|---:|")
     for split in ("train", "dev"):
-        a, b = labels(args.a, split), labels(args.b, split)
+        a, b = labels(args.a, configs[args.a], split), labels(args.b, configs[args.b], split)
         same = [k for k in a if k in b and a[k][0] == b[k][0]]  # the same candidates, in the same order
         top1 = np.mean([a[k][1].argmax() == b[k][1].argmax() for k in same])
         tau = np.nanmean([kendalltau(a[k][1], b[k][1]).statistic for k in same])
