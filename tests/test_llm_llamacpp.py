@@ -39,6 +39,24 @@ def test_llamacpp_score(llm: LLM) -> None:
     assert llm.score([QUESTION], ["Paris is nice"])[0] < paris
 
 
+def test_llamacpp_score_packs_several_pairs_per_call_with_the_same_labels(llm: LLM) -> None:
+    """`score_seqs` pairs share one llama_decode call, each its own KV sequence: the labels stay those of one pair
+    per call (up to the rounding of a different batch shape), packs are also cut by n_ctx, and empty targets are
+    skipped inside a pack."""
+    prompts = [QUESTION, "Say hello.", "Name a colour. " * 12, QUESTION, "Tag this: a detective story."]
+    targets = ["Paris", "Hello", "", "London", "crime"]
+    want = llm.score(prompts, targets)
+    for n_ctx, seqs in ((1024, 3), (160, 4)):  # 160 tokens: two of these pairs at most per call
+        packed = load_llm("llamacpp", "smollm2", n_ctx=n_ctx, score_seqs=seqs)
+        try:
+            got = packed.score(prompts, targets)
+            with pytest.raises(LLMBackendError, match="n_ctx"):
+                packed.score(["word " * 1200], ["x"])
+        finally:
+            packed.close()
+        assert got == pytest.approx(want, abs=0.05) and got[2] == 0.0
+
+
 def test_llamacpp_metadata(llm: LLM) -> None:
     assert llm.fingerprint.startswith("llamacpp:smollm2:")
     assert llm.count_tokens("hello world") > 0

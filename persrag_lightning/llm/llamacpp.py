@@ -33,17 +33,19 @@ def _import_llama() -> Any:
 
 
 class LlamaCppLLM(LLM):
-    """One llama.cpp context for greedy chat completion (prefix KV reuse across prompts), a second for scoring."""
+    """One llama.cpp context for greedy chat completion (prefix KV reuse across prompts), one for `score` (outputs at
+    the target positions only) and one with logits at every position for `score_options`."""
 
     backend = "llamacpp"
 
     def __init__(self, model: str = "smollm2", batch_size: int = 1, n_ctx: int = 2048,
                  n_threads: int | None = None, n_batch: int = 512, seed: int = 0, verbose: bool = False,
-                 weights: str = "auto", cache_dir: str | os.PathLike | None = None) -> None:
+                 weights: str = "auto", cache_dir: str | os.PathLike | None = None, score_seqs: int = 1) -> None:
         """`weights`: `gguf` runs the file as shipped; f32, f16, bf16, q8_0 or q4_0 re-encode it once (cached under
         `<cache>/llm/`) into a type with a fast CPU kernel, in the fingerprint since answers change; `auto`
         (default) is f16 for a small Q4_1 file (the embedded SmolLM2) and the shipped file otherwise (a large
-        model in f16 would need 4x the memory and decode slower)."""
+        model in f16 would need 4x the memory and decode slower). `score_seqs`: pairs per llama_decode call in
+        `score`; 1 (default) was fastest on 2 CPU cores, 2 and 4 slower (README "LLM feedback throughput")."""
         super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
         self._llama_cpp = _import_llama()
         self.source = resolve_model(model)
@@ -60,8 +62,10 @@ class LlamaCppLLM(LLM):
         self.n_batch = n_batch
         self.seed = seed
         self.verbose = verbose
+        self.score_seqs = score_seqs
         self.engine = self._new_context(logits_all=False)
-        self._scorer: Any = None
+        self._scorer: Any = None  # a logits_all context for score_options
+        self._packer: Any = None  # (context, batch) for score
         self._formatter: Any = None
 
     def _new_context(self, logits_all: bool) -> Any:
@@ -114,27 +118,67 @@ class LlamaCppLLM(LLM):
         return self._formatter(messages=[{"role": "user", "content": prompt}]).prompt
 
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:
+        """log p(target | chat prompt) per pair, with logits asked only at the positions that predict the target.
+
+        A `logits_all` context (what `score_options` keeps) projects every prompt token onto the 49k-word
+        vocabulary and copies those logits out; here each pair goes through llama.cpp's batch API with the output
+        flag set on its target positions alone, and `score_seqs` pairs share one `llama_decode` call, each in its
+        own KV sequence (README "LLM feedback throughput" measures 1, 2 and 4)."""
         self._check_pairs(prompts, targets)
-        if self._scorer is None:
-            self._scorer = self._new_context(logits_all=True)  # logits at every position, only for scoring
-        scorer = self._scorer
-        scores = []
-        for prompt, target in zip(prompts, targets):
-            head = scorer.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
-            tail = scorer.tokenize(target.encode(), add_bos=False, special=False) if target else []
+        scores = [0.0] * len(prompts)
+        pack: list[tuple[int, list[int], int]] = []  # (pair index, tokens, prompt tokens)
+        used = 0
+        for i, (prompt, target) in enumerate(zip(prompts, targets)):
+            head = self.engine.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
+            tail = self.engine.tokenize(target.encode(), add_bos=False, special=False) if target else []
             if not tail:
-                scores.append(0.0)
                 continue
             tokens = head + tail
             if len(tokens) > self.n_ctx:
                 raise LLMBackendError(f"llama.cpp score: {len(tokens)} tokens exceed n_ctx={self.n_ctx}")
-            scorer.reset()
-            scorer.eval(tokens)
-            logits = np.asarray(scorer.scores[len(head) - 1: len(tokens) - 1], dtype=np.float64)
-            logits -= logits.max(axis=-1, keepdims=True)
-            logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-            scores.append(float(logp[np.arange(len(tail)), tail].sum()))
+            if pack and (len(pack) == self.score_seqs or used + len(tokens) > self.n_ctx):
+                self._score_pack(pack, scores)
+                pack, used = [], 0
+            pack.append((i, tokens, len(head)))
+            used += len(tokens)
+        if pack:
+            self._score_pack(pack, scores)
         return scores
+
+    def _score_pack(self, pack: list[tuple[int, list[int], int]], scores: list[float]) -> None:
+        """One `llama_decode` of the pairs in `pack` (sequence id = place in the pack, positions from 0)."""
+        from llama_cpp import _internals
+
+        if self._packer is None:
+            params = self.engine.context_params  # the generation context's threads, n_ubatch and flash attention
+            ctx_params = type(params).from_buffer_copy(params)
+            ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx  # a pack (or one long pair) in one call
+            ctx_params.n_seq_max = self.score_seqs
+            ctx_params.kv_unified = True  # the pack's sequences share one KV buffer of n_ctx cells
+            self._packer = (_internals.LlamaContext(model=self.engine._model, params=ctx_params, verbose=self.verbose),
+                            _internals.LlamaBatch(n_tokens=self.n_ctx, embd=0, n_seq_max=1, verbose=self.verbose))
+        ctx, batch = self._packer
+        ctx.kv_cache_clear()
+        raw = batch.batch
+        raw.n_tokens = 0
+        wanted: list[tuple[int, int, list[int]]] = []  # (pair index, first output row, target tokens)
+        for seq, (i, tokens, n_head) in enumerate(pack):
+            base = raw.n_tokens
+            for pos, token in enumerate(tokens):
+                j = base + pos
+                raw.token[j], raw.pos[j], raw.n_seq_id[j], raw.seq_id[j][0] = token, pos, 1, seq
+                raw.logits[j] = n_head - 1 <= pos < len(tokens) - 1  # this position predicts a target token
+            raw.n_tokens = base + len(tokens)
+            wanted.append((i, base + n_head - 1, tokens[n_head:]))
+        try:
+            ctx.decode(batch)
+        except RuntimeError as err:
+            raise LLMBackendError(f"llama.cpp score failed on {self.name}: {err}") from err
+        n_vocab = self.engine.n_vocab()
+        for i, first, tail in wanted:
+            logits = np.stack([np.ctypeslib.as_array(ctx.get_logits_ith(first + t), shape=(n_vocab,))
+                               for t in range(len(tail))]).astype(np.float64)
+            scores[i] = float(_log_softmax(logits)[np.arange(len(tail)), tail].sum())
 
     def score_options(self, prompts: list[str], options: list[str]) -> list[list[float]]:
         """`score` of every option per prompt, evaluating each prompt once and every option over its KV cache.
@@ -176,10 +220,10 @@ class LlamaCppLLM(LLM):
         return rows
 
     def close(self) -> None:
-        for ctx in (self.engine, self._scorer):
+        for ctx in (self.engine, self._scorer, *(self._packer or ())):
             if ctx is not None and hasattr(ctx, "close"):
                 ctx.close()
-        self.engine = self._scorer = None
+        self.engine = self._scorer = self._packer = None
 
 
 def auto_weights(path: str, max_bytes: int = 1 << 30) -> str:
