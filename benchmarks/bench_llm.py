@@ -3,8 +3,10 @@
 One candidate = one prompt built by `build_prompt` from one history doc + the query (as in CFRAG's feedback),
 ~220 tokens, greedy. Baseline: transformers, one prompt at a time, max_new_tokens=64 (as the official code).
 Rows "loglik labels" time the quick preset's feedback labels, log p(gold | prompt) in one forward per candidate.
-llamacpp runs the shipped Q4_1 GGUF and re-encoded copies (`--llamacpp-weights`); the last column counts answers
-(or log-likelihoods within 0.1 nat) equal to float32 transformers' on the de-quantised weights (the exact model). Prints a table; asserts nothing about time.
+Beside float32 transformers: bfloat16 weights (where native), int8 dynamic quantisation of the Linear layers (CPU),
+vLLM (CUDA, when installed), llamacpp on the shipped Q4_1 GGUF and re-encoded copies (`--llamacpp-weights`). The
+last column counts answers (or log-likelihoods within 0.1 nat, with the median distance) equal to float32
+transformers' on the de-quantised weights (the exact model). Prints a table; asserts nothing about time.
 
     python benchmarks/bench_llm.py --quick
 """
@@ -18,10 +20,12 @@ import os
 import platform
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +129,17 @@ def warm_up(llm: LLM, prompts: list[str], targets: list[str], max_new: int) -> N
         llm.score(prompts[:n], targets[:n])
 
 
+def same_answers(answers: list[str], exact: list[str]) -> str:
+    """How many answers equal the exact model's."""
+    return f"{sum(a == b for a, b in zip(answers, exact))}/{len(exact)}"
+
+
+def same_scores(scores: list[float], exact: list[float]) -> str:
+    """How many log-likelihoods lie within 0.1 nat of the exact model's, and the median distance."""
+    gaps = [abs(a - b) for a, b in zip(scores, exact)]
+    return f"{sum(g < 0.1 for g in gaps)}/{len(exact)}, median {statistics.median(gaps):.2f} nat"
+
+
 def naive_baseline(hf: LLM, prompts: list[str]) -> float:
     """The official loop: transformers generate, one prompt at a time, 64 new tokens, chat template, greedy."""
     tok, model = hf.tokenizer, hf.model  # type: ignore[attr-defined]
@@ -170,11 +185,16 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tasks", nargs="+", default=["LaMP-2", "LaMP-5"])
     ap.add_argument("--prompts", type=int, default=None, help="prompts per configuration")
+    ap.add_argument("--baseline-prompts", type=int, default=None,
+                    help="prompts through the naive loop (default: half of --prompts with --quick, else all)")
     ap.add_argument("--prompt-tokens", type=int, default=220, help="budget of the user message")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=None)
-    ap.add_argument("--backends", nargs="+", default=["hf", "llamacpp", "openai"])
+    ap.add_argument("--backends", nargs="+", default=["hf", "llamacpp", "openai", "vllm"],
+                    help="hf rows always run (the reference); vllm rows need a CUDA device and vLLM installed")
     ap.add_argument("--llamacpp-weights", nargs="+", default=["gguf", "f16", "bf16", "q4_0"],
                     help="llamacpp weight types: gguf = the shipped Q4_1 file; others re-encoded once (cached)")
+    ap.add_argument("--score-seqs", type=int, nargs="*", default=[2, 4],
+                    help="llamacpp loglik rows (default weights) with this many pairs per llama_decode call")
     ap.add_argument("--device", default="auto", help="hf rows' device: auto (CUDA when present), cpu or cuda; the "
                     "reference (and naive baseline) is float32 there, the bf16 rows follow it")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -182,7 +202,7 @@ def main() -> None:
     args = ap.parse_args()
 
     n = args.prompts or (16 if args.quick else 64)
-    n_base = max(4, n // 2) if args.quick else n
+    n_base = args.baseline_prompts or (max(4, n // 2) if args.quick else n)
     batch_sizes = args.batch_sizes or ([1, 4, 16] if args.quick else [1, 4, 8, 16, 32])
     threads = args.threads
     torch.set_num_threads(threads)
@@ -231,33 +251,66 @@ def main() -> None:
         record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
         exact[task] = (answers, scores)
     hf.close()
+    def against_exact(llm: LLM, name: str, batch: int, warm: Callable[[str, list[str]], object]) -> None:
+        """Rows of `llm` (task budget and loglik labels) with their agreement with the exact model's outputs."""
+        for task, prompts in prompts_of.items():
+            max_new = default_max_new_tokens(task)
+            warm(task, prompts)
+            answers, seconds = timed_call(llm.generate, prompts, max_new)
+            scores, score_seconds = timed_call(llm.score, prompts, targets_of[task])
+            record(Row(task, name, batch, max_new, n, chat_len[task], seconds, same_answers(answers, exact[task][0])))
+            record(Row(task, f"{name}, loglik labels", batch, 0, n, chat_len[task], score_seconds,
+                       same_scores(scores, exact[task][1])))
+
+    def batch_warm_up(llm: LLM) -> Callable[[str, list[str]], object]:
+        return lambda task, prompts: warm_up(llm, prompts, targets_of[task], default_max_new_tokens(task))
+
     if hf.device.type == "cuda" or cpu_has_native_bf16():  # type: ignore[attr-defined]
         # the same model in bfloat16 weights (what the quick preset answers with, and CUDA's default)
         half = load_llm("hf", args.model, batch_size=max(batch_sizes), device=args.device, dtype="bf16")
-        for task, prompts in prompts_of.items():
-            warm_up(half, prompts, targets_of[task], default_max_new_tokens(task))
-            answers, seconds = timed_call(half.generate, prompts, default_max_new_tokens(task))
-            scores, score_seconds = timed_call(half.score, prompts, targets_of[task])
-            ref = exact[task]
-            record(Row(task, "hf, bf16", half.batch_size, default_max_new_tokens(task), n, chat_len[task], seconds,
-                       f"{sum(a == b for a, b in zip(answers, ref[0]))}/{n}"))
-            record(Row(task, "hf, bf16, loglik labels", half.batch_size, 0, n, chat_len[task], score_seconds,
-                       f"{sum(abs(a - b) < 0.1 for a, b in zip(scores, ref[1]))}/{n}"))
+        against_exact(half, "hf, bf16", half.batch_size, batch_warm_up(half))
         half.close()
+    if hf.device.type == "cpu":
+        # int8 dynamic quantisation of every Linear layer (torch.ao's quantize_dynamic with its default qconfig, as
+        # the reranker's `reranker_runtime="int8"`): a row of its own, not a backend option, since it loses (README)
+        q8 = load_llm("hf", args.model, batch_size=max(batch_sizes), device="cpu", dtype="float32")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch deprecates quantized tensors in favour of torchao
+            q8.model = torch.ao.quantization.quantize_dynamic(q8.model, {torch.nn.Linear}, dtype=torch.qint8)
+            against_exact(q8, "hf, int8 dynamic", q8.batch_size, batch_warm_up(q8))
+        q8.close()
+    if "vllm" in args.backends and torch.cuda.is_available() and importlib.util.find_spec("vllm"):
+        # vLLM schedules the whole list itself (continuous batching, prefix caching of the shared chat prefix);
+        # its dtype "auto" is the checkpoint's bfloat16, so the bf16 rows above are its like-for-like reference
+        engine = load_llm("vllm", args.model, batch_size=max(batch_sizes), gpu_memory_utilization=0.3)
+        import vllm
+
+        print(f"# vllm={vllm.__version__}")
+        # warm-up: the engine's first batches compile and capture CUDA graphs
+        against_exact(engine, "vllm", engine.batch_size, lambda task, prompts: (
+            engine.generate(prompts, default_max_new_tokens(task)), engine.score(prompts, targets_of[task])))
+        for task, prompts in prompts_of.items():
+            record(Row(task, "vllm", engine.batch_size, BASELINE_MAX_NEW_TOKENS, n, chat_len[task],
+                       timed(engine.generate, prompts, BASELINE_MAX_NEW_TOKENS)))
+        engine.close()
     if "llamacpp" in args.backends and importlib.util.find_spec("llama_cpp"):
         for weights in args.llamacpp_weights:
             local = load_llm("llamacpp", args.model, n_threads=threads, weights=weights)
             name = "llamacpp" + ("" if weights == "gguf" else f", weights {weights}")
+            against_exact(local, name, 1, lambda task, prompts, local=local: local.generate(prompts[:1], 2))
+            local.close()
+        # the default weights' labels two other ways: logits at every prompt position (a logits_all context, how
+        # `score` ran before 2026-11-23 and `score_options` still runs), and several pairs per llama_decode call
+        for seqs in [0, *args.score_seqs]:
+            local = load_llm("llamacpp", args.model, n_threads=threads, weights="auto", score_seqs=max(seqs, 1))
+            label = f"{seqs} pairs per call" if seqs else "logits at every position (before)"
             for task, prompts in prompts_of.items():
-                max_new = default_max_new_tokens(task)
-                local.generate(prompts[:1], 2)
-                answers, seconds = timed_call(local.generate, prompts, max_new)
-                scores, score_seconds = timed_call(local.score, prompts, targets_of[task])
-                ref = exact[task]
-                agree_gen = f"{sum(a == b for a, b in zip(answers, ref[0]))}/{n}"
-                agree_ll = f"{sum(abs(a - b) < 0.1 for a, b in zip(scores, ref[1]))}/{n}"
-                record(Row(task, name, 1, max_new, n, chat_len[task], seconds, agree_gen))
-                record(Row(task, f"{name}, loglik labels", 1, 0, n, chat_len[task], score_seconds, agree_ll))
+                score = local.score if seqs else (lambda ps, ts, local=local: [
+                    local.score_options([p], [t])[0][0] for p, t in zip(ps, ts)])
+                score(prompts[:max(seqs, 1)], targets_of[task][:max(seqs, 1)])
+                scores, seconds = timed_call(score, prompts, targets_of[task])
+                record(Row(task, f"llamacpp, weights {local.weights}, loglik labels, {label}", max(seqs, 1), 0, n,
+                           chat_len[task], seconds, same_scores(scores, exact[task][1])))
             local.close()
     # The server starts only now so that it takes no CPU from the in-process measurements.
     server = start_llama_server(resolve_model(args.model).path, threads) if "openai" in args.backends else None
