@@ -53,6 +53,7 @@ from persrag_lightning.retrieval.index import (
     BLAS_MIN_QUERIES,
     FAISS_DEFAULT_BLAS_THRESHOLD,
     TorchFlatIndex,
+    build_index,
     normalized,
 )
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
@@ -316,9 +317,13 @@ def methods(n: int, args: argparse.Namespace) -> list[Method]:
         elif kind == "flat-gpu":  # UserIndex's GPU path: faiss-gpu where it loads, else torch on CUDA
             if not torch.cuda.is_available():
                 sys.exit("--kinds flat-gpu needs a CUDA device")
-            out.append(Method(f"flat (exact) on {torch.cuda.get_device_name()}",
-                              lambda t: UserIndex.build(ids, t, "flat"), "index", ["UserIndex.wrap's GPU path"],
-                              lambda i, _: None))
+            gpu = torch.cuda.get_device_name()
+            out.append(Method(f"flat (exact) on {gpu}, torch matmul + top-k",
+                              lambda t: UserIndex(TorchFlatIndex(build_index(t, "flat")), ids), "index",
+                              ["TorchFlatIndex"], lambda i, _: None))
+            if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:  # faiss-gpu: UserIndex's pick
+                out.append(Method(f"flat (exact) on {gpu}, faiss-gpu", lambda t: UserIndex.build(ids, t, "flat"),
+                                  "index", ["GpuIndexFlatIP"], lambda i, _: None))
         elif kind == "ivf":
             out.append(Method(f"faiss IVF nlist={nlist}",
                               lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist, gpu=False),
