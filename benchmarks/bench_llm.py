@@ -251,6 +251,7 @@ def main() -> None:
         record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
         exact[task] = (answers, scores)
     hf.close()
+
     def against_exact(llm: LLM, name: str, batch: int, warm: Callable[[str, list[str]], object]) -> None:
         """Rows of `llm` (task budget and loglik labels) with their agreement with the exact model's outputs."""
         for task, prompts in prompts_of.items():
