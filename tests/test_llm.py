@@ -18,7 +18,7 @@ import torch
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.llm import LLMBackendError, load_llm, resolve_model
+from persrag_lightning.llm import LLMBackendError, load_llm, registry, resolve_model
 from persrag_lightning.llm.postprocess import (
     default_max_new_tokens,
     extract_json_field,
@@ -33,6 +33,7 @@ from persrag_lightning.llm.prompts import (
     split_budget,
     truncate_to_tokens,
 )
+from persrag_lightning.llm.registry import LLMConfig
 from tests.conftest import word_level_llama
 
 
@@ -488,3 +489,49 @@ def test_a_backend_around_a_live_model_follows_it_to_another_device(tiny_llm):
     # a backend that loads its model puts it on the device it was asked for ("meta" stands in for a GPU here)
     loaded = HFLLM(tiny_llm, device="meta", dtype="float32")
     assert loaded.device.type == "meta" and next(loaded.model.parameters()).device.type == "meta"
+
+
+@pytest.fixture
+def cpu_with_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only machine with llama-cpp-python installed (whether or not this one has it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: True)
+
+
+def test_auto_backend_is_llamacpp_for_a_gguf_on_a_cpu_and_hf_otherwise(cpu_with_llama_cpp, tmp_path: Path,
+                                                                       tiny_model_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    assert registry.auto_backend(str(gguf)) == "llamacpp"
+    assert registry.auto_backend(str(gguf), {"n_threads": 1, "weights": "f16"}) == "llamacpp"
+    assert registry.auto_backend(str(gguf), {"dtype": "bf16_if_native"}) == "hf"  # an option only hf takes
+    assert registry.auto_backend(str(tiny_model_dir)) == "hf"  # an HF folder
+    assert registry.auto_backend(str(tmp_path / "missing.gguf")) == "hf"  # hf's loader names the missing file
+    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: False)
+    assert registry.auto_backend(str(gguf)) == "hf"
+    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert registry.auto_backend(str(gguf)) == "hf"
+
+
+def test_llm_config_resolves_auto_once_so_caches_name_the_backend_that_ran(cpu_with_llama_cpp, tmp_path: Path,
+                                                                           tiny_model_dir: Path) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    config = LLMConfig(backend="auto", model=str(gguf))
+    assert config.backend == "llamacpp"
+    assert config.identity() == LLMConfig(backend="llamacpp", model=str(gguf)).identity()
+    assert config.identity() != LLMConfig(backend="hf", model=str(gguf)).identity()
+    assert LLMConfig(backend="auto", model=str(tiny_model_dir)).backend == "hf"
+    assert LLMConfig(model=str(gguf)).backend == "hf"  # the dataclass default stays hf (evaluation, serving)
+    # what the feedback stages get without an `llm` section
+    from persrag_lightning.feedback.datamodule import FeedbackDataModule
+
+    assert FeedbackDataModule().llm_config.backend == registry.auto_backend("smollm2")  # llamacpp where installed
+
+
+def test_load_llm_auto_loads_the_backend_auto_names(cpu_with_llama_cpp, tiny_model_dir: Path) -> None:
+    llm = load_llm("auto", str(tiny_model_dir), device="cpu")
+    assert llm.backend == "hf"
+    llm.close()

@@ -119,7 +119,10 @@ def main(argv: list[str]) -> None:
                         help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "
                              "with -<judgments> appended unless none")
     parser.add_argument("--export_root", default="checkpoints")
-    parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    parser.add_argument("--llm-backend", default=None,
+                        help="auto, hf, llamacpp, openai or vllm for feedback labels and evaluation answers alike; "
+                             "default: the configs' (feedback auto: llamacpp on a CPU-only machine, hf on a GPU; "
+                             "evaluation hf, bfloat16 where native)")
     opts, extra = parser.parse_known_args(argv)
     preset = PRESETS[opts.preset]
     try:
@@ -131,7 +134,7 @@ def main(argv: list[str]) -> None:
     judged = "" if opts.judgments == "none" else f"-{opts.judgments}"
     run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}{judged}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
-    llm = [f"--data.init_args.llm.backend={opts.llm_backend}"]
+    llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     # stage 1 and the generator have their own settings; the other stages are feedback stages
     judgments = [f"--model.init_args.judgments={opts.judgments}"] if judged else []
     per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
@@ -157,8 +160,8 @@ def main(argv: list[str]) -> None:
         timings.append((stage, time.perf_counter() - t0))
     t0 = time.perf_counter()
     only = [] if preset["strategies"] is None else [f"--only={json.dumps(preset['strategies'])}"]
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only,
-                      f"--evaluation.llm.backend={opts.llm_backend}"])
+    evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *evaluate_llm])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
 
