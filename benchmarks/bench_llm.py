@@ -155,6 +155,31 @@ def naive_baseline(hf: LLM, prompts: list[str]) -> float:
     return timed(run)
 
 
+def logits_all_score(local: LLM, threads: int) -> Callable[[list[str], list[str]], list[float]]:
+    """llamacpp's `score` before 2026-11-23, the baseline of the rows after it: a `logits_all` context, which
+    projects every prompt position onto the vocabulary and copies those logits out; one eval per pair."""
+    import llama_cpp
+    import numpy as np
+
+    from persrag_lightning.llm.llamacpp import _log_softmax
+
+    ctx = llama_cpp.Llama(model_path=local.model_path, n_ctx=local.n_ctx, n_batch=local.n_batch,  # type: ignore[attr-defined]
+                          logits_all=True, verbose=False, n_threads=threads, n_threads_batch=threads)
+
+    def score(prompts: list[str], targets: list[str]) -> list[float]:
+        out = []
+        for prompt, target in zip(prompts, targets):
+            head = ctx.tokenize(local.chat_text(prompt).encode(), add_bos=True, special=True)  # type: ignore[attr-defined]
+            tail = ctx.tokenize(target.encode(), add_bos=False, special=False)
+            ctx.reset()
+            ctx.eval(head + tail)
+            logp = _log_softmax(np.asarray(ctx.scores[len(head) - 1: len(head) + len(tail) - 1], dtype=np.float64))
+            out.append(float(logp[np.arange(len(tail)), tail].sum()))
+        return out
+
+    return score
+
+
 def start_llama_server(gguf: str, threads: int) -> tuple[subprocess.Popen, str] | None:
     """llama-cpp-python's OpenAI-compatible server on loopback, or None when it cannot start."""
     if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette")):
@@ -230,9 +255,20 @@ def main() -> None:
                       for _ in range(n)] for t in args.tasks}
     chat_len = {t: sum(len(hf._encode_prompts([p])[0]) for p in ps) / len(ps)  # type: ignore[attr-defined]
                 for t, ps in prompts_of.items()}
+    def choose_row(llm: LLM, name: str, task: str, prompts: list[str], want: list[str] | None = None) -> list[str]:
+        """The evaluation's `answer_mode: choose` on a label task (the most likely of its labels, one prompt
+        evaluated once per option set): a row, and its choices (none for a generation task)."""
+        labels = get_task(task).labels
+        if not labels:
+            return []
+        choices, seconds = timed_call(llm.choose, prompts, list(labels))
+        record(Row(task, f"{name}, choose among the {len(labels)} labels", llm.batch_size, 0, n, chat_len[task],
+                   seconds, "(exact)" if want is None else same_answers(choices, want)))
+        return choices
+
     # float32 transformers on the de-quantised weights computes the model exactly (up to float32 rounding): the
     # reference the llamacpp rows' answers are compared with (Q4_1 kernels also round the activations to 8 bits)
-    exact: dict[str, tuple[list[str], list[float]]] = {}
+    exact: dict[str, tuple[list[str], list[float], list[str]]] = {}  # answers, labels, choices
     for task, prompts in prompts_of.items():
         max_new = default_max_new_tokens(task)
         hf.generate(prompts[:1], 2)  # warm-up
@@ -249,7 +285,7 @@ def main() -> None:
         # the quick preset's labels: log p(gold | prompt), one forward per candidate, no generation
         scores, seconds = timed_call(hf.score, prompts, targets_of[task])
         record(Row(task, "hf, loglik labels", hf.batch_size, 0, n, chat_len[task], seconds))
-        exact[task] = (answers, scores)
+        exact[task] = (answers, scores, choose_row(hf, "hf", task, prompts))
     hf.close()
 
     def against_exact(llm: LLM, name: str, batch: int, warm: Callable[[str, list[str]], object]) -> None:
@@ -262,6 +298,7 @@ def main() -> None:
             record(Row(task, name, batch, max_new, n, chat_len[task], seconds, same_answers(answers, exact[task][0])))
             record(Row(task, f"{name}, loglik labels", batch, 0, n, chat_len[task], score_seconds,
                        same_scores(scores, exact[task][1])))
+            choose_row(llm, name, task, prompts, exact[task][2])
 
     def batch_warm_up(llm: LLM) -> Callable[[str, list[str]], object]:
         return lambda task, prompts: warm_up(llm, prompts, targets_of[task], default_max_new_tokens(task))
@@ -301,13 +338,12 @@ def main() -> None:
             against_exact(local, name, 1, lambda task, prompts, local=local: local.generate(prompts[:1], 2))
             local.close()
         # the default weights' labels two other ways: logits at every prompt position (a logits_all context, how
-        # `score` ran before 2026-11-23 and `score_options` still runs), and several pairs per llama_decode call
+        # `score` ran before 2026-11-23), and several pairs per llama_decode call
         for seqs in [0, *args.score_seqs]:
             local = load_llm("llamacpp", args.model, n_threads=threads, weights="auto", score_seqs=max(seqs, 1))
             label = f"{seqs} pairs per call" if seqs else "logits at every position (before)"
+            score = local.score if seqs else logits_all_score(local, threads)
             for task, prompts in prompts_of.items():
-                score = local.score if seqs else (lambda ps, ts, local=local: [
-                    local.score_options([p], [t])[0][0] for p, t in zip(ps, ts)])
                 score(prompts[:max(seqs, 1)], targets_of[task][:max(seqs, 1)])
                 scores, seconds = timed_call(score, prompts, targets_of[task])
                 record(Row(task, f"llamacpp, weights {local.weights}, loglik labels, {label}", max(seqs, 1), 0, n,

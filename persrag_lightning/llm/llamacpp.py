@@ -33,8 +33,8 @@ def _import_llama() -> Any:
 
 
 class LlamaCppLLM(LLM):
-    """One llama.cpp context for greedy chat completion (prefix KV reuse across prompts), one for `score` (outputs at
-    the target positions only) and one with logits at every position for `score_options`."""
+    """One llama.cpp context for greedy chat completion (prefix KV reuse across prompts), one for `score` and
+    `score_options` (outputs only at the positions whose logits are read)."""
 
     backend = "llamacpp"
 
@@ -63,16 +63,15 @@ class LlamaCppLLM(LLM):
         self.seed = seed
         self.verbose = verbose
         self.score_seqs = score_seqs
-        self.engine = self._new_context(logits_all=False)
-        self._scorer: Any = None  # a logits_all context for score_options
-        self._packer: Any = None  # (context, batch) for score
+        self.engine = self._new_context()
+        self._packer: Any = None  # (context, batch) for score and score_options
         self._formatter: Any = None
 
-    def _new_context(self, logits_all: bool) -> Any:
+    def _new_context(self) -> Any:
         threads = {} if self.n_threads is None else {"n_threads": self.n_threads, "n_threads_batch": self.n_threads}
         try:
             return self._llama_cpp.Llama(model_path=self.model_path, n_ctx=self.n_ctx, n_batch=self.n_batch,
-                                         seed=self.seed, logits_all=logits_all, verbose=self.verbose, **threads)
+                                         seed=self.seed, verbose=self.verbose, **threads)
         except Exception as err:  # llama.cpp reports load failures as ValueError/RuntimeError
             raise LLMBackendError(f"llama.cpp could not load {self.model_path}: {err}") from err
 
@@ -120,7 +119,7 @@ class LlamaCppLLM(LLM):
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:
         """log p(target | chat prompt) per pair, with logits asked only at the positions that predict the target.
 
-        A `logits_all` context (what `score_options` keeps) projects every prompt token onto the 49k-word
+        A `logits_all` context (what this used before 2026-11-23) projects every prompt token onto the 49k-word
         vocabulary and copies those logits out; here each pair goes through llama.cpp's batch API with the output
         flag set on its target positions alone, and `score_seqs` pairs share one `llama_decode` call, each in its
         own KV sequence (README "LLM feedback throughput" measures 1, 2 and 4)."""
@@ -147,60 +146,33 @@ class LlamaCppLLM(LLM):
 
     def _score_pack(self, pack: list[tuple[int, list[int], int]], scores: list[float]) -> None:
         """One `llama_decode` of the pairs in `pack` (sequence id = place in the pack, positions from 0)."""
-        from llama_cpp import _internals
-
-        if self._packer is None:
-            params = self.engine.context_params  # the generation context's threads, n_ubatch and flash attention
-            ctx_params = type(params).from_buffer_copy(params)
-            ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx  # a pack (or one long pair) in one call
-            ctx_params.n_seq_max = self.score_seqs
-            ctx_params.kv_unified = True  # the pack's sequences share one KV buffer of n_ctx cells
-            self._packer = (_internals.LlamaContext(model=self.engine._model, params=ctx_params, verbose=self.verbose),
-                            _internals.LlamaBatch(n_tokens=self.n_ctx, embd=0, n_seq_max=1, verbose=self.verbose))
-        ctx, batch = self._packer
-        ctx.kv_cache_clear()
-        raw = batch.batch
-        raw.n_tokens = 0
-        wanted: list[tuple[int, int, list[int]]] = []  # (pair index, first output row, target tokens)
-        for seq, (i, tokens, n_head) in enumerate(pack):
-            base = raw.n_tokens
-            for pos, token in enumerate(tokens):
-                j = base + pos
-                raw.token[j], raw.pos[j], raw.n_seq_id[j], raw.seq_id[j][0] = token, pos, 1, seq
-                raw.logits[j] = n_head - 1 <= pos < len(tokens) - 1  # this position predicts a target token
-            raw.n_tokens = base + len(tokens)
-            wanted.append((i, base + n_head - 1, tokens[n_head:]))
-        try:
-            ctx.decode(batch)
-        except RuntimeError as err:
-            raise LLMBackendError(f"llama.cpp score failed on {self.name}: {err}") from err
-        n_vocab = self.engine.n_vocab()
-        for i, first, tail in wanted:
-            logits = np.stack([np.ctypeslib.as_array(ctx.get_logits_ith(first + t), shape=(n_vocab,))
-                               for t in range(len(tail))]).astype(np.float64)
-            scores[i] = float(_log_softmax(logits)[np.arange(len(tail)), tail].sum())
+        self._batch_context()[0].kv_cache_clear()
+        bases = self._decode([(tokens, seq, 0, n_head - 1, len(tokens) - 1)
+                              for seq, (_, tokens, n_head) in enumerate(pack)])
+        for (i, tokens, n_head), base in zip(pack, bases):
+            tail = tokens[n_head:]
+            logp = self._log_probs(base + n_head - 1, len(tail))
+            scores[i] = float(logp[np.arange(len(tail)), tail].sum())
 
     def score_options(self, prompts: list[str], options: list[str]) -> list[list[float]]:
         """`score` of every option per prompt, evaluating each prompt once and every option over its KV cache.
 
-        After the prompt is evaluated, its last logits score every option's first token; for longer options the
-        context is rolled back to the prompt (`n_tokens`, whose tail the next `eval` drops from the KV cache) and
-        only the option's tokens are evaluated. Options are tokenised exactly as `score` tokenises targets.
+        The prompt is decoded with one output, its last position's, which scores every option's first token; a
+        longer option is decoded on top of the prompt's KV cache (the previous option's cells removed first), with
+        outputs at its positions but the last. Options are tokenised exactly as `score` tokenises targets.
         """
         self._check_options(options)
-        if self._scorer is None:
-            self._scorer = self._new_context(logits_all=True)
-        scorer = self._scorer
-        tails = [scorer.tokenize(o.encode(), add_bos=False, special=False) if o else [] for o in options]
+        ctx = self._batch_context()[0]
+        tails = [self.engine.tokenize(o.encode(), add_bos=False, special=False) if o else [] for o in options]
         rows = []
         for prompt in prompts:
-            head = scorer.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
+            head = self.engine.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
             if len(head) + max(len(t) for t in tails) > self.n_ctx:
                 raise LLMBackendError(f"llama.cpp score_options: {len(head)} prompt tokens plus the longest option "
                                       f"exceed n_ctx={self.n_ctx}")
-            scorer.reset()
-            scorer.eval(head)
-            first = _log_softmax(np.asarray(scorer.scores[len(head) - 1: len(head)], dtype=np.float64))[0]
+            ctx.kv_cache_clear()
+            (base,) = self._decode([(head, 0, 0, len(head) - 1, len(head))])
+            first = self._log_probs(base + len(head) - 1, 1)[0]
             row = []
             for tail in tails:
                 if not tail:
@@ -208,22 +180,64 @@ class LlamaCppLLM(LLM):
                     continue
                 total = float(first[tail[0]])
                 if len(tail) > 1:
-                    scorer.n_tokens = len(head)  # roll back to the prompt: eval() drops the cache beyond it
-                    # The whole option, though its last token's logits are unused: a one-token eval takes
+                    ctx.kv_cache_seq_rm(0, len(head), -1)  # back to the prompt
+                    # The whole option, though its last token's logits are unused: a one-token decode takes
                     # llama.cpp's single-row kernel, which rounds differently on quantised weights (0.1 nat seen).
-                    scorer.eval(tail)
-                    logp = _log_softmax(np.asarray(scorer.scores[len(head): len(head) + len(tail) - 1],
-                                                   dtype=np.float64))
+                    (base,) = self._decode([(tail, 0, len(head), 0, len(tail) - 1)])
+                    logp = self._log_probs(base, len(tail) - 1)
                     total += float(logp[np.arange(len(tail) - 1), tail[1:]].sum())
                 row.append(total)
             rows.append(row)
         return rows
 
+    def _batch_context(self) -> tuple[Any, Any]:
+        """The (context, batch) of `score` and `score_options`: n_ctx tokens per `llama_decode`, `score_seqs` KV
+        sequences in one unified buffer, outputs only where a token's flag asks for them."""
+        if self._packer is None:
+            from llama_cpp import _internals
+
+            params = self.engine.context_params  # the generation context's threads, n_ubatch and flash attention
+            ctx_params = type(params).from_buffer_copy(params)
+            ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx  # a pack (or one long pair) in one call
+            ctx_params.n_seq_max = self.score_seqs
+            ctx_params.kv_unified = True  # the pack's sequences share one KV buffer of n_ctx cells
+            self._packer = (_internals.LlamaContext(model=self.engine._model, params=ctx_params, verbose=self.verbose),
+                            _internals.LlamaBatch(n_tokens=self.n_ctx, embd=0, n_seq_max=1, verbose=self.verbose))
+        return self._packer
+
+    def _decode(self, pieces: list[tuple[list[int], int, int, int, int]]) -> list[int]:
+        """One `llama_decode` of `pieces`, each (tokens, KV sequence, position of its first token, first and end
+        index of the tokens whose logits are wanted); returns each piece's first index in the batch."""
+        ctx, batch = self._batch_context()
+        raw = batch.batch
+        raw.n_tokens = 0
+        bases = []
+        for tokens, seq, start, lo, hi in pieces:
+            base = raw.n_tokens
+            for t, token in enumerate(tokens):
+                j = base + t
+                raw.token[j], raw.pos[j], raw.n_seq_id[j], raw.seq_id[j][0] = token, start + t, 1, seq
+                raw.logits[j] = lo <= t < hi
+            raw.n_tokens = base + len(tokens)
+            bases.append(base)
+        try:
+            ctx.decode(batch)
+        except RuntimeError as err:
+            raise LLMBackendError(f"llama.cpp decode failed on {self.name}: {err}") from err
+        return bases
+
+    def _log_probs(self, first: int, count: int) -> np.ndarray:
+        """Log-softmax (float64) of the logits at batch indices first .. first + count - 1 of the last decode."""
+        n_vocab = self.engine.n_vocab()
+        ctx = self._batch_context()[0]
+        return _log_softmax(np.stack([np.ctypeslib.as_array(ctx.get_logits_ith(first + t), shape=(n_vocab,))
+                                      for t in range(count)]).astype(np.float64))
+
     def close(self) -> None:
-        for ctx in (self.engine, self._scorer, *(self._packer or ())):
+        for ctx in (self.engine, *(self._packer or ())):
             if ctx is not None and hasattr(ctx, "close"):
                 ctx.close()
-        self.engine = self._scorer = self._packer = None
+        self.engine = self._packer = None
 
 
 def auto_weights(path: str, max_bytes: int = 1 << 30) -> str:
