@@ -70,8 +70,7 @@ def main() -> None:
     n = len(examples)
     print(f"{args.run}/{args.reranker}: {n} test questions, {len(cands)} candidates each; share of the trained "
           f"reranker's top {args.k} also in the top {args.k} of an untrained reranker: {same_fresh / n:.3f}, of the "
-          f"first stage: "
-          f"{same_first / n:.3f} (chance {args.k / len(cands):.3f})")
+          f"first stage: {same_first / n:.3f} (chance {args.k / len(cands):.3f})")
 
 
 if __name__ == "__main__":

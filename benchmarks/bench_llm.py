@@ -6,7 +6,9 @@ Rows "loglik labels" time the quick preset's feedback labels, log p(gold | promp
 Beside float32 transformers: bfloat16 weights (where native), int8 dynamic quantisation of the Linear layers (CPU),
 vLLM (CUDA, when installed), llamacpp on the shipped Q4_1 GGUF and re-encoded copies (`--llamacpp-weights`). The
 last column counts answers (or log-likelihoods within 0.1 nat, with the median distance) equal to float32
-transformers' on the de-quantised weights (the exact model). Prints a table; asserts nothing about time.
+transformers' on the de-quantised weights (the exact model). Rows "choose" time the evaluation's `answer_mode:
+choose` on a label task (the most likely of its labels); the llamacpp "before" row is its `score` up to 2026-11-23
+(`logits_all_score`). Prints a table; asserts nothing about time.
 
     python benchmarks/bench_llm.py --quick
 """
@@ -255,6 +257,7 @@ def main() -> None:
                       for _ in range(n)] for t in args.tasks}
     chat_len = {t: sum(len(hf._encode_prompts([p])[0]) for p in ps) / len(ps)  # type: ignore[attr-defined]
                 for t, ps in prompts_of.items()}
+
     def choose_row(llm: LLM, name: str, task: str, prompts: list[str], want: list[str] | None = None) -> list[str]:
         """The evaluation's `answer_mode: choose` on a label task (the most likely of its labels, one prompt
         evaluated once per option set): a row, and its choices (none for a generation task)."""
@@ -348,6 +351,7 @@ def main() -> None:
                 scores, seconds = timed_call(score, prompts, targets_of[task])
                 record(Row(task, f"llamacpp, weights {local.weights}, loglik labels, {label}", max(seqs, 1), 0, n,
                            chat_len[task], seconds, same_scores(scores, exact[task][1])))
+            del score  # frees the baseline's logits_all context (~400 MB of logits) before the next rows
             local.close()
     # The server starts only now so that it takes no CPU from the in-process measurements.
     server = start_llama_server(resolve_model(args.model).path, threads) if "openai" in args.backends else None
