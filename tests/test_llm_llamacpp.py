@@ -85,7 +85,7 @@ def test_reencoded_weights_are_built_once_keep_the_answers_and_change_the_finger
         assert "Q4_1" not in types and "F16" in types
         assert shipped.model_path == resolve_model("smollm2").path  # type: ignore[attr-defined]
         assert f16.fingerprint == llm.fingerprint != shipped.fingerprint
-        assert shipped.settings == {"n_ctx": 1024}  # type: ignore[attr-defined]
+        assert shipped.settings == {"n_ctx": 1024, "flash_attn": True}  # type: ignore[attr-defined]
         assert "paris" in f16.generate([QUESTION], 16)[0].lower()
         paris, london = f16.score([QUESTION] * 2, ["Paris", "London"])
         assert paris > london and abs(paris - shipped.score([QUESTION], ["Paris"])[0]) < 0.5
@@ -102,6 +102,30 @@ def test_reencoded_weights_are_built_once_keep_the_answers_and_change_the_finger
     assert sorted(p.name for p in (tmp_path / "llm").iterdir()) == [path.name]
     with pytest.raises(LLMBackendError, match="weights must be"):
         load_llm("llamacpp", "smollm2", weights="q3")
+
+
+def test_flash_attention_is_the_default_keeps_the_labels_and_is_in_the_fingerprint(llm: LLM) -> None:
+    """Flash attention (the default, scoring context only) and the unfused kernel give the same labels up to
+    rounding and the same answers (generation never uses it); the unfused one on the shipped weights keeps the
+    fingerprint the backend always had, so caches made before stay valid."""
+    import llama_cpp
+
+    scoring = llm._batch_context()[0].params  # type: ignore[attr-defined]
+    assert scoring.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    assert llm.engine.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # type: ignore[attr-defined]
+    assert llm.settings == {"n_ctx": 1024, "weights": "f16", "flash_attn": True}  # type: ignore[attr-defined]
+    plain = load_llm("llamacpp", "smollm2", n_ctx=1024, flash_attn=False)
+    try:
+        assert plain.settings == {"n_ctx": 1024, "weights": "f16"}  # type: ignore[attr-defined]
+        assert plain.fingerprint != llm.fingerprint
+        prompts, targets = [QUESTION, "Tag this: a detective story. " * 8], ["Paris", "crime"]
+        assert plain.score(prompts, targets) == pytest.approx(llm.score(prompts, targets), abs=0.05)
+        assert plain.generate([QUESTION], 8) == llm.generate([QUESTION], 8)
+    finally:
+        plain.close()
+    shipped = load_llm("llamacpp", "smollm2", n_ctx=1024, weights="gguf", flash_attn=False)
+    assert shipped.settings == {"n_ctx": 1024}  # type: ignore[attr-defined]
+    shipped.close()
 
 
 def test_auto_weights_reencode_only_a_small_q4_1_file(tmp_path) -> None:

@@ -91,7 +91,8 @@ def test_openai_generate_and_score(server_url: str) -> None:
 def test_openai_matches_llamacpp_backend(server_url: str) -> None:
     """Same GGUF, same llama.cpp: the HTTP path and the in-process path must agree on answers and scores."""
     remote = load_llm("openai", "smollm2", base_url=server_url, batch_size=2)
-    local = load_llm("llamacpp", "smollm2", weights="gguf")  # the file the server runs, not the f16 re-encoding
+    # the file and attention kernel the server runs (not the f16 re-encoding, not flash attention)
+    local = load_llm("llamacpp", "smollm2", weights="gguf", flash_attn=False)
     prompts = [QUESTION, "Name a colour."]
     assert remote.generate(prompts, 12) == local.generate(prompts, 12)
     targets = ["Paris", "Blue is a colour."]

@@ -1,15 +1,13 @@
-"""Backends by name, and the LLM settings every stage shares: the only module that imports the backends."""
+"""Backends by name, and the LLM settings every stage shares: with `auto` (llm/auto.py, which measures them) the only
+module that imports the backends."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 from dataclasses import dataclass, field
-
-import torch
 
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
+from persrag_lightning.llm.auto import auto_backend
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 from persrag_lightning.progress import in_blocks
 
@@ -41,35 +39,6 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
 
         return VLLMLLM(model, **kwargs)  # type: ignore[arg-type]
     raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto")
-
-
-def auto_backend(model: str, options: dict | None = None) -> str:
-    """The backend measured fastest for *exact* answers and labels on this machine: `llamacpp` on a CPU-only machine
-    where llama-cpp-python is installed, the model is a GGUF file and every option is one the llamacpp backend takes;
-    `hf` everywhere else (a CUDA device, an HF folder, hf-only options such as `dtype`).
-
-    On 2 CPU cores llama.cpp (f16 weights) computed SmolLM2's log-likelihood labels at 4.56 / 3.10 per s (LaMP-2 /
-    LaMP-5) against 2.99 / 2.96 for float32 transformers, both within 0.1 nat of the exact model, and generated the
-    same answers 1.6-1.8x faster on LaMP-2 (README "LLM feedback throughput"). On a GPU the hf backend labels at
-    ~350-460 per s; this llama-cpp-python is a CPU build."""
-    if torch.cuda.is_available() or not _llama_cpp_installed():
-        return "hf"
-    try:
-        if not resolve_model(model).is_gguf:
-            return "hf"
-    except LLMBackendError:
-        return "hf"  # the hf backend reports the missing model when it is loaded
-    from persrag_lightning.llm.llamacpp import LlamaCppLLM
-
-    accepted = inspect.signature(LlamaCppLLM.__init__).parameters
-    return "llamacpp" if all(key in accepted for key in (options or {})) else "hf"
-
-
-def _llama_cpp_installed() -> bool:
-    try:
-        return importlib.util.find_spec("llama_cpp") is not None
-    except ValueError:  # a module entry without a spec
-        return False
 
 
 @dataclass
