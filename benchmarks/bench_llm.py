@@ -7,8 +7,8 @@ Beside float32 transformers: bfloat16 weights (where native), int8 dynamic quant
 vLLM (CUDA, when installed), llamacpp on the shipped Q4_1 GGUF and re-encoded copies (`--llamacpp-weights`). The
 last column counts answers (or log-likelihoods within 0.1 nat, with the median distance) equal to float32
 transformers' on the de-quantised weights (the exact model). Rows "choose" time the evaluation's `answer_mode:
-choose` on a label task (the most likely of its labels); the llamacpp "before" row is its `score` up to 2026-11-23
-(`logits_all_score`). Prints a table; asserts nothing about time.
+choose` on a label task (the most likely of its labels); the llamacpp "before" rows are its `score` up to 2026-11-23
+(`logits_all_score`) and before flash attention (later the same day). Prints a table; asserts nothing about time.
 
     python benchmarks/bench_llm.py --quick
 """
@@ -340,16 +340,19 @@ def main() -> None:
             name = "llamacpp" + ("" if weights == "gguf" else f", weights {weights}")
             against_exact(local, name, 1, lambda task, prompts, local=local: local.generate(prompts[:1], 2))
             local.close()
-        # the default weights' labels two other ways: logits at every prompt position (a logits_all context, how
-        # `score` ran before 2026-11-23), and several pairs per llama_decode call
-        for seqs in [0, *args.score_seqs]:
-            local = load_llm("llamacpp", args.model, n_threads=threads, weights="auto", score_seqs=max(seqs, 1))
-            label = f"{seqs} pairs per call" if seqs else "logits at every position (before)"
-            score = local.score if seqs else logits_all_score(local, threads)
+        # the default weights' labels other ways: logits at every prompt position (a logits_all context, how
+        # `score` ran before 2026-11-23), without flash attention (the default until later that day), and several
+        # pairs per llama_decode call
+        variants = [("logits at every position (before)", 1, False), ("no flash attention (before)", 1, False),
+                    *((f"{seqs} pairs per call", seqs, True) for seqs in args.score_seqs)]
+        for label, seqs, flash in variants:
+            local = load_llm("llamacpp", args.model, n_threads=threads, weights="auto", score_seqs=seqs,
+                             flash_attn=flash)
+            score = logits_all_score(local, threads) if label.startswith("logits") else local.score
             for task, prompts in prompts_of.items():
-                score(prompts[:max(seqs, 1)], targets_of[task][:max(seqs, 1)])
+                score(prompts[:seqs], targets_of[task][:seqs])
                 scores, seconds = timed_call(score, prompts, targets_of[task])
-                record(Row(task, f"llamacpp, weights {local.weights}, loglik labels, {label}", max(seqs, 1), 0, n,
+                record(Row(task, f"llamacpp, weights {local.weights}, loglik labels, {label}", seqs, 0, n,
                            chat_len[task], seconds, same_scores(scores, exact[task][1])))
             del score  # frees the baseline's logits_all context (~400 MB of logits) before the next rows
             local.close()

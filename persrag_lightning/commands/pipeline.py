@@ -67,7 +67,7 @@ PRESETS: dict[str, Preset] = {
                       "--model.init_args.lr=1e-3"],
         # bfloat16 where the CPU computes it natively: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
         # of the prompts per strategy and the same conclusions (README). Feedback labels stay exact on CPUs (the
-        # configs' `backend: auto`: llama.cpp on f16 weights where installed, else float32 transformers).
+        # configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever is faster here).
         "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}'],
         "stages": ["user_encoder", "retriever", "reranker", "generator"],
         # "w/o reranker tuning" (the same m·k candidates in first-stage order) shows what the quick preset's reranker,
