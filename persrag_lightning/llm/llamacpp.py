@@ -48,7 +48,7 @@ class LlamaCppLLM(LLM):
         model in f16 would need 4x the memory and decode slower). `score_seqs`: pairs per llama_decode call in
         `score`; 1 (default) was fastest on 2 CPU cores, 2 and 4 slower (README "LLM feedback throughput").
         `flash_attn`: llama.cpp's fused attention kernel in the scoring context (`score`, `score_options`), on by
-        default: labels 1.1-1.16x faster on 2 CPU cores, within 0.02 nat of the unfused kernel's; off reproduces
+        default: labels 1.1-1.2x faster on 2 CPU cores, within 0.02 nat of the unfused kernel's; off reproduces
         the labels of caches made before it. Generation keeps the unfused kernel: with the fused one 1 of 16 greedy
         LaMP-5 titles left the exact model's (README "LLM feedback throughput")."""
         super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface

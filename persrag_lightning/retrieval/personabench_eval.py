@@ -40,7 +40,6 @@ class PersonaBenchEvalConfig:
     llm_threads: int | None = None  # CPU threads of a local backend (hf: num_threads, llamacpp: n_threads)
     llm_context: int | None = None  # llamacpp context window (n_ctx); None: the backend's default
     llm_weights: str | None = None  # llamacpp weights (gguf = the shipped file, f16, bf16, ...); None: the default
-    llm_flash_attn: bool | None = None  # llamacpp flash attention; None: the default (on)
     cache_dir: str = ".cache/pbr"
     out_dir: str = "outputs/personabench"
     max_questions_per_person: int | None = None
@@ -302,9 +301,8 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
             kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = config.llm_threads
         if config.llm_context is not None and config.llm_backend == "llamacpp":
             kwargs["n_ctx"] = config.llm_context
-        if config.llm_backend == "llamacpp":
-            kwargs.update({key: value for key, value in (("weights", config.llm_weights),
-                                                         ("flash_attn", config.llm_flash_attn)) if value is not None})
+        if config.llm_weights is not None and config.llm_backend == "llamacpp":
+            kwargs["weights"] = config.llm_weights
         raw = load_llm(config.llm_backend, config.llm_model, **kwargs)
         llm = CachedLLM(raw, Path(config.cache_dir) / "llm", batch_size=config.llm_batch_size)
         llm_name = raw.fingerprint
