@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from persrag_lightning.llm.base import LLMBackendError, ModelSource, cache_root, resolve_model
+from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 from persrag_lightning.utils import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,15 @@ def label_rate(backend: str, model: str, options: dict) -> float:
     """Feedback labels per second of `backend` (float32 transformers or llama.cpp's default weights) on
     PROBE_PROMPTS feedback-sized pairs; 0 when the backend cannot load the model here. `model` as the run names it
     (an alias keeps the backends' converted copies under the names the run itself uses)."""
-    from persrag_lightning.llm.registry import load_llm
+    from persrag_lightning.llm.hf import HFLLM  # the GGUF is a causal LM: no seq2seq case as in load_llm
+    from persrag_lightning.llm.llamacpp import LlamaCppLLM
 
     prompts, targets = probe_pairs()
     try:
-        defaults = {"batch_size": PROBE_PROMPTS, "dtype": "float32"} if backend == "hf" else {}
-        llm = load_llm(backend, model, **{**defaults, **options})
+        if backend == "hf":
+            llm: LLM = HFLLM(model, **{"batch_size": PROBE_PROMPTS, "dtype": "float32", **options})
+        else:
+            llm = LlamaCppLLM(model, **options)
     except (LLMBackendError, OSError, ValueError) as err:
         log.warning("backend auto: %s cannot run %s here (%s)", backend, model, err)
         return 0.0
