@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--export_root", default="checkpoints")
     parser.add_argument("--llm-backend", default=None,
                         help="auto, hf, llamacpp, openai or vllm for feedback labels and evaluation answers alike; "
-                             "default: the configs' (feedback auto: llamacpp on a CPU-only machine, hf on a GPU; "
+                             "default: the configs' (feedback auto: the faster exact backend, timed once per machine; "
                              "evaluation hf, bfloat16 where native)")
     opts, extra = parser.parse_known_args(argv)
     preset = PRESETS[opts.preset]

@@ -51,13 +51,11 @@ def auto_backend(model: str, options: dict | None = None) -> str:
         return "hf"  # the hf backend reports the missing model when it is loaded
     if not source.is_gguf:
         return "hf"
-    from persrag_lightning.llm.hf import HFLLM
-    from persrag_lightning.llm.llamacpp import LlamaCppLLM
-
+    classes = _backend_classes()
     keys = set(options or {})
-    if not keys <= set(inspect.signature(LlamaCppLLM.__init__).parameters):
+    if not keys <= set(inspect.signature(classes["llamacpp"].__init__).parameters):
         return "hf"
-    if not keys <= set(inspect.signature(HFLLM.__init__).parameters):
+    if not keys <= set(inspect.signature(classes["hf"].__init__).parameters):
         return "llamacpp"
     return measured_winner(model, dict(options or {}))
 
@@ -90,15 +88,10 @@ def label_rate(backend: str, model: str, options: dict) -> float:
     """Feedback labels per second of `backend` (float32 transformers or llama.cpp's default weights) on
     PROBE_PROMPTS feedback-sized pairs; 0 when the backend cannot load the model here. `model` as the run names it
     (an alias keeps the backends' converted copies under the names the run itself uses)."""
-    from persrag_lightning.llm.hf import HFLLM  # the GGUF is a causal LM: no seq2seq case as in load_llm
-    from persrag_lightning.llm.llamacpp import LlamaCppLLM
-
     prompts, targets = probe_pairs()
+    defaults = {"batch_size": PROBE_PROMPTS, "dtype": "float32"} if backend == "hf" else {}
     try:
-        if backend == "hf":
-            llm: LLM = HFLLM(model, **{"batch_size": PROBE_PROMPTS, "dtype": "float32", **options})
-        else:
-            llm = LlamaCppLLM(model, **options)
+        llm: LLM = _backend_classes()[backend](model, **{**defaults, **options})
     except (LLMBackendError, OSError, ValueError) as err:
         log.warning("backend auto: %s cannot run %s here (%s)", backend, model, err)
         return 0.0
@@ -147,6 +140,15 @@ def machine_key(source: ModelSource, options: dict) -> str:
     facts = {k: v for k, v in machine_facts().items() if k != "node"}
     blob = json.dumps([facts, source.digest, options], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _backend_classes() -> dict[str, type]:
+    """The two exact CPU backends, imported on use (transformers is slow to import); a GGUF is a causal LM, so no
+    seq2seq case as in `load_llm` (which this module cannot import: registry imports it)."""
+    from persrag_lightning.llm.hf import HFLLM
+    from persrag_lightning.llm.llamacpp import LlamaCppLLM
+
+    return {"hf": HFLLM, "llamacpp": LlamaCppLLM}
 
 
 def _llama_cpp_version() -> str:
