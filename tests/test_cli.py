@@ -46,17 +46,19 @@ def test_unknown_task_is_a_clear_error(in_tmp_cwd):
 
 
 def test_logs_are_quiet_unless_verbose(in_tmp_cwd, tiny_bert):
-    """A stage started as a subprocess prints none of the libraries' chatter; `--verbose` brings it back."""
+    """A stage started as a subprocess prints none of the libraries' chatter (their info lines, the model summary);
+    `--verbose` brings it back."""
     args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "q", f"--data.init_args.encoder={tiny_bert}",
             "--data.init_args.synth.num_users=24", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+            "--trainer.enable_progress_bar=false", "--trainer.precision=bf16-mixed"]
     quiet = run_cli(in_tmp_cwd, *args)
     assert quiet.returncode == 0, quiet.stderr
-    noise = ("Loading weights", "litlogger", "Seed set to", "GPU available", "LightningCLI's args")
-    assert not [n for n in noise if n in quiet.stderr + quiet.stdout], quiet.stderr
+    noise = ("Loading weights", "litlogger", "Seed set to", "GPU available", "LightningCLI's args",
+             "Automatic Mixed Precision", "Trainable params", "`Trainer.fit` stopped")
+    assert not [n for n in noise if n in quiet.stderr + quiet.stdout], quiet.stderr + quiet.stdout
     loud = run_cli(in_tmp_cwd, *args[:3], "--verbose", *args[3:], "--run_name", "v")
     assert loud.returncode == 0, loud.stderr
-    assert "Seed set to" in loud.stderr + loud.stdout
+    assert all(n in loud.stderr + loud.stdout for n in ("Seed set to", "Trainable params", "Automatic Mixed Precision"))
 
 
 def test_only_accepts_a_strategy_name_with_a_colon_unquoted():

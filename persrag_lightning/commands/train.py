@@ -15,6 +15,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 
+from persrag_lightning.logs import is_verbose
 from persrag_lightning.utils import resolve_config_path
 
 
@@ -86,6 +87,8 @@ class PersragCLI(LightningCLI):
                 if isinstance(value, str) and "{run_dir}" in value:
                     setattr(args, key, value.replace("{run_dir}", run_dir))
         root = Path("runs") / cfg.run_name / self._stage_name()
+        if cfg.trainer.get("enable_model_summary") is None and not is_verbose():  # quiet logs (logs.py)
+            cfg.trainer.enable_model_summary = False
         job = slurm_version()
         if cfg.trainer.get("logger") in (None, True):
             cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
