@@ -15,6 +15,7 @@ import torch
 
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.generator.datamodule import GeneratorDataModule, collate_generator
+from persrag_lightning.logs import configure_logs
 from persrag_lightning.metrics import lamp_metric
 from persrag_lightning.modules.generator import GeneratorModule
 
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast, as --trainer.precision=bf16-mixed")
     args = parser.parse_args()
+    configure_logs(verbose=False)  # no loading bars or peft's deprecation note in the table
     if args.threads:
         torch.set_num_threads(args.threads)
     data = GeneratorDataModule(synth=SynthConfig(num_users=300), strategy=args.strategy, run_dir=args.run_dir,

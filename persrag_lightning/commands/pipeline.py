@@ -64,7 +64,8 @@ PRESETS: dict[str, Preset] = {
         # three "+ tuned generator" rows (~1.1 min each to answer 300 test prompts) are paid: ~2.5 minutes. It trains
         # 32 train examples x 1 epoch (4 steps of 8, so lr 1e-3 instead of 2e-4) in bfloat16 autocast and validates
         # on 16 dev examples. Measured alone with 48 examples (BM25 prompts, shared CPU at load 10-12): 336 s of CPU
-        # time, i.e. ~3 min on 2 quiet cores; 32 examples cut the training third of it (README "Generator stage").
+        # time, read as ~3 min on 2 quiet cores; 32 examples cut the training third of it. On a quiet machine the
+        # whole stage took 0.8 min in the main job (README "Generator training throughput").
         "generator": ["--data.init_args.max_train_examples=32", "--data.init_args.max_val_examples=16",
                       "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--trainer.precision=bf16-mixed",
                       "--model.init_args.lr=1e-3", "--trainer.log_every_n_steps=1"],
