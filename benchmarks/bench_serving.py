@@ -11,6 +11,7 @@ machine shared with other jobs say so ("shared CPU"). Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from contextlib import contextmanager
@@ -35,12 +36,15 @@ OPTIONS: dict[str, dict] = {
     "(d) rerank top 5": {"rerank_top": 5},
     "(e) bf16 autocast": {"reranker_runtime": "bf16"},
     "(e) 1 thread": {"threads": 1},
-    "(a+e) bf16 + cached (serving default)": {"reranker_runtime": "bf16", "cache_doc_tokens": True},
+    "(a+e) bf16 + cached (serving default until 2026-11-23)": {"reranker_runtime": "bf16", "cache_doc_tokens": True},
     "(a+e) bf16 + cached + 1 thread": {"reranker_runtime": "bf16", "cache_doc_tokens": True, "threads": 1},
     "(a+c+e) onnx + cached + 1 thread": {"reranker_runtime": "onnx", "cache_doc_tokens": True, "threads": 1},
     "(b+d) int8 + top 10 + cached": {"reranker_runtime": "int8", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 10 + cached": {"reranker_runtime": "onnx", "rerank_top": 10, "cache_doc_tokens": True},
     "(c+d) onnx + top 5 + cached": {"reranker_runtime": "onnx", "rerank_top": 5, "cache_doc_tokens": True},
+    "(i) openvino": {"reranker_runtime": "openvino"},
+    "(a+i) openvino + cached (serving default where installed)": {"reranker_runtime": "openvino",
+                                                                   "cache_doc_tokens": True},
     "(f) bf16 query + (a+e)": {"query_runtime": "bf16", "reranker_runtime": "bf16", "cache_doc_tokens": True},
     # the reranker distilled into its first layer (configs/cfrag_reranker_distilled.yaml): another model, so its
     # agreement with the baseline is the student's fidelity, not a runtime's rounding
@@ -142,12 +146,10 @@ def main() -> None:
     queries = [(e.user_id, e.input) for e in examples][:args.queries]
     options = {n: o for i, (n, o) in enumerate(OPTIONS.items())
                if i == 0 or not args.only or any(s in n for s in args.only)}
-    if "onnx" in str(options):
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            print('onnx rows skipped: onnxruntime is not installed (pip install -e ".[onnx]")')
-            options = {n: o for n, o in options.items() if o.get("reranker_runtime") != "onnx"}
+    for runtime, modules in (("onnx", ("onnxruntime", "onnx")), ("openvino", ("openvino", "onnx"))):
+        if any(importlib.util.find_spec(m) is None for m in modules):
+            print(f'{runtime} rows skipped: {" or ".join(modules)} is not installed (pip install -e ".[{runtime}]")')
+            options = {n: o for n, o in options.items() if o.get("reranker_runtime") != runtime}
     for bundle in sorted({o["reranker"] for o in options.values() if o.get("reranker")}):
         if not (Path(args.run) / bundle / "config.json").is_file():
             print(f"rows of {bundle} skipped: {args.run}/{bundle} is not trained (configs/evaluate_distilled.yaml "

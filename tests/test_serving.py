@@ -59,12 +59,13 @@ def test_retrieve_returns_provenance_from_similar_users(pipeline):
 
 
 def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_available(pipeline, run_dir, tmp_path):
-    """README "Serving latency": docs tokenised once, the reranker in bf16 where the CPU computes it natively; the
-    evaluation's exact CFRAG (fp32, no cache) is one argument away and returns the same docs without the cache."""
-    from persrag_lightning.llm.hf import cpu_has_native_bf16
+    """README "Serving latency": docs tokenised once, the reranker in the fastest runtime installed (OpenVINO, else
+    bf16 where the CPU computes it natively); the evaluation's exact CFRAG (fp32, no cache) is one argument away
+    and returns the same docs without the cache."""
+    from persrag_lightning.serving.pipeline import serving_reranker_runtime
 
     reranker = pipeline.strategy._reranker
-    assert reranker.runtime == ("bf16" if cpu_has_native_bf16() else "fp32") and reranker._doc_tokens is not None
+    assert reranker.runtime == serving_reranker_runtime() and reranker._doc_tokens is not None
     exact = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
                                           reranker_runtime="fp32", cache_doc_tokens=False)
     cached = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),

@@ -1,6 +1,6 @@
 """CFRAG's inference-time settings (issue 15, serving latency) on tiny random models: cached doc tokenisation and a
-first cut that covers every candidate return exactly the baseline's docs, int8 and ONNX Runtime stay within
-tolerance, the first cut keeps first-stage order after the reranked head, bf16 queries are embedded in bf16 and
+first cut that covers every candidate return exactly the baseline's docs, int8, ONNX Runtime and OpenVINO stay
+within tolerance, the first cut keeps first-stage order after the reranked head, bf16 queries are embedded in bf16 and
 scored in float32, and only non-default settings enter the evaluation cache key."""
 
 from __future__ import annotations
@@ -140,6 +140,45 @@ def test_onnx_reranker_matches_fp32_across_batch_shapes(tiny_bert, tmp_path, one
     mtime = path.stat().st_mtime_ns
     again.for_inference("onnx", path)  # an existing export is loaded, not made again
     assert path.stat().st_mtime_ns == mtime
+
+
+def test_openvino_reranker_stays_within_tolerance_and_shares_the_onnx_export(tiny_bert, tmp_path, one_thread):
+    """OpenVINO reads the same ONNX export as ONNX Runtime (made once); it computes in bf16 where the CPU does
+    natively, so its scores are held to a tolerance (error below 5 % of the scores' spread, ranks correlated
+    ≥ 0.95), across batch shapes other than the export's sample."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    torch.manual_seed(0)
+    fp32 = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()
+    torch.manual_seed(0)
+    path = tmp_path / "onnx" / "reranker.onnx"
+    ov = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval().for_inference("openvino", path)
+    assert ov.runtime == "openvino" and path.is_file()
+    queries, docs = texts(24, 12), texts(24, 13, high=60)
+    users = torch.randn(24, 8, generator=torch.Generator().manual_seed(14))
+    with torch.no_grad():
+        a = fp32.score_pairs(queries, docs, users)
+        for batch in (1, 5, 24):
+            b = ov.score_pairs(queries, docs, users, batch_size=batch)
+            assert b.dtype == torch.float32 and (a - b).abs().max() < 0.05 * a.std()
+            ra, rb = a.argsort().argsort().float(), b.argsort().argsort().float()
+            assert torch.corrcoef(torch.stack([ra, rb]))[0, 1] >= 0.95
+    mtime = path.stat().st_mtime_ns
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval().for_inference("openvino", path)
+    assert path.stat().st_mtime_ns == mtime  # read, not exported again
+
+
+def test_serving_runtime_prefers_openvino_where_installed(monkeypatch):
+    from persrag_lightning.serving import pipeline
+
+    installed = {"openvino", "onnx"}
+    monkeypatch.setattr(pipeline.importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: True)
+    assert pipeline.serving_reranker_runtime() == "openvino"
+    installed.clear()
+    assert pipeline.serving_reranker_runtime() == "bf16"
+    monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: False)
+    assert pipeline.serving_reranker_runtime() == "fp32"
 
 
 def test_unknown_runtime_and_bad_first_cut_are_refused(reranker):

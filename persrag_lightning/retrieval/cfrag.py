@@ -11,9 +11,9 @@ uses this); `query_expansion="pbr"` searches the first stage with PBR's personal
 
 Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
 reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
-`reranker_runtime` runs the cross-encoder in int8, bf16 or ONNX Runtime (models/reranker.py); `cache_doc_tokens`
-tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc vectors stay as
-cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py measures each
+`reranker_runtime` runs the cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py);
+`cache_doc_tokens` tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc
+vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py measures each
 against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
+from persrag_lightning.models.reranker import EXPORTED_RUNTIMES, RUNTIMES, PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
@@ -152,7 +152,7 @@ class CFRAG(Strategy):
         if self._reranker is not None:
             runtime = getattr(self, "reranker_runtime", "fp32")
             onnx = (Path(self.cache_dir) / "onnx" / f"reranker-{bundle_digest(self.reranker_path)}.onnx"
-                    if runtime == "onnx" else None)  # exported once per bundle content, loaded by later processes
+                    if runtime in EXPORTED_RUNTIMES else None)  # exported once per bundle content, read by later processes
             self._reranker.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:

@@ -4,6 +4,7 @@ cluster`) and answers `retrieve`, `generate`, `add_user` and `remove_user`."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,16 @@ from persrag_lightning.retrieval.index import index_params
 from persrag_lightning.retrieval.user_index import UserIndex
 
 COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
+
+
+def serving_reranker_runtime() -> str:
+    """The serving reranker's runtime when none is named (`reranker_runtime="auto"`): OpenVINO where it is installed
+    (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere), else torch's bf16 autocast where
+    the CPU computes bf16 natively, else fp32. On 2 cores of the quick export (benchmarks/bench_serving.py, README
+    "Serving latency") OpenVINO reranked faster than bf16 autocast and nearer the fp32 order."""
+    if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
+        return "openvino"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
 @dataclass
@@ -56,7 +67,7 @@ class CFRAGPipeline:
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
-                        reranker_runtime: str = "bf16_if_native", cache_doc_tokens: bool = True,
+                        reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
                         threads: int | None = None, reranker: str | None = "reranker",
                         query_runtime: str = "fp32") -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
@@ -64,9 +75,10 @@ class CFRAGPipeline:
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
         cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
         `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings
-        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (README "Serving latency"): docs
-        tokenised once (the same pairs), the cross-encoder in bf16 autocast where the CPU computes bf16 natively
-        (`bf16_if_native`; fp32 elsewhere) — 2× faster reranking, the fp32 top-k on ~99 % of its docs. Pass
+        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (README "Serving
+        latency"): docs tokenised once (the same pairs), the cross-encoder in the fastest runtime installed
+        (`auto`: `serving_reranker_runtime`); `bf16_if_native` is torch's bf16 autocast where the CPU computes
+        bf16 natively, fp32 elsewhere. Pass
         `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
         reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
         cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order); None
@@ -88,7 +100,8 @@ class CFRAGPipeline:
         elif cohort_export is not None:
             raise ValueError("cohort_export is read only with users='cluster'")
         native = "bf16" if cpu_has_native_bf16() else "fp32"
-        reranker_runtime = native if reranker_runtime == "bf16_if_native" else reranker_runtime
+        reranker_runtime = {"auto": serving_reranker_runtime(), "bf16_if_native": native}.get(reranker_runtime,
+                                                                                               reranker_runtime)
         query_runtime = native if query_runtime == "bf16_if_native" else query_runtime
         if reranker not in (None, "reranker") and bundle(run_dir, reranker) is None:  # named: must exist
             raise missing_bundle(run_dir / reranker)
