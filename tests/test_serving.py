@@ -119,6 +119,13 @@ def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_
     try:
         assert pipe.retrieve(pipe.store.corpus.user_ids[0], "description: robots")
         assert seen == [1] and torch.get_num_threads() == 2
+
+        class Strategy:  # loading runs under the count too: an exported reranker runtime fixes its threads then
+            def prepare(self, store) -> None:
+                seen.append(torch.get_num_threads())
+
+        CFRAGPipeline(Strategy(), pipe.store, threads=1)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -326,7 +327,7 @@ def export_onnx(model: PersonalizedReranker, path: str | Path | None) -> Path:
     sample = model.tokenize_pairs(["a query"], ["a document"])
     names = list(sample)
     axes = {n: {0: "pairs", 1: "tokens"} for n in names}
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes exporting at once each write their own
     import warnings
 
     with warnings.catch_warnings(), torch.no_grad():

@@ -5,6 +5,7 @@ cluster`) and answers `retrieve`, `generate`, `add_user` and `remove_user`."""
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,9 +52,10 @@ class CFRAGPipeline:
 
     def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5,
                  threads: int | None = None) -> None:
-        """`threads`: torch's intra-op threads while retrieving (restored after; None: the process's). On cores
-        shared with other jobs 1 thread was ~3× faster than 2 (README "Serving latency"); the count is
-        process-wide while set, so other threads of the process running torch meanwhile share it."""
+        """`threads`: torch's intra-op threads while retrieving (restored after; None: the process's), and the
+        threads of an exported reranker runtime (onnx, openvino: fixed when it loads, here). On cores shared with
+        other jobs 1 thread was ~3× faster than 2 (README "Serving latency"); the count is process-wide while set,
+        so other threads of the process running torch meanwhile share it."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
@@ -61,7 +63,21 @@ class CFRAGPipeline:
         self.llm_config = llm or LLMConfig()
         self._llm: LLM | None = None
         self._text_encoder: TextEncoder | None = None
-        strategy.prepare(store)
+        with self._torch_threads():
+            strategy.prepare(store)
+
+    @contextmanager
+    def _torch_threads(self):
+        """torch's thread count set to `threads` for the block (nothing changes with threads=None)."""
+        if self.threads is None:
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     @classmethod
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
@@ -129,14 +145,8 @@ class CFRAGPipeline:
             raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
         spec = get_task(self.task)
         qs = [Query(u, spec.extract_query(q), q) for u, q in zip(user_ids, queries)]
-        if self.threads is None:
+        with self._torch_threads():
             return self.strategy.retrieve(qs, k or self.k)
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            return self.strategy.retrieve(qs, k or self.k)
-        finally:
-            torch.set_num_threads(before)
 
     def generate(self, user_id: str, query: str) -> Generation:
         """`query` is the task input as LaMP writes it (e.g. "Which tag does this movie relate to ... description: …")."""
