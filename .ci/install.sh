@@ -7,7 +7,8 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0            # the local CPU build; an unpinned torch pulls GB of CUDA
-python -m pip install -q -e ".[embedded,dev,onnx,openvino]"  # the reranker in ONNX Runtime / OpenVINO (tests skip without)
+# onnx, openvino: the reranker in ONNX Runtime / OpenVINO (their tests skip without; OpenVINO serves by default)
+python -m pip install -q -e ".[embedded,dev,onnx,openvino]"
 # llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
 # without AMX: this VM's CPU advertises AMX but traps on it ("Illegal instruction"). About 6 minutes on 2 cores.
 if ! python -c "import llama_cpp" 2>/dev/null; then

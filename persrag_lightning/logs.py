@@ -19,7 +19,8 @@ import warnings
 VERBOSE_FLAGS = ("--verbose", "-v")
 _BOILERPLATE = ("Seed set to", "GPU available", "TPU available", "HPU available", "💡 Tip", "Restoring states from",
                 "Loaded model weights from", "Using bfloat16 Automatic Mixed Precision",
-                "Using 16bit Automatic Mixed Precision", "`Trainer.fit` stopped", "Loading `train_dataloader` to estimate")
+                "Using 16bit Automatic Mixed Precision", "`Trainer.fit` stopped",
+                "Loading `train_dataloader` to estimate")
 _NOT_ACTIONABLE = (
     r"LightningCLI's args parameter is intended to run from within Python",
     r"The `srun` command is available on your system but is not used",

@@ -101,7 +101,7 @@ class PersonalizedReranker(nn.Module):
         self._pair_tokenizer = None
         self._doc_tokens: dict[str, object] | None = None  # doc text → its encoding (cache_doc_tokens)
         self.runtime: Runtime = "fp32"
-        self._session: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # onnx / openvino: inputs → CLS
+        self._session: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # onnx, openvino: → CLS
         dim = self.dim
         self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
@@ -322,7 +322,8 @@ def export_onnx(model: PersonalizedReranker, path: str | Path | None) -> Path:
     try:
         import onnx  # noqa: F401  (torch.onnx.export writes through it)
     except ImportError:
-        raise ImportError('exporting the reranker to ONNX needs onnx: pip install -e ".[onnx]" or ".[openvino]"') from None
+        raise ImportError('exporting the reranker to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
+                          ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     sample = model.tokenize_pairs(["a query"], ["a document"])
     names = list(sample)
@@ -360,8 +361,9 @@ def onnx_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor
 def openvino_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """The exported encoder in OpenVINO's CPU plugin (torch's thread count, latency mode), as a function of the
     tokenised pairs. OpenVINO computes in bf16 where the CPU does natively (AVX512-BF16 / AMX: its default there)
-    and in f32 elsewhere; on the quick export it reranked 1.3x faster than torch's bf16 autocast with the fp32 top 5
-    on 99.5 % of its docs (README "Serving latency"). Needs the optional extra: pip install -e ".[openvino]"."""
+    and in f32 elsewhere; on the quick export it reranked 1.2-1.3x faster than torch's bf16 autocast, with the
+    fp32 top 5 on 99.5-99.7 % of its docs (README "Serving latency"). Needs the optional extra: pip install -e
+    ".[openvino]"."""
     try:
         import openvino as ov
     except ImportError:

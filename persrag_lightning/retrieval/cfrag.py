@@ -13,8 +13,9 @@ Inference-time settings (serving latency, issue 15; the candidates and training 
 reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
 `reranker_runtime` runs the cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py);
 `cache_doc_tokens` tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc
-vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32); benchmarks/bench_serving.py measures each
-against them, and `CFRAGPipeline.from_pretrained` serves with the winners.
+vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32);
+benchmarks/bench_serving.py measures each against them, and `CFRAGPipeline.from_pretrained` serves with the
+winners.
 """
 
 from __future__ import annotations
@@ -151,8 +152,9 @@ class CFRAG(Strategy):
                           if self.reranker_path else None)
         if self._reranker is not None:
             runtime = getattr(self, "reranker_runtime", "fp32")
+            # exported once per bundle content, read by later processes
             onnx = (Path(self.cache_dir) / "onnx" / f"reranker-{bundle_digest(self.reranker_path)}.onnx"
-                    if runtime in EXPORTED_RUNTIMES else None)  # exported once per bundle content, read by later processes
+                    if runtime in EXPORTED_RUNTIMES else None)
             self._reranker.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:
