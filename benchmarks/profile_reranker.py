@@ -26,6 +26,7 @@ import torch
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.logs import configure_logs
+from persrag_lightning.models.common import encode_by_length
 from persrag_lightning.models.reranker import (
     cls_state,
     export_onnx,
@@ -44,18 +45,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 def torch_encode(encoder: torch.nn.Module, autocast: bool, chunk: int | None = None) -> Encode:
+    """The reranker's own torch path (models/common.py's encode_by_length): one chunk of every pair unless `chunk`."""
     @torch.inference_mode()
     def run(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        lengths = inputs["attention_mask"].sum(1)
-        order = torch.argsort(lengths, stable=True)
-        step = chunk or len(order)
-        out = []
-        for start in range(0, len(order), step):
-            rows = order[start:start + step]
-            part = {k: v[rows, :int(lengths[rows].max())] for k, v in inputs.items()}
+        def encode(rows: torch.Tensor, part: dict[str, torch.Tensor]) -> torch.Tensor:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out.append(cls_state(encoder(**part).last_hidden_state).float())
-        return torch.cat(out)[torch.argsort(order)]
+                return cls_state(encoder(**part).last_hidden_state).float()
+        return encode_by_length(inputs, encode, torch.device("cpu"), chunk or len(inputs["input_ids"]))
     return run
 
 
