@@ -121,15 +121,21 @@ def test_int8_reranker_stays_within_tolerance_of_fp32(tiny_bert, one_thread):
     assert torch.corrcoef(torch.stack([ra, rb]))[0, 1] >= 0.9
 
 
-def test_onnx_reranker_matches_fp32_across_batch_shapes(tiny_bert, tmp_path, one_thread):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
+def fp32_and_exported(tiny_bert: str, runtime: str, path) -> tuple[PersonalizedReranker, PersonalizedReranker]:
+    """The same random reranker twice: as trained (fp32 torch) and in an exported runtime reading `path`."""
     torch.manual_seed(0)
     fp32 = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()
     torch.manual_seed(0)
+    exported = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval().for_inference(runtime, path)
+    assert exported.runtime == runtime and path.is_file()
+    return fp32, exported
+
+
+def test_onnx_reranker_matches_fp32_across_batch_shapes(tiny_bert, tmp_path, one_thread):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
     path = tmp_path / "onnx" / "reranker.onnx"
-    onnx = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval().for_inference("onnx", path)
-    assert path.is_file()
+    fp32, onnx = fp32_and_exported(tiny_bert, "onnx", path)
     queries, docs = texts(20, 9), texts(20, 10, high=60)
     users = torch.randn(20, 8, generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
@@ -148,12 +154,8 @@ def test_openvino_reranker_stays_within_tolerance_and_shares_the_onnx_export(tin
     ≥ 0.95), across batch shapes other than the export's sample."""
     pytest.importorskip("openvino")
     pytest.importorskip("onnx")
-    torch.manual_seed(0)
-    fp32 = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()
-    torch.manual_seed(0)
     path = tmp_path / "onnx" / "reranker.onnx"
-    ov = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval().for_inference("openvino", path)
-    assert ov.runtime == "openvino" and path.is_file()
+    fp32, ov = fp32_and_exported(tiny_bert, "openvino", path)
     queries, docs = texts(24, 12), texts(24, 13, high=60)
     users = torch.randn(24, 8, generator=torch.Generator().manual_seed(14))
     with torch.no_grad():

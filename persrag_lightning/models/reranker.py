@@ -250,10 +250,9 @@ class PersonalizedReranker(nn.Module):
             with warnings.catch_warnings():  # torch.ao's deprecation notes (torchao is its successor; not a dependency)
                 warnings.simplefilter("ignore")
                 self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
-        elif runtime == "onnx":
-            self._session = onnx_session(export_onnx(self, onnx_path))
-        elif runtime == "openvino":
-            self._session = openvino_session(export_onnx(self, onnx_path))
+        elif runtime in EXPORTED_RUNTIMES:
+            session = onnx_session if runtime == "onnx" else openvino_session
+            self._session = session(export_onnx(self, onnx_path))
         self.runtime = runtime
         return self
 
@@ -352,10 +351,7 @@ def onnx_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-
-    def run(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.from_numpy(session.run(None, {k: v.cpu().numpy() for k, v in inputs.items() if k in names})[0])
-    return run
+    return lambda inputs: torch.from_numpy(session.run(None, _numpy_feed(inputs, names))[0])
 
 
 def openvino_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
@@ -372,8 +368,9 @@ def openvino_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Te
                                                           "INFERENCE_NUM_THREADS": torch.get_num_threads()})
     request = compiled.create_infer_request()
     names = {i.get_any_name() for i in compiled.inputs}
+    return lambda inputs: torch.from_numpy(request.infer(_numpy_feed(inputs, names))[0].copy()).float()
 
-    def run(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        result = request.infer({k: v.cpu().numpy() for k, v in inputs.items() if k in names})
-        return torch.from_numpy(result[0].copy()).float()
-    return run
+
+def _numpy_feed(inputs: dict[str, torch.Tensor], names: set[str]) -> dict:
+    """The tokenised pairs an exported encoder takes (by input name), as numpy arrays."""
+    return {k: v.cpu().numpy() for k, v in inputs.items() if k in names}
