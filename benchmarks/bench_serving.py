@@ -26,7 +26,7 @@ from persrag_lightning.llm.hf import cpu_has_native_bf16
 from persrag_lightning.serving.pipeline import CFRAGPipeline
 
 # name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.
-BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False}
+BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False, "query_runtime": "fp32"}
 OPTIONS: dict[str, dict] = {
     "baseline (fp32, all m·k)": {},
     "(a) cached doc tokens": {"cache_doc_tokens": True},
@@ -46,6 +46,8 @@ OPTIONS: dict[str, dict] = {
     "(a+i) openvino + cached (serving default where installed)": {"reranker_runtime": "openvino",
                                                                    "cache_doc_tokens": True},
     "(f) bf16 query + (a+e)": {"query_runtime": "bf16", "reranker_runtime": "bf16", "cache_doc_tokens": True},
+    "(j) openvino query + (a+i)": {"query_runtime": "openvino", "reranker_runtime": "openvino",
+                                   "cache_doc_tokens": True},
     # the reranker distilled into its first layer (configs/cfrag_reranker_distilled.yaml): another model, so its
     # agreement with the baseline is the student's fidelity, not a runtime's rounding
     "(g) distilled 1-layer reranker + (a+e)": {"reranker": "reranker_distilled", "reranker_runtime": "bf16",
@@ -55,6 +57,11 @@ OPTIONS: dict[str, dict] = {
     "(g) distilled 2-layer reranker + (a+e)": {"reranker": "reranker_distilled_l2", "reranker_runtime": "bf16",
                                                "cache_doc_tokens": True},
     "(h) no reranker: first-stage order": {"reranker": None},
+    # a cascade: the distilled reranker scores all m·k, the trained reranker only its top N ("fewer pairs through a
+    # cheaper first cut"); N is chosen on dev (--split dev), reported on test
+    **{f"(k) distilled first cut, top {n} + (j)": {"first_cut": "reranker_distilled", "rerank_top": n,
+                                                   "query_runtime": "openvino", "reranker_runtime": "openvino",
+                                                   "cache_doc_tokens": True} for n in (10, 12, 13, 14, 15, 20)},
 }
 
 
@@ -128,7 +135,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", default="checkpoints/synthlamp-quick", help="an exported run (user_encoder, retriever, "
                    "reranker, docstore)")
-    p.add_argument("--queries", type=int, default=50, help="test (then dev) questions, one at a time")
+    p.add_argument("--queries", type=int, default=50, help="questions of --split, one at a time")
+    p.add_argument("--split", default="test", choices=("test", "dev"),
+                   help="test for reporting; dev to choose a setting (e.g. the cascade's N)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--cache-dir", default=".cache/persrag")
@@ -142,22 +151,25 @@ def main() -> None:
     source = LampSource(cache_dir=args.cache_dir)
     source.prepare()
     data = source.load()
-    examples = data.examples.get("test", []) + data.examples.get("dev", [])
+    examples = data.examples.get(args.split, [])
+    if len(examples) < args.queries:
+        raise SystemExit(f"{args.split} has {len(examples)} questions, fewer than --queries {args.queries}")
     queries = [(e.user_id, e.input) for e in examples][:args.queries]
     options = {n: o for i, (n, o) in enumerate(OPTIONS.items())
                if i == 0 or not args.only or any(s in n for s in args.only)}
     for runtime, modules in (("onnx", ("onnxruntime", "onnx")), ("openvino", ("openvino", "onnx"))):
         if any(importlib.util.find_spec(m) is None for m in modules):
             print(f'{runtime} rows skipped: {" or ".join(modules)} is not installed (pip install -e ".[{runtime}]")')
-            options = {n: o for n, o in options.items() if o.get("reranker_runtime") != runtime}
-    for bundle in sorted({o["reranker"] for o in options.values() if o.get("reranker")}):
+            options = {n: o for n, o in options.items() if runtime not in (o.get("reranker_runtime"),
+                                                                            o.get("query_runtime"))}
+    for bundle in sorted({o[key] for o in options.values() for key in ("reranker", "first_cut") if o.get(key)}):
         if not (Path(args.run) / bundle / "config.json").is_file():
             print(f"rows of {bundle} skipped: {args.run}/{bundle} is not trained (configs/evaluate_distilled.yaml "
                   "names the commands)")
-            options = {n: o for n, o in options.items() if o.get("reranker") != bundle}
+            options = {n: o for n, o in options.items() if bundle not in (o.get("reranker"), o.get("first_cut"))}
     if not cpu_has_native_bf16():
         print("this CPU has no native bf16: the bf16 row runs emulated")
-    print(f"{len(queries)} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
+    print(f"{len(queries)} {args.split} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
           f"threads; wall-clock ms (shared CPU: other jobs may run on these cores)")
     results: dict[str, Option] = {}
     for name, settings in options.items():  # every pipeline loaded first (load time each), then queried in turns

@@ -1,8 +1,9 @@
 """Where the serving reranker's time goes, and what other runtimes make of it: the cross-encoder alone on the m·k
 (query, doc) pairs of real test questions of an export (the pairs `CFRAGPipeline.retrieve` reranks), one question
-at a time, for the serving default (bf16 autocast) next to the fp32 baseline and to runtimes that are not options
-of the pipeline: the weights themselves in bf16, length-sorted chunks (less padding), torch.compile (inductor,
-frozen weights, dynamic shapes) and OpenVINO (the serving default where the `openvino` extra is installed).
+at a time, for torch's bf16 autocast (the serving default without OpenVINO) next to the fp32 baseline and to
+runtimes that are not options of the pipeline: the weights themselves in bf16, length-sorted chunks (less padding), torch.compile (inductor,
+frozen weights, dynamic shapes) and OpenVINO (the serving default where the `openvino` extra is installed) on
+the export before and after its eager attention and static shapes (models/exported.py).
 Prints the pairs' padding share, the work per question (GFLOP) and, per row, p50 / p95 ms, the rate of useful work
 (GFLOP/s) and the agreement of the final top-k with the fp32 reranker's. Wall-clock; asserts nothing.
 
@@ -27,12 +28,8 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.logs import configure_logs
 from persrag_lightning.models.common import encode_by_length
-from persrag_lightning.models.reranker import (
-    cls_state,
-    export_onnx,
-    openvino_session,
-    personalized_rerank_score,
-)
+from persrag_lightning.models.exported import WIDTH_STEP, StaticShapes, openvino_session
+from persrag_lightning.models.reranker import cls_state, export_onnx, personalized_rerank_score
 from persrag_lightning.retrieval.base import Query
 from persrag_lightning.serving.pipeline import CFRAGPipeline
 
@@ -122,12 +119,18 @@ def main() -> None:
         setup["torch.compile + bf16 autocast"] = time.perf_counter() - t0
         rows["torch.compile + bf16 autocast"] = compiled
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        try:  # the serving runtime itself (models/reranker.py): bf16 where the CPU computes it natively
-            rows["OpenVINO (ONNX export)"] = openvino_session(export_onnx(reranker, Path(tmp) / "encoder.onnx"))
-            setup["OpenVINO (ONNX export)"] = time.perf_counter() - t0
-        except ImportError as err:
-            rows["OpenVINO (ONNX export)"] = str(err)
+        # the serving runtime itself (models/exported.py): bf16 where the CPU computes it natively; before and after
+        # the eager-attention export and the static shapes
+        for name, eager, step in (("OpenVINO, SDPA export, dynamic shapes (serving until 2026-11-23)", False, None),
+                                  ("OpenVINO, eager export, dynamic shapes", True, None),
+                                  ("OpenVINO, eager export, static shapes (serving default)", True, WIDTH_STEP)):
+            t0 = time.perf_counter()
+            try:
+                path = export_onnx(reranker, Path(tmp) / f"encoder-{eager}.onnx", eager=eager)
+                rows[name] = openvino_session(path, width_step=step)
+                setup[name] = time.perf_counter() - t0
+            except ImportError as err:
+                rows[name] = str(err)
 
         def scores(encode: Encode, inputs: dict[str, torch.Tensor], users: torch.Tensor | None) -> torch.Tensor:
             with torch.inference_mode():
@@ -152,8 +155,9 @@ def main() -> None:
             overlap = sum(len(set(a) & set(b)) for a, b in zip(tops, base)) / (args.k * len(base))
             same = sum(a == b for a, b in zip(tops, base)) / len(base)
             rate = useful_gflop / (sum(ms) / len(ms) / 1000)
-            print(f"| {name} | {setup.get(name, 0.0):.1f} | {pct(ms, .5):.1f} | {pct(ms, .95):.1f} | {rate:.0f} | "
-                  f"{overlap:.3f} | {same:.2f} |", flush=True)
+            shapes = f" ({len(encode.requests)} static shapes)" if isinstance(encode, StaticShapes) else ""
+            print(f"| {name}{shapes} | {setup.get(name, 0.0):.1f} | {pct(ms, .5):.1f} | {pct(ms, .95):.1f} | "
+                  f"{rate:.0f} | {overlap:.3f} | {same:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

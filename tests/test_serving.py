@@ -59,18 +59,21 @@ def test_retrieve_returns_provenance_from_similar_users(pipeline):
 
 
 def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_available(pipeline, run_dir, tmp_path):
-    """README "Serving latency": docs tokenised once, the reranker in the fastest runtime installed (OpenVINO, else
-    bf16 where the CPU computes it natively); the evaluation's exact CFRAG (fp32, no cache) is one argument away
-    and returns the same docs without the cache."""
-    from persrag_lightning.serving.pipeline import serving_reranker_runtime
+    """README "Serving latency": docs tokenised once, the reranker and the query encoder in the fastest runtime
+    installed (OpenVINO, else bf16 autocast for the reranker where the CPU computes it natively, fp32); the
+    evaluation's exact CFRAG (fp32, no cache) is three arguments away and returns the same docs without the
+    cache."""
+    from persrag_lightning.serving.pipeline import serving_runtime
 
     reranker = pipeline.strategy._reranker
-    assert reranker.runtime == serving_reranker_runtime() and reranker._doc_tokens is not None
+    assert reranker.runtime == serving_runtime("reranker") and reranker._doc_tokens is not None
+    assert pipeline.strategy.retriever.query_runtime == serving_runtime("query")
     exact = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
-                                          reranker_runtime="fp32", cache_doc_tokens=False)
+                                          reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False)
     cached = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
-                                           reranker_runtime="fp32")
+                                           reranker_runtime="fp32", query_runtime="fp32")
     assert exact.strategy._reranker.runtime == "fp32" and exact.strategy._reranker._doc_tokens is None
+    assert exact.strategy.retriever.query_runtime == "fp32"
     user = pipeline.store.corpus.user_ids[2]
     for query in ("description: a detective story", "description: robots in space"):
         assert [d.row for d in cached.retrieve(user, query)] == [d.row for d in exact.retrieve(user, query)]

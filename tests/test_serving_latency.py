@@ -1,19 +1,24 @@
 """CFRAG's inference-time settings (issue 15, serving latency) on tiny random models: cached doc tokenisation and a
 first cut that covers every candidate return exactly the baseline's docs, int8, ONNX Runtime and OpenVINO stay
-within tolerance, the first cut keeps first-stage order after the reranked head, bf16 queries are embedded in bf16 and
-scored in float32, and only non-default settings enter the evaluation cache key."""
+within tolerance, the first cut keeps first-stage order after the reranked head, the query runtimes embed queries (never docs)
+within tolerance, OpenVINO's static shapes compute the dynamic model's output, and only non-default settings enter
+the evaluation cache key."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
 import pytest
 import torch
 
+from persrag_lightning.models.exported import export_path
 from persrag_lightning.models.reranker import PersonalizedReranker
-from persrag_lightning.retrieval.base import Query, RetrievedDoc
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
+from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 from persrag_lightning.retrieval.evaluate import strategy_config
+from persrag_lightning.utils import fingerprint
 
 WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city",
          "night", "music", "school", "friends"]
@@ -42,10 +47,10 @@ class Store:
         return self.docs[row]
 
 
-def strategy(reranker: PersonalizedReranker, docs: list[str], **settings) -> CFRAG:
+def strategy(model: PersonalizedReranker, docs: list[str], **settings) -> CFRAG:
     """A CFRAG with its reranker in place and no other stage (rerank only reads the store, e_u and the reranker)."""
     s = CFRAG("unused", **settings)
-    s.store, s._reranker = Store(docs), reranker
+    s.store, s._reranker = Store(docs), model
     users = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     s.e_u = lambda u: users[int(u)]
     return s
@@ -103,6 +108,38 @@ def test_first_cut_reranks_the_best_first_stage_candidates_then_keeps_first_stag
         assert [d.row for d in got[:top]] == [head[i].row for i in torch.argsort(scores, descending=True).tolist()]
         assert [d.row for d in got[top:]] == [d.row for d in tail[:3]]  # the rest: first-stage order, unscored
         assert all(d.reranker_score != d.reranker_score for d in got[top:])  # NaN: never reranked
+
+
+def test_a_first_cut_reranker_chooses_the_pairs_the_reranker_scores(reranker, tiny_bert, one_thread):
+    """first_cut: a cheaper reranker scores all m·k candidates, the reranker only its top rerank_top (in its own
+    order), the rest follow in the cut's order unscored; the reranker itself as the cut keeps the full rerank's
+    top k whenever rerank_top ≥ k."""
+    docs = texts(40, 6)
+    queries, cands = candidates(4, 10, len(docs))
+    torch.manual_seed(3)
+    cut = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).eval()  # other weights: another order
+    top = 4
+
+    def cascade(cut_model: PersonalizedReranker) -> CFRAG:
+        s = strategy(reranker, docs, reranker="unused", rerank_top=top, first_cut="unused")
+        s._first_cut = cut_model
+        return s
+
+    full = strategy(reranker, docs).rerank(queries, cands, 3)
+    assert rows(cascade(reranker).rerank(queries, cands, 3)) == rows(full)
+    s = cascade(cut)
+    out = s.rerank(queries, cands, 7)
+    for q, ds, got in zip(queries, cands, out):
+        users = torch.stack([s.e_u(q.user_id)] * len(ds))
+        by_cut = [ds[i] for i in torch.argsort(cut.score_pairs([q.query] * len(ds), [docs[d.row] for d in ds],
+                                                               users), descending=True).tolist()]
+        head = by_cut[:top]
+        scores = reranker.score_pairs([q.query] * top, [docs[d.row] for d in head], users[:top])
+        assert [d.row for d in got[:top]] == [head[i].row for i in torch.argsort(scores, descending=True).tolist()]
+        assert [d.row for d in got[top:]] == [d.row for d in by_cut[top:7]]
+        assert all(d.reranker_score != d.reranker_score for d in got[top:])
+    with pytest.raises(ValueError, match="first_cut"):
+        CFRAG("unused", reranker="unused", first_cut="unused")  # no rerank_top: nothing for the cut to choose
 
 
 def test_int8_reranker_stays_within_tolerance_of_fp32(tiny_bert, one_thread):
@@ -176,11 +213,12 @@ def test_serving_runtime_prefers_openvino_where_installed(monkeypatch):
     installed = {"openvino", "onnx"}
     monkeypatch.setattr(pipeline.importlib.util, "find_spec", lambda name: object() if name in installed else None)
     monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: True)
-    assert pipeline.serving_reranker_runtime() == "openvino"
+    assert pipeline.serving_runtime("reranker") == pipeline.serving_runtime("query") == "openvino"
     installed.clear()
-    assert pipeline.serving_reranker_runtime() == "bf16"
+    assert pipeline.serving_runtime("reranker") == "bf16"
+    assert pipeline.serving_runtime("query") == "fp32"  # bf16 autocast embedded one query slower than fp32
     monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: False)
-    assert pipeline.serving_reranker_runtime() == "fp32"
+    assert pipeline.serving_runtime("reranker") == "fp32"
 
 
 def test_unknown_runtime_and_bad_first_cut_are_refused(reranker):
@@ -204,35 +242,78 @@ def test_only_non_default_settings_enter_the_evaluation_cache_key():
     assert strategy_config(CFRAG("unused", query_runtime="bf16")) == {**base, "query_runtime": "bf16"}
 
 
-def test_bf16_queries_embed_in_bf16_and_score_in_float32(tiny_bert, one_thread):
-    """query_runtime bf16: the query encoder runs under bf16 autocast, the vectors and first-stage scores stay
-    float32 and close to the float32 ones."""
-    from types import SimpleNamespace
+def query_retriever(tiny_bert: str, cache) -> EncoderRetriever:
+    """The untuned tiny encoder as a corpus retriever over three docs of one user."""
+    from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 
-    from persrag_lightning.models.text_encoder import TextEncoder
-    from persrag_lightning.retrieval.candidates import CandidateSource
+    docs = [HistoryDoc(f"d{i}", (2020, 1, i + 1), {"description": f"film {i}", "tag": "comedy"}) for i in range(3)]
+    retriever = EncoderRetriever(tiny_bert, DocStore(LampDataset("LaMP-2", {"u1": User("u1", docs)}, {})).corpus,
+                                 cache, 64)
+    retriever.prepare()
+    return retriever
 
-    encoder, seen = TextEncoder.from_pretrained(tiny_bert), []
-    docs = encoder.encode(texts(6, 0))
 
-    def query_vectors(queries: list[str]) -> torch.Tensor:
-        seen.append(("embed", torch.is_autocast_enabled("cpu")))
-        return encoder.encode(queries)
+def test_query_runtimes_embed_queries_only_within_tolerance(tiny_bert, tmp_path, one_thread):
+    """query_runtime: bf16 autocasts the query encoder only while it embeds; onnx (float32) and openvino (bf16 where
+    native) read one export of the query encoder, made once under the cache; the doc vectors never change."""
+    queries = texts(9, 3, high=60)
+    fp32 = query_retriever(tiny_bert, tmp_path / "cache")
+    want, docs = fp32.query_vectors(queries), fp32.encode_docs(["film 0", "film 1"])
+    with pytest.raises(ValueError, match="query runtime"):
+        fp32.use_query_runtime("int8")
+    seen = []
+    fp32.query_encoder().register_forward_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
+    fp32.use_query_runtime("bf16")
+    got = fp32.query_vectors(queries)
+    assert seen and all(seen) and not torch.is_autocast_enabled("cpu") and got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.05
+    seen.clear()
+    assert torch.equal(fp32.encode_docs(["film 0", "film 1"]), docs) and seen == [False]
+    for runtime, modules, tolerance in (("onnx", ("onnxruntime", "onnx"), 1e-4), ("openvino", ("openvino", "onnx"),
+                                                                                   0.05)):
+        if any(importlib.util.find_spec(m) is None for m in modules):
+            continue
+        retriever = query_retriever(tiny_bert, tmp_path / "cache")
+        retriever.use_query_runtime(runtime, tmp_path / "cache")
+        path = export_path(tmp_path / "cache", "query", fingerprint(retriever.identity()))
+        assert retriever.query_runtime == runtime and path.is_file()
+        for batch in (queries[:1], queries):  # one query (serving) and a batch of several lengths
+            got = retriever.query_vectors(batch)
+            assert got.dtype == torch.float32 and (got - want[:len(batch)]).abs().max() < tolerance
+        assert torch.equal(retriever.encode_docs(["film 0", "film 1"]), docs)
+        mtime = path.stat().st_mtime_ns
+        query_retriever(tiny_bert, tmp_path / "cache").use_query_runtime(runtime, tmp_path / "cache")
+        assert path.stat().st_mtime_ns == mtime  # read, not exported again
 
-    def score(q: torch.Tensor, rows: list[int], e_u: None) -> torch.Tensor:
-        seen.append(("score", torch.is_autocast_enabled("cpu")))
-        return docs[torch.as_tensor(rows)] @ q
 
-    retriever = SimpleNamespace(query_vectors=query_vectors, score=score)
-    store = SimpleNamespace(shares=lambda u: True, rows=lambda owner, query=None: list(range(6)),
-                            doc=lambda row, **kw: (row, kw["retriever_score"]))
-    queries = [Query("u", t, t) for t in texts(3, 1)]
-    out = {bf16: CandidateSource(store, retriever, lambda u: [("u", 1.0)], lambda u: None, 3,
-                                 bf16_queries=bf16).propose(queries) for bf16 in (False, True)}
-    assert seen == [("embed", False)] + [("score", False)] * 3 + [("embed", True)] + [("score", False)] * 3
-    for fp32, half in zip(out[False], out[True]):
-        assert all(isinstance(s, float) for _, s in half)
-        assert [s for _, s in half] == pytest.approx([s for _, s in fp32], abs=0.05)
+def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_path, monkeypatch, one_thread):
+    """StaticShapes pads each batch to its width rounded up to WIDTH_STEP (masked, as the batch's own padding),
+    compiles one model per shape, reuses it and keeps the last MAX_SHAPES; the export leaves the model's own
+    attention implementation as it was."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    from persrag_lightning.models import exported
+    from persrag_lightning.models.reranker import export_onnx
+
+    before = reranker.encoder.config._attn_implementation
+    path = export_onnx(reranker, tmp_path / "reranker.onnx")
+    assert reranker.encoder.config._attn_implementation == before
+    dynamic, static = exported.openvino_session(path, width_step=None), exported.openvino_session(path)
+    assert isinstance(static, exported.StaticShapes)
+    batches = [reranker.tokenize_pairs(texts(n, n), texts(n, n + 1, high=h)) for n, h in ((3, 8), (3, 12), (5, 60))]
+    widths = [b["input_ids"].shape[1] for b in batches]
+    for batch in batches:
+        assert torch.allclose(static(batch), dynamic(batch), atol=1e-2)
+    shapes = {(b["input_ids"].shape[0], -(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP)
+              for b, w in zip(batches, widths)}
+    assert set(static.requests) == shapes
+    static(batches[0])  # a shape met before: no new model
+    assert set(static.requests) == shapes
+    monkeypatch.setattr(exported, "MAX_SHAPES", 1)
+    bounded = exported.openvino_session(path)
+    bounded(batches[0])
+    bounded(batches[2])
+    assert list(bounded.requests) == [(5, -(-widths[2] // exported.WIDTH_STEP) * exported.WIDTH_STEP)]
 
 
 def test_the_distillation_comparison_reads_one_runs_teacher_and_students():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -13,6 +11,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from persrag_lightning.data.candidates import CandidateBatch
+from persrag_lightning.models import exported
 from persrag_lightning.models.common import (
     USER_HEADS,
     LoraFields,
@@ -22,6 +21,7 @@ from persrag_lightning.models.common import (
     freeze_pooler,
     merged_copy,
 )
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES, Session
 from persrag_lightning.models.text_encoder import resolve_model_path
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
@@ -47,8 +47,7 @@ class RerankerConfig(LoraFields):
 # (the `openvino` extra: bf16 where the CPU computes it natively, its default there; f32 elsewhere).
 # benchmarks/bench_serving.py measures each against fp32, benchmarks/profile_reranker.py the cross-encoder alone.
 Runtime = Literal["fp32", "int8", "bf16", "onnx", "openvino"]
-RUNTIMES = ("fp32", "int8", "bf16", "onnx", "openvino")
-EXPORTED_RUNTIMES = ("onnx", "openvino")  # the runtimes that read the ONNX export of the encoder
+RUNTIMES = ("fp32", "int8", "bf16", *EXPORTED_RUNTIMES)
 
 
 def keep_layers(encoder: nn.Module, n: int | None) -> nn.Module:
@@ -101,7 +100,7 @@ class PersonalizedReranker(nn.Module):
         self._pair_tokenizer = None
         self._doc_tokens: dict[str, object] | None = None  # doc text → its encoding (cache_doc_tokens)
         self.runtime: Runtime = "fp32"
-        self._session: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None  # onnx, openvino: → CLS
+        self._session: Session | None = None  # onnx, openvino: → CLS
         dim = self.dim
         self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
@@ -153,15 +152,19 @@ class PersonalizedReranker(nn.Module):
                                        return_tensors="pt"))
         budget = cfg.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
         encoded = []
-        for q, d, text in zip(backend.encode_batch(list(queries), add_special_tokens=False),
-                              self._encode_docs(backend, list(docs)), docs):
+        unique = list(dict.fromkeys(queries))  # a query is paired with each of its m·k docs: tokenised once
+        by_text = dict(zip(unique, backend.encode_batch(unique, add_special_tokens=False)))
+        for query, d, text in zip(queries, self._encode_docs(backend, list(docs)), docs):
+            q = by_text[query]
             nq, nd = min(len(q.ids), cfg.max_query_length), min(len(d.ids), cfg.max_doc_length)
             while nq + nd > budget:  # longest_first, as transformers' pair truncation
                 if nq >= nd:
                     nq -= 1
                 else:
                     nd -= 1
-            q.truncate(nq)
+            if nq < len(q.ids):  # never cut the shared encoding: a fresh one for this pair
+                q = backend.encode(query, add_special_tokens=False)
+                q.truncate(nq)
             if nd < len(d.ids):
                 if self._doc_tokens is not None:  # never cut a cached encoding: a fresh one for this pair
                     d = backend.encode(text, add_special_tokens=False)
@@ -251,8 +254,7 @@ class PersonalizedReranker(nn.Module):
                 warnings.simplefilter("ignore")
                 self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
         elif runtime in EXPORTED_RUNTIMES:
-            session = onnx_session if runtime == "onnx" else openvino_session
-            self._session = session(export_onnx(self, onnx_path))
+            self._session = exported.session(runtime, export_onnx(self, onnx_path))
         self.runtime = runtime
         return self
 
@@ -299,78 +301,9 @@ class PersonalizedReranker(nn.Module):
         return model.eval()
 
 
-class _ClsEncoder(nn.Module):
-    """The encoder as a function of tensors only (what torch.onnx exports): inputs → [CLS] state (Eq. 9)."""
-
-    def __init__(self, encoder: nn.Module, names: list[str]) -> None:
-        super().__init__()
-        self.encoder, self.names = encoder, names
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return cls_state(self.encoder(**dict(zip(self.names, tensors))).last_hidden_state)
-
-
-def export_onnx(model: PersonalizedReranker, path: str | Path | None) -> Path:
-    """The model's encoder as ONNX (inputs → [CLS] state, dynamic pairs and tokens) at `path`, exported once (atomic
-    rename; a temp file when None) and reused when it exists. Needs the `onnx` package (extras onnx, openvino)."""
-    import tempfile
-
-    path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="persrag-onnx-")) / "encoder.onnx"
-    if path.is_file():
-        return path
-    try:
-        import onnx  # noqa: F401  (torch.onnx.export writes through it)
-    except ImportError:
-        raise ImportError('exporting the reranker to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
-                          ) from None
-    path.parent.mkdir(parents=True, exist_ok=True)
+def export_onnx(model: PersonalizedReranker, path: str | Path | None, eager: bool = True) -> Path:
+    """The model's encoder as ONNX (tokenised pairs → [CLS] state, Eq. 9) at `path`, made once
+    (models/exported.py)."""
     sample = model.tokenize_pairs(["a query"], ["a document"])
-    names = list(sample)
-    axes = {n: {0: "pairs", 1: "tokens"} for n in names}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes exporting at once each write their own
-    import warnings
-
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
-        torch.onnx.export(_ClsEncoder(model.encoder, names).eval(), tuple(sample[n] for n in names), str(tmp),
-                          input_names=names, output_names=["cls"], dynamic_axes={**axes, "cls": {0: "pairs"}},
-                          opset_version=17, dynamo=False)
-    tmp.replace(path)
-    return path
-
-
-def onnx_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
-    """The exported encoder in ONNX Runtime (CPU, torch's thread count), as a function of the tokenised pairs.
-    Needs the optional extra: pip install -e ".[onnx]"."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise ImportError('reranker runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"') from None
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    return lambda inputs: torch.from_numpy(session.run(None, _numpy_feed(inputs, names))[0])
-
-
-def openvino_session(path: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
-    """The exported encoder in OpenVINO's CPU plugin (torch's thread count, latency mode), as a function of the
-    tokenised pairs. OpenVINO computes in bf16 where the CPU does natively (AVX512-BF16 / AMX: its default there)
-    and in f32 elsewhere; on the quick export it reranked 1.2-1.3x faster than torch's bf16 autocast, with the
-    fp32 top 5 on 99.5-99.7 % of its docs (README "Serving latency"). Needs the optional extra: pip install -e
-    ".[openvino]"."""
-    try:
-        import openvino as ov
-    except ImportError:
-        raise ImportError('reranker runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"') from None
-    compiled = ov.Core().compile_model(str(path), "CPU", {"PERFORMANCE_HINT": "LATENCY",
-                                                          "INFERENCE_NUM_THREADS": torch.get_num_threads()})
-    request = compiled.create_infer_request()
-    names = {i.get_any_name() for i in compiled.inputs}
-    return lambda inputs: torch.from_numpy(request.infer(_numpy_feed(inputs, names))[0].copy()).float()
-
-
-def _numpy_feed(inputs: dict[str, torch.Tensor], names: set[str]) -> dict:
-    """The tokenised pairs an exported encoder takes (by input name), as numpy arrays."""
-    return {k: v.cpu().numpy() for k, v in inputs.items() if k in names}
+    return exported.export_onnx(model.encoder, model.encoder, sample, path,
+                                output=lambda out: cls_state(out.last_hidden_state), eager=eager)

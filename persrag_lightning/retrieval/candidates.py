@@ -20,11 +20,9 @@ class CandidateSource:
     """m·k candidates per query with their owner, user similarity and first-stage score."""
 
     def __init__(self, store: DocStore, retriever: CorpusRetriever, similar_users: SimilarUsers,
-                 user_embedding: UserEmbedding, k_per_user: int, query_transform: QueryTransform | None = None,
-                 bf16_queries: bool = False) -> None:
-        """`bf16_queries`: embed the queries in bf16 autocast (CPU serving; the scores stay float32)."""
+                 user_embedding: UserEmbedding, k_per_user: int, query_transform: QueryTransform | None = None
+                 ) -> None:
         self.store, self.retriever = store, retriever
-        self.bf16_queries = bf16_queries
         self.similar_users, self.user_embedding = similar_users, user_embedding
         self.k_per_user = k_per_user
         self.query_transform = query_transform  # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
@@ -33,8 +31,7 @@ class CandidateSource:
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
         """Users by similarity (the query user first, as the official code), each user's docs best first; the
         query user's docs are its own question's profile, other users' their pools (data/histories.py)."""
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16_queries):
-            vectors = self.retriever.query_vectors([q.query for q in queries]).float()
+        vectors = self.retriever.query_vectors([q.query for q in queries])  # in the retriever's query runtime
         if self.query_transform is not None:
             vectors = self.query_transform(queries, vectors)
         out = []

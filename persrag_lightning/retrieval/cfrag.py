@@ -12,8 +12,8 @@ uses this); `query_expansion="pbr"` searches the first stage with PBR's personal
 Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
 reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
 `reranker_runtime` runs the cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py);
-`cache_doc_tokens` tokenises each doc once; `query_runtime="bf16"` embeds the query in bf16 autocast (the doc
-vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32);
+`cache_doc_tokens` tokenises each doc once; `query_runtime` embeds the query in bf16 autocast, ONNX Runtime or
+OpenVINO (retrieval/corpus_retriever.py; the doc vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32);
 benchmarks/bench_serving.py measures each against them, and `CFRAGPipeline.from_pretrained` serves with the
 winners.
 """
@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.models.reranker import EXPORTED_RUNTIMES, RUNTIMES, PersonalizedReranker, Runtime
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES, export_path
+from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
-from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
+from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
 from persrag_lightning.utils import ConfigError, bundle_digest
@@ -85,7 +86,8 @@ class CFRAG(Strategy):
                  cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
                  pbr: PBRExpansion | None = None, cohort_export: str | None = None, rerank_top: int | None = None,
                  reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False,
-                 query_runtime: Literal["fp32", "bf16"] = "fp32") -> None:
+                 query_runtime: Literal["fp32", "bf16", "onnx", "openvino"] = "fp32",
+                 first_cut: str | None = None) -> None:
         """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
         `cohort_export` (users="cluster" only): a `persrag cluster` export (`<run>/clusters`) read instead of
         fitting the cohorts; its own settings apply, so `cohorts` must then be left out."""
@@ -107,17 +109,23 @@ class CFRAG(Strategy):
         if cohort_export is not None:  # likewise: a key names the export (by content) only when one is used
             self.cohort_export = str(cohort_export)
         self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
+        self._reranker = self._first_cut = None  # loaded by prepare (runtime state)
         if rerank_top is not None and rerank_top < 1:
             raise ValueError(f"rerank_top must be a positive number of candidates or None (all), got {rerank_top}")
+        if first_cut is not None and (rerank_top is None or reranker is None):
+            raise ValueError("first_cut chooses the rerank_top candidates the reranker scores: it needs a reranker "
+                             f"and rerank_top (got reranker={reranker!r}, rerank_top={rerank_top!r})")
         if reranker_runtime not in RUNTIMES:
             raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {reranker_runtime!r}")
         # Set only when not the default, so the evaluation cache keys of every existing row stay as they were.
         if rerank_top is not None:
             self.rerank_top = rerank_top
+        if first_cut is not None:
+            self.first_cut = first_cut
         if reranker_runtime != "fp32":
             self.reranker_runtime = reranker_runtime
-        if query_runtime not in ("fp32", "bf16"):
-            raise ValueError(f"query_runtime must be fp32 or bf16, got {query_runtime!r}")
+        if query_runtime not in QUERY_RUNTIMES:
+            raise ValueError(f"query_runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {query_runtime!r}")
         if query_runtime != "fp32":
             self.query_runtime = query_runtime
         self._cache_doc_tokens = cache_doc_tokens  # the same pairs token for token: not part of a cache key
@@ -143,19 +151,21 @@ class CFRAG(Strategy):
             raise missing_bundle(self.retriever_spec) from None
         self.retriever.prepare()
         self.retriever.load()
+        self.retriever.use_query_runtime(getattr(self, "query_runtime", "fp32"), self.cache_dir)
         e_u = self.e_u if self.retriever_user_term else lambda _: None
         expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
                      if self.query_expansion == "pbr" else None)
-        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion,
-                                      bf16_queries=getattr(self, "query_runtime", "fp32") == "bf16")
-        self._reranker = (PersonalizedReranker.from_pretrained(require_bundle(self.reranker_path)).eval()
-                          if self.reranker_path else None)
-        if self._reranker is not None:
-            runtime = getattr(self, "reranker_runtime", "fp32")
-            # exported once per bundle content, read by later processes
-            onnx = (Path(self.cache_dir) / "onnx" / f"reranker-{bundle_digest(self.reranker_path)}.onnx"
-                    if runtime in EXPORTED_RUNTIMES else None)
-            self._reranker.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
+        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
+        self._reranker = self._load_reranker(self.reranker_path) if self.reranker_path else None
+        self._first_cut = self._load_reranker(self.first_cut) if hasattr(self, "first_cut") else None
+
+    def _load_reranker(self, path: str) -> PersonalizedReranker:
+        """A reranker bundle in the reranker runtime (an export made once per bundle content, read by later
+        processes) and with the doc-token cache as set."""
+        runtime = getattr(self, "reranker_runtime", "fp32")
+        onnx = export_path(self.cache_dir, "reranker", bundle_digest(path)) if runtime in EXPORTED_RUNTIMES else None
+        model = PersonalizedReranker.from_pretrained(require_bundle(path)).eval()
+        return model.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:
         """The cohort export, its settings taking over; users of the store it does not hold (a run exported after
@@ -233,32 +243,46 @@ class CFRAG(Strategy):
     def rerank(self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
         """The final k of each query's m·k candidates: the reranker's order (Eq. 10), every pair of the batch of
         queries scored in one call; without a reranker, the first-stage order (Table 3, w/o reranker tuning).
-        With `rerank_top` = N only the N best first-stage candidates are reranked (kept in candidate order, so N ≥
-        m·k is exactly the full rerank); the rest follow them in first-stage order, without a reranker score."""
+        With `rerank_top` = N only the N best candidates by the first cut are reranked (kept in candidate order, so
+        N ≥ m·k is exactly the full rerank); the rest follow them in the first cut's order, without a reranker
+        score. The first cut is the first stage's order, or the scores of the `first_cut` reranker (a cheaper
+        one, e.g. the distilled reranker) over all m·k."""
         if self._reranker is None:
             return [[docs[i] for i in first_stage_order(docs)[:k]] for docs in candidates]
         top = getattr(self, "rerank_top", None)
-        chosen = [list(range(len(docs))) if top is None or top >= len(docs) else sorted(first_stage_order(docs)[:top])
-                  for docs in candidates]
-        pairs = [(q, docs[i]) for q, docs, idx in zip(queries, candidates, chosen) for i in idx]
-        if not pairs:
-            return [[] for _ in queries]
-        texts = [self.store.text(d.row) for _, d in pairs]
-        users = torch.stack([self.e_u(q.user_id) for q, _ in pairs]) if self._reranker.config.use_user else None
-        # score_pairs encodes them in chunks of similar token length (models/common.py, ROWS_PER_FORWARD)
-        scores = self._reranker.score_pairs([q.query for q, _ in pairs], texts, users).float().cpu()
-        out, start = [], 0
-        for docs, idx in zip(candidates, chosen):
-            own = scores[start:start + len(idx)]
-            start += len(idx)
+        if top is None:
+            order = chosen = [list(range(len(docs))) for docs in candidates]
+        else:
+            if self._first_cut is None:
+                order = [first_stage_order(docs) for docs in candidates]
+            else:
+                every = [list(range(len(docs))) for docs in candidates]
+                order = [torch.argsort(s, descending=True, stable=True).tolist()
+                         for s in self._score(self._first_cut, queries, candidates, every)]
+            chosen = [sorted(o[:top]) for o in order]
+        out = []
+        for docs, idx, ranked_by_cut, own in zip(candidates, chosen, order,
+                                                 self._score(self._reranker, queries, candidates, chosen)):
             best = [idx[i] for i in torch.argsort(own, descending=True, stable=True)[:k].tolist()]
             score = dict(zip(idx, own.tolist()))
             ranked = [RetrievedDoc(**{**docs[i].__dict__, "reranker_score": score[i]}) for i in best]
-            if len(ranked) < k:  # fewer reranked than k: the best of the rest by the first stage
+            if len(ranked) < k:  # fewer reranked than k: the best of the rest by the first cut
                 kept = set(idx)
-                ranked += [docs[i] for i in first_stage_order(docs) if i not in kept][:k - len(ranked)]
+                ranked += [docs[i] for i in ranked_by_cut if i not in kept][:k - len(ranked)]
             out.append(ranked)
         return out
+
+    def _score(self, model: PersonalizedReranker, queries: list[Query], candidates: list[list[RetrievedDoc]],
+               chosen: list[list[int]]) -> list[torch.Tensor]:
+        """`model`'s scores (Eq. 10) of the chosen candidates of each query, every pair of the batch in one call
+        (score_pairs encodes them in chunks of similar token length, models/common.py)."""
+        pairs = [(q, docs[i]) for q, docs, idx in zip(queries, candidates, chosen) for i in idx]
+        if not pairs:
+            return [torch.zeros(0) for _ in queries]
+        texts = [self.store.text(d.row) for _, d in pairs]
+        users = torch.stack([self.e_u(q.user_id) for q, _ in pairs]) if model.config.use_user else None
+        scores = model.score_pairs([q.query for q, _ in pairs], texts, users).float().cpu()
+        return list(torch.split(scores, [len(idx) for idx in chosen]))
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
         out = []

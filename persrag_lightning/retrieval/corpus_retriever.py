@@ -14,9 +14,15 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.models import exported
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever, doc_encoder_path
 from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, model_identity
-from persrag_lightning.utils import bundle_digest
+from persrag_lightning.utils import bundle_digest, fingerprint
+
+# How the query encoder runs at serving (retrieval/cfrag.py's `query_runtime`; docs are always embedded in fp32):
+# torch fp32 as trained, torch's bf16 autocast, or its ONNX export in ONNX Runtime or OpenVINO (models/exported.py).
+QUERY_RUNTIMES = ("fp32", "bf16", *EXPORTED_RUNTIMES)
 
 
 class CorpusRetriever(ABC):
@@ -28,6 +34,8 @@ class CorpusRetriever(ABC):
         self.doc_encoder, self.max_length, self.pooling = doc_encoder, max_length, pooling
         self.model = None
         self.doc_vectors: torch.Tensor | None = None
+        self.query_runtime = "fp32"
+        self._query_session: exported.Session | None = None
 
     @abstractmethod
     def identity(self) -> dict:
@@ -38,8 +46,8 @@ class CorpusRetriever(ABC):
         """The query encoder (and user head, for a trained retriever)."""
 
     @abstractmethod
-    def query_vectors(self, queries: list[str]) -> torch.Tensor:
-        """[n, d] query vectors."""
+    def query_encoder(self) -> TextEncoder:
+        """The loaded model's query encoder."""
 
     @abstractmethod
     def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
@@ -48,6 +56,26 @@ class CorpusRetriever(ABC):
     @abstractmethod
     def encode_docs(self, texts: list[str]) -> torch.Tensor:
         """Doc vectors of new texts, as the cache holds them."""
+
+    def use_query_runtime(self, runtime: str, cache_dir: str | Path | None = None) -> None:
+        """Embed queries in `runtime` (QUERY_RUNTIMES) from now on; an exported runtime reads the query encoder's
+        ONNX export under `cache_dir` (made once per encoder content; a temp file without one)."""
+        if runtime not in QUERY_RUNTIMES:
+            raise ValueError(f"query runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {runtime!r}")
+        self.load()
+        self._query_session = None
+        if runtime in EXPORTED_RUNTIMES:
+            path = (exported.export_path(cache_dir, "query", fingerprint(self.identity()))
+                    if cache_dir is not None else None)
+            self._query_session = exported.session(runtime, self.query_encoder().export_onnx(path))
+        self.query_runtime = runtime
+
+    @torch.no_grad()
+    def query_vectors(self, queries: list[str]) -> torch.Tensor:
+        """[n, d] query vectors (float32) in the query runtime."""
+        self.load()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.query_runtime == "bf16"):
+            return self.query_encoder().encode(queries, session=self._query_session)
 
     def tuned_user_embedding(self, user_id: str, e_u: torch.Tensor) -> torch.Tensor:
         """e_u for this retriever's user term: the stage-1 embedding, unless the retriever tuned its own."""
@@ -87,10 +115,8 @@ class EncoderRetriever(CorpusRetriever):
     def _load_model(self) -> TextEncoder:
         return TextEncoder.from_pretrained(self.spec, pooling=self.pooling, max_length=self.max_length)
 
-    @torch.no_grad()
-    def query_vectors(self, queries: list[str]) -> torch.Tensor:
-        self.load()
-        return self.model.encode(queries)
+    def query_encoder(self) -> TextEncoder:
+        return self.model
 
     @torch.no_grad()
     def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
@@ -124,10 +150,8 @@ class TrainedRetriever(CorpusRetriever):
         row = self._tuned_row.get(user_id)
         return e_u if row is None else self.model.user_embeddings[row].to(e_u)
 
-    @torch.no_grad()
-    def query_vectors(self, queries: list[str]) -> torch.Tensor:
-        self.load()
-        return self.model.encode_queries(queries)
+    def query_encoder(self) -> TextEncoder:
+        return self.model.query_encoder
 
     @torch.no_grad()
     def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:

@@ -28,14 +28,16 @@ from persrag_lightning.retrieval.user_index import UserIndex
 COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
 
 
-def serving_reranker_runtime() -> str:
-    """The serving reranker's runtime when none is named (`reranker_runtime="auto"`): OpenVINO where it is installed
-    (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere), else torch's bf16 autocast where
-    the CPU computes bf16 natively, else fp32. On 2 cores of the quick export (benchmarks/bench_serving.py, README
-    "Serving latency") OpenVINO reranked faster than bf16 autocast and nearer the fp32 order."""
+def serving_runtime(part: str = "reranker") -> str:
+    """The runtime of the serving reranker or query encoder (`part`) when none is named (`"auto"`): OpenVINO where
+    it is installed (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere); else, for the
+    reranker, torch's bf16 autocast where the CPU computes bf16 natively, and fp32 otherwise. On 2 cores of the
+    quick export (benchmarks/bench_serving.py, README "Serving latency") OpenVINO reranked faster than bf16
+    autocast and nearer the fp32 order, and embedded the query ~2x faster than fp32 torch, where bf16 autocast
+    embedded it slower."""
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
         return "openvino"
-    return "bf16" if cpu_has_native_bf16() else "fp32"
+    return "bf16" if part == "reranker" and cpu_has_native_bf16() else "fp32"
 
 
 @dataclass
@@ -85,20 +87,22 @@ class CFRAGPipeline:
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
                         threads: int | None = None, reranker: str | None = "reranker",
-                        query_runtime: str = "fp32") -> CFRAGPipeline:
+                        query_runtime: str = "auto", first_cut: str | None = None) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
         cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
         `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings
         (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (README "Serving
-        latency"): docs tokenised once (the same pairs), the cross-encoder in the fastest runtime installed
-        (`auto`: `serving_reranker_runtime`); `bf16_if_native` is torch's bf16 autocast where the CPU computes
-        bf16 natively, fp32 elsewhere. Pass
-        `reranker_runtime="fp32", cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
+        latency"): docs tokenised once (the same pairs), the cross-encoder and the query encoder in the fastest
+        runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's bf16 autocast where the CPU
+        computes bf16 natively, fp32 elsewhere. Pass `reranker_runtime="fp32", query_runtime="fp32",
+        cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
         reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
         cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order); None
-        serves the first-stage order (Table 3's "w/o reranker tuning")."""
+        serves the first-stage order (Table 3's "w/o reranker tuning"). `first_cut` names a cheaper reranker bundle
+        inside `run_dir` ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
+        (README "Serving latency")."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -116,16 +120,21 @@ class CFRAGPipeline:
         elif cohort_export is not None:
             raise ValueError("cohort_export is read only with users='cluster'")
         native = "bf16" if cpu_has_native_bf16() else "fp32"
-        reranker_runtime = {"auto": serving_reranker_runtime(), "bf16_if_native": native}.get(reranker_runtime,
+        reranker_runtime = {"auto": serving_runtime("reranker"), "bf16_if_native": native}.get(reranker_runtime,
                                                                                                reranker_runtime)
-        query_runtime = native if query_runtime == "bf16_if_native" else query_runtime
+        query_runtime = {"auto": serving_runtime("query"), "bf16_if_native": native}.get(query_runtime,
+                                                                                         query_runtime)
         if reranker not in (None, "reranker") and bundle(run_dir, reranker) is None:  # named: must exist
             raise missing_bundle(run_dir / reranker)
         reranker = bundle(run_dir, reranker) if reranker is not None else None
+        if first_cut is not None:
+            if bundle(run_dir, first_cut) is None:
+                raise missing_bundle(run_dir / first_cut)
+            first_cut = bundle(run_dir, first_cut)
         strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", reranker, m=m,
                          k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
                          reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
-                         query_runtime=query_runtime, **extra)
+                         query_runtime=query_runtime, first_cut=first_cut, **extra)
         return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads)
 
     @property

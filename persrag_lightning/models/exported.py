@@ -1,0 +1,168 @@
+"""Encoders exported once to ONNX and run outside torch, for serving on CPUs: ONNX Runtime (float32, exact to
+1e-4) or OpenVINO's CPU plugin (bf16 where the CPU computes it natively, on AMX matrix units where it has them).
+The reranker's cross-encoder and the retriever's query encoder take this one path (models/reranker.py,
+retrieval/corpus_retriever.py). A session is a function of the tokenised batch (right-padded tensors by input
+name) to the module's float32 output."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+EXPORTED_RUNTIMES = ("onnx", "openvino")
+Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+# OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps the last
+# MAX_SHAPES. Measured on 2 cores with AMX (the quick export's 6-layer reranker, 30 pairs of ~70 tokens per
+# question, benchmarks/profile_reranker.py): one dynamic-shape model 57-63 ms p50, static shapes 46-49 ms at
+# steps 8 and 16 (~0.2 s to compile a shape, paid by the first batch of that shape).
+WIDTH_STEP = 16
+MAX_SHAPES = 64
+EXPORT_FORMAT = 2  # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
+
+
+def export_path(cache_dir: str | Path, kind: str, digest: str) -> Path:
+    """Where the export of a module (`kind`: reranker, query) of the given content digest is kept, once for every
+    later process: `<cache_dir>/onnx/<kind>-<digest>-f<EXPORT_FORMAT>.onnx`."""
+    return Path(cache_dir) / "onnx" / f"{kind}-{digest}-f{EXPORT_FORMAT}.onnx"
+
+
+class _Positional(nn.Module):
+    """`fn(**inputs)` as a function of tensors in input-name order (what torch.onnx exports)."""
+
+    def __init__(self, fn: nn.Module, names: list[str], output: Callable[[object], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn, self.names, self.output = fn, names, output
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.output(self.fn(**dict(zip(self.names, tensors))))
+
+
+@contextmanager
+def eager_attention(model: nn.Module | None) -> Iterator[None]:
+    """The transformers model's attention as explicit matmul + mask + softmax for the block (restored after):
+    exported so, OpenVINO fuses each layer's attention into one kernel; torch's SDPA exports as a masked
+    softmax with NaN guards that it runs op by op (57 vs 63 ms p50 on the reranker's pairs)."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if before is None or before == "eager" or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor], path: str | Path | None,
+                output: Callable[[object], torch.Tensor] = lambda out: out, eager: bool = True) -> Path:
+    """`output(fn(**inputs))` as ONNX at `path` (dynamic rows and tokens; `model` is the transformers model inside
+    `fn`, exported with eager attention unless `eager=False`: the model's own, format 1, which only the
+    benchmarks' before rows use), made once (atomic rename; a temp file when None) and reused when it exists.
+    Needs the `onnx` package (extras onnx, openvino)."""
+    path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="persrag-onnx-")) / "encoder.onnx"
+    if path.is_file():
+        return path
+    try:
+        import onnx  # noqa: F401  (torch.onnx.export writes through it)
+    except ImportError:
+        raise ImportError('exporting an encoder to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
+                          ) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(sample)
+    axes = {n: {0: "rows", 1: "tokens"} for n in names}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes exporting at once each write their own
+    with warnings.catch_warnings(), torch.no_grad(), eager_attention(model if eager else None):
+        warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
+        torch.onnx.export(_Positional(fn, names, output).eval(), tuple(sample[n] for n in names), str(tmp),
+                          input_names=names, output_names=["out"], dynamic_axes={**axes, "out": {0: "rows"}},
+                          opset_version=17, dynamo=False)
+    tmp.replace(path)
+    return path
+
+
+def session(runtime: str, path: Path) -> Session:
+    """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread count."""
+    if runtime == "onnx":
+        return onnx_session(path)
+    if runtime == "openvino":
+        return openvino_session(path)
+    raise ValueError(f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}")
+
+
+def onnx_session(path: Path) -> Session:
+    """ONNX Runtime on the CPU (float32). Needs the optional extra: pip install -e ".[onnx]"."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ImportError('runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"') from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 3
+    ort_session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in ort_session.get_inputs()}
+    return lambda inputs: torch.from_numpy(ort_session.run(None, _numpy_feed(inputs, names))[0])
+
+
+def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session:
+    """OpenVINO's CPU plugin, latency mode: bf16 where the CPU computes it natively (its default there), f32
+    elsewhere. With `width_step`, static shapes (StaticShapes); None: one model of dynamic shape. Needs the
+    optional extra: pip install -e ".[openvino]"."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise ImportError('runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"') from None
+    core = ov.Core()
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    model = core.read_model(str(path))
+    if width_step is not None:
+        return StaticShapes(core, model, config, width_step)
+    request = core.compile_model(model, "CPU", config).create_infer_request()
+    names = {i.get_any_name() for i in model.inputs}
+    return lambda inputs: torch.from_numpy(request.infer(_numpy_feed(inputs, names))[0].copy()).float()
+
+
+class StaticShapes:
+    """An OpenVINO model compiled for each static shape it meets: the batch right-padded (token id 0, mask 0) to
+    its width rounded up to `width_step`, the rows as they are. Padded tokens are masked like the batch's own
+    padding, so the output is the dynamic model's. The last MAX_SHAPES compiled shapes are kept."""
+
+    def __init__(self, core, model, config: dict, width_step: int) -> None:
+        if width_step < 1:
+            raise ValueError(f"width_step must be positive, got {width_step}")
+        self.core, self.model, self.config, self.width_step = core, model, config, width_step
+        self.names = {i.get_any_name() for i in model.inputs}
+        self.requests: OrderedDict[tuple[int, int], object] = OrderedDict()
+
+    def _request(self, shape: tuple[int, int]):
+        if shape in self.requests:
+            self.requests.move_to_end(shape)
+            return self.requests[shape]
+        import openvino as ov
+
+        model = self.model.clone()
+        model.reshape({name: ov.PartialShape(list(shape)) for name in self.names})
+        request = self.core.compile_model(model, "CPU", self.config).create_infer_request()
+        self.requests[shape] = request
+        if len(self.requests) > MAX_SHAPES:
+            self.requests.popitem(last=False)
+        return request
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        rows, width = inputs["input_ids"].shape
+        padded = -(-width // self.width_step) * self.width_step
+        feed = {k: torch.nn.functional.pad(v, (0, padded - width)) for k, v in inputs.items() if k in self.names}
+        return torch.from_numpy(self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()).float()
+
+
+def _numpy_feed(inputs: dict[str, torch.Tensor], names: set[str]) -> dict:
+    """The tokenised batch an exported module takes (by input name), as numpy arrays."""
+    return {k: v.cpu().numpy() for k, v in inputs.items() if k in names}
