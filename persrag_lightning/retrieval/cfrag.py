@@ -10,10 +10,11 @@ to them — fitted at `prepare`, or read from `persrag cluster`'s export (`cohor
 uses this); `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
 
 Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
-reranks only the N best first-stage candidates of the m·k, the others follow them in first-stage order;
-`reranker_runtime` runs the cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py);
-`cache_doc_tokens` tokenises each doc once; `query_runtime` embeds the query in bf16 autocast, ONNX Runtime or
-OpenVINO (retrieval/corpus_retriever.py; the doc vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32);
+reranks only the N best candidates of the m·k by the first cut (the first stage's order, or with `first_cut` a
+cheaper reranker's scores: a cascade), the others follow them in that order; `reranker_runtime` runs the
+cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py); `cache_doc_tokens` tokenises each doc
+once; `query_runtime` embeds the query in bf16 autocast, ONNX Runtime or OpenVINO (retrieval/corpus_retriever.py;
+the doc vectors stay as cached). The defaults are the paper's (every candidate reranked, fp32);
 benchmarks/bench_serving.py measures each against them, and `CFRAGPipeline.from_pretrained` serves with the
 winners.
 """
