@@ -48,6 +48,10 @@ OPTIONS: dict[str, dict] = {
     "(j) openvino query + (a+i) (serving default where installed)": {"query_runtime": "openvino",
                                                                      "reranker_runtime": "openvino",
                                                                      "cache_doc_tokens": True},
+    # torch at the process's threads while retrieving, as before the pipeline's 1-thread rule for all-exported
+    # encoders (CFRAGPipeline's `threads`; the runtimes load under the same count either way)
+    "(j) with torch on 2 threads while retrieving": {"query_runtime": "openvino", "reranker_runtime": "openvino",
+                                                     "cache_doc_tokens": True, "pipeline_threads": 2},
     # the reranker distilled into its first layer (configs/cfrag_reranker_distilled.yaml): another model, so its
     # agreement with the baseline is the student's fidelity, not a runtime's rounding
     "(g) distilled 1-layer reranker + (a+e)": {"reranker": "reranker_distilled", "reranker_runtime": "bf16",
@@ -90,9 +94,11 @@ class Option:
     def __init__(self, run: str, cache_dir: str, settings: dict, k: int) -> None:
         settings = dict(settings)
         self.threads = settings.pop("threads", None) or torch.get_num_threads()
+        pipeline_threads = settings.pop("pipeline_threads", None)  # the pipeline's own `threads` argument
         with threads(self.threads):
             t0 = time.perf_counter()
-            self.pipe = CFRAGPipeline.from_pretrained(run, cache_dir=cache_dir, k=k, **{**BASELINE, **settings})
+            self.pipe = CFRAGPipeline.from_pretrained(run, cache_dir=cache_dir, k=k, threads=pipeline_threads,
+                                                      **{**BASELINE, **settings})
             self.load_s = time.perf_counter() - t0
         s = self.pipe.strategy
         self.users = s.source.similar_users = Timer(s.source.similar_users)

@@ -135,6 +135,41 @@ def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_
         CFRAGPipeline.from_pretrained(run_dir, cache_dir=str(tmp_path / "cache"), threads=0)
 
 
+def test_torch_retrieves_on_one_thread_only_when_every_encoder_runs_exported(run_dir, tmp_path, monkeypatch):
+    """threads=None: 1 torch thread while retrieving when the query encoder, the reranker and its first cut all run
+    in an exported runtime (torch then does only small ops); the process's count as soon as one runs in torch."""
+    from types import SimpleNamespace
+
+    from persrag_lightning.serving.pipeline import all_exported
+
+    def strategy(query: str, *rerankers: str | None) -> SimpleNamespace:
+        models = [SimpleNamespace(runtime=r) if r else None for r in rerankers]
+        return SimpleNamespace(retriever=SimpleNamespace(query_runtime=query), _reranker=models[0],
+                               _first_cut=models[1])
+
+    assert all_exported(strategy("openvino", "openvino", None)) and all_exported(strategy("onnx", None, None))
+    assert all_exported(strategy("openvino", "openvino", "openvino"))
+    assert not all_exported(strategy("openvino", "bf16", None)) and not all_exported(strategy("fp32", "openvino", None))
+    assert not all_exported(strategy("openvino", "openvino", "fp32"))
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    settings = {"m": 3, "k_per_user": 2, "k": 3, "cache_dir": str(tmp_path / "cache")}
+    exported = CFRAGPipeline.from_pretrained(run_dir, reranker_runtime="openvino", query_runtime="openvino", **settings)
+    assert exported.retrieve_threads == 1
+    assert CFRAGPipeline.from_pretrained(run_dir, reranker_runtime="fp32", **settings).retrieve_threads is None
+    seen = []
+    retrieve = exported.strategy.retrieve
+    monkeypatch.setattr(exported.strategy, "retrieve", lambda qs, k: seen.append(torch.get_num_threads()) or
+                        retrieve(qs, k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert exported.retrieve(exported.store.corpus.user_ids[0], "description: robots")
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_serving_loads_and_retrieves_without_importing_lightning(run_dir, tmp_path):
     """Serving code is plain torch: a fresh interpreter that loads the bundles and retrieves never imports
     Lightning (checked on sys.modules, so an indirect import anywhere on the path fails it)."""

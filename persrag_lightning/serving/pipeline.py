@@ -18,6 +18,7 @@ from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.hf import cpu_has_native_bf16
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
@@ -40,6 +41,14 @@ def serving_runtime(part: str = "reranker") -> str:
     return "bf16" if part == "reranker" and cpu_has_native_bf16() else "fp32"
 
 
+def all_exported(strategy: CFRAG) -> bool:
+    """Whether every encoder CFRAG's retrieval runs (the query encoder, the reranker and its first cut) runs in an
+    exported runtime, outside torch (after `prepare`)."""
+    models = [m for m in (strategy._reranker, strategy._first_cut) if m is not None]
+    return (strategy.retriever.query_runtime in EXPORTED_RUNTIMES
+            and all(m.runtime in EXPORTED_RUNTIMES for m in models))
+
+
 @dataclass
 class Generation:
     """An answer (as the LLM config reads it), the prompt that produced it and the docs (with provenance) it holds."""
@@ -54,10 +63,12 @@ class CFRAGPipeline:
 
     def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5,
                  threads: int | None = None) -> None:
-        """`threads`: torch's intra-op threads while retrieving (restored after; None: the process's), and the
-        threads of an exported reranker runtime (onnx, openvino: fixed when it loads, here). On cores shared with
-        other jobs 1 thread was ~3× faster than 2 (README "Serving latency"); the count is process-wide while set,
-        so other threads of the process running torch meanwhile share it."""
+        """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of exported
+        runtimes (onnx, openvino: fixed when they load, here). None: the process's count, except that torch
+        retrieves on 1 thread when every encoder of the retrieval runs exported: torch then does only small ops,
+        and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (p95 74 → 69 and
+        81 → 72 ms on dev, README "Serving latency"). On cores shared with other jobs 1 thread was ~3× faster than
+        2; the count is process-wide while set, so other threads of the process running torch meanwhile share it."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
@@ -65,17 +76,18 @@ class CFRAGPipeline:
         self.llm_config = llm or LLMConfig()
         self._llm: LLM | None = None
         self._text_encoder: TextEncoder | None = None
-        with self._torch_threads():
+        with self._torch_threads(threads):
             strategy.prepare(store)
+        self.retrieve_threads = threads if threads is not None else (1 if all_exported(strategy) else None)
 
     @contextmanager
-    def _torch_threads(self):
-        """torch's thread count set to `threads` for the block (nothing changes with threads=None)."""
-        if self.threads is None:
+    def _torch_threads(self, n: int | None):
+        """torch's thread count set to `n` for the block (nothing changes with None)."""
+        if n is None:
             yield
             return
         before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
+        torch.set_num_threads(n)
         try:
             yield
         finally:
@@ -154,7 +166,7 @@ class CFRAGPipeline:
             raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
         spec = get_task(self.task)
         qs = [Query(u, spec.extract_query(q), q) for u, q in zip(user_ids, queries)]
-        with self._torch_threads():
+        with self._torch_threads(self.retrieve_threads):
             return self.strategy.retrieve(qs, k or self.k)
 
     def generate(self, user_id: str, query: str) -> Generation:
