@@ -110,9 +110,9 @@ def test_a_distilled_reranker_is_served_by_name_over_the_same_candidates(run_dir
         [d.row for d in sorted(first.strategy.candidates([asked])[0], key=lambda d: -d.retriever_score)][:3]
 
 
-def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_path, monkeypatch):
-    pipe = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
-                                         threads=1)
+def threads_while_retrieving(pipe: CFRAGPipeline, monkeypatch) -> list[int]:
+    """torch's thread count inside the strategy's retrieve, for one retrieve() called with 2 threads set; the
+    count after it (restored) is appended last."""
     seen = []
     retrieve = pipe.strategy.retrieve
     monkeypatch.setattr(pipe.strategy, "retrieve", lambda qs, k: seen.append(torch.get_num_threads()) or
@@ -121,14 +121,26 @@ def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_
     torch.set_num_threads(2)
     try:
         assert pipe.retrieve(pipe.store.corpus.user_ids[0], "description: robots")
-        assert seen == [1] and torch.get_num_threads() == 2
+        return [*seen, torch.get_num_threads()]
+    finally:
+        torch.set_num_threads(before)
 
-        class Strategy:  # loading runs under the count too: an exported reranker runtime fixes its threads then
-            def prepare(self, store) -> None:
-                seen.append(torch.get_num_threads())
 
+def test_retrieval_threads_apply_while_retrieving_and_are_restored(run_dir, tmp_path, monkeypatch):
+    pipe = CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                         threads=1)
+    assert threads_while_retrieving(pipe, monkeypatch) == [1, 2]
+    seen = []
+
+    class Strategy:  # loading runs under the count too: an exported reranker runtime fixes its threads then
+        def prepare(self, store) -> None:
+            seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
         CFRAGPipeline(Strategy(), pipe.store, threads=1)
-        assert seen == [1, 1] and torch.get_num_threads() == 2
+        assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads"):
@@ -157,17 +169,7 @@ def test_torch_retrieves_on_one_thread_only_when_every_encoder_runs_exported(run
     exported = CFRAGPipeline.from_pretrained(run_dir, reranker_runtime="openvino", query_runtime="openvino", **settings)
     assert exported.retrieve_threads == 1
     assert CFRAGPipeline.from_pretrained(run_dir, reranker_runtime="fp32", **settings).retrieve_threads is None
-    seen = []
-    retrieve = exported.strategy.retrieve
-    monkeypatch.setattr(exported.strategy, "retrieve", lambda qs, k: seen.append(torch.get_num_threads()) or
-                        retrieve(qs, k))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert exported.retrieve(exported.store.corpus.user_ids[0], "description: robots")
-        assert seen == [1] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    assert threads_while_retrieving(exported, monkeypatch) == [1, 2]
 
 
 def test_serving_loads_and_retrieves_without_importing_lightning(run_dir, tmp_path):
