@@ -1,10 +1,16 @@
-import sys, time, statistics
+import sys
+import time
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_llm import feedback_prompts, synthetic_text
-import random, numpy as np
-from persrag_lightning.llm import load_llm
+import random
+
 import llama_cpp
+import numpy as np
+from bench_llm import feedback_prompts, synthetic_text
+
+from persrag_lightning.llm import load_llm
+
 task = sys.argv[1]
 llms = {}
 for fa in (False, True):

@@ -1,8 +1,11 @@
-import sys, random
+import sys
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_llm import feedback_prompts
-from persrag_lightning.llm import load_llm, default_max_new_tokens
+
+from persrag_lightning.llm import default_max_new_tokens, load_llm
+
 hf = load_llm("hf", "smollm2", batch_size=16, dtype="float32")
 for task in ("LaMP-5", "LaMP-2"):
     prompts = feedback_prompts(task, 16, hf.count_tokens, 220)
