@@ -25,7 +25,8 @@ from persrag_lightning.retrieval.cfrag import STAGES
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
 # reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split (dev selects).
 #
-# `quick` is the main job: within 20 minutes on 2 CPU cores. The 300-user SynthLaMP gives 300 test questions (one per
+# `quick` is the main job: within 20 minutes on 2 CPU cores with AMX (10–17 min measured; 23.6 on a Zen 4 without
+# matrix units, README "Main job"). The 300-user SynthLaMP gives 300 test questions (one per
 # user), enough for intervals that can show a difference. Answers are `choose` (the most likely of the 15 labels):
 # the 135M LLM rarely *generates* a listed tag, so generated answers score ~0 whatever was retrieved. Feedback uses
 # m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every
