@@ -8,7 +8,8 @@ vLLM (CUDA, when installed), llamacpp on the shipped Q4_1 GGUF and re-encoded co
 last column counts answers (or log-likelihoods within 0.1 nat, with the median distance) equal to float32
 transformers' on the de-quantised weights (the exact model). Rows "choose" time the evaluation's `answer_mode:
 choose` on a label task (the most likely of its labels); the llamacpp "before" rows are its `score` up to 2026-11-23
-(`logits_all_score`) and before flash attention (later the same day). Prints a table; asserts nothing about time.
+(`logits_all_score`) and before flash attention (later the same day), and its `choose` with one llama_decode call
+per option (its first version; now all options of a prompt in one call). Prints a table; asserts nothing about time.
 
     python benchmarks/bench_llm.py --quick
 """
@@ -356,6 +357,15 @@ def main() -> None:
                            chat_len[task], seconds, same_scores(scores, exact[task][1])))
             del score  # frees the baseline's logits_all context (~400 MB of logits) before the next rows
             local.close()
+        # `choose` as it first ran: one llama_decode per multi-token option over the prompt's KV cache
+        local = load_llm("llamacpp", args.model, n_threads=threads, weights="auto")
+        local.option_seqs = 1  # type: ignore[attr-defined]
+        for task, prompts in prompts_of.items():
+            if get_task(task).labels:
+                local.choose(prompts[:1], list(get_task(task).labels))  # warm-up
+            choose_row(local, f"llamacpp, weights {local.weights}, one option per call (before)", task, prompts,
+                       exact[task][2])
+        local.close()
     # The server starts only now so that it takes no CPU from the in-process measurements.
     server = start_llama_server(resolve_model(args.model).path, threads) if "openai" in args.backends else None
     if server is None and "openai" in args.backends:

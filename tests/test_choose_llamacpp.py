@@ -35,3 +35,26 @@ def test_llamacpp_score_options_equals_score(llm: LLM) -> None:
         assert row[-1] == 0.0
     assert got[0] != pytest.approx(got[1], abs=1e-2)  # each prompt gets its own scores (no stale cache)
     assert llm.choose(prompts, options[:-1])[0] in options
+
+
+def test_llamacpp_score_options_in_groups_equals_one_call(llm: LLM) -> None:
+    """Options split over several llama_decode calls (fewer KV sequences than options, or one per option as the
+    first version did) score as all options in one call; no option cell of an earlier group leaks into a later one."""
+    prompt = ["A heist film set in a casino, full of twists. Which tag?"]
+    options = list(LAMP2_LABELS)
+    whole = llm.score_options(prompt, options)[0]
+    try:
+        for seqs in (4, 1):
+            llm.option_seqs = seqs  # type: ignore[attr-defined]
+            assert llm.score_options(prompt, options)[0] == pytest.approx(whole, abs=1e-3)
+    finally:
+        llm.option_seqs = 64  # type: ignore[attr-defined]
+
+
+def test_option_groups_respect_sequences_and_room() -> None:
+    from persrag_lightning.llm.llamacpp import _option_groups
+
+    tails = [[1], [1, 2], [1, 2, 3], [1, 2], [1, 2, 3, 4]]
+    assert _option_groups([1, 2, 3, 4], tails, room=100, max_seqs=2) == [[1, 2], [3, 4]]
+    assert _option_groups([1, 2, 3, 4], tails, room=5, max_seqs=64) == [[1, 2], [3], [4]]
+    assert _option_groups([], tails, room=5, max_seqs=64) == []

@@ -20,6 +20,9 @@ _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama
 # bits, so it answered like float32 transformers on every benchmark prompt (16/16 in each of four columns; the
 # shipped file 2–14/16) at 2.2x the shipped file's speed; bf16 is faster again with a few different answers
 # (README, "LLM feedback throughput").
+# KV sequences of the scoring context: `score_options` decodes up to this many options in one call (LaMP-2 has 15
+# labels; older llama.cpp builds allow 64 sequences at most).
+OPTION_SEQS = 64
 WEIGHT_TYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
                 "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
@@ -69,6 +72,8 @@ class LlamaCppLLM(LLM):
         self.verbose = verbose
         self.score_seqs = score_seqs
         self.flash_attn = flash_attn
+        # options per llama_decode call in `score_options` (1: one call per option, as its first version did)
+        self.option_seqs = OPTION_SEQS
         self.engine = self._new_context()
         self._packer: Any = None  # (context, batch) for score and score_options
         self._formatter: Any = None
@@ -168,15 +173,19 @@ class LlamaCppLLM(LLM):
             scores[i] = float(logp[np.arange(len(tail)), tail].sum())
 
     def score_options(self, prompts: list[str], options: list[str]) -> list[list[float]]:
-        """`score` of every option per prompt, evaluating each prompt once and every option over its KV cache.
+        """`score` of every option per prompt, evaluating each prompt once and all options over its KV cache at once.
 
-        The prompt is decoded with one output, its last position's, which scores every option's first token; a
-        longer option is decoded on top of the prompt's KV cache (the previous option's cells removed first), with
-        outputs at its positions but the last. Options are tokenised exactly as `score` tokenises targets.
+        The prompt is decoded with one output, its last position's, which scores every option's first token. The
+        options of more than one token then go through ONE `llama_decode`, option j in KV sequence j: the prompt's
+        cells are shared with every sequence (`seq_cp` only tags cells in the unified cache, nothing is copied),
+        so each option attends to the prompt and its own earlier tokens only and is scored as `score` scores it
+        alone. One call per option (this method's first version) paid llama.cpp's per-call overhead 15 times
+        per LaMP-2 prompt. Options are tokenised exactly as `score` tokenises targets.
         """
         self._check_options(options)
         ctx = self._batch_context()[0]
         tails = [self.engine.tokenize(o.encode(), add_bos=False, special=False) if o else [] for o in options]
+        longer = [k for k, tail in enumerate(tails) if len(tail) > 1]
         rows = []
         for prompt in prompts:
             head = self.engine.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
@@ -186,20 +195,21 @@ class LlamaCppLLM(LLM):
             ctx.kv_cache_clear()
             (base,) = self._decode([(head, 0, 0, len(head) - 1, len(head))])
             first = self._log_probs(base + len(head) - 1, 1)[0]
-            row = []
-            for tail in tails:
-                if not tail:
-                    row.append(0.0)
-                    continue
-                total = float(first[tail[0]])
-                if len(tail) > 1:
-                    ctx.kv_cache_seq_rm(0, len(head), -1)  # back to the prompt
-                    # The whole option, though its last token's logits are unused: a one-token decode takes
-                    # llama.cpp's single-row kernel, which rounds differently on quantised weights (0.1 nat seen).
-                    (base,) = self._decode([(tail, 0, len(head), 0, len(tail) - 1)])
+            row = [float(first[tail[0]]) if tail else 0.0 for tail in tails]
+            for group in _option_groups(longer, tails, self.n_ctx - len(head), self.option_seqs):
+                # the previous group's option cells, in every sequence (`LlamaContext.kv_cache_seq_rm` turns -1,
+                # "any sequence", into sequence 0)
+                self._llama_cpp.llama_memory_seq_rm(ctx.memory, -1, len(head), -1)
+                for seq in range(1, len(group)):
+                    ctx.kv_cache_seq_cp(0, seq, 0, len(head))
+                # Whole options, though their last token's logits are unused: a lone one-token decode would take
+                # llama.cpp's single-row kernel, which rounds differently on quantised weights (0.1 nat seen).
+                bases = self._decode([(tails[k], seq, len(head), 0, len(tails[k]) - 1)
+                                      for seq, k in enumerate(group)])
+                for k, base in zip(group, bases):
+                    tail = tails[k]
                     logp = self._log_probs(base, len(tail) - 1)
-                    total += float(logp[np.arange(len(tail) - 1), tail[1:]].sum())
-                row.append(total)
+                    row[k] += float(logp[np.arange(len(tail) - 1), tail[1:]].sum())
             rows.append(row)
         return rows
 
@@ -214,7 +224,7 @@ class LlamaCppLLM(LLM):
             ctx_params.flash_attn_type = (self._llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                           else self._llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
             ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx  # a pack (or one long pair) in one call
-            ctx_params.n_seq_max = self.score_seqs
+            ctx_params.n_seq_max = max(self.score_seqs, self.option_seqs)  # score's pack, score_options' options
             ctx_params.kv_unified = True  # the pack's sequences share one KV buffer of n_ctx cells
             self._packer = (_internals.LlamaContext(model=self.engine._model, params=ctx_params, verbose=self.verbose),
                             _internals.LlamaBatch(n_tokens=self.n_ctx, embd=0, n_seq_max=1, verbose=self.verbose))
@@ -253,6 +263,19 @@ class LlamaCppLLM(LLM):
             if ctx is not None and hasattr(ctx, "close"):
                 ctx.close()
         self.engine = self._packer = None
+
+
+def _option_groups(indices: list[int], tails: list[list[int]], room: int, max_seqs: int) -> list[list[int]]:
+    """`indices` cut, in order, into groups of at most `max_seqs` options whose tokens fit in `room` cells."""
+    groups: list[list[int]] = []
+    used = room
+    for k in indices:
+        if not groups or len(groups[-1]) == max_seqs or used + len(tails[k]) > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(k)
+        used += len(tails[k])
+    return groups
 
 
 def auto_weights(path: str, max_bytes: int = 1 << 30) -> str:
