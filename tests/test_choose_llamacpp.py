@@ -43,12 +43,13 @@ def test_llamacpp_score_options_in_groups_equals_one_call(llm: LLM) -> None:
     prompt = ["A heist film set in a casino, full of twists. Which tag?"]
     options = list(LAMP2_LABELS)
     whole = llm.score_options(prompt, options)[0]
+    default = llm.option_seqs  # type: ignore[attr-defined]
     try:
         for seqs in (4, 1):
             llm.option_seqs = seqs  # type: ignore[attr-defined]
             assert llm.score_options(prompt, options)[0] == pytest.approx(whole, abs=1e-3)
     finally:
-        llm.option_seqs = 64  # type: ignore[attr-defined]
+        llm.option_seqs = default  # type: ignore[attr-defined]
 
 
 def test_option_groups_respect_sequences_and_room() -> None:
