@@ -268,7 +268,7 @@ class LlamaCppLLM(LLM):
 def _option_groups(indices: list[int], tails: list[list[int]], room: int, max_seqs: int) -> list[list[int]]:
     """`indices` cut, in order, into groups of at most `max_seqs` options whose tokens fit in `room` cells."""
     groups: list[list[int]] = []
-    used = room
+    used = 0
     for k in indices:
         if not groups or len(groups[-1]) == max_seqs or used + len(tails[k]) > room:
             groups.append([])
