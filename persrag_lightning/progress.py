@@ -27,10 +27,13 @@ def progress(line: str) -> None:
 
 
 class Progress:
-    """Counts finished items of one phase and prints `done/total` with the ETA every `every` seconds."""
+    """Counts finished items of one phase and prints `done/total` with the ETA every `every` seconds, and a last
+    line with the time taken (`final="if_long"`: only after a phase that printed a line before, so short phases
+    repeated many times, such as a stage's per-epoch validation, stay silent)."""
 
-    def __init__(self, phase: str, total: int, unit: str = "items", every: float = 10.0) -> None:
-        self.phase, self.total, self.unit, self.every = phase, total, unit, every
+    def __init__(self, phase: str, total: int, unit: str = "items", every: float = 10.0,
+                 final: str = "always") -> None:
+        self.phase, self.total, self.unit, self.every, self.final = phase, total, unit, every, final
         self.done = 0
         self.started = self.last = time.perf_counter()
 
@@ -38,7 +41,8 @@ class Progress:
         self.done += n
         now = time.perf_counter()
         if self.done >= self.total:
-            progress(f"[{self.phase}] {self.done}/{self.total} {self.unit} in {(now - self.started) / 60:.1f} min")
+            if self.final == "always" or self.last != self.started:
+                progress(f"[{self.phase}] {self.done}/{self.total} {self.unit} in {(now - self.started) / 60:.1f} min")
         elif now - self.last >= self.every:
             self.last = now
             progress(f"[{self.phase}] {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f} %)"

@@ -155,3 +155,18 @@ def evaluate_config_rows(config: str):
     run = f"checkpoints/{cfg.run_name}"
     cfg = substitute_run_dir(cfg, run)
     return cfg, run, {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
+
+
+def fake_evaluate(calls: list[list[str]] | None = None):
+    """A stand-in for `evaluate_command` in pipeline tests: records the arguments (in `calls`) and scores every
+    `--only` row alike, so the dev choice keeps the first candidate (CFRAG)."""
+    import json
+
+    def evaluate(args: list[str]) -> dict[str, dict[str, float]]:
+        if calls is not None:
+            calls.append(args)
+        only = next((a for a in args if a.startswith("--only=")), None)
+        names = json.loads(only[len("--only="):]) if only else []
+        return {n: dict.fromkeys(("accuracy", "f1", "mae", "rmse", "rouge-1", "rouge-L"), 0.5) for n in names}
+
+    return evaluate

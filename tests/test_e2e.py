@@ -15,7 +15,7 @@ from persrag_lightning.retrieval.evaluate import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
 STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "reranker_distilled",
-          "generator")
+          "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
 
 
 @pytest.mark.slow
@@ -28,7 +28,12 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])
     assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning",
-            "CFRAG (distilled reranker)"} <= names
+            "CFRAG (distilled reranker)", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"} <= names
+    # the recipe's CFRAG was chosen on dev among the four candidates, and that choice is the table's reference
+    choice = json.loads((in_tmp_cwd / "runs" / "synthlamp-smoke" / "select-on-dev" / "metrics.json").read_text())
+    assert choice["split"] == "dev" and set(choice["results"]) == {
+        "CFRAG", "w/o reranker tuning", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"}
+    assert metrics["reference"] in choice["results"]
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
     # every reported accuracy is the official metric of the written predictions against the test golds
     data_dir = next((in_tmp_cwd / ".cache" / "persrag" / "synthlamp").glob("LaMP-2-*"))

@@ -18,7 +18,7 @@ from persrag_lightning.generator.datamodule import GeneratorBatch
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.models.common import LoraSettings, apply_lora, merged_copy
 from persrag_lightning.models.generator import IGNORE_INDEX, causal_lm_batch, target_token_loss
-from tests.conftest import REPO, word_level_llama
+from tests.conftest import REPO, fake_evaluate, word_level_llama
 
 WORDS = ["user", "assistant", "which", "tag", "comedy", "horror", "a", "film"]
 
@@ -228,7 +228,7 @@ def test_pipeline_validates_the_generator_by_generating_on_generation_tasks(monk
     for task, generate in (("LaMP-7", True), ("LaMP-5", True), ("LaMP-1", False), ("LaMP-2", False)):
         calls: list[list[str]] = []
         monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
-        monkeypatch.setattr(pipeline, "evaluate_command", lambda args, calls=calls: calls.append(args))
+        monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
         pipeline.main(["--preset", "smoke", "--task", task, "--export_root", str(tmp_path)])
         generator = next(a for a in calls if "generator.yaml" in a)
         assert ("--model.init_args.answer_mode=generate" in generator) == generate, task

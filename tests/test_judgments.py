@@ -20,7 +20,7 @@ from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.metrics import community_chance
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, judgment_labels
-from tests.conftest import REPO, tiny_serving_run
+from tests.conftest import REPO, fake_evaluate, tiny_serving_run
 
 USERS = 24
 
@@ -219,19 +219,23 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
 
     calls: list[list[str]] = []
     monkeypatch.setattr(pipeline, "lightning_command", lambda args: calls.append(args))
-    monkeypatch.setattr(pipeline, "evaluate_command", lambda args: calls.append(args))
+    monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
-    stages, evaluate = calls[:-1], calls[-1]
-    assert len(stages) == 4 and all("--data.init_args.task=LaMP-3" in a for a in stages)
+    stages = [a for a in calls if a[0] == "fit"]
+    evaluations = [a for a in calls if a[0] != "fit"]  # the choice on dev, then the table on test
+    assert len(stages) == 7 and all("--data.init_args.task=LaMP-3" in a for a in stages)
     assert all("--run_name=synthlamp-lamp3-quick" in a for a in calls)
-    assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
-    assert not any("judgments" in a for args in calls for a in args)
+    for evaluate in evaluations:
+        assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
+    # the preset's stage 1 reads judgments (paired); its paper chain's does not; no other stage gets the setting
+    assert [[a for a in args if "judgments" in a] for args in stages if "judgments" in " ".join(args)] == [
+        ["--model.init_args.judgments=paired"],
+        ["--model.init_args.judgments=paired", "--model.init_args.judgments=none"]]
     calls.clear()
-    # --judgments reaches stage 1 only and names the run
-    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "paired", "--export_root", str(tmp_path)])
-    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.judgments=paired"]
-    assert not any("judgments" in a for args in calls[1:] for a in args)
-    assert all("--run_name=synthlamp-lamp3-quick-paired" in a for a in calls)
+    # another --judgments reaches stage 1 only and names the run
+    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "label", "--export_root", str(tmp_path)])
+    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.judgments=label"]
+    assert all("--run_name=synthlamp-lamp3-quick-label" in a for a in calls)
     calls.clear()
     pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])  # the main job is unchanged
     assert not any(".task=" in a for args in calls for a in args) and "--run_name=synthlamp-quick" in calls[0]
@@ -243,29 +247,6 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
         pipeline.main(["--task", "LaMP-9"])
 
 
-@pytest.mark.parametrize("cuda", [False, True])
-def test_quick_preset_trains_the_retriever_and_reranker_in_bf16_only_on_a_cpu_that_has_it(monkeypatch, tmp_path,
-                                                                                        cuda) -> None:
-    """bf16-mixed when training runs on a CPU with AVX512-BF16/AMX; float32 on a GPU (README "GPU paths")."""
-    from persrag_lightning.commands import pipeline
-
-    calls: list[list[str]] = []
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: calls.append(args))
-    monkeypatch.setattr(pipeline, "evaluate_command", lambda args: None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    for cpu_native in (True, False):
-        native = cpu_native and not cuda
-        calls.clear()
-        monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda cpu_native=cpu_native: cpu_native)
-        pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])
-        bf16 = {args[args.index("--config") + 1]: "--trainer.precision=bf16-mixed" in args for args in calls}
-        assert bf16 == {"cfrag_user_encoder.yaml": False, "cfrag_retriever.yaml": native,
-                        "cfrag_reranker.yaml": native, "generator.yaml": True}  # the generator's is its own
-        calls.clear()
-        pipeline.main(["--preset", "smoke", "--export_root", str(tmp_path)])  # the smoke test stays float32
-        assert not any("--trainer.precision=bf16-mixed" in args for args in calls)
-
-
 def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(monkeypatch, tmp_path) -> None:
     """`--preset full-feedback` changes only the feedback stages: no m/k/example caps (the configs' m 6, k 5, every
     question), loglik labels; the user encoder, generator, evaluation and reported rows are quick's."""
@@ -275,7 +256,7 @@ def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(mon
     for preset in ("quick", "full-feedback"):
         calls: list[list[str]] = []
         monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
-        monkeypatch.setattr(pipeline, "evaluate_command", lambda args, calls=calls: calls.append(args))
+        monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
         pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
         runs[preset] = {a[a.index("--config") + 1]: [x for x in a if not x.startswith("--run_name")] for a in calls}
         assert all(f"--run_name=synthlamp-{preset}" in a for a in calls)
@@ -308,32 +289,32 @@ def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_nam
     named: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
-        mp.setattr(pipeline, "evaluate_command", lambda args: None)
+        mp.setattr(pipeline, "evaluate_command", fake_evaluate())
         for preset in ("quick", "full-feedback"):
             pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
     assert {n.split("=")[1] for n in named} == {r.split("/")[1] for r in runs.values()}
 
 
 def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:
-    """configs/evaluate_judgments.yaml compares CFRAG on the default LaMP-3 run with CFRAG on its `--judgments label`
-    and `paired` siblings, each row with its own run's bundles, and names the runs as `persrag pipeline` does."""
+    """configs/evaluate_judgments.yaml compares the paper's text-only CFRAG (the default LaMP-3 run's *_paper chain)
+    with its paired chain and the `--judgments label` sibling run, each row with its own chain's bundles, and names
+    the runs as `persrag pipeline` does."""
     from persrag_lightning.commands import pipeline
     from tests.conftest import evaluate_config_rows
 
     cfg, _, rows = evaluate_config_rows("evaluate_judgments.yaml")
     assert cfg.evaluation.task == "LaMP-3" and cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
     for bundle in ("user_encoder", "retriever", "reranker"):
-        assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
+        assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}_paper"
         assert rows["CFRAG (judgments label)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-label/{bundle}"
-        assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-paired/{bundle}"
+        assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
     tuned = {s.init_args.retrieval: s.init_args.generator for s in cfg.strategies if "generator" in s.init_args}
     assert tuned["CFRAG (judgments label)"] == "checkpoints/synthlamp-lamp3-quick-label/generator"
     named: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
-        mp.setattr(pipeline, "evaluate_command", lambda args: None)
-        for judgments in ("none", "label", "paired"):
+        mp.setattr(pipeline, "evaluate_command", fake_evaluate())
+        for judgments in ("paired", "label"):
             pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", judgments,
                            "--export_root", str(tmp_path)])
-    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-label",
-                          "--run_name=synthlamp-lamp3-quick-paired"}
+    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-label"}

@@ -19,23 +19,31 @@ import torch
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.hf import cpu_has_native_bf16
-from persrag_lightning.retrieval.cfrag import STAGES
+from persrag_lightning.hardware import bf16_is_native, cpu_has_native_bf16, describe_cpu
+from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
 
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
-# reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split (dev selects).
+# reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split; dev selects.
+# Precision is never a preset's: `auto` stages train in bf16-mixed only where this machine computes bfloat16
+# natively (hardware.py), in float32 elsewhere.
 #
-# `quick` is the main job: within 20 minutes on 2 CPU cores with AMX (10–17 min measured; 23.6 on a Zen 4 without
-# matrix units, README "Main job"). The 300-user SynthLaMP gives 300 test questions (one per
-# user), enough for intervals that can show a difference. Answers are `choose` (the most likely of the 15 labels):
-# the 135M LLM rarely *generates* a listed tag, so generated answers score ~0 whatever was retrieved. Feedback uses
-# m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every
-# candidate; the task metric would be 0 for most), 32 + 16 examples; the user encoder trains 20 epochs (30 in
-# its config); inference keeps the paper's m = 6, k = 5. Answering costs
-# ~0.3 s per full prompt on 2 cores (bfloat16), so the preset reports the strategies that answer the main question — does
-# collaborative retrieval beat the best own-history retrieval? — and leaves the Table 3 ablations to `paper`.
+# `quick` is the main job, on 2 CPU cores (README "Main job" has its time per CPU class). The 300-user SynthLaMP
+# gives 300 test questions (one per user), enough for intervals that can show a difference. Answers are `choose`
+# (the most likely of the 15 labels): the 135M LLM rarely *generates* a listed tag, so generated answers score ~0
+# whatever was retrieved. Its recipe is what the project measured to work best within the budget:
+# - stage 1 reads each history doc with its label (`judgments: paired`): same-community users at precision@5 0.485
+#   on the validation users against the paper's text-only encoder's 0.329 (chance 0.124), and the better CFRAG
+#   downstream on LaMP-2 and LaMP-3 dev and test runs (README "Users who judge alike");
+# - the paper's exact CFRAG (text-only encoder, its own retriever and reranker) is trained beside it as the row
+#   "CFRAG (paper)";
+# - feedback: m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every candidate; the
+#   task metric would be 0 for most), 32 + 16 examples; inference keeps the paper's m = 6, k = 5;
+# - the reranker, trained on 32 examples, is kept only when its order beats the first stage's order on dev
+#   (`select_order_on_dev`): the other order stays a row of the table, and the "+ tuned generator" and
+#   "w/o user retrieval" rows follow the chosen order;
+# - the generator (LoRA) trains on the chosen CFRAG's prompts.
 # `paper` keeps the paper's m, k, all examples and generated answers (hours on CPU; minutes on a GPU node).
-Preset = dict[str, list[str] | bool | None]
+Preset = dict[str, list[str] | bool | str | None]
 PRESETS: dict[str, Preset] = {
     "smoke": {  # the end-to-end test: every stage with the real embedded models, minutes on 2 cores
         "data": ["--data.init_args.synth.num_users=24"],
@@ -46,42 +54,49 @@ PRESETS: dict[str, Preset] = {
                       "--data.init_args.batch_size=4", "--trainer.max_epochs=1"],
         "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=6",
                      "--evaluation.llm.answer_mode=choose", "--evaluation.n_resamples=200"],
+        # the quick recipe at smoke scale: judgments paired, the paper's chain beside it, the order chosen on dev
+        "judgments": "paired",
+        "paper_chain": True,
+        "select_order_on_dev": True,
         "stages": None,
         "strategies": None,
     },
     "quick": {
         "data": [],
         "user_encoder": ["--trainer.max_epochs=20"],
-        # The retriever and reranker train in bfloat16 autocast where the CPU computes it natively: with their
-        # batches of 4 examples, 3.3x and 2.0x the official single-example float32 loop at m*k = 30 (README
-        # "Retriever and reranker training"); elsewhere in float32.
         # Every step is logged: 8 steps per stage here (4 for the generator), which the configs' interval of 10
         # would leave without a single train/loss row.
         "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
                      "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik",
                      "--trainer.log_every_n_steps=1"],
-        "feedback_bf16_where_native": True,
-        # The generator (LoRA on SmolLM2, trained on CFRAG's prompts) gets what is left of the budget once the
-        # three "+ tuned generator" rows (~1.1 min each to answer 300 test prompts) are paid: ~2.5 minutes. It trains
-        # 32 train examples x 1 epoch (4 steps of 8, so lr 1e-3 instead of 2e-4) in bfloat16 autocast and validates
-        # on 16 dev examples. Measured alone with 48 examples (BM25 prompts, shared CPU at load 10-12): 336 s of CPU
-        # time, read as ~3 min on 2 quiet cores; 32 examples cut the training third of it. On a quiet machine the
-        # whole stage took 0.8 min in the main job (README "Generator training throughput").
+        # The retriever and reranker train in bf16-mixed where the CPU computes bfloat16 natively: with their
+        # batches of 4 examples, 3.7x and 2.3x the official single-example float32 loop at m*k = 30 (README
+        # "Retriever and reranker training"). On a GPU they stay float32: bf16 paid only with large chunks there.
+        "feedback_precision": "cpu_native",
+        # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
+        # steps of 8, so lr 1e-3 instead of 2e-4), validated on 16 dev examples; bf16-mixed wherever bfloat16 is
+        # native (CPU or GPU), float32 elsewhere (bf16 emulated on an AVX2-only CPU: 0.02 examples/s).
         "generator": ["--data.init_args.max_train_examples=32", "--data.init_args.max_val_examples=16",
-                      "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--trainer.precision=bf16-mixed",
-                      "--model.init_args.lr=1e-3", "--trainer.log_every_n_steps=1"],
-        # bfloat16 where the CPU computes it natively: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
-        # of the prompts per strategy and the same conclusions (README). Feedback labels stay exact on CPUs (the
-        # configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever is faster here).
+                      "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--model.init_args.lr=1e-3",
+                      "--trainer.log_every_n_steps=1"],
+        "generator_precision": "native",
+        # The reader answers in bfloat16 where native: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
+        # of the prompts per strategy and the same conclusions (README); float32 elsewhere. Feedback labels stay
+        # exact on CPUs (the configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever
+        # is faster on this machine).
         "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}'],
-        "stages": ["user_encoder", "retriever", "reranker", "generator"],
-        # "w/o reranker tuning" (the same m·k candidates in first-stage order) shows what the quick preset's reranker,
-        # trained for 8 steps, does to them (README "Main job")
-        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o user retrieval", "w/o reranker tuning",
-                       "zero_shot + tuned generator", "bm25 + tuned generator", "CFRAG + tuned generator"],
+        "judgments": "paired",
+        "paper_chain": True,
+        "select_order_on_dev": True,
+        "stages": ["user_encoder", "retriever", "reranker", *PAPER_STAGES, "generator"],
+        # {order} rows follow the order chosen on dev (ORDERS); "CFRAG" and "w/o reranker tuning" are the two orders
+        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o reranker tuning", "w/o user retrieval{order}",
+                       "CFRAG (paper)", "zero_shot + tuned generator", "bm25 + tuned generator",
+                       "{chosen} + tuned generator"],
     },
     "paper": {"data": [], "user_encoder": [], "feedback": [], "generator": [],
-              "evaluate": ["--evaluation.llm.answer_mode=generate"], "stages": None, "strategies": None},
+              "evaluate": ["--evaluation.llm.answer_mode=generate"], "judgments": "none", "stages": None,
+              "strategies": None},
 }
 
 
@@ -93,6 +108,25 @@ PRESETS["full-feedback"] = {
     **PRESETS["quick"],
     "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"],
 }
+
+# The two orders of CFRAG's final docs that `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml),
+# and the suffix of the matching "w/o user retrieval" row.
+ORDERS = {"CFRAG": "", "w/o reranker tuning": " (first-stage order)"}
+DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
+
+
+def precision_args(rule: str | None) -> list[str]:
+    """`--trainer.precision` for a stage by what this machine computes natively: `native` bf16-mixed wherever
+    bfloat16 is native (CUDA or CPU), `cpu_native` only on such a CPU (float32 on a GPU); None: the config's."""
+    if rule is None:
+        return []
+    if rule == "cpu_native":
+        native = not torch.cuda.is_available() and cpu_has_native_bf16()
+    elif rule == "native":
+        native = bf16_is_native()
+    else:
+        raise ValueError(f"unknown precision rule {rule!r}")
+    return ["--trainer.precision=bf16-mixed" if native else "--trainer.precision=32-true"]
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
@@ -114,16 +148,72 @@ def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str
     return [f"--data.init_args.task={spec.name}"], generator, [f"--evaluation.task={spec.name}", *evaluate]
 
 
+# The CFRAG configurations `select_order_on_dev` chooses among (rows of evaluate_cfrag.yaml), each with its
+# "w/o user retrieval" row (the same chain and order with m = 1). The paper's two drop out without its chain.
+CANDIDATES = {"CFRAG": "w/o user retrieval",
+              "w/o reranker tuning": "w/o user retrieval (first-stage order)",
+              "CFRAG (paper)": "w/o user retrieval (paper)",
+              "CFRAG (paper) w/o reranker tuning": "w/o user retrieval (paper, first-stage order)"}
+
+
+def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
+    """Refuse, in one line, a LaMP folder that lacks a split the pipeline trains on or reports (exit 2)."""
+    from persrag_lightning.data.lamp import LampFormatError, outputs_path, questions_path
+
+    for split in splits:
+        for path in (questions_path(data_dir, split), outputs_path(data_dir, split)):
+            if not path.is_file():
+                raise LampFormatError(f"{path}: missing; the pipeline's --data_dir needs {split} questions and "
+                                      f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
+
+
+def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
+                  task: str) -> tuple[str, dict[str, float]]:
+    """Evaluate `names` on dev and return the best by the task's first metric (with the dev numbers): the main
+    job's recipe is chosen here, never on test."""
+    from persrag_lightning.stats import _HIGHER_IS_BETTER, metric_names
+
+    metric = metric_names(task)[0]
+    results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
+                                f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
+                                "--evaluation.split=dev", f"--evaluation.out_dir=runs/{run_name}/select-on-dev",
+                                f"--only={json.dumps(names)}"])
+    scores = {n: results[n][metric] for n in names if n in results}
+    if not scores:
+        raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
+    sign = 1 if _HIGHER_IS_BETTER[metric] else -1
+    chosen = max(scores, key=lambda n: (sign * scores[n], -names.index(n)))  # ties: the earlier (CFRAG first)
+    print(f"[pipeline] chosen on dev ({metric}): {chosen} — " + ", ".join(f"{n} {v:.3f}" for n, v in scores.items()))
+    return chosen, scores
+
+
+def report_strategies(preset: Preset, chosen: str) -> list[str] | None:
+    """The preset's reported rows with `{chosen}` / the chosen chain's "w/o user retrieval" filled in."""
+    if preset["strategies"] is None:
+        return None
+    rows = [r.replace("{chosen}", chosen) for r in preset["strategies"]]
+    rows = [CANDIDATES[chosen] if r == "w/o user retrieval{order}" else r for r in rows]
+    if preset.get("paper_chain"):  # every candidate is reported, the chosen one as the reference
+        rows[rows.index("CFRAG (paper)") + 1:rows.index("CFRAG (paper)") + 1] = ["CFRAG (paper) w/o reranker tuning"]
+    return list(dict.fromkeys(rows))
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
-    parser.add_argument("--judgments", choices=["none", "label", "paired"], default="none",
-                        help="stage 1's input per history doc (issue 16): the paper's text only (default), + a label "
-                             "embedding, + a label-specific map of the doc vector; only the user encoder gets it")
+    parser.add_argument("--data_dir", default=None,
+                        help="a LaMP-format folder (train/dev/<split> questions and outputs) that every stage and "
+                             "the evaluation read; default: the embedded SynthLaMP")
+    parser.add_argument("--split", default="test", choices=["dev", "test"],
+                        help="the split the table reports (test; dev where a folder's test outputs are hidden)")
+    parser.add_argument("--judgments", choices=["none", "label", "paired"], default=None,
+                        help="stage 1's input per history doc: the paper's text only (none), + a label embedding "
+                             "(label), + a label-specific map of the doc vector (paired); default: the preset's "
+                             "(quick: paired, with the paper's text-only chain trained beside it)")
     parser.add_argument("--run_name", default=None,
                         help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "
-                             "with -<judgments> appended unless none")
+                             "with -<judgments> appended when not the preset's; <folder name>-... with --data_dir")
     parser.add_argument("--export_root", default="checkpoints")
     parser.add_argument("--llm-backend", default=None,
                         help="auto, hf, llamacpp, openai or vllm for feedback labels and evaluation answers alike; "
@@ -135,39 +225,59 @@ def main(argv: list[str]) -> None:
         task = get_task(opts.task).name
     except ValueError as e:
         parser.error(str(e))
+    judgments = opts.judgments or preset["judgments"]
+    if opts.data_dir is not None:
+        check_data_dir(opts.data_dir, task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     data_task, generator_task, evaluate_args = task_args(task, preset)
+    if opts.data_dir is not None:
+        data_task = [*data_task, f"--data.init_args.data_dir={opts.data_dir}"]
+        evaluate_args = [*evaluate_args, f"--evaluation.data_dir={opts.data_dir}"]
+    evaluate_args = [*evaluate_args, f"--evaluation.split={opts.split}"]
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
-    judged = "" if opts.judgments == "none" else f"-{opts.judgments}"
-    run_name = opts.run_name or f"synthlamp-{suffix}{opts.preset}{judged}"
+    judged = "" if judgments == preset["judgments"] else f"-{judgments}"
+    source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
+    run_name = opts.run_name or f"{source}-{suffix}{opts.preset}{judged}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
+    evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
+    paper_chain = bool(preset.get("paper_chain")) and judgments != "none"  # else the main chain is the paper's
+    feedback = [*preset["feedback"], *precision_args(preset.get("feedback_precision")), *llm]
     # stage 1 and the generator have their own settings; the other stages are feedback stages
-    judgments = [f"--model.init_args.judgments={opts.judgments}"] if judged else []
-    per_stage = {"user_encoder": [*preset["user_encoder"], *judgments],
-                 "generator": [*preset["generator"], *generator_task]}
-    # bf16-mixed when the trainer runs on a CPU that computes bfloat16 natively. Not on a GPU (accelerator auto
-    # picks CUDA when present): there bf16 pays only with large chunks (one H100, 32 examples per step at m·k = 30,
-    # 256 rows per forward: 1.2x float32), not measured at the configs' 4 examples per step, and the GPU runs
-    # reported in the README trained in float32 (README "GPU paths").
-    native = preset.get("feedback_bf16_where_native") and not torch.cuda.is_available() and cpu_has_native_bf16()
-    bf16 = ["--trainer.precision=bf16-mixed"] if native else []
-    feedback = [*preset["feedback"], *bf16, *llm]
-    stages = [(name, ["--config", config, *preset["data"], *data_task, *per_stage.get(name, feedback),
-                      *variant])
-              for name, (config, variant) in STAGES.items() if preset["stages"] is None or name in preset["stages"]]
+    per_kind = {"user_encoder": [*preset["user_encoder"], f"--model.init_args.judgments={judgments}"],
+                "generator": [*preset["generator"], *precision_args(preset.get("generator_precision")),
+                              *generator_task]}
+    wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
+    print(f"[pipeline] {describe_cpu()}; bfloat16 native: {'yes' if bf16_is_native() else 'no'}")
+
     timings = []
-    for stage, args in stages:
+
+    def fit(stage: str, more: tuple[str, ...] = ()) -> None:
         if stage_done(opts.export_root, run_name, stage):
             print(f"[pipeline] {stage}: exported already, skipped")
-            continue
+            return
+        config, variant = STAGES[stage]
+        args = ["--config", config, *preset["data"], *data_task,
+                *per_kind.get(stage.removesuffix("_paper"), feedback), *variant, *more]
         t0 = time.perf_counter()
         print(f"[pipeline] {stage}: python train.py fit {' '.join(args + common + extra)}")
         lightning_command(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
         timings.append((stage, time.perf_counter() - t0))
+
+    for stage in wanted:
+        if stage != "generator":
+            fit(stage)
+    chosen = "CFRAG"
+    if preset.get("select_order_on_dev"):
+        t0 = time.perf_counter()
+        names = [n for n in CANDIDATES if paper_chain or "(paper" not in n]
+        chosen, _ = choose_on_dev(common, [*evaluate_args, *evaluate_llm], names, run_name, task)
+        timings.append(("choose on dev", time.perf_counter() - t0))
+    if "generator" in wanted:
+        fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
     t0 = time.perf_counter()
-    only = [] if preset["strategies"] is None else [f"--only={json.dumps(preset['strategies'])}"]
-    evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *evaluate_llm])
+    rows = report_strategies(preset, chosen)
+    only = [] if rows is None else [f"--only={json.dumps(rows)}"]
+    reference = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *reference, *evaluate_llm])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
-

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 
 from persrag_lightning.logs import is_verbose
+from persrag_lightning.modules.progress_lines import ProgressLines
 from persrag_lightning.utils import resolve_config_path
 
 
@@ -158,8 +159,15 @@ class PersragCLI(LightningCLI):
                     logger.experiment.summary["export_path"] = str(Path(path).resolve())
         self.trainer.strategy.barrier("export")
 
+    def add_progress_lines(self) -> None:
+        """Without a progress bar (the pipeline, Slurm jobs) training and validation print lines with an ETA."""
+        present = any(isinstance(c, ProgressLines) for c in self.trainer.callbacks)
+        if self.trainer.progress_bar_callback is None and not present:
+            self.trainer.callbacks.append(ProgressLines(self._stage_name()))
+
     def before_fit(self) -> None:
-        """W&B records the whole CLI config (Lightning itself logs only the model's and data's init args)."""
+        """Progress lines; W&B records the whole CLI config (Lightning logs only the model's and data's args)."""
+        self.add_progress_lines()
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
                 config = self._parser(self.subcommand).dump(self._cfg(), format="json", skip_check=True)
@@ -176,6 +184,9 @@ class PersragCLI(LightningCLI):
             # a LoRA generator's checkpoint holds its trainable weights only (the base is the model source's)
             self.model.load_state_dict(state, strict=getattr(self.model, "strict_loading", True))
         self.export_bundle()
+
+    def before_validate(self) -> None:
+        self.add_progress_lines()
 
     def after_validate(self) -> None:
         if self.export_after_validate:

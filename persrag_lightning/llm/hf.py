@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 
 _DONE_MARKER = "persrag_source.json"
@@ -88,14 +89,6 @@ def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = No
         return AutoTokenizer.from_pretrained(source.path, local_files_only=True)
     except OSError as err:
         raise LLMBackendError(f"cannot load the tokenizer of {source.path!r} from local files: {err}") from err
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 matmuls natively (AVX512-BF16 or AMX), as oneDNN reports it."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a torch build without oneDNN
-        return False
 
 
 def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.device, torch.dtype]:

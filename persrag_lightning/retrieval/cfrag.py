@@ -55,7 +55,17 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     # a smaller reranker distilled from stage 3's, for serving latency (README "Serving latency")
     "reranker_distilled": ("cfrag_reranker_distilled.yaml", ()),
     "generator": ("generator.yaml", ()),  # the "+ tuned generator" rows; trained on CFRAG's prompts by default
+    # the paper's exact chain (text-only user encoder, its own retriever and reranker) beside a run whose stage 1
+    # reads judgments: the row "CFRAG (paper)"
+    "user_encoder_paper": ("cfrag_user_encoder.yaml", ("--stage_name=user_encoder_paper",
+                                                       "--model.init_args.judgments=none")),
+    "retriever_paper": ("cfrag_retriever.yaml", ("--stage_name=retriever_paper",
+                                                 "--data.init_args.user_encoder={run_dir}/user_encoder_paper")),
+    "reranker_paper": ("cfrag_reranker.yaml", ("--stage_name=reranker_paper",
+                                               "--data.init_args.user_encoder={run_dir}/user_encoder_paper",
+                                               "--data.init_args.candidate_retriever={run_dir}/retriever_paper")),
 }
+PAPER_STAGES = ("user_encoder_paper", "retriever_paper", "reranker_paper")
 
 
 def missing_bundle(path: str | Path) -> FileNotFoundError:

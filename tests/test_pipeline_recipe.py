@@ -1,0 +1,186 @@
+"""The main job's recipe: precision by what the machine computes, the CFRAG configuration chosen on dev (never on
+test) with the paper's chain kept as a row, progress lines in every stage, and the pipeline on a user's own folder."""
+
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import pytest
+import torch
+
+from persrag_lightning import hardware
+from persrag_lightning.commands import pipeline
+from tests.conftest import fake_evaluate
+
+AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
+AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+
+
+def machine(monkeypatch, flags: frozenset[str] | None, onednn: bool, cuda: bool = False) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware, "onednn_has_bf16", lambda: onednn)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: cuda)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+
+def test_native_bf16_needs_the_instructions_not_only_onednns_word(monkeypatch) -> None:
+    machine(monkeypatch, AMX, onednn=True)
+    assert hardware.cpu_has_native_bf16() and hardware.auto_precision() == "bf16-mixed"
+    # AVX-512 without BF16 (oneDNN would emulate) and AVX2-only: float32
+    machine(monkeypatch, frozenset({"avx2", "avx512f"}), onednn=True)
+    assert not hardware.cpu_has_native_bf16() and hardware.auto_precision() == "32-true"
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert not hardware.cpu_has_native_bf16()
+    machine(monkeypatch, AMX, onednn=True)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # oneDNN's own cap makes the machine behave as an AVX2 one
+    assert not hardware.cpu_has_native_bf16() and "oneDNN capped at AVX2" in hardware.describe_cpu()
+    machine(monkeypatch, None, onednn=True)  # no x86 flags (another architecture): oneDNN's answer stands
+    assert hardware.cpu_has_native_bf16()
+    machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)  # on a GPU it is the GPU's
+    assert hardware.auto_precision() == "bf16-mixed"
+
+
+def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None):
+    """pipeline.main with the stages and evaluations recorded, not run: (fit calls, evaluate calls)."""
+    fits: list[list[str]] = []
+    evaluations: list[list[str]] = []
+    record = fake_evaluate(evaluations)
+
+    def evaluate(args: list[str]):
+        results = record(args)
+        for name, row in results.items():
+            row["accuracy"] = (dev_scores or {}).get(name, 0.1)
+        return results
+
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: fits.append(args))
+    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    pipeline.main([*argv, "--export_root", str(tmp_path)])
+    return fits, evaluations
+
+
+def stage_of(args: list[str]) -> str:
+    named = [a.split("=", 1)[1] for a in args if a.startswith("--stage_name=")]
+    return named[-1] if named else args[args.index("--config") + 1].removesuffix(".yaml")
+
+
+@pytest.mark.parametrize("preset", sorted(pipeline.PRESETS))
+def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(monkeypatch, tmp_path, preset):
+    from persrag_lightning.llm import hf
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
+    assert fits and not [a for args in fits for a in args if "bf16" in a and "export_root" not in a]
+    # the evaluation's reader asks for bf16_if_native, which resolves to float32 here
+    assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32
+
+    machine(monkeypatch, AMX, onednn=True)
+    fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
+    bf16 = {stage_of(a) for a in fits if "--trainer.precision=bf16-mixed" in a}
+    if preset in ("quick", "full-feedback"):
+        assert bf16 == {"cfrag_retriever", "cfrag_reranker", "retriever_paper", "reranker_paper", "generator"}
+    else:
+        assert not bf16  # smoke and paper keep the configs' float32
+    assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
+
+
+def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(monkeypatch, tmp_path) -> None:
+    machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)
+    fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"])
+    precision = {stage_of(a): next((x for x in a if x.startswith("--trainer.precision=")), None) for a in fits}
+    assert precision["generator"] == "--trainer.precision=bf16-mixed"
+    assert precision["cfrag_retriever"] == precision["cfrag_reranker"] == "--trainer.precision=32-true"
+
+
+def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monkeypatch, tmp_path) -> None:
+    machine(monkeypatch, AMX, onednn=True)
+    dev = {"CFRAG": 0.20, "w/o reranker tuning": 0.31, "CFRAG (paper)": 0.15, "CFRAG (paper) w/o reranker tuning": 0.3}
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
+    stages = [stage_of(a) for a in fits]
+    assert stages == ["cfrag_user_encoder", "cfrag_retriever", "cfrag_reranker", "user_encoder_paper",
+                      "retriever_paper", "reranker_paper", "generator"]
+    judged = [[a for a in args if a.startswith("--model.init_args.judgments=")] for args in fits]
+    assert judged[0] == ["--model.init_args.judgments=paired"]
+    assert judged[3][-1] == "--model.init_args.judgments=none"  # the paper's chain: the last one given wins
+    assert not any(judged[1:3] + judged[4:])
+    # the choice is made on dev, before the generator trains on the chosen CFRAG's prompts
+    choice, test = evaluations
+    assert choice.index("--evaluation.split=dev") > max(i for i, a in enumerate(choice) if "split=" in a) - 1
+    assert "--data.init_args.strategy=w/o reranker tuning" in fits[-1]
+    rows = json.loads(next(a for a in test if a.startswith("--only="))[len("--only="):])
+    assert "--evaluation.split=test" in test and "--evaluation.split=dev" not in test
+    assert "--evaluation.reference=w/o reranker tuning" in test
+    assert set(dev) <= set(rows)  # both orders of both chains are reported
+    assert "w/o user retrieval (first-stage order)" in rows and "w/o user retrieval" not in rows
+    assert "w/o reranker tuning + tuned generator" in rows and "CFRAG + tuned generator" not in rows
+    assert {"zero_shot", "bm25", "zero_shot + tuned generator", "bm25 + tuned generator"} <= set(rows)
+
+
+def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path) -> None:
+    machine(monkeypatch, AMX, onednn=True)
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--judgments", "none"],
+                                     {"CFRAG": 0.3})
+    assert not any("_paper" in stage_of(a) for a in fits)
+    assert all("--run_name=synthlamp-quick-none" in a for a in fits)
+    names = json.loads(next(a for a in evaluations[0] if a.startswith("--only="))[len("--only="):])
+    assert names == ["CFRAG", "w/o reranker tuning"]
+    assert "--evaluation.reference=CFRAG" not in evaluations[1]  # CFRAG is the config's reference already
+
+
+def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) -> None:
+    from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
+
+    folder = generate_synth_lamp(tmp_path / "my_lamp2", SynthConfig(num_users=12, seed=3))
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--data_dir", str(folder)])
+    assert all(f"--data.init_args.data_dir={folder}" in a for a in fits)
+    assert all(f"--evaluation.data_dir={folder}" in a for a in evaluations)
+    assert all("--run_name=my_lamp2-quick" in a for a in fits + evaluations)
+
+
+def test_a_folder_without_the_reported_split_is_refused_in_one_line(monkeypatch, tmp_path, capsys) -> None:
+    from persrag_lightning.cli import main
+    from persrag_lightning.data.lamp import outputs_path
+    from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
+
+    folder = generate_synth_lamp(tmp_path / "no_test_golds", SynthConfig(num_users=12, seed=3))
+    outputs_path(folder, "test").unlink()  # LaMP's public test golds are hidden
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: pytest.fail("trained before checking"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["pipeline", "--preset", "quick", "--data_dir", str(folder), "--export_root", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "test_outputs.json: missing" in err[0]
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.layer(batch[0]).sum())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_progress_lines_cover_the_whole_fit_and_a_long_validation(capsys, tmp_path) -> None:
+    from persrag_lightning.modules.progress_lines import ProgressLines
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2)
+    trainer = L.Trainer(max_epochs=2, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+                        callbacks=[ProgressLines("generator", every=0.0)])
+    trainer.fit(_Tiny(), data, data)
+    err = capsys.readouterr().err
+    train = [ln for ln in err.splitlines() if ln.startswith("[fit generator]")]
+    assert train[0].startswith("[fit generator] 1/8 batches (12 %) (ETA ")  # one count over both epochs
+    assert train[-1].startswith("[fit generator] 8/8 batches in ")
+    assert "[validate generator] 2/4 batches (50 %) (ETA " in err
+    trainer.validate(_Tiny(), data)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[validate generator] 4/4 batches in ")
