@@ -70,7 +70,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     from persrag_lightning.llm import hf
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
+    fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
     assert fits and not [a for args in fits for a in args if "bf16" in a and "export_root" not in a]
     # the evaluation's reader asks for bf16_if_native, which resolves to float32 here
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32

@@ -18,7 +18,7 @@ class ProgressLines(L.Callback):
         self.stage, self.every = stage, every
         self.bars: dict[str, Progress | None] = {}  # "train" and "val": a validation inside an epoch keeps both
 
-    def _start(self, trainer: L.Trainer, key: str, phase: str, total: int | float, final: str = "always") -> None:
+    def _start(self, trainer: L.Trainer, key: str, phase: str, total: float, final: str = "always") -> None:
         total = int(total) if total not in (None, float("inf")) else 0
         self.bars[key] = Progress(f"{phase} {self.stage}", total, "batches", self.every, final) \
             if trainer.is_global_zero and total > 0 else None

@@ -14,9 +14,9 @@ import torch
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
