@@ -21,6 +21,7 @@ from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import bf16_is_native, cpu_has_native_bf16, describe_cpu
 from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
+from persrag_lightning.utils import atomic_write_json
 
 # Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
 # reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split; dev selects.
@@ -266,11 +267,11 @@ def main(argv: list[str]) -> None:
     for stage in wanted:
         if stage != "generator":
             fit(stage)
-    chosen = "CFRAG"
+    chosen, dev_scores = "CFRAG", {}
     if preset.get("select_order_on_dev"):
         t0 = time.perf_counter()
         names = [n for n in CANDIDATES if paper_chain or "(paper" not in n]
-        chosen, _ = choose_on_dev(common, [*evaluate_args, *evaluate_llm], names, run_name, task)
+        chosen, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], names, run_name, task)
         timings.append(("choose on dev", time.perf_counter() - t0))
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
@@ -281,3 +282,10 @@ def main(argv: list[str]) -> None:
     evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *reference, *evaluate_llm])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
+    # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
+    atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
+        "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
+        "machine": describe_cpu(), "bf16_native": bf16_is_native(),
+        "precision": {k: precision_args(preset.get(f"{k}_precision")) for k in ("feedback", "generator")},
+        "chosen_on_dev": chosen, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
