@@ -119,8 +119,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
     parser.add_argument("--judgments", choices=["none", "label", "paired"], default="none",
-                        help="stage 1's input per history doc (issue 16): the paper's text only (default), + a label "
-                             "embedding, + a label-specific map of the doc vector; only the user encoder gets it")
+                        help="stage 1's input per history doc (judgment-aware encoder): the paper's text "
+                             "only (default), + a label embedding, + a label-specific map of the doc vector; "
+                             "only the user encoder gets it")
     parser.add_argument("--run_name", default=None,
                         help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "
                              "with -<judgments> appended unless none")
