@@ -119,6 +119,15 @@ def test_the_docs_have_commands_and_markers_are_spelled_right():
                 assert NEEDS.search(line), f"{path.relative_to(REPO)}: unknown marker in {line.strip()!r}"
 
 
+def test_readme_and_contributing_links_resolve():
+    """mkdocs checks the links inside docs/; these two files live outside it."""
+    for name in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / name).read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not re.match(r"\w+://", target):
+                assert (REPO / target).exists(), f"{name}: broken link {target}"
+
+
 def test_every_cli_subcommand_names_an_existing_smoke_test():
     for subcommand, test in SMOKE.items():
         file, name = test.split("::")
@@ -251,6 +260,26 @@ def test_cli_commands_parse_and_their_subcommand_has_a_smoke_test(cmd, in_tmp_cw
     sub = argv[0]
     assert sub in SMOKE, f"{cmd}: `{sub}` is run by no test listed in SMOKE"
     check_cli_args(sub, argv[1:], monkeypatch, capsys)
+
+
+def test_readme_quickstart_on_your_own_lamp_folder_trains_stage_1_at_smoke_scale(in_tmp_cwd, tiny_bert, monkeypatch):
+    """The README's "your own LaMP folder" stage-1 line, run as written on a small LaMP folder (SynthLaMP's files
+    under the README's folder name), with a tiny encoder and one epoch: it exports where the next lines read."""
+    from persrag_lightning.cli import main
+    from persrag_lightning.data.synth import main as synth
+
+    readme = [c for c in commands_of(REPO / "README.md") if "--data.init_args.data_dir=my_lamp" in c.argv]
+    assert readme, "the README lost its own-folder quickstart"
+    stage1 = next(c for c in readme if "cfrag_user_encoder.yaml" in c.argv)
+    task = next(a.split("=", 1)[1] for a in stage1.argv if a.startswith("--data.init_args.task="))
+    run_name = stage1.argv[stage1.argv.index("--run_name") + 1]
+    synth(["my_lamp", "--task", task, "--num-users", "16"])
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    main([*stage1.argv[2:], f"--data.init_args.encoder={tiny_bert}", "--trainer.max_epochs=1",
+          "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false"])
+    bundle = in_tmp_cwd / "checkpoints" / run_name / "user_encoder"
+    assert (bundle / "config.json").is_file() and (bundle / "users.faiss").is_file()
+    assert all(f"--run_name {run_name}" in str(c) or "--run_name" not in c.argv for c in readme), readme
 
 
 # ------------------------------------------------------------------------------------------- how each parses
