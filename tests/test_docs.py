@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO
 
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^ {0,4}```(\w*)[^\n]*\n(.*?)^ {0,4}```", re.MULTILINE | re.DOTALL)  # in list items too
 SHELL = {"bash", "sh", "shell", "console"}
 NEEDS = re.compile(r"#\s*needs:\s*(gpu|cluster|server|data|full run|llama\.cpp)\b")
 LIGHTNING = {"fit", "validate", "test", "predict", "export"}
