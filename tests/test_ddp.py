@@ -158,7 +158,7 @@ def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tm
     permutation depends only on (seed, epoch), and rank r takes positions r, r+2, ..., so the 2 ranks' batch s is
     the 1-rank batch s (in another row order): weights, losses and synced metrics agree; each run embeds its
     corpus once (rank 0's prepare_data) and exports once; 2 × 32 / 16 = 4 optimizer steps in both. `label`: the
-    judgment-aware encoder (issue 16) on SynthLaMP LaMP-3, its label table and doc labels included; `paired`
+    judgment-aware encoder on SynthLaMP LaMP-3, its label table and doc labels included; `paired`
     with its per-label maps as well."""
     args = ["fit", "--config", "cfrag_user_encoder.yaml", f"--data.init_args.encoder={tiny_bert}",
             "--data.init_args.synth.num_users=32", "--trainer.max_epochs=2", "--model.init_args.dropout=0",

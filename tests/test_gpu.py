@@ -1,5 +1,6 @@
-"""The CUDA paths (marked `gpu`, deselected by the CI command, run on a lent GPU machine: README "GPU"): the user
-index's exact GPU search, the text encoder and the hf LLM on CUDA against the CPU, and stages 2 and 3 trained
+"""The CUDA paths (marked `gpu`, deselected by the CI command, run on a GPU machine: docs/training/gpu.md):
+the user index's exact GPU search, the text encoder and the hf LLM on CUDA against the CPU, and stages 2 and 3
+trained
 through the CLI on one GPU with `strategy: ddp` (NCCL) in bf16-mixed, LLM-feedback labels computed on the GPU."""
 
 from __future__ import annotations

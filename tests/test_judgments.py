@@ -1,4 +1,4 @@
-"""Issue 16: a user encoder that sees judgments (`judgments: label`), its export and serving, the community chance
+"""A user encoder that sees judgments (`judgments: label`), its export and serving, the community chance
 level of stage 1's validation, and the pipeline's `--task` switch."""
 
 from __future__ import annotations

@@ -373,7 +373,7 @@ def test_killed_server_restarts_consistent(run_dir, tiny_bert, tmp_path):  # noq
     assert all(m.vector.shape == (bank.store.dim,) for m in bank.list("kim"))
 
 
-# ---- deletion rewrites the export (issue 14) and cohorts in serving (issue 12) ------------------------------------
+# ---- deletion rewrites the export, and cohorts in serving --------------------------------------------
 
 def copy_run(run_dir, tmp_path):  # noqa: F811
     """A private copy of the module's run: these tests rewrite the export."""

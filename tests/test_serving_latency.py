@@ -1,4 +1,4 @@
-"""CFRAG's inference-time settings (issue 15, serving latency) on tiny random models: cached doc tokenisation and a
+"""CFRAG's inference-time settings (serving latency) on tiny random models: cached doc tokenisation and a
 first cut that covers every candidate return exactly the baseline's docs, int8, ONNX Runtime and OpenVINO stay
 within tolerance, the first cut keeps first-stage order after the reranked head, the query runtimes embed queries (never docs)
 within tolerance, OpenVINO's static shapes compute the dynamic model's output, and only non-default settings enter

@@ -51,7 +51,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
     assert a == b
     assert sorted(a) == ["communities.json", "dev_outputs.json", "dev_questions.json", "synth_config.json",
                          "test_outputs.json", "test_questions.json", "train_outputs.json",
-                         "train_questions.json"]  # a test split by default (issue 9 §2)
+                         "train_questions.json"]  # a test split by default
     assert a["train_questions.json"] != c["train_questions.json"]
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]  # no temp files left behind
 
@@ -194,7 +194,7 @@ def _question_profile_collisions(root: Path, task: str) -> tuple[int, int, set[s
 
 @pytest.mark.parametrize("task", SYNTH_TASKS)
 def test_no_question_text_appears_in_any_profile(tmp_path: Path, task: str) -> None:
-    """Issue 9 §2: a query must not retrieve its own text (description / article / abstract) from the corpus.
+    """A query must not retrieve its own text (description / article / abstract) from the corpus.
 
     Questions and history items once drew their slot tuples from one space, so with enough users a question's
     text reappeared as some user's history item (92 of 300 LaMP-2 dev questions, 42 with the gold tag). 1100
@@ -261,7 +261,7 @@ def test_every_target_is_the_communitys_style_for_the_question_kind(task: str) -
             assert q.target in expected
 
 
-# ---- LaMP-3: communities that differ only in their judgments (issue 16) --------------------------------------
+# ---- LaMP-3: communities that differ only in their judgments -----------------------------------------------
 
 LAMP3 = SynthConfig(task="LaMP-3", num_users=300, seed=0)
 
@@ -329,7 +329,7 @@ def test_lamp3_communities_are_in_the_judgments_not_the_words() -> None:
     assert not any(str(s) in d.fields["text"] for u in users[:20] for d in u.docs for s in range(1, 6))
 
 
-# ---- LaMP-1 and LaMP-7: the community is in the school a user writes in / the style a user tweets in (issue 16) -
+# ---- LaMP-1 and LaMP-7: the community is in the school a user writes in / the style a user tweets in -
 
 NEW_TASKS = ("LaMP-1", "LaMP-7")
 

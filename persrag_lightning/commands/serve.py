@@ -30,7 +30,7 @@ def serve_command(argv: list[str]) -> None:
     parser.add_argument("--cohorts", default=None, help="the cohort export for --users cluster (default <run>/clusters)")
     parser.add_argument("--reranker", default="reranker",
                         help="the run's reranker bundle: reranker (stage 3) or reranker_distilled (its one-layer "
-                             "student, cfrag_reranker_distilled.yaml: ~4x faster reranking, README 'Serving latency')")
+                             "student, cfrag_reranker_distilled.yaml: ~4x faster reranking, docs: performance)")
     parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 length, kinds by the community's taste, each item's style), each item played by a real doc of the same kind and
 style from a small embedded SynthLaMP, and embedded by a trained user encoder — the system's own path to e_u.
 
-Used by benchmarks/bench_retrieval.py for realistic user vectors at 1M users (issue 15): the Gaussian mixture it
+Used by benchmarks/bench_retrieval.py for realistic user vectors at 1M users: the Gaussian mixture it
 also samples is nearly isotropic within a community, the worst case for an ANN index and unlike real users.
 """
 

@@ -1,8 +1,8 @@
 """`backend: auto`: the backend that computes exact labels fastest *on this machine*, measured once and remembered.
 
-On a CPU the winner depends on the processor, not on the code: on one of our 2-core VMs llama.cpp (f16 weights)
+On a CPU the winner depends on the processor, not on the code: on one 2-core Xeon llama.cpp (f16 weights)
 labelled SmolLM2's feedback prompts 1.0-1.5x as fast as float32 transformers, on another (the same instruction
-set, another host) transformers was 1.7x as fast as llama.cpp (README "LLM feedback throughput"). Both compute the
+set, another host) transformers was 1.7x as fast as llama.cpp (docs: performance). Both compute the
 exact model (labels within 0.1 nat). So on a CPU-only machine where both could run, `auto` times both on a few
 feedback-sized prompts and keeps the faster; the decision is written once per processor, software and model
 (`<cache>/llm/auto-backend-<key>.json`, under a lock, so DDP ranks and concurrent jobs on a machine agree) and read

@@ -50,7 +50,7 @@ def validate_id(value: object, what: str = "user_id") -> str:
 
 def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None,
                 others_in_fragments: Sequence[int] | None = None):
-    """THE predicate helper: `user_id = <literal>` [AND id IN (...)] [AND session_id = ...], as a typed
+    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a typed
     LanceDB expression whose literals LanceDB escapes itself; every table access goes through it.
     `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not* the user's
     (row id = fragment << 32 | offset, LanceDB's default row ids)."""

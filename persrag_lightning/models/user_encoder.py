@@ -36,7 +36,7 @@ class UserEncoderConfig:
     text_encoder: str = "minilm"
     text_max_length: int = 256
     text_pooling: str = "mean"
-    # beyond the paper (issue 16): `label` adds a learned embedding of each history doc's judgment (the task's
+    # beyond the paper: `label` adds a learned embedding of each history doc's judgment (the task's
     # label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `paired` adds as well a label-specific linear map of
     # the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is the paper's text-only
     # encoder

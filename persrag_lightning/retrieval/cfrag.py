@@ -9,7 +9,7 @@ the final k are the best first-stage scores of the m·k), w/o e_u in the reranke
 to them — fitted at `prepare`, or read from `persrag cluster`'s export (`cohort_export`, no re-clustering; serving
 uses this); `query_expansion="pbr"` searches the first stage with PBR's personalised query q* (seed 001) instead of q.
 
-Inference-time settings (serving latency, issue 15; the candidates and training never change): `rerank_top=N`
+Inference-time settings (for serving latency; the candidates and training never change): `rerank_top=N`
 reranks only the N best candidates of the m·k by the first cut (the first stage's order, or with `first_cut` a
 cheaper reranker's scores: a cascade), the others follow them in that order; `reranker_runtime` runs the
 cross-encoder in int8, bf16, ONNX Runtime or OpenVINO (models/reranker.py); `cache_doc_tokens` tokenises each doc
