@@ -472,9 +472,9 @@ def test_evaluate_answers_and_scores_lamp1_and_lamp7(tmp_path: Path, tiny_llm: s
     """`persrag evaluate`'s path on a tiny generated set with a tiny random LLM: LaMP-1 answers are one of
     "[1]"/"[2]" (choose) scored by accuracy and F1; LaMP-7 answers are generated and scored by ROUGE."""
     from persrag_lightning.data.lamp import read_outputs
+    from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.retrieval.baselines import BM25, ZeroShot
-    from persrag_lightning.retrieval.evaluate import Evaluation
 
     out = tmp_path / "eval"
     evaluation = Evaluation(task=task, synth=SynthConfig(num_users=12, docs_per_user=(4, 8)),
