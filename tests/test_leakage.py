@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.histories import visible_histories
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.evaluation.evaluate import strategy_config
 from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackSettings
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency
