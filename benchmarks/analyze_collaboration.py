@@ -19,8 +19,8 @@ import numpy as np
 
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, iter_synth_users, load_communities
+from persrag_lightning.evaluation.evaluate import file_name, label_vote
 from persrag_lightning.retrieval.base import DocStore
-from persrag_lightning.retrieval.evaluate import file_name, label_vote
 
 
 def latest_cache(cache: Path, name: str) -> dict:

@@ -341,9 +341,9 @@ def main() -> None:
             name = "llamacpp" + ("" if weights == "gguf" else f", weights {weights}")
             against_exact(local, name, 1, lambda task, prompts, local=local: local.generate(prompts[:1], 2))
             local.close()
-        # the default weights' labels other ways: logits at every prompt position (a logits_all context, how
-        # `score` ran before 2026-11-23), without flash attention (the default until later that day), and several
-        # pairs per llama_decode call
+        # the default weights' labels other ways: logits at every prompt position (a logits_all context, the
+        # former way of `score`), without flash attention (the former default), and several pairs per llama_decode
+        # call
         variants = [("logits at every position (before)", 1, False), ("no flash attention (before)", 1, False),
                     *((f"{seqs} pairs per call", seqs, True) for seqs in args.score_seqs)]
         for label, seqs, flash in variants:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from persrag_lightning.retrieval.personabench_eval import config_from_dict, run_personabench
+from persrag_lightning.evaluation.personabench_eval import config_from_dict, run_personabench
 
 REPO = Path(__file__).resolve().parent.parent
 

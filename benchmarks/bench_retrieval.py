@@ -39,12 +39,12 @@ import torch
 import torch.nn.functional as F
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.synth_scale import ScaledSynthUsers
 from persrag_lightning.logs import configure_logs
 from persrag_lightning.metrics import community_precision_at_m
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query

@@ -4,7 +4,7 @@ precision@m of the contrastive encoder versus MEAN pooling of doc embeddings (pa
     python benchmarks/bench_user_encoder.py                 # default SynthLaMP (300 users), MiniLM
     python benchmarks/bench_user_encoder.py --users 1000 --epochs 30
     python benchmarks/bench_user_encoder.py --task LaMP-3 --judgments none label --doc-table tuned --seeds 2 \
-        --skip-throughput                                   # issue 16: does the encoder see judgments?
+        --skip-throughput                                   # LaMP-3: does the encoder see users who judge alike?
 
 Prints Markdown tables; asserts nothing about time.
 """
@@ -20,10 +20,10 @@ import torch
 
 from persrag_lightning.data.histories import FIRST_DOC_ID
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.data.user_history import UserHistoryDataModule
 from persrag_lightning.metrics import community_chance, community_precision_at_m
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.modules.user_encoder import UserEncoderModule
+from persrag_lightning.modules.user_history import UserHistoryDataModule
 
 
 def table(header: list[str], rows: list[list]) -> str:

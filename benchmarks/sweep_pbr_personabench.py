@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from persrag_lightning.data.personabench import load_personabench
+from persrag_lightning.evaluation.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
 from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import PBRSettings
-from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
 
 
 def main(argv: list[str] | None = None) -> int:

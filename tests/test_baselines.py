@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from persrag_lightning.data.embeddings import load_corpus_embeddings
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.models.corpus_embeddings import load_corpus_embeddings
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot

@@ -122,7 +122,7 @@ def test_prompt_builder_applies_eq3_in_the_llms_tokens():
 
 def test_evaluate_builds_prompts_with_the_strategys_budget(monkeypatch):
     """Evaluation hands each strategy's γ to the one prompt builder: ClusterRAG rows Eq. 3, the others CFRAG's."""
-    from persrag_lightning.retrieval import evaluate
+    from persrag_lightning.evaluation import evaluate
 
     seen = []
 
@@ -360,9 +360,9 @@ def test_evaluate_config_has_the_three_modes_and_cfrag_on_cohorts():
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from persrag_lightning.commands.pipeline import PRESETS
+    from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.retrieval.base import Strategy
     from persrag_lightning.retrieval.cfrag import CFRAG
-    from persrag_lightning.retrieval.evaluate import Evaluation
     from tests.conftest import REPO
 
     parser = ArgumentParser()

@@ -203,9 +203,9 @@ def feedback_world(root: Path, tiny_bert: str, caches: tuple[str, ...] = ("cache
     """What stage 2 needs from stage 1: SynthLaMP, its corpus embedded by the tiny encoder (in each cache), and
     an untrained user-encoder export at root/user_encoder."""
     from persrag_lightning.data.corpus import Corpus
-    from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
     from persrag_lightning.data.source import LampSource
     from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
     from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 
     for cache in caches:

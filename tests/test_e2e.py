@@ -10,8 +10,8 @@ import pytest
 from persrag_lightning.cli import main
 from persrag_lightning.data.lamp import read_outputs
 from persrag_lightning.data.tasks import LAMP2_LABELS
+from persrag_lightning.evaluation.evaluate import file_name
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.retrieval.evaluate import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
 STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "reranker_distilled",

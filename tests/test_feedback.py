@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.feedback.builder import feedback_stats
@@ -17,6 +16,7 @@ from persrag_lightning.feedback.datamodule import FeedbackDataModule
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 from persrag_lightning.retrieval.base import Query
 

@@ -8,12 +8,12 @@ import pytest
 
 from persrag_lightning.cli import main
 from persrag_lightning.data.docstore import read_docstore
+from persrag_lightning.evaluation.memory_eval import MemoryEvalConfig, run_memory_evaluation
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory import MemoryBank
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
-from persrag_lightning.retrieval.memory_eval import MemoryEvalConfig, run_memory_evaluation
 from tests.test_serving import run_dir  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

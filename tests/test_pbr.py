@@ -307,7 +307,7 @@ def test_base_variant_is_plain_dense_and_variants_differ(tmp_path):
 
 def test_evaluate_variants_table_and_outputs(tmp_path):
     from persrag_lightning.data.personabench import load_personabench
-    from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
+    from persrag_lightning.evaluation.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
     from tests.test_personabench import write_community
 
     community = load_personabench(write_community(tmp_path / "c0"))
@@ -362,7 +362,7 @@ def test_strategy_on_synthlamp_returns_own_docs_and_base_equals_plain_dense(tmp_
 def test_prf_diagnostics_flag_template_echo(tmp_path):
     """An LLM that echoes the prompt's JSON template gives query-independent feedback: the report must say so."""
     from persrag_lightning.data.personabench import load_personabench
-    from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
+    from persrag_lightning.evaluation.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
     from tests.test_personabench import write_community
 
     community = load_personabench(write_community(tmp_path / "c0"))

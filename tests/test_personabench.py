@@ -14,7 +14,7 @@ from persrag_lightning.data.personabench import (
     document_text,
     load_personabench,
 )
-from persrag_lightning.personabench_metrics import (
+from persrag_lightning.evaluation.personabench_metrics import (
     PersonaBenchNDCG,
     PersonaBenchRecall,
     ground_truth_combinations,
@@ -217,8 +217,8 @@ def test_config_file_maps_onto_the_eval_config():
     PBR section must be the paper's settings."""
     from omegaconf import OmegaConf
 
+    from persrag_lightning.evaluation.personabench_eval import config_from_dict
     from persrag_lightning.retrieval.pbr import PBRSettings
-    from persrag_lightning.retrieval.personabench_eval import config_from_dict
 
     section = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
     config = config_from_dict(section)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.report import plot_results, results_table, summarise, summary_table
-from persrag_lightning.stats import Comparison, Interval
+from persrag_lightning.evaluation.report import plot_results, results_table, summarise, summary_table
+from persrag_lightning.evaluation.stats import Comparison, Interval
 
 
 def lamp2_case(seed: int = 0, n: int = 300) -> tuple[dict[str, list[str]], list[str]]:

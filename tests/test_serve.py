@@ -427,7 +427,7 @@ def others_snapshot(run, cache, victim: str) -> dict:
 def test_deleting_an_exported_user_rewrites_the_run_and_leaves_no_trace(run_dir, tiny_bert, tmp_path):  # noqa: F811
     from persrag_lightning.data.corpus import Corpus
     from persrag_lightning.data.docstore import read_docstore
-    from persrag_lightning.data.embeddings import corpus_embedding_key
+    from persrag_lightning.models.corpus_embeddings import corpus_embedding_key
 
     run, state, cache = copy_run(run_dir, tmp_path), tmp_path / "state", tmp_path / "cache"
     service = open_service(run, state, tiny_bert, cache=cache)

@@ -15,12 +15,12 @@ import torch
 
 from persrag_lightning.data.lamp import read_outputs
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.evaluation.evaluate import Evaluation
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import Query
 from persrag_lightning.retrieval.baselines import Recency, ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
-from persrag_lightning.retrieval.evaluate import Evaluation
 from persrag_lightning.serving import CFRAGPipeline
 from tests.conftest import REPO, tiny_serving_run
 

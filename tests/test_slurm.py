@@ -242,7 +242,7 @@ def test_sigusr1_requeues_and_resumes_to_the_uninterrupted_result(slurm, checkou
     bitwise equal to an uninterrupted job: weights and Adam state of last.ckpt, every logged metric, the export.
     DDP with one process (strategy=ddp) so the sampler's order depends only on (seed, epoch); dropout 0."""
     from persrag_lightning.data.synth import SynthConfig
-    from persrag_lightning.data.user_history import UserHistoryDataModule
+    from persrag_lightning.modules.user_history import UserHistoryDataModule
 
     monkeypatch.chdir(checkout)  # data and embeddings cached before the two jobs start (they would race)
     UserHistoryDataModule(synth=SynthConfig(num_users=32), encoder=tiny_bert).prepare_data()
@@ -300,7 +300,7 @@ def test_sweep_array_runs_each_point_in_its_own_run(slurm, checkout, tiny_bert, 
                                     env={**slurm.env, **job_env()}, capture_output=True, text=True, check=True,
                                     timeout=120).stdout
     from persrag_lightning.data.synth import SynthConfig
-    from persrag_lightning.data.user_history import UserHistoryDataModule
+    from persrag_lightning.modules.user_history import UserHistoryDataModule
 
     monkeypatch.chdir(checkout)  # cache the data once: the two tasks would race to build it
     UserHistoryDataModule(synth=SynthConfig(num_users=32), encoder=tiny_bert).prepare_data()

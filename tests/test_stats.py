@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.stats import (
+from persrag_lightning.evaluation.stats import (
     Comparison,
     Interval,
     LampMetricFn,

@@ -13,27 +13,26 @@ import pytest
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.synth import (
     CHUNK_USERS,
+    generate_synth_lamp,
+    is_complete,
+    iter_synth_users,
+    load_communities,
+    main,
+)
+from persrag_lightning.data.synth_text import (
     FILM_KINDS,
     HEADLINE_TEMPLATES,
     LAMP7_PROMPT,
     PAPER_TITLE_TEMPLATES,
     PRODUCT_KINDS,
-    SYNTH_TASKS,
     TOPICS,
     TWEET_CLOSERS,
     TWEET_OPENERS,
     TWEET_TOPICS,
-    SynthConfig,
     _title_case,
-    build_world,
-    generate_synth_lamp,
-    is_complete,
-    is_question_tuple,
-    iter_synth_users,
-    load_communities,
-    main,
     render_item,
 )
+from persrag_lightning.data.synth_world import SYNTH_TASKS, SynthConfig, build_world, is_question_tuple
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
 from persrag_lightning.llm.prompts import lamp1_references
 
@@ -472,9 +471,9 @@ def test_evaluate_answers_and_scores_lamp1_and_lamp7(tmp_path: Path, tiny_llm: s
     """`persrag evaluate`'s path on a tiny generated set with a tiny random LLM: LaMP-1 answers are one of
     "[1]"/"[2]" (choose) scored by accuracy and F1; LaMP-7 answers are generated and scored by ROUGE."""
     from persrag_lightning.data.lamp import read_outputs
+    from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.retrieval.baselines import BM25, ZeroShot
-    from persrag_lightning.retrieval.evaluate import Evaluation
 
     out = tmp_path / "eval"
     evaluation = Evaluation(task=task, synth=SynthConfig(num_users=12, docs_per_user=(4, 8)),
@@ -525,8 +524,8 @@ def test_scaled_users_play_each_drawn_item_by_a_real_doc_of_its_kind_and_style(t
     from persrag_lightning.data.corpus import Corpus
     from persrag_lightning.data.histories import FIRST_DOC_ID, PAD_ID
     from persrag_lightning.data.source import LampSource
-    from persrag_lightning.data.synth import draw_histories
     from persrag_lightning.data.synth_scale import DRAW_STREAM, ScaledSynthUsers
+    from persrag_lightning.data.synth_world import draw_histories
     from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 
     source = LampSource("LaMP-2", None, SMALL, str(tmp_path))

@@ -11,7 +11,7 @@ def evaluate_command(args: list[str]) -> dict:
     """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N] [--split dev]`: strategies × split (test
     by default) → predictions, metrics.json, results.md (Table 2 layout with intervals) and results.png; prints
     the table and returns the point results."""
-    from persrag_lightning.retrieval.evaluate import (
+    from persrag_lightning.evaluation.evaluate import (
         Evaluation,
         bind_strategies,
         evaluate_parser,
@@ -77,8 +77,8 @@ def personabench_section(args: list[str], kind: str = "personabench") -> dict | 
 
 
 def personabench_command(section: dict) -> dict:
-    """PBR variants on a PersonaBench community (retrieval/personabench_eval.py): prints and writes the table."""
-    from persrag_lightning.retrieval.personabench_eval import config_from_dict, run_personabench
+    """PBR variants on a PersonaBench community (evaluation/personabench_eval.py): prints and writes the table."""
+    from persrag_lightning.evaluation.personabench_eval import config_from_dict, run_personabench
 
     report = run_personabench(config_from_dict(section))
     print(report.markdown())
@@ -86,9 +86,9 @@ def personabench_command(section: dict) -> dict:
 
 
 def memory_command(section: dict) -> dict:
-    """What remembered facts add (retrieval/memory_eval.py): planted facts, questions, answers, counted."""
+    """What remembered facts add (evaluation/memory_eval.py): planted facts, questions, answers, counted."""
+    from persrag_lightning.evaluation.memory_eval import MemoryEvalConfig, run_memory_evaluation, table
     from persrag_lightning.llm.registry import LLMConfig
-    from persrag_lightning.retrieval.memory_eval import MemoryEvalConfig, run_memory_evaluation, table
 
     section = {k: v for k, v in section.items() if k != "kind"}
     llm = LLMConfig(**section.pop("llm", {}) or {})

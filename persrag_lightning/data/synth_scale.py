@@ -2,13 +2,15 @@
 length, kinds by the community's taste, each item's style), each item played by a real doc of the same kind and
 style from a small embedded SynthLaMP, and embedded by a trained user encoder — the system's own path to e_u.
 
-Used by benchmarks/bench_retrieval.py for realistic user vectors at 1M users: the Gaussian mixture it
-also samples is nearly isotropic within a community, the worst case for an ANN index and unlike real users.
+Used by benchmarks/bench_retrieval.py for realistic user vectors at 1M users: the Gaussian mixture it also samples
+is nearly isotropic within a community, the worst case for an ANN index and unlike real users. The encoder is any
+module with the user encoder's config and call (`HistoryEncoder`), so data/ needs nothing from models/.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,9 +24,28 @@ from persrag_lightning.data.histories import (
     visible_histories,
 )
 from persrag_lightning.data.records import LampDataset
-from persrag_lightning.data.synth import SynthConfig, build_world, draw_histories, iter_synth_users
-from persrag_lightning.models.user_encoder import UserEncoder
+from persrag_lightning.data.synth import iter_synth_users
+from persrag_lightning.data.synth_world import SynthConfig, build_world, draw_histories
 from persrag_lightning.progress import Progress
+
+
+class HistoryEncoderConfig(Protocol):
+    num_docs: int
+    max_history: int
+    dim: int
+
+
+class HistoryEncoder(Protocol):
+    """What the scaled users need of a user encoder (models.user_encoder.UserEncoder): its doc table's size, its
+    history length and width, and doc-table ids [n, L] → e_u [n, dim]."""
+
+    config: HistoryEncoderConfig
+
+    def __call__(self, history: torch.Tensor) -> torch.Tensor: ...
+    def eval(self) -> HistoryEncoder: ...
+    def to(self, dtype: torch.dtype) -> HistoryEncoder: ...
+    def float(self) -> HistoryEncoder: ...
+
 
 DRAW_STREAM = 7  # rng stream of the drawn users (the generator uses 1 and 2), (seed, stream, chunk)
 
@@ -68,7 +89,7 @@ class ScaledSynthUsers:
     """Users drawn from `config`'s world (its communities' tastes and styles) whose items are docs of the
     export's corpus; `encode` runs the export's user encoder over them (doc-table rows, as at export)."""
 
-    def __init__(self, encoder: UserEncoder, dataset: LampDataset, config: SynthConfig) -> None:
+    def __init__(self, encoder: HistoryEncoder, dataset: LampDataset, config: SynthConfig) -> None:
         self.encoder, self.config = encoder.eval(), config
         self.world = build_world(config)
         corpus = Corpus.from_dataset(dataset)

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, export_path
 from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder

@@ -52,7 +52,7 @@ class CorpusEmbedder:
         self.data_key = ""
 
     def doc_vectors(self, store: DocStore) -> np.ndarray:
-        from persrag_lightning.data.embeddings import corpus_embedding_key
+        from persrag_lightning.models.corpus_embeddings import corpus_embedding_key
         from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
         self.retriever = EncoderRetriever(self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models import exported
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever, doc_encoder_path
 from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, model_identity

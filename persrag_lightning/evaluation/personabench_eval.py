@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from persrag_lightning.data.personabench import PersonaBenchCommunity, PersonaQuestion, load_personabench
-from persrag_lightning.personabench_metrics import personabench_scores
+from persrag_lightning.evaluation.personabench_metrics import personabench_scores
 from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text

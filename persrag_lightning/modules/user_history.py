@@ -11,12 +11,12 @@ from torch.utils.data import DataLoader
 
 from persrag_lightning.data.augment import AugmentConfig, augment_view
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.data.embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.data.histories import MASK_ID, history_ids, pad_histories, visible_histories
 from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.text_encoder import Pooling
 
 # The text "<mask>" as a one-doc corpus: its embedding (cached like any corpus) initialises the [mask] row.

@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.stats import Comparison, Interval, LampMetricFn, bootstrap_ci, compare, metric_names
+from persrag_lightning.evaluation.stats import (
+    Comparison,
+    Interval,
+    LampMetricFn,
+    bootstrap_ci,
+    compare,
+    metric_names,
+)
 from persrag_lightning.utils import atomic_replace
 
 ALPHA = 0.05

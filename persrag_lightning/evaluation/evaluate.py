@@ -24,13 +24,13 @@ from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
+from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
 from persrag_lightning.progress import eta, progress
-from persrag_lightning.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.utils import (
     ConfigError,

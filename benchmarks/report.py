@@ -1,0 +1,299 @@
+"""Benchmark pages from the raw outputs: reads every `benchmarks/results/<machine>-<date>/` folder (its
+`machine.json` says what the machine is, its `runs.json` which command wrote which file and which table of it
+belongs to which page) and writes `docs/performance/*.md` plus each folder's README.md. Tables hold the latest run
+per benchmark and machine class; every row is read from a raw file, never typed. Deterministic: the same folders
+give the same bytes (tests/test_bench_report.py checks that the committed pages are this script's output).
+
+    python benchmarks/report.py            # rewrite the pages and the folder READMEs
+    python benchmarks/report.py --check    # exit 1 if any of them differs from what the raw files give
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path("benchmarks/results")
+PAGES = Path("docs/performance")
+FOLDER = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})(?P<suffix>[a-z]?)$")
+# Rows that compare against a former default describe the project's history, not an option a user has: they stay
+# in the raw file and out of the tables.
+HISTORY_ROWS = ("(before)", "until 2026")
+
+FAMILIES = {  # page file -> (title, one line on what the page measures)
+    "main-job": ("Main job", ("`python train.py pipeline --preset quick` (and the other presets): the four stages "
+                 "trained on the embedded SynthLaMP LaMP-2, then the evaluation on its test split. Cells of the "
+                 "results tables: metric [95% bootstrap interval]; p against CFRAG (paired randomisation test).")),
+    "llm-feedback": ("LLM feedback throughput", ("`benchmarks/bench_llm.py`: candidates labelled or answered per "
+                     "second by each LLM backend on the feedback prompts, against a naive transformers loop; "
+                     "\"same as exact\" compares with float32 transformers.")),
+    "training": ("Training throughput", ("Optimizer steps of the retriever and reranker stages "
+                 "(`benchmarks/bench_retriever_reranker.py`), the generator stage (`benchmarks/bench_generator.py`) "
+                 "and where a bf16 step's time goes (`benchmarks/profile_dropout.py`).")),
+    "serving": ("Serving latency", ("`CFRAGPipeline.retrieve` one query at a time, without the LLM "
+                "(`benchmarks/bench_serving.py`), and the reranker's runtimes alone "
+                "(`benchmarks/profile_reranker.py`); wall-clock ms.")),
+    "user-retrieval": ("User retrieval at scale", ("`benchmarks/bench_retrieval.py`: the top-m similar users "
+                       "among a million, by index kind, and the retrieval strategies without the LLM.")),
+    "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/test_gpu.py`); the GPU rows of the "
+            "other pages come from the same machine.")),
+}
+
+
+class ReportError(ValueError):
+    """A results folder that cannot be read: names the file and the field."""
+
+
+@dataclass
+class Table:
+    header: list[str]
+    align: str
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", self.align]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+
+@dataclass
+class Run:
+    folder: str
+    order: tuple
+    machine: dict
+    entry: dict
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _markdown_tables(text: str) -> list[list[str]]:
+    tables, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def _table(text: str, part: dict) -> Table:
+    """Every markdown table of the file whose header starts with `part["header"]`, rows concatenated."""
+    found = [t for t in _markdown_tables(text) if t[0].startswith(part["header"])]
+    if not found:
+        raise ReportError(f"no table with header {part['header']!r}")
+    rows = [_cells(line) for t in found for line in t[2:]]
+    return Table(_cells(found[0][0]), found[0][1], [r for r in rows if not any(h in r[0] for h in HISTORY_ROWS)])
+
+
+def _regex_rows(text: str, pattern: str) -> list[list[str]]:
+    return [list(m.groups()) for m in re.finditer(pattern, text, re.MULTILINE)]
+
+
+def _extract(text: str, part: dict) -> Table:
+    kind = part.get("kind")
+    if kind == "table":
+        return _table(text, part)
+    if kind == "stages":  # the pipeline's per-stage summary lines
+        return Table(["stage", "minutes"], "|---|---:|", _regex_rows(text, r"^\[pipeline\] (\w+): ([\d.]+) min$"))
+    if kind == "time":  # GNU time -v
+        wall = _regex_rows(text, r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)$")
+        rss = _regex_rows(text, r"Maximum resident set size \(kbytes\): (\d+)$")
+        rows = [[w[0], r[0]] for w, r in zip(wall, rss)]
+        return Table(["wall clock (h:mm:ss or m:ss)", "peak RSS (kB)"], "|---:|---:|", rows)
+    if kind == "pytest":
+        return Table(["pytest summary"], "|---|", _regex_rows(text, r"^(\d+ passed.*)$")[-1:])
+    if kind == "retriever_reranker":  # the fixed-width summary of bench_retriever_reranker.py
+        rows = _regex_rows(text, r"^(retriever|reranker)\s+(\d+) (.+?)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+x)$")
+        return Table(["module", "candidates", "mode", "steps", "texts/pairs encoded", "s/round", "samples/s",
+                      "speedup"], "|---|---:|---|---:|---:|---:|---:|---:|", rows)
+    if kind == "lines":
+        columns = part["columns"]
+        return Table(columns, "|" + "---|" * len(columns), _regex_rows(text, part["pattern"]))
+    raise ReportError(f"unknown part kind {kind!r}")
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"{path}: missing (every results folder has machine.json and runs.json)") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not JSON ({e})") from None
+
+
+def load_runs(root: Path = ROOT) -> list[Run]:
+    runs = []
+    for folder in sorted(p for p in (root / RESULTS).iterdir() if p.is_dir()):
+        m = FOLDER.match(folder.name)
+        if not m:
+            raise ReportError(f"{folder}: folder name is not <machine>-<YYYY-MM-DD>[letter]")
+        machine = _read_json(folder / "machine.json")
+        for key in ("class", "cpu", "instruction_sets", "date", "software"):
+            if key not in machine:
+                raise ReportError(f"{folder / 'machine.json'}: field {key!r} missing")
+        entries = _read_json(folder / "runs.json")
+        for i, entry in enumerate(entries):
+            for key in ("family", "files", "command"):
+                if key not in entry:
+                    raise ReportError(f"{folder / 'runs.json'}: entry {i}: field {key!r} missing")
+            for f in entry["files"]:
+                if not (folder / f).is_file():
+                    raise ReportError(f"{folder / 'runs.json'}: entry {i}: file {f!r} not in the folder")
+            if entry["family"] is not None and entry["family"] not in FAMILIES:
+                raise ReportError(f"{folder / 'runs.json'}: entry {i}: family {entry['family']!r} is not one of "
+                                  f"{', '.join(FAMILIES)}")
+            runs.append(Run(folder.name, (m["date"], m["suffix"], folder.name, i), machine, entry))
+    return runs
+
+
+def describe(machine: dict) -> str:
+    """A machine by what it is: CPU, instruction sets, GPU and driver."""
+    gpu = machine.get("gpu")
+    gpu_text = (f"{gpu}, driver {machine['driver']}, CUDA {machine['cuda']}" if gpu else "no GPU")
+    return f"{machine['cpu']}; {', '.join(machine['instruction_sets'])}; {gpu_text}"
+
+
+def latest(runs: list[Run]) -> dict[tuple[str, str, str], Run]:
+    """(family, benchmark, machine class) -> the latest run of it."""
+    out: dict[tuple[str, str, str], Run] = {}
+    for run in sorted((r for r in runs if r.entry["family"]), key=lambda r: r.order):
+        out[(run.entry["family"], run.entry["benchmark"], run.machine["class"])] = run
+    return out
+
+
+def _tables(run: Run, root: Path) -> list[Table]:
+    tables = []
+    for j, part in enumerate(run.entry["parts"]):
+        path = root / RESULTS / run.folder / part["file"]
+        try:
+            table = _extract(path.read_text(encoding="utf-8"), part)
+        except ReportError as e:
+            raise ReportError(f"{path}: runs.json part {j}: {e}") from None
+        if not table.rows:
+            raise ReportError(f"{path}: runs.json part {j} ({part['kind']}): no rows found")
+        tables.append(table)
+    return tables
+
+
+def _section(run: Run, root: Path) -> str:
+    e, m = run.entry, run.machine
+    files = ", ".join(f"`{RESULTS / run.folder / f}`" for f in e["files"])
+    lines = [f"### {m['class']}", "",
+             f"Machine: {describe(m)}. Software: {m['software']}.  ",
+             f"Command: `{e['command']}`  ",
+             f"Raw output: {files} ({m['date']})" + (f"; {e['note']}" if e.get("note") else ""), "", ""]
+    return "\n".join(lines) + "\n\n".join(t.markdown() for t in _tables(run, root)) + "\n"
+
+
+GENERATED = ("<!-- Written by `python benchmarks/report.py` from benchmarks/results/; edit the raw files' runs.json "
+             "or the script, not this page. -->")
+
+
+def family_page(family: str, all_runs: list[Run], runs: dict[tuple[str, str, str], Run], root: Path) -> str:
+    title, intro = FAMILIES[family]
+    parts = [GENERATED, "", f"# {title}", "", intro, ""]
+    benchmarks: list[str] = []  # in the order they were first run
+    for run in sorted(all_runs, key=lambda r: r.order):
+        if run.entry["family"] == family and run.entry["benchmark"] not in benchmarks:
+            benchmarks.append(run.entry["benchmark"])
+    for bench in benchmarks:
+        parts += [f"## {bench}", ""]
+        for (fam, b, cls), run in sorted(runs.items()):
+            if fam == family and b == bench:
+                parts += [_section(run, root)]
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def index_page(all_runs: list[Run], runs: dict[tuple[str, str, str], Run]) -> str:
+    families = [f for f in FAMILIES if any(k[0] == f for k in runs)]
+    machines: dict[str, tuple[str, list[str]]] = {}
+    for run in sorted(all_runs, key=lambda r: r.order):
+        desc, folders = machines.setdefault(run.machine["class"], (describe(run.machine), []))
+        if run.folder not in folders:
+            folders.append(run.folder)
+    lines = [GENERATED, "", "# Performance", "",
+             ("Every table on these pages is read from the raw outputs under `benchmarks/results/<machine>-<date>/` "
+             "by `python benchmarks/report.py`; each names the command that wrote it, the machine it ran on and "
+             "the raw file. A table shows the latest run of its benchmark on each class of machine; earlier runs "
+             "stay in their folders as raw files. Timings are wall-clock seconds of one run on the machine named, "
+             "not guarantees."), "", "## Pages", ""]
+    lines += [f"- [{FAMILIES[f][0]}]({f}.md)" for f in families]
+    lines += ["", "## Machines", "", "| machine class | what it is | result folders |", "|---|---|---|"]
+    for cls, (desc, folders) in sorted(machines.items()):
+        lines.append(f"| {cls} | {desc} | {', '.join(f'`{f}`' for f in folders)} |")
+    lines += ["", "## Adding a result", "",
+              ("Run the benchmark, store its output under `benchmarks/results/<machine>-<YYYY-MM-DD>/` with a "
+              "`machine.json` (what the machine is: `class`, `cpu`, `instruction_sets`, `gpu`, `driver`, `cuda`, "
+              "`software`, `date`) and a `runs.json` entry per command (`family`, `benchmark`, `command`, "
+              "`files`, and the `parts` that say which table of a file goes on the page), then run "
+              "`python benchmarks/report.py` and commit the folder with the pages it rewrote."), ""]
+    return "\n".join(lines)
+
+
+def folder_readme(folder: str, all_runs: list[Run]) -> str:
+    mine = [r for r in all_runs if r.folder == folder]
+    m = mine[0].machine
+    lines = [f"# Raw outputs, {m['date']}: {m['class']}", "",
+             f"Machine: {describe(m)}. Software: {m['software']}.", ""]
+    if m.get("note"):
+        lines += [m["note"], ""]
+    lines += [("`machine.json` describes the machine, `runs.json` each command (on the pages of docs/performance "
+              "where `family` is set); `python benchmarks/report.py` writes this file from them. Commands, from "
+              "the repository root, in the order they ran:"), ""]
+    for r in mine:
+        e = r.entry
+        files = ", ".join(f"`{f}`" for f in e["files"])
+        page = f" ({FAMILIES[e['family']][0]})" if e["family"] else ""
+        command = e["command"] if e["command"].startswith("a one-off") else f"`{e['command']}`"
+        lines.append(f"- {files}{page}: {command}" + (f"; {e['note']}" if e.get("note") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def build(root: Path = ROOT) -> dict[Path, str]:
+    """Every page and folder README, by path relative to the repository root."""
+    all_runs = load_runs(root)
+    runs = latest(all_runs)
+    out = {PAGES / "index.md": index_page(all_runs, runs)}
+    for family in FAMILIES:
+        if any(k[0] == family for k in runs):
+            out[PAGES / f"{family}.md"] = family_page(family, all_runs, runs, root)
+    for folder in sorted({r.folder for r in all_runs}):
+        out[RESULTS / folder / "README.md"] = folder_readme(folder, all_runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page differs from the raw files' output")
+    args = parser.parse_args(argv)
+    try:
+        pages = build(ROOT)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stale = [p for p, text in pages.items() if not (ROOT / p).is_file() or (ROOT / p).read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"differs from the raw files: {p}", file=sys.stderr)
+        return 1 if stale else 0
+    (ROOT / PAGES).mkdir(parents=True, exist_ok=True)
+    for p in stale:
+        tmp = (ROOT / p).with_suffix(".tmp")
+        tmp.write_text(pages[p], encoding="utf-8")
+        tmp.replace(ROOT / p)
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: LaMP tables, PersonaBench, memory evaluation, reports, intervals and the PersonaBench metrics."""
