@@ -172,7 +172,7 @@ def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str],
                   task: str) -> tuple[str, dict[str, float]]:
     """Evaluate `names` on dev and return the best by the task's first metric (with the dev numbers): the main
     job's recipe is chosen here, never on test."""
-    from persrag_lightning.stats import _HIGHER_IS_BETTER, metric_names
+    from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, metric_names
 
     metric = metric_names(task)[0]
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
