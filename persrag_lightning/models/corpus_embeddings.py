@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 SHARD_TEXTS = 8192  # unique texts per resumable shard
+PROGRESS_TEXTS = 1024  # texts per encode call inside a shard, between progress lines
 
 
 def corpus_embedding_key(corpus: Corpus, encoder: str, max_length: int, pooling: Pooling) -> str:
@@ -60,16 +61,20 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
     parts.mkdir(parents=True, exist_ok=True)
     model: TextEncoder | None = None
     shards = []
-    bar = Progress(f"embed corpus ({encoder})", len(texts), "unique texts", every=0)
+    # a line every 10 s with the ETA (12k SynthLaMP docs: a minute on 2 cores, more without AVX-512)
+    bar = Progress(f"embed corpus ({encoder})", len(texts), "unique texts")
     for n, start in enumerate(range(0, len(texts), SHARD_TEXTS)):
         shard = parts / f"part-{n:05d}.safetensors"
         if not shard.exists():
             if model is None:
                 model = TextEncoder.from_pretrained(encoder, pooling=pooling, max_length=max_length)
                 model.to(resolve_device(device))
-            vectors = model.encode(texts[start:start + SHARD_TEXTS], batch_size=batch_size)
-            atomic_save_tensors({"embeddings": vectors}, shard)
-        if len(texts) > SHARD_TEXTS:  # one line per resumable shard (a shard kept from a killed run counts)
+            part, blocks = texts[start:start + SHARD_TEXTS], []
+            for i in range(0, len(part), PROGRESS_TEXTS):
+                blocks.append(model.encode(part[i:i + PROGRESS_TEXTS], batch_size=batch_size))
+                bar.advance(len(blocks[-1]))
+            atomic_save_tensors({"embeddings": torch.cat(blocks)}, shard)
+        else:  # a shard kept from a killed run counts at once
             bar.advance(min(SHARD_TEXTS, len(texts) - start))
         shards.append(shard)
     if not texts:
