@@ -126,6 +126,8 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     names = json.loads(next(a for a in evaluations[0] if a.startswith("--only="))[len("--only="):])
     assert names == ["CFRAG", "w/o reranker tuning"]
     assert "--evaluation.reference=CFRAG" not in evaluations[1]  # CFRAG is the config's reference already
+    rows = json.loads(next(a for a in evaluations[1] if a.startswith("--only="))[len("--only="):])
+    assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
 
 
 def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) -> None:

@@ -188,14 +188,18 @@ def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str],
     return chosen, scores
 
 
-def report_strategies(preset: Preset, chosen: str) -> list[str] | None:
-    """The preset's reported rows with `{chosen}` / the chosen chain's "w/o user retrieval" filled in."""
+def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
+    """The preset's reported rows with `{chosen}` / the chosen chain's "w/o user retrieval" filled in; with the
+    paper's chain trained, both of its orders are reported (every candidate of the dev choice), else neither."""
     if preset["strategies"] is None:
         return None
     rows = [r.replace("{chosen}", chosen) for r in preset["strategies"]]
     rows = [CANDIDATES[chosen] if r == "w/o user retrieval{order}" else r for r in rows]
-    if preset.get("paper_chain"):  # every candidate is reported, the chosen one as the reference
-        rows[rows.index("CFRAG (paper)") + 1:rows.index("CFRAG (paper)") + 1] = ["CFRAG (paper) w/o reranker tuning"]
+    if not paper_chain:
+        rows = [r for r in rows if "(paper" not in r]
+    elif "CFRAG (paper)" in rows:
+        at = rows.index("CFRAG (paper)") + 1
+        rows[at:at] = ["CFRAG (paper) w/o reranker tuning"]
     return list(dict.fromkeys(rows))
 
 
@@ -276,7 +280,7 @@ def main(argv: list[str]) -> None:
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
     t0 = time.perf_counter()
-    rows = report_strategies(preset, chosen)
+    rows = report_strategies(preset, chosen, paper_chain)
     only = [] if rows is None else [f"--only={json.dumps(rows)}"]
     reference = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
     evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *reference, *evaluate_llm])
