@@ -218,7 +218,7 @@ def test_an_unfinished_sign_up_is_removed_at_start(run_dir, tiny_bert, tmp_path,
     def crash() -> None:
         raise KeyboardInterrupt  # the process dies before the account line (the sign-up's commit point)
 
-    monkeypatch.setattr(service, "_save_accounts", crash)
+    monkeypatch.setattr(service, "_append_account", crash)
     with pytest.raises(KeyboardInterrupt):
         service.sign_up({"user_id": "eve", "answers": ANSWERS, "history": history_like(service, template, "e")}, None)
     assert list((state / "users").glob("*.npz")) and service.bank.list("eve")
