@@ -195,14 +195,15 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
                                   f"{', '.join(sorted(hosts))} (persrag serve --allowed-host)")
         else:
             client = request.client.host if request.client else "unknown"
-            wait = requests_.take(client)
-            if not wait and request.method == "POST" and request.url.path == "/v1/users":
-                wait = signups.take(client)
+            signing_up = request.method == "POST" and request.url.path == "/v1/users"
+            wait = requests_.take(client) or (signups.take(client, spend=False) if signing_up else 0)
             if wait:
                 response = error(429, f"rate limit of this client reached; retry after {wait} s",
                                  {"Retry-After": str(wait)})
             else:
                 response = await call_next(request)
+                if signing_up and response.status_code == 201:
+                    signups.take(client)  # an account was created: it counts
         for key, value in API_HEADERS.items():
             response.headers.setdefault(key, value)
         return response

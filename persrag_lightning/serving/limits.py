@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Limits:
-    """Requests a client address may make per minute: sign-ups (no token needed, so the one to bound tightly) and
-    requests of any kind. Each is a bucket of that many requests, refilled evenly over the minute. 0: no limit."""
+    """What a client address may do per minute: accounts created (sign-ups need no token, so the one to bound
+    tightly; refused attempts do not count, the request limit bounds them) and requests of any kind. Each is a
+    bucket of that many, refilled evenly over the minute. 0: no limit."""
 
     signup_per_minute: int = 10
     requests_per_minute: int = 600
@@ -31,7 +32,8 @@ class RateLimiter:
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, key: str) -> int:
+    def take(self, key: str, spend: bool = True) -> int:
+        """`spend=False`: only ask (a request that counts only once it succeeded spends later with `take`)."""
         if self.capacity <= 0:
             return 0
         now = self.clock()
@@ -39,7 +41,7 @@ class RateLimiter:
             tokens, last = self._buckets.pop(key, (self.capacity, now))
             tokens = min(self.capacity, tokens + (now - last) * self.rate)
             wait = 0 if tokens >= 1 else max(1, math.ceil((1 - tokens) / self.rate))
-            self._buckets[key] = (tokens - 1 if not wait else tokens, now)
+            self._buckets[key] = (tokens - 1 if spend and not wait else tokens, now)
             while len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)
             return wait

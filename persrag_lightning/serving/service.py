@@ -596,9 +596,11 @@ class ChatService:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                     or not isinstance(m.get("content"), str):
                 raise bad_request(f"field `messages[{i}]` must be {{role: system|user|assistant, content: text}}")
-            if len(m["content"]) > self.max_message_chars or not is_utf8(m["content"]):
-                raise bad_request(f"field `messages[{i}].content` must be valid text of at most "
-                                  f"{self.max_message_chars} characters")
+            if len(m["content"]) > self.max_message_chars:
+                raise bad_request(f"field `messages[{i}].content` has {len(m['content'])} characters, more than "
+                                  f"the limit of {self.max_message_chars}")
+            if not is_utf8(m["content"]):
+                raise bad_request(f"field `messages[{i}].content` is not valid UTF-8 text (a lone surrogate)")
         if messages[-1]["role"] != "user":
             raise bad_request("the last of `messages` must be the user's")
         try:
