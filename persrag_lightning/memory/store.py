@@ -350,7 +350,7 @@ class MemoryStore:
         """Every user with a memory or a turn (a scan of the user_id columns: used once, at start)."""
         out: set[str] = set()
         for table in (self.memories, self.sessions):
-            out.update(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
+            out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
         return out
 
     def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
