@@ -178,7 +178,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True)
     parser.add_argument("--roots", nargs="*", default=[], help="folders to grep afterwards (the run, the cache)")
-    parser.add_argument("--state", default=None, help="the service's state folder (default <first root>/serve)")
+    parser.add_argument("--state", default=None, help="the service's state folder, when it is not inside a root "
+                                                       "(persrag serve --state)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chatters", type=int, default=6)
     parser.add_argument("--chats", type=int, default=20)
