@@ -58,6 +58,7 @@ MAX_FIELD_NAME_CHARS = 64
 MAX_DATE_CHARS = 64
 MAX_MODEL_CHARS = 256
 HISTORY_TURNS = 4  # earlier turns of the request's `messages` put in the prompt
+MAX_MESSAGES = 1000  # turns of one request (OpenAI clients resend the conversation; the body's 1 MiB bounds it too)
 ACCOUNTS = "accounts.jsonl"
 LEGACY_ACCOUNTS = "accounts.json"  # written whole by earlier versions: turned into accounts.jsonl at start
 
@@ -479,7 +480,8 @@ class ChatService:
             if not isinstance(d, dict) or not isinstance(d.get("fields"), dict) or "id" not in d or "date" not in d:
                 raise bad_request(f"field `history[{i}]` must be an object with id, date and fields")
             try:
-                validate_id(d["id"], f"history[{i}].id")
+                doc_id = d["id"]
+                validate_id(str(doc_id) if type(doc_id) is int else doc_id, f"history[{i}].id")
             except InvalidIdError as e:
                 raise bad_request(f"field {e}") from None
             date = d["date"]
@@ -590,8 +592,8 @@ class ChatService:
         """Every message's shape, size and text (earlier turns enter the prompt too); returns the last one."""
         if not isinstance(messages, list) or not messages:
             raise bad_request("field `messages` must be a non-empty list of {role, content}")
-        if len(messages) > 4 * HISTORY_TURNS + 64:
-            raise bad_request(f"field `messages` has {len(messages)} turns, more than {4 * HISTORY_TURNS + 64}")
+        if len(messages) > MAX_MESSAGES:
+            raise bad_request(f"field `messages` has {len(messages)} turns, more than the limit of {MAX_MESSAGES}")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
                     or not isinstance(m.get("content"), str):
