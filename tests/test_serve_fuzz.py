@@ -3,8 +3,8 @@ bodies, path parameters and headers that follow the schema (positive) and that b
 a wrong token, a valid user's token and the admin token. The property: never a 5xx nor an exception, and every
 4xx carries the error shape `{"error": {"message": text, "status": the status}}`.
 
-Bounded (FUZZ_EXAMPLES per auth kind and mode, derandomized: the same examples in every CI run); set
-PERSRAG_FUZZ_EXAMPLES=500 for a longer, random local run."""
+Bounded (FUZZ_EXAMPLES per operation, auth kind and mode; HOSTILE_EXAMPLES per endpoint; derandomized: the same
+examples in every CI run); set PERSRAG_FUZZ_EXAMPLES=300 for a longer, random local run."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ hypothesis = pytest.importorskip("hypothesis")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEEP = int(os.environ.get("PERSRAG_FUZZ_EXAMPLES", "0"))
-FUZZ_EXAMPLES = DEEP or 40
+FUZZ_EXAMPLES = DEEP or 12  # per operation, auth kind and mode
+HOSTILE_EXAMPLES = DEEP or 80  # per endpoint
 FUZZER = "fz-user"
 
 
@@ -73,25 +74,43 @@ def test_fuzzing_every_endpoint_gives_no_5xx_and_the_error_shape(fuzz_target, au
     service, app, schema, state = fuzz_target
     generation = schemathesis.GenerationMode.POSITIVE if mode == "positive" else \
         schemathesis.GenerationMode.NEGATIVE
-    fixed = {"user_id": FUZZER} if auth in ("user", "admin") else None
-    strategy = schema.as_strategy(generation_mode=generation, path_parameters=fixed)
+    fixed = {"user_id": FUZZER} if auth in ("user", "admin") else {}
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=not DEEP, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case=strategy)
-    def run(case) -> None:
-        headers = {}
-        if auth == "wrong":
-            headers["Authorization"] = "Bearer not-a-token"
-        elif auth == "user":
-            headers["Authorization"] = f"Bearer {fuzzer_token(service, app, state)}"
-        elif auth == "admin":
-            fuzzer_token(service, app, state)
-            headers["Authorization"] = f"Bearer {ADMIN}"
-        check(case.call(app=app, headers=headers), case)
+    def fuzz(operation) -> None:
+        strategy = operation.as_strategy(generation_mode=generation, path_parameters={
+            k: v for k, v in fixed.items() if f"{{{k}}}" in operation.path} or None)
+        bodiless = "{" not in operation.path and operation.method.upper() == "GET"
 
-    run()
+        @settings(max_examples=2 if bodiless else FUZZ_EXAMPLES, deadline=None, derandomize=not DEEP,
+                  database=None, suppress_health_check=list(HealthCheck))
+        @given(case=strategy)
+        def run(case) -> None:
+            headers = {}
+            if auth == "wrong":
+                headers["Authorization"] = "Bearer not-a-token"
+            elif auth == "user":
+                headers["Authorization"] = f"Bearer {fuzzer_token(service, app, state)}"
+            elif auth == "admin":
+                fuzzer_token(service, app, state)
+                headers["Authorization"] = f"Bearer {ADMIN}"
+            response = case.call(app=app, headers=headers)
+            check(response, case)
+            key = (case.method, case.path, response.status_code)
+            codes[key] = codes.get(key, 0) + 1
+
+        run()
+
+    codes: dict[tuple[str, str, int], int] = {}
+    operations = [result.ok() for result in schema.get_all_operations()]
+    for operation in operations:
+        if mode == "negative" and operation.method.upper() != "POST":
+            continue  # only bodies can break the schema (a path parameter is any text)
+        fuzz(operation)
     assert service.health()["status"] == "ok"
+    print(f"{auth}/{mode}:", sorted(codes.items()))
+    if auth == "user" and mode == "positive":  # the generated requests reach past the checks, into the service
+        ok = {(m, p) for (m, p, status), _ in codes.items() if status < 300}
+        assert ("POST", "/v1/chat/completions") in ok and ("GET", "/v1/users/{user_id}/memories") in ok, codes
 
 
 def json_values():
@@ -163,7 +182,7 @@ def test_hostile_json_in_every_field_gives_no_5xx(fuzz_target, path):
     service, app, _, state = fuzz_target
     client = TestClient(app, raise_server_exceptions=True)
 
-    @settings(max_examples=FUZZ_EXAMPLES * 2, deadline=None, derandomize=not DEEP, database=None,
+    @settings(max_examples=HOSTILE_EXAMPLES, deadline=None, derandomize=not DEEP, database=None,
               suppress_health_check=list(HealthCheck))
     @given(body=mutated_bodies(path))
     def run(body) -> None:

@@ -133,18 +133,18 @@ def page_and_csp() -> tuple[str, str]:
 
 # ---- the OpenAPI description of the bodies (read by hand above; described for clients and the fuzzing tests) ----
 
-_TEXT = {"type": "string", "minLength": 1}
-_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS}
+_TEXT = {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": r"\S"}  # not blank
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"^[^\x00-\x1f\x7f]+$"}
 _HISTORY_DOC = {"type": "object", "required": ["id", "date", "fields"], "properties": {
-    "id": _ID, "date": {"type": "string", "minLength": 1, "maxLength": MAX_DATE_CHARS, "example": "2024-01-02"},
+    "id": _ID, "date": {"type": "string", "format": "date", "maxLength": MAX_DATE_CHARS, "example": "2024-01-02"},
     "fields": {"type": "object", "minProperties": 1, "additionalProperties": _TEXT,
                "propertyNames": {"minLength": 1, "maxLength": MAX_FIELD_NAME_CHARS}}}}
 _HISTORY = {"type": "array", "minItems": 1, "maxItems": MAX_HISTORY_DOCS, "items": _HISTORY_DOC}
 SCHEMAS = {
     "SignUp": {"type": "object", "required": ["user_id"], "properties": {
-        "user_id": {**_ID, "pattern": "^[^/]+$"},
+        "user_id": {**_ID, "pattern": r"^[^/\x00-\x1f\x7f]+$"},  # nor `.` / `..`
         "answers": {"type": "object", "properties": {q.category: _TEXT for q in QUESTIONNAIRE},
-                    "additionalProperties": False},
+                    "additionalProperties": False, "minProperties": 1},
         "share": {"type": "boolean"}, "history": _HISTORY}},
     "Chat": {"type": "object", "required": ["messages"], "properties": {
         "model": {"type": "string", "maxLength": MAX_MODEL_CHARS}, "session_id": _ID,
