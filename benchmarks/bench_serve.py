@@ -21,6 +21,7 @@ import httpx
 
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.serving.app import create_app
+from persrag_lightning.serving.limits import Limits
 from persrag_lightning.serving.service import ChatService
 from tests.serve_helpers import ThreadServer
 
@@ -37,7 +38,7 @@ def load(service: ChatService, clients: int, turns: int, tag: str) -> dict:
     """Every client signs up and sends `turns` messages; returns latencies and the row check."""
     chat_ms: list[float] = []
     acked: dict[str, list[str]] = {}  # user → memory ids the server acknowledged (sign-up and chat turns)
-    with ThreadServer(create_app(service)) as server:
+    with ThreadServer(create_app(service, limits=Limits(signup_per_minute=0, requests_per_minute=0))) as server:
         def one(i: int) -> int:
             with httpx.Client(base_url=server.url, timeout=600) as http:
                 user = f"{tag}-{i}"

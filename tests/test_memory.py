@@ -182,7 +182,7 @@ def test_quotes_and_backslashes_in_user_ids_round_trip(store):
         assert [m.text for m in store.list_memories(user)] == [f"memory of {user}"]
 
 
-@pytest.mark.parametrize("bad", ["", "a\x00b", "tab\there", "x" * 257, 42, None])
+@pytest.mark.parametrize("bad", ["", "a\x00b", "tab\there", "x" * 257, 42, None, "\ud800"])
 def test_invalid_user_ids_are_rejected(store, bad):
     with pytest.raises((InvalidIdError, TypeError)):
         store.list_memories(bad)

@@ -215,10 +215,10 @@ def test_an_unfinished_sign_up_is_removed_at_start(run_dir, tiny_bert, tmp_path,
     service = open_service(run_dir, state, tiny_bert)
     template = service.pipeline.store.corpus.user_ids[2]
 
-    def crash() -> None:
+    def crash(*args) -> None:
         raise KeyboardInterrupt  # the process dies before the account line (the sign-up's commit point)
 
-    monkeypatch.setattr(service, "_save_accounts", crash)
+    monkeypatch.setattr(service, "_append_account", crash)
     with pytest.raises(KeyboardInterrupt):
         service.sign_up({"user_id": "eve", "answers": ANSWERS, "history": history_like(service, template, "e")}, None)
     assert list((state / "users").glob("*.npz")) and service.bank.list("eve")

@@ -31,6 +31,16 @@ def serve_command(argv: list[str]) -> None:
     parser.add_argument("--reranker", default="reranker",
                         help="the run's reranker bundle: reranker (stage 3) or reranker_distilled (its one-layer "
                              "student, cfrag_reranker_distilled.yaml: ~4x faster reranking, docs: performance)")
+    parser.add_argument("--cache-dir", default=".cache/persrag",
+                        help="the cache the run's corpus embeddings are in (resolved once at start: a deletion "
+                             "purges this one, wherever the process runs from)")
+    parser.add_argument("--allowed-host", action="append", default=None,
+                        help="a Host name this server answers (repeatable; default: the --host address, and the "
+                             "loopback names when it is loopback; any when --host is 0.0.0.0 or :: without it)")
+    parser.add_argument("--signup-rate", type=int, default=10,
+                        help="sign-ups per minute per client address (0: unlimited)")
+    parser.add_argument("--request-rate", type=int, default=600,
+                        help="requests per minute per client address (0: unlimited)")
     parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
     args = parser.parse_args(argv)
@@ -40,7 +50,8 @@ def serve_command(argv: list[str]) -> None:
     import uvicorn
 
     from persrag_lightning.llm.registry import LLMConfig
-    from persrag_lightning.serving.app import create_app
+    from persrag_lightning.serving.app import allowed_hosts_for, create_app
+    from persrag_lightning.serving.limits import Limits
     from persrag_lightning.serving.service import ChatService
 
     logging.basicConfig(level=logging.WARNING)
@@ -48,10 +59,16 @@ def serve_command(argv: list[str]) -> None:
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
                                           use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
-                                          users=args.users, cohort_export=args.cohorts, reranker=args.reranker)
+                                          users=args.users, cohort_export=args.cohorts, reranker=args.reranker,
+                                          cache_dir=args.cache_dir)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
     print(f"persrag serve: http://{args.host}:{args.port}/ ({service.health()['users']} users)", file=sys.stderr,
           flush=True)
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    hosts = allowed_hosts_for(args.host, args.allowed_host)
+    if hosts is None:
+        print("persrag serve: bound to every address with no --allowed-host: the Host header is not checked",
+              file=sys.stderr)
+    app = create_app(service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

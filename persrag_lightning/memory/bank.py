@@ -39,6 +39,7 @@ class MemorySettings:
     store: StoreSettings = field(default_factory=StoreSettings)
     history_turns: int = 6  # recent turns of the session given to the extraction prompt
     max_message_chars: int = 8000
+    max_turns_per_user: int = 1000  # session turns kept per user, all sessions together (oldest dropped first)
     extract_query_tags: bool = True  # recall asks the LLM for the query's tags when none are given (seed)
 
 
@@ -134,8 +135,10 @@ class MemoryBank:
         """Log one turn of either role (the assistant's answers are logged by the caller after generation)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        return self.store.add_turn(user_id, session_id, role,
+        turn = self.store.add_turn(user_id, session_id, role,
                                    check_text(text, f"{role} turn", self.settings.max_message_chars))
+        self.store.trim_turns(user_id, self.settings.max_turns_per_user)
+        return turn
 
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:
         """A user's chat message: log the turn, extract a memory with the session's recent turns, store it,
@@ -191,9 +194,17 @@ class MemoryBank:
             return self.store.delete_user(user_id)
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
-        """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps them)."""
+        """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps them); the
+        user's lock goes with them (the caller makes sure no request of the user is in flight)."""
         with self._user_lock(user_id):
-            return self.store.purge_user(user_id)
+            counts = self.store.purge_user(user_id)
+        with self._locks_guard:
+            self._user_locks.pop(user_id, None)
+        return counts
+
+    def user_ids(self) -> set[str]:
+        """Every user the bank holds rows of."""
+        return self.store.user_ids()
 
     # ---- reads ----------------------------------------------------------------------------------------------
 

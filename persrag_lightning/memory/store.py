@@ -45,6 +45,10 @@ def validate_id(value: object, what: str = "user_id") -> str:
         raise InvalidIdError(f"{what} must have 1 to {MAX_ID_CHARS} characters, got {len(value)}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise InvalidIdError(f"{what} {value!r} contains control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
+        raise InvalidIdError(f"{what} {value!r} is not valid Unicode text (a lone surrogate)") from None
     return value
 
 
@@ -328,6 +332,26 @@ class MemoryStore:
             self.sessions.add(pa.Table.from_pydict(row, schema=SESSIONS_SCHEMA))
             self._commits += 1
         return turn
+
+    def trim_turns(self, user_id: str, keep: int) -> int:
+        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit; returns rows
+        deleted. Sessions are bounded by this, not by a count of sessions."""
+        with self._lock:
+            if self.sessions.count_rows(user_filter(user_id).to_sql()) <= keep:
+                return 0
+            rows = (self.sessions.search().where(user_filter(user_id)).select(["id", "created_at"]).limit(None)
+                    .to_list())
+            rows.sort(key=lambda r: (r["created_at"], r["id"]))
+            old = [r["id"] for r in rows[:len(rows) - keep]]
+            self._commits += 1
+            return int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
+
+    def user_ids(self) -> set[str]:
+        """Every user with a memory or a turn (a scan of the user_id columns: used once, at start)."""
+        out: set[str] = set()
+        for table in (self.memories, self.sessions):
+            out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
+        return out
 
     def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
         """A user's turns (of one session when given), oldest first; `last` keeps only the most recent ones."""

@@ -1,16 +1,24 @@
 """`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and checked here —
-size, UTF-8, JSON, object — so every bad request is a 4xx with a one-line `error` message, never a 500, and
-nothing is stored before the whole request is valid.
+Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — so every bad request is a 4xx with a
+one-line `error` message, never a 500, and nothing is stored before the whole request is valid. Around every
+request: the Host header checked against the bind address (DNS rebinding), per-client rate limits, and security
+headers (a CSP that admits exactly the page's own inline script and style, no framing, no sniffing, no caching).
 
 Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible + provenance),
 GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST /v1/users/{id}/history,
-DELETE /v1/users/{id}, GET /healthz, GET / (the chat page).
+DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()` describes every body (the schema the
+fuzzing tests generate requests from); it is not served.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import ipaddress
 import json
 import logging
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -20,20 +28,44 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from persrag_lightning.memory.extract import QUESTIONNAIRE
-from persrag_lightning.serving.service import ChatService, ServiceError
+from persrag_lightning.memory.store import MAX_ID_CHARS
+from persrag_lightning.serving.limits import Limits, RateLimiter
+from persrag_lightning.serving.service import (
+    MAX_DATE_CHARS,
+    MAX_FIELD_NAME_CHARS,
+    MAX_HISTORY_DOCS,
+    MAX_MODEL_CHARS,
+    ChatService,
+    ServiceError,
+    is_utf8,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20  # 1 MiB: a message is at most 8,000 characters; a history of 1,000 docs fits
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits
 PAGE = Path(__file__).with_name("static") / "chat.html"
+JSON_TYPES = ("application/json",)
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+API_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+}
 
 
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "status": status}}, status_code=status)
+def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "status": status}}, status_code=status, headers=headers)
 
 
 async def read_json(request: Request) -> dict:
     """The body as a JSON object, or a ServiceError naming what is wrong with it."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in JSON_TYPES:
+        # a cross-site form or text/plain POST needs no preflight: refusing it is what keeps a page elsewhere
+        # from signing users up (or chatting) through a visitor's browser
+        raise ServiceError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise ServiceError(413, f"body has {int(length)} bytes, more than the limit of {MAX_BODY_BYTES}")
@@ -52,15 +84,129 @@ async def read_json(request: Request) -> dict:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise ServiceError(400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise ServiceError(400, "malformed JSON body: nested too deeply") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (int_max_str_digits)
+        raise ServiceError(400, f"malformed JSON body: a number with too many digits ({e})") from None
     if not isinstance(obj, dict):
         raise ServiceError(400, f"body must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
-def create_app(service: ChatService, model_name: str = "persrag-cfrag") -> FastAPI:
+def allowed_hosts_for(bind_host: str, configured: Sequence[str] | None = None) -> list[str] | None:
+    """The Host header values a server bound to `bind_host` answers: the configured names, else the bind address
+    (with the loopback names when it is loopback); None (any) for a wildcard bind without configured names."""
+    if configured:
+        return list(configured)
+    host = bind_host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    return list(dict.fromkeys([host, *LOOPBACK_NAMES])) if loopback else [host]
+
+
+def host_name(header: str) -> str:
+    """`example.org:8000` → `example.org`, `[::1]:8000` → `::1`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def page_and_csp() -> tuple[str, str]:
+    """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style by hash."""
+    questions = json.dumps([{"category": q.category, "text": q.text} for q in QUESTIONNAIRE])
+    html = PAGE.read_text(encoding="utf-8").replace("/*QUESTIONNAIRE*/[]", questions)
+
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.DOTALL)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
+                        for b in bodies)
+
+    csp = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+           "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return html, csp
+
+
+# ---- the OpenAPI description of the bodies (read by hand above; described for clients and the fuzzing tests) ----
+
+_TEXT = {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": r"\S"}  # not blank
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"^[^\x00-\x1f\x7f]+$"}
+_HISTORY_DOC = {"type": "object", "required": ["id", "date", "fields"], "properties": {
+    "id": _ID, "date": {"type": "string", "format": "date", "maxLength": MAX_DATE_CHARS, "example": "2024-01-02"},
+    "fields": {"type": "object", "minProperties": 1, "additionalProperties": _TEXT,
+               "propertyNames": {"minLength": 1, "maxLength": MAX_FIELD_NAME_CHARS}}}}
+_HISTORY = {"type": "array", "minItems": 1, "maxItems": MAX_HISTORY_DOCS, "items": _HISTORY_DOC}
+SCHEMAS = {
+    "SignUp": {"type": "object", "required": ["user_id"], "properties": {
+        "user_id": {**_ID, "pattern": r"^[^/\x00-\x1f\x7f]+$"},  # nor `.` / `..`
+        "answers": {"type": "object", "properties": {q.category: _TEXT for q in QUESTIONNAIRE},
+                    "additionalProperties": False, "minProperties": 1},
+        "share": {"type": "boolean"}, "history": _HISTORY}},
+    "Chat": {"type": "object", "required": ["messages"], "properties": {
+        "model": {"type": "string", "maxLength": MAX_MODEL_CHARS}, "session_id": _ID,
+        "stream": {"type": "boolean", "enum": [False]},
+        "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
+                     "properties": {"role": {"enum": ["system", "user", "assistant"]}, "content": _TEXT}}}}},
+    "History": {"type": "object", "required": ["history"], "properties": {"history": _HISTORY}},
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "status"],
+        "properties": {"message": {"type": "string"}, "status": {"type": "integer"}}}}},
+}
+
+
+def _body(name: str) -> dict:
+    errors = {str(s): {"description": "refused", "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"}}}} for s in (400, 401, 403, 404, 409, 413, 415, 422, 429)}
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{name}"}}}}, "responses": errors}
+
+
+def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: Limits | None = None,
+               allowed_hosts: Sequence[str] | None = None) -> FastAPI:
+    """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
+    `persrag serve` passes allowed_hosts_for(--host, --allowed-host))."""
+    limits = limits or Limits()
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
+    requests_ = RateLimiter(limits.requests_per_minute, limits.max_clients)
+    hosts = {h.lower().strip("[]") for h in allowed_hosts} if allowed_hosts is not None else None
+    page_html, page_csp = page_and_csp()
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
+            response = error(400, "unexpected Host header; this server answers "
+                                  f"{', '.join(sorted(hosts))} (persrag serve --allowed-host)")
+        else:
+            client = request.client.host if request.client else "unknown"
+            signing_up = request.method == "POST" and request.url.path == "/v1/users"
+            wait = requests_.take(client) or (signups.take(client, spend=False) if signing_up else 0)
+            if wait:
+                response = error(429, f"rate limit of this client reached; retry after {wait} s",
+                                 {"Retry-After": str(wait)})
+            else:
+                response = await call_next(request)
+                if signing_up and response.status_code == 201:
+                    signups.take(client)  # an account was created: it counts
+        for key, value in API_HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -83,24 +229,26 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag") -> FastA
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
-        questions = json.dumps([{"category": q.category, "text": q.text} for q in QUESTIONNAIRE])
-        return HTMLResponse(PAGE.read_text(encoding="utf-8").replace("/*QUESTIONNAIRE*/[]", questions))
+        return HTMLResponse(page_html, headers={"Content-Security-Policy": page_csp})
 
-    @app.post("/v1/users", status_code=201)
+    @app.post("/v1/users", status_code=201, openapi_extra=_body("SignUp"))
     async def sign_up(request: Request) -> JSONResponse:
         auth = request.headers.get("authorization")
         who = service.authenticate(auth) if auth else None
         body = await read_json(request)
         return JSONResponse(await run_in_threadpool(service.sign_up, body, who), status_code=201)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body("Chat"))
     async def chat(request: Request) -> dict:
         who = caller(request)
         body = await read_json(request)
         if body.get("stream"):
             raise ServiceError(400, "field `stream`: streaming is not supported; send stream: false")
+        model = body.get("model")
+        if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS or not is_utf8(model)):
+            raise ServiceError(400, f"field `model` must be a text of at most {MAX_MODEL_CHARS} characters")
         turn = await run_in_threadpool(service.chat, who, body)
-        return service.completion(turn, str(body.get("model") or model_name), who.user_id)
+        return service.completion(turn, model or model_name, who.user_id)
 
     @app.get("/v1/users/{user_id}/memories")
     def memories(user_id: str, request: Request) -> dict:
@@ -111,7 +259,7 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag") -> FastA
         service.delete_memory(caller(request), user_id, memory_id)
         return Response(status_code=204)
 
-    @app.post("/v1/users/{user_id}/history")
+    @app.post("/v1/users/{user_id}/history", openapi_extra=_body("History"))
     async def history(user_id: str, request: Request) -> dict:
         who = caller(request)
         body = await read_json(request)

@@ -228,12 +228,16 @@ class CFRAGPipeline:
                 "distance": a.distance}
 
     def attach_user(self, user: User, doc_vectors: torch.Tensor, user_vectors: torch.Tensor,
-                    cohort: dict | None = None) -> None:
+                    cohort: dict | None = None, share: bool = True) -> None:
         """Append a user whose vectors are known (encode_user, or a restart reading them back); `cohort` is a
-        persisted `cohort_assignment`, reused when it was made on the cohort export now loaded."""
+        persisted `cohort_assignment`, reused when it was made on the cohort export now loaded. `share: false`
+        is set before the docs are added, so no retrieval ever sees the user shared (one step for the caller's
+        lock, not attach-then-hide)."""
         s, ue = self.strategy, self.strategy.user_encoder
         if len(doc_vectors) != len(user.docs):
             raise ValueError(f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs")
+        if not share:
+            self.store.set_share(user.user_id, False)
         self.store.add_user(user)
         s.retriever.load()
         s.retriever.doc_vectors = torch.cat([s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)])
