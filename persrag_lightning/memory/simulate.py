@@ -137,10 +137,14 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
     return out
 
 
-def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation]) -> RecallReport:
-    """Feed every conversation through `remember`, then ask every question through `recall`; a hit is a
-    recalled memory of the same user that contains the planted value."""
+def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
+                   signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
+    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
+    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
+    planted value."""
     for conv in conversations:
+        if signup and conv.user_id in signup:
+            bank.add_user(conv.user_id, signup[conv.user_id])
         for message in conv.messages:
             bank.remember(conv.user_id, message, conv.session_id)
     hits = foreign = questions = 0
