@@ -539,6 +539,30 @@ def test_unusable_answers_fall_back_to_the_message_and_are_counted(answer):
     assert (extractor.calls, extractor.fallbacks) == (1, 1)
 
 
+def test_extraction_is_constrained_to_its_json_schema_where_the_backend_can():
+    from persrag_lightning.memory.extract import extraction_schema
+
+    class SchemaLLM(ScriptedLLM):
+        supports_json_schema = True
+
+        def __init__(self, reply) -> None:
+            super().__init__(reply)
+            self.schemas: list = []
+
+        def generate(self, prompts, max_new_tokens, json_schema=None):
+            self.schemas.append(json_schema)
+            return super().generate(prompts, max_new_tokens)
+
+    llm = SchemaLLM(lambda p: json.dumps({"memory": message_of(p), "topics": ["x"]}))
+    assert Extractor(llm).extract("I like tea").parsed and llm.schemas == [extraction_schema()]
+    schema = extraction_schema()
+    assert schema["required"] == ["memory", "topics", "entities", "query_type", "intent", "preferences"]
+    Extractor(llm, json_schema=False).extract("I like tea")
+    assert llm.schemas[-1] is None  # the seed's free decoding, parsed afterwards
+    plain = ScriptedLLM(lambda p: json.dumps({"memory": "m"}))  # no schema support: generate without it
+    assert Extractor(plain).extract("I like tea").memory == "m"
+
+
 def test_prompt_carries_recent_turns_of_both_roles():
     llm = identity_llm()
     bank_turns = []

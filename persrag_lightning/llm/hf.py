@@ -195,7 +195,12 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     backend = "hf"
 
-    supports_json_schema = True
+    @property
+    def supports_json_schema(self) -> bool:
+        """Constrained JSON decoding needs lm-format-enforcer (the `constrained` extra)."""
+        import importlib.util
+
+        return importlib.util.find_spec("lmformatenforcer") is not None
 
     def __init__(self, model: str = "smollm2", batch_size: int = 8, device: str = "auto",
                  dtype: str | torch.dtype = "auto", cache_dir: str | os.PathLike | None = None,

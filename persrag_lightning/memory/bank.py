@@ -44,6 +44,9 @@ class MemorySettings:
     # sentence, from the same call as the tags), or "raw", the query itself; without an LLM, or when the LLM's
     # answer is unusable or empty, the raw query (counted in `recall_inputs`)
     recall_query: str = "summary"
+    # constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
+    # lm-format-enforcer); False: free decoding parsed afterwards, as the seed does
+    constrained_extraction: bool = True
 
     def __post_init__(self) -> None:
         if self.recall_query not in ("summary", "raw"):
@@ -77,7 +80,8 @@ class MemoryBank:
         self.encoder = encoder
         dim = getattr(encoder, "dim", None) or encode_numpy(encoder, ["dimension probe"]).shape[1]
         self.store = MemoryStore(path, int(dim), self.settings.store, clock)
-        self.extractor = Extractor(llm, history_turns=self.settings.history_turns) if llm is not None else None
+        self.extractor = Extractor(llm, history_turns=self.settings.history_turns,
+                                   json_schema=self.settings.constrained_extraction) if llm is not None else None
         self.tag_embeddings = TagEmbeddings(encoder)
         # what recall embedded: the LLM's summary, or the raw query (by setting, or as the fallback)
         self.recall_inputs: dict[str, int] = {"summary": 0, "raw": 0, "raw_fallback": 0}
