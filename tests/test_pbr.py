@@ -111,9 +111,28 @@ def test_pagerank_with_damping_matches_closed_form():
 
 def test_pagerank_stops_at_max_iter_and_tolerance():
     assert pagerank(sp.csr_matrix(P_SMALL), damping=1.0, max_iter=3, tol=1e-12).steps == 3
-    assert not pagerank(sp.csr_matrix(P_SMALL), damping=1.0, max_iter=3, tol=1e-12).converged
+    stopped = pagerank(sp.csr_matrix(P_SMALL), damping=1.0, max_iter=3, tol=1e-12)
+    assert not stopped.converged and stopped.residual > 1e-12
     loose = pagerank(sp.csr_matrix(P_SMALL), damping=1.0, max_iter=50, tol=1e-2)
-    assert loose.converged and loose.steps < 50
+    assert loose.converged and loose.steps < 50 and loose.residual < 1e-2
+
+
+def test_non_converged_anchor_is_warned_with_its_residual_and_counted(caplog):
+    # through the retriever: a graph whose π moves away from uniform, with one step allowed, cannot converge
+    embs = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)
+    stopped = PBRRetriever(lambda t: np.zeros((len(t), 2), np.float32),
+                           PBRSettings(use_prf=False, theta=-1.0, k2=2, damping=1.0, max_iter=1, tol=1e-12))
+    stopped.add_user("v", ["x", "y", "z"], embs)
+    with caplog.at_level("WARNING", logger="persrag_lightning.retrieval.pbr"):
+        stopped.anchor("v")
+    assert stopped.stats.pagerank_not_converged == 1
+    assert stopped.stats.pagerank_residuals[0] > 1e-12
+    assert "did not converge" in caplog.text and "L1 change" in caplog.text
+    # the same graph with the default budget converges: nothing counted
+    fine = PBRRetriever(lambda t: np.zeros((len(t), 2), np.float32), PBRSettings(use_prf=False))
+    fine.add_user("v", ["x", "y", "z"], embs)
+    fine.anchor("v")
+    assert fine.stats.pagerank_not_converged == 0
 
 
 def test_graph_threshold_topk_self_loops_and_row_normalisation():
@@ -124,8 +143,17 @@ def test_graph_threshold_topk_self_loops_and_row_normalisation():
     assert a[0, 0] == pytest.approx(1.0) and a[0, 1] == pytest.approx(0.9) and a[0, 2] == 0 and a[0, 3] == 0
     # row 3 is only similar to itself: the self-loop keeps the row non-empty
     assert a[3].nonzero()[0].tolist() == [3]
-    # k2 = 1 keeps only the self-loop everywhere
-    assert (sparse_adjacency(s, theta=0.0, k2=1).toarray() == np.diag(np.diag(s))).all()
+    # authors' code: the chunk is one of its own k2, so k2 = 1 keeps only the self-loop everywhere
+    assert (sparse_adjacency(s, theta=0.0, k2=1, self_in_top_k2=True).toarray() == np.diag(np.diag(s))).all()
+    # Eq. 8's neighbours are other chunks: k2 = 1 keeps the self-loop and the one nearest other chunk
+    one = sparse_adjacency(s, theta=0.0, k2=1).toarray()
+    assert (np.diag(one) == pytest.approx(1.0)) and [int((row != 0).sum()) for row in one] == [2, 2, 2, 1]
+    assert one[0, 1] == pytest.approx(0.9) and one[1, 0] == pytest.approx(0.9)
+    # k2 = 2: two real neighbours per row (where above θ), not one real neighbour and the node itself
+    e5 = np.array([[1, 0, 0], [0.99, 0.14, 0], [0.98, 0, 0.2], [0.97, 0.17, 0.17], [0, 0, 1]], dtype=np.float32)
+    s5 = cosine_similarity_matrix(e5)
+    assert int((sparse_adjacency(s5, theta=0.5, k2=2).toarray()[0] != 0).sum()) == 3  # self + 2 others
+    assert int((sparse_adjacency(s5, theta=0.5, k2=2, self_in_top_k2=True).toarray()[0] != 0).sum()) == 2
     p = transition_matrix(sp.csr_matrix(a)).toarray()
     np.testing.assert_allclose(p.sum(axis=1), 1.0)
     assert p[0, 1] == pytest.approx(0.9 / 1.9)
@@ -179,6 +207,64 @@ def test_non_json_answer_is_embedded_as_the_single_utterance(tmp_path):
     np.testing.assert_allclose(q_star[0], expand_query(q, None, f, f), atol=1e-5)
     assert weights[0][0] == pytest.approx(1 + float(q @ f) / float(np.linalg.norm(q) * np.linalg.norm(f)),
                                           abs=1e-5)
+
+
+def test_default_averages_the_papers_m_5_utterances(tmp_path):
+    ten = json.dumps({"candidates": [f"utterance number {i} about topic {i % 3}" for i in range(10)]})
+    llm = CachedLLM(CountingLLM(answer=ten), tmp_path)
+    r = PBRRetriever(fake_encode, PBRSettings(), llm)
+    assert r.settings.max_utterances == 5
+    r.add_user("u", USERS["u1"])
+    (fb,) = r.pseudo_feedback("u", ["q"], fake_encode(["q"]))
+    assert list(fb.utterances) == json.loads(ten)["candidates"][:5]
+    every = PBRRetriever(fake_encode, PBRSettings(max_utterances=None), llm)
+    every.users = r.users
+    assert len(every.pseudo_feedback("u", ["q"], fake_encode(["q"]))[0].utterances) == 10
+    with pytest.raises(ValueError, match="max_utterances"):
+        PBRSettings(max_utterances=0)
+
+
+class SchemaLLM(CountingLLM):
+    """A backend that can constrain decoding: free answers echo the template, constrained ones are valid JSON."""
+
+    supports_json_schema = True
+
+    def __init__(self) -> None:
+        super().__init__("fake:schema:1", answer='{ "candidates": [...", "...", "..."] }')
+        self.schemas: list[dict | None] = []
+
+    def generate(self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None) -> list[str]:
+        self.schemas.append(json_schema)
+        if json_schema is None:
+            return super().generate(prompts, max_new_tokens)
+        self.calls += len(prompts)
+        n = json_schema["properties"]["candidates"]["maxItems"]
+        return [json.dumps({"candidates": [f"constrained {i} {hashlib.sha256(p.encode()).hexdigest()[:4]}"
+                                           for i in range(n)]}) for p in prompts]
+
+
+def test_utterances_are_decoded_under_the_json_schema_and_cached_apart(tmp_path):
+    from persrag_lightning.retrieval.pbr import utterance_schema
+
+    schema = utterance_schema(5, 512)
+    items = schema["properties"]["candidates"]
+    assert items["maxItems"] == 5 and items["items"]["type"] == "string" and schema["required"] == ["candidates"]
+    assert 5 * items["items"]["maxLength"] * 1 <= 512 * 3  # m strings fit the token budget at 3 chars per token
+    raw = SchemaLLM()
+    llm = CachedLLM(raw, tmp_path)
+    r = PBRRetriever(fake_encode, PBRSettings(), llm)
+    r.add_user("u", USERS["u1"])
+    (fb,) = r.pseudo_feedback("u", ["q"], fake_encode(["q"]))
+    assert r.json_constrained and fb.parsed_json and len(fb.utterances) == 5
+    assert raw.schemas[0] == utterance_schema(5, r.settings.utterance_tokens)  # the utterance prompt: constrained
+    assert raw.schemas[1] is None  # the reasoning prompt: free text
+    free = PBRRetriever(fake_encode, PBRSettings(json_schema=False), llm)
+    free.users = r.users
+    (fb_free,) = free.pseudo_feedback("u", ["q"], fake_encode(["q"]))
+    assert not free.json_constrained and not fb_free.parsed_json  # a separate cache entry, not the constrained one
+    # a backend that cannot constrain: free decoding, said once
+    plain = PBRRetriever(fake_encode, PBRSettings(), CachedLLM(CountingLLM(), tmp_path / "plain"))
+    assert not plain.json_constrained
 
 
 def test_prompt_is_the_seeds_with_history_and_query():
@@ -375,3 +461,24 @@ def test_prf_diagnostics_flag_template_echo(tmp_path):
     good = CountingLLM("fake:good")
     [summary] = evaluate_variants(community, fake_encode, config, CachedLLM(good, tmp_path / "cache")).summaries
     assert summary.prf_json_rate == 1.0 and summary.prf_distinct_rate == 1.0
+    assert summary.prf_json_constrained is False  # CountingLLM cannot constrain: reported as free decoding
+    report = evaluate_variants(community, fake_encode, config, CachedLLM(SchemaLLM(), tmp_path / "cache"))
+    assert report.summaries[0].prf_json_constrained and report.summaries[0].prf_json_rate == 1.0
+    assert "parsed as JSON candidates (constrained to the JSON schema" in report.markdown()
+
+
+def test_evaluation_counts_non_converged_anchors(tmp_path):
+    from persrag_lightning.data.personabench import load_personabench
+    from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
+    from tests.test_personabench import write_community
+
+    community = load_personabench(write_community(tmp_path / "c0"))
+    config = PersonaBenchEvalConfig(variants=["PBR w/o P-PRF"], warm_rerun=False, bootstrap_samples=20,
+                                    pbr=PBRSettings(theta=-1.0, damping=1.0, max_iter=1, tol=1e-12))
+    [summary] = evaluate_variants(community, fake_encode, config).summaries
+    assert summary.pagerank_not_converged == len(community.people)
+    assert summary.pagerank_max_residual > 1e-12
+    report = evaluate_variants(community, fake_encode, config)
+    assert "PageRank did not converge for" in report.markdown()
+    ok = PersonaBenchEvalConfig(variants=["PBR w/o P-PRF"], warm_rerun=False, bootstrap_samples=20)
+    assert evaluate_variants(community, fake_encode, ok).summaries[0].pagerank_not_converged == 0

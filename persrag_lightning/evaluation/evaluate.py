@@ -164,6 +164,8 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
     """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the answer."""
     out: dict[str, float] = {}
     docs = [d for ds in retrieved for d in ds]
+    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than k)
+    out["docs_per_query"] = float(np.mean([len(ds) for ds in retrieved])) if retrieved else 0.0
     if not docs:
         return out
     out["own_docs"] = float(np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds]))

@@ -9,6 +9,7 @@ their real histories and neighbours next to the memories.
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,11 @@ from persrag_lightning.llm.prompts import build_chat_prompt
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings
 from persrag_lightning.memory.recall import RecallSettings
-from persrag_lightning.memory.simulate import SimulatedConversation, simulate_conversations
+from persrag_lightning.memory.simulate import (
+    SimulatedConversation,
+    questionnaire_answers,
+    simulate_conversations,
+)
 from persrag_lightning.retrieval.base import DocStore, Query, Strategy
 from persrag_lightning.retrieval.baselines import ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle
@@ -42,6 +47,8 @@ class MemoryEvalConfig:
     k: int = 5                      # docs (CFRAG) and memories (seed: k = 5) per prompt
     encoder: str = "minilm"         # the memory bank's text encoder
     extraction: str = "verbatim"    # verbatim (message stored as is) or llm (the seed's extraction, slow on CPU)
+    questionnaire: bool = False     # sign each user up with the seed's five-category questionnaire first
+    recall_query: str = "summary"   # what recall embeds: the LLM's summary (seed; raw without an LLM) or "raw"
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     llm: LLMConfig = field(default_factory=lambda: LLMConfig(max_new_tokens=24))
     cache_dir: str = ".cache/persrag"
@@ -95,9 +102,15 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     out = Path(cfg.out_dir)
     if bank is None:
         shutil.rmtree(out / "bank", ignore_errors=True)
-        settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm")
+        if cfg.extraction not in ("verbatim", "llm"):
+            raise ValueError(f"evaluation.extraction must be 'verbatim' or 'llm', got {cfg.extraction!r}")
+        settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm",
+                                  recall_query=cfg.recall_query)
         bank = MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+    rng = random.Random(cfg.seed)
     for conv in convs:
+        if cfg.questionnaire:
+            bank.add_user(conv.user_id, questionnaire_answers(rng))
         for message in conv.messages:
             bank.remember(conv.user_id, message, conv.session_id)
     questions = [(c.user_id, f) for c in convs for f in c.facts]
@@ -128,16 +141,29 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, bootstrap_mean(hits, seed=cfg.seed),
                                       foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
+    extraction = {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
+                  "repaired": bank.repaired,
+                  "memories_per_user": float(np.mean([len(bank.list(c.user_id)) for c in convs])) if convs else 0.0,
+                  "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
     atomic_write_json(out / "metrics.json", {"config": {**asdict(cfg), "llm": asdict(cfg.llm)},
                                              "results": [asdict(r) for r in results],
-                                             "extraction_fallbacks": bank.fallbacks})
-    atomic_write_text(out / "results.md", table(results, cfg))
+                                             "extraction_fallbacks": bank.fallbacks, "extraction": extraction,
+                                             "recall_inputs": dict(bank.recall_inputs)})
+    atomic_write_text(out / "results.md", table(results, cfg, extraction, dict(bank.recall_inputs)))
     return results
 
 
-def table(results: list[StrategyResult], cfg: MemoryEvalConfig) -> str:
-    head = (f"Simulated conversations: {cfg.users} users × {cfg.facts_per_user} planted facts, k = {cfg.k}, "
-            f"extraction {cfg.extraction}, LLM {cfg.llm.backend}:{cfg.llm.model}\n\n"
+def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict | None = None,
+          recall_inputs: dict | None = None) -> str:
+    ex = extraction or {}
+    ri = recall_inputs or {}
+    head = (f"Simulated conversations: {cfg.users} users × {cfg.facts_per_user} planted facts, "
+            f"{cfg.fillers_per_fact} other messages per fact{', questionnaire sign-up' if cfg.questionnaire else ''}"
+            f"; {ex.get('memories_per_user', 0):.1f} memories per user; k = {cfg.k}; extraction {cfg.extraction} "
+            f"({ex.get('calls', 0)} LLM extractions, {ex.get('fallbacks', 0)} fell back to the raw message, "
+            f"{ex.get('repaired', 0)} repaired; {ex.get('tagged_memories', 0)} memories with tags); recall embedded "
+            f"the LLM summary {ri.get('summary', 0)}×, the raw query {ri.get('raw', 0)}× by setting and "
+            f"{ri.get('raw_fallback', 0)}× as fallback; LLM {cfg.llm.backend}:{cfg.llm.model}\n\n"
             "| strategy | questions | recall@k of the planted memory | answer contains the fact [95 % CI] "
             "| foreign memories | own docs | seconds |\n|---|---|---|---|---|---|---|\n")
     rows = "".join(

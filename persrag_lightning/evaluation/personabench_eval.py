@@ -87,6 +87,9 @@ class VariantSummary:
     pagerank_ms_per_user: float | None
     prf_json_rate: float | None = None  # share of utterance answers that were JSON candidates
     prf_distinct_rate: float | None = None  # distinct pseudo-feedback texts / questions (1.0 = all different)
+    prf_json_constrained: bool | None = None  # utterances decoded under the JSON schema (None: no P-PRF)
+    pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
+    pagerank_max_residual: float | None = None  # the largest last-step L1 change over the anchors built
 
 
 @dataclass
@@ -120,11 +123,18 @@ class PersonaBenchReport:
         notes = []
         for s in self.summaries:
             if s.prf_json_rate is not None:
-                notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers were JSON "
-                             f"candidates (else raw-text fallback); distinct pseudo-feedback per question "
+                how = "constrained to the JSON schema" if s.prf_json_constrained else "decoded freely"
+                notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers parsed as JSON "
+                             f"candidates ({how}; else raw-text fallback); distinct pseudo-feedback per question "
                              f"{100 * (s.prf_distinct_rate or 0):.0f} %.")
-        settings = (f"Settings: k1={st.k1}, θ={st.theta}, k2={st.k2}, α={st.damping}, max_iter={st.max_iter}, "
-                    f"tol={st.tol}, top_k={st.top_k}, history_chars={st.history_chars}, "
+            if s.pagerank_not_converged:
+                notes.append(f"- {s.variant}: PageRank did not converge for {s.pagerank_not_converged} anchor(s) "
+                             f"within max_iter={self.settings.max_iter} (largest residual "
+                             f"{s.pagerank_max_residual:.3g} > tol {self.settings.tol:g}).")
+        settings = (f"Settings: k1={st.k1}, m={st.max_utterances}, θ={st.theta}, k2={st.k2} "
+                    f"(self {'in' if st.self_in_top_k2 else 'besides'} top-k2), α={st.damping}, "
+                    f"max_iter={st.max_iter}, tol={st.tol}, top_k={st.top_k}, json_schema={st.json_schema}, "
+                    f"history_chars={st.history_chars}, "
                     f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
                     f"embedding all documents took {self.index_seconds:.1f} s.")
         lines += ["", *notes, "", settings] if notes else ["", settings]
@@ -264,7 +274,10 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
             cold.stats.llm_calls / max(n_questions, 1), cold_seconds, warm_seconds, warm_calls,
             1000 * float(np.mean(pr)) if pr else None,
             float(np.mean([r.utterances_json for r in rows])) if settings.use_prf and rows else None,
-            len({r.feedback_digest for r in rows}) / len(rows) if settings.use_prf and rows else None))
+            len({r.feedback_digest for r in rows}) / len(rows) if settings.use_prf and rows else None,
+            cold.json_constrained if settings.use_prf else None,
+            cold.stats.pagerank_not_converged,
+            max(cold.stats.pagerank_residuals) if cold.stats.pagerank_residuals else None))
         results.extend(rows)
     return PersonaBenchReport(str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries,
                               results)

@@ -112,6 +112,57 @@ def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.d
     return dev, named[dtype]
 
 
+def _check_beams(num_beams: int) -> int:
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    return num_beams
+
+
+_TOKENIZER_DATA: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+def _enforcer_tokenizer_data(tokenizer: Any, eos_ids: list[int]) -> Any:
+    """lm-format-enforcer's token table of a tokenizer (what its transformers integration builds; that module
+    imports names transformers 5 no longer has, so the table is built here with the library's own classes):
+    every non-special token's text, decoded after a digit so a word-initial space is kept."""
+    from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
+
+    vocab_size = len(tokenizer)
+    specials = set(tokenizer.all_special_ids)
+    zero = tokenizer.encode("0", add_special_tokens=False)[-1]
+    regular = []
+    for i in range(vocab_size):
+        if i in specials:
+            continue
+        after_zero = tokenizer.decode([zero, i])[1:]
+        regular.append((i, after_zero, len(after_zero) > len(tokenizer.decode([i]))))
+
+    def decode(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens).rstrip("\ufffd")
+
+    return TokenEnforcerTokenizerData(regular, decode, list(eos_ids), False, vocab_size)
+
+
+def json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
+    """transformers' `prefix_allowed_tokens_fn` that lets through only tokens that continue JSON valid under
+    `schema` (lm-format-enforcer's JsonSchemaParser and TokenEnforcer); the token table is built once per
+    tokenizer."""
+    try:
+        from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+    except ImportError as err:
+        raise LLMBackendError("constrained JSON decoding with the hf backend needs lm-format-enforcer: "
+                              "`pip install lm-format-enforcer`") from err
+    key = (id(tokenizer), tuple(eos_ids))
+    if key not in _TOKENIZER_DATA:
+        _TOKENIZER_DATA[key] = _enforcer_tokenizer_data(tokenizer, eos_ids)
+    enforcer = TokenEnforcer(_TOKENIZER_DATA[key], JsonSchemaParser(schema))
+
+    def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
+        return enforcer.get_allowed_tokens(sent.tolist()).allowed_tokens
+
+    return allowed
+
+
 class _FollowsModelDevice:
     """`device` is where the model's weights are now, not where they were when the backend was built: the generator
     stage wraps the model it trains (`from_model`) before Lightning moves it to the GPU, and its validation answers
@@ -137,11 +188,21 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     backend = "hf"
 
+    @property
+    def supports_json_schema(self) -> bool:
+        """Constrained JSON decoding needs lm-format-enforcer (the `constrained` extra)."""
+        import importlib.util
+
+        return importlib.util.find_spec("lmformatenforcer") is not None
+
     def __init__(self, model: str = "smollm2", batch_size: int = 8, device: str = "auto",
                  dtype: str | torch.dtype = "auto", cache_dir: str | os.PathLike | None = None,
-                 use_chat_template: bool = True, num_threads: int | None = None) -> None:
-        """`num_threads` sets torch's (process-wide) CPU threads: 1 is much faster when other jobs share the cores."""
+                 use_chat_template: bool = True, num_threads: int | None = None, num_beams: int = 1) -> None:
+        """`num_threads` sets torch's (process-wide) CPU threads: 1 is much faster when other jobs share the cores.
+        `num_beams`: 1 is greedy decoding (CFRAG's and the default); ClusterRAG's paper generates with beam search,
+        4 beams, which `num_beams=4` reproduces (in the fingerprint: answers change)."""
         super().__init__(batch_size)
+        self.num_beams = _check_beams(num_beams)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -168,6 +229,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         the same prompt encoding and answer path as evaluation); a peft-wrapped model works too."""
         self = cls.__new__(cls)
         LLM.__init__(self, batch_size)
+        self.num_beams = 1
         self.source = ModelSource(name, "", "memory", "")
         self.model, self.tokenizer, self.use_chat_template = model, tokenizer, use_chat_template
         param = next(model.parameters())
@@ -202,7 +264,8 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     @property
     def settings(self) -> dict[str, object]:
-        return {"dtype": str(self.dtype), "chat_template": self.use_chat_template}
+        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}  # greedy keeps its old fingerprint
+        return {"dtype": str(self.dtype), "chat_template": self.use_chat_template, **beams}
 
     def _digest(self) -> str:
         return self.source.digest
@@ -247,19 +310,24 @@ class HFLLM(_FollowsModelDevice, LLM):
         return [order[s:s + self.batch_size] for s in range(0, len(order), self.batch_size)]
 
     @torch.inference_mode()
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+    def generate(self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None) -> list[str]:
+        """Greedy (or `num_beams`-beam) answers; with `json_schema`, decoding is constrained to JSON that
+        matches it by lm-format-enforcer's prefix function (`pip install lm-format-enforcer`)."""
         from transformers import GenerationConfig
 
         if not prompts:
             return []
         encoded = self._encode_prompts(prompts)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=self.num_beams,
                                   eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
+        constrain = {} if json_schema is None else {
+            "prefix_allowed_tokens_fn": json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
         outputs = [""] * len(prompts)
         for idx in self._batches([len(e) for e in encoded]):
             ids, mask = self._left_pad([encoded[i] for i in idx])
             try:
-                gen = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                gen = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                          **constrain)
             except RuntimeError as err:
                 raise LLMBackendError(f"hf generate failed on {self.name} (batch of {len(idx)}): {err}") from err
             for row, i in zip(gen[:, ids.shape[1]:].tolist(), idx):
@@ -382,8 +450,10 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
 
     def __init__(self, model: str, batch_size: int = 8, device: str = "auto", dtype: str | torch.dtype = "auto",
                  cache_dir: str | os.PathLike | None = None, num_threads: int | None = None,
-                 use_chat_template: bool = False) -> None:
+                 use_chat_template: bool = False, num_beams: int = 1) -> None:
+        """`num_beams`: 1 = greedy (default); the ClusterRAG paper's FlanT5 generates with 4 beams."""
         super().__init__(batch_size)
+        self.num_beams = _check_beams(num_beams)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -403,6 +473,7 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
                    **_: object) -> HFSeq2SeqLLM:
         self = cls.__new__(cls)
         LLM.__init__(self, batch_size)
+        self.num_beams = 1
         self.source = ModelSource(name, "", "memory", "")
         self.model, self.tokenizer = model, tokenizer
         param = next(model.parameters())
@@ -415,7 +486,8 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
 
     @property
     def settings(self) -> dict[str, object]:
-        return {"dtype": str(self.dtype), "seq2seq": True}
+        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}
+        return {"dtype": str(self.dtype), "seq2seq": True, **beams}
 
     def _digest(self) -> str:
         return self.source.digest
@@ -448,7 +520,7 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
             idx = list(range(start, min(len(prompts), start + self.batch_size)))
             ids, mask = self._pad([enc[i] for i in idx], pad)
             gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                      do_sample=False, num_beams=1)
+                                      do_sample=False, num_beams=self.num_beams)
             for row, i in zip(gen, idx):
                 out[i] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
         return out

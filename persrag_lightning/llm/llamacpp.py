@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -108,17 +109,32 @@ class LlamaCppLLM(LLM):
     def count_tokens(self, text: str) -> int:
         return len(self.engine.tokenize(text.encode(), add_bos=False, special=False)) if text else 0
 
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+    supports_json_schema = True
+
+    def generate(self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None) -> list[str]:
+        """Greedy answers; with `json_schema`, decoding follows llama.cpp's grammar built from the schema
+        (`LlamaGrammar.from_json_schema`), so the answer is JSON of that shape unless the token budget cuts it."""
+        grammar = {} if json_schema is None else {"grammar": self._grammar(json_schema)}
         outputs = []
         for prompt in prompts:
             try:
                 out = self.engine.create_chat_completion(
                     messages=[{"role": "user", "content": prompt}], temperature=0.0, top_k=1,
-                    max_tokens=max_new_tokens, seed=self.seed)
+                    max_tokens=max_new_tokens, seed=self.seed, **grammar)
             except ValueError as err:  # e.g. prompt longer than n_ctx
                 raise LLMBackendError(f"llama.cpp generate failed on {self.name} (n_ctx={self.n_ctx}): {err}") from err
             outputs.append((out["choices"][0]["message"]["content"] or "").strip())
         return outputs
+
+    def _grammar(self, schema: dict) -> Any:
+        """llama.cpp's GBNF grammar of a JSON schema, built once per schema."""
+        key = json.dumps(schema, sort_keys=True)
+        cache = self.__dict__.setdefault("_grammars", {})
+        if key not in cache:
+            from llama_cpp import LlamaGrammar
+
+            cache[key] = LlamaGrammar.from_json_schema(key, verbose=self.verbose)
+        return cache[key]
 
     def chat_text(self, prompt: str) -> str:
         """The prompt through the GGUF's own chat template, exactly as `create_chat_completion` renders it."""

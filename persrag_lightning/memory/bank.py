@@ -41,6 +41,17 @@ class MemorySettings:
     max_message_chars: int = 8000
     max_turns_per_user: int = 1000  # session turns kept per user, all sessions together (oldest dropped first)
     extract_query_tags: bool = True  # recall asks the LLM for the query's tags when none are given (seed)
+    # what recall embeds: "summary", the LLM's one-sentence summary of the query (the seed; the extraction's
+    # sentence, from the same call as the tags), or "raw", the query itself; without an LLM, or when the LLM's
+    # answer is unusable or empty, the raw query (counted in `recall_inputs`)
+    recall_query: str = "summary"
+    # constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
+    # lm-format-enforcer); False: free decoding parsed afterwards, as the seed does
+    constrained_extraction: bool = True
+
+    def __post_init__(self) -> None:
+        if self.recall_query not in ("summary", "raw"):
+            raise ValueError(f"recall_query must be 'summary' or 'raw', got {self.recall_query!r}")
 
 
 def check_text(text: object, what: str, max_chars: int) -> str:
@@ -61,8 +72,8 @@ def check_text(text: object, what: str, max_chars: int) -> str:
 class MemoryBank:
     """Per-user memories on LanceDB: LLM extraction on write, tag-re-ranked recall, usage-aware eviction.
 
-    Without an LLM, messages are stored verbatim and queries carry no tags (recall is then the vector top-3
-    of N = 20, since the kept score must be >= N - 2)."""
+    Without an LLM, messages are stored verbatim, queries are embedded raw and carry no tags (recall is then the
+    vector top-3 of N = 20, since the kept score must be >= N - 2)."""
 
     def __init__(self, path: str | Path, encoder: Encoder, llm: LLM | None = None,
                  settings: MemorySettings | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -70,8 +81,11 @@ class MemoryBank:
         self.encoder = encoder
         dim = getattr(encoder, "dim", None) or encode_numpy(encoder, ["dimension probe"]).shape[1]
         self.store = MemoryStore(path, int(dim), self.settings.store, clock)
-        self.extractor = Extractor(llm, history_turns=self.settings.history_turns) if llm is not None else None
+        self.extractor = Extractor(llm, history_turns=self.settings.history_turns,
+                                   json_schema=self.settings.constrained_extraction) if llm is not None else None
         self.tag_embeddings = TagEmbeddings(encoder)
+        # what recall embedded: the LLM's summary, or the raw query (by setting, or as the fallback)
+        self.recall_inputs: dict[str, int] = {"summary": 0, "raw": 0, "raw_fallback": 0}
         self._user_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -149,7 +163,8 @@ class MemoryBank:
         """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as the seed
         does) before storing it, so the message never recalls itself; then store and evict."""
         extraction = self._observe(user_id, message, session_id)
-        recalled = self.recall(user_id, message, tags=extraction.tags)
+        recalled = self.recall(user_id, message, tags=extraction.tags,
+                               summary=extraction.memory if extraction.parsed else "")
         return ChatMemory(self._store(user_id, extraction), recalled, extraction)
 
     def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
@@ -209,19 +224,34 @@ class MemoryBank:
     # ---- reads ----------------------------------------------------------------------------------------------
 
     def recall(self, user_id: str, query: str, tags: Tags | None = None,
-               session_id: str | None = None) -> list[Recalled]:
+               session_id: str | None = None, summary: str | None = None) -> list[Recalled]:
         """Memories of this user for a query (seed §3.5); recalled rows get usage + 1 and last_used_at = now.
-        Query tags come from `tags`, else from the LLM (with the session's recent turns), else none."""
+        The vector search embeds the LLM's summary of the query (`summary`, else one LLM call with the session's
+        recent turns, which also gives the tags) unless `recall_query` is "raw"; query tags come from `tags`,
+        else from that LLM call, else none. `summary=""` means: the LLM gave none (the raw query is used)."""
         check_text(query, "query", self.settings.max_message_chars)
         validate_id(user_id)
-        if tags is None:
-            tags = Tags()
-            if self.extractor is not None and self.settings.extract_query_tags:
-                history = self.store.turns(user_id, session_id, last=self.settings.history_turns) \
-                    if session_id else []
-                tags = self.extractor.extract(query, history).tags
+        want_summary = self.settings.recall_query == "summary"
+        want_tags = tags is None and self.settings.extract_query_tags
+        if self.extractor is not None and ((want_summary and summary is None) or want_tags):
+            history = self.store.turns(user_id, session_id, last=self.settings.history_turns) \
+                if session_id else []
+            extraction = self.extractor.extract(query, history)
+            if tags is None and self.settings.extract_query_tags:
+                tags = extraction.tags
+            if summary is None:
+                summary = extraction.memory if extraction.parsed else ""
+        tags = tags if tags is not None else Tags()
+        text = query
+        if not want_summary:
+            self.recall_inputs["raw"] += 1
+        elif summary:
+            text = summary
+            self.recall_inputs["summary"] += 1
+        else:
+            self.recall_inputs["raw_fallback"] += 1
         s = self.settings.recall
-        candidates = self.store.search(user_id, self._embed([query])[0], s.top_n)
+        candidates = self.store.search(user_id, self._embed([text])[0], s.top_n)
         recalled = rerank(candidates, tags.flat(), self.tag_embeddings, s)
         self.store.mark_used(user_id, [r.memory.id for r in recalled])
         return recalled

@@ -1,8 +1,10 @@
 """Usage-aware FIFO eviction of one user's memories (seed §3.4), as a pure function over (id, usage, age).
 
 Past `capacity`, remove the oldest rows whose usage is below mean - 1 std; when fewer such rows exist than must
-go, remove them all and fill up at random (seeded) among the least used of the rest. Per user and by row id:
-the seed's code counted all users together, matched rows by text and never ran the eviction at all.
+go, remove that many rows at random (seeded) among all of the user's rows, as the seed writes (`fallback="random"`),
+or, with `fallback="least_used"`, all the rarely used ones and then the least used of the rest (random among
+ties). Per user and by row id: the seed's code counted all users together, matched rows by text and never ran
+the eviction at all.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+Fallback = Literal["random", "least_used"]
 
 
 @dataclass(frozen=True)
@@ -22,8 +27,11 @@ class EvictionSettings:
     capacity: int = 200
     fraction: float = 0.2
     seed: int = 0
+    fallback: Fallback = "random"  # the seed's: too few rarely used rows -> remove 0.2 x capacity at random
 
     def __post_init__(self) -> None:
+        if self.fallback not in ("random", "least_used"):
+            raise ValueError(f"fallback must be 'random' or 'least_used', got {self.fallback!r}")
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
         if not 0 < self.fraction <= 1:
@@ -60,6 +68,9 @@ def select_evictions(rows: Sequence[UsageRow], settings: EvictionSettings, rng_k
     low = [r for r in oldest_first if r.usage_count < threshold]
     if len(low) >= n:
         return [r.id for r in low[:n]]
+    rng = random.Random(f"{settings.seed}:{rng_key}")
+    if settings.fallback == "random":  # the seed: "randomly remove max_entries x 0.2 results"
+        return rng.sample([r.id for r in sorted(rows, key=lambda r: r.id)], n)
     # Too few clearly-unused rows: take them all, then fill at random among the least used of the rest.
     chosen = [r.id for r in low]
     taken = set(chosen)
@@ -68,5 +79,4 @@ def select_evictions(rows: Sequence[UsageRow], settings: EvictionSettings, rng_k
     boundary = rest[need - 1].usage_count  # usage level where the cut falls
     sure = [r.id for r in rest if r.usage_count < boundary]
     ties = [r.id for r in rest if r.usage_count == boundary]
-    rng = random.Random(f"{settings.seed}:{rng_key}")
     return chosen + sure + rng.sample(ties, need - len(sure))

@@ -62,6 +62,17 @@ Latest user message:
 JSON:"""
 
 
+def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int = 32) -> dict:
+    """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits the token
+    budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then always
+    returns parseable JSON instead of a cut-off tag list."""
+    tags = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": tag_chars},
+            "maxItems": max_tags}
+    return {"type": "object",
+            "properties": {"memory": {"type": "string", "maxLength": memory_chars}, **{d: tags for d in DIMENSIONS}},
+            "required": ["memory", *DIMENSIONS], "additionalProperties": False}
+
+
 def build_prompt(message: str, history: Sequence[Turn] = ()) -> str:
     """The extraction prompt: recent turns of both roles as context, then the message."""
     lines = "\n".join(f"{t.role}: {t.text}" for t in history) or "(none)"
@@ -124,10 +135,14 @@ def parse_extraction(answer: str, message: str) -> Extraction:
 class Extractor:
     """Turns messages into memories with any `LLM` backend; counts the answers that needed the fallback."""
 
-    def __init__(self, llm: LLM, max_new_tokens: int = 160, history_turns: int = 6) -> None:
+    def __init__(self, llm: LLM, max_new_tokens: int = 160, history_turns: int = 6,
+                 json_schema: bool = True) -> None:
+        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can (the seed parses a
+        free answer; a 135M model's free answers fail to parse most of the time)."""
         self.llm = llm
         self.max_new_tokens = max_new_tokens
         self.history_turns = history_turns
+        self.schema = extraction_schema() if json_schema and getattr(llm, "supports_json_schema", False) else None
         self.calls = 0
         self.fallbacks = 0
         self.repaired = 0
@@ -140,7 +155,8 @@ class Extractor:
         """One batched LLM call for several messages (the questionnaire's answers)."""
         prompts = [build_prompt(m, list(h)[-self.history_turns:] if self.history_turns else [])
                    for m, h in zip(messages, histories, strict=True)]
-        answers = self.llm.generate(prompts, self.max_new_tokens) if prompts else []
+        constrain = {} if self.schema is None else {"json_schema": self.schema}
+        answers = self.llm.generate(prompts, self.max_new_tokens, **constrain) if prompts else []
         out = [parse_extraction(a, m) for a, m in zip(answers, messages, strict=True)]
         with self._lock:
             self.calls += len(out)

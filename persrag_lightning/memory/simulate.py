@@ -38,6 +38,47 @@ FILLERS: tuple[str, ...] = (
 )
 
 
+# More unrelated requests for long conversations: every (request, subject) pair is a distinct message.
+FILLER_REQUESTS: tuple[str, ...] = (
+    "Can you explain {s} in simple terms?", "Give me three facts about {s}.", "Write a short poem about {s}.",
+    "What are common misconceptions about {s}?", "Summarise the history of {s} in two lines.",
+    "How would you teach {s} to a child?", "List the pros and cons of {s}.", "What is a good book about {s}?",
+)
+FILLER_SUBJECTS: tuple[str, ...] = (
+    "black holes", "the stock market", "volcanoes", "machine translation", "the Roman empire", "bees",
+    "quantum computing", "jazz harmony", "glaciers", "the printing press", "compilers", "coral reefs",
+    "impressionist painting", "vaccines", "the Silk Road", "tides", "chess openings", "solar panels",
+    "the immune system", "origami", "desert ecosystems", "the Cold War", "recursion", "coffee roasting",
+    "earthquakes", "the violin",
+)
+# Sign-up answers of the seed's five questionnaire categories (memory/extract.py QUESTIONNAIRE), one drawn each.
+QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
+    "interaction_style": ("Be brief and direct, like a colleague.", "Explain patiently, like a tutor.",
+                          "Challenge my ideas like a critic would."),
+    "professional_background": ("I am a high-school teacher of biology.", "I am a backend developer.",
+                                "I run a small bakery.", "I am a hospital administrator."),
+    "learning": ("I am learning Spanish, best with flashcards.", "I study statistics from textbooks.",
+                 "I am learning the guitar from videos."),
+    "hobbies_lifestyle": ("I go climbing twice a week and cook at home.", "I garden and read crime novels.",
+                          "I travel a lot and photograph cities."),
+    "goals": ("I want to change careers within two years.", "I want to run a marathon next year.",
+              "I want to publish a novel."),
+}
+
+
+def filler_messages(n: int, rng: random.Random) -> list[str]:
+    """`n` distinct unrelated requests (the short list first, then request x subject pairs), in random order."""
+    pool = list(FILLERS) + [r.format(s=s) for r in FILLER_REQUESTS for s in FILLER_SUBJECTS]
+    if n > len(pool):
+        raise ValueError(f"at most {len(pool)} distinct filler messages, asked for {n}")
+    return rng.sample(pool, n)
+
+
+def questionnaire_answers(rng: random.Random) -> dict[str, str]:
+    """One seeded answer per questionnaire category (the sign-up memories the seed starts a user with)."""
+    return {category: rng.choice(answers) for category, answers in QUESTIONNAIRE_ANSWERS.items()}
+
+
 @dataclass(frozen=True)
 class PlantedFact:
     """A fact told once in a conversation, and the later question whose answer is `value`."""
@@ -86,17 +127,24 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
             v = rng.choice(values)
             facts.append(PlantedFact(slot, statement.format(v=v), question, v))
         messages: list[str] = []
-        for f in facts:
+        fillers = filler_messages(fillers_per_fact * facts_per_user, rng) if fillers_per_fact > len(FILLERS) \
+            else None
+        for i, f in enumerate(facts):
             messages.append(f.statement)
-            messages.extend(rng.sample(FILLERS, fillers_per_fact))
+            messages.extend(rng.sample(FILLERS, fillers_per_fact) if fillers is None
+                            else fillers[i * fillers_per_fact:(i + 1) * fillers_per_fact])
         out.append(SimulatedConversation(f"sim-user-{u}", f"sim-session-{u}", tuple(messages), tuple(facts)))
     return out
 
 
-def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation]) -> RecallReport:
-    """Feed every conversation through `remember`, then ask every question through `recall`; a hit is a
-    recalled memory of the same user that contains the planted value."""
+def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
+                   signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
+    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
+    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
+    planted value."""
     for conv in conversations:
+        if signup and conv.user_id in signup:
+            bank.add_user(conv.user_id, signup[conv.user_id])
         for message in conv.messages:
             bank.remember(conv.user_id, message, conv.session_id)
     hits = foreign = questions = 0

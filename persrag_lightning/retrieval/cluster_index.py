@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "persrag-cluster-index/v1"
 DocClusterMethod = Literal["kmeans", "hdbscan"]
+FillRule = Literal["fewer", "next_cluster"]
 
 
 class ClusterIndexWarning(UserWarning):
@@ -38,6 +39,9 @@ class ClusterIndexSettings:
     """How docs are clustered and how many clusters a query visits."""
 
     top_b: int = 1  # B: the seed's code hard-codes B = 1 (the paper leaves it open); a query-time setting
+    # when the top-B clusters of a query's candidates hold fewer than k docs: "fewer" returns them (the seed's code),
+    # "next_cluster" adds the next-best clusters until k docs are in; a query-time setting
+    fill: FillRule = "fewer"
     method: DocClusterMethod = "kmeans"  # ours: k-means scales to the whole corpus; the seed runs HDBSCAN per query
     n_clusters: int | None = None  # K for k-means; None = 4·√N, at most N/39 (faiss' k-means rule), at least 1
     min_cluster_size: int = 2  # HDBSCAN on docs, as the seed's user clustering
@@ -45,8 +49,8 @@ class ClusterIndexSettings:
     seed: int = 0
 
     def build_key(self) -> ClusterIndexSettings:
-        """The settings that shape the built index (B is applied at query time, so it is not part of the key)."""
-        return replace(self, top_b=1)
+        """The settings that shape the built index (B and the fill rule apply at query time: not in the key)."""
+        return replace(self, top_b=1, fill="fewer")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,8 @@ class ClusterIndex:
     def key(vectors: np.ndarray, settings: ClusterIndexSettings, data_key: str | None = None) -> str:
         """Fingerprint of (doc vectors or the caller's key for them, build settings): changed data rebuilds."""
         data = data_key or hashlib.sha256(np.ascontiguousarray(vectors, dtype=np.float32).tobytes()).hexdigest()
-        return fingerprint(FORMAT, data, np.shape(vectors), asdict(settings.build_key()))
+        shape = {k: v for k, v in asdict(settings.build_key()).items() if k != "fill"}  # keys of older indexes
+        return fingerprint(FORMAT, data, np.shape(vectors), shape)
 
     @classmethod
     def build_or_load(cls, vectors: np.ndarray, cache_dir: str | Path, settings: ClusterIndexSettings | None = None,
@@ -161,7 +166,7 @@ class ClusterIndex:
         base = Path(cache_dir) / f"cluster_index-{fp}"
         if base.with_suffix(".json").exists():
             found = cls.load(base)
-            found.settings = replace(found.settings, top_b=settings.top_b)
+            found.settings = replace(found.settings, top_b=settings.top_b, fill=settings.fill)
             return found
         built = cls.build(vectors, settings, fp)
         built.save(base)
@@ -188,7 +193,8 @@ class ClusterIndex:
         if not meta_path.exists():
             raise FileNotFoundError(f"no cluster index at {meta_path}")
         raw = json.loads(meta_path.read_text())
-        meta = ClusterIndexMeta(**{**raw, "settings": ClusterIndexSettings(**raw["settings"])})
+        meta = ClusterIndexMeta(**{**raw, "settings": ClusterIndexSettings(**{
+            k: v for k, v in raw["settings"].items() if k != "fill"})})
         if meta.format != FORMAT:
             raise ValueError(f"{meta_path}: format {meta.format!r}, expected {FORMAT!r}")
         index = faiss.read_index(str(base.with_suffix(".faiss")))
@@ -251,10 +257,18 @@ class ClusterIndex:
         return SearchResult(np.where(rows < 0, -np.inf, scores).astype(np.float32), rows.astype(np.int64))
 
     def search_within(self, query: np.ndarray, rows: np.ndarray, k: int,
-                      top_b: int | None = None) -> SearchResult:
+                      top_b: int | None = None, fill: FillRule | None = None) -> SearchResult:
         """Top-k of the given docs only (a mode's candidate docs): the candidates are grouped by cluster, each
         group's mean is its centroid, the B best groups are kept and their docs ranked by cosine to the query;
-        ties go to the higher row (the more recent doc of a user). One query; result rows are a [1, k'] batch."""
+        ties go to the higher row (the more recent doc of a user). When the B groups hold fewer than k docs,
+        `fill` (default: the setting) says whether to return fewer ("fewer", the seed's code) or to add the next
+        groups by centroid score until k docs are in ("next_cluster"). One query; rows are a [1, k'] batch.
+
+        This is the path ClusterRAG's retrieval takes (its candidates are some users' docs, not the corpus); the
+        whole-corpus `search` (faiss IVF, nprobe = B) is what serves a query over every doc."""
+        fill = self.settings.fill if fill is None else fill
+        if fill not in ("fewer", "next_cluster"):
+            raise ValueError(f"fill must be 'fewer' or 'next_cluster', got {fill!r}")
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         b = self.clamp_b(top_b)
         if k <= 0 or len(rows) == 0:
@@ -267,7 +281,12 @@ class ClusterIndex:
         sums = np.zeros((len(groups), self.dim), np.float32)
         np.add.at(sums, inverse, vecs)
         centroid_scores = _normalized(sums) @ q
-        keep = np.argsort(-centroid_scores, kind="stable")[:b]
+        ranked = np.argsort(-centroid_scores, kind="stable")
+        n_groups = b
+        if fill == "next_cluster":  # the fewest best groups that hold k docs, never fewer than B
+            held = np.cumsum(np.bincount(inverse, minlength=len(groups))[ranked])
+            n_groups = max(b, int(np.searchsorted(held, min(k, len(rows)))) + 1)
+        keep = ranked[:n_groups]
         chosen = np.isin(inverse, keep)
         cand, scores = rows[chosen], vecs[chosen] @ q
         order = np.lexsort((-cand, -scores))[:k]

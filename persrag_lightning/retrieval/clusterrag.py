@@ -23,7 +23,7 @@ from persrag_lightning.llm.profile_budget import BudgetSettings
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.cfrag import require_bundle
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
-from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, mean_user_vectors
+from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, Neighbour, mean_user_vectors
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,18 @@ class RetrievalNotes:
     users_without_docs: int = 0
     no_neighbours: int = 0  # collab fell back to user-only retrieval
     no_vector: int = 0  # the user is not in the cohort model (no docs under MEAN vectors)
+    skipped_neighbours: int = 0  # a neighbour without docs in the store (private, removed): the next one taken
+    queries: int = 0
+    docs: int = 0  # docs returned over all queries
+    short_queries: int = 0  # queries that got fewer than k docs (the top-B clusters held fewer, or few candidates)
+
+    @property
+    def docs_per_query(self) -> float:
+        return self.docs / self.queries if self.queries else 0.0
 
     def summary(self) -> str:
-        return ", ".join(f"{f.name.replace('_', ' ')}: {getattr(self, f.name)}" for f in fields(self))
+        counts = ", ".join(f"{f.name.replace('_', ' ')}: {getattr(self, f.name)}" for f in fields(self))
+        return f"{counts}, docs per query: {self.docs_per_query:.2f}"
 
 
 class ClusterRAG(Strategy):
@@ -189,6 +198,34 @@ class ClusterRAG(Strategy):
             self._said.add(kind)
             log.warning("%s: %s (further cases are counted in `notes`, not logged)", self.name, message)
 
+    def usable_neighbours(self, uid: str, query: Query) -> list[tuple[Neighbour, np.ndarray]]:
+        """The top-k cohort neighbours that have docs in the store, with their rows: a neighbour who is private
+        or removed (in the cohort model, not in the store, or without docs) is skipped for the next one."""
+        want = self.settings.cohorts.top_k_users
+        asked = want
+        while want > 0:
+            found = self.cohorts.neighbours(uid, asked)
+            out: list[tuple[Neighbour, np.ndarray]] = []
+            skipped = 0
+            for n in found:
+                usable = n.user_id in self.store and self.store.shares(n.user_id)
+                rows = (self.store.rows(n.user_id, self.settings.max_history, query) if usable
+                        else np.zeros(0, np.int64))
+                if len(rows) == 0:
+                    skipped += 1
+                    continue
+                out.append((n, rows))
+                if len(out) == want:
+                    break
+            if len(out) == want or len(found) < asked:  # enough, or the cohort has no more members
+                if skipped:
+                    self._say("skipped_neighbours", f"user {uid!r}: {skipped} cohort neighbour(s) have no docs in "
+                              "the store (private or removed); the next one(s) were taken")
+                    self.notes.skipped_neighbours += skipped - 1
+                return out
+            asked *= 4
+        return []
+
     def candidates(self, query: Query) -> tuple[np.ndarray, np.ndarray]:
         """The mode's candidate rows and, per row, its owner's cosine to the query user (1 for own docs)."""
         store, mode, uid = self.store, self.settings.mode, query.user_id
@@ -204,14 +241,12 @@ class ClusterRAG(Strategy):
         if mode != "user":
             neighbours = []
             if in_cohorts:
-                neighbours = self.cohorts.neighbours(uid, self.settings.cohorts.top_k_users)
+                neighbours = self.usable_neighbours(uid, query)
             else:
                 self._say("no_vector", f"user {uid!r} has no user vector (no docs under MEAN vectors): no neighbours")
-            for n in neighbours:
-                if n.user_id in store:
-                    rows = store.rows(n.user_id, self.settings.max_history, query)  # their pool (history rules)
-                    parts.append(rows)
-                    sims.append(np.full(len(rows), n.similarity, np.float32))
+            for n, rows in neighbours:
+                parts.append(rows)
+                sims.append(np.full(len(rows), n.similarity, np.float32))
             if not neighbours and in_cohorts:
                 self._say("no_neighbours", f"user {uid!r} has no cohort neighbours (noise, or alone in the cohort)"
                           + ("; collab falls back to the user's own docs" if mode == "collab" else ""))
@@ -231,10 +266,15 @@ class ClusterRAG(Strategy):
         for query, vector in zip(queries, vectors):
             rows, user_sims = self.candidates(query)
             if len(rows) == 0:
+                self.notes.queries += 1
+                self.notes.short_queries += 1
                 out.append([])
                 continue
             sim_of = dict(zip(rows.tolist(), user_sims.tolist()))
             found = self.index.search_within(vector, rows, k)
+            self.notes.queries += 1
+            self.notes.docs += found.rows.shape[1]
+            self.notes.short_queries += found.rows.shape[1] < k
             out.append([self.store.doc(int(r), user_sim=float(sim_of.get(int(r), math.nan)),
                                        retriever_score=float(s))
                         for s, r in zip(found.scores[0], found.rows[0])])

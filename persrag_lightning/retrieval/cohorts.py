@@ -110,7 +110,9 @@ def _hdbscan_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
     return np.where(labels < 0, NOISE, labels)  # -2/-3 (infinite/missing values) are noise too
 
 
-def _kmeans_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
+def _kmeans_fit(x: np.ndarray, settings: CohortSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical k-means (faiss): (labels, unit centroids) with each label the centroid of highest cosine, which is
+    the nearest unit centroid in euclidean distance, the rule `assign` applies to new users."""
     import faiss
 
     k = settings.n_clusters or int(np.ceil(np.sqrt(len(x))))
@@ -118,8 +120,10 @@ def _kmeans_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
     km = faiss.Kmeans(x.shape[1], k, niter=settings.kmeans_iter, seed=settings.seed, spherical=True,
                       verbose=False, min_points_per_centroid=1)
     km.train(x)
-    _, labels = km.index.search(x, 1)
-    return labels[:, 0].astype(np.int64)
+    centroids = normalize_rows(km.centroids)
+    labels = np.asarray(x @ centroids.T).argmax(axis=1).astype(np.int64)
+    used = np.unique(labels)  # an empty cluster leaves no centroid and no gap in the numbering
+    return np.searchsorted(used, labels).astype(np.int64), centroids[used]
 
 
 def _dense_labels(labels: np.ndarray) -> np.ndarray:
@@ -173,9 +177,12 @@ class CohortModel:
         sample = np.arange(n)
         if s.fit_sample is not None and s.fit_sample < n:
             sample = np.sort(np.random.default_rng(s.seed).choice(n, s.fit_sample, replace=False))
-        fit_labels = (_hdbscan_labels if s.method == "hdbscan" else _kmeans_labels)(x[sample], s)
-        fit_labels = _dense_labels(fit_labels)
-        self._set_centroids(x[sample], fit_labels)
+        if s.method == "kmeans":  # the spherical centroids the clustering used, so `assign` agrees with the fit
+            fit_labels, centroids = _kmeans_fit(x[sample], s)
+            self._set_centroids(x[sample], fit_labels, centroids)
+        else:
+            fit_labels = _dense_labels(_hdbscan_labels(x[sample], s))
+            self._set_centroids(x[sample], fit_labels)
         if len(sample) == n:
             labels = fit_labels
         else:  # the users outside the sample: nearest centroid, noise beyond the cohort's radius
@@ -188,19 +195,26 @@ class CohortModel:
         self._warn_degenerate()
         return self
 
-    def _set_centroids(self, x: np.ndarray, labels: np.ndarray) -> None:
+    def _centroid(self, members: np.ndarray) -> np.ndarray:
+        """A cohort's centroid: the mean of its members (HDBSCAN, euclidean), L2-normalised under spherical
+        k-means, whose clustering compares users to unit centroids."""
+        mean = members.mean(axis=0)
+        return normalize_rows(mean[None, :])[0] if self.settings.method == "kmeans" else mean
+
+    def _set_centroids(self, x: np.ndarray, labels: np.ndarray, centroids: np.ndarray | None = None) -> None:
         k = int(labels.max()) + 1 if len(labels) and labels.max() >= 0 else 0
         dim = x.shape[1] if x.ndim == 2 else 0
         self.centroids = np.zeros((k, dim), np.float32)
         self.radii = np.zeros(k, np.float32)
         for c in range(k):
             members = x[labels == c]
-            self.centroids[c] = members.mean(axis=0)
+            self.centroids[c] = centroids[c] if centroids is not None else self._centroid(members)
             self.radii[c] = float(np.linalg.norm(members - self.centroids[c], axis=1).max())
 
     def _nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(label, nearest cohort, distance) per row: label is -1 beyond the nearest cohort's radius (HDBSCAN;
-        k-means has no noise). Euclidean on normalised vectors, the metric the clustering used."""
+        k-means has no noise). Euclidean on normalised vectors, the metric the clustering used (to unit centroids
+        under k-means: the highest cosine, as the fit labelled its users)."""
         if len(self.centroids) == 0 or (self.radii < 0).all():
             none = np.full(len(x), NOISE, dtype=np.int64)
             return none, none, np.full(len(x), np.inf, np.float32)
@@ -348,7 +362,7 @@ class CohortModel:
         for c in touched:
             members = self.vectors[self.labels == c]
             if len(members):
-                self.centroids[c] = members.mean(axis=0)
+                self.centroids[c] = self._centroid(members)
                 self.radii[c] = float(np.linalg.norm(members - self.centroids[c], axis=1).max())
             else:
                 self.centroids[c] = 0.0

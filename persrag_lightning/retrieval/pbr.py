@@ -10,8 +10,11 @@ with exact inner product (faiss IndexFlatIP), as the paper and the PersonaBench 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import logging
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +25,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from persrag_lightning.retrieval.llm_cache import CachedLLM
+
+log = logging.getLogger(__name__)
 
 # Prompts copied from the seed's appendix ("Prompt Design for Our Method"); markdown emphasis dropped.
 UTTERANCE_PROMPT = """You are to generate 10 natural candidate utterances the user might say, inspired by the dialogue \
@@ -48,23 +53,74 @@ Context
 Output: step-by-step explanation that maintains user-specific tone and reasoning patterns."""
 
 VARIANTS = ("PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base")
+CHARS_PER_TOKEN = 3  # a conservative English rate (SmolLM2's tokenizer gives ~4): sizes the schema's strings
+
+
+def utterance_schema(max_items: int | None, max_new_tokens: int) -> dict:
+    """The JSON the utterance prompt asks for, `{"candidates": [str, ...]}`, as a JSON schema: one to `max_items`
+    (m; 10, the prompt's count, when None) non-empty strings, each short enough that all of them fit in
+    `max_new_tokens`, so a constrained answer closes its JSON instead of being cut off mid-string."""
+    items = max_items or 10
+    max_chars = max(16, CHARS_PER_TOKEN * max_new_tokens // items - 8)
+    array = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": max_chars},
+             "minItems": 1, "maxItems": items}
+    return {"type": "object", "properties": {"candidates": array}, "required": ["candidates"],
+            "additionalProperties": False}
+
+
+class JSONSchemaLLM:
+    """An LLM whose `generate` is constrained to a JSON schema by its backend (llama.cpp's JSON-schema grammar,
+    lm-format-enforcer's logits processor under transformers). Its fingerprint names the schema, so constrained
+    and free answers never share a cache entry."""
+
+    def __init__(self, llm: object, schema: dict) -> None:
+        if not getattr(llm, "supports_json_schema", False):
+            raise ValueError(f"LLM backend {getattr(llm, 'backend', type(llm).__name__)!r} cannot constrain its "
+                             "decoding to a JSON schema (hf and llamacpp can)")
+        self.llm, self.schema = llm, schema
+        digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:10]
+        self._fingerprint = f"{llm.fingerprint}+json-schema:{digest}"  # type: ignore[attr-defined]
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
+        return self.llm.generate(prompts, max_new_tokens, json_schema=self.schema)  # type: ignore[attr-defined]
+
+
+def constrained_cache(llm: CachedLLM, schema: dict) -> CachedLLM | None:
+    """The same prompt store around a schema-constrained view of the LLM; None when the backend cannot
+    constrain (the caller then uses free decoding and says so)."""
+    if not getattr(llm.llm, "supports_json_schema", False):
+        return None
+    other = copy.copy(llm)
+    other.llm = JSONSchemaLLM(llm.llm, schema)
+    other.calls = other.hits = 0
+    return other
 
 
 @dataclass(frozen=True)
 class PBRSettings:
-    """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, θ = 0.75,
-    k2 = 10) and the damping α = 0.85 the paper writes (the authors' code has none: `damping=1.0` reproduces it)."""
+    """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, m = 5, θ = 0.75,
+    k2 = 10). Eq. 9 has a damping α but the paper gives it no value: 0.85 is PageRank's customary damping (Brin and
+    Page), our choice; the authors' code has none, which `damping=1.0` reproduces. `self_in_top_k2=True` makes a
+    chunk one of its own k2 neighbours (the authors' code); by default a row keeps its k2 nearest other chunks
+    (Eq. 8's neighbours) plus its self-loop, so no row of P is empty. `json_schema` constrains the utterance
+    answer to Eq. 5's `{"candidates": [...]}` where the backend can (llamacpp grammar, hf logits processor)."""
 
     use_prf: bool = True
     use_anchor: bool = True
     k1: int = 5
     theta: float = 0.75
     k2: int = 10
-    damping: float = 0.85
+    self_in_top_k2: bool = False
+    damping: float = 0.85  # our choice (PageRank's customary value); the paper names α without a value
     max_iter: int = 50
     tol: float = 1e-6
     top_k: int = 5
-    max_utterances: int | None = None  # None: every candidate the LLM wrote (the prompt asks for 10)
+    max_utterances: int | None = 5  # the paper's m = 5 (the prompt asks for 10); None: every candidate written
+    json_schema: bool = True  # constrain the utterance answer to the JSON the prompt asks for (where supported)
     history_chars: int | None = None  # cap per history chunk in the prompts (small-context LLMs); None: whole chunk
     utterance_tokens: int = 512
     reasoning_tokens: int = 256
@@ -74,6 +130,8 @@ class PBRSettings:
             raise ValueError(f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}")
         if not 0.0 <= self.damping <= 1.0:
             raise ValueError(f"damping must be in [0, 1], got {self.damping}")
+        if self.max_utterances is not None and self.max_utterances < 1:
+            raise ValueError(f"max_utterances (m) must be >= 1 or None, got {self.max_utterances}")
         if self.max_iter < 1 or self.tol <= 0:
             raise ValueError(f"max_iter must be >= 1 and tol > 0, got {self.max_iter}, {self.tol}")
 
@@ -158,15 +216,28 @@ def cosine_similarity_matrix(chunk_embs: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
-def sparse_adjacency(similarity: np.ndarray, theta: float, k2: int) -> sp.csr_matrix:
-    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0; the diagonal (S_ii = 1) is a row's own top
-    neighbour, so self-loops stay and no row is empty (when θ ≤ 1)."""
+def sparse_adjacency(similarity: np.ndarray, theta: float, k2: int, self_in_top_k2: bool = False
+                     ) -> sp.csr_matrix:
+    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0. top-k2(i) are the k2 most similar *other* chunks
+    and the self-loop A_ii = S_ii = 1 is kept besides them (so no row is empty when θ ≤ 1); with
+    `self_in_top_k2` the chunk itself is one of its k2 (the authors' code: k2 − 1 real neighbours)."""
     n = similarity.shape[0]
-    k = min(k2, n)
-    top = np.argpartition(-similarity, k - 1, axis=1)[:, :k] if k < n else np.tile(np.arange(n), (n, 1))
+    sim = np.array(similarity, dtype=np.float64, copy=True)
+    if not self_in_top_k2:
+        np.fill_diagonal(sim, -np.inf)  # rank the others only; the self-loop is added back below
+    k = min(k2, n if self_in_top_k2 else n - 1)
+    if k <= 0:
+        top = np.zeros((n, 0), dtype=np.int64)
+    elif k < n:
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+    else:
+        top = np.tile(np.arange(n), (n, 1))
     rows = np.repeat(np.arange(n), top.shape[1])
     cols = top.ravel()
-    vals = similarity[rows, cols]
+    if not self_in_top_k2:
+        rows = np.concatenate([rows, np.arange(n)])
+        cols = np.concatenate([cols, np.arange(n)])
+    vals = np.asarray(similarity, dtype=np.float64)[rows, cols]
     keep = vals >= theta
     return sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, n))
 
@@ -180,11 +251,13 @@ def transition_matrix(adjacency: sp.csr_matrix) -> sp.csr_matrix:
 
 @dataclass(frozen=True)
 class PageRankResult:
-    """Stationary distribution π, the power-iteration steps taken and whether the L1 change fell below tol."""
+    """Stationary distribution π, the power-iteration steps taken, whether the L1 change fell below tol, and the
+    last step's L1 change (the residual a non-converged anchor is reported with)."""
 
     pi: np.ndarray
     steps: int
     converged: bool
+    residual: float = 0.0
 
 
 def pagerank(transition: sp.csr_matrix, damping: float = 0.85, max_iter: int = 50, tol: float = 1e-6
@@ -193,17 +266,18 @@ def pagerank(transition: sp.csr_matrix, damping: float = 0.85, max_iter: int = 5
     change is below tol or max_iter steps."""
     n = transition.shape[0]
     if n == 0:
-        return PageRankResult(np.zeros(0), 0, True)
+        return PageRankResult(np.zeros(0), 0, True, 0.0)
     pt = sp.csr_matrix(transition.T, dtype=np.float64)
     pi = np.full(n, 1.0 / n)
     teleport = (1.0 - damping) / n
+    delta = math.inf
     for step in range(1, max_iter + 1):
         nxt = damping * (pt @ pi) + teleport
         delta = float(np.abs(nxt - pi).sum())
         pi = nxt
         if delta < tol:
-            return PageRankResult(pi, step, True)
-    return PageRankResult(pi, max_iter, False)
+            return PageRankResult(pi, step, True, delta)
+    return PageRankResult(pi, max_iter, False, delta)
 
 
 def anchor_embedding(pi: np.ndarray, chunk_embs: np.ndarray) -> np.ndarray:
@@ -213,7 +287,8 @@ def anchor_embedding(pi: np.ndarray, chunk_embs: np.ndarray) -> np.ndarray:
 
 def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarray, PageRankResult]:
     """Eqs. 7-10 for one user: graph, PageRank, anchor."""
-    adjacency = sparse_adjacency(cosine_similarity_matrix(chunk_embs), settings.theta, settings.k2)
+    adjacency = sparse_adjacency(cosine_similarity_matrix(chunk_embs), settings.theta, settings.k2,
+                                 settings.self_in_top_k2)
     result = pagerank(transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol)
     return anchor_embedding(result.pi, chunk_embs), result
 
@@ -222,7 +297,7 @@ def anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
     """Cache key of an anchor: the user's chunk embeddings (bytes) and the graph/PageRank settings."""
     h = hashlib.sha256(np.ascontiguousarray(chunk_embs, dtype=np.float32).tobytes())
     h.update(json.dumps([chunk_embs.shape, settings.theta, settings.k2, settings.damping, settings.max_iter,
-                         settings.tol]).encode())
+                         settings.tol] + ([] if settings.self_in_top_k2 else ["k2-others"])).encode())
     return h.hexdigest()[:20]
 
 
@@ -307,6 +382,8 @@ class PBRStats:
     anchor_hits: int = 0
     pagerank_seconds: list[float] = field(default_factory=list)
     pagerank_steps: list[int] = field(default_factory=list)
+    pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
+    pagerank_residuals: list[float] = field(default_factory=list)  # the last L1 change of each built anchor
 
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -339,6 +416,31 @@ class PBRRetriever:
         self.users: dict[str, UserIndex] = {}
         self._anchors: dict[str, np.ndarray] = {}
         self.stats = PBRStats()
+        self._utterance_llm: CachedLLM | None = None
+        self._utterance_for: tuple | None = None
+
+    @property
+    def utterance_llm(self) -> CachedLLM | None:
+        """The LLM of the utterance prompt: schema-constrained when `json_schema` is on and the backend can."""
+        if self.llm is None:
+            return None
+        key = (id(self.llm), self.settings.json_schema, self.settings.max_utterances,
+               self.settings.utterance_tokens)
+        if self._utterance_for != key:
+            constrained = (constrained_cache(self.llm, utterance_schema(self.settings.max_utterances,
+                                                                    self.settings.utterance_tokens))
+                           if self.settings.json_schema else None)
+            if self.settings.json_schema and constrained is None:
+                log.warning("the P-PRF LLM %s cannot constrain its decoding to JSON; utterances are decoded "
+                            "freely (answers that are not JSON fall back to raw text)", self.llm.fingerprint)
+            self._utterance_llm, self._utterance_for = constrained or self.llm, key
+        return self._utterance_llm
+
+    @property
+    def json_constrained(self) -> bool:
+        """Whether utterance answers are decoded under the JSON schema."""
+        llm = self.utterance_llm
+        return llm is not None and isinstance(llm.llm, JSONSchemaLLM)
 
     def with_settings(self, settings: PBRSettings) -> PBRRetriever:
         """Same users, indexes, anchors and LLM under other settings (for variants: nothing is re-embedded)."""
@@ -370,7 +472,13 @@ class PBRRetriever:
             anchor, result = user_anchor(user.embeddings, self.settings)
             self.stats.pagerank_seconds.append(time.perf_counter() - t0)
             self.stats.pagerank_steps.append(result.steps)
+            self.stats.pagerank_residuals.append(result.residual)
             self.stats.anchors_built += 1
+            if not result.converged:
+                self.stats.pagerank_not_converged += 1
+                log.warning("PageRank of user %r did not converge: L1 change %.3g > tol %.3g after %d steps "
+                            "(damping %.3g); the anchor uses the last iterate", user_id, result.residual,
+                            self.settings.tol, result.steps, self.settings.damping)
             if path is not None:
                 from persrag_lightning.utils import atomic_replace
 
@@ -394,8 +502,10 @@ class PBRRetriever:
         """P-PRF for a user's queries: both prompts of all queries in one cached batch (None: another shard's)."""
         assert self.llm is not None
         prompts = self.prompts(user_id, queries, query_embs)
-        utt_answers, s1 = self.llm.generate([p[0] for p in prompts], self.settings.utterance_tokens, shard,
-                                            num_shards)
+        utt_llm = self.utterance_llm
+        assert utt_llm is not None
+        utt_answers, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens, shard,
+                                           num_shards)
         rea_answers, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens, shard,
                                             num_shards)
         self.stats.llm_calls += s1.calls + s2.calls
@@ -416,8 +526,10 @@ class PBRRetriever:
         if self.llm is None or not self.settings.use_prf:
             return
         prompts = [p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)]
-        _, s1 = self.llm.generate([p[0] for p in prompts], self.settings.utterance_tokens,
-                                  phase="PBR pseudo-utterances")
+        utt_llm = self.utterance_llm
+        assert utt_llm is not None
+        _, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens,
+                                 phase="PBR pseudo-utterances")
         _, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens,
                                   phase="PBR pseudo-reasoning")
         self.stats.llm_calls += s1.calls + s2.calls
