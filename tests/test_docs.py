@@ -14,13 +14,14 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, fake_evaluate
 
 FENCE = re.compile(r"^ {0,4}```(\w*)[^\n]*\n(.*?)^ {0,4}```", re.MULTILINE | re.DOTALL)  # in list items too
 SHELL = {"bash", "sh", "shell", "console"}
@@ -382,13 +383,15 @@ def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
 
     stages, evaluations = [], []
     monkeypatch.setattr(pipeline, "lightning_command", lambda a, **k: stages.append(a))
-    monkeypatch.setattr(pipeline, "evaluate_command", lambda a: evaluations.append(a))
-    pipeline.main(args)
+    monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(evaluations))
+    with tempfile.TemporaryDirectory() as root:  # the run's pipeline.json goes there, not into the checkout
+        pipeline.main([*args, "--export_root", root])
     capsys.readouterr()
     assert stages and evaluations
     for stage in stages:
         print_config(stage[0], stage[1:], capsys)
-    parse_evaluate(evaluations[0])
+    for evaluation in evaluations:  # the choice on dev (quick) and the table
+        parse_evaluate(evaluation)
 
 
 @cache
