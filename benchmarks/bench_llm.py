@@ -314,7 +314,8 @@ def main() -> None:
         half.close()
     if hf.device.type == "cpu":
         # int8 dynamic quantisation of every Linear layer (torch.ao's quantize_dynamic with its default qconfig, as
-        # the reranker's `reranker_runtime="int8"`): a row of its own, not a backend option, since it loses (README)
+        # the reranker's `reranker_runtime="int8"`): a row of its own, not a backend option, since it loses
+        # (docs/performance/llm-feedback.md)
         q8 = load_llm("hf", args.model, batch_size=max(batch_sizes), device="cpu", dtype="float32")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch deprecates quantized tensors in favour of torchao

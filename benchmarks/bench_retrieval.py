@@ -6,7 +6,7 @@ torch scan) at 1k-1M users, and end-to-end queries/s of the non-collaborative ba
 
 Two sets of user vectors, both SAMPLED (1M real SynthLaMP users would mean embedding ~40M docs):
 
-- `encoded` (realistic, needs the quick pipeline's export, README "Quick start"): users drawn as SynthLaMP's
+- `encoded` (realistic, needs the quick pipeline's export, docs/getting-started.md): users drawn as SynthLaMP's
   generator draws them (community, history length, kinds by the community's taste, each item's style; the same
   world as the export's data), each history item played by a real doc of the same kind and style from the export's
   corpus, embedded by the export's trained user encoder (data/synth_scale.py). The encoder runs in bfloat16 here
@@ -156,7 +156,7 @@ def gaussian_set(mixture: UserMixture, users: torch.Tensor, communities: np.ndar
 def encoded_set(args: argparse.Namespace, n: int, n_queries: int) -> VectorSet:
     """Users drawn as SynthLaMP draws them and embedded by the export's trained user encoder (cached)."""
     if not (Path(args.export) / "config.json").is_file():
-        sys.exit(f"{args.export}: no user-encoder export; run the README's quick pipeline first "
+        sys.exit(f"{args.export}: no user-encoder export; run the quick pipeline first "
                  f"(`persrag pipeline --preset quick`), or pass --vectors gaussian")
     encoder = UserEncoder.from_pretrained(args.export)
     config = SynthConfig()  # the quick preset's data; checked below by reproducing the export's user table

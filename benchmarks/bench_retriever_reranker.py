@@ -7,7 +7,7 @@ of each list comes from a pool common to the batch, the rest is the example's ow
 
     python benchmarks/bench_retriever_reranker.py --quick
     python benchmarks/bench_retriever_reranker.py --device cuda --batch 32 --candidates 30 --rows 32 256 960 --tf32
-                                                                                        # README "GPU paths"
+                                                                              # docs/performance/training.md
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No path by which a query sees its own answer or a later profile (README "Data: history rules").
+"""No path by which a query sees its own answer or a later profile (docs/data/history-rules.md).
 
 The fixture is a LaMP-2 folder in which every user's questions carry different profiles, as the time-based split
 does: the dev profile holds the train question's item (with its label), the test profile holds the dev question's

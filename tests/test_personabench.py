@@ -1,4 +1,4 @@
-"""PersonaBench reader, protocol metrics and (slow) the reproduction of the README's community_0 Base figure."""
+"""PersonaBench reader, protocol metrics and (slow) the reproduction of the community_0 Base figure (docs/pbr_personabench.md)."""
 
 from __future__ import annotations
 

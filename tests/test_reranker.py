@@ -224,7 +224,7 @@ def test_pairs_are_encoded_in_length_chunks_and_returned_in_input_order(reranker
 
 def test_rows_per_forward_depend_on_the_device_and_default_the_chunks(monkeypatch):
     """A CPU chunk stays small (padding costs more than calls there), a CUDA chunk is large (kernel launches cost
-    more there: README "GPU paths"); other device types take the CPU's. encode_by_length uses the device's."""
+    more there: docs/training/gpu.md); other device types take the CPU's. encode_by_length uses the device's."""
     from persrag_lightning.models import common
 
     assert common.rows_per_forward("cpu") == common.ROWS_PER_FORWARD == 32
@@ -297,7 +297,7 @@ def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tm
 
 
 def test_the_feedback_amount_comparison_reads_one_runs_rerankers_against_its_first_stage():
-    """configs/evaluate_reranker_feedback.yaml (README "Main job"): the same run's stage 1 and retriever in every CFRAG
+    """configs/evaluate_reranker_feedback.yaml: the same run's stage 1 and retriever in every CFRAG
     row; the quick reranker, the one trained on 256 feedback examples (the bundle its header's command exports) and
     none, against the first stage; test by default (dev is chosen on the command line)."""
     from tests.conftest import REPO, evaluate_config_rows

@@ -59,7 +59,7 @@ def test_retrieve_returns_provenance_from_similar_users(pipeline):
 
 
 def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_available(pipeline, run_dir, tmp_path):
-    """README "Serving latency": docs tokenised once, the reranker and the query encoder in the fastest runtime
+    """docs/performance/serving.md: docs tokenised once, the reranker and the query encoder in the fastest runtime
     installed (OpenVINO, else bf16 autocast for the reranker where the CPU computes it natively, fp32); the
     evaluation's exact CFRAG (fp32, no cache) is three arguments away and returns the same docs without the
     cache."""

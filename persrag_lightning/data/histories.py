@@ -30,7 +30,7 @@ def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
     return out
 
 
-# ---- which docs a query may see (README "Data: history rules") ----------------------------------------------
+# ---- which docs a query may see (docs/data/history-rules.md) ------------------------------------------------
 
 MAX_HISTORY = 100  # the official code keeps a user's 100 most recent docs
 POOL_SPLITS = ("train", "dev")  # the official code builds the collaborative pool from these, never from test
@@ -46,7 +46,7 @@ class VisibleHistories:
 
 
 def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY) -> VisibleHistories:
-    """The history rules, in one place (README "Data"):
+    """The history rules, in one place (docs/data/history-rules.md):
 
     1. an example's own-user docs are exactly its question's profile, at most the `max_history` most recent,
        never the example's own item (a profile item whose id is the example's id) and never another question's

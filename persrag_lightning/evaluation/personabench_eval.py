@@ -94,7 +94,7 @@ class VariantSummary:
 
 @dataclass
 class PersonaBenchReport:
-    """Everything a run measured; `markdown()` is the table the README shows."""
+    """Everything a run measured; `markdown()` is the table docs/pbr_personabench.md shows."""
 
     data_dir: str
     encoder: str

@@ -1,4 +1,4 @@
-"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so the README figures reproduce).
+"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so docs/pbr_personabench.md's figures reproduce).
 
 A question's ground truth is one list of alternative segment ids per answer item; every combination (cartesian
 product, one id per item) is scored and the best Recall@k and the best NDCG@k are kept (each maximised on its own,

@@ -42,7 +42,7 @@ class FeedbackDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
-        self.llm_config = llm or LLMConfig(backend="auto")  # the configs' default (README "LLM feedback throughput")
+        self.llm_config = llm or LLMConfig(backend="auto")  # the configs' default (docs/performance/llm-feedback.md)
         self.settings = FeedbackSettings(m=m, k=k, metric=feedback_metric, chunk_size=chunk_size)
         self.corpus: Corpus | None = None
         self.user_ids: list[str] = []

@@ -95,7 +95,7 @@ def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.d
     """`auto` picks CUDA with bfloat16 when present, else CPU with float32. `bf16_if_native` is bfloat16 wherever
     the hardware computes it natively (CUDA, or a CPU with AVX512-BF16/AMX) and float32 elsewhere: on our 2-core CPU
     SmolLM2 scores `choose` answers 2.6x faster in it, with the float32 answer on 95-99.7 % of 300 test prompts per
-    strategy (README); greedy *generation* drifts more in bfloat16 on CPU, so `auto` stays float32 there."""
+    strategy (docs/fidelity.md); greedy *generation* drifts more in bfloat16 on CPU, so `auto` stays float32 there."""
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     if isinstance(dtype, torch.dtype):

@@ -20,7 +20,7 @@ _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama
 # scales, plus f16 minimums) to within f16 rounding and, unlike the Q4_1 kernel, does not round the activations to 8
 # bits, so it answered like float32 transformers on every benchmark prompt (16/16 in each of four columns; the
 # shipped file 2–14/16) at 2.2x the shipped file's speed; bf16 is faster again with a few different answers
-# (README, "LLM feedback throughput").
+# (docs/performance/llm-feedback.md).
 # KV sequences of the scoring context: `score_options` decodes up to this many options in one call (LaMP-2 has 15
 # labels; older llama.cpp builds allow 64 sequences at most).
 OPTION_SEQS = 64
@@ -50,11 +50,11 @@ class LlamaCppLLM(LLM):
         `<cache>/llm/`) into a type with a fast CPU kernel, in the fingerprint since answers change; `auto`
         (default) is f16 for a small Q4_1 file (the embedded SmolLM2) and the shipped file otherwise (a large
         model in f16 would need 4x the memory and decode slower). `score_seqs`: pairs per llama_decode call in
-        `score`; 1 (default) was fastest on 2 CPU cores, 2 and 4 slower (README "LLM feedback throughput").
+        `score`; 1 (default) was fastest on 2 CPU cores, 2 and 4 slower (docs/performance/llm-feedback.md).
         `flash_attn`: llama.cpp's fused attention kernel in the scoring context (`score`, `score_options`), on by
         default: labels 1.1-1.2x faster on 2 CPU cores, within 0.02 nat of the unfused kernel's; off reproduces
         the labels of caches made before it. Generation keeps the unfused kernel: with the fused one 1 of 16 greedy
-        LaMP-5 titles left the exact model's (README "LLM feedback throughput")."""
+        LaMP-5 titles left the exact model's (docs/performance/llm-feedback.md)."""
         super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
         self._llama_cpp = _import_llama()
         self.source = resolve_model(model)
@@ -156,7 +156,7 @@ class LlamaCppLLM(LLM):
         A `logits_all` context (what this used before 2026-11-23) projects every prompt token onto the 49k-word
         vocabulary and copies those logits out; here each pair goes through llama.cpp's batch API with the output
         flag set on its target positions alone, and `score_seqs` pairs share one `llama_decode` call, each in its
-        own KV sequence (README "LLM feedback throughput" measures 1, 2 and 4)."""
+        own KV sequence (docs/performance/llm-feedback.md measures 1, 2 and 4)."""
         self._check_pairs(prompts, targets)
         scores = [0.0] * len(prompts)
         pack: list[tuple[int, list[int], int]] = []  # (pair index, tokens, prompt tokens)

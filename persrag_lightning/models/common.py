@@ -20,7 +20,7 @@ USER_HEADS = "user_heads.safetensors"
 # autocast 7.5 / 4.7 / 3.4 s. Large activations cost more than the extra calls on a CPU; less padding does the rest.
 # On a GPU the opposite holds: a chunk of 32 leaves it waiting on kernel launches, so CUDA takes larger chunks (one
 # H100, 32 examples x 30 pairs per step: reranker 0.95 s with 256 rows vs 1.31 s with 32, and bf16 autocast then
-# pays, 0.76 s; README "GPU paths"). A device type missing here takes the CPU's.
+# pays, 0.76 s; docs/performance/training.md). A device type missing here takes the CPU's.
 ROWS_PER_FORWARD = 32
 ROWS_PER_FORWARD_BY_DEVICE: dict[str, int] = {"cpu": ROWS_PER_FORWARD, "cuda": 256}
 

@@ -22,7 +22,7 @@ Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
 # OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps the last
 # MAX_SHAPES. Measured on 2 cores with AMX (the quick export's 6-layer reranker, 30 pairs of ~70 tokens per test
-# question, benchmarks/profile_reranker.py, README "Serving latency"): one dynamic-shape model 60.5 / 69.6 ms p50 /
+# question, benchmarks/profile_reranker.py, docs/performance/serving.md): one dynamic-shape model 60.5 / 69.6 ms p50 /
 # p95, static shapes 50.6 / 55.5 (steps 8 and 16 alike in a probe); ~0.2 s to compile a shape, paid by the first
 # batch of that shape.
 WIDTH_STEP = 16

@@ -52,7 +52,7 @@ STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "reranker": ("cfrag_reranker.yaml", ()),
     "reranker_no_user": ("cfrag_reranker.yaml", ("--stage_name=reranker_no_user",
                                                  "--model.init_args.use_user=false")),
-    # a smaller reranker distilled from stage 3's, for serving latency (README "Serving latency")
+    # a smaller reranker distilled from stage 3's, for serving latency (docs/performance/serving.md)
     "reranker_distilled": ("cfrag_reranker_distilled.yaml", ()),
     "generator": ("generator.yaml", ()),  # the "+ tuned generator" rows; trained on CFRAG's prompts by default
     # the paper's exact chain (text-only user encoder, its own retriever and reranker) beside a run whose stage 1

@@ -14,13 +14,14 @@ from persrag_lightning.utils import atomic_replace
 IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
 
 # The index parameters, in one place (export, evaluation, serving and purge all build through build_index), set from
-# benchmarks/bench_retrieval.py (README "User retrieval at scale"; top-6, d = 384, one search thread, 2 cores):
+# benchmarks/bench_retrieval.py (docs/performance/user-retrieval.md; top-6, d = 384, one search thread, 2 cores):
 # - exact search costs 0.9 ms per query at 20k users, 7.6 ms at 100k and 67 ms at 1M: "auto" keeps it (recall 1)
 #   up to 20k users, where it stays under the 2 ms goal;
 # - HNSW M 32, efConstruction 100, efSearch 64 over 1M users drawn as SynthLaMP draws them and embedded by the
 #   trained encoder: 0.22 ms p50, recall@6 0.998, built in 168 s with 2 threads (M 64 / efConstruction 200: 2.1x
 #   the build time and 0.26 ms at the same recall). The Gaussian set (pessimistic, near-isotropic) needs a larger
-#   efSearch for the same recall (README); efSearch is a search-time setting of the loaded index.
+#   efSearch for the same recall (docs/performance/user-retrieval.md); efSearch is a search-time setting of the
+#   loaded index.
 AUTO_EXACT_MAX_USERS = 20_000   # index "auto": exact (flat) up to this many users, HNSW above
 HNSW_M = 32                     # links per node
 HNSW_EF_CONSTRUCTION = 100      # candidate list while linking (faiss's default, 40, loses recall at scale)
@@ -111,7 +112,7 @@ def _gpu_classes(name: str) -> tuple[type, ...]:
 class TorchFlatIndex:
     """Exact inner-product search on a CUDA device as one matmul + top-k in torch: the GPU path of a flat index
     where faiss has no GPUs. faiss-gpu's wheels (faiss-gpu-cu12) need CUDA 12's runtime and cuBLAS, which a CUDA 13
-    node (the H100 we measured on, README "GPU paths") does not have; torch runs on whatever CUDA it was built for.
+    node (the H100 we measured on, docs/training/gpu.md) does not have; torch runs on whatever CUDA it was built for.
     float32 like faiss's IndexFlatIP, so the neighbours are the same up to float rounding. Duck-types the part of
     faiss.Index that UserIndex and save_index use (d, ntotal, add, search)."""
 

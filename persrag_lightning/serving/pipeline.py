@@ -33,7 +33,7 @@ def serving_runtime(part: str = "reranker") -> str:
     """The runtime of the serving reranker or query encoder (`part`) when none is named (`"auto"`): OpenVINO where
     it is installed (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere); else, for the
     reranker, torch's bf16 autocast where the CPU computes bf16 natively, and fp32 otherwise. On 2 cores of the
-    quick export (benchmarks/bench_serving.py, README "Serving latency") OpenVINO reranked faster than bf16
+    quick export (benchmarks/bench_serving.py, docs/performance/serving.md) OpenVINO reranked faster than bf16
     autocast and nearer the fp32 order, and embedded the query ~2x faster than fp32 torch, where bf16 autocast
     embedded it slower."""
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
@@ -67,7 +67,7 @@ class CFRAGPipeline:
         runtimes (onnx, openvino: fixed when they load, here). None: the process's count, except that torch
         retrieves on 1 thread when every encoder of the retrieval runs exported: torch then does only small ops,
         and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (p95 74 → 69 and
-        81 → 72 ms on dev, README "Serving latency"). On cores shared with other jobs 1 thread was ~3× faster than
+        81 → 72 ms on dev, docs/performance/serving.md). On cores shared with other jobs 1 thread was ~3× faster than
         2; the count is process-wide while set, so other threads of the process running torch meanwhile share it."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
@@ -105,16 +105,16 @@ class CFRAGPipeline:
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
         cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
         `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings
-        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (README "Serving
-        latency"): docs tokenised once (the same pairs), the cross-encoder and the query encoder in the fastest
+        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (docs/performance/
+        serving.md): docs tokenised once (the same pairs), the cross-encoder and the query encoder in the fastest
         runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's bf16 autocast where the CPU
         computes bf16 natively, fp32 elsewhere. Pass `reranker_runtime="fp32", query_runtime="fp32",
         cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
         reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
-        cfrag_reranker_distilled.yaml (README "Serving latency": ~4x faster reranking, a different order); None
+        cfrag_reranker_distilled.yaml (docs/performance/serving.md: ~4x faster reranking, a different order); None
         serves the first-stage order (Table 3's "w/o reranker tuning"). `first_cut` names a cheaper reranker bundle
         inside `run_dir` ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
-        (README "Serving latency")."""
+        (docs/performance/serving.md)."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
