@@ -539,7 +539,7 @@ def test_unusable_answers_fall_back_to_the_message_and_are_counted(answer):
     assert (extractor.calls, extractor.fallbacks) == (1, 1)
 
 
-def test_extraction_is_constrained_to_its_json_schema_where_the_backend_can():
+def test_extraction_is_constrained_to_its_json_schema_where_the_backend_can(tmp_path):
     from persrag_lightning.memory.extract import extraction_schema
 
     class SchemaLLM(ScriptedLLM):
@@ -554,13 +554,17 @@ def test_extraction_is_constrained_to_its_json_schema_where_the_backend_can():
             return super().generate(prompts, max_new_tokens)
 
     llm = SchemaLLM(lambda p: json.dumps({"memory": message_of(p), "topics": ["x"]}))
-    assert Extractor(llm).extract("I like tea").parsed and llm.schemas == [extraction_schema()]
+    assert Extractor(llm, json_schema=True).extract("I like tea").parsed and llm.schemas == [extraction_schema()]
     schema = extraction_schema()
     assert schema["required"] == ["memory", "topics", "entities", "query_type", "intent", "preferences"]
-    Extractor(llm, json_schema=False).extract("I like tea")
-    assert llm.schemas[-1] is None  # the seed's free decoding, parsed afterwards
+    Extractor(llm).extract("I like tea")
+    assert llm.schemas[-1] is None  # the default: the seed's free decoding, parsed afterwards
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(), llm=llm,
+                      settings=MemorySettings(constrained_extraction=True))
+    bank.remember("u", "I like tea", "s")
+    assert llm.schemas[-1] == extraction_schema()
     plain = ScriptedLLM(lambda p: json.dumps({"memory": "m"}))  # no schema support: generate without it
-    assert Extractor(plain).extract("I like tea").memory == "m"
+    assert Extractor(plain, json_schema=True).extract("I like tea").memory == "m"
 
 
 def test_prompt_carries_recent_turns_of_both_roles():

@@ -45,9 +45,10 @@ class MemorySettings:
     # sentence, from the same call as the tags), or "raw", the query itself; without an LLM, or when the LLM's
     # answer is unusable or empty, the raw query (counted in `recall_inputs`)
     recall_query: str = "summary"
-    # constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
-    # lm-format-enforcer); False: free decoding parsed afterwards, as the seed does
-    constrained_extraction: bool = True
+    # True: constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
+    # lm-format-enforcer). False (default): free decoding parsed afterwards, as the seed does; with SmolLM2-135M
+    # the schema cut the fallbacks from 50 to 3 of 70 but its forced sentences lost the facts (recall@5 0.67 -> 0)
+    constrained_extraction: bool = False
 
     def __post_init__(self) -> None:
         if self.recall_query not in ("summary", "raw"):

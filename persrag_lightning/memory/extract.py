@@ -136,9 +136,9 @@ class Extractor:
     """Turns messages into memories with any `LLM` backend; counts the answers that needed the fallback."""
 
     def __init__(self, llm: LLM, max_new_tokens: int = 160, history_turns: int = 6,
-                 json_schema: bool = True) -> None:
-        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can (the seed parses a
-        free answer; a 135M model's free answers fail to parse most of the time)."""
+                 json_schema: bool = False) -> None:
+        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can; off by default, as
+        the seed parses a free answer (`MemorySettings.constrained_extraction` says what each gave here)."""
         self.llm = llm
         self.max_new_tokens = max_new_tokens
         self.history_turns = history_turns
