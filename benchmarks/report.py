@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path("benchmarks/results")
 PAGES = Path("docs/performance")
-FOLDER = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})(?P<suffix>[a-z]?)$")
+FOLDER = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})(?P<suffix>[a-z]?)(?P<label>-[a-z0-9-]+)?$")
 # Rows that compare against a former default describe the project's history, not an option a user has: they stay
 # in the raw file and out of the tables.
 HISTORY_ROWS = ("(before)", "until 2026")
@@ -126,7 +126,8 @@ def _read_json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ReportError(f"{path}: missing (every results folder has machine.json and runs.json)") from None
+        raise ReportError(f"{path}: missing (every results folder has a machine.json saying what the machine is "
+                          "and a runs.json with the command of each file; see docs/performance/index.md)") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not JSON ({e})") from None
 
@@ -136,7 +137,7 @@ def load_runs(root: Path = ROOT) -> list[Run]:
     for folder in sorted(p for p in (root / RESULTS).iterdir() if p.is_dir()):
         m = FOLDER.match(folder.name)
         if not m:
-            raise ReportError(f"{folder}: folder name is not <machine>-<YYYY-MM-DD>[letter]")
+            raise ReportError(f"{folder}: folder name is not <machine>-<YYYY-MM-DD>[letter][-label]")
         machine = _read_json(folder / "machine.json")
         for key in ("class", "cpu", "instruction_sets", "date", "software"):
             if key not in machine:
