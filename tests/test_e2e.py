@@ -66,3 +66,25 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     assert out.docs and isinstance(out.answer, str) and "frozen moon" in out.prompt
     small = CFRAGPipeline.from_pretrained(run, m=3, k_per_user=2, k=3, reranker="reranker_distilled")
     assert len(small.strategy._reranker.encoder.encoder.layer) == 1 and len(small.retrieve(user, "a frozen moon")) == 3
+
+
+@pytest.mark.slow
+def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd, monkeypatch):
+    """`--data_dir`: the stages train on the folder and the table reports the folder's test split (not SynthLaMP)."""
+    from persrag_lightning.commands import pipeline
+    from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
+
+    folder = generate_synth_lamp(in_tmp_cwd / "my_lamp", SynthConfig(num_users=16, seed=7))
+    small = {**pipeline.PRESETS["smoke"], "stages": ["user_encoder", "retriever", "reranker"],
+             "strategies": ["bm25", "CFRAG"], "paper_chain": False, "select_order_on_dev": False}
+    monkeypatch.setitem(pipeline.PRESETS, "smoke", small)
+    main(["pipeline", "--preset", "smoke", "--data_dir", str(folder)])
+    run = in_tmp_cwd / "checkpoints" / "my_lamp-smoke"
+    assert all((run / s / "config.json").exists() for s in ("user_encoder", "retriever", "reranker"))
+    metrics = json.loads((in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "metrics.json").read_text())
+    golds = read_outputs(folder / "test_outputs.json", "LaMP-2")
+    predictions = read_outputs(in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "predictions" / "CFRAG.json",
+                               "LaMP-2")
+    assert set(metrics["results"]) == {"bm25", "CFRAG"} and metrics["split"] == "test"
+    assert set(predictions) <= set(golds)  # the folder's own test questions were answered
+    assert json.loads((run / "pipeline.json").read_text())["argv"][-1] == str(folder)
