@@ -1,7 +1,9 @@
 """Docs per query of ClusterRAG's three modes on SynthLaMP's test questions (k = 5, B = 1), under the seed's fill
 rule ("fewer") and `fill: next_cluster`: retrieval only (no LLM), the evaluate config's data and defaults.
 
-    python benchmarks/results/cpu-2026-11-26-fidelity/clusterrag_docs_per_query.py /tmp/cr34 > out.md
+    python benchmarks/clusterrag_docs_per_query.py CACHE_DIR > docs_per_query.md
+
+CACHE_DIR holds the generated data and the corpus embeddings (created if missing).
 """
 
 from __future__ import annotations
