@@ -8,7 +8,7 @@ CACHE_DIR holds the generated data and the corpus embeddings (created if missing
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 
@@ -41,4 +41,6 @@ def main(cache: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cache_dir", help="the generated data and the corpus embeddings (created if missing)")
+    main(parser.parse_args().cache_dir)
