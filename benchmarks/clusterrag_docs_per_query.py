@@ -1,12 +1,14 @@
 """Docs per query of ClusterRAG's three modes on SynthLaMP's test questions (k = 5, B = 1), under the seed's fill
 rule ("fewer") and `fill: next_cluster`: retrieval only (no LLM), the evaluate config's data and defaults.
 
-    python benchmarks/results/cpu-2026-11-26-fidelity/clusterrag_docs_per_query.py /tmp/cr34 > out.md
+    python benchmarks/clusterrag_docs_per_query.py CACHE_DIR > docs_per_query.md
+
+CACHE_DIR holds the generated data and the corpus embeddings (created if missing).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 
@@ -39,4 +41,6 @@ def main(cache: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cache_dir", help="the generated data and the corpus embeddings (created if missing)")
+    main(parser.parse_args().cache_dir)
