@@ -384,6 +384,7 @@ def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
     stages, evaluations = [], []
     monkeypatch.setattr(pipeline, "lightning_command", lambda a, **k: stages.append(a))
     monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(evaluations))
+    monkeypatch.setattr(pipeline, "check_data_dir", lambda *a: None)  # a `--data_dir` of the docs is the user's
     with tempfile.TemporaryDirectory() as root:  # the run's pipeline.json goes there, not into the checkout
         pipeline.main([*args, "--export_root", root])
     capsys.readouterr()
