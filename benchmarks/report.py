@@ -104,7 +104,7 @@ def _extract(text: str, part: dict) -> Table:
     if kind == "table":
         return _table(text, part)
     if kind == "stages":  # the pipeline's per-stage summary lines
-        return Table(["stage", "minutes"], "|---|---:|", _regex_rows(text, r"^\[pipeline\] (\w+): ([\d.]+) min$"))
+        return Table(["stage", "minutes"], "|---|---:|", _regex_rows(text, r"^\[pipeline\] ([\w ]+): ([\d.]+) min$"))
     if kind == "time":  # GNU time -v
         wall = _regex_rows(text, r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)$")
         rss = _regex_rows(text, r"Maximum resident set size \(kbytes\): (\d+)$")
