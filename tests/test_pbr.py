@@ -468,9 +468,8 @@ def test_prf_diagnostics_flag_template_echo(tmp_path):
 
 
 def test_evaluation_counts_non_converged_anchors(tmp_path):
-    from persrag_lightning.retrieval.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
-
     from persrag_lightning.data.personabench import load_personabench
+    from persrag_lightning.evaluation.personabench_eval import PersonaBenchEvalConfig, evaluate_variants
     from tests.test_personabench import write_community
 
     community = load_personabench(write_community(tmp_path / "c0"))
