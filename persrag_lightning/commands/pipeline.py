@@ -28,20 +28,19 @@ from persrag_lightning.utils import atomic_write_json
 # Precision is never a preset's: `auto` stages train in bf16-mixed only where this machine computes bfloat16
 # natively (hardware.py), in float32 elsewhere.
 #
-# `quick` is the main job, on 2 CPU cores (README "Main job" has its time per CPU class). The 300-user SynthLaMP
-# gives 300 test questions (one per user), enough for intervals that can show a difference. Answers are `choose`
-# (the most likely of the 15 labels): the 135M LLM rarely *generates* a listed tag, so generated answers score ~0
-# whatever was retrieved. Its recipe is what the project measured to work best within the budget:
+# `quick` is the main job, on 2 CPU cores (docs/getting-started.md has its time per CPU class). The 300-user
+# SynthLaMP gives 300 test questions (one per user), enough for intervals that can show a difference. Answers are
+# `choose` (the most likely of the 15 labels): the 135M LLM rarely *generates* a listed tag, so generated answers
+# score ~0 whatever was retrieved. Its recipe:
 # - stage 1 reads each history doc with its label (`judgments: paired`): same-community users at precision@5 0.485
-#   on the validation users against the paper's text-only encoder's 0.329 (chance 0.124), and the better CFRAG
-#   downstream on LaMP-2 and LaMP-3 dev and test runs (README "Users who judge alike");
-# - the paper's exact CFRAG (text-only encoder, its own retriever and reranker) is trained beside it as the row
-#   "CFRAG (paper)";
+#   on stage 1's validation users against the paper's text-only encoder's 0.329 (chance 0.124;
+#   docs/methods/judgments.md);
+# - the paper's exact CFRAG (text-only encoder, its own retriever and reranker) is trained beside it;
 # - feedback: m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every candidate; the
 #   task metric would be 0 for most), 32 + 16 examples; inference keeps the paper's m = 6, k = 5;
-# - the reranker, trained on 32 examples, is kept only when its order beats the first stage's order on dev
-#   (`select_order_on_dev`): the other order stays a row of the table, and the "+ tuned generator" and
-#   "w/o user retrieval" rows follow the chosen order;
+# - which chain, and whether its reranker (trained on 32 examples) or the first stage's order, is chosen on the
+#   dev questions (`select_order_on_dev`), never on test: every candidate stays a row of the table, and the
+#   "+ tuned generator" and "w/o user retrieval" rows follow the choice;
 # - the generator (LoRA) trains on the chosen CFRAG's prompts.
 # `paper` keeps the paper's m, k, all examples and generated answers (hours on CPU; minutes on a GPU node).
 Preset = dict[str, list[str] | bool | str | None]
@@ -71,8 +70,8 @@ PRESETS: dict[str, Preset] = {
                      "--data.init_args.max_val_examples=16", "--data.init_args.feedback_metric=loglik",
                      "--trainer.log_every_n_steps=1"],
         # The retriever and reranker train in bf16-mixed where the CPU computes bfloat16 natively: with their
-        # batches of 4 examples, 3.7x and 2.3x the official single-example float32 loop at m*k = 30 (README
-        # "Retriever and reranker training"). On a GPU they stay float32: bf16 paid only with large chunks there.
+        # batches of 4 examples, 3.7x and 2.3x the official single-example float32 loop at m*k = 30
+        # (docs/performance/training.md). On a GPU they stay float32: bf16 paid only with large chunks there.
         "feedback_precision": "cpu_native",
         # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
         # steps of 8, so lr 1e-3 instead of 2e-4), validated on 16 dev examples; bf16-mixed wherever bfloat16 is
@@ -82,7 +81,7 @@ PRESETS: dict[str, Preset] = {
                       "--trainer.log_every_n_steps=1"],
         "generator_precision": "native",
         # The reader answers in bfloat16 where native: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
-        # of the prompts per strategy and the same conclusions (README); float32 elsewhere. Feedback labels stay
+        # of the prompts per strategy and the same conclusions (docs/fidelity.md); float32 elsewhere. Feedback labels stay
         # exact on CPUs (the configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever
         # is faster on this machine).
         "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}'],
@@ -90,7 +89,7 @@ PRESETS: dict[str, Preset] = {
         "paper_chain": True,
         "select_order_on_dev": True,
         "stages": ["user_encoder", "retriever", "reranker", *PAPER_STAGES, "generator"],
-        # {order} rows follow the order chosen on dev (ORDERS); "CFRAG" and "w/o reranker tuning" are the two orders
+        # `{order}` / `{chosen}` rows follow the configuration chosen on dev (CANDIDATES below)
         "strategies": ["zero_shot", "bm25", "CFRAG", "w/o reranker tuning", "w/o user retrieval{order}",
                        "CFRAG (paper)", "zero_shot + tuned generator", "bm25 + tuned generator",
                        "{chosen} + tuned generator"],
@@ -102,7 +101,7 @@ PRESETS: dict[str, Preset] = {
 
 
 # `full-feedback`: the quick protocol (same data, stages, answers, reported rows) with the paper's amount of feedback,
-# which the quick reranker lacks (README "Main job"): m = 6 users x k = 5 docs for every train and every dev question
+# which the quick reranker lacks (docs/methods/cfrag.md): m = 6 users x k = 5 docs for every train and every dev question
 # (600 + 300 questions x 30 candidates per stage), log-likelihood labels in batches of 64. ~2 x 27,000 LLM calls:
 # minutes on a GPU node, hours on 2 CPU cores.
 PRESETS["full-feedback"] = {
@@ -110,9 +109,6 @@ PRESETS["full-feedback"] = {
     "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"],
 }
 
-# The two orders of CFRAG's final docs that `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml),
-# and the suffix of the matching "w/o user retrieval" row.
-ORDERS = {"CFRAG": "", "w/o reranker tuning": " (first-stage order)"}
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
 
