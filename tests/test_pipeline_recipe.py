@@ -111,6 +111,8 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     rows = json.loads(next(a for a in test if a.startswith("--only="))[len("--only="):])
     assert "--evaluation.split=test" in test and "--evaluation.split=dev" not in test
     assert "--evaluation.reference=w/o reranker tuning" in test
+    assert ('--evaluation.pairs=[["w/o reranker tuning + tuned generator", "bm25 + tuned generator"]]'
+            in test)  # the goal's third paired test
     assert set(dev) <= set(rows)  # both orders of both chains are reported
     assert "w/o user retrieval (first-stage order)" in rows and "w/o user retrieval" not in rows
     assert "w/o reranker tuning + tuned generator" in rows and "CFRAG + tuned generator" not in rows

@@ -62,6 +62,21 @@ def test_summarise_end_to_end() -> None:
     assert str(ci) in text and "300 examples" in text and "500 resamples" in text
 
 
+def test_further_pairs_are_tested_and_reported_under_the_table() -> None:
+    """`pairs` tests two non-reference rows against each other (the goal's "+ tuned generator" comparison); a pair
+    naming a strategy that did not run is left out, not failed."""
+    predictions, golds = lamp2_case()
+    summary = summarise("LaMP-2", predictions, golds, n_resamples=500,
+                        pairs=[["Contriever", "BM25"], ["Contriever", "not run"]])
+    assert len(summary.pairs) == 1
+    test = summary.pairs[0]["accuracy"]
+    assert (test.strategy, test.reference) == ("Contriever", "BM25")
+    assert test.difference == pytest.approx(summary.results["Contriever"]["accuracy"]
+                                            - summary.results["BM25"]["accuracy"])
+    text = summary_table(summary, answer_mode="choose", split="test")
+    assert f"Paired test, Contriever vs BM25: accuracy {test.difference:+.3f} (p = {test.p_value:.3f}" in text
+
+
 def test_plot_writes_png_atomically(tmp_path: Path) -> None:
     predictions, golds = lamp2_case(n=60)
     s = summarise("LaMP-2", predictions, golds, n_resamples=100)

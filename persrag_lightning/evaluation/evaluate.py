@@ -214,15 +214,21 @@ class Evaluation:
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
-                 reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0) -> None:
+                 reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
+                 pairs: list[list[str]] | None = None) -> None:
         """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
-        `reference`: the strategy every other one is tested against (paired test, same examples)."""
+        `reference`: the strategy every other one is tested against (paired test, same examples). `pairs`:
+        further paired tests, [a, b] each (a against b), reported under the table and in metrics.json."""
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples
         self.llm_config = llm or LLMConfig()
         self.out_dir = Path(out_dir)
         self.reference, self.n_resamples, self.seed = reference, n_resamples, seed
+        for pair in pairs or []:
+            if len(pair) != 2:
+                raise ValueError(f"evaluation.pairs: each pair names two strategies, got {pair!r}")
+        self.pairs = [list(p) for p in pairs or []]
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self._llm: LLM | None = None
@@ -280,7 +286,7 @@ class Evaluation:
                 continue
             predictions[strategy.name], diagnostics[strategy.name] = outcome["predictions"], outcome["diagnostics"]
         summary = summarise(self.task, predictions, [e.target for e in examples], self.reference, self.n_resamples,
-                            seed=self.seed)
+                            seed=self.seed, pairs=self.pairs)
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
         self.write_reports(summary, skipped)
@@ -324,6 +330,9 @@ class Evaluation:
             "reference": summary.reference, "results": summary.results,
             "intervals": {n: {m: list(ci) for m, ci in by.items()} for n, by in summary.intervals.items()},
             "p_values": {n: {m: c.p_value for m, c in by.items()} for n, by in summary.comparisons.items()},
+            "pairs": [{"strategy": next(iter(by.values())).strategy, "against": next(iter(by.values())).reference,
+                       "difference": {m: c.difference for m, c in by.items()},
+                       "p_values": {m: c.p_value for m, c in by.items()}} for by in summary.pairs],
             "skipped": skipped, "prompt_store": {"hits": self.prompts.hits, "misses": self.prompts.misses,
                                                  "hit_rate": self.prompts.hit_rate}})
         atomic_write_text(self.out_dir / "results.md", self.table(summary, skipped))

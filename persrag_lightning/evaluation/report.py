@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +42,14 @@ class Summary:
     n_resamples: int
     confidence: float
     metrics: tuple[str, ...]
+    pairs: list[dict[str, Comparison]] = field(default_factory=list)  # further tests, one {metric: test} per pair
 
 
 def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequence[str], reference: str = "CFRAG",
-              n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> Summary:
-    """Intervals for every strategy and metric, and paired tests against `reference` when it is present.
+              n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
+              pairs: Sequence[Sequence[str]] = ()) -> Summary:
+    """Intervals for every strategy and metric, and paired tests against `reference` when it is present; `pairs`
+    ([a, b], ...) adds a paired test of a against b for each pair whose two strategies both ran.
 
     All strategies use the same seed, so they share bootstrap resamples and swap patterns (common random numbers).
     """
@@ -61,8 +64,10 @@ def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequen
         if reference in predictions and name != reference:
             comparisons[name] = {m: compare(fn, name, preds, reference, predictions[reference], golds, m,
                                             n_resamples, seed) for m, fn in fns.items()}
+    further = [{m: compare(fn, a, predictions[a], b, predictions[b], golds, m, n_resamples, seed)
+                for m, fn in fns.items()} for a, b in pairs if a in predictions and b in predictions]
     return Summary(get_task(task).name, results, intervals, comparisons, len(golds),
-                   reference if reference in predictions else None, n_resamples, confidence, metrics)
+                   reference if reference in predictions else None, n_resamples, confidence, metrics, further)
 
 
 def _p_cell(comparison: Comparison | None, is_reference: bool) -> str:
@@ -137,10 +142,19 @@ def _significance_sentence(metrics: Sequence[str], comparisons: Mapping[str, Map
 
 
 def summary_table(summary: Summary, answer_mode: str, split: str) -> str:
-    """`results_table` of a `Summary`."""
-    return results_table(summary.task, summary.results, summary.intervals, summary.comparisons,
-                         summary.reference or "CFRAG", answer_mode, split=split, n_examples=summary.n_examples,
-                         confidence=summary.confidence, n_resamples=summary.n_resamples)
+    """`results_table` of a `Summary`, then its further paired tests (`pairs`), one line each."""
+    table = results_table(summary.task, summary.results, summary.intervals, summary.comparisons,
+                          summary.reference or "CFRAG", answer_mode, split=split, n_examples=summary.n_examples,
+                          confidence=summary.confidence, n_resamples=summary.n_resamples)
+    return table + "".join(f"\n{pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
+
+
+def pair_sentence(by_metric: Mapping[str, Comparison]) -> str:
+    """`a` vs `b`: the difference and paired p per metric, in one line."""
+    first = next(iter(by_metric.values()))
+    cells = [f"{m} {c.difference:+.3f} (p = {c.p_value:.3f}{' ' + MARKER if c.significant(ALPHA) else ''})"
+             for m, c in by_metric.items()]
+    return f"Paired test, {first.strategy} vs {first.reference}: " + ", ".join(cells) + "."
 
 
 def plot_results(task: str, results: Mapping[str, Mapping[str, float]],
