@@ -324,6 +324,13 @@ def methods(n: int, args: argparse.Namespace) -> list[Method]:
             if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:  # faiss-gpu: UserIndex's pick
                 out.append(Method(f"flat (exact) on {gpu}, faiss-gpu", lambda t: UserIndex.build(ids, t, "flat"),
                                   "index", ["GpuIndexFlatIP"], lambda i, _: None))
+        elif kind == "ivf-gpu":  # faiss-gpu only: UserIndex's IVF (trained on the CPU) moved to GPU 0
+            if not (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
+                print("# --kinds ivf-gpu skipped: this faiss build sees no GPU (faiss-gpu: docs/training/gpu.md)")
+                continue
+            out.append(Method(f"faiss IVF nlist={nlist} on {torch.cuda.get_device_name()}, faiss-gpu",
+                              lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist), "nprobe", probes,
+                              lambda i, p: faiss.GpuParameterSpace().set_index_parameter(i.index, "nprobe", p)))
         elif kind == "ivf":
             out.append(Method(f"faiss IVF nlist={nlist}",
                               lambda t: UserIndex.build(ids, t, "ivf", nlist=nlist, gpu=False),
@@ -427,9 +434,9 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--ivf-nlist-max", type=int, default=1024,
                         help="cap on nlist (4*sqrt(n)): k-means with 4000 lists on 1M users is >10 min here")
-    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "ivf-sq8", "hnsw", "flat-gpu"],
+    parser.add_argument("--kinds", nargs="+", choices=["flat", "ivf", "ivf-sq8", "hnsw", "flat-gpu", "ivf-gpu"],
                         default=["flat", "ivf", "ivf-sq8", "hnsw"],
-                        help="indexes to measure next to the torch scan (flat-gpu: UserIndex on a CUDA device)")
+                        help="indexes to measure next to the torch scan (flat-gpu, ivf-gpu: UserIndex on a CUDA device)")
     parser.add_argument("--refine", type=int, default=4, help="ivf-sq8: re-rank the top refine·m exactly")
     parser.add_argument("--hnsw", nargs="+", default=["32:100", "64:200"],
                         help="HNSW builds as M:efConstruction (built with all --threads)")

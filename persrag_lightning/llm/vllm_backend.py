@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -45,6 +46,23 @@ class VLLMLLM(LLM):
 
     def _digest(self) -> str:
         return self.source.digest
+
+    def close(self) -> None:
+        """Stop the engine (its core process and KV cache), so another engine or model gets the GPU's memory."""
+        engine = self.__dict__.pop("engine", None)
+        if engine is None:
+            return
+        for owner in (engine, getattr(engine, "llm_engine", None)):
+            stop = getattr(owner, "shutdown", None)
+            if callable(stop):
+                stop()
+                break
+        del engine
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
