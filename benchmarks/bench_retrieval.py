@@ -54,6 +54,7 @@ from persrag_lightning.retrieval.index import (
     FAISS_DEFAULT_BLAS_THRESHOLD,
     TorchFlatIndex,
     build_index,
+    faiss_has_gpus,
     normalized,
 )
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
@@ -314,18 +315,20 @@ def methods(n: int, args: argparse.Namespace) -> list[Method]:
                                                               else BLAS_MIN_QUERIES * index.dim)
             out.append(Method("faiss flat (exact)", lambda t: UserIndex.build(ids, t, "flat", gpu=False),
                               "BLAS threshold", [None, "faiss default"], blas))
-        elif kind == "flat-gpu":  # UserIndex's GPU path: faiss-gpu where it loads, else torch on CUDA
+X
             if not torch.cuda.is_available():
                 sys.exit("--kinds flat-gpu needs a CUDA device")
             gpu = torch.cuda.get_device_name()
             out.append(Method(f"flat (exact) on {gpu}, torch matmul + top-k",
                               lambda t: UserIndex(TorchFlatIndex(build_index(t, "flat")), ids), "index",
                               ["TorchFlatIndex"], lambda i, _: None))
-            if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:  # faiss-gpu: UserIndex's pick
-                out.append(Method(f"flat (exact) on {gpu}, faiss-gpu", lambda t: UserIndex.build(ids, t, "flat"),
+            if faiss_has_gpus():  # faiss-gpu's own flat index beside it (UserIndex keeps the torch one: faster)
+                out.append(Method(f"flat (exact) on {gpu}, faiss-gpu",
+                                  lambda t: UserIndex(faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0,
+                                                                             build_index(t, "flat")), ids),
                                   "index", ["GpuIndexFlatIP"], lambda i, _: None))
         elif kind == "ivf-gpu":  # faiss-gpu only: UserIndex's IVF (trained on the CPU) moved to GPU 0
-            if not (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0):
+            if not faiss_has_gpus():
                 print("# --kinds ivf-gpu skipped: this faiss build sees no GPU (faiss-gpu: docs/training/gpu.md)")
                 continue
             out.append(Method(f"faiss IVF nlist={nlist} on {torch.cuda.get_device_name()}, faiss-gpu",

@@ -141,9 +141,11 @@ def test_every_cli_subcommand_names_an_existing_smoke_test():
 def classify(cmd: Command) -> str:
     """Which check a command gets; 'unknown' fails the test."""
     argv = list(cmd.argv)
-    head = argv[0]
+    head = "python" if argv[0] == "python3" else argv[0]  # python3: a GPU image's interpreter (docs/training/gpu.md)
     if head in (".", "source"):
         return "environment"
+    if head in ("bash", "sh") and len(argv) > 1 and argv[1].startswith("benchmarks/"):
+        return "benchmark-script"
     if head in ("bash", "sh") and len(argv) > 1 or head.startswith(".ci/"):
         return "ci-script"
     if head == "python" and argv[1:2] == ["train.py"] or head == "persrag":
@@ -152,7 +154,7 @@ def classify(cmd: Command) -> str:
         return "pytest"
     if head == "python" and len(argv) > 1 and (argv[1].endswith(".py") or argv[1] == "-m"):
         return "script"
-    if head in ("pip", "python") and "install" in argv:
+    if head in ("pip", "python") and ("install" in argv or "uninstall" in argv):
         return "pip"
     if head == "ruff":
         return "ruff"
@@ -182,6 +184,14 @@ def test_commands_that_need_what_ci_lacks_say_so():
 def test_ci_scripts_exist_and_ci_runs_them(cmd):
     script = cmd.argv[1] if cmd.argv[0] in ("bash", "sh") else cmd.argv[0]
     assert script in SCRIPTS_RUN_BY_CI and (REPO / script).is_file(), cmd
+
+
+@pytest.mark.parametrize("cmd", [c for c in ALL if classify(c) == "benchmark-script"], ids=str)
+def test_benchmark_shell_scripts_exist_and_know_their_steps(cmd):
+    script = REPO / cmd.argv[1]
+    assert script.is_file(), cmd
+    steps = set(re.findall(r"^\s*(\w+)\)", script.read_text(), re.MULTILINE))
+    assert set(cmd.argv[2:]) <= steps, f"{cmd}: unknown steps {set(cmd.argv[2:]) - steps}"
 
 
 def test_pytest_lines_name_existing_markers_and_files():
