@@ -315,7 +315,7 @@ def methods(n: int, args: argparse.Namespace) -> list[Method]:
                                                               else BLAS_MIN_QUERIES * index.dim)
             out.append(Method("faiss flat (exact)", lambda t: UserIndex.build(ids, t, "flat", gpu=False),
                               "BLAS threshold", [None, "faiss default"], blas))
-X
+        elif kind == "flat-gpu":  # UserIndex's GPU path (torch on CUDA), and faiss-gpu's flat index where it loads
             if not torch.cuda.is_available():
                 sys.exit("--kinds flat-gpu needs a CUDA device")
             gpu = torch.cuda.get_device_name()
