@@ -14,7 +14,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from persrag_lightning.evaluation.personabench_eval import config_from_dict, run_personabench
+from persrag_lightning.evaluation.personabench_eval import (
+    PersonaBenchReport,
+    config_from_dict,
+    run_personabench,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "evaluate_personabench.yaml"))
     parser.add_argument("overrides", nargs="*", help="dot-list overrides (evaluation.pbr.theta=0.8)")
+    parser.add_argument("--rewrite", metavar="OUT_DIR", default=None,
+                        help="write an earlier run's table.md and table.png again from its results (no LLM)")
     args = parser.parse_args(argv)
+    if args.rewrite:
+        report = PersonaBenchReport.load(args.rewrite)
+        report.write(args.rewrite)
+        print(report.markdown())
+        return 0
     cfg = OmegaConf.merge(OmegaConf.load(args.config), OmegaConf.from_dotlist(args.overrides))
     config = config_from_dict(OmegaConf.to_container(cfg.evaluation, resolve=True))  # type: ignore[arg-type]
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of one lease, from the repository root of a CUDA machine, after
+# The GPU checks, from the repository root of a CUDA machine, after
 # `python3 benchmarks/gpu_payload.py unpack --site /tmp/site` (docs/training/gpu.md). Each step's output goes to
 # $OUT/<step>.txt (default benchmarks/results/gpu-checks/); a failing step is reported and the next one runs.
 #

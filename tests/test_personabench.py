@@ -279,3 +279,39 @@ def test_pbr_sweep_point_runs_and_aggregates(tmp_path, tiny_bert):
     out = subprocess.run([*sweep, "aggregate", "sweeps/pbr", "--metric", "PBR w/o P-PRF/recall@5", "--mode", "max"],
                          cwd=tmp_path, check=True, capture_output=True, text=True, timeout=60).stdout
     assert "PBR w/o P-PRF/recall@5" in out and "evaluation.pbr.theta" in out
+
+
+def test_report_tests_each_variant_against_base_and_rewrites_from_its_files(tmp_path):
+    """The table's paired lines: a variant that loses on most questions gets a small sign-flip p, one identical to
+    Base gets p = 1; `PersonaBenchReport.load` reads back what `write` wrote (the table can be rewritten without
+    an LLM)."""
+    import numpy as np
+
+    from persrag_lightning.evaluation.personabench_eval import (
+        PersonaBenchReport,
+        QuestionResult,
+        VariantSummary,
+        sign_flip_p,
+    )
+    from persrag_lightning.retrieval.pbr import PBRSettings
+
+    assert sign_flip_p(np.zeros(10)) == 1.0
+    assert sign_flip_p(np.full(20, -0.5)) < 0.001
+    assert 0.3 < sign_flip_p(np.array([1.0, -1.0] * 10)) <= 1.0
+
+    def result(variant: str, q: int, recall: float) -> QuestionResult:
+        return QuestionResult(variant, f"q{q}", "p", "c", "?", [], [], recall, recall, 1.0, 1.0, 0, 0, False, "d")
+
+    base = [1.0 if q % 2 else 0.5 for q in range(30)]
+    results = ([result("Base", q, r) for q, r in enumerate(base)] + [result("Same", q, r) for q, r in enumerate(base)]
+               + [result("Worse", q, r - 0.5 if q < 25 else r) for q, r in enumerate(base)])
+    summaries = [VariantSummary(v, 30, 0.5, (0.4, 0.6), 0.5, (0.4, 0.6), 0.0, 1.0, None, None, None)
+                 for v in ("Base", "Same", "Worse")]
+    report = PersonaBenchReport("community_x", "minilm", "none", PBRSettings(), 0.1, summaries, results)
+    lines = report.paired_lines()
+    assert len(lines) == 2 and "Same vs Base" in lines[0] and "p = 1.0000" in lines[0]
+    assert "Worse vs Base, paired over 30 questions: R@5 -0.4167 (0 up, 25 down" in lines[1]
+    assert float(lines[1].rsplit("p = ", 1)[1].rstrip(").")) < 0.001
+    report.write(tmp_path)
+    again = PersonaBenchReport.load(tmp_path)
+    assert again.markdown() == report.markdown() and again.results == report.results

@@ -137,8 +137,38 @@ class PersonaBenchReport:
                     f"history_chars={st.history_chars}, "
                     f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
                     f"embedding all documents took {self.index_seconds:.1f} s.")
+        notes += self.paired_lines()
         lines += ["", *notes, "", settings] if notes else ["", settings]
         return "\n".join(lines) + "\n"
+
+    def paired_lines(self, reference: str = "Base") -> list[str]:
+        """Each variant against `reference` on the same questions: the mean R@5 difference, how many questions
+        went up and down, and a two-sided paired sign-flip randomisation p."""
+        per: dict[str, dict[str, float]] = {}
+        for r in self.results:
+            per.setdefault(r.variant, {})[r.q_id] = r.recall
+        if reference not in per:
+            return []
+        out = []
+        for variant, recall in per.items():
+            shared = sorted(set(recall) & set(per[reference]))
+            if variant == reference or not shared:
+                continue
+            d = np.array([recall[q] - per[reference][q] for q in shared])
+            out.append(f"- {variant} vs {reference}, paired over {len(shared)} questions: R@5 {d.mean():+.4f} "
+                       f"({int((d > 0).sum())} up, {int((d < 0).sum())} down; sign-flip p = {sign_flip_p(d):.4f}).")
+        return out
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> PersonaBenchReport:
+        """The report `write` left in `out_dir` (summary.json, results.json), to write its table again."""
+        out = Path(out_dir)
+        summary = json.loads((out / "summary.json").read_text())
+        results = [QuestionResult(**r) for r in json.loads((out / "results.json").read_text())]
+        variants = [VariantSummary(**{**v, "recall_ci": tuple(v["recall_ci"]), "ndcg_ci": tuple(v["ndcg_ci"])})
+                    for v in summary["variants"]]
+        return cls(summary["data_dir"], summary["encoder"], summary["llm"], PBRSettings(**summary["settings"]),
+                   summary["index_seconds"], variants, results)
 
     def plot(self, path: str | Path) -> Path:
         """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars."""
@@ -176,6 +206,17 @@ class PersonaBenchReport:
         atomic_write_text(out / "table.md", self.markdown())
         self.plot(out / "table.png")
         return out
+
+
+def sign_flip_p(differences: np.ndarray, samples: int = 10_000, seed: int = 0) -> float:
+    """Two-sided paired randomisation test of a mean difference: each question's sign flipped at random, with the
+    +1 correction (never 0)."""
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) == 0 or not d.any():
+        return 1.0
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(samples, len(d)))
+    hits = (np.abs((signs * d).sum(axis=1)) >= abs(d.sum()) - 1e-12).sum()
+    return float((hits + 1) / (samples + 1))
 
 
 def bootstrap_ci(values: list[float] | np.ndarray, samples: int = 1000, seed: int = 0, level: float = 0.95
