@@ -25,6 +25,7 @@ from persrag_lightning.memory.bank import MemoryBank, MemorySettings
 from persrag_lightning.memory.recall import RecallSettings
 from persrag_lightning.memory.simulate import (
     SimulatedConversation,
+    feed_conversations,
     questionnaire_answers,
     simulate_conversations,
 )
@@ -108,11 +109,8 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
                                   recall_query=cfg.recall_query)
         bank = MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
     rng = random.Random(cfg.seed)
-    for conv in convs:
-        if cfg.questionnaire:
-            bank.add_user(conv.user_id, questionnaire_answers(rng))
-        for message in conv.messages:
-            bank.remember(conv.user_id, message, conv.session_id)
+    feed_conversations(bank, convs, {c.user_id: questionnaire_answers(rng) for c in convs} if cfg.questionnaire
+                       else None)
     questions = [(c.user_id, f) for c in convs for f in c.facts]
     queries = [Query(u, f.question, f.question) for u, f in questions]
     prompts_store = PromptStore(Path(cfg.cache_dir) / PROMPT_STORE)

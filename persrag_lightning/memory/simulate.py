@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from persrag_lightning.memory.bank import MemoryBank
+from persrag_lightning.progress import Progress
 
 # (slot, statement, question, values): every user gets a different value of the same slots.
 FACT_TEMPLATES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -137,16 +138,25 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
     return out
 
 
-def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
-                   signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
-    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
-    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
-    planted value."""
+def feed_conversations(bank: MemoryBank, conversations: list[SimulatedConversation],
+                       signup: dict[str, dict[str, str]] | None = None) -> None:
+    """Each user's questionnaire sign-up (when `signup` has it), then every message through `remember` (one LLM
+    extraction each on the seed's path: a progress line with an ETA every 10 s)."""
+    bar = Progress("remember messages", sum(len(c.messages) for c in conversations), "messages", final="if_long")
     for conv in conversations:
         if signup and conv.user_id in signup:
             bank.add_user(conv.user_id, signup[conv.user_id])
         for message in conv.messages:
             bank.remember(conv.user_id, message, conv.session_id)
+            bar.advance()
+
+
+def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
+                   signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
+    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
+    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
+    planted value."""
+    feed_conversations(bank, conversations, signup)
     hits = foreign = questions = 0
     rr = 0.0
     for conv in conversations:
