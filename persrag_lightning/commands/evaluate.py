@@ -87,7 +87,7 @@ def personabench_command(section: dict) -> dict:
 
 def memory_command(section: dict) -> dict:
     """What remembered facts add (evaluation/memory_eval.py): planted facts, questions, answers, counted."""
-    from persrag_lightning.evaluation.memory_eval import MemoryEvalConfig, run_memory_evaluation, table
+    from persrag_lightning.evaluation.memory_eval import MemoryEvalConfig, run_memory_evaluation
     from persrag_lightning.llm.registry import LLMConfig
 
     section = {k: v for k, v in section.items() if k != "kind"}
@@ -101,6 +101,6 @@ def memory_command(section: dict) -> dict:
         raise FileNotFoundError(f"{cfg.run_dir}/docstore: no exported run; train one first "
                                 "(`python train.py pipeline --preset quick`)")
     results = run_memory_evaluation(cfg)
-    print(table(results, cfg))
+    print((Path(cfg.out_dir) / "results.md").read_text())  # the table with its extraction counts, as written
     print(f"reports in {cfg.out_dir}")
     return {r.name: {"recall@k": r.recall_at_k, "answer_hits": r.answer_hits} for r in results}
