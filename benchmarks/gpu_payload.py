@@ -114,19 +114,9 @@ def build_archive(name: str, archive: Path, keep_fa2: bool, level: int) -> None:
         shutil.move(partial, archive)  # complete archives only: a killed pack rebuilds this set
 
 
-def pack(out: Path, sets: list[str], part_bytes: int, keep_fa2: bool, level: int) -> None:
-    """Each set's archive (kept in out/archives/ by recipe, so an unchanged set is not rebuilt), then the part
-    folders out/p00, p01, ...: every archive cut into chunks, filled in order up to `part_bytes` per folder."""
-    store = out / "archives"
-    store.mkdir(parents=True, exist_ok=True)
-    archives = []
-    for name in sets:
-        archive = store / f"{name}-{set_key(name, keep_fa2, level)}.tar.xz"
-        if archive.is_file():
-            print(f"[pack] {name}: {archive.name} built already", flush=True)
-        else:
-            build_archive(name, archive, keep_fa2, level)
-        archives.append(archive)
+def cut_parts(archives: list[Path], out: Path, part_bytes: int) -> dict:
+    """Replace out/p00, p01, ... with the archives cut into chunks, filling each folder up to `part_bytes` in order;
+    every folder gets the manifest (each archive's sha256 and where its chunks are)."""
     for old in out.glob("p[0-9][0-9]"):
         shutil.rmtree(old)
     manifest, part, used = {"archives": []}, 0, 0
@@ -140,7 +130,7 @@ def pack(out: Path, sets: list[str], part_bytes: int, keep_fa2: bool, level: int
                 n = min(part_bytes - used, size - offset)
                 chunk = f"{archive.name}.{len(entry['chunks']):03d}"
                 folder = out / f"p{part:02d}"
-                folder.mkdir(exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True)
                 (folder / chunk).write_bytes(f.read(n))
                 entry["chunks"].append({"file": chunk, "part": folder.name, "bytes": n})
                 offset, used = offset + n, used + n
@@ -148,9 +138,27 @@ def pack(out: Path, sets: list[str], part_bytes: int, keep_fa2: bool, level: int
         manifest["archives"].append(entry)
     for folder in sorted(out.glob("p[0-9][0-9]")):
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def pack(out: Path, sets: list[str], part_bytes: int, keep_fa2: bool, level: int) -> None:
+    """Each set's archive (kept in out/archives/ by recipe, so an unchanged set is not rebuilt), then the part
+    folders out/p00, p01, ...: every archive cut into chunks, filled in order up to `part_bytes` per folder."""
+    store = out / "archives"
+    store.mkdir(parents=True, exist_ok=True)
+    archives = []
+    for name in sets:
+        archive = store / f"{name}-{set_key(name, keep_fa2, level)}.tar.xz"
+        if archive.is_file():
+            print(f"[pack] {name}: {archive.name} built already", flush=True)
+        else:
+            build_archive(name, archive, keep_fa2, level)
+        archives.append(archive)
+    manifest = cut_parts(archives, out, part_bytes)
     for entry in manifest["archives"]:
         print(f"[pack] {entry['name']}: {entry['bytes'] / 2**20:.1f} MiB in {len(entry['chunks'])} chunk(s)")
-    print(f"[pack] {part + 1} part folder(s) in {out}/ (each ≤ {part_bytes / 2**20:.0f} MiB): one transfer each")
+    parts = len(list(out.glob("p[0-9][0-9]")))
+    print(f"[pack] {parts} part folder(s) in {out}/ (each ≤ {part_bytes / 2**20:.0f} MiB): one transfer each")
 
 
 def receive(folder: Path) -> None:

@@ -278,12 +278,12 @@ def main(argv: list[str]) -> None:
     t0 = time.perf_counter()
     rows = report_strategies(preset, chosen, paper_chain)
     only = [] if rows is None else [f"--only={json.dumps(rows)}"]
-    reference = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
+    tests = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
     if rows is not None and f"{chosen} + tuned generator" in rows and "bm25 + tuned generator" in rows:
         # the goal's third test: the tuned generator reading the recipe's docs against it reading BM25's
         goal = [[f"{chosen} + tuned generator", "bm25 + tuned generator"]]
-        reference.append(f"--evaluation.pairs={json.dumps(goal)}")
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *reference, *evaluate_llm])
+        tests.append(f"--evaluation.pairs={json.dumps(goal)}")
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *tests, *evaluate_llm])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
     # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
