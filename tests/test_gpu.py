@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from persrag_lightning.retrieval.index import faiss_has_gpus
 from tests.test_ddp import builds, feedback_data_args, feedback_world, final_metrics, run_cli
 
 pytestmark = [pytest.mark.gpu,
@@ -112,13 +113,7 @@ def test_generator_stage_trains_and_validates_on_cuda(in_tmp_cwd, tiny_llm):
     assert (in_tmp_cwd / "checkpoints" / "t" / "generator" / "model.safetensors").exists()
 
 
-def faiss_sees_a_gpu() -> bool:
-    from persrag_lightning.retrieval.index import faiss_has_gpus
-
-    return faiss_has_gpus()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not faiss_sees_a_gpu(),
+@pytest.mark.skipif(not torch.cuda.is_available() or not faiss_has_gpus(),
                     reason="needs faiss-gpu (faiss-gpu-cuvs on CUDA 13, faiss-gpu on CUDA 12: docs/training/gpu.md)")
 def test_with_faiss_gpu_ivf_runs_on_the_gpu_and_flat_stays_on_torch(tmp_path):
     """With faiss-gpu, UserIndex's IVF index lives on GPU 0 as faiss's own GPU index and, probing every list, finds

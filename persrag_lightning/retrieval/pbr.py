@@ -504,10 +504,11 @@ class PBRRetriever:
         prompts = self.prompts(user_id, queries, query_embs)
         utt_llm = self.utterance_llm
         assert utt_llm is not None
+        # progress lines only where a user's batch is longer than one LLM batch (a benchmark, a Slurm shard)
         utt_answers, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens, shard,
-                                           num_shards)
+                                           num_shards, phase=f"PBR pseudo-utterances, {user_id}")
         rea_answers, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens, shard,
-                                            num_shards)
+                                            num_shards, phase=f"PBR pseudo-reasoning, {user_id}")
         self.stats.llm_calls += s1.calls + s2.calls
         self.stats.llm_hits += s1.hits + s2.hits
         out: list[PseudoFeedback | None] = []
