@@ -29,10 +29,9 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     names = set(metrics["results"])
     assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning",
             "CFRAG (distilled reranker)", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"} <= names
-    # the recipe's CFRAG was chosen on dev among the four candidates, and that choice is the table's reference
+    # the recipe's order was chosen on dev between the two candidates, and that choice is the table's reference
     choice = json.loads((in_tmp_cwd / "runs" / "synthlamp-smoke" / "select-on-dev" / "metrics.json").read_text())
-    assert choice["split"] == "dev" and set(choice["results"]) == {
-        "CFRAG", "w/o reranker tuning", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"}
+    assert choice["split"] == "dev" and set(choice["results"]) == {"CFRAG", "w/o reranker tuning"}
     assert metrics["reference"] in choice["results"]
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
     # every reported accuracy is the official metric of the written predictions against the test golds
