@@ -150,7 +150,8 @@ def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str
 # with m = 1). The stage-1 encoder is not chosen again in every run: on the 300 dev questions of both measured
 # seeds the paired chain beat the paper's text-only chain in either order (first-stage order 0.317 / 0.330 against
 # 0.293 / 0.260; docs/performance/main-job.md), so the paper's chain is a reported row (its reranked order, the
-# paper's exact CFRAG), not a candidate: two dev evaluations and one test row fewer (~5 of the job's minutes).
+# paper's exact CFRAG), not a candidate: two dev evaluations and one test row fewer (the job: 30.3 -> 27.3 min;
+# docs/getting-started.md).
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 
