@@ -11,6 +11,8 @@ import torch
 
 from persrag_lightning import hardware
 from persrag_lightning.commands import pipeline
+from persrag_lightning.evaluation.evaluate import set_reranker_runtime
+from persrag_lightning.models.corpus_embeddings import embedding_precision
 from tests.conftest import fake_evaluate
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
@@ -71,9 +73,12 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
-    assert fits and not [a for args in fits for a in args if "bf16" in a and "export_root" not in a]
-    # the evaluation's reader asks for bf16_if_native, which resolves to float32 here
+    fixed = [a for args in fits for a in args if "bf16" in a.replace("bf16_if_native", "") and "export_root" not in a]
+    assert fits and not fixed
+    # the evaluation's reader and rerankers ask for bf16_if_native, which resolves to float32 here, and the
+    # corpus is embedded in float32
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32
+    assert reranker_runtime_of("bf16_if_native") == "fp32" and embedding_precision() == "fp32"
 
     machine(monkeypatch, AMX, onednn=True)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
@@ -83,6 +88,27 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     else:
         assert not bf16  # smoke and paper keep the configs' float32
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
+    assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
+
+
+def reranker_runtime_of(runtime: str) -> str:
+    """The runtime `set_reranker_runtime` gives a reranking CFRAG row (one with the default fp32)."""
+    from persrag_lightning.retrieval.cfrag import CFRAG
+
+    row, own = CFRAG("u", reranker="r"), CFRAG("u", reranker="r", reranker_runtime="int8", name="own")
+    set_reranker_runtime([row, own, CFRAG("u", name="first-stage order")], runtime)
+    assert own.reranker_runtime == "int8"  # a row that names its runtime keeps it
+    return getattr(row, "reranker_runtime", "fp32")
+
+
+def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_generators_prompts(
+        monkeypatch, tmp_path) -> None:
+    machine(monkeypatch, AMX, onednn=True)
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
+    assert all("--evaluation.reranker_runtime=bf16_if_native" in e for e in evaluations)  # dev choice and test
+    assert "--data.init_args.reranker_runtime=bf16_if_native" in fits[-1]
+    with pytest.raises(ValueError, match="reranker_runtime must be"):
+        set_reranker_runtime([], "bf16_always")
 
 
 def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(monkeypatch, tmp_path) -> None:

@@ -60,6 +60,41 @@ def test_second_run_reuses_corpus_embeddings(in_tmp_cwd, tiny_bert, monkeypatch)
     assert list((in_tmp_cwd / ".cache" / "persrag" / "embeddings").iterdir()) == cached
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_corpus_embedding_precision_follows_the_cpu_and_is_in_the_cache_key(tmp_path, tiny_bert, monkeypatch,
+                                                                            native):
+    import json
+
+    from persrag_lightning.models import corpus_embeddings as ce
+
+    monkeypatch.setattr(ce, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = LampSource("LaMP-2", None, SynthConfig(num_users=8, docs_per_user=(4, 6)), str(tmp_path / "c"))
+    source.prepare()
+    corpus = Corpus.from_dataset(source.load())
+    assert ce.embedding_precision() == ("bf16" if native else "fp32")
+    out = ce.build_corpus_embeddings(corpus, tmp_path, encoder=tiny_bert, max_length=64)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["precision"] == ce.embedding_precision()
+    assert out.name == ce.corpus_embedding_key(corpus, tiny_bert, 64, "mean", meta["precision"])
+    other = "fp32" if native else "bf16"
+    assert out.name != ce.corpus_embedding_key(corpus, tiny_bert, 64, "mean", other)
+    table = ce.load_corpus_embeddings(tmp_path, corpus, encoder=tiny_bert, max_length=64)
+    assert table.dtype == torch.float32 and table.shape[0] == len(corpus)
+    # the other precision, built explicitly: its own folder; the vectors agree to bfloat16's rounding
+    ce.build_corpus_embeddings(corpus, tmp_path, encoder=tiny_bert, max_length=64, precision=other)
+    explicit = ce.load_corpus_embeddings(tmp_path, corpus, encoder=tiny_bert, max_length=64, precision=other)
+    assert not torch.equal(table, explicit)
+    assert torch.nn.functional.cosine_similarity(table, explicit).min() > 0.99
+    # auto falls back to the table that exists when this machine's precision has none
+    import shutil
+
+    shutil.rmtree(out)
+    torch.testing.assert_close(ce.load_corpus_embeddings(tmp_path, corpus, encoder=tiny_bert, max_length=64), explicit)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ce.embedding_precision("fp16")
+
+
 def test_export_subcommand_rewrites_bundle_from_checkpoint(in_tmp_cwd, tiny_bert):
     main(fit_args(tiny_bert, 30, 1))
     bundle = in_tmp_cwd / "checkpoints" / "t" / "user_encoder"
@@ -108,5 +143,8 @@ def test_mask_row_starts_as_the_normalised_embedding_of_the_mask_text(tmp_path, 
                           dm.doc_embeddings, dm.mask_embedding)
     row = encoder.doc_table.weight[MASK_ID].detach()
     assert row.norm().item() == pytest.approx(1.0, abs=1e-5)
-    expected = text_encoder.TextEncoder.from_pretrained(tiny_bert, max_length=64).encode(["<mask>"])[0]
+    from persrag_lightning.models.corpus_embeddings import embedding_precision
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=embedding_precision() == "bf16"):  # as the cache's
+        expected = text_encoder.TextEncoder.from_pretrained(tiny_bert, max_length=64).encode(["<mask>"])[0]
     torch.testing.assert_close(row, torch.nn.functional.normalize(expected, dim=0), atol=1e-5, rtol=1e-5)

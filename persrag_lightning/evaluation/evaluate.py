@@ -147,11 +147,30 @@ def bind_strategies(strategies: list[Strategy]) -> None:
             bind(by_name)
 
 
-def strategy_by_name(config: str | Path, name: str, run_dir: str) -> Strategy:
+def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
+    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
+    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
+    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+    from persrag_lightning.hardware import cpu_has_native_bf16
+    from persrag_lightning.models.reranker import RUNTIMES
+
+    if runtime == "bf16_if_native":
+        runtime = "bf16" if cpu_has_native_bf16() else "fp32"
+    if runtime not in RUNTIMES:
+        raise ValueError(f"reranker_runtime must be bf16_if_native or one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime == "fp32":
+        return
+    for s in strategies:
+        if getattr(s, "reranker_path", None) and not hasattr(s, "reranker_runtime"):
+            s.reranker_runtime = runtime
+
+
+def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
     """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
     parser = evaluate_parser()
     cfg = substitute_run_dir(parser.parse_args(["--config", str(config)]), run_dir)
     strategies = parser.instantiate_classes(cfg).strategies
+    set_reranker_runtime(strategies, reranker_runtime)
     bind_strategies(strategies)
     for s in strategies:
         if s.name == name:
@@ -215,10 +234,12 @@ class Evaluation:
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
-                 pairs: list[list[str]] | None = None) -> None:
+                 pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32") -> None:
         """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
         `reference`: the strategy every other one is tested against (paired test, same examples). `pairs`:
-        further paired tests, [a, b] each (a against b), reported under the table and in metrics.json."""
+        further paired tests, [a, b] each (a against b), reported under the table and in metrics.json.
+        `reranker_runtime`: how every reranking row's cross-encoder runs (`set_reranker_runtime`): fp32 as
+        trained (default), or e.g. bf16_if_native (the quick preset)."""
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples
@@ -229,6 +250,7 @@ class Evaluation:
             if len(pair) != 2:
                 raise ValueError(f"evaluation.pairs: each pair names two strategies, got {pair!r}")
         self.pairs = [list(p) for p in pairs or []]
+        self.reranker_runtime = reranker_runtime
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self._llm: LLM | None = None
@@ -274,6 +296,7 @@ class Evaluation:
         skipped: dict[str, str] = {}
         self.skipped = skipped
         started = time.perf_counter()
+        set_reranker_runtime(strategies, self.reranker_runtime)
         bind_strategies(strategies)
         for i, strategy in enumerate(strategies):
             progress(f"[evaluate {i + 1}/{len(strategies)}] {strategy.name}: {len(examples)} {self.split} examples"

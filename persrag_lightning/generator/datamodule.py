@@ -91,7 +91,8 @@ class GeneratorDataModule(L.LightningDataModule):
 
     `strategy` is a name in `strategies_config` (an evaluate config; its `{run_dir}` paths resolve to this run's
     exports); `model` must be the module's (its tokenizer fits the docs into `max_prompt_tokens`, as evaluation
-    does with the same budget).
+    does with the same budget). `reranker_runtime`: the evaluation's (`set_reranker_runtime`), so the prompts it
+    trains on are retrieved as the evaluation retrieves them.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
@@ -100,7 +101,7 @@ class GeneratorDataModule(L.LightningDataModule):
                  model: str = "smollm2", k: int = 5, max_prompt_tokens: int = 512, train_split: str = "train",
                  val_split: str = "dev", max_train_examples: int | None = None,
                  max_val_examples: int | None = None, batch_size: int = 16, num_workers: int = 0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, reranker_runtime: str = "fp32") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
@@ -112,7 +113,7 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def _strategy(self):
         h = self.hparams
-        return strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
+        return strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime)
 
     def _splits(self) -> dict[str, int | None]:
         h = self.hparams

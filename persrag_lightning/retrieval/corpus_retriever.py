@@ -14,13 +14,18 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.models import exported
-from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.models.corpus_embeddings import (
+    build_corpus_embeddings,
+    embedding_precision,
+    load_corpus_embeddings,
+)
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever, doc_encoder_path
 from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, model_identity
 from persrag_lightning.utils import bundle_digest, fingerprint
 
-# How the query encoder runs at serving (retrieval/cfrag.py's `query_runtime`; docs are always embedded in fp32):
+# How the query encoder runs at serving (retrieval/cfrag.py's `query_runtime`; docs are embedded as
+# models/corpus_embeddings.py's `embedding_precision` says: bf16 on a CPU that computes it natively, else fp32):
 # torch fp32 as trained, torch's bf16 autocast, or its ONNX export in ONNX Runtime or OpenVINO (models/exported.py).
 QUERY_RUNTIMES = ("fp32", "bf16", *EXPORTED_RUNTIMES)
 
@@ -96,9 +101,12 @@ class CorpusRetriever(ABC):
 
     @torch.no_grad()
     def add_docs(self, texts: list[str]) -> None:
-        """Embed new docs (a user added at serving time) and append them as the next corpus rows."""
+        """Embed new docs (a user added at serving time) and append them as the next corpus rows, in the precision
+        this machine embeds the corpus in (`embedding_precision`)."""
         self.load()
-        self.doc_vectors = torch.cat([self.doc_vectors, self.encode_docs(texts).to(self.doc_vectors)])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=embedding_precision() == "bf16"):
+            vectors = self.encode_docs(texts)
+        self.doc_vectors = torch.cat([self.doc_vectors, vectors.float().to(self.doc_vectors)])
 
 
 class EncoderRetriever(CorpusRetriever):

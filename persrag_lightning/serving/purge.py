@@ -191,7 +191,8 @@ def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir
         meta = json.loads((folder / "meta.json").read_text())
         if meta.get("rows") != len(old):
             continue
-        args = (meta["encoder"], meta["max_length"], meta["pooling"])
+        # a cache made before precision was recorded is float32
+        args = (meta["encoder"], meta["max_length"], meta["pooling"], meta.get("precision", "fp32"))
         if folder.name != corpus_embedding_key(old, *args):
             continue
         removes.append(str(folder))

@@ -1,0 +1,107 @@
+"""What bfloat16 autocast buys the main job's two inference passes that are not the LLM, against float32 in the same
+run: the corpus embedding (every history doc through MiniLM, three times per quick run) and the evaluation's
+reranker (30 candidates per question through the cross-encoder, in every reranking row).
+
+    python benchmarks/bench_inference_precision.py                                  # the embedding only
+    python benchmarks/bench_inference_precision.py --run checkpoints/synthlamp-quick   # and that run's reranker
+
+Embedding: docs/s on --docs unique SynthLaMP LaMP-2 docs (one warm-up batch first), the cosine of each bf16 vector
+to its float32 one, and how many of each doc's top-5 neighbours (by the float32 vectors of the first 200 docs as
+queries) are the same. Reranker: ms per dev question of the run's CFRAG row (retrieval only, no LLM), fp32 then
+bf16, each measured --repeats times (the median kept), and how many of the top-5 lists are identical, in order and
+as sets. Prints Markdown; asserts nothing about time. bf16 pays only on a CPU that computes it natively (AVX512-BF16
+or AMX); elsewhere it is emulated and slower, and the framework keeps float32 there (persrag_lightning/hardware.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from persrag_lightning.data.corpus import Corpus
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.hardware import cpu_has_native_bf16, describe_cpu
+from persrag_lightning.models.text_encoder import TextEncoder
+
+
+def bf16(enabled: bool):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
+def embedding_rows(n_docs: int, cache_dir: str) -> list[list]:
+    source = LampSource("LaMP-2", None, None, cache_dir)
+    source.prepare()
+    texts = list(dict.fromkeys(Corpus.from_dataset(source.load()).texts))
+    random.Random(0).shuffle(texts)
+    texts = texts[:n_docs]
+    encoder = TextEncoder.from_pretrained("minilm")
+    encoder.encode(texts[:64])  # warm-up
+    vectors, rates = {}, {}
+    for precision in ("fp32", "bf16"):
+        started = time.perf_counter()
+        with bf16(precision == "bf16"):
+            vectors[precision] = encoder.encode(texts)
+        rates[precision] = len(texts) / (time.perf_counter() - started)
+    a, b = vectors["fp32"], vectors["bf16"]
+    cosine = torch.nn.functional.cosine_similarity(a, b)
+    queries = a[:200]
+    top_a = (queries @ a.T).topk(6).indices[:, 1:]  # the doc itself is its own first neighbour
+    top_b = (queries @ b.T).topk(6).indices[:, 1:]
+    same = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(top_a, top_b)) / top_a.numel()
+    return [[f"corpus embedding (MiniLM, {len(texts)} docs)", "docs/s", f"{rates['fp32']:.0f}", f"{rates['bf16']:.0f}",
+             f"{rates['bf16'] / rates['fp32']:.2f}x", f"min cosine {cosine.min():.5f}; top-5 neighbours same {same:.3f}"]]
+
+
+def reranker_rows(run_dir: str, n_questions: int, repeats: int) -> list[list]:
+    from persrag_lightning.evaluation.evaluate import Evaluation, strategy_by_name
+    from persrag_lightning.retrieval.base import DocStore, Query
+
+    evaluation = Evaluation(split="dev", max_examples=n_questions)
+    evaluation.source.prepare()
+    dataset = evaluation.source.load()
+    store = DocStore(dataset)
+    queries = [Query(e.user_id, e.query, e.input, e.example_id) for e in evaluation.examples(dataset)]
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    rows: dict[str, list[list[int]]] = {}
+    for _ in range(repeats):
+        for runtime in ("fp32", "bf16"):
+            strategy = strategy_by_name("evaluate_cfrag.yaml", "CFRAG", run_dir, runtime)
+            strategy.prepare(store)
+            started = time.perf_counter()
+            retrieved = strategy.retrieve(queries, 5)
+            times[runtime].append(1000 * (time.perf_counter() - started) / len(queries))
+            rows[runtime] = [[d.row for d in docs] for docs in retrieved]
+    ms = {r: statistics.median(t) for r, t in times.items()}
+    a, b = rows["fp32"], rows["bf16"]
+    identical = sum(x == y for x, y in zip(a, b)) / len(a)
+    overlap = sum(len(set(x) & set(y)) for x, y in zip(a, b)) / sum(len(x) for x in a)
+    return [[f"reranker of the CFRAG row ({len(queries)} dev questions, median of {repeats})", "ms per question",
+             f"{ms['fp32']:.0f}", f"{ms['bf16']:.0f}", f"{ms['fp32'] / ms['bf16']:.2f}x",
+             f"top-5 lists identical {identical:.2f}; top-5 docs same {overlap:.3f}"]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=2048)
+    parser.add_argument("--run", default=None, help="an exported quick run (checkpoints/<run_name>)")
+    parser.add_argument("--questions", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cache_dir", default=".cache/persrag")
+    args = parser.parse_args()
+    rows = embedding_rows(args.docs, args.cache_dir)
+    if args.run:
+        rows += reranker_rows(args.run, args.questions, args.repeats)
+    print(f"{describe_cpu()}; bfloat16 native: {'yes' if cpu_has_native_bf16() else 'no'}; "
+          f"torch threads {torch.get_num_threads()}\n")
+    print("| pass | unit | float32 | bfloat16 autocast | speed-up | agreement with float32 |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
