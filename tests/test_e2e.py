@@ -24,6 +24,9 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     run = in_tmp_cwd / "checkpoints" / "synthlamp-smoke"
     for stage in STAGES:
         assert (run / stage / "config.json").exists(), stage
+    # as in the quick preset, the feedback stages validate nothing, so no dev question was labelled for them
+    feedback = in_tmp_cwd / ".cache" / "persrag" / "feedback"
+    assert list(feedback.rglob("train")) and not list(feedback.rglob("dev"))
     out = in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate"
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])

@@ -149,6 +149,25 @@ def test_fit_builds_no_test_labels_and_test_reads_the_test_split(world, tiny_ber
     assert len(ids) == 16 and all("-test" in i for i in ids)
 
 
+def test_a_trainer_that_validates_nothing_gets_no_dev_labels(world, tiny_bert, tiny_llm):
+    """`--trainer.limit_val_batches=0` (the quick preset's feedback stages): the dev split is neither labelled nor
+    read; the train split is."""
+    from types import SimpleNamespace
+
+    dm = datamodule(world, tiny_bert, tiny_llm)
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), limit_val_batches=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    root = dm.builder().root
+    assert (root / "train").is_dir() and not (root / "dev").exists()
+    assert dm.train_examples and dm.val_examples == []
+    dm.trainer.limit_val_batches = 1.0  # validation on again: dev is labelled and read
+    dm.prepare_data()
+    dm.train_examples = []
+    dm.setup("fit")
+    assert (root / "dev").is_dir() and dm.val_examples
+
+
 def test_missing_user_encoder_names_the_command(world, tiny_bert, tiny_llm):
     dm = datamodule(world, tiny_bert, tiny_llm, user_encoder=str(world / "nowhere"))
     with pytest.raises(FileNotFoundError, match="cfrag_user_encoder.yaml"):

@@ -57,11 +57,19 @@ class FeedbackDataModule(L.LightningDataModule):
         h = self.hparams
         if self._testing():
             return {h.test_split: h.max_test_examples}
+        if not self._validates():
+            return {h.train_split: h.max_train_examples}
         return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
 
     def _testing(self) -> bool:
         trainer = getattr(self, "trainer", None)
         return trainer is not None and trainer.state.fn == "test"
+
+    def _validates(self) -> bool:
+        """False under a trainer that validates nothing (`--trainer.limit_val_batches=0`): then no dev labels are
+        built or read (the quick preset: one epoch keeps one checkpoint, so its dev examples would select nothing)."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is None or getattr(trainer, "limit_val_batches", 1) != 0
 
     def builder(self) -> FeedbackBuilder:
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
@@ -100,7 +108,8 @@ class FeedbackDataModule(L.LightningDataModule):
                 self.test_examples = self.select(builder.load(h.test_split, h.max_test_examples, hint))
         elif not self.train_examples:
             self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
-            self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
+            if self._validates():
+                self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
 
     def select(self, examples: list[FeedbackExample]) -> list[FeedbackExample]:
         if self.hparams.candidate_owners == "all":
