@@ -59,6 +59,7 @@ def embedding_rows(n_docs: int, cache_dir: str) -> list[list]:
 def reranker_rows(run_dir: str, n_questions: int, repeats: int) -> list[list]:
     from persrag_lightning.evaluation.evaluate import Evaluation, strategy_by_name
     from persrag_lightning.retrieval.base import DocStore, Query
+    from persrag_lightning.utils import resolve_config_path
 
     evaluation = Evaluation(split="dev", max_examples=n_questions)
     evaluation.source.prepare()
@@ -69,7 +70,7 @@ def reranker_rows(run_dir: str, n_questions: int, repeats: int) -> list[list]:
     rows: dict[str, list[list[int]]] = {}
     for _ in range(repeats):
         for runtime in ("fp32", "bf16"):
-            strategy = strategy_by_name("evaluate_cfrag.yaml", "CFRAG", run_dir, runtime)
+            strategy = strategy_by_name(resolve_config_path("evaluate_cfrag.yaml"), "CFRAG", run_dir, runtime)
             strategy.prepare(store)
             started = time.perf_counter()
             retrieved = strategy.retrieve(queries, 5)

@@ -19,7 +19,7 @@ STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_n
 
 
 @pytest.mark.slow
-def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
+def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     main(["pipeline", "--preset", "smoke"])
     run = in_tmp_cwd / "checkpoints" / "synthlamp-smoke"
     for stage in STAGES:
@@ -27,6 +27,7 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys):
     # as in the quick preset, the feedback stages validate nothing, so no dev question was labelled for them
     feedback = in_tmp_cwd / ".cache" / "persrag" / "feedback"
     assert list(feedback.rglob("train")) and not list(feedback.rglob("dev"))
+    assert not [w for w in recwarn if "could not find the monitored key" in str(w.message)]  # they keep the last
     out = in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate"
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])

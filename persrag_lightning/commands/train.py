@@ -165,9 +165,18 @@ class PersragCLI(LightningCLI):
         if self.trainer.progress_bar_callback is None and not present:
             self.trainer.callbacks.append(ProgressLines(self._stage_name()))
 
+    def keep_last_without_validation(self) -> None:
+        """A fit that validates nothing (`--trainer.limit_val_batches=0`: the quick preset's feedback stages) keeps
+        its last weights: the checkpoint callbacks stop monitoring a validation metric that is never logged (Lightning
+        would warn that it cannot find it and keep no best checkpoint)."""
+        if self.trainer.limit_val_batches == 0:
+            for callback in self.trainer.checkpoint_callbacks:
+                callback.monitor = None
+
     def before_fit(self) -> None:
         """Progress lines; W&B records the whole CLI config (Lightning logs only the model's and data's args)."""
         self.add_progress_lines()
+        self.keep_last_without_validation()
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
                 config = self._parser(self.subcommand).dump(self._cfg(), format="json", skip_check=True)
