@@ -107,6 +107,12 @@ def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_g
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
     assert all("--evaluation.reranker_runtime=bf16_if_native" in e for e in evaluations)  # dev choice and test
     assert "--data.init_args.reranker_runtime=bf16_if_native" in fits[-1]
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["corpus_embeddings"] == "bf16" and record["evaluation_reranker"] == "bf16"
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["corpus_embeddings"] == "fp32" and record["evaluation_reranker"] == "fp32"
     with pytest.raises(ValueError, match="reranker_runtime must be"):
         set_reranker_runtime([], "bf16_always")
 

@@ -17,9 +17,11 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.commands.evaluate import evaluate_command
+from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import bf16_is_native, cpu_has_native_bf16, describe_cpu
+from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
 from persrag_lightning.utils import atomic_write_json
 
@@ -86,7 +88,7 @@ PRESETS: dict[str, Preset] = {
         # of the prompts per strategy and the same conclusions (docs/fidelity.md); float32 elsewhere. Feedback labels stay
         # exact on CPUs (the configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever
         # is faster on this machine). The reranking rows' cross-encoder runs in bfloat16 autocast where native
-        # (264 -> 117-177 ms per query on the AMX Xeon, 99.2 % of the top-5 docs the same; docs/fidelity.md), in
+        # (276 -> 140 ms per question on the AMX Xeon, 98.2 % of the top-5 docs the same; docs/fidelity.md), in
         # the generator stage's prompts too.
         "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}',
                      "--evaluation.reranker_runtime=bf16_if_native"],
@@ -297,5 +299,7 @@ def main(argv: list[str]) -> None:
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(),
         "precision": {k: precision_args(preset.get(f"{k}_precision")) for k in ("feedback", "generator")},
+        "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
+            (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
         "chosen_on_dev": chosen, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

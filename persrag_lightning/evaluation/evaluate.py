@@ -147,10 +147,9 @@ def bind_strategies(strategies: list[Strategy]) -> None:
             bind(by_name)
 
 
-def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
-    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
-    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
-    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+def resolve_reranker_runtime(runtime: str) -> str:
+    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
+    natively, else fp32."""
     from persrag_lightning.hardware import cpu_has_native_bf16
     from persrag_lightning.models.reranker import RUNTIMES
 
@@ -158,6 +157,14 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
         runtime = "bf16" if cpu_has_native_bf16() else "fp32"
     if runtime not in RUNTIMES:
         raise ValueError(f"reranker_runtime must be bf16_if_native or one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    return runtime
+
+
+def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
+    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
+    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
+    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+    runtime = resolve_reranker_runtime(runtime)
     if runtime == "fp32":
         return
     for s in strategies:
