@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.commands.evaluate import evaluate_command
-from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
 from persrag_lightning.hardware import bf16_is_native, cpu_has_native_bf16, describe_cpu
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
