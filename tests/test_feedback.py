@@ -229,7 +229,8 @@ def test_candidates_never_come_from_a_user_who_does_not_share(world, tiny_bert, 
         assert len({d.owner for d in docs}) == 3 and all(d.owner != private for d in docs)
 
 
-def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_bert, tiny_llm, count_llm_calls):
+def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_bert, tiny_llm, count_llm_calls,
+                                                                   monkeypatch, capsys):
     """feedback_metric teacher: each candidate's label is the teacher reranker's score of it, exactly what CFRAG's
     rerank computes at inference for the same query (same candidates, same pairs, same e_u); no LLM is loaded."""
     from persrag_lightning.models.reranker import PersonalizedReranker
@@ -257,6 +258,18 @@ def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_b
         assert labels.keys() == {d.row for d in docs}
         for d in docs:
             assert labels[d.row] == pytest.approx(d.reranker_score, abs=1e-5)
+    # retrieve: the same docs, `batch_size` queries at a time, with a progress line per batch when it takes long
+    import functools
+
+    from persrag_lightning.progress import Progress
+    from persrag_lightning.retrieval import cfrag
+
+    monkeypatch.setattr(cfrag, "Progress", functools.partial(Progress, every=0))  # every batch counts as long
+    strategy.batch_size = 3
+    capsys.readouterr()
+    assert [[d.row for d in ds] for ds in strategy.retrieve(queries, 6)] == [[d.row for d in ds] for ds in served]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("[retrieve CFRAG] 3/8 queries (38 %)") and lines[-1].startswith("[retrieve CFRAG] 8/8")
 
     with pytest.raises(ValueError, match="go together"):
         datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher").builder()
