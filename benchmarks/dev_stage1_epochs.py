@@ -1,0 +1,42 @@
+"""Dev-only: the quick preset's recipe chain with its stage 1 trained for another number of epochs, up to the dev
+choice and no further (the test split is never evaluated: a recipe is chosen on dev).
+
+    python benchmarks/dev_stage1_epochs.py --epochs 2 --seed 1     # run from the repository root
+
+Trains `user_encoder`, `retriever` and `reranker` of the paired chain under `--run_name` (default
+`dev-stage1-<epochs>ep-seed<seed>`; the feedback labels come from the project's cache when an earlier run made
+them), evaluates both orders on the 300 dev questions as the pipeline's dev choice does and prints its line
+`[pipeline] chosen on dev (accuracy): ...`; the table is in runs/<run_name>/select-on-dev/. Compare with the same
+seed's dev line of a quick run (20 epochs).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from persrag_lightning.commands import pipeline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run_name", default=None)
+    args = parser.parse_args()
+    preset = {**pipeline.PRESETS["quick"], "user_encoder": [f"--trainer.max_epochs={args.epochs}"],
+              "stages": ["user_encoder", "retriever", "reranker"], "paper_chain": False}
+    pipeline.PRESETS["dev-stage1-epochs"] = preset
+    evaluate = pipeline.evaluate_command
+
+    def dev_only(argv: list[str]):
+        if "--evaluation.split=dev" not in argv:  # the table on test: never in a dev-only experiment
+            raise SystemExit("[dev_stage1_epochs] done: the dev choice is above; the test split is not evaluated")
+        return evaluate(argv)
+
+    pipeline.evaluate_command = dev_only
+    pipeline.main(["--preset", "dev-stage1-epochs", f"--seed_everything={args.seed}",
+                   "--run_name", args.run_name or f"dev-stage1-{args.epochs}ep-seed{args.seed}"])
+
+
+if __name__ == "__main__":
+    main()
