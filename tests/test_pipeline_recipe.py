@@ -115,6 +115,10 @@ def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_g
     assert record["corpus_embeddings"] == "fp32" and record["evaluation_reranker"] == "fp32"
     with pytest.raises(ValueError, match="reranker_runtime must be"):
         set_reranker_runtime([], "bf16_always")
+    from persrag_lightning.evaluation.evaluate import Evaluation
+
+    with pytest.raises(ValueError, match="reranker_runtime must be"):
+        Evaluation(reranker_runtime="bf16_always", cache_dir=str(tmp_path))
 
 
 def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(monkeypatch, tmp_path) -> None:

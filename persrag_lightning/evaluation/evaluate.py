@@ -257,6 +257,7 @@ class Evaluation:
             if len(pair) != 2:
                 raise ValueError(f"evaluation.pairs: each pair names two strategies, got {pair!r}")
         self.pairs = [list(p) for p in pairs or []]
+        resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
