@@ -25,11 +25,8 @@ import torch
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.hardware import cpu_has_native_bf16, describe_cpu
+from persrag_lightning.models.corpus_embeddings import precision_autocast
 from persrag_lightning.models.text_encoder import TextEncoder
-
-
-def bf16(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
 
 
 def embedding_rows(n_docs: int, cache_dir: str) -> list[list]:
@@ -43,7 +40,7 @@ def embedding_rows(n_docs: int, cache_dir: str) -> list[list]:
     vectors, rates = {}, {}
     for precision in ("fp32", "bf16"):
         started = time.perf_counter()
-        with bf16(precision == "bf16"):
+        with precision_autocast(precision):
             vectors[precision] = encoder.encode(texts)
         rates[precision] = len(texts) / (time.perf_counter() - started)
     a, b = vectors["fp32"], vectors["bf16"]

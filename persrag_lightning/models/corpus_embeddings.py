@@ -47,6 +47,11 @@ def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
     return "bf16" if resolve_device(device) == "cpu" and cpu_has_native_bf16() else "fp32"
 
 
+def precision_autocast(precision: str, device: str = "cpu") -> torch.autocast:
+    """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision` resolves it)."""
+    return torch.autocast(resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def corpus_embedding_key(corpus: Corpus, encoder: str, max_length: int, pooling: Pooling,
                          precision: str = "auto") -> str:
     """Fingerprint of (data content, model, max length, pooling, precision): a new value of any of them is a new
@@ -99,7 +104,7 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
                 model.to(resolve_device(device))
             part, blocks = texts[start:start + SHARD_TEXTS], []
             for i in range(0, len(part), PROGRESS_TEXTS):
-                with torch.autocast(resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16"):
+                with precision_autocast(precision, device):
                     blocks.append(model.encode(part[i:i + PROGRESS_TEXTS], batch_size=batch_size))
                 bar.advance(len(blocks[-1]))
             atomic_save_tensors({"embeddings": torch.cat(blocks)}, shard)

@@ -18,6 +18,7 @@ from persrag_lightning.models.corpus_embeddings import (
     build_corpus_embeddings,
     embedding_precision,
     load_corpus_embeddings,
+    precision_autocast,
 )
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever, doc_encoder_path
@@ -104,7 +105,7 @@ class CorpusRetriever(ABC):
         """Embed new docs (a user added at serving time) and append them as the next corpus rows, in the precision
         this machine embeds the corpus in (`embedding_precision`)."""
         self.load()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=embedding_precision() == "bf16"):
+        with precision_autocast(embedding_precision()):
             vectors = self.encode_docs(texts)
         self.doc_vectors = torch.cat([self.doc_vectors, vectors.float().to(self.doc_vectors)])
 
