@@ -152,3 +152,10 @@ def resolve_config_path(name: str) -> str:
         if (folder / name).exists():
             return str(folder / name)
     return name
+
+
+def trainer_validates(datamodule: Any) -> bool:
+    """False when the datamodule's trainer validates nothing (`--trainer.limit_val_batches=0`: the quick preset's
+    feedback and generator stages, whose one epoch keeps one checkpoint): then no dev split is built or read."""
+    trainer = getattr(datamodule, "trainer", None)
+    return trainer is None or getattr(trainer, "limit_val_batches", 1) != 0

@@ -207,6 +207,20 @@ def test_fit_generator_yaml_exports_and_evaluates_tuned_rows(in_tmp_cwd, tiny_ll
     assert "CFRAG + tuned generator" in report and "not trained" in report
 
 
+def test_a_fit_without_validation_retrieves_no_dev_prompt_and_exports_its_last_weights(in_tmp_cwd, tiny_llm,
+                                                                                       one_thread):
+    """`--trainer.limit_val_batches=0` (the quick and smoke presets: one epoch keeps one checkpoint): no dev
+    retrieval or prompt is built, nothing is validated, and the export holds the last weights."""
+    from persrag_lightning.cli import main
+
+    main(fit_args(tiny_llm, 1, "--trainer.limit_val_batches=0"))
+    assert (in_tmp_cwd / "checkpoints" / "t" / "generator" / "model.safetensors").exists()
+    assert len(list((in_tmp_cwd / ".cache" / "persrag" / "retrievals").glob("bm25-*.json"))) == 1  # train only
+    assert [p.name for p in (in_tmp_cwd / ".cache" / "persrag" / "generator_prompts").rglob("*.json")] == ["train.json"]
+    metrics = next((in_tmp_cwd / "runs" / "t" / "generator").rglob("metrics.csv")).read_text().splitlines()
+    assert "train/loss" in metrics[0] and "val/" not in metrics[0]
+
+
 def test_choose_on_a_generation_task_is_one_line_exit_2_before_training(in_tmp_cwd, tiny_llm, capsys, one_thread):
     """generator.yaml validates with `choose`; on LaMP-7 (no labels) that once failed at the end of the first
     epoch, in the middle of `pipeline --task LaMP-7`. Now setup refuses it, naming the switch."""

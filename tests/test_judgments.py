@@ -113,6 +113,14 @@ def test_paired_keeps_which_doc_got_which_label_through_mean_pooling(tmp_path) -
     paired(ids).sum().backward()
     used = paired.label_maps.grad.flatten(1).abs().sum(1) > 0
     assert used.tolist() == [False, True, False, False, False, True]  # scores 1 and 5; the 4th doc has none
+    # bf16-mixed (stage 1 on a CPU that computes bfloat16 natively): the maps compute in bf16, the sum stays
+    # float32 (it once failed: index_put of a bf16 source into a float32 tensor)
+    paired.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = paired(ids)
+    mixed.float().sum().backward()
+    torch.testing.assert_close(mixed.float(), expected, atol=0.05, rtol=0.05)
+    assert paired.label_maps.grad.flatten(1).abs().sum(1).gt(0).tolist() == used.tolist()
 
 
 def test_community_chance_is_the_share_of_other_users_in_ones_community() -> None:

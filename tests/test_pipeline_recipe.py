@@ -73,8 +73,9 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
-    fixed = [a for args in fits for a in args if "bf16" in a.replace("bf16_if_native", "") and "export_root" not in a]
-    assert fits and not fixed
+    fixed = [a for args in fits for a in args if ("bf16" in a.replace("bf16_if_native", "") or "bfloat16" in a)
+             and "export_root" not in a]
+    assert fits and not fixed  # neither a trainer precision nor the feedback labels' dtype
     # the evaluation's reader and rerankers ask for bf16_if_native, which resolves to float32 here, and the
     # corpus is embedded in float32
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32
@@ -83,10 +84,13 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     machine(monkeypatch, AMX, onednn=True)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
     bf16 = {stage_of(a) for a in fits if "--trainer.precision=bf16-mixed" in a}
+    labels_bf16 = {stage_of(a) for a in fits if '--data.init_args.llm.options={"dtype": "bfloat16"}' in a}
     if preset in ("quick", "full-feedback"):
-        assert bf16 == {"cfrag_retriever", "cfrag_reranker", "retriever_paper", "reranker_paper", "generator"}
+        assert bf16 == {"cfrag_user_encoder", "user_encoder_paper", "cfrag_retriever", "cfrag_reranker",
+                        "retriever_paper", "reranker_paper", "generator"}
+        assert labels_bf16 == {"cfrag_retriever", "cfrag_reranker", "retriever_paper", "reranker_paper"}
     else:
-        assert not bf16  # smoke and paper keep the configs' float32
+        assert not bf16 and not labels_bf16  # smoke and paper keep the configs' float32 and exact labels
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
@@ -127,6 +131,34 @@ def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(
     precision = {stage_of(a): next((x for x in a if x.startswith("--trainer.precision=")), None) for a in fits}
     assert precision["generator"] == "--trainer.precision=bf16-mixed"
     assert precision["cfrag_retriever"] == precision["cfrag_reranker"] == "--trainer.precision=32-true"
+    assert precision["cfrag_user_encoder"] == "--trainer.precision=32-true"
+    assert not any("dtype" in a for args in fits for a in args)  # hf's `auto` dtype labels in bf16 on a GPU already
+
+
+def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(monkeypatch, tmp_path) -> None:
+    """The quick preset's feedback labels: bfloat16 on a native CPU, none asked elsewhere (the configs' `backend:
+    auto` then measures the fastest exact backend), and never under a backend without a dtype option; an LLM
+    config's identity (the feedback cache's, prompt store's and evaluation's key) names the dtype that runs."""
+    from persrag_lightning.llm.registry import LLMConfig
+
+    machine(monkeypatch, AMX, onednn=True)
+    assert pipeline.label_args("cpu_native", None) == ['--data.init_args.llm.options={"dtype": "bfloat16"}']
+    assert pipeline.label_args("cpu_native", "llamacpp") == [] and pipeline.label_args(None, None) == []
+    with pytest.raises(ValueError, match="label precision rule"):
+        pipeline.label_args("always", None)
+    native = LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
+    assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {
+        "dtype": "bfloat16"}
+    fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--llm-backend", "llamacpp"])
+    assert not any("dtype" in a for args in fits for a in args)
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert pipeline.label_args("cpu_native", None) == []
+    # float32 is the exact default: named or resolved to, it keys as no option (earlier caches stay valid)
+    plain = LLMConfig(backend="hf").identity()["options"]
+    assert plain == {} == LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
+    assert LLMConfig(backend="hf", options={"dtype": "float32"}).identity()["options"] == {}
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["feedback_labels"] == []  # the llamacpp run above
 
 
 def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monkeypatch, tmp_path) -> None:

@@ -54,7 +54,7 @@ PRESETS: dict[str, Preset] = {
         "user_encoder": ["--trainer.max_epochs=3"],
         "feedback": ["--data.init_args.m=2", "--data.init_args.k=2", "--data.init_args.max_train_examples=8",
                      "--trainer.limit_val_batches=0"],
-        "generator": ["--data.init_args.max_train_examples=8", "--data.init_args.max_val_examples=4",
+        "generator": ["--data.init_args.max_train_examples=8", "--trainer.limit_val_batches=0",
                       "--data.init_args.batch_size=4", "--trainer.max_epochs=1"],
         "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=6",
                      "--evaluation.llm.answer_mode=choose", "--evaluation.n_resamples=200"],
@@ -77,10 +77,18 @@ PRESETS: dict[str, Preset] = {
         # batches of 4 examples, 3.7x and 2.3x the official single-example float32 loop at m*k = 30
         # (docs/performance/training.md). On a GPU they stay float32: bf16 paid only with large chunks there.
         "feedback_precision": "cpu_native",
+        # Their log-likelihood labels too: SmolLM2 in bfloat16 where the CPU computes it natively (as a GPU run
+        # labels with hf's `auto` dtype anyway), 1.8x the float32 label rate, median 0.06 nat from the float32
+        # label (docs/fidelity.md); on other CPUs the configs' `backend: auto` keeps the fastest exact backend.
+        "label_precision": "cpu_native",
+        # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5
+        # 0.504 against 0.505 in float32 (seed 1); float32 elsewhere, GPUs included.
+        "user_encoder_precision": "cpu_native",
         # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
-        # steps of 8, so lr 1e-3 instead of 2e-4), validated on 16 dev examples; bf16-mixed wherever bfloat16 is
+        # steps of 8, so lr 1e-3 instead of 2e-4); no validation, as the feedback stages (one epoch, one
+        # checkpoint: 16 dev examples selected nothing and cost ~0.3 min); bf16-mixed wherever bfloat16 is
         # native (CPU or GPU), float32 elsewhere (bf16 emulated on an AVX2-only CPU: 0.02 examples/s).
-        "generator": ["--data.init_args.max_train_examples=32", "--data.init_args.max_val_examples=16",
+        "generator": ["--data.init_args.max_train_examples=32", "--trainer.limit_val_batches=0",
                       "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--model.init_args.lr=1e-3",
                       "--trainer.log_every_n_steps=1", "--data.init_args.reranker_runtime=bf16_if_native"],
         "generator_precision": "native",
@@ -131,6 +139,18 @@ def precision_args(rule: str | None) -> list[str]:
     else:
         raise ValueError(f"unknown precision rule {rule!r}")
     return ["--trainer.precision=bf16-mixed" if native else "--trainer.precision=32-true"]
+
+
+def label_args(rule: str | None, backend: str | None) -> list[str]:
+    """The feedback LLM's dtype for a preset's `label_precision` rule: `cpu_native` asks hf for bfloat16 on a CPU
+    that computes it natively (no GPU: there hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the
+    configs' `backend: auto` still picks the faster exact backend, nor under a backend without a dtype option."""
+    if rule is None or backend not in (None, "auto", "hf"):
+        return []
+    if rule != "cpu_native":
+        raise ValueError(f"unknown label precision rule {rule!r}")
+    native = not torch.cuda.is_available() and cpu_has_native_bf16()
+    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if native else []
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
@@ -250,9 +270,11 @@ def main(argv: list[str]) -> None:
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     paper_chain = bool(preset.get("paper_chain")) and judgments != "none"  # else the main chain is the paper's
-    feedback = [*preset["feedback"], *precision_args(preset.get("feedback_precision")), *llm]
+    feedback = [*preset["feedback"], *precision_args(preset.get("feedback_precision")), *llm,
+                *label_args(preset.get("label_precision"), opts.llm_backend)]
     # stage 1 and the generator have their own settings; the other stages are feedback stages
-    per_kind = {"user_encoder": [*preset["user_encoder"], f"--model.init_args.judgments={judgments}"],
+    per_kind = {"user_encoder": [*preset["user_encoder"], *precision_args(preset.get("user_encoder_precision")),
+                                 f"--model.init_args.judgments={judgments}"],
                 "generator": [*preset["generator"], *precision_args(preset.get("generator_precision")),
                               *generator_task]}
     wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
@@ -298,7 +320,9 @@ def main(argv: list[str]) -> None:
     atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(),
-        "precision": {k: precision_args(preset.get(f"{k}_precision")) for k in ("feedback", "generator")},
+        "precision": {k: precision_args(preset.get(f"{k}_precision"))
+                      for k in ("user_encoder", "feedback", "generator")},
+        "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),
         "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
             (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
         "chosen_on_dev": chosen, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},

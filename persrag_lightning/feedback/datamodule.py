@@ -17,6 +17,7 @@ from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackMetric, FeedbackSettings
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
+from persrag_lightning.utils import trainer_validates
 
 
 class FeedbackDataModule(L.LightningDataModule):
@@ -57,19 +58,13 @@ class FeedbackDataModule(L.LightningDataModule):
         h = self.hparams
         if self._testing():
             return {h.test_split: h.max_test_examples}
-        if not self._validates():
+        if not trainer_validates(self):
             return {h.train_split: h.max_train_examples}
         return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
 
     def _testing(self) -> bool:
         trainer = getattr(self, "trainer", None)
         return trainer is not None and trainer.state.fn == "test"
-
-    def _validates(self) -> bool:
-        """False under a trainer that validates nothing (`--trainer.limit_val_batches=0`): then no dev labels are
-        built or read (the quick preset: one epoch keeps one checkpoint, so its dev examples would select nothing)."""
-        trainer = getattr(self, "trainer", None)
-        return trainer is None or getattr(trainer, "limit_val_batches", 1) != 0
 
     def builder(self) -> FeedbackBuilder:
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
@@ -108,7 +103,7 @@ class FeedbackDataModule(L.LightningDataModule):
                 self.test_examples = self.select(builder.load(h.test_split, h.max_test_examples, hint))
         elif not self.train_examples:
             self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
-            if self._validates():
+            if trainer_validates(self):
                 self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
 
     def select(self, examples: list[FeedbackExample]) -> list[FeedbackExample]:

@@ -27,7 +27,7 @@ from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore
-from persrag_lightning.utils import atomic_write_json, fingerprint, resolve_config_path
+from persrag_lightning.utils import atomic_write_json, fingerprint, resolve_config_path, trainer_validates
 
 PROMPTS_VERSION = "generator-prompts/v1"
 
@@ -116,7 +116,10 @@ class GeneratorDataModule(L.LightningDataModule):
         return strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime)
 
     def _splits(self) -> dict[str, int | None]:
+        """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or read)."""
         h = self.hparams
+        if not trainer_validates(self):
+            return {h.train_split: h.max_train_examples}
         return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
 
     def examples(self, dataset, split: str, limit: int | None) -> list[Example]:
@@ -178,7 +181,7 @@ class GeneratorDataModule(L.LightningDataModule):
                                         "whose prepare_data builds them")
             loaded[split] = [GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
                              for r in json.loads(path.read_text())["examples"]]
-        self.train_examples, self.val_examples = loaded[h.train_split], loaded[h.val_split]
+        self.train_examples, self.val_examples = loaded[h.train_split], loaded.get(h.val_split, [])
 
     # ---- loaders ------------------------------------------------------------------------------------------------
 

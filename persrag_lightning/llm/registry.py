@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.auto import auto_backend
@@ -41,6 +43,18 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
     raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto")
 
 
+def hf_dtype_identity(options: dict) -> dict:
+    """hf options as caches key them: the dtype the model will *run* in here (`auto` and `bf16_if_native` differ by
+    machine), left out when float32 (the exact model, the CPU default: earlier keys stay valid)."""
+    from persrag_lightning.llm.hf import resolve_device_dtype
+
+    options = dict(options)
+    dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[1]
+    if dtype != torch.float32:
+        options["dtype"] = str(dtype).removeprefix("torch.")
+    return options
+
+
 @dataclass
 class LLMConfig:
     """Which LLM answers (feedback labels, evaluation, serving); `options` go to the backend (e.g. base_url,
@@ -69,6 +83,8 @@ class LLMConfig:
         except LLMBackendError:
             digest = ""  # a served model (openai backend) is named by the server
         output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
+        if self.backend == "hf":
+            output_options = hf_dtype_identity(output_options)
         return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}

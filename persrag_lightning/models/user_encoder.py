@@ -168,7 +168,8 @@ class UserEncoder(nn.Module):
             for label in labels.unique().tolist():
                 if label:
                     rows = labels == label
-                    mapped[rows] = doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)
+                    # under autocast the matmul computes in bf16; the sum stays in the input's dtype
+                    mapped[rows] = (doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)).to(mapped.dtype)
             judged = judged + mapped
         return judged
 
