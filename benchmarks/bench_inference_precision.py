@@ -125,9 +125,9 @@ def label_rows(run_dir: str, n_questions: int, cache_dir: str) -> list[list]:
                                for a, b in zip(labels["float32"], labels["bfloat16"]))
     return [[f"feedback labels (SmolLM2, {len(gaps)} candidates of {len(examples)} train questions)", "labels/s",
              f"{rates['float32']:.2f}", f"{rates['bfloat16']:.2f}", f"{rates['bfloat16'] / rates['float32']:.2f}x",
-             f"|label gap| median {gaps.median():.3f} nat, max {gaps.max():.3f}; best candidate same "
-             f"{same_top}/{len(examples)}; target KL {kl(1.0):.4f} (T = 1, retriever), {kl(0.1):.4f} (T = 0.1, "
-             "reranker)"]]
+             (f"|label gap| median {gaps.median():.3f} nat, max {gaps.max():.3f}; best candidate same "
+              f"{same_top}/{len(examples)}; target KL {kl(1.0):.4f} (T = 1, retriever), {kl(0.1):.4f} (T = 0.1, "
+              "reranker)")]]
 
 
 def main() -> None:
