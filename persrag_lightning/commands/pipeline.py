@@ -78,8 +78,9 @@ PRESETS: dict[str, Preset] = {
         # (docs/performance/training.md). On a GPU they stay float32: bf16 paid only with large chunks there.
         "feedback_precision": "cpu_native",
         # Their log-likelihood labels too: SmolLM2 in bfloat16 where the CPU computes it natively (as a GPU run
-        # labels with hf's `auto` dtype anyway), 1.8x the float32 label rate, median 0.06 nat from the float32
-        # label (docs/fidelity.md); on other CPUs the configs' `backend: auto` keeps the fastest exact backend.
+        # labels with hf's `auto` dtype anyway): 2.2x the float32 label rate, median 0.065 nat from the float32
+        # label, the best of a question's 6 candidates the same for 43 of 48 (docs/fidelity.md); on other CPUs
+        # the configs' `backend: auto` keeps the fastest exact backend.
         "label_precision": "cpu_native",
         # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5
         # 0.504 against 0.505 in float32 (seed 1); float32 elsewhere, GPUs included.
