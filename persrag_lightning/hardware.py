@@ -57,6 +57,14 @@ def cpu_has_native_bf16() -> bool:
     return onednn_has_bf16()
 
 
+def native_runtime(runtime: str) -> str:
+    """`bf16_if_native` resolved on this CPU: bf16 where it computes bfloat16 natively, fp32 elsewhere; any other
+    runtime name as given (the evaluation's and serving's reranker and query runtimes)."""
+    if runtime != "bf16_if_native":
+        return runtime
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
 def cuda_has_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 

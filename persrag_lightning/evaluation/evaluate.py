@@ -150,11 +150,10 @@ def bind_strategies(strategies: list[Strategy]) -> None:
 def resolve_reranker_runtime(runtime: str) -> str:
     """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
     natively, else fp32."""
-    from persrag_lightning.hardware import cpu_has_native_bf16
+    from persrag_lightning.hardware import native_runtime
     from persrag_lightning.models.reranker import RUNTIMES
 
-    if runtime == "bf16_if_native":
-        runtime = "bf16" if cpu_has_native_bf16() else "fp32"
+    runtime = native_runtime(runtime)
     if runtime not in RUNTIMES:
         raise ValueError(f"reranker_runtime must be bf16_if_native or one of {', '.join(RUNTIMES)}, got {runtime!r}")
     return runtime

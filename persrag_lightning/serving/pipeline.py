@@ -14,7 +14,7 @@ import torch
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.hardware import cpu_has_native_bf16
+from persrag_lightning.hardware import cpu_has_native_bf16, native_runtime
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
@@ -131,11 +131,9 @@ class CFRAGPipeline:
             extra["cohort_export"] = str(export)
         elif cohort_export is not None:
             raise ValueError("cohort_export is read only with users='cluster'")
-        native = "bf16" if cpu_has_native_bf16() else "fp32"
-        reranker_runtime = {"auto": serving_runtime("reranker"), "bf16_if_native": native}.get(reranker_runtime,
-                                                                                               reranker_runtime)
-        query_runtime = {"auto": serving_runtime("query"), "bf16_if_native": native}.get(query_runtime,
-                                                                                         query_runtime)
+        reranker_runtime = (serving_runtime("reranker") if reranker_runtime == "auto"
+                            else native_runtime(reranker_runtime))
+        query_runtime = serving_runtime("query") if query_runtime == "auto" else native_runtime(query_runtime)
         if reranker not in (None, "reranker") and bundle(run_dir, reranker) is None:  # named: must exist
             raise missing_bundle(run_dir / reranker)
         reranker = bundle(run_dir, reranker) if reranker is not None else None
