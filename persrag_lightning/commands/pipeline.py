@@ -82,8 +82,8 @@ PRESETS: dict[str, Preset] = {
         # label, the best of a question's 6 candidates the same for 43 of 48 (docs/fidelity.md); on other CPUs
         # the configs' `backend: auto` keeps the fastest exact backend.
         "label_precision": "cpu_native",
-        # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5
-        # 0.504 against 0.505 in float32 (seed 1); float32 elsewhere, GPUs included.
+        # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5 the
+        # same to 0.002 on both seeds and both encoders (docs/fidelity.md); float32 elsewhere, GPUs included.
         "user_encoder_precision": "cpu_native",
         # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
         # steps of 8, so lr 1e-3 instead of 2e-4); no validation, as the feedback stages (one epoch, one
