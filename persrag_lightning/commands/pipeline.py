@@ -128,30 +128,30 @@ PRESETS["full-feedback"] = {
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
 
+def rule_is_native(rule: str) -> bool:
+    """Whether a preset's precision rule asks for bfloat16 on this machine: `native` wherever bfloat16 is native
+    (CUDA or CPU), `cpu_native` only on such a CPU (float32 on a GPU)."""
+    if rule == "cpu_native":
+        return not torch.cuda.is_available() and cpu_has_native_bf16()
+    if rule == "native":
+        return bf16_is_native()
+    raise ValueError(f"unknown precision rule {rule!r}")
+
+
 def precision_args(rule: str | None) -> list[str]:
-    """`--trainer.precision` for a stage by what this machine computes natively: `native` bf16-mixed wherever
-    bfloat16 is native (CUDA or CPU), `cpu_native` only on such a CPU (float32 on a GPU); None: the config's."""
+    """`--trainer.precision` for a stage by a preset's rule (`rule_is_native`); None: the config's."""
     if rule is None:
         return []
-    if rule == "cpu_native":
-        native = not torch.cuda.is_available() and cpu_has_native_bf16()
-    elif rule == "native":
-        native = bf16_is_native()
-    else:
-        raise ValueError(f"unknown precision rule {rule!r}")
-    return ["--trainer.precision=bf16-mixed" if native else "--trainer.precision=32-true"]
+    return ["--trainer.precision=bf16-mixed" if rule_is_native(rule) else "--trainer.precision=32-true"]
 
 
 def label_args(rule: str | None, backend: str | None) -> list[str]:
-    """The feedback LLM's dtype for a preset's `label_precision` rule: `cpu_native` asks hf for bfloat16 on a CPU
-    that computes it natively (no GPU: there hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the
-    configs' `backend: auto` still picks the faster exact backend, nor under a backend without a dtype option."""
+    """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native (`cpu_native`: not
+    on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the configs' `backend: auto`
+    still picks the faster exact backend, nor under a backend without a dtype option."""
     if rule is None or backend not in (None, "auto", "hf"):
         return []
-    if rule != "cpu_native":
-        raise ValueError(f"unknown label precision rule {rule!r}")
-    native = not torch.cuda.is_available() and cpu_has_native_bf16()
-    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if native else []
+    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if rule_is_native(rule) else []
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
