@@ -102,19 +102,18 @@ def label_rows(run_dir: str, n_questions: int, cache_dir: str) -> list[list]:
     examples = builder.examples("train")[:n_questions]
     proposals = builder.candidate_source().propose([Query(e.user_id, e.query, e.input, e.example_id)
                                                     for e in examples])
-    labels, rates = {}, {}
+    flat = [(e, d) for e, cands in zip(examples, proposals) for d in cands]
+    targets = [e.target for e, _ in flat]
+    labels, rates, prompts = {}, {}, []
     for dtype in ("float32", "bfloat16"):
         llm = LLMConfig(backend="hf", options={"dtype": dtype}).load()
-        flat = [(e, d) for e, cands in zip(examples, proposals) for d in cands]
-        prompts = build_prompts("LaMP-2", llm, [e.input for e, _ in flat],
-                                [[builder.store.history_doc(d.row)] for _, d in flat], 512)
-        targets = [e.target for e, _ in flat]
+        prompts = prompts or build_prompts("LaMP-2", llm, [e.input for e, _ in flat],  # one tokenizer: built once
+                                           [[builder.store.history_doc(d.row)] for _, d in flat], 512)
         llm.score(prompts[:8], targets[:8])  # warm-up
         started = time.perf_counter()
         scores = torch.tensor(llm.score(prompts, targets))
         rates[dtype] = len(prompts) / (time.perf_counter() - started)
-        sizes = [len(c) for c in proposals]
-        labels[dtype] = [chunk for chunk in scores.split(sizes)]
+        labels[dtype] = list(scores.split([len(c) for c in proposals]))
         llm.close()
     gaps = torch.cat([(a - b).abs() for a, b in zip(labels["float32"], labels["bfloat16"])])
     same_top = sum(int(a.argmax() == b.argmax()) for a, b in zip(labels["float32"], labels["bfloat16"]))

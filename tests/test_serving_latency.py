@@ -208,16 +208,17 @@ def test_openvino_reranker_stays_within_tolerance_and_shares_the_onnx_export(tin
 
 
 def test_serving_runtime_prefers_openvino_where_installed(monkeypatch):
+    from persrag_lightning import hardware
     from persrag_lightning.serving import pipeline
 
     installed = {"openvino", "onnx"}
     monkeypatch.setattr(pipeline.importlib.util, "find_spec", lambda name: object() if name in installed else None)
-    monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
     assert pipeline.serving_runtime("reranker") == pipeline.serving_runtime("query") == "openvino"
     installed.clear()
     assert pipeline.serving_runtime("reranker") == "bf16"
     assert pipeline.serving_runtime("query") == "fp32"  # bf16 autocast embedded one query slower than fp32
-    monkeypatch.setattr(pipeline, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     assert pipeline.serving_runtime("reranker") == "fp32"
 
 

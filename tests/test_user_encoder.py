@@ -65,9 +65,10 @@ def test_corpus_embedding_precision_follows_the_cpu_and_is_in_the_cache_key(tmp_
                                                                             native):
     import json
 
+    from persrag_lightning import hardware
     from persrag_lightning.models import corpus_embeddings as ce
 
-    monkeypatch.setattr(ce, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     source = LampSource("LaMP-2", None, SynthConfig(num_users=8, docs_per_user=(4, 6)), str(tmp_path / "c"))
     source.prepare()

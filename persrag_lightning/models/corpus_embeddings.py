@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from persrag_lightning.data.corpus import Corpus
-from persrag_lightning.hardware import cpu_has_native_bf16
+from persrag_lightning.hardware import native_runtime
 from persrag_lightning.models.text_encoder import Pooling, TextEncoder, model_identity
 from persrag_lightning.progress import Progress
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json, fingerprint
@@ -44,7 +44,7 @@ def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
         raise ValueError(f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision != "auto":
         return precision
-    return "bf16" if resolve_device(device) == "cpu" and cpu_has_native_bf16() else "fp32"
+    return native_runtime("bf16_if_native") if resolve_device(device) == "cpu" else "fp32"
 
 
 def precision_autocast(precision: str, device: str = "cpu") -> torch.autocast:

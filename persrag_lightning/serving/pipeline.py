@@ -14,7 +14,7 @@ import torch
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.hardware import cpu_has_native_bf16, native_runtime
+from persrag_lightning.hardware import native_runtime
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
@@ -38,7 +38,7 @@ def serving_runtime(part: str = "reranker") -> str:
     embedded it slower."""
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
         return "openvino"
-    return "bf16" if part == "reranker" and cpu_has_native_bf16() else "fp32"
+    return native_runtime("bf16_if_native") if part == "reranker" else "fp32"
 
 
 def all_exported(strategy: CFRAG) -> bool:
