@@ -1,16 +1,21 @@
 """What this machine computes natively, read at run time: precision and runtimes follow it, never a fixed flag.
 
-bfloat16 counts as native on a CPU with AVX512-BF16 or AMX-BF16 (oneDNN's kernels use them) and on a CUDA device
-that supports it. A CPU without them (AVX2-only, AVX-512 without BF16) emulates bfloat16 in software: the quick
-preset's generator trained at 0.02 examples/s in bf16-mixed on an AVX2-only AMD EPYC (Zen 3), so `auto` is float32
-there. `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap, e.g. `AVX2`) is honoured, so a run can be made to behave as on a
-machine with fewer instruction sets.
+bfloat16 counts as native on a CUDA device that supports it, and on a CPU with AVX512-BF16 or AMX-BF16 (oneDNN's
+kernels use them) where a matmul at the reader's shapes also *measures* clearly faster in bfloat16 than in float32.
+A CPU without them (AVX2-only, AVX-512 without BF16) emulates bfloat16 in software: the quick preset's generator
+trained at 0.02 examples/s in bf16-mixed on an AVX2-only AMD EPYC (Zen 3), so `auto` is float32 there. The
+instructions alone do not make it pay: on a 2-core Xeon, AMX ran that matmul 9.5x as fast in bfloat16 as in
+float32, its AVX512-BF16 kernels (oneDNN capped at AVX512_CORE_BF16, as on a CPU with AVX512-BF16 and no AMX)
+0.77x as fast, and the reader answered 1.84 against 2.07 prompts/s (docs/performance/main-job.md). The measurement
+takes a fraction of a second once per process. `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap, e.g. `AVX2` or
+`AVX512_CORE_BF16`) is honoured, so a run can be made to behave as on a machine with fewer instruction sets.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +24,11 @@ import torch
 ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",
              "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI", "amx_bf16": "AMX"}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# bfloat16 is native on a CPU only where its matmul measures at least this much faster than float32's: the margin
+# keeps a loaded machine's noise from flipping the answer (9.5x with AMX, 0.77x with AVX512-BF16 alone, measured)
+BF16_MIN_SPEEDUP = 1.3
+# the probe's Linear: SmolLM2's MLP (576 -> 1536) on 2048 tokens, ~3.6 GFLOP: ~14 ms in float32 on 2 AVX-512 cores
+PROBE_SHAPE = (2048, 576, 1536)
 
 
 @functools.cache
@@ -46,15 +56,59 @@ def onednn_isa_cap() -> str | None:
     return cap if cap and not cap.startswith(("AVX512", "AVX10", "ALL", "DEFAULT")) else None
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 matmuls natively: AVX512-BF16 or AMX-BF16 in the flags and oneDNN willing
-    to use them. oneDNN alone also says yes on plain AVX-512 (emulated there); without x86 flags its answer stands."""
+def cpu_bf16_instructions() -> bool:
+    """AVX512-BF16 or AMX-BF16 in the flags and oneDNN willing to use them. oneDNN alone also says yes on plain
+    AVX-512 (emulated there); without x86 flags (another architecture) its answer stands."""
     flags = cpu_flags()
     if onednn_isa_cap() is not None:
         return False
     if flags is not None and not any(f in flags for f in BF16_FLAGS):
         return False
     return onednn_has_bf16()
+
+
+def bf16_matmul_speedup() -> float:
+    """float32 time / bfloat16 time of one Linear at `PROBE_SHAPE` on this CPU, with torch's threads: measured once
+    per process and oneDNN cap (best of 3 after a warm-up each), ~0.1-0.3 s."""
+    return _bf16_matmul_speedup(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch.get_num_threads())
+
+
+@functools.cache
+def _bf16_matmul_speedup(cap: str, threads: int) -> float:
+    del cap, threads  # the cache key: the answer belongs to them
+    tokens, d_in, d_out = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(tokens, d_in, generator=gen), torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5
+
+    def best(dtype: torch.dtype) -> float:
+        xd, wd = x.to(dtype), w.to(dtype)
+        times = []
+        with torch.inference_mode():
+            for i in range(4):
+                t0 = time.perf_counter()
+                torch.nn.functional.linear(xd, wd)
+                if i:  # the first call pays oneDNN's kernel selection
+                    times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(torch.float32) / best(torch.bfloat16)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively *and faster*: `cpu_bf16_instructions` and a measured
+    `bf16_matmul_speedup` of at least `BF16_MIN_SPEEDUP` (AVX512-BF16 without AMX can be slower than float32)."""
+    return cpu_bf16_instructions() and bf16_matmul_speedup() >= BF16_MIN_SPEEDUP
+
+
+def bf16_verdict(device: str = "auto") -> str:
+    """`yes` / `no` where the work runs (as `bf16_is_native`) with the reason: the first line of a run."""
+    if device in ("auto", "cuda", "gpu") and torch.cuda.is_available():
+        return f"{'yes' if cuda_has_bf16() else 'no'} (CUDA)"
+    if not cpu_bf16_instructions():
+        return "no (no AVX512-BF16 or AMX in use: emulated)"
+    speedup = bf16_matmul_speedup()
+    word = "yes" if speedup >= BF16_MIN_SPEEDUP else "no"
+    return f"{word} (a bfloat16 matmul measures {speedup:.2f}x float32's speed)"
 
 
 def native_runtime(runtime: str) -> str:
@@ -93,6 +147,6 @@ def describe_cpu() -> str:
         pass
     flags = cpu_flags() or frozenset()
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
-    cap = onednn_isa_cap()
-    capped = f" (oneDNN capped at {cap})" if cap else ""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    capped = f" (oneDNN capped at {cap})" if cap and cap not in ("ALL", "DEFAULT") else ""
     return f"{model}, {os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}{capped}"

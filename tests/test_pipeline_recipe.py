@@ -19,9 +19,12 @@ AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
 
 
-def machine(monkeypatch, flags: frozenset[str] | None, onednn: bool, cuda: bool = False) -> None:
+def machine(monkeypatch, flags: frozenset[str] | None, onednn: bool, cuda: bool = False,
+            speedup: float = 9.5) -> None:
+    """A CPU with `flags`, oneDNN's bf16 answer and a measured bf16 matmul `speedup` over float32 (AMX: 9.5x)."""
     monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
     monkeypatch.setattr(hardware, "onednn_has_bf16", lambda: onednn)
+    monkeypatch.setattr(hardware, "bf16_matmul_speedup", lambda: speedup)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: cuda)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
@@ -41,7 +44,30 @@ def test_native_bf16_needs_the_instructions_not_only_onednns_word(monkeypatch) -
     machine(monkeypatch, None, onednn=True)  # no x86 flags (another architecture): oneDNN's answer stands
     assert hardware.cpu_has_native_bf16()
     machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)  # on a GPU it is the GPU's
-    assert hardware.auto_precision() == "bf16-mixed"
+    assert hardware.auto_precision() == "bf16-mixed" and hardware.bf16_verdict() == "yes (CUDA)"
+
+
+def test_native_bf16_must_also_measure_faster(monkeypatch) -> None:
+    """AVX512-BF16 without AMX: the instructions are there, but where a bfloat16 matmul measures slower than
+    float32's (0.77x on a Xeon capped at AVX512_CORE_BF16) every stage, the reader and the labels stay float32."""
+    no_amx = frozenset({"avx2", "avx512f", "avx512_bf16"})
+    machine(monkeypatch, no_amx, onednn=True, speedup=0.77)
+    assert hardware.cpu_bf16_instructions() and not hardware.cpu_has_native_bf16()
+    assert hardware.auto_precision() == "32-true" and hardware.native_runtime("bf16_if_native") == "fp32"
+    assert pipeline.label_args("cpu_native", None) == []
+    assert pipeline.precision_args("native") == ["--trainer.precision=32-true"]
+    assert hardware.bf16_verdict() == "no (a bfloat16 matmul measures 0.77x float32's speed)"
+    machine(monkeypatch, no_amx, onednn=True, speedup=2.0)  # where it pays (a CPU whose BF16 kernels are fast)
+    assert hardware.cpu_has_native_bf16() and hardware.bf16_verdict().startswith("yes (")
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert hardware.bf16_verdict() == "no (no AVX512-BF16 or AMX in use: emulated)"
+
+
+def test_bf16_matmul_speedup_is_measured_once_per_process_and_cap(monkeypatch) -> None:
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    first = hardware.bf16_matmul_speedup()
+    assert first > 0 and hardware.bf16_matmul_speedup() == first  # remembered: stages of a run agree
+    assert hardware._bf16_matmul_speedup.cache_info().currsize >= 1
 
 
 def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None):

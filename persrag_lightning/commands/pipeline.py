@@ -20,7 +20,7 @@ from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
-from persrag_lightning.hardware import bf16_is_native, cpu_has_native_bf16, describe_cpu
+from persrag_lightning.hardware import bf16_is_native, bf16_verdict, cpu_has_native_bf16, describe_cpu
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
 from persrag_lightning.utils import atomic_write_json
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> None:
                 "generator": [*preset["generator"], *precision_args(preset.get("generator_precision")),
                               *generator_task]}
     wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
-    print(f"[pipeline] {describe_cpu()}; bfloat16 native: {'yes' if bf16_is_native() else 'no'}")
+    print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
 
     timings = []
 
@@ -320,7 +320,7 @@ def main(argv: list[str]) -> None:
     # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
     atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
-        "machine": describe_cpu(), "bf16_native": bf16_is_native(),
+        "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_args(preset.get(f"{k}_precision"))
                       for k in ("user_encoder", "feedback", "generator")},
         "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),

@@ -1,0 +1,99 @@
+"""The evaluation's reader per runtime on this CPU: `answer_mode: choose` (the most likely of LaMP-2's 15 tags) on
+the main job's prompts, float32 transformers against bfloat16 transformers and llama.cpp on re-encoded weights.
+
+The reader answers 11 x 300 prompts of ~360 tokens in the main job, half of it on a CPU with AMX and two thirds
+without; this says which runtime a machine should read with. Prompts: the first --prompts SynthLaMP LaMP-2 test
+questions with BM25's top-5 docs of the user's history (the table's BM25 row, so no trained run is needed), built
+by the evaluation's own prompt path. Each row: prompts/s after one warm-up call, its speed against float32
+transformers in the same run, how many choices equal float32's (the exact model: SmolLM2 de-quantised from its Q4_1
+file) and the median |log p| gap over all 15 options of all prompts. Prints Markdown; asserts nothing about time.
+
+    python benchmarks/bench_reader.py
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 PYTHONPATH=<llama.cpp built
+        for AVX2 only> python benchmarks/bench_reader.py      # an AVX2-only CPU, emulated (llama.cpp's kernels
+                                                               # follow its build flags, not these caps)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from persrag_lightning.evaluation.evaluate import Evaluation, cached_retrieval, strategy_by_name
+from persrag_lightning.hardware import bf16_verdict, describe_cpu
+from persrag_lightning.llm import load_llm
+from persrag_lightning.llm.answer import allowed_labels, build_prompts
+from persrag_lightning.retrieval.base import DocStore
+
+MAX_PROMPT_TOKENS = 512  # the evaluation config's budget (configs/evaluate_cfrag.yaml)
+
+
+def main_job_prompts(n: int, cache_dir: str, llm) -> list[str]:
+    evaluation = Evaluation(task="LaMP-2", max_examples=n, cache_dir=cache_dir)
+    evaluation.source.prepare()
+    dataset = evaluation.source.load()
+    store, examples = DocStore(dataset), evaluation.examples(dataset)
+    bm25 = strategy_by_name("configs/evaluate_cfrag.yaml", "bm25", "checkpoints/unused")
+    retrieved, _ = cached_retrieval(bm25, store, examples, 5, evaluation.source.cache_dir,
+                                    evaluation.source.data_dir.name)
+    return build_prompts("LaMP-2", llm, [e.input for e in examples],
+                         [[store.history_doc(d.row) for d in docs] for docs in retrieved], MAX_PROMPT_TOKENS)
+
+
+def timed_scores(llm, prompts: list[str], labels: list[str]) -> tuple[list[list[float]], float]:
+    llm.score_options(prompts[:2], labels)  # warm-up: kernel selection, llama.cpp's contexts
+    t0 = time.perf_counter()
+    scores = llm.score_options(prompts, labels)
+    return scores, len(prompts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--batch_size", type=int, default=16, help="transformers' batch (the evaluation's)")
+    parser.add_argument("--llamacpp_weights", default="f16,f32,bf16,q8_0,q4_0",
+                        help="llama.cpp weight types, comma-separated (re-encoded once from the shipped Q4_1 file)")
+    parser.add_argument("--cache_dir", default=".cache/persrag")
+    args = parser.parse_args()
+    labels = list(allowed_labels("LaMP-2"))
+    exact = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
+    prompts = main_job_prompts(args.prompts, args.cache_dir, exact)
+    tokens = statistics.mean(len(exact._encode_prompts([p])[0]) for p in prompts)
+    print(f"Machine: {describe_cpu()}; bfloat16 native: {bf16_verdict()}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    if importlib.util.find_spec("llama_cpp"):
+        import llama_cpp
+
+        built = " ".join(re.findall(r"(\w+) = 1", llama_cpp.llama_print_system_info().decode()))
+        print(f"llama-cpp-python {llama_cpp.__version__}, built for: {built}")
+    print(f"\n{len(prompts)} LaMP-2 test prompts (BM25 top-5), {tokens:.0f} tokens each on average, 15 options\n")
+    print("| reader runtime | prompts/s | x float32 | same choice as float32 | median abs. log p gap |")
+    print("|---|---|---|---|---|")
+    reference, base = timed_scores(exact, prompts, labels)
+    exact.close()
+    print(f"| transformers float32 (batch {args.batch_size}) | {base:.2f} | 1.00 | (reference) | 0 |", flush=True)
+    picks = [int(np.argmax(row)) for row in reference]
+
+    def row(name: str, llm) -> None:
+        scores, rate = timed_scores(llm, prompts, labels)
+        llm.close()
+        same = sum(int(np.argmax(s)) == p for s, p in zip(scores, picks))
+        gap = float(np.median(np.abs(np.array(scores) - np.array(reference))))
+        print(f"| {name} | {rate:.2f} | {rate / base:.2f} | {same}/{len(prompts)} | {gap:.3f} |", flush=True)
+
+    row(f"transformers bfloat16 (batch {args.batch_size})",
+        load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="bfloat16"))
+    if importlib.util.find_spec("llama_cpp"):
+        for weights in [w for w in args.llamacpp_weights.split(",") if w]:
+            row(f"llama.cpp, {weights} weights", load_llm("llamacpp", "smollm2", weights=weights,
+                                                          n_threads=torch.get_num_threads()))
+
+
+if __name__ == "__main__":
+    main()
