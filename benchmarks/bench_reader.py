@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from persrag_lightning.evaluation.evaluate import Evaluation, cached_retrieval, strategy_by_name
-from persrag_lightning.hardware import bf16_verdict, describe_cpu
+from persrag_lightning.hardware import bf16_verdict, cpu_bf16_instructions, describe_cpu
 from persrag_lightning.llm import load_llm
 from persrag_lightning.llm.answer import allowed_labels, build_prompts
 from persrag_lightning.retrieval.base import DocStore
@@ -87,8 +87,9 @@ def main() -> None:
         gap = float(np.median(np.abs(np.array(scores) - np.array(reference))))
         print(f"| {name} | {rate:.2f} | {rate / base:.2f} | {same}/{len(prompts)} | {gap:.3f} |", flush=True)
 
-    row(f"transformers bfloat16 (batch {args.batch_size})",
-        load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="bfloat16"))
+    if cpu_bf16_instructions():  # elsewhere bfloat16 is emulated in software: far slower, never chosen
+        row(f"transformers bfloat16 (batch {args.batch_size})",
+            load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="bfloat16"))
     if importlib.util.find_spec("llama_cpp"):
         for weights in [w for w in args.llamacpp_weights.split(",") if w]:
             row(f"llama.cpp, {weights} weights", load_llm("llamacpp", "smollm2", weights=weights,
