@@ -4,9 +4,10 @@ bfloat16 counts as native on a CUDA device that supports it, and on a CPU with A
 kernels use them) where a matmul at the reader's shapes also *measures* clearly faster in bfloat16 than in float32.
 A CPU without them (AVX2-only, AVX-512 without BF16) emulates bfloat16 in software: the quick preset's generator
 trained at 0.02 examples/s in bf16-mixed on an AVX2-only AMD EPYC (Zen 3), so `auto` is float32 there. The
-instructions alone do not make it pay: on a 2-core Xeon, AMX ran that matmul 9.5x as fast in bfloat16 as in
+instructions alone do not make it pay: on a 2-core Xeon, AMX ran that matmul 6.0-6.3x as fast in bfloat16 as in
 float32, its AVX512-BF16 kernels (oneDNN capped at AVX512_CORE_BF16, as on a CPU with AVX512-BF16 and no AMX)
-0.77x as fast, and the reader answered 1.84 against 2.07 prompts/s (docs/performance/main-job.md). The measurement
+0.59-0.73x as fast, and the reader answered 1.76 against 1.99 prompts/s (benchmarks/bench_reader.py,
+docs/performance/llm-feedback.md). The measurement
 takes a fraction of a second once per process. `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap, e.g. `AVX2` or
 `AVX512_CORE_BF16`) is honoured, so a run can be made to behave as on a machine with fewer instruction sets.
 """
@@ -25,7 +26,7 @@ ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512",
              "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI", "amx_bf16": "AMX"}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bfloat16 is native on a CPU only where its matmul measures at least this much faster than float32's: the margin
-# keeps a loaded machine's noise from flipping the answer (9.5x with AMX, 0.77x with AVX512-BF16 alone, measured)
+# keeps a loaded machine's noise from flipping the answer (6.0-6.3x with AMX, 0.59-0.73x with AVX512-BF16 alone)
 BF16_MIN_SPEEDUP = 1.3
 # the probe's Linear: SmolLM2's MLP (576 -> 1536) on 2048 tokens, ~3.6 GFLOP: ~14 ms in float32 on 2 AVX-512 cores
 PROBE_SHAPE = (2048, 576, 1536)
@@ -50,10 +51,16 @@ def onednn_has_bf16() -> bool:
         return False
 
 
+def onednn_cap() -> str | None:
+    """ONEDNN_MAX_CPU_ISA when it caps oneDNN at all (e.g. AVX2, AVX512_CORE_BF16), else None."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return cap if cap and cap not in ("ALL", "DEFAULT") else None
+
+
 def onednn_isa_cap() -> str | None:
     """ONEDNN_MAX_CPU_ISA when it caps below AVX-512 (e.g. AVX2), else None."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    return cap if cap and not cap.startswith(("AVX512", "AVX10", "ALL", "DEFAULT")) else None
+    cap = onednn_cap()
+    return cap if cap and not cap.startswith(("AVX512", "AVX10")) else None
 
 
 def cpu_bf16_instructions() -> bool:
@@ -70,11 +77,11 @@ def cpu_bf16_instructions() -> bool:
 def bf16_matmul_speedup() -> float:
     """float32 time / bfloat16 time of one Linear at `PROBE_SHAPE` on this CPU, with torch's threads: measured once
     per process and oneDNN cap (best of 3 after a warm-up each), ~0.1-0.3 s."""
-    return _bf16_matmul_speedup(os.environ.get("ONEDNN_MAX_CPU_ISA", ""), torch.get_num_threads())
+    return _bf16_matmul_speedup(onednn_cap(), torch.get_num_threads())
 
 
 @functools.cache
-def _bf16_matmul_speedup(cap: str, threads: int) -> float:
+def _bf16_matmul_speedup(cap: str | None, threads: int) -> float:
     del cap, threads  # the cache key: the answer belongs to them
     tokens, d_in, d_out = PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)
@@ -101,14 +108,14 @@ def cpu_has_native_bf16() -> bool:
 
 
 def bf16_verdict(device: str = "auto") -> str:
-    """`yes` / `no` where the work runs (as `bf16_is_native`) with the reason: the first line of a run."""
+    """`bf16_is_native`'s answer with its reason: the first line of a run."""
     if device in ("auto", "cuda", "gpu") and torch.cuda.is_available():
-        return f"{'yes' if cuda_has_bf16() else 'no'} (CUDA)"
-    if not cpu_bf16_instructions():
-        return "no (no AVX512-BF16 or AMX in use: emulated)"
-    speedup = bf16_matmul_speedup()
-    word = "yes" if speedup >= BF16_MIN_SPEEDUP else "no"
-    return f"{word} (a bfloat16 matmul measures {speedup:.2f}x float32's speed)"
+        reason = "CUDA"
+    elif not cpu_bf16_instructions():
+        reason = "no AVX512-BF16 or AMX in use: emulated"
+    else:
+        reason = f"a bfloat16 matmul measures {bf16_matmul_speedup():.2f}x float32's speed"
+    return f"{'yes' if bf16_is_native(device) else 'no'} ({reason})"
 
 
 def native_runtime(runtime: str) -> str:
@@ -147,6 +154,6 @@ def describe_cpu() -> str:
         pass
     flags = cpu_flags() or frozenset()
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    capped = f" (oneDNN capped at {cap})" if cap and cap not in ("ALL", "DEFAULT") else ""
+    cap = onednn_cap()
+    capped = f" (oneDNN capped at {cap})" if cap else ""
     return f"{model}, {os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}{capped}"

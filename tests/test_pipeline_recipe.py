@@ -20,8 +20,8 @@ AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
 
 
 def machine(monkeypatch, flags: frozenset[str] | None, onednn: bool, cuda: bool = False,
-            speedup: float = 9.5) -> None:
-    """A CPU with `flags`, oneDNN's bf16 answer and a measured bf16 matmul `speedup` over float32 (AMX: 9.5x)."""
+            speedup: float = 6.3) -> None:
+    """A CPU with `flags`, oneDNN's bf16 answer and a measured bf16 matmul `speedup` over float32 (AMX: ~6x)."""
     monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
     monkeypatch.setattr(hardware, "onednn_has_bf16", lambda: onednn)
     monkeypatch.setattr(hardware, "bf16_matmul_speedup", lambda: speedup)
@@ -49,7 +49,7 @@ def test_native_bf16_needs_the_instructions_not_only_onednns_word(monkeypatch) -
 
 def test_native_bf16_must_also_measure_faster(monkeypatch) -> None:
     """AVX512-BF16 without AMX: the instructions are there, but where a bfloat16 matmul measures slower than
-    float32's (0.77x on a Xeon capped at AVX512_CORE_BF16) every stage, the reader and the labels stay float32."""
+    float32's (0.59-0.73x on a Xeon capped at AVX512_CORE_BF16) every stage, the reader and the labels stay float32."""
     no_amx = frozenset({"avx2", "avx512f", "avx512_bf16"})
     machine(monkeypatch, no_amx, onednn=True, speedup=0.77)
     assert hardware.cpu_bf16_instructions() and not hardware.cpu_has_native_bf16()
@@ -67,7 +67,6 @@ def test_bf16_matmul_speedup_is_measured_once_per_process_and_cap(monkeypatch) -
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     first = hardware.bf16_matmul_speedup()
     assert first > 0 and hardware.bf16_matmul_speedup() == first  # remembered: stages of a run agree
-    assert hardware._bf16_matmul_speedup.cache_info().currsize >= 1
 
 
 def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None):
