@@ -6,9 +6,13 @@ without; this says which runtime a machine should read with. Prompts: the first 
 questions with BM25's top-5 docs of the user's history (the table's BM25 row, so no trained run is needed), built
 by the evaluation's own prompt path. Each row: prompts/s after one warm-up call, its speed against float32
 transformers in the same run, how many choices equal float32's (the exact model: SmolLM2 de-quantised from its Q4_1
-file) and the median |log p| gap over all 15 options of all prompts. Prints Markdown; asserts nothing about time.
+file) and the median |log p| gap over all 15 options of all prompts. A second table is the float32 floor: the
+decoder's linear layers' work per prompt at a lone float32 matmul's rate on this CPU and at the reader's own matmuls'
+rate (the time 300 prompts would take if nothing but matmuls took any), against the reader end to end; then where a
+float32 batch's time goes. `--compile` adds torch.compile (inductor) as a row. Prints Markdown; asserts nothing
+about time.
 
-    python benchmarks/bench_reader.py
+    python benchmarks/bench_reader.py [--compile] [--llamacpp_weights ""]
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 PYTHONPATH=<llama.cpp built
         for AVX2 only> python benchmarks/bench_reader.py      # an AVX2-only CPU, emulated (llama.cpp's kernels
                                                                # follow its build flags, not these caps)
@@ -46,6 +50,44 @@ def main_job_prompts(n: int, cache_dir: str, llm) -> list[str]:
                          [[store.history_doc(d.row) for d in docs] for docs in retrieved], MAX_PROMPT_TOKENS)
 
 
+def linear_flops(model) -> int:
+    """FLOPs of one token through the decoder's linear layers (attention projections and MLP, 2 per multiply-add):
+    the matmul work a float32 reader cannot avoid; the LM head runs on the options' positions only."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return 2 * sum(m.in_features * m.out_features for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+
+
+def matmul_gflops(rows: int, model, repeats: int = 5, rounds: int = 5) -> float:
+    """GFLOP/s of float32 `linear` at the model's MLP shape (rows x hidden -> intermediate), the best of `rounds`:
+    this CPU's float32 matmul rate as the reader's largest layers see it (a shared machine's noise only slows)."""
+    config = model.config
+    x, w = torch.randn(rows, config.hidden_size), torch.randn(config.intermediate_size, config.hidden_size)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            torch.nn.functional.linear(x, w)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * rows * config.hidden_size * config.intermediate_size * repeats / best / 1e9
+
+
+def time_shares(llm, prompts: list[str], labels: list[str]) -> tuple[dict[str, float], float]:
+    """Where one call's time goes by torch.profiler's self CPU time: matmuls, attention, the rest (element-wise
+    ops: norms, rotary embeddings, SiLU, residual adds); and the matmuls' seconds."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        llm.score_options(prompts, labels)
+    self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(self_us.values())
+    matmul = sum(v for k, v in self_us.items() if k in ("aten::mm", "aten::addmm", "aten::bmm"))
+    attention = sum(v for k, v in self_us.items() if "scaled_dot_product" in k)
+    shares = {"matmuls": matmul / total, "attention": attention / total,
+              "element-wise ops and the rest": 1 - (matmul + attention) / total}
+    return shares, matmul / 1e6
+
+
 def timed_scores(llm, prompts: list[str], labels: list[str]) -> tuple[list[list[float]], float]:
     llm.score_options(prompts[:2], labels)  # warm-up: kernel selection, llama.cpp's contexts
     t0 = time.perf_counter()
@@ -59,6 +101,8 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16, help="transformers' batch (the evaluation's)")
     parser.add_argument("--llamacpp_weights", default="f16,f32,bf16,q8_0,q4_0",
                         help="llama.cpp weight types, comma-separated (re-encoded once from the shipped Q4_1 file)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time float32 transformers under torch.compile (inductor, dynamic shapes)")
     parser.add_argument("--cache_dir", default=".cache/persrag")
     args = parser.parse_args()
     labels = list(allowed_labels("LaMP-2"))
@@ -76,17 +120,40 @@ def main() -> None:
     print("| reader runtime | prompts/s | x float32 | same choice as float32 | median abs. log p gap |")
     print("|---|---|---|---|---|")
     reference, base = timed_scores(exact, prompts, labels)
-    exact.close()
     print(f"| transformers float32 (batch {args.batch_size}) | {base:.2f} | 1.00 | (reference) | 0 |", flush=True)
     picks = [int(np.argmax(row)) for row in reference]
 
-    def row(name: str, llm) -> None:
+    def row(name: str, llm, warm_up: bool = False) -> float:
+        if warm_up:  # torch.compile: the first full pass compiles every shape it meets; time the second
+            t0 = time.perf_counter()
+            llm.score_options(prompts, labels)
+            name += f" (compiling: {time.perf_counter() - t0:.0f} s first)"
         scores, rate = timed_scores(llm, prompts, labels)
         llm.close()
         same = sum(int(np.argmax(s)) == p for s, p in zip(scores, picks))
         gap = float(np.median(np.abs(np.array(scores) - np.array(reference))))
         print(f"| {name} | {rate:.2f} | {rate / base:.2f} | {same}/{len(prompts)} | {gap:.3f} |", flush=True)
+        return rate
 
+    # The float32 floor: each prompt's tokens and the options' fed tokens through the linear layers once (padding
+    # not counted), at the rate of a float32 matmul of the MLP's shape with the reader's batch of rows; against it
+    # the reader's own matmuls (one profiled batch, its padding counted, the LM head's few positions not) and the
+    # reader end to end.
+    fed = sum(len(t) - 1 for t in exact.tokenizer(labels, add_special_tokens=False)["input_ids"])
+    gflop = linear_flops(exact.model) * (tokens + fed) / 1e9
+    batch = prompts[:args.batch_size]
+    shares, matmul_s = time_shares(exact, batch, labels)
+    computed = len(batch) * (max(len(e) for e in exact._encode_prompts(batch)) + fed)  # padded to the longest
+    floor = [("a lone matmul of the MLP's shape (this CPU's float32 rate)", matmul_gflops(int(args.batch_size * (tokens + fed)),
+                                                                      exact.model)),
+             (f"the reader's matmuls (one batch of {len(batch)}, profiled)",
+              linear_flops(exact.model) * computed / matmul_s / 1e9),
+             (f"the reader end to end (batch {args.batch_size})", gflop * base)]
+    if args.compile:
+        exact.model.forward = torch.compile(exact.model.forward, dynamic=True)
+        rate = row(f"transformers float32, torch.compile (batch {args.batch_size})", exact, warm_up=True)
+        floor.append((f"the reader end to end, torch.compile (batch {args.batch_size})", gflop * rate))
+    exact.close()
     if cpu_bf16_instructions():  # elsewhere bfloat16 is emulated in software: far slower, never chosen
         row(f"transformers bfloat16 (batch {args.batch_size})",
             load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="bfloat16"))
@@ -95,6 +162,14 @@ def main() -> None:
             row(f"llama.cpp, {weights} weights", load_llm("llamacpp", "smollm2", weights=weights,
                                                           n_threads=torch.get_num_threads()))
 
+    print("\nThe float32 floor: the decoder's linear layers' work per prompt (the prompt's and the options' tokens, "
+          "padding not counted) and the time 300 prompts take at each rate; the first two rows are that time if "
+          "nothing but matmuls took any.\n")
+    print("| float32 linear layers | GFLOP per prompt | GFLOP/s | minutes per 300 prompts |")
+    print("|---|---|---|---|")
+    for name, rate in floor:
+        print(f"| {name} | {gflop:.1f} | {rate:.0f} | {gflop * 300 / rate / 60:.2f} |")
+    print("\nThe profiled float32 batch's time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()) + ".")
 
 if __name__ == "__main__":
     main()

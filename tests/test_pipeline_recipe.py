@@ -120,6 +120,18 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
 
+def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, tmp_path, capsys) -> None:
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
+    first = capsys.readouterr().out.splitlines()[:2]
+    assert first[0].startswith("[pipeline] ") and "bfloat16 native: no" in first[0]
+    assert first[1] == pipeline.FLOAT32_READER_NOTE
+    for flags, cuda, preset in ((AMX, False, "quick"), (AVX2_ONLY, True, "quick"), (AVX2_ONLY, False, "smoke")):
+        machine(monkeypatch, flags, onednn=flags == AMX, cuda=cuda)
+        run_pipeline(monkeypatch, tmp_path / preset / str(cuda), ["--preset", preset], {"CFRAG": 0.3})
+        assert pipeline.FLOAT32_READER_NOTE not in capsys.readouterr().out
+
+
 def reranker_runtime_of(runtime: str) -> str:
     """The runtime `set_reranker_runtime` gives a reranking CFRAG row (one with the default fp32)."""
     from persrag_lightning.retrieval.cfrag import CFRAG

@@ -184,6 +184,21 @@ CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 
 
+# Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
+# its 11 x 300 prompts in float32, which is compute-bound (at the CPU's own float32 matmul rate the reading alone
+# takes ~20 min on 2 AVX2 cores: benchmarks/bench_reader.py's float32 floor). Times: docs/getting-started.md.
+FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
+                       "28-37 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
+                       "prompts (docs/getting-started.md#the-main-job)")
+
+
+def float32_reader_note(preset: str) -> str | None:
+    """FLOAT32_READER_NOTE for the quick preset on a CPU without native bfloat16 (on a GPU it takes minutes)."""
+    if preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16():
+        return FLOAT32_READER_NOTE
+    return None
+
+
 def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
     """Refuse, in one line, a LaMP folder that lacks a split the pipeline trains on or reports (exit 2)."""
     from persrag_lightning.data.lamp import LampFormatError, outputs_path, questions_path
@@ -280,6 +295,8 @@ def main(argv: list[str]) -> None:
                               *generator_task]}
     wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
+    if note := float32_reader_note(opts.preset):
+        print(note)
 
     timings = []
 
