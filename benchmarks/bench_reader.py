@@ -144,8 +144,8 @@ def main() -> None:
     batch = prompts[:args.batch_size]
     shares, matmul_s = time_shares(exact, batch, labels)
     computed = len(batch) * (max(len(e) for e in exact._encode_prompts(batch)) + fed)  # padded to the longest
-    floor = [("a lone matmul of the MLP's shape (this CPU's float32 rate)", matmul_gflops(int(args.batch_size * (tokens + fed)),
-                                                                      exact.model)),
+    lone = matmul_gflops(int(args.batch_size * (tokens + fed)), exact.model)
+    floor = [("a lone matmul of the MLP's shape (this CPU's float32 rate)", lone),
              (f"the reader's matmuls (one batch of {len(batch)}, profiled)",
               linear_flops(exact.model) * computed / matmul_s / 1e9),
              (f"the reader end to end (batch {args.batch_size})", gflop * base)]
@@ -170,6 +170,7 @@ def main() -> None:
     for name, rate in floor:
         print(f"| {name} | {gflop:.1f} | {rate:.0f} | {gflop * 300 / rate / 60:.2f} |")
     print("\nThe profiled float32 batch's time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()) + ".")
+
 
 if __name__ == "__main__":
     main()

@@ -185,8 +185,8 @@ CANDIDATES = {"CFRAG": "w/o user retrieval",
 
 
 # Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
-# its 11 x 300 prompts in float32, which is compute-bound (at the CPU's own float32 matmul rate the reading alone
-# takes ~20 min on 2 AVX2 cores: benchmarks/bench_reader.py's float32 floor). Times: docs/getting-started.md.
+# its 11 x 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time, the reading
+# alone would take ~20 min on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Times: docs/getting-started.md.
 FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
                        "28-37 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
                        "prompts (docs/getting-started.md#the-main-job)")
