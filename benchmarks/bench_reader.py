@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from persrag_lightning.evaluation.evaluate import Evaluation, cached_retrieval, strategy_by_name
-from persrag_lightning.hardware import bf16_verdict, cpu_bf16_instructions, describe_cpu
+from persrag_lightning.hardware import bf16_verdict, cpu_bf16_instructions, describe_cpu, linear_seconds
 from persrag_lightning.llm import load_llm
 from persrag_lightning.llm.answer import allowed_labels, build_prompts
 from persrag_lightning.retrieval.base import DocStore
@@ -59,17 +59,11 @@ def linear_flops(model) -> int:
 
 def matmul_gflops(rows: int, model, repeats: int = 5, rounds: int = 5) -> float:
     """GFLOP/s of float32 `linear` at the model's MLP shape (rows x hidden -> intermediate), the best of `rounds`:
-    this CPU's float32 matmul rate as the reader's largest layers see it (a shared machine's noise only slows)."""
+    this CPU's float32 matmul rate as the reader's largest layers see it."""
     config = model.config
     x, w = torch.randn(rows, config.hidden_size), torch.randn(config.intermediate_size, config.hidden_size)
-    torch.nn.functional.linear(x, w)
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            torch.nn.functional.linear(x, w)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * rows * config.hidden_size * config.intermediate_size * repeats / best / 1e9
+    seconds = linear_seconds(x, w, rounds, repeats)
+    return 2 * rows * config.hidden_size * config.intermediate_size * repeats / seconds / 1e9
 
 
 def time_shares(llm, prompts: list[str], labels: list[str]) -> tuple[dict[str, float], float]:
@@ -140,14 +134,15 @@ def main() -> None:
     # the reader's own matmuls (one profiled batch, its padding counted, the LM head's few positions not) and the
     # reader end to end.
     fed = sum(len(t) - 1 for t in exact.tokenizer(labels, add_special_tokens=False)["input_ids"])
-    gflop = linear_flops(exact.model) * (tokens + fed) / 1e9
+    per_token = linear_flops(exact.model)
+    gflop = per_token * (tokens + fed) / 1e9
     batch = prompts[:args.batch_size]
     shares, matmul_s = time_shares(exact, batch, labels)
     computed = len(batch) * (max(len(e) for e in exact._encode_prompts(batch)) + fed)  # padded to the longest
     lone = matmul_gflops(int(args.batch_size * (tokens + fed)), exact.model)
     floor = [("a lone matmul of the MLP's shape (this CPU's float32 rate)", lone),
              (f"the reader's matmuls (one batch of {len(batch)}, profiled)",
-              linear_flops(exact.model) * computed / matmul_s / 1e9),
+              per_token * computed / matmul_s / 1e9),
              (f"the reader end to end (batch {args.batch_size})", gflop * base)]
     if args.compile:
         exact.model.forward = torch.compile(exact.model.forward, dynamic=True)
