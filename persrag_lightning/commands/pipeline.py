@@ -41,7 +41,8 @@ from persrag_lightning.utils import atomic_write_json
 # - feedback: m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every candidate; the
 #   task metric would be 0 for most), 32 train examples; inference keeps the paper's m = 6, k = 5; the retriever
 #   and reranker stages validate nothing (one epoch keeps one checkpoint, so 16 dev examples selected nothing and
-#   their labels cost ~1.8 of the job's minutes): the dev choice below, on 300 dev questions, is the selection;
+#   their labels cost ~1.8 of the job's minutes): the dev choice below, on 300 dev questions, is the selection
+#   (100 dev and 100 test questions where the reader computes in float32 on a CPU: FLOAT32_QUESTIONS);
 # - whether the reranker (trained on 32 examples) or the first stage's order is kept is chosen on the dev
 #   questions (`select_order_on_dev`), never on test: both stay rows of the table, and the "+ tuned generator"
 #   and "w/o user retrieval" rows follow the choice (the stage-1 encoder was chosen on dev too, once: CANDIDATES);
@@ -184,19 +185,41 @@ CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 
 
-# Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
-# its 11 x 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time, the reading
-# alone would take ~20 min on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Times: docs/getting-started.md.
-FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
-                       "28-37 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
-                       "prompts (docs/getting-started.md#the-main-job)")
+# Where the reader cannot compute in bfloat16 (a CPU without native bfloat16, no GPU), the quick preset reads the
+# first FLOAT32_QUESTIONS dev and test questions (by id: a fixed subset) instead of all 300, to stay within the
+# README's 20-minute budget on 2 cores. The job reads 11 passes (2 dev, 9 test rows) of ~360-token prompts, and
+# float32 reading is compute-bound: its matmuls already run at the CPU's float32 matmul rate
+# (benchmarks/bench_reader.py's floor), so all 300 took 28.1 min without AMX and 37.3 min on AVX2, 21.1 and 28.2 of
+# them reading, against ~9 min for everything else (docs/getting-started.md#the-main-job). A third of the reading
+# fits. The price is power, not bias: the same rows on a fixed third of the questions, with wider intervals. Where
+# bfloat16 is native or on a GPU, None: every question. `--questions` overrides either way.
+FLOAT32_QUESTIONS = 100
 
 
-def float32_reader_note(preset: str) -> str | None:
-    """FLOAT32_READER_NOTE for the quick preset on a CPU without native bfloat16 (on a GPU it takes minutes)."""
-    if preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16():
-        return FLOAT32_READER_NOTE
-    return None
+def float32_reader(preset: str) -> bool:
+    """Whether the quick preset's reader answers in float32 on a CPU here (no native bfloat16, no GPU)."""
+    return preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16()
+
+
+def evaluation_questions(preset: str, asked: int | None) -> int | None:
+    """Dev and test questions the dev choice and the table read: `asked` (`--questions`), else FLOAT32_QUESTIONS
+    where `float32_reader`, else None (every question; the dev choice caps them at DEV_SELECTION_EXAMPLES)."""
+    if asked is not None:
+        return asked
+    return FLOAT32_QUESTIONS if float32_reader(preset) else None
+
+
+def float32_reader_note(preset: str, questions: int | None) -> str | None:
+    """Said up front, on the pipeline's second line, where `float32_reader`: what it costs and what was cut."""
+    if not float32_reader(preset):
+        return None
+    if questions is not None and questions < DEV_SELECTION_EXAMPLES:
+        return (f"[pipeline] no native bfloat16 here, so the reader answers in float32: to stay within the 20-minute "
+                f"budget, the dev choice and the table read the first {questions} dev and test "
+                f"questions (wider intervals); --questions {DEV_SELECTION_EXAMPLES} reads all of them, 28-37 min on 2 "
+                "cores of such CPUs (docs/getting-started.md#the-main-job)")
+    return ("[pipeline] no native bfloat16 here, so the reader answers in float32: reading every question took 28-37 "
+            "min on 2 cores of such CPUs (12-17 with native bfloat16; docs/getting-started.md#the-main-job)")
 
 
 def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
@@ -211,14 +234,14 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
 
 
 def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str) -> tuple[str, dict[str, float]]:
-    """Evaluate `names` on dev and return the best by the task's first metric (with the dev numbers): the main
-    job's recipe is chosen here, never on test."""
+                  task: str, questions: int | None = None) -> tuple[str, dict[str, float]]:
+    """Evaluate `names` on the first `questions` dev questions (default DEV_SELECTION_EXAMPLES) and return the best
+    by the task's first metric (with the dev numbers): the main job's recipe is chosen here, never on test."""
     from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, metric_names
 
     metric = metric_names(task)[0]
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
-                                f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
+                                f"--evaluation.max_examples={questions or DEV_SELECTION_EXAMPLES}", *evaluate_args,
                                 "--evaluation.split=dev", f"--evaluation.out_dir=runs/{run_name}/select-on-dev",
                                 f"--only={json.dumps(names)}"])
     scores = {n: results[n][metric] for n in names if n in results}
@@ -264,7 +287,14 @@ def main(argv: list[str]) -> None:
                         help="auto, hf, llamacpp, openai or vllm for feedback labels and evaluation answers alike; "
                              "default: the configs' (feedback auto: the faster exact backend, timed once per machine; "
                              "evaluation hf, bfloat16 where native)")
+    parser.add_argument("--questions", type=int, default=None,
+                        help="dev and test questions (the first N by id) the dev choice and the table read; "
+                             f"default: every one (the dev choice at most {DEV_SELECTION_EXAMPLES}), or "
+                             f"{FLOAT32_QUESTIONS} in the quick preset where the reader computes in float32 on a CPU "
+                             "(no native bfloat16), to stay within its 20-minute budget")
     opts, extra = parser.parse_known_args(argv)
+    if opts.questions is not None and opts.questions < 1:
+        parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
     preset = PRESETS[opts.preset]
     try:
         task = get_task(opts.task).name
@@ -278,6 +308,9 @@ def main(argv: list[str]) -> None:
         data_task = [*data_task, f"--data.init_args.data_dir={opts.data_dir}"]
         evaluate_args = [*evaluate_args, f"--evaluation.data_dir={opts.data_dir}"]
     evaluate_args = [*evaluate_args, f"--evaluation.split={opts.split}"]
+    questions = evaluation_questions(opts.preset, opts.questions)
+    if questions is not None:  # after the preset's own (smoke's 6): the last one given wins
+        evaluate_args.append(f"--evaluation.max_examples={questions}")
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
     judged = "" if judgments == preset["judgments"] else f"-{judgments}"
     source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
@@ -295,7 +328,7 @@ def main(argv: list[str]) -> None:
                               *generator_task]}
     wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(opts.preset):
+    if note := float32_reader_note(opts.preset, questions):
         print(note)
 
     timings = []
@@ -319,7 +352,7 @@ def main(argv: list[str]) -> None:
     if preset.get("select_order_on_dev"):
         t0 = time.perf_counter()
         chosen, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES), run_name,
-                                           task)
+                                           task, questions)
         timings.append(("choose on dev", time.perf_counter() - t0))
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
@@ -337,6 +370,7 @@ def main(argv: list[str]) -> None:
     # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
     atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
+        "questions": questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_args(preset.get(f"{k}_precision"))
                       for k in ("user_encoder", "feedback", "generator")},
