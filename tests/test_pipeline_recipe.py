@@ -126,37 +126,33 @@ def max_examples(args: list[str]) -> int | None:
     return given[-1] if given else None
 
 
-def test_a_float32_reader_reads_a_fixed_third_of_the_questions_and_says_so_up_front(monkeypatch, tmp_path,
-                                                                                     capsys) -> None:
+def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, tmp_path, capsys) -> None:
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     _, (choice, test) = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
     first = capsys.readouterr().out.splitlines()[:2]
     assert first[0].startswith("[pipeline] ") and "bfloat16 native: no" in first[0]
-    assert first[1] == pipeline.float32_reader_note("quick", pipeline.FLOAT32_QUESTIONS)
-    assert f"read the first {pipeline.FLOAT32_QUESTIONS} dev and test questions" in first[1]
-    assert "--questions 300 reads all of them" in first[1]
-    assert max_examples(choice) == max_examples(test) == pipeline.FLOAT32_QUESTIONS == 100
-    assert json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())["questions"] == 100
-
-    # the full protocol on the same CPU, asked for: every question, and the note says what that costs
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "all", ["--preset", "quick", "--questions", "300"],
-                                     {"CFRAG": 0.3})
-    note = capsys.readouterr().out.splitlines()[1]
-    assert note == pipeline.float32_reader_note("quick", 300) and "reading every question took" in note
-    assert max_examples(choice) == max_examples(test) == 300
-
-    # native bfloat16, a GPU, or another preset: every question and no note (smoke keeps its own 6)
-    for flags, cuda, preset, dev, reported in ((AMX, False, "quick", 300, None), (AVX2_ONLY, True, "quick", 300, None),
-                                               (AVX2_ONLY, False, "smoke", 6, 6)):
+    assert first[1] == pipeline.FLOAT32_READER_NOTE
+    # the full protocol all the same: every test question, the dev choice on 300
+    assert (max_examples(choice), max_examples(test)) == (300, None)
+    for flags, cuda, preset in ((AMX, False, "quick"), (AVX2_ONLY, True, "quick"), (AVX2_ONLY, False, "smoke")):
         machine(monkeypatch, flags, onednn=flags == AMX, cuda=cuda)
-        _, (choice, test) = run_pipeline(monkeypatch, tmp_path / preset / str(cuda), ["--preset", preset],
-                                         {"CFRAG": 0.3})
-        assert "no native bfloat16 here" not in capsys.readouterr().out
-        assert (max_examples(choice), max_examples(test)) == (dev, reported)
-    # an explicit count reaches both evaluations on any machine; a count below one is refused (exit 2)
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "fifty", ["--preset", "smoke", "--questions", "50"],
+        run_pipeline(monkeypatch, tmp_path / preset / str(cuda), ["--preset", preset], {"CFRAG": 0.3})
+        assert pipeline.FLOAT32_READER_NOTE not in capsys.readouterr().out
+
+
+def test_questions_caps_the_dev_choice_and_the_table_alike(monkeypatch, tmp_path, capsys) -> None:
+    machine(monkeypatch, AMX, onednn=True)
+    _, (choice, test) = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--questions", "100"],
+                                     {"CFRAG": 0.3})
+    assert max_examples(choice) == max_examples(test) == 100
+    assert "read the first 100 dev and test questions by id" in capsys.readouterr().out
+    assert json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())["questions"] == 100
+    # after the preset's own count, so it wins over smoke's 6
+    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "smoke", ["--preset", "smoke", "--questions", "50"],
                                      {"CFRAG": 0.3})
     assert max_examples(choice) == max_examples(test) == 50
+    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "default", ["--preset", "smoke"], {"CFRAG": 0.3})
+    assert max_examples(choice) == max_examples(test) == 6
     with pytest.raises(SystemExit) as exit_:
         run_pipeline(monkeypatch, tmp_path / "none", ["--preset", "quick", "--questions", "0"])
     assert exit_.value.code == 2 and "--questions must be a positive number" in capsys.readouterr().err

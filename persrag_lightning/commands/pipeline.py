@@ -41,8 +41,7 @@ from persrag_lightning.utils import atomic_write_json
 # - feedback: m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every candidate; the
 #   task metric would be 0 for most), 32 train examples; inference keeps the paper's m = 6, k = 5; the retriever
 #   and reranker stages validate nothing (one epoch keeps one checkpoint, so 16 dev examples selected nothing and
-#   their labels cost ~1.8 of the job's minutes): the dev choice below, on 300 dev questions, is the selection
-#   (100 dev and 100 test questions where the reader computes in float32 on a CPU: FLOAT32_QUESTIONS);
+#   their labels cost ~1.8 of the job's minutes): the dev choice below, on 300 dev questions, is the selection;
 # - whether the reranker (trained on 32 examples) or the first stage's order is kept is chosen on the dev
 #   questions (`select_order_on_dev`), never on test: both stay rows of the table, and the "+ tuned generator"
 #   and "w/o user retrieval" rows follow the choice (the stage-1 encoder was chosen on dev too, once: CANDIDATES);
@@ -185,41 +184,23 @@ CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 
 
-# Where the reader cannot compute in bfloat16 (a CPU without native bfloat16, no GPU), the quick preset reads the
-# first FLOAT32_QUESTIONS dev and test questions (by id: a fixed subset) instead of all 300, to stay within the
-# README's 20-minute budget on 2 cores. The job reads 11 passes (2 dev, 9 test rows) of ~360-token prompts, and
-# float32 reading is compute-bound: its matmuls already run at the CPU's float32 matmul rate
-# (benchmarks/bench_reader.py's floor), so all 300 took 28.1 min without AMX and 37.3 min on AVX2, 21.1 and 28.2 of
-# them reading, against ~9 min for everything else (docs/getting-started.md#the-main-job). A third of the reading
-# fits. The price is power, not bias: the same rows on a fixed third of the questions, with wider intervals. Where
-# bfloat16 is native or on a GPU, None: every question. `--questions` overrides either way.
-FLOAT32_QUESTIONS = 100
+# Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
+# its 11 x 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time, the reading
+# alone would take ~20 min on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Reading fewer questions
+# (`--questions`) fits the budget only by losing what the table is for: with 100 questions the AVX2 job took 24.0 min
+# on a slow day, and random 100 of the 300 test questions show all three of the goal's differences in 6-11 % of draws
+# (benchmarks/subset_power.py on the float32 and bfloat16 runs). Times and tables: docs/getting-started.md#the-main-job.
+FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
+                       "28-37 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
+                       "prompts; --questions 100 took 24 min, but 100 questions rarely show the table's differences "
+                       "(docs/getting-started.md#the-main-job)")
 
 
-def float32_reader(preset: str) -> bool:
-    """Whether the quick preset's reader answers in float32 on a CPU here (no native bfloat16, no GPU)."""
-    return preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16()
-
-
-def evaluation_questions(preset: str, asked: int | None) -> int | None:
-    """Dev and test questions the dev choice and the table read: `asked` (`--questions`), else FLOAT32_QUESTIONS
-    where `float32_reader`, else None (every question; the dev choice caps them at DEV_SELECTION_EXAMPLES)."""
-    if asked is not None:
-        return asked
-    return FLOAT32_QUESTIONS if float32_reader(preset) else None
-
-
-def float32_reader_note(preset: str, questions: int | None) -> str | None:
-    """Said up front, on the pipeline's second line, where `float32_reader`: what it costs and what was cut."""
-    if not float32_reader(preset):
-        return None
-    if questions is not None and questions < DEV_SELECTION_EXAMPLES:
-        return (f"[pipeline] no native bfloat16 here, so the reader answers in float32: to stay within the 20-minute "
-                f"budget, the dev choice and the table read the first {questions} dev and test "
-                f"questions (wider intervals); --questions {DEV_SELECTION_EXAMPLES} reads all of them, 28-37 min on 2 "
-                "cores of such CPUs (docs/getting-started.md#the-main-job)")
-    return ("[pipeline] no native bfloat16 here, so the reader answers in float32: reading every question took 28-37 "
-            "min on 2 cores of such CPUs (12-17 with native bfloat16; docs/getting-started.md#the-main-job)")
+def float32_reader_note(preset: str) -> str | None:
+    """FLOAT32_READER_NOTE for the quick preset on a CPU without native bfloat16 (on a GPU it takes minutes)."""
+    if preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16():
+        return FLOAT32_READER_NOTE
+    return None
 
 
 def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
@@ -288,10 +269,9 @@ def main(argv: list[str]) -> None:
                              "default: the configs' (feedback auto: the faster exact backend, timed once per machine; "
                              "evaluation hf, bfloat16 where native)")
     parser.add_argument("--questions", type=int, default=None,
-                        help="dev and test questions (the first N by id) the dev choice and the table read; "
-                             f"default: every one (the dev choice at most {DEV_SELECTION_EXAMPLES}), or "
-                             f"{FLOAT32_QUESTIONS} in the quick preset where the reader computes in float32 on a CPU "
-                             "(no native bfloat16), to stay within its 20-minute budget")
+                        help="read only the first N dev and test questions by id (a fixed subset) in the dev choice "
+                             f"and the table; default: every one (the dev choice at most {DEV_SELECTION_EXAMPLES}). "
+                             "Fewer questions take less time and give wider intervals")
     opts, extra = parser.parse_known_args(argv)
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
@@ -308,7 +288,7 @@ def main(argv: list[str]) -> None:
         data_task = [*data_task, f"--data.init_args.data_dir={opts.data_dir}"]
         evaluate_args = [*evaluate_args, f"--evaluation.data_dir={opts.data_dir}"]
     evaluate_args = [*evaluate_args, f"--evaluation.split={opts.split}"]
-    questions = evaluation_questions(opts.preset, opts.questions)
+    questions = opts.questions
     if questions is not None:  # after the preset's own (smoke's 6): the last one given wins
         evaluate_args.append(f"--evaluation.max_examples={questions}")
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
@@ -328,8 +308,11 @@ def main(argv: list[str]) -> None:
                               *generator_task]}
     wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(opts.preset, questions):
+    if note := float32_reader_note(opts.preset):
         print(note)
+    if questions is not None:
+        print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
+              "test questions by id (a fixed subset; wider intervals)")
 
     timings = []
 
