@@ -7,7 +7,8 @@ Reads a stored evaluation (`evaluate_metrics.json`: task, split, SynthLaMP confi
 runs. For each size n it draws `--draws` random subsets of n questions and counts how often each of the goal's tests
 (the reference against BM25 and against its chain without user retrieval; every pair of metrics.json, e.g. + tuned
 generator against BM25 + tuned generator) is significant (paired approximate randomisation, p < 0.05) in the run's
-direction; then the first n questions by id, the subset `python train.py pipeline --questions n` reads. Subsets of
+direction; then the first n questions by id (the subset `python train.py pipeline --questions n` reads) and the
+other ones, with each test's p. Subsets of
 one run's questions, not new questions: the shares say how much a smaller protocol leaves to chance, not the power
 of a fresh run.
 """
@@ -57,15 +58,15 @@ def load_run(run: Path, cache_dir: str) -> tuple[dict, list[str], dict[str, list
     return metrics, [e.target for e in examples], answers
 
 
-def shown(metric, answers: dict[str, list[str]], golds: list[str], tests: list[tuple[str, str]],
-          idx: list[int], resamples: int) -> list[bool]:
-    """Per test: is a > b significant on the questions `idx`, in that direction?"""
+def tested(metric, answers: dict[str, list[str]], golds: list[str], tests: list[tuple[str, str]],
+           idx: list[int], resamples: int) -> list[tuple[bool, float]]:
+    """Per test, on the questions `idx`: (is a > b significant, in that direction?, the paired test's p)."""
     g = [golds[i] for i in idx]
     out = []
     for a, b in tests:
         pa, pb = [answers[a][i] for i in idx], [answers[b][i] for i in idx]
-        better = metric(pa, g) > metric(pb, g)
-        out.append(better and paired_test(metric, pa, pb, g, resamples) < ALPHA)
+        p = paired_test(metric, pa, pb, g, resamples)
+        out.append((metric(pa, g) > metric(pb, g) and p < ALPHA, p))
     return out
 
 
@@ -92,20 +93,23 @@ def main() -> None:
     def row(label: str, kind: str, cells: list[str]) -> None:
         print(f"| {label} | {kind} | " + " | ".join(cells) + " |")
 
-    def verdicts(ok: list[bool]) -> list[str]:
-        return ["yes" if o else "no" for o in [*ok, all(ok)]]
+    def verdicts(idx: list[int]) -> list[str]:
+        results = tested(metric, answers, golds, tests, idx, args.resamples)
+        cells = [f"{'yes' if ok else 'no'} (p = {p:.3f})" for ok, p in results]
+        return [*cells, "yes" if all(ok for ok, _ in results) else "no"]
 
     for n in sorted(set(args.sizes)):
         if not 0 < n < n_all:
             raise SystemExit(f"--sizes: {n} is not between 1 and {n_all - 1}")
         counts = [0] * (len(tests) + 1)
         for _ in range(args.draws):
-            ok = shown(metric, answers, golds, tests, rng.sample(range(n_all), n), args.resamples)
+            ok = [o for o, _ in tested(metric, answers, golds, tests, rng.sample(range(n_all), n), args.resamples)]
             for k, o in enumerate([*ok, all(ok)]):
                 counts[k] += o
         row(str(n), f"{args.draws} random", [f"{c / args.draws:.0%}" for c in counts])
-        row(str(n), "the first n by id", verdicts(shown(metric, answers, golds, tests, list(range(n)), args.resamples)))
-    row(str(n_all), "the whole run", verdicts(shown(metric, answers, golds, tests, list(range(n_all)), args.resamples)))
+        row(str(n), "the first n by id", verdicts(list(range(n))))
+        row(str(n_all - n), "the other ones", verdicts(list(range(n, n_all))))
+    row(str(n_all), "the whole run", verdicts(list(range(n_all))))
 
 
 if __name__ == "__main__":
