@@ -8,9 +8,8 @@ runs. For each size n it draws `--draws` random subsets of n questions and count
 (the reference against BM25 and against its chain without user retrieval; every pair of metrics.json, e.g. + tuned
 generator against BM25 + tuned generator) is significant (paired approximate randomisation, p < 0.05) in the run's
 direction; then the first n questions by id (the subset `python train.py pipeline --questions n` reads) and the
-other ones, with each test's p. Subsets of
-one run's questions, not new questions: the shares say how much a smaller protocol leaves to chance, not the power
-of a fresh run.
+other ones, with each test's p. Subsets of one run's questions, not new questions: the shares say how much a smaller
+protocol leaves to chance, not the power of a fresh run.
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     print(f"{metrics['task']} {metrics['split']}, {n_all} questions of `{args.run}`; share of subsets on which "
           f"a > b is significant (p < {ALPHA}, {args.resamples} resamples per test); {args.draws} random subsets "
-          f"per size (seed {args.seed}), then the first n by id\n")
+          f"per size (seed {args.seed}), then the first n by id and the other ones\n")
     names = [f"{a} > {b}" for a, b in tests]
     print("| questions | subsets | " + " | ".join(names) + " | all of them |\n|" + "---|" * (len(names) + 3))
 

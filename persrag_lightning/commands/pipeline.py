@@ -215,14 +215,15 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
 
 
 def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str, questions: int | None = None) -> tuple[str, dict[str, float]]:
-    """Evaluate `names` on the first `questions` dev questions (default DEV_SELECTION_EXAMPLES) and return the best
-    by the task's first metric (with the dev numbers): the main job's recipe is chosen here, never on test."""
+                  task: str) -> tuple[str, dict[str, float]]:
+    """Evaluate `names` on dev (at most DEV_SELECTION_EXAMPLES questions, or `evaluate_args`' own count, e.g. from
+    `--questions`) and return the best by the task's first metric (with the dev numbers): the main job's recipe is
+    chosen here, never on test."""
     from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, metric_names
 
     metric = metric_names(task)[0]
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
-                                f"--evaluation.max_examples={questions or DEV_SELECTION_EXAMPLES}", *evaluate_args,
+                                f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
                                 "--evaluation.split=dev", f"--evaluation.out_dir=runs/{run_name}/select-on-dev",
                                 f"--only={json.dumps(names)}"])
     scores = {n: results[n][metric] for n in names if n in results}
@@ -289,7 +290,7 @@ def main(argv: list[str]) -> None:
         evaluate_args = [*evaluate_args, f"--evaluation.data_dir={opts.data_dir}"]
     evaluate_args = [*evaluate_args, f"--evaluation.split={opts.split}"]
     questions = opts.questions
-    if questions is not None:  # after the preset's own (smoke's 6): the last one given wins
+    if questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: the last one given wins
         evaluate_args.append(f"--evaluation.max_examples={questions}")
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
     judged = "" if judgments == preset["judgments"] else f"-{judgments}"
@@ -335,7 +336,7 @@ def main(argv: list[str]) -> None:
     if preset.get("select_order_on_dev"):
         t0 = time.perf_counter()
         chosen, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES), run_name,
-                                           task, questions)
+                                           task)
         timings.append(("choose on dev", time.perf_counter() - t0))
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
