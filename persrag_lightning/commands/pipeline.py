@@ -191,7 +191,7 @@ CANDIDATES = {"CFRAG": "w/o user retrieval",
 # on a slow day, and random 100 of the 300 test questions show all three of the goal's differences in 6-11 % of draws
 # (benchmarks/subset_power.py on the float32 and bfloat16 runs). Times and tables: docs/getting-started.md#the-main-job.
 FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
-                       "28-37 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
+                       "28-47 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
                        "prompts; --questions 100 took 24 min, but 100 questions rarely show the table's differences "
                        "(docs/getting-started.md#the-main-job)")
 
