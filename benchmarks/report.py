@@ -26,9 +26,11 @@ FOLDER = re.compile(r"^(?P<kind>[a-z0-9]+)-(?P<date>\d{4}-\d{2}-\d{2})(?P<suffix
 HISTORY_ROWS = ("(before)", "until 2026")
 
 FAMILIES = {  # page file -> (title, one line on what the page measures)
-    "main-job": ("Main job", ("`python train.py pipeline --preset quick` (and the other presets): the four stages "
-                 "trained on the embedded SynthLaMP LaMP-2, then the evaluation on its test split. Cells of the "
-                 "results tables: metric [95% bootstrap interval]; p against CFRAG (paired randomisation test).")),
+    "main-job": ("Main job", ("`python train.py pipeline --preset quick` (and the other presets): CFRAG's stages "
+                 "trained twice on the embedded SynthLaMP LaMP-2 (the recipe's chain and the paper's), the choice "
+                 "on dev, the generator, then the table on the test split. Cells of the results tables: metric "
+                 "[95% bootstrap interval]; p against the table's reference (paired randomisation test): the "
+                 "configuration chosen on dev, or CFRAG in the earlier recipe's tables, which come last.")),
     "llm-feedback": ("LLM feedback throughput", ("`benchmarks/bench_llm.py`: candidates labelled or answered per "
                      "second by each LLM backend on the feedback prompts, against a naive transformers loop; "
                      "\"same as exact\" compares with float32 transformers.")),
@@ -150,6 +152,8 @@ def load_runs(root: Path = ROOT) -> list[Run]:
             for f in entry["files"]:
                 if not (folder / f).is_file():
                     raise ReportError(f"{folder / 'runs.json'}: entry {i}: file {f!r} not in the folder")
+            if "superseded" in entry and not (isinstance(entry["superseded"], str) and entry["superseded"].strip()):
+                raise ReportError(f"{folder / 'runs.json'}: entry {i}: field 'superseded' must say what replaced it")
             if entry["family"] is not None and entry["family"] not in FAMILIES:
                 raise ReportError(f"{folder / 'runs.json'}: entry {i}: family {entry['family']!r} is not one of "
                                   f"{', '.join(FAMILIES)}")
@@ -186,15 +190,21 @@ def _tables(run: Run, root: Path) -> list[Table]:
     return tables
 
 
-def _section(run: Run, root: Path) -> str:
+def _section(run: Run, root: Path, level: int = 3) -> str:
     e, m = run.entry, run.machine
     files = ", ".join(f"`{RESULTS / run.folder / f}`" for f in e["files"])
-    lines = [f"### {m['class']}", "",
+    lines = [f"{'#' * level} {m['class']}", "",
              f"Machine: {describe(m)}. Software: {m['software']}.  ",
              f"Command: `{e['command']}`  ",
              f"Raw output: {files} ({m['date']})" + (f"; {e['note']}" if e.get("note") else ""), "", ""]
     return "\n".join(lines) + "\n\n".join(t.markdown() for t in _tables(run, root)) + "\n"
 
+
+# A benchmark whose runs.json entries all carry `superseded` (one line: what replaced it) measured a former recipe or
+# default: its tables stay on the page, after the current ones, under this heading.
+EARLIER_HEADING = "Earlier recipes"
+EARLIER_INTRO = ("Kept for comparison with the tables above, which are the current ones; each says what replaced it. "
+                 "The raw files stay in their folders.")
 
 GENERATED = ("<!-- Written by `python benchmarks/report.py` from benchmarks/results/; edit the raw files' runs.json "
              "or the script, not this page. -->")
@@ -207,11 +217,18 @@ def family_page(family: str, all_runs: list[Run], runs: dict[tuple[str, str, str
     for run in sorted(all_runs, key=lambda r: r.order):
         if run.entry["family"] == family and run.entry["benchmark"] not in benchmarks:
             benchmarks.append(run.entry["benchmark"])
-    for bench in benchmarks:
+    shown = {b: [run for (fam, name, _), run in sorted(runs.items()) if fam == family and name == b]
+             for b in benchmarks}
+    current = [b for b in benchmarks if not all(r.entry.get("superseded") for r in shown[b])]
+    for bench in current:
         parts += [f"## {bench}", ""]
-        for (fam, b, cls), run in sorted(runs.items()):
-            if fam == family and b == bench:
-                parts += [_section(run, root)]
+        parts += [_section(run, root) for run in shown[bench]]
+    earlier = [b for b in benchmarks if b not in current]
+    if earlier:
+        parts += [f"## {EARLIER_HEADING}", "", EARLIER_INTRO, ""]
+    for bench in earlier:
+        parts += [f"### {bench}", "", f"Superseded: {shown[bench][-1].entry['superseded']}.", ""]
+        parts += [_section(run, root, level=4) for run in shown[bench]]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
@@ -226,7 +243,8 @@ def index_page(all_runs: list[Run], runs: dict[tuple[str, str, str], Run]) -> st
              ("Every table on these pages is read from the raw outputs under `benchmarks/results/<machine>-<date>/` "
              "by `python benchmarks/report.py`; each names the command that wrote it, the machine it ran on and "
              "the raw file. A table shows the latest run of its benchmark on each class of machine; earlier runs "
-             "stay in their folders as raw files. Timings are wall-clock seconds of one run on the machine named, "
+             "stay in their folders as raw files, and the tables of a former recipe come last on their page, "
+             "under \"Earlier recipes\", each saying what replaced it. Timings are wall-clock seconds of one run on the machine named, "
              "not guarantees."), "", "## Pages", ""]
     lines += [f"- [{FAMILIES[f][0]}]({f}.md)" for f in families]
     lines += ["", "## Machines", "", "| machine class | what it is | result folders |", "|---|---|---|"]

@@ -99,3 +99,17 @@ def test_bad_folders_fail_with_the_file_and_field(results_copy: Path) -> None:
     (folder / "machine.json").unlink()
     with pytest.raises(report.ReportError, match=r"cpu-2026-11-27c-mainjob/machine\.json: missing"):
         report.build(results_copy)
+
+
+def test_superseded_benchmarks_come_after_the_current_ones_and_say_what_replaced_them(results_copy: Path) -> None:
+    page = report.build(results_copy)[report.PAGES / "main-job.md"]
+    earlier = page.index(f"## {report.EARLIER_HEADING}")
+    assert page.index("## Main job, quick preset (current recipe), seed 0") < earlier
+    assert page.index("### Main job, quick preset\n") > earlier  # the earlier recipe's runs, one level down
+    assert "Superseded: by the quick preset's current recipe" in page[earlier:]
+    folder = results_copy / report.RESULTS / "cpu-2026-11-23e"
+    runs = json.loads((folder / "runs.json").read_text())
+    next(r for r in runs if r.get("family") == "main-job")["superseded"] = " "
+    (folder / "runs.json").write_text(json.dumps(runs))
+    with pytest.raises(report.ReportError, match=r"cpu-2026-11-23e/runs\.json: entry 0: field 'superseded'"):
+        report.build(results_copy)
