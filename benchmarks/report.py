@@ -244,8 +244,8 @@ def index_page(all_runs: list[Run], runs: dict[tuple[str, str, str], Run]) -> st
              "by `python benchmarks/report.py`; each names the command that wrote it, the machine it ran on and "
              "the raw file. A table shows the latest run of its benchmark on each class of machine; earlier runs "
              "stay in their folders as raw files, and the tables of a former recipe come last on their page, "
-             "under \"Earlier recipes\", each saying what replaced it. Timings are wall-clock seconds of one run on the machine named, "
-             "not guarantees."), "", "## Pages", ""]
+             f"under \"{EARLIER_HEADING}\", each saying what replaced it. Timings are wall-clock seconds of one "
+             "run on the machine named, not guarantees."), "", "## Pages", ""]
     lines += [f"- [{FAMILIES[f][0]}]({f}.md)" for f in families]
     lines += ["", "## Machines", "", "| machine class | what it is | result folders |", "|---|---|---|"]
     for cls, (desc, folders) in sorted(machines.items()):
