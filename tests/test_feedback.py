@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.feedback.builder import feedback_stats
+from persrag_lightning.feedback.builder import UninformativeFeedbackWarning, feedback_stats
 from persrag_lightning.feedback.datamodule import FeedbackDataModule
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
@@ -189,6 +190,22 @@ def test_loglik_metric_and_stats(world, tiny_bert, tiny_llm):
     stats = feedback_stats(dm.train_examples)
     assert stats.candidates_per_example == 6 and stats.informative_fraction == 1.0
     assert "informative_fraction" in stats.table()
+
+
+def test_labels_that_rank_no_candidate_warn_the_stage(world, tiny_bert, tiny_llm):
+    """Under the task metric the tiny random LLM never answers a tag, so every candidate's label is 0 and the stage
+    would train towards a uniform target: setup says so and names `loglik`; log-likelihood labels do not warn."""
+    dm = datamodule(world, tiny_bert, tiny_llm, max_train_examples=8, max_val_examples=8)
+    dm.prepare_data()
+    with pytest.warns(UninformativeFeedbackWarning,
+                      match=r"train feedback labels: only 0% of 8 examples .*feedback_metric task.*`feedback_metric: loglik`"):
+        dm.setup("fit")
+    assert feedback_stats(dm.train_examples).informative_fraction == 0.0
+    ranked = datamodule(world, tiny_bert, tiny_llm, feedback_metric="loglik", max_train_examples=8, max_val_examples=8)
+    ranked.prepare_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UninformativeFeedbackWarning)
+        ranked.setup("fit")
 
 
 def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_llm, capsys):

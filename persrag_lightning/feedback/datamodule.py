@@ -14,7 +14,12 @@ from persrag_lightning.data.candidates import FeedbackExample, collate_candidate
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackMetric, FeedbackSettings
+from persrag_lightning.feedback.builder import (
+    FeedbackBuilder,
+    FeedbackMetric,
+    FeedbackSettings,
+    warn_if_uninformative,
+)
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.utils import trainer_validates
@@ -103,6 +108,7 @@ class FeedbackDataModule(L.LightningDataModule):
                 self.test_examples = self.select(builder.load(h.test_split, h.max_test_examples, hint))
         elif not self.train_examples:
             self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
+            warn_if_uninformative(self.train_examples, h.train_split, h.feedback_metric)
             if trainer_validates(self):
                 self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
 
