@@ -208,11 +208,9 @@ def test_labels_that_rank_no_candidate_warn_the_stage(world, tiny_bert, tiny_llm
         ranked.setup("fit")
 
 
-def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_llm, capsys):
-    """`persrag feedback --config <stage config> --shard i --num-shards n`, then `--stats`."""
+def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **init_args) -> Path:
+    """A retriever stage's config file over the `world` fixture, as `persrag feedback --config` takes it."""
     import yaml
-
-    from persrag_lightning.cli import main
 
     config = world / "feedback.yaml"
     config.write_text(yaml.safe_dump({
@@ -222,8 +220,16 @@ def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_
             "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
             "cache_dir": str(world / "cache"), "user_encoder": str(world / "user_encoder"),
             "candidate_retriever": tiny_bert, "m": 3, "k": 2, "chunk_size": 8,
-            "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}}},
+            "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}, **init_args}},
     }))
+    return config
+
+
+def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_llm, capsys):
+    """`persrag feedback --config <stage config> --shard i --num-shards n`, then `--stats`."""
+    from persrag_lightning.cli import main
+
+    config = stage_config(world, tiny_bert, tiny_llm)
     for shard in (1, 0):
         main(["feedback", "--config", str(config), "--shard", str(shard), "--num-shards", "2"])
     built = capsys.readouterr().out
@@ -231,6 +237,21 @@ def test_feedback_command_builds_shards_and_prints_stats(world, tiny_bert, tiny_
     main(["feedback", "--config", str(config), "--stats"])
     stats = capsys.readouterr().out
     assert "| examples | 32 |" in stats and "| examples | 16 |" in stats and "informative_fraction" in stats
+
+
+def test_feedback_command_labels_only_what_the_stage_reads(world, tiny_bert, tiny_llm, capsys):
+    """With the stage's `--trainer.limit_val_batches=0` (the quick preset's) the command builds, and `--stats`
+    reads, the train labels only: no LLM call goes to dev questions the stage would never read."""
+    from persrag_lightning.cli import main
+
+    config = stage_config(world, tiny_bert, tiny_llm, feedback_metric="loglik")
+    main(["feedback", "--config", str(config), "--trainer.limit_val_batches=0"])
+    root = next(p for p in (world / "cache" / "feedback").iterdir() if p.is_dir())
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["train"]
+    capsys.readouterr()
+    main(["feedback", "--config", str(config), "--trainer.limit_val_batches=0", "--stats"])
+    stats = capsys.readouterr().out
+    assert "| examples | 32 |" in stats and "dev (" not in stats
 
 
 def test_candidates_never_come_from_a_user_who_does_not_share(world, tiny_bert, tiny_llm):

@@ -25,10 +25,14 @@ def feedback_command(args: list[str]) -> None:
     dm = cli.datamodule
     if not hasattr(dm, "build_feedback"):
         raise SystemExit(f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)")
+    # The trainer `fit` would run: with `--trainer.limit_val_batches=0` it validates nothing, so no dev labels are
+    # built or read here either (an array job labels exactly what the stage will read).
+    dm.trainer = cli.trainer
     if opts.stats:
         dm.setup("fit")
         for split, examples in ((dm.hparams.train_split, dm.train_examples), (dm.hparams.val_split, dm.val_examples)):
-            print(f"\n{split} ({dm.builder().root}):\n{feedback_stats(examples).table()}")
+            if examples:
+                print(f"\n{split} ({dm.builder().root}):\n{feedback_stats(examples).table()}")
         return
     builder = dm.build_feedback(opts.shard, num_shards)
     print(f"shard {opts.shard}/{num_shards}: {builder.llm_calls} LLM calls; cache {builder.root}")
