@@ -256,7 +256,6 @@ def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
     )
 
 
-
 # Below this share of examples whose candidates got different labels, the stage is told: every other example's KL
 # target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy answers to LaMP-2 under the
 # task metric gave 0 of 64 such examples (benchmarks/results/cpu-2026-11-28-feedback-task/).
