@@ -12,8 +12,8 @@ import torch
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.feedback.builder import UninformativeFeedbackWarning, feedback_stats
-from persrag_lightning.feedback.datamodule import FeedbackDataModule
+from persrag_lightning.feedback.builder import feedback_stats
+from persrag_lightning.feedback.datamodule import FeedbackDataModule, UninformativeFeedbackWarning
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
 from persrag_lightning.llm.registry import LLMConfig

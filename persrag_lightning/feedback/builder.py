@@ -255,28 +255,3 @@ def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
         other_user_fraction=other / max(1, n_cand),
     )
 
-
-# Below this share of examples whose candidates got different labels, the stage is told: every other example's KL
-# target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy answers to LaMP-2 under the
-# task metric gave 0 of 64 such examples (benchmarks/results/cpu-2026-11-28-feedback-task/).
-UNINFORMATIVE_SHARE = 0.1
-
-
-class UninformativeFeedbackWarning(UserWarning):
-    """Feedback labels that barely rank the candidates: KL training to them teaches (almost) nothing."""
-
-
-def warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: str) -> None:
-    """One warning when fewer than UNINFORMATIVE_SHARE of `split`'s examples have candidates with different labels."""
-    if not examples:
-        return
-    share = feedback_stats(examples).informative_fraction
-    if share >= UNINFORMATIVE_SHARE:
-        return
-    hint = ("; under `task` a small LLM's answers may never match a label exactly: `feedback_metric: loglik` ranks "
-            "the candidates by the target's log-likelihood" if metric == "task" else "")
-    from lightning.pytorch.utilities import rank_zero_warn
-
-    rank_zero_warn(f"{split} feedback labels: only {share:.0%} of {len(examples)} examples have candidates with "
-                   f"different labels (feedback_metric {metric}); the others give the stage a uniform target{hint}",
-                   category=UninformativeFeedbackWarning)

@@ -8,6 +8,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from persrag_lightning.data.candidates import FeedbackExample, collate_candidates
@@ -18,11 +19,34 @@ from persrag_lightning.feedback.builder import (
     FeedbackBuilder,
     FeedbackMetric,
     FeedbackSettings,
-    warn_if_uninformative,
+    feedback_stats,
 )
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.utils import trainer_validates
+
+# Below this share of examples whose candidates got different labels, the stage is told: every other example's KL
+# target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy answers to LaMP-2 under the
+# task metric gave 0 of 64 such examples (benchmarks/results/cpu-2026-11-28-feedback-task/).
+UNINFORMATIVE_SHARE = 0.1
+
+
+class UninformativeFeedbackWarning(UserWarning):
+    """Feedback labels that barely rank the candidates: KL training to them teaches (almost) nothing."""
+
+
+def warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: str) -> None:
+    """One warning when fewer than UNINFORMATIVE_SHARE of `split`'s examples have candidates with different labels."""
+    if not examples:
+        return
+    share = feedback_stats(examples).informative_fraction
+    if share >= UNINFORMATIVE_SHARE:
+        return
+    hint = ("; under `task` a small LLM's answers may never match a label exactly: `feedback_metric: loglik` ranks "
+            "the candidates by the target's log-likelihood" if metric == "task" else "")
+    rank_zero_warn(f"{split} feedback labels: only {share:.0%} of {len(examples)} examples have candidates with "
+                   f"different labels (feedback_metric {metric}); the others give the stage a uniform target{hint}",
+                   category=UninformativeFeedbackWarning)
 
 
 class FeedbackDataModule(L.LightningDataModule):
