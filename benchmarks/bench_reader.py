@@ -9,13 +9,14 @@ transformers in the same run, how many choices equal float32's (the exact model:
 file) and the median |log p| gap over all 15 options of all prompts. A second table is the float32 floor: the
 decoder's linear layers' work per prompt at a lone float32 matmul's rate on this CPU and at the reader's own matmuls'
 rate (the time 300 prompts would take if nothing but matmuls took any), against the reader end to end; then where a
-float32 batch's time goes. `--compile` adds torch.compile (inductor) as a row. Prints Markdown; asserts nothing
-about time.
+float32 batch's time goes. `--compile` adds torch.compile (inductor) as a row, `--int8` torch's dynamic int8
+quantisation of the decoder's linear layers (fbgemm: int8 weights per tensor or per output channel, activations
+quantised per tensor at run time; the LM head stays float32). Prints Markdown; asserts nothing about time.
 
-    python benchmarks/bench_reader.py [--compile] [--llamacpp_weights ""]
-    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 PYTHONPATH=<llama.cpp built
-        for AVX2 only> python benchmarks/bench_reader.py      # an AVX2-only CPU, emulated (llama.cpp's kernels
-                                                               # follow its build flags, not these caps)
+    python benchmarks/bench_reader.py [--compile] [--int8] [--llamacpp_weights ""]
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
+        PYTHONPATH=<llama.cpp built for AVX2 only> python benchmarks/bench_reader.py   # an AVX2-only CPU, emulated
+                                                 # (llama.cpp's kernels follow its build flags, not these caps)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import importlib.util
 import re
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -82,6 +84,24 @@ def time_shares(llm, prompts: list[str], labels: list[str]) -> tuple[dict[str, f
     return shares, matmul / 1e6
 
 
+def int8_qconfigs() -> dict:
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    return {"per tensor": default_dynamic_qconfig, "per channel": per_channel_dynamic_qconfig}
+
+
+def quantize_decoder(decoder, qconfig):
+    """The decoder with every nn.Linear replaced by torch's dynamic int8 linear (the quantized engine's kernels:
+    fbgemm on x86, following FBGEMM_ENABLE_INSTRUCTIONS); eager-mode quantisation is deprecated in torch 2.13 but
+    still ships, so its warnings are silenced here."""
+    from torch.ao.quantization import quantize_dynamic
+
+    torch.backends.quantized.engine = "fbgemm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(decoder, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+
+
 def timed_scores(llm, prompts: list[str], labels: list[str]) -> tuple[list[list[float]], float]:
     llm.score_options(prompts[:2], labels)  # warm-up: kernel selection, llama.cpp's contexts
     t0 = time.perf_counter()
@@ -97,6 +117,8 @@ def main() -> None:
                         help="llama.cpp weight types, comma-separated (re-encoded once from the shipped Q4_1 file)")
     parser.add_argument("--compile", action="store_true",
                         help="also time float32 transformers under torch.compile (inductor, dynamic shapes)")
+    parser.add_argument("--int8", action="store_true",
+                        help="also time torch's dynamic int8 quantisation of the decoder's linear layers (fbgemm)")
     parser.add_argument("--cache_dir", default=".cache/persrag")
     args = parser.parse_args()
     labels = list(allowed_labels("LaMP-2"))
@@ -149,6 +171,11 @@ def main() -> None:
         rate = row(f"transformers float32, torch.compile (batch {args.batch_size})", exact, warm_up=True)
         floor.append((f"the reader end to end, torch.compile (batch {args.batch_size})", gflop * rate))
     exact.close()
+    if args.int8:
+        for weights, qconfig in int8_qconfigs().items():
+            llm = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
+            llm.model.model = quantize_decoder(llm.model.model, qconfig)
+            row(f"transformers int8 dynamic, weights {weights} (batch {args.batch_size})", llm)
     if cpu_bf16_instructions():  # elsewhere bfloat16 is emulated in software: far slower, never chosen
         row(f"transformers bfloat16 (batch {args.batch_size})",
             load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="bfloat16"))
