@@ -52,6 +52,12 @@ def main_job_prompts(n: int, cache_dir: str, llm) -> list[str]:
                          [[store.history_doc(d.row) for d in docs] for docs in retrieved], MAX_PROMPT_TOKENS)
 
 
+def common_prefix(llm, prompts: list[str]) -> int:
+    """How many chat-formatted tokens all prompts share at their start (the system turn and the history header)."""
+    rows = llm._encode_prompts(prompts)
+    return next((j for j, column in enumerate(zip(*rows)) if len(set(column)) > 1), min(map(len, rows)))
+
+
 def linear_flops(model) -> int:
     """FLOPs of one token through the decoder's linear layers (attention projections and MLP, 2 per multiply-add):
     the matmul work a float32 reader cannot avoid; the LM head runs on the options' positions only."""
@@ -132,7 +138,8 @@ def main() -> None:
 
         built = " ".join(re.findall(r"(\w+) = 1", llama_cpp.llama_print_system_info().decode()))
         print(f"llama-cpp-python {llama_cpp.__version__}, built for: {built}")
-    print(f"\n{len(prompts)} LaMP-2 test prompts (BM25 top-5), {tokens:.0f} tokens each on average, 15 options\n")
+    print(f"\n{len(prompts)} LaMP-2 test prompts (BM25 top-5), {tokens:.0f} tokens each on average, 15 options; "
+          f"the tokens every prompt begins with (a prefix a KV cache could share): {common_prefix(exact, prompts)}\n")
     print("| reader runtime | prompts/s | x float32 | same choice as float32 | median abs. log p gap |")
     print("|---|---|---|---|---|")
     reference, base = timed_scores(exact, prompts, labels)
