@@ -201,7 +201,8 @@ def test_fit_generator_yaml_exports_and_evaluates_tuned_rows(in_tmp_cwd, tiny_ll
                                 f"--evaluation.llm.model={tiny_llm}", "--evaluation.llm.answer_mode=choose",
                                 "--evaluation.reference=bm25", "--evaluation.n_resamples=50",
                                 "--only=[bm25 + tuned generator, CFRAG + tuned generator]"])
-    assert set(results) == {"bm25 + tuned generator"}  # CFRAG's bundles are not trained: skipped, named
+    # CFRAG's bundles are not trained: skipped, named; the reader-free rows need no bundle
+    assert set(results) == {"bm25 + tuned generator", "majority label (train)", "user's own majority"}
     assert len(list(retrievals.glob("bm25-*.json"))) == 3  # the test split's bm25 retrieval, read by its wrapper
     report = (in_tmp_cwd / "runs" / "t" / "evaluate" / "results.md").read_text()
     assert "CFRAG + tuned generator" in report and "not trained" in report

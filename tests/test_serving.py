@@ -224,7 +224,9 @@ def test_evaluate_writes_lamp_predictions_metrics_table_and_chart(run_dir, tiny_
                   CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"), str(run_dir / "reranker"), m=3,
                         k_per_user=2, cache_dir=str(tmp_path / "cache"), name="CFRAG")]
     results = evaluation.run(strategies).results
-    assert list(results) == [s.name for s in strategies]
+    # the LLM's rows, then the reader-free rows: the train majority, the user's own majority, each row's docs' vote
+    assert list(results) == [s.name for s in strategies] + [
+        "majority label (train)", "user's own majority", "recency docs' vote", "CFRAG docs' vote"]
     assert results[strategies[1].name]["own_docs"] == 1.0
     assert 0.0 <= results["CFRAG"]["own_docs"] <= 1.0 and "same_community_docs" in results["CFRAG"]
     assert 0.0 < results["CFRAG"]["same_community_chance"] <= 1.0
@@ -267,7 +269,7 @@ def test_evaluate_cache_follows_bundle_content_not_path(run_dir, tiny_bert, tiny
 def test_evaluate_skips_an_untrained_bundle_with_a_row_naming_the_command(run_dir, tiny_llm, tmp_path):
     evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
                             k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=4,
-                            out_dir=str(tmp_path / "eval"))
+                            out_dir=str(tmp_path / "eval"), reader_free=False)
     ropg = CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever_ropg"), None, m=1, name="ROPG",
                  cache_dir=str(tmp_path / "cache"))
     summary = evaluation.run([ZeroShot(), ropg])
@@ -332,7 +334,7 @@ def test_clusterrag_rows_in_the_evaluation_with_trained_user_vectors(run_dir, ti
 
     evaluation = Evaluation(task="LaMP-2", synth=SynthConfig(num_users=USERS), cache_dir=str(tmp_path / "cache"),
                             k=3, llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}), max_examples=4,
-                            out_dir=str(tmp_path / "eval"), reference="ClusterRAG (hybrid)")
+                            out_dir=str(tmp_path / "eval"), reference="ClusterRAG (hybrid)", reader_free=False)
     results = evaluation.run(rows()).results
     assert list(results) == ["ClusterRAG (user)", "ClusterRAG (collab)", "ClusterRAG (hybrid)"]
     assert results["ClusterRAG (user)"]["own_docs"] == 1.0 and results["ClusterRAG (collab)"]["own_docs"] < 1.0

@@ -482,7 +482,8 @@ def test_evaluate_answers_and_scores_lamp1_and_lamp7(tmp_path: Path, tiny_llm: s
                                           max_new_tokens=8),
                             reference="bm25", n_resamples=50)
     results = evaluation.run([ZeroShot(), BM25()]).results
-    assert set(results) == {"zero_shot", "bm25"}
+    # LaMP-1's profiles hold no labels: its only reader-free row is the train majority
+    assert set(results) == {"zero_shot", "bm25"} | ({"majority label (train)"} if task == "LaMP-1" else set())
     predictions = read_outputs(out / "predictions" / "bm25.json", task)
     assert len(predictions) == 6
     metrics = json.loads((out / "metrics.json").read_text())

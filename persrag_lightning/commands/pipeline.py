@@ -62,6 +62,7 @@ PRESETS: dict[str, Preset] = {
         "judgments": "paired",
         "paper_chain": True,
         "select_order_on_dev": True,
+        "readers": ["none", "contextual", "pmi"],
         "stages": None,
         "strategies": None,
     },
@@ -104,6 +105,9 @@ PRESETS: dict[str, Preset] = {
         "judgments": "paired",
         "paper_chain": True,
         "select_order_on_dev": True,
+        # the label calibrations (llm/calibration.py) the dev choice reads each configuration's scores under; the
+        # scores are cached, so each one after the first costs a few LLM calls
+        "readers": ["none", "contextual", "pmi"],
         "stages": ["user_encoder", "retriever", "reranker", *PAPER_STAGES, "generator"],
         # `{order}` / `{chosen}` rows follow the configuration chosen on dev (CANDIDATES below)
         "strategies": ["zero_shot", "bm25", "CFRAG", "w/o reranker tuning", "w/o user retrieval{order}",
@@ -214,25 +218,62 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
                                       f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
 
 
+def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """A dev row's (answers, golds) under each calibration of `readers`, re-read from the label scores its
+    evaluation stored (predictions/<row>.labels.json): no LLM call. Empty when the row stored none."""
+    from persrag_lightning.evaluation.evaluate import file_name
+    from persrag_lightning.llm.calibration import LabelReading
+
+    path = Path(out_dir) / "predictions" / f"{file_name(name)}.labels.json"
+    if not path.is_file():
+        return {}
+    stored = json.loads(path.read_text())
+    reading, golds = LabelReading.from_json(stored), [r["gold"] for r in stored["rows"]]
+    return {reader: (reading.under(reader, reading.decision).answers, golds) for reader in readers}
+
+
 def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str) -> tuple[str, dict[str, float]]:
+                  task: str, readers: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
     """Evaluate `names` on dev (at most DEV_SELECTION_EXAMPLES questions, or `evaluate_args`' own count, e.g. from
-    `--questions`) and return the best by the task's first metric (with the dev numbers): the main job's recipe is
-    chosen here, never on test."""
-    from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, metric_names
+    `--questions`) and return the best configuration by the task's first metric, with the dev numbers: the main
+    job's recipe is chosen here, never on test. With `readers` (label calibrations), each configuration's stored
+    label scores are also re-read under each calibration (no LLM pass) and the best (configuration,
+    calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice: it is
+    dropped, saying so, and the earlier one stands."""
+    from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, LampMetricFn, metric_names
 
     metric = metric_names(task)[0]
+    out_dir = f"runs/{run_name}/select-on-dev"
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
                                 f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
-                                "--evaluation.split=dev", f"--evaluation.out_dir=runs/{run_name}/select-on-dev",
-                                f"--only={json.dumps(names)}"])
-    scores = {n: results[n][metric] for n in names if n in results}
+                                "--evaluation.split=dev", "--evaluation.reader_free=false",
+                                f"--evaluation.out_dir={out_dir}", f"--only={json.dumps(names)}"])
+    scores: dict[tuple[str, str | None], float] = {}
+    answers: dict[tuple[str, str | None], list[str]] = {}
+    for name in (n for n in names if n in results):
+        readings = dev_readings(out_dir, name, readers) if readers else {}
+        if not readings:  # generated answers, or no stored scores: the evaluation's own number
+            scores[(name, None)] = results[name][metric]
+            continue
+        for reader, (said, golds) in readings.items():
+            scores[(name, reader)], answers[(name, reader)] = LampMetricFn(task, metric)(said, golds), said
     if not scores:
         raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
+    candidates = list(scores)
+    label = {c: c[0] + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
+    distinct: list[tuple[str, str | None]] = []
+    for c in candidates:
+        twin = next((d for d in distinct if c in answers and answers.get(d) == answers[c]), None)
+        if twin is None:
+            distinct.append(c)
+        else:
+            print(f"[pipeline] dev answers of {label[c]} are identical to {label[twin]}'s: no choice between "
+                  f"them, {label[twin]} stands")
     sign = 1 if _HIGHER_IS_BETTER[metric] else -1
-    chosen = max(scores, key=lambda n: (sign * scores[n], -names.index(n)))  # ties: the earlier (CFRAG first)
-    print(f"[pipeline] chosen on dev ({metric}): {chosen} — " + ", ".join(f"{n} {v:.3f}" for n, v in scores.items()))
-    return chosen, scores
+    chosen = max(distinct, key=lambda c: (sign * scores[c], -candidates.index(c)))  # ties: the earlier
+    print(f"[pipeline] chosen on dev ({metric}): {label[chosen]} — "
+          + ", ".join(f"{label[c]} {scores[c]:.3f}" for c in candidates))
+    return chosen[0], chosen[1], {label[c]: v for c, v in scores.items()}
 
 
 def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
@@ -332,18 +373,23 @@ def main(argv: list[str]) -> None:
     for stage in wanted:
         if stage != "generator":
             fit(stage)
-    chosen, dev_scores = "CFRAG", {}
+    chosen, calibration, dev_scores = "CFRAG", None, {}
+    readers = preset.get("readers") if get_task(task).labels is not None else None
     if preset.get("select_order_on_dev"):
         t0 = time.perf_counter()
-        chosen, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES), run_name,
-                                           task)
+        chosen, calibration, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES),
+                                                        run_name, task, readers)
         timings.append(("choose on dev", time.perf_counter() - t0))
+    if calibration is not None:
+        evaluate_args.append(f"--evaluation.llm.calibration={calibration}")
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
     t0 = time.perf_counter()
     rows = report_strategies(preset, chosen, paper_chain)
     only = [] if rows is None else [f"--only={json.dumps(rows)}"]
     tests = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
+    if rows is not None:  # the reader-free docs' vote of BM25's and the chosen configuration's prompts
+        tests.append(f"--evaluation.votes={json.dumps([r for r in ('bm25', chosen) if r in rows])}")
     if rows is not None and f"{chosen} + tuned generator" in rows and "bm25 + tuned generator" in rows:
         # the goal's third test: the tuned generator reading the recipe's docs against it reading BM25's
         goal = [[f"{chosen} + tuned generator", "bm25 + tuned generator"]]
@@ -361,5 +407,5 @@ def main(argv: list[str]) -> None:
         "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),
         "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
             (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
-        "chosen_on_dev": chosen, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},
+        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

@@ -24,6 +24,8 @@ from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.reader_free import collapse_warnings, reader_free_rows, top_answer
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
@@ -240,12 +242,15 @@ class Evaluation:
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
-                 pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32") -> None:
+                 pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32", reader_free: bool = True,
+                 votes: list[str] | None = None) -> None:
         """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
         `reference`: the strategy every other one is tested against (paired test, same examples). `pairs`:
         further paired tests, [a, b] each (a against b), reported under the table and in metrics.json.
         `reranker_runtime`: how every reranking row's cross-encoder runs (`set_reranker_runtime`): fp32 as
-        trained (default), or e.g. bf16_if_native (the quick preset)."""
+        trained (default), or e.g. bf16_if_native (the quick preset). `reader_free`: on a label task, add the
+        rows that need no LLM (evaluation/reader_free.py); `votes`: the rows whose retrieved docs also vote as a
+        row of their own (None: every row that puts docs in its prompt, wrappers excepted)."""
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples
@@ -258,8 +263,11 @@ class Evaluation:
         self.pairs = [list(p) for p in pairs or []]
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
+        self.reader_free, self.votes = reader_free, votes
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
+        self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
+        self.top_answers: dict[str, tuple[str, float]] = {}
         self._llm: LLM | None = None
         self._generators: dict[str, LLM] = {}  # tuned generators' exports by path
 
@@ -300,6 +308,7 @@ class Evaluation:
         communities = load_communities(self.source.data_dir)
         predictions: dict[str, list[str]] = {}
         diagnostics: dict[str, dict[str, float]] = {}
+        retrieved: dict[str, list[list[RetrievedDoc]]] = {}
         skipped: dict[str, str] = {}
         self.skipped = skipped
         started = time.perf_counter()
@@ -315,48 +324,92 @@ class Evaluation:
                 skipped[strategy.name] = str(err)
                 continue
             predictions[strategy.name], diagnostics[strategy.name] = outcome["predictions"], outcome["diagnostics"]
-        summary = summarise(self.task, predictions, [e.target for e in examples], self.reference, self.n_resamples,
+            if self.votes_for(strategy) and outcome["diagnostics"].get("docs_per_query"):
+                retrieved[strategy.name] = outcome["retrieved"]
+        golds = [e.target for e in examples]
+        if self.reader_free:
+            train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
+            for name, answers in reader_free_rows(self.task, store, examples, train_golds, retrieved).items():
+                predictions[name] = answers
+                write_predictions(self.out_dir / "predictions" / f"{file_name(name)}.json", self.task,
+                                  {e.example_id: a for e, a in zip(examples, answers)})
+        summary = summarise(self.task, predictions, golds, self.reference, self.n_resamples,
                             seed=self.seed, pairs=self.pairs)
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
+        for name, answers in predictions.items():  # how constant each row is (a reader answering by prior)
+            summary.results[name]["top_answer_share"] = top_answer(answers)[1]
+        self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
+        self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
         self.write_reports(summary, skipped)
         return summary
 
+    def votes_for(self, strategy: Strategy) -> bool:
+        """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every row that
+        retrieves for itself (a tuned generator's row reads another row's docs)."""
+        if self.votes is not None:
+            return strategy.name in self.votes
+        return getattr(strategy, "retrieval", None) is None
+
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
-        """Predictions (one per example, in order) and retrieval diagnostics; cached by content."""
-        key = fingerprint("evaluate/v3", strategy_config(strategy), self.llm_for(strategy, load=False)[0].identity(),
-                          PROMPT_VERSION,
+        """Predictions (one per example, in order), the retrieved docs and retrieval diagnostics; cached by
+        content. Under `choose`, every label's score and the calibration terms are written beside the answers."""
+        llm_config = self.llm_for(strategy, load=False)[0]
+        key = fingerprint("evaluate/v3", strategy_config(strategy), llm_config.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
-                          self.source.data_dir.name)
+                          self.source.data_dir.name, *([llm_config.reading(self.task)]
+                                                       if llm_config.answer_mode == "choose" else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
             outcome = json.loads(cached.read_text())
             retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
-            diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
-            outcome["diagnostics"] = {**diagnostics, "retrieve_ms_per_query": outcome["retrieve_ms_per_query"]}
-            return outcome
-        retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
-                                                   self.source.data_dir.name)
+        else:
+            retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
+                                                       self.source.data_dir.name)
+            outcome = {"predictions": self.answers(strategy, store, examples, retrieved),
+                       "rows": [[d.row for d in ds] for ds in retrieved], "retrieve_ms_per_query": ms_per_query}
+            atomic_write_json(cached, outcome)
+        write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
+                          {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
+        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+        diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
+        return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved}
+
+    def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
+                retrieved: list[list[RetrievedDoc]]) -> list[str]:
+        """The LLM's answers to a row's prompts; under `choose`, predictions/<row>.labels.json beside the answer
+        file holds every label's log p, the calibrated distribution and the calibration terms."""
         llm_config, llm = self.llm_for(strategy)
         prompts = build_prompts(self.task, llm, [e.input for e in examples],
                                 [[store.history_doc(d.row) for d in docs] for docs in retrieved],
                                 llm_config.max_prompt_tokens, strategy.prompt_gamma)
-        predictions = llm_config.answer(llm, self.task, prompts, self.prompts, phase=f"evaluate {strategy.name}")
-        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
-        diagnostics["retrieve_ms_per_query"] = ms_per_query
-        write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
-                          {e.example_id: p for e, p in zip(examples, predictions)})
-        atomic_write_json(cached, {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
-                                   "retrieve_ms_per_query": diagnostics["retrieve_ms_per_query"]})
-        return {"predictions": predictions, "diagnostics": diagnostics}
+        phase = f"evaluate {strategy.name}"
+        if llm_config.answer_mode != "choose":
+            return llm_config.answer(llm, self.task, prompts, self.prompts, phase=phase)
+        reading = llm_config.read_labels(llm, self.task, prompts, self.prompts, phase)
+        atomic_write_json(self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json",
+                          reading.to_json([e.example_id for e in examples], [e.target for e in examples]),
+                          indent=None)
+        return reading.answers
+
+    @property
+    def answer_mode(self) -> str:
+        """The answer mode as the table's header names it, with the label reading under `choose`."""
+        reading = self.llm_config.reading(self.task)
+        if not reading:
+            return self.llm_config.answer_mode
+        return f"choose (calibration {reading['calibration']}, decision {reading['decision']})"
 
     def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
-        mode = self.llm_config.answer_mode
+        mode = self.answer_mode
         atomic_write_json(self.out_dir / "metrics.json", {
             "task": self.task, "split": self.split, "examples": summary.n_examples, "k": self.k,
             "synth": asdict(self.source.synth) if self.source.synth is not None else None,
-            "answer_mode": mode, "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
+            "answer_mode": self.llm_config.answer_mode, "reading": self.llm_config.reading(self.task),
+            "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
+            "top_answers": {n: {"answer": a, "share": share} for n, (a, share) in self.top_answers.items()},
+            "warnings": self.warnings,
             "reference": summary.reference, "results": summary.results,
             "intervals": {n: {m: list(ci) for m, ci in by.items()} for n, by in summary.intervals.items()},
             "p_values": {n: {m: c.p_value for m, c in by.items()} for n, by in summary.comparisons.items()},
@@ -371,7 +424,9 @@ class Evaluation:
 
     def table(self, summary: Summary, skipped: dict[str, str]) -> str:
         """results.md: the table with intervals, then one line per strategy that could not run."""
-        text = summary_table(summary, self.llm_config.answer_mode, self.split)
+        text = summary_table(summary, self.answer_mode, self.split)
+        if self.warnings:
+            text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:
             text += "\nNot trained (skipped):\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
         return text

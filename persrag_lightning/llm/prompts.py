@@ -211,3 +211,20 @@ def build_chat_prompt(message: str, memories: Sequence[str], docs: Sequence[str]
     kept = [p if tokenizer_len(p) + 1 <= g else truncate_to_tokens(p, g - 1, tokenizer_len)
             for p, g in zip(parts, granted)]
     return "\n".join([*(p for p in kept if p), f"user: {msg}", "assistant:"])
+
+
+# ---- label calibration (llm/calibration.py) -------------------------------------------------------------------
+
+def content_free_prompt(task: str, filler: str) -> str:
+    """The task's Table 4 prompt without history whose input is `filler` (Zhao et al., 2021: "N/A", "", "[MASK]");
+    LaMP-1's two references are the filler too, so nothing in the prompt favours either."""
+    spec = get_task(task)
+    return _render(TABLE4[spec.name], [], filler, (filler, filler) if spec.name == "LaMP-1" else None)
+
+
+def domain_premise(task: str) -> str:
+    """The task's instruction alone, no history and no input: the domain premise of Holtzman et al. (2021)'s
+    domain-conditional PMI, which measures how likely each label is as an answer to the task itself."""
+    tp = task_prompt(task)
+    instruction = tp.instruction.replace("{reference1}", "").replace("{reference2}", "")
+    return f"{instruction[0].upper()}{instruction[1:]}"

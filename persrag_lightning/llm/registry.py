@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 import torch
 
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
-from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
+from persrag_lightning.llm.answer import AnswerMode, Postprocessing, allowed_labels, answer
 from persrag_lightning.llm.auto import auto_backend
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
+from persrag_lightning.llm.calibration import (
+    Calibration,
+    Decision,
+    LabelReading,
+    check_reading,
+    read_labels,
+    resolve_decision,
+)
 from persrag_lightning.progress import in_blocks
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
@@ -70,9 +78,15 @@ class LLMConfig:
     # tasks only); generated text is post-processed as the official evaluation (`official`: strip) or `lenient`
     answer_mode: AnswerMode = "generate"
     postprocessing: Postprocessing = "official"
+    # how `choose` turns label scores into an answer (llm/calibration.py): the scores calibrated against the
+    # label prior (`contextual`, `pmi`) or not (`none`), then the decision the task's metric rewards (`auto`:
+    # arg max for accuracy, median for MAE)
+    calibration: Calibration = "none"
+    decision: Decision = "auto"
     options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_reading(self.calibration, self.decision)
         if self.backend.lower() == "auto":
             self.backend = auto_backend(self.model, self.options)
 
@@ -89,10 +103,20 @@ class LLMConfig:
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}
 
+    def reading(self, task: str) -> dict:
+        """How `choose` reads label scores for `task` (calibration, resolved decision); empty for `generate`. Not in
+        `identity`: the scores, which the prompt store keeps, do not depend on it."""
+        if self.answer_mode != "choose":
+            return {}
+        return {"calibration": self.calibration, "decision": resolve_decision(task, self.decision)}
+
     def answer(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
                phase: str | None = None) -> list[str]:
         """Answers to `prompts` as this configuration reads them (mode, budget, post-processing); with a store,
         only prompts no earlier call answered reach the LLM; a named `phase` prints progress with an ETA."""
+        if self.answer_mode == "choose":
+            return self.read_labels(llm, task, prompts, store, phase).answers
+
         def compute(todo: list[int]) -> list[str]:
             return in_blocks(todo, lambda part: answer(llm, task, [prompts[i] for i in part], self.answer_mode,
                                                        self.max_new_tokens, self.postprocessing),
@@ -102,6 +126,25 @@ class LLMConfig:
             return compute(list(range(len(prompts))))
         identity = self.identity()
         return store.cached([prompt_key(identity, f"answer:{task}", p) for p in prompts], compute)
+
+    def read_labels(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
+                    phase: str | None = None) -> LabelReading:
+        """Every allowed label's log p for every prompt (through the store: a calibration or decision changed later
+        costs no LLM call), every calibration's terms (a few prompts per task) and the answers under this
+        configuration's calibration and decision."""
+        labels = list(allowed_labels(task))
+        identity = self.identity()
+
+        def score(batch: list[str]) -> list[list[float]]:
+            def compute(todo: list[int]) -> list[list[float]]:
+                return in_blocks(todo, lambda part: llm.score_options([batch[i] for i in part], labels),
+                                 phase, PROGRESS_BLOCKS * self.batch_size)
+
+            if store is None:
+                return compute(list(range(len(batch))))
+            return store.cached([prompt_key(identity, f"label_scores:{task}", p) for p in batch], compute)
+
+        return read_labels(score, task, labels, prompts, self.calibration, self.decision, every_calibration=True)
 
     def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None,
               phase: str | None = None) -> list[float]:

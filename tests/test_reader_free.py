@@ -1,0 +1,104 @@
+"""Reader-free rows (train majority, the user's own majority and median, the retrieved docs' vote), the share of
+each row's most frequent answer, and the alarm on a row that answers one label whatever it reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from persrag_lightning.data.records import Example, HistoryDoc, LampDataset, User
+from persrag_lightning.evaluation.reader_free import (
+    MAJORITY,
+    OWN_MAJORITY,
+    OWN_MEDIAN,
+    collapse_warnings,
+    median_label,
+    reader_free_rows,
+    top_answer,
+)
+from persrag_lightning.retrieval.base import DocStore
+
+
+def review(doc_id: str, day: int, score: str) -> HistoryDoc:
+    return HistoryDoc(doc_id, (2020, 1, day), {"text": f"review {doc_id}", "score": score})
+
+
+@pytest.fixture
+def store() -> DocStore:
+    """Two users, LaMP-3: u1 rated 5, 5, 1, 2 (majority 5, median 2) before its test question; u2 rated 3, 4.0
+    (a score written as a number) and then its test question's own item, which no row may see."""
+    u1 = [review("a1", 1, "5"), review("a2", 2, "5"), review("a3", 3, "1"), review("a4", 4, "2")]
+    u2 = [review("b1", 1, "3"), review("b2", 2, "4.0"), review("t2", 3, "1")]
+    train = [Example("tr1", "u1", "review: x", "x", "4", "train", ("a1",)),
+             Example("tr2", "u2", "review: y", "y", "4", "train", ("b1",)),
+             Example("tr3", "u2", "review: z", "z", "1", "train", ("b1",))]
+    test = [Example("t1", "u1", "review: p", "p", "5", "test", ("a1", "a2", "a3", "a4")),
+            Example("t2", "u2", "review: q", "q", "3", "test", ("b1", "b2", "t2"))]
+    dataset = LampDataset("LaMP-3", {"u1": User("u1", u1), "u2": User("u2", u2)}, {"train": train, "test": test})
+    return DocStore(dataset)
+
+
+def test_reader_free_rows_by_hand(store: DocStore) -> None:
+    examples = store.dataset.examples["test"]
+    rows_of = {d: r for r, d in enumerate(store.corpus.doc_ids)}
+    retrieved = {"bm25": [[store.doc(rows_of["a3"]), store.doc(rows_of["a4"]), store.doc(rows_of["b2"])],
+                          [store.doc(rows_of["a1"])]]}
+    train_golds = [e.target for e in store.dataset.examples["train"]]
+    rows = reader_free_rows("LaMP-3", store, examples, train_golds, retrieved)
+    assert rows[MAJORITY] == ["4", "4"]  # the train golds 4, 4, 1
+    assert rows[OWN_MAJORITY] == ["5", "3"]  # u2: 3 and 4 tie -> the earlier label; t2 itself is never seen
+    assert rows[OWN_MEDIAN] == ["2", "3"]  # sorted 1, 2, 5, 5 -> lower median 2; 3, 4 -> 3
+    assert rows["bm25 docs' vote"] == ["2", "5"]  # median of 1, 2, 4; the one doc's 5
+    lamp2 = reader_free_rows("LaMP-1", store, examples, ["[2]", "[2]", "[1]"], retrieved)
+    assert list(lamp2) == [MAJORITY] and lamp2[MAJORITY] == ["[2]", "[2]"]  # no labels in LaMP-1's profiles
+    assert reader_free_rows("LaMP-5", store, examples, [], retrieved) == {}
+
+
+def test_median_and_top_answer() -> None:
+    assert median_label(["5", "1", "4"], ("1", "2", "3", "4", "5")) == "4"
+    assert median_label([], ("1",)) == ""
+    assert top_answer(["1", "1", "3", "1"]) == ("1", 0.75) and top_answer([]) == ("", 0.0)
+
+
+def test_the_alarm_names_a_constant_row_only() -> None:
+    golds = ["5"] * 6 + ["4"] * 2 + ["1"] * 2  # the golds' own top share: 60 %
+    rows = {"zero_shot": ["1"] * 10, "always five": ["5"] * 10, "CFRAG": ["5"] * 8 + ["4", "1"]}
+    lines = collapse_warnings(rows, golds)
+    assert len(lines) == 2 and lines[0].startswith("Warning: zero_shot answers '1' to 100%")
+    assert "always five" in lines[1]  # 100 % > 60 % + 20 points
+    assert not collapse_warnings({"CFRAG": ["5"] * 8 + ["4", "1"]}, golds)  # 80 %: not more than 80 %
+    assert not collapse_warnings({"x": ["5"] * 10}, ["5"] * 9 + ["1"])  # the golds are that constant too
+
+
+def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_path: Path, tiny_llm: str) -> None:
+    """`persrag evaluate` on a generated LaMP-3 set: reader-free rows beside the LLM's with intervals and p-values,
+    each row's top-answer share, and every label's score stored beside the answers."""
+    from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.evaluation.evaluate import Evaluation
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.retrieval.baselines import BM25, ZeroShot
+
+    out = tmp_path / "eval"
+    evaluation = Evaluation(task="LaMP-3", synth=SynthConfig(num_users=12, docs_per_user=(4, 8)),
+                            cache_dir=str(tmp_path / "cache"), k=2, max_examples=6, out_dir=str(out),
+                            llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}, answer_mode="choose",
+                                          calibration="contextual"),
+                            reference="bm25", n_resamples=50)
+    summary = evaluation.run([ZeroShot(), BM25()])
+    assert list(summary.results) == ["zero_shot", "bm25", MAJORITY, OWN_MAJORITY, OWN_MEDIAN, "bm25 docs' vote"]
+    assert set(summary.comparisons) == {"zero_shot", MAJORITY, OWN_MAJORITY, OWN_MEDIAN, "bm25 docs' vote"}
+    assert all(0 < r["top_answer_share"] <= 1 for r in summary.results.values())
+    labels = json.loads((out / "predictions" / "bm25.labels.json").read_text())
+    assert labels["calibration"] == "contextual" and labels["decision"] == "median"
+    assert len(labels["terms"]["contextual"]) == len(labels["terms"]["pmi"]) == 5
+    assert [r["answer"] for r in sorted(labels["rows"], key=lambda r: r["id"])] == [
+        g["output"] for g in sorted(json.loads((out / "predictions" / "bm25.json").read_text())["golds"],
+                                    key=lambda g: g["id"])]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["reading"] == {"calibration": "contextual", "decision": "median"}
+    assert (out / "predictions" / "user_s_own_median.json").is_file()
+    table = (out / "results.md").read_text()
+    assert "choose (calibration contextual, decision median)" in table and "user's own median" in table
+    assert ("Warning:" in table) == bool(metrics["warnings"])
