@@ -19,7 +19,9 @@ import numpy as np
 
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, iter_synth_users, load_communities
-from persrag_lightning.evaluation.evaluate import file_name, label_vote
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.evaluate import file_name
+from persrag_lightning.evaluation.reader_free import vote
 from persrag_lightning.retrieval.base import DocStore
 
 
@@ -57,12 +59,14 @@ def main() -> None:
     header += ["own_docs", "same_community_docs"]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for name in metrics["results"]:
+        if not list((out / "cache").glob(f"{file_name(name)}-*.json")):
+            continue  # a reader-free row: no LLM answers to split
         cached = latest_cache(out / "cache", name)
         rows = []
         for e, pred, docs in zip(examples, cached["predictions"], cached["rows"]):
             tags = [store.history_doc(r).fields.get("tag", "") for r in docs]
             owners = [store.owner(r) for r in docs]
-            rows.append((pred == e.target, label_vote(tags) == e.target, e.target in tags,
+            rows.append((pred == e.target, vote(get_task("LaMP-2"), tags) == e.target, e.target in tags,
                          [o == e.user_id for o in owners],
                          [communities.get(o) == communities.get(e.user_id) for o in owners]))
         cells = [name]

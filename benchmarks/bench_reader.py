@@ -40,15 +40,16 @@ from persrag_lightning.retrieval.base import DocStore
 MAX_PROMPT_TOKENS = 512  # the evaluation config's budget (configs/evaluate_cfrag.yaml)
 
 
-def main_job_prompts(n: int, cache_dir: str, llm) -> list[str]:
-    evaluation = Evaluation(task="LaMP-2", max_examples=n, cache_dir=cache_dir)
+def main_job_prompts(n: int, cache_dir: str, llm, task: str = "LaMP-2", split: str = "test") -> list[str]:
+    """The first `n` SynthLaMP questions of `split` with BM25's top-5 docs, as the evaluation builds them."""
+    evaluation = Evaluation(task=task, max_examples=n, cache_dir=cache_dir, split=split)
     evaluation.source.prepare()
     dataset = evaluation.source.load()
     store, examples = DocStore(dataset), evaluation.examples(dataset)
     bm25 = strategy_by_name("configs/evaluate_cfrag.yaml", "bm25", "checkpoints/unused")
     retrieved, _ = cached_retrieval(bm25, store, examples, 5, evaluation.source.cache_dir,
                                     evaluation.source.data_dir.name)
-    return build_prompts("LaMP-2", llm, [e.input for e in examples],
+    return build_prompts(task, llm, [e.input for e in examples],
                          [[store.history_doc(d.row) for d in docs] for docs in retrieved], MAX_PROMPT_TOKENS)
 
 

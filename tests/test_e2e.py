@@ -38,6 +38,10 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     assert choice["split"] == "dev" and set(choice["results"]) == {"CFRAG", "w/o reranker tuning"}
     assert metrics["reference"] in choice["results"]
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
+    # the calibration the dev choice kept reads the test table, and every LLM row stored its label scores
+    chosen = json.loads((run / "pipeline.json").read_text())["calibration_chosen_on_dev"]
+    assert chosen in ("none", "contextual", "pmi") and metrics["reading"]["calibration"] == chosen
+    assert (out / "predictions" / "CFRAG.labels.json").is_file() and "majority label (train)" in names
     # every reported accuracy is the official metric of the written predictions against the test golds
     data_dir = next((in_tmp_cwd / ".cache" / "persrag" / "synthlamp").glob("LaMP-2-*"))
     golds = read_outputs(data_dir / "test_outputs.json", "LaMP-2")
@@ -88,6 +92,7 @@ def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd, monkeypatch):
     golds = read_outputs(folder / "test_outputs.json", "LaMP-2")
     predictions = read_outputs(in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "predictions" / "CFRAG.json",
                                "LaMP-2")
-    assert set(metrics["results"]) == {"bm25", "CFRAG"} and metrics["split"] == "test"
+    assert set(metrics["results"]) == {"bm25", "CFRAG", "majority label (train)", "user's own majority",
+                                       "bm25 docs' vote", "CFRAG docs' vote"} and metrics["split"] == "test"
     assert set(predictions) <= set(golds)  # the folder's own test questions were answered
     assert json.loads((run / "pipeline.json").read_text())["argv"][-1] == str(folder)

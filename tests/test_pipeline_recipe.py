@@ -323,3 +323,42 @@ def test_progress_lines_cover_the_whole_fit_and_a_long_validation(capsys, tmp_pa
     assert "[validate generator] 2/4 batches (50 %) (ETA " in err
     trainer.validate(_Tiny(), data)
     assert capsys.readouterr().err.splitlines()[-1].startswith("[validate generator] 4/4 batches in ")
+
+
+def write_labels(out_dir, name: str, rows: list[list[float]], golds: list[str], terms: dict) -> None:
+    """A dev row's stored label scores (predictions/<row>.labels.json) as the evaluation writes them."""
+    from persrag_lightning.evaluation.evaluate import file_name
+    from persrag_lightning.llm.calibration import LabelReading
+
+    reading = LabelReading("LaMP-3", ("1", "2", "3", "4", "5"), rows, "none", "median", terms)
+    path = out_dir / "predictions" / f"{file_name(name)}.labels.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(reading.to_json([str(i) for i in range(len(rows))], golds)))
+
+
+def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(monkeypatch, tmp_path, capsys):
+    """LaMP-3: uncalibrated, both configurations answer "1" everywhere (identical columns: no choice, the earlier
+    stands); calibrated against a prior for "1", the reranked order reads the reviews and wins on MAE."""
+    import math
+
+    monkeypatch.chdir(tmp_path)
+    golds = ["4", "5", "4", "2"]
+    prior = {"none": None, "contextual": [math.log(0.8)] + [math.log(0.05)] * 4, "pmi": [0.0] * 5}
+    near = {"4": [-0.3, -5, -4, -1.0, -3], "5": [-0.3, -5, -4, -3, -1.0], "2": [-0.3, -1.0, -4, -5, -5]}
+    flat = [-0.3, -3.0, -3.0, -3.0, -3.0]
+
+    def evaluate(args: list[str]) -> dict:
+        out = tmp_path / next(a for a in args if a.startswith("--evaluation.out_dir=")).split("=", 1)[1]
+        write_labels(out, "CFRAG", [near[g] for g in golds], golds, prior)
+        write_labels(out, "w/o reranker tuning", [flat] * 4, golds, prior)
+        return {"CFRAG": {"mae": 3.0}, "w/o reranker tuning": {"mae": 3.0}}
+
+    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    chosen = pipeline.choose_on_dev([], [], list(pipeline.CANDIDATES), "r", "LaMP-3", ["none", "contextual", "pmi"])
+    said = capsys.readouterr().out
+    assert "dev answers of w/o reranker tuning [calibration none] are identical to CFRAG [calibration none]'s" in said
+    assert chosen[:2] == ("CFRAG", "contextual")
+    assert chosen[2]["CFRAG [calibration contextual]"] == 0.0  # every review read right
+    assert chosen[2]["CFRAG [calibration none]"] == chosen[2]["w/o reranker tuning [calibration none]"] == 2.75  # "1" to 4, 5, 4, 2
+    # pmi with zero terms reads as none: the same answers, so it is no choice either
+    assert "CFRAG [calibration pmi] are identical to CFRAG [calibration none]'s" in said

@@ -25,7 +25,13 @@ from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.evaluation.reader_free import collapse_warnings, reader_free_rows, top_answer
+from persrag_lightning.evaluation.reader_free import (
+    collapse_warnings,
+    doc_labels,
+    reader_free_rows,
+    top_answer,
+    vote,
+)
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
@@ -204,25 +210,15 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
         field = LABEL_FIELDS[task]
         labels = [[str(store.history_doc(d.row).fields.get(field, "")).strip() for d in ds] for ds in retrieved]
         out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
-        out["label_vote"] = float(np.mean([label_vote(ls) == (ex.target or "").strip()
-                                           for ex, ls in zip(examples, labels)]))
+        spec = get_task(task)  # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
+        out["label_vote"] = float(np.mean([vote(spec, doc_labels(spec, store, [d.row for d in ds])) == ex.target
+                                           for ex, ds in zip(examples, retrieved)]))
     elif task in TITLE_FIELDS:
         scorer, field = rouge_scorer(), TITLE_FIELDS[task]
         out["best_doc_rouge1"] = float(np.mean([
             max((scorer.score(ex.target or "", str(store.history_doc(d.row).fields.get(field, "")))["rouge1"].fmeasure
                  for d in ds), default=0.0) for ex, ds in zip(examples, retrieved)]))
     return out
-
-
-def label_vote(labels: list[str]) -> str:
-    """The most frequent label of the retrieved docs (ties: the better-ranked doc's): a reader without an LLM, so
-    `label_vote` measures what the retrieved docs *say*, and its gap to accuracy what the LLM makes of them."""
-    if not labels:
-        return ""
-    counts: dict[str, int] = {}
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
-    return max(labels, key=lambda label: (counts[label], -labels.index(label)))
 
 
 def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],

@@ -57,8 +57,11 @@ def doc_labels(spec: TaskSpec, store: DocStore, rows: Sequence[int]) -> list[str
 
 
 def vote(spec: TaskSpec, labels: Sequence[str]) -> str:
-    """What a set of labelled docs says: the median on an ordered task, the majority otherwise."""
-    return (median_label if spec.kind == "regression" else majority)(labels, spec.labels or ())
+    """What retrieved docs say, their labels in rank order: the median on an ordered task, else the majority
+    (ties: the better-ranked doc's label)."""
+    if spec.kind == "regression":
+        return median_label(labels, spec.labels or ())
+    return majority(labels, labels)
 
 
 def reader_free_rows(task: str, store: DocStore, examples: list[Example], train_golds: Sequence[str],
