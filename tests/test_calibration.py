@@ -105,10 +105,10 @@ def test_a_changed_reading_re_reads_the_cached_scores(tmp_path: Path) -> None:
     store = PromptStore(tmp_path / "store")
     plain = LLMConfig(answer_mode="choose", decision="argmax")
     assert plain.answer(llm, "LaMP-3", prompts, store) == ["1"] * 6
-    assert llm.pairs == 6 * 5 + 4 * 5  # the prompts, then every calibration's prompts: three content-free, a premise
+    assert llm.pairs == 6 * 5
     calibrated_config = LLMConfig(answer_mode="choose", calibration="contextual")
-    reading = calibrated_config.read_labels(llm, "LaMP-3", prompts, store)
-    assert llm.pairs == 6 * 5 + 4 * 5  # no LLM call: scores and terms come from the store
+    reading = calibrated_config.read_labels(llm, "LaMP-3", prompts, store, every_calibration=True)
+    assert llm.pairs == 6 * 5 + 4 * 5  # the scores from the store; every calibration's prompts: 3 content-free, 1 premise
     assert set(reading.answers) == {"4"} and reading.decision == "median"
     assert plain.reading("LaMP-3") == {"calibration": "none", "decision": "argmax"}
     assert LLMConfig(answer_mode="generate").reading("LaMP-3") == {}
@@ -137,3 +137,15 @@ def test_tiny_model_terms_are_its_content_free_scores(tiny_llm: str) -> None:
     for row, probs in zip(reading.log_scores, reading.probabilities):
         shifted = [v - math.log(m) for v, m in zip(row, mean)]
         assert probs.index(max(probs)) == shifted.index(max(shifted))
+
+
+def test_without_a_store_the_terms_are_scored_once_per_model_and_task() -> None:
+    """Serving reads without a prompt store: each request scores its own prompt, the calibration's prompts once."""
+    table = lamp3_table({p: [-0.1, -3.0, -3.0, -3.0, -3.0] for p in calibration_prompts("LaMP-3", "contextual")})
+    table.update(lamp3_table({"request": [-0.2, -3.0, -2.5, -1.0, -1.5]}))
+    llm = ScriptedLLM(table)
+    config = LLMConfig(answer_mode="choose", calibration="contextual", decision="argmax")
+    assert config.answer(llm, "LaMP-3", ["request"]) == ["4"]
+    assert llm.pairs == 5 + 3 * 5
+    assert config.answer(llm, "LaMP-3", ["request"]) == ["4"]
+    assert llm.pairs == 5 + 3 * 5 + 5

@@ -383,7 +383,7 @@ class Evaluation:
         phase = f"evaluate {strategy.name}"
         if llm_config.answer_mode != "choose":
             return llm_config.answer(llm, self.task, prompts, self.prompts, phase=phase)
-        reading = llm_config.read_labels(llm, self.task, prompts, self.prompts, phase)
+        reading = llm_config.read_labels(llm, self.task, prompts, self.prompts, phase, every_calibration=True)
         atomic_write_json(self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json",
                           reading.to_json([e.example_id for e in examples], [e.target for e in examples]),
                           indent=None)

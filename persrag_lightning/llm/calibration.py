@@ -159,8 +159,10 @@ class LabelReading:
 
 
 def read_labels(score: ScoreFn, task: str, labels: Sequence[str], prompts: list[str], calibration: str = "none",
-                decision: str = "auto", every_calibration: bool = False) -> LabelReading:
-    """Score `prompts` and the calibration's prompts with `score` and read the answers under `decision`;
+                decision: str = "auto", every_calibration: bool = False,
+                score_terms: ScoreFn | None = None) -> LabelReading:
+    """Score `prompts` with `score` and the calibration's prompts with `score_terms` (default `score`; a caller
+    may remember them: they are the same for every call of a task) and read the answers under `decision`;
     `every_calibration` computes every calibration's terms (a few prompts each), so the stored reading can be
     re-read under any of them."""
     check_reading(calibration, decision)
@@ -169,5 +171,5 @@ def read_labels(score: ScoreFn, task: str, labels: Sequence[str], prompts: list[
     terms_by: dict[str, list[float] | None] = {}
     for method in CALIBRATIONS if every_calibration else (calibration,):
         extra = calibration_prompts(task, method)
-        terms_by[method] = calibration_terms(method, score(extra)) if extra else None
+        terms_by[method] = calibration_terms(method, (score_terms or score)(extra)) if extra else None
     return LabelReading(get_task(task).name, tuple(labels), rows, calibration, decision, terms_by)

@@ -23,6 +23,9 @@ from persrag_lightning.progress import in_blocks
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
 PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
+# label scores of the calibration prompts by (model fingerprint, task, prompts), for callers without a prompt store
+# (serving): a handful per task, the same for every request
+_TERM_SCORES: dict[tuple, list[list[float]]] = {}
 
 
 def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
@@ -128,10 +131,11 @@ class LLMConfig:
         return store.cached([prompt_key(identity, f"answer:{task}", p) for p in prompts], compute)
 
     def read_labels(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
-                    phase: str | None = None) -> LabelReading:
+                    phase: str | None = None, every_calibration: bool = False) -> LabelReading:
         """Every allowed label's log p for every prompt (through the store: a calibration or decision changed later
-        costs no LLM call), every calibration's terms (a few prompts per task) and the answers under this
-        configuration's calibration and decision."""
+        costs no LLM call), the calibration's terms (every calibration's with `every_calibration`, as the
+        evaluation stores them) and the answers under this configuration's calibration and decision. Without a
+        store (serving) the terms' few prompts are remembered per model and task."""
         labels = list(allowed_labels(task))
         identity = self.identity()
 
@@ -144,7 +148,16 @@ class LLMConfig:
                 return compute(list(range(len(batch))))
             return store.cached([prompt_key(identity, f"label_scores:{task}", p) for p in batch], compute)
 
-        return read_labels(score, task, labels, prompts, self.calibration, self.decision, every_calibration=True)
+        def score_terms(batch: list[str]) -> list[list[float]]:
+            if store is not None:
+                return score(batch)
+            key = (llm.fingerprint, task, tuple(batch))
+            if key not in _TERM_SCORES:
+                _TERM_SCORES[key] = score(batch)
+            return _TERM_SCORES[key]
+
+        return read_labels(score, task, labels, prompts, self.calibration, self.decision, every_calibration,
+                           score_terms)
 
     def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None,
               phase: str | None = None) -> list[float]:
