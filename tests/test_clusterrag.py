@@ -138,7 +138,7 @@ def test_evaluate_builds_prompts_with_the_strategys_budget(monkeypatch):
     # run_strategy up to the prompt builder: the LLM is never reached (answer is stubbed too)
     ev = evaluate.Evaluation.__new__(evaluate.Evaluation)
     ev.task, ev.k, ev._llm = "LaMP-2", 2, object()
-    ev.llm_config = type("C", (), {"identity": lambda self: {}, "max_prompt_tokens": 64,
+    ev.llm_config = type("C", (), {"identity": lambda self: {}, "max_prompt_tokens": 64, "answer_mode": "generate",
                                     "answer": lambda self, llm, task, prompts, store, **kw: ["comedy"] * len(prompts)})()
     ev.prompts, ev.out_dir = None, Path(tempfile.mkdtemp())
     ev.source = type("S", (), {"data_dir": Path("synth"), "cache_dir": ev.out_dir / "cache"})()
