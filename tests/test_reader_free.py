@@ -102,3 +102,4 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
     table = (out / "results.md").read_text()
     assert "choose (calibration contextual, decision median)" in table and "user's own median" in table
     assert ("Warning:" in table) == bool(metrics["warnings"])
+    assert not [w for w in metrics["warnings"] if MAJORITY in w]  # constant by design: never a reader's alarm

@@ -105,8 +105,8 @@ PRESETS: dict[str, Preset] = {
         "judgments": "paired",
         "paper_chain": True,
         "select_order_on_dev": True,
-        # the label calibrations (llm/calibration.py) the dev choice reads each configuration's scores under; the
-        # scores are cached, so each one after the first costs a few LLM calls
+        # the label calibrations (llm/calibration.py) the dev choice re-reads each configuration's stored dev
+        # scores under (no further LLM pass); the test table reads labels under the chosen one
         "readers": ["none", "contextual", "pmi"],
         "stages": ["user_encoder", "retriever", "reranker", *PAPER_STAGES, "generator"],
         # `{order}` / `{chosen}` rows follow the configuration chosen on dev (CANDIDATES below)
@@ -407,5 +407,6 @@ def main(argv: list[str]) -> None:
         "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),
         "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
             (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
-        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration, "dev_scores": dev_scores, "minutes": {s: round(t / 60, 2) for s, t in timings},
+        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration, "dev_scores": dev_scores,
+        "minutes": {s: round(t / 60, 2) for s, t in timings},
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

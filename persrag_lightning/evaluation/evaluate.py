@@ -323,6 +323,8 @@ class Evaluation:
             if self.votes_for(strategy) and outcome["diagnostics"].get("docs_per_query"):
                 retrieved[strategy.name] = outcome["retrieved"]
         golds = [e.target for e in examples]
+        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made by design
+        self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         if self.reader_free:
             train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
             for name, answers in reader_free_rows(self.task, store, examples, train_golds, retrieved).items():
@@ -335,7 +337,6 @@ class Evaluation:
             summary.results[name].update(extra)
         for name, answers in predictions.items():  # how constant each row is (a reader answering by prior)
             summary.results[name]["top_answer_share"] = top_answer(answers)[1]
-        self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
         self.write_reports(summary, skipped)
         return summary

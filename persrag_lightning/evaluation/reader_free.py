@@ -94,8 +94,8 @@ def top_answer(answers: Sequence[str]) -> tuple[str, float]:
 
 
 def collapse_warnings(predictions: dict[str, Sequence[str]], golds: Sequence[str]) -> list[str]:
-    """One line per row that answers one label for more than COLLAPSE_SHARE of its questions and more than the
-    golds' own most frequent share + COLLAPSE_MARGIN: what a constant reader looks like."""
+    """One line per row (pass the LLM's rows) that answers one label for more than COLLAPSE_SHARE of its questions
+    and more than the golds' own most frequent share + COLLAPSE_MARGIN: what a constant reader looks like."""
     gold_label, gold_share = top_answer(golds)
     lines = []
     for name, answers in predictions.items():
