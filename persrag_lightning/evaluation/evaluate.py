@@ -50,7 +50,6 @@ from persrag_lightning.utils import (
 
 log = logging.getLogger(__name__)
 
-LABEL_FIELDS = {"LaMP-2": "tag", "LaMP-3": "score"}  # a doc "holds the answer" when this field equals the target
 # generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one against the
 # gold); a LaMP-7 tweet is written like the paraphrase the user would give
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
@@ -206,13 +205,12 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
         out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
-    if task in LABEL_FIELDS:
-        field = LABEL_FIELDS[task]
-        labels = [[str(store.history_doc(d.row).fields.get(field, "")).strip() for d in ds] for ds in retrieved]
+    if get_task(task).label_field is not None:  # a doc "holds the answer" when its label is the target
+        spec = get_task(task)
+        labels = [doc_labels(spec, store, [d.row for d in ds]) for ds in retrieved]  # rank order
         out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
-        spec = get_task(task)  # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
-        out["label_vote"] = float(np.mean([vote(spec, doc_labels(spec, store, [d.row for d in ds])) == ex.target
-                                           for ex, ds in zip(examples, retrieved)]))
+        # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
+        out["label_vote"] = float(np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)]))
     elif task in TITLE_FIELDS:
         scorer, field = rouge_scorer(), TITLE_FIELDS[task]
         out["best_doc_rouge1"] = float(np.mean([
@@ -335,9 +333,9 @@ class Evaluation:
                             seed=self.seed, pairs=self.pairs)
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
-        for name, answers in predictions.items():  # how constant each row is (a reader answering by prior)
-            summary.results[name]["top_answer_share"] = top_answer(answers)[1]
         self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
+        for name, (_, share) in self.top_answers.items():  # how constant each row is (a reader answering by prior)
+            summary.results[name]["top_answer_share"] = share
         self.write_reports(summary, skipped)
         return summary
 
