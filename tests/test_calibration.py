@@ -149,3 +149,21 @@ def test_without_a_store_the_terms_are_scored_once_per_model_and_task() -> None:
     assert llm.pairs == 5 + 3 * 5
     assert config.answer(llm, "LaMP-3", ["request"]) == ["4"]
     assert llm.pairs == 5 + 3 * 5 + 5
+
+
+def test_reread_labels_prints_every_rule_of_a_stored_row(tmp_path: Path) -> None:
+    """benchmarks/reread_labels.py on a stored row: one line per (calibration, decision), its answers and MAE."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    reading = LabelReading("LaMP-3", SCORES, [[-0.1, -3.0, -3.0, -1.0, -3.0], [-0.1, -3.0, -3.0, -3.0, -1.0]],
+                           "none", "median", {"none": None, "contextual": [-0.01] + [-5.0] * 4, "pmi": [0.0] * 5})
+    (tmp_path / "predictions").mkdir()
+    (tmp_path / "predictions" / "CFRAG.labels.json").write_text(json.dumps(reading.to_json(["a", "b"], ["4", "5"])))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reread_labels.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert "| none | median | 1 2 | 3.500 |" in out  # "1" for golds 4 and 5
+    assert "| contextual | argmax | 4 1, 5 1 | 0.000 |" in out  # the prior divided out: each review read right
+    assert out.count("\n| ") == 1 + 9  # the header and 3 calibrations x 3 decisions
