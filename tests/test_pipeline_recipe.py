@@ -362,3 +362,36 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
     assert chosen[2]["CFRAG [calibration none]"] == chosen[2]["w/o reranker tuning [calibration none]"] == 2.75  # "1" to 4, 5, 4, 2
     # pmi with zero terms reads as none: the same answers, so it is no choice either
     assert "CFRAG [calibration pmi] are identical to CFRAG [calibration none]'s" in said
+
+
+def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch, tmp_path, capsys) -> None:
+    """With stored dev scores, the generator's dev row is read under each calibration too, and the test table
+    reads the base rows under theirs and the "+ tuned generator" rows under the generator's."""
+    import math
+
+    monkeypatch.chdir(tmp_path)
+    machine(monkeypatch, AMX, onednn=True)
+    golds = ["4", "2"]
+    prior = {"none": None, "contextual": [math.log(0.8)] + [math.log(0.05)] * 4, "pmi": [0.0] * 5}
+    reads = {"4": [-0.3, -5, -4, -1.0, -3], "2": [-0.3, -1.0, -4, -5, -5]}  # right once the prior is divided out
+    calls: list[list[str]] = []
+
+    def evaluate(args: list[str]) -> dict:
+        calls.append(args)
+        names = json.loads(next(a for a in args if a.startswith("--only="))[len("--only="):])
+        out = next((a.split("=", 1)[1] for a in args if a.startswith("--evaluation.out_dir=")), None)
+        for name in names if out else []:  # dev: the base rows need calibrating, the tuned one must not be
+            rows = [reads[g] for g in golds] if "tuned" not in name else [[-5.0, -1.0, -5, -0.2, -5]] * 2
+            write_labels(tmp_path / out, name, rows, golds, prior)
+        return {n: {"mae": 1.0} for n in names}
+
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
+    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
+    choice, generator, test = calls
+    assert json.loads(next(a for a in generator if a.startswith("--only="))[7:]) == ["CFRAG + tuned generator"]
+    assert "--evaluation.llm.calibration=contextual" in generator  # the generator read on dev as the table does
+    assert "--evaluation.llm.calibration=contextual" in test
+    assert "--evaluation.generator_calibration=none" in test  # "4", "4" under every calibration: none stands
+    record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
+    assert record["generator_calibration_chosen_on_dev"] == "none" and record["calibration_chosen_on_dev"] == "contextual"

@@ -103,3 +103,25 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
     assert "choose (calibration contextual, decision median)" in table and "user's own median" in table
     assert ("Warning:" in table) == bool(metrics["warnings"])
     assert not [w for w in metrics["warnings"] if MAJORITY in w]  # constant by design: never a reader's alarm
+
+
+def test_tuned_generator_rows_read_labels_under_their_own_calibration(tmp_path: Path) -> None:
+    """`generator_calibration`: a "+ tuned generator" row's LLM settings carry it, every other row keeps the
+    evaluation's; a misspelt one fails at construction."""
+    from persrag_lightning.evaluation.evaluate import Evaluation
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.retrieval.baselines import BM25
+    from persrag_lightning.retrieval.tuned_generator import TunedGenerator
+
+    bundle = tmp_path / "generator"
+    bundle.mkdir()
+    (bundle / "config.json").write_text("{}")
+    evaluation = Evaluation(task="LaMP-2", cache_dir=str(tmp_path / "cache"), out_dir=str(tmp_path / "eval"),
+                            llm=LLMConfig(answer_mode="choose", calibration="contextual"),
+                            generator_calibration="none")
+    tuned, _ = evaluation.llm_for(TunedGenerator("bm25", str(bundle)), load=False)
+    assert tuned.calibration == "none" and tuned.model == str(bundle)
+    assert evaluation.llm_for(BM25(), load=False)[0].calibration == "contextual"
+    assert "tuned generator rows: calibration none" in evaluation.answer_mode
+    with pytest.raises(ValueError, match="unknown calibration"):
+        Evaluation(task="LaMP-2", cache_dir=str(tmp_path / "cache"), generator_calibration="platt")

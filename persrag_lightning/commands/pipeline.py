@@ -233,17 +233,18 @@ def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple
 
 
 def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str, readers: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
+                  task: str, readers: list[str] | None = None,
+                  folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
     """Evaluate `names` on dev (at most DEV_SELECTION_EXAMPLES questions, or `evaluate_args`' own count, e.g. from
     `--questions`) and return the best configuration by the task's first metric, with the dev numbers: the main
     job's recipe is chosen here, never on test. With `readers` (label calibrations), each configuration's stored
     label scores are also re-read under each calibration (no LLM pass) and the best (configuration,
     calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice: it is
-    dropped, saying so, and the earlier one stands."""
+    dropped, saying so, and the earlier one stands. The dev tables are written to runs/<run_name>/<folder>/."""
     from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, LampMetricFn, metric_names
 
     metric = metric_names(task)[0]
-    out_dir = f"runs/{run_name}/select-on-dev"
+    out_dir = f"runs/{run_name}/{folder}"
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
                                 f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
                                 "--evaluation.split=dev", "--evaluation.reader_free=false",
@@ -382,8 +383,19 @@ def main(argv: list[str]) -> None:
         timings.append(("choose on dev", time.perf_counter() - t0))
     if calibration is not None:
         evaluate_args.append(f"--evaluation.llm.calibration={calibration}")
+    generator_calibration = None
     if "generator" in wanted:
         fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
+        if calibration is not None:  # label scores were read on dev: the tuned generator's are read the same way,
+            # under its own calibration (it learned the labels' prior), chosen on dev
+            t0 = time.perf_counter()
+            _, generator_calibration, generator_dev = choose_on_dev(
+                common, [*evaluate_args, *evaluate_llm], [f"{chosen} + tuned generator"], run_name, task, readers,
+                folder="select-on-dev/generator")
+            dev_scores.update(generator_dev)
+            timings.append(("generator's calibration on dev", time.perf_counter() - t0))
+    if generator_calibration is not None:
+        evaluate_args.append(f"--evaluation.generator_calibration={generator_calibration}")
     t0 = time.perf_counter()
     rows = report_strategies(preset, chosen, paper_chain)
     only = [] if rows is None else [f"--only={json.dumps(rows)}"]
@@ -407,6 +419,7 @@ def main(argv: list[str]) -> None:
         "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),
         "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
             (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
-        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration, "dev_scores": dev_scores,
+        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration,
+        "generator_calibration_chosen_on_dev": generator_calibration, "dev_scores": dev_scores,
         "minutes": {s: round(t / 60, 2) for s, t in timings},
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

@@ -35,6 +35,7 @@ from persrag_lightning.evaluation.reader_free import (
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
+from persrag_lightning.llm.calibration import Calibration, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
@@ -237,14 +238,16 @@ class Evaluation:
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
                  pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32", reader_free: bool = True,
-                 votes: list[str] | None = None) -> None:
+                 votes: list[str] | None = None, generator_calibration: Calibration | None = None) -> None:
         """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
         `reference`: the strategy every other one is tested against (paired test, same examples). `pairs`:
         further paired tests, [a, b] each (a against b), reported under the table and in metrics.json.
         `reranker_runtime`: how every reranking row's cross-encoder runs (`set_reranker_runtime`): fp32 as
         trained (default), or e.g. bf16_if_native (the quick preset). `reader_free`: on a label task, add the
         rows that need no LLM (evaluation/reader_free.py); `votes`: the rows whose retrieved docs also vote as a
-        row of their own (None: every row that puts docs in its prompt, wrappers excepted)."""
+        row of their own (None: every row that puts docs in its prompt, wrappers excepted).
+        `generator_calibration`: the label calibration of the "+ tuned generator" rows (None: `llm.calibration`);
+        a model tuned on the task's labels has another label prior than the base reader."""
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples
@@ -258,6 +261,9 @@ class Evaluation:
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.reader_free, self.votes = reader_free, votes
+        if generator_calibration is not None:
+            check_reading(generator_calibration, "auto")
+        self.generator_calibration = generator_calibration
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
@@ -280,7 +286,8 @@ class Evaluation:
         from persrag_lightning.retrieval.cfrag import require_bundle
 
         require_bundle(generator)  # not trained yet: the row is skipped with the command that makes it
-        config = replace(self.llm_config, model=generator)
+        config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
+                         or self.llm_config.calibration)
         if not load:
             return config, None
         if generator not in self._generators:
@@ -394,7 +401,9 @@ class Evaluation:
         reading = self.llm_config.reading(self.task)
         if not reading:
             return self.llm_config.answer_mode
-        return f"choose (calibration {reading['calibration']}, decision {reading['decision']})"
+        tuned = (f"; tuned generator rows: calibration {self.generator_calibration}"
+                 if self.generator_calibration not in (None, reading["calibration"]) else "")
+        return f"choose (calibration {reading['calibration']}, decision {reading['decision']}{tuned})"
 
     def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
         mode = self.answer_mode
@@ -402,6 +411,7 @@ class Evaluation:
             "task": self.task, "split": self.split, "examples": summary.n_examples, "k": self.k,
             "synth": asdict(self.source.synth) if self.source.synth is not None else None,
             "answer_mode": self.llm_config.answer_mode, "reading": self.llm_config.reading(self.task),
+            "generator_calibration": self.generator_calibration,
             "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
             "top_answers": {n: {"answer": a, "share": share} for n, (a, share) in self.top_answers.items()},
             "warnings": self.warnings,
