@@ -388,7 +388,7 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
-    choice, generator, test = calls
+    _choice, generator, test = calls
     assert json.loads(next(a for a in generator if a.startswith("--only="))[7:]) == ["CFRAG + tuned generator"]
     assert "--evaluation.llm.calibration=contextual" in generator  # the generator read on dev as the table does
     assert "--evaluation.llm.calibration=contextual" in test
