@@ -104,7 +104,8 @@ def test_bad_folders_fail_with_the_file_and_field(results_copy: Path) -> None:
 def test_superseded_benchmarks_come_after_the_current_ones_and_say_what_replaced_them(results_copy: Path) -> None:
     page = report.build(results_copy)[report.PAGES / "main-job.md"]
     earlier = page.index(f"## {report.EARLIER_HEADING}")
-    assert page.index("## Main job, quick preset (current recipe), seed 0") < earlier
+    assert page.index("## Main job, quick preset (calibrated reader), seed 0") < earlier
+    assert page.index("### Main job, quick preset (uncalibrated reader), seed 0") > earlier
     assert page.index("### Main job, quick preset\n") > earlier  # the earlier recipe's runs, one level down
     assert "Superseded: by the quick preset's current recipe" in page[earlier:]
     folder = results_copy / report.RESULTS / "cpu-2026-11-23e"
