@@ -86,6 +86,8 @@ PRESETS: dict[str, Preset] = {
         # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5 the
         # same to 0.002 on both seeds and both encoders (docs/fidelity.md); float32 elsewhere, GPUs included.
         "user_encoder_precision": "cpu_native",
+        # The generator's prompt count was chosen on dev once (benchmarks/dev_generator_budget.py; more prompts did not
+        # beat 32 on LaMP-3's dev and cost minutes: docs/evaluation/label-answers.md).
         # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
         # steps of 8, so lr 1e-3 instead of 2e-4); no validation, as the feedback stages (one epoch, one
         # checkpoint: 16 dev examples selected nothing and cost ~0.3 min); bf16-mixed wherever bfloat16 is
