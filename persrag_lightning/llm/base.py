@@ -158,11 +158,9 @@ class LLM(ABC):
         return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]
 
     def choose(self, prompts: list[str], options: list[str]) -> list[str]:
-        """The most likely option per prompt (label tasks' `answer_mode: choose`); ties go to the earliest option.
-
-        A small LLM often answers a label prompt with prose or an unlisted label; ranking the allowed labels by
-        likelihood always yields a valid label, so a table measures retrieval rather than answer formatting.
-        """
+        """The most likely of any options per prompt, uncalibrated; ties go to the earliest option. A label task's
+        answers (`answer_mode: choose`) go through llm/calibration.py instead: the same scores, calibrated against
+        the label prior and decided by the task metric's rule."""
         return [options[_argmax_first(row)] for row in self.score_options(prompts, options)]
 
     def count_tokens(self, text: str) -> int:
