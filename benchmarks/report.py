@@ -42,6 +42,9 @@ FAMILIES = {  # page file -> (title, one line on what the page measures)
                 "(`benchmarks/profile_reranker.py`); wall-clock ms.")),
     "user-retrieval": ("User retrieval at scale", ("`benchmarks/bench_retrieval.py`: the top-m similar users "
                        "among a million, by index kind, and the retrieval strategies without the LLM.")),
+    "data": ("Data conversion", ("`benchmarks/bench_convert.py`: `persrag data convert` on generated review logs "
+             "(read, check every value, split by time, write the LaMP folder), each size in a fresh process, next "
+             "to a naive converter (csv.DictReader, a dict per row, json.dump) that writes the same questions.")),
     "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/test_gpu.py`); the GPU rows of the "
             "other pages come from the same machine.")),
 }

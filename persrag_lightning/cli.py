@@ -44,6 +44,10 @@ def run(argv: list[str] | None = None) -> None:
         from persrag_lightning.commands.cluster import cluster_command
 
         return cluster_command(args[1:])
+    if args and args[0] == "data":
+        from persrag_lightning.commands.data import data_command
+
+        return data_command(args[1:])
     if args and args[0] == "pipeline":
         from persrag_lightning.commands.pipeline import main as pipeline_main
 

@@ -37,6 +37,7 @@ SMOKE = {
     "pipeline": "tests/test_e2e.py::test_pipeline_smoke_with_real_models",
     "cluster": "tests/test_cluster_command.py::test_export_holds_assignments_centroids_settings_sizes_noise_and_ari",
     "serve": "tests/test_serve.py::test_killed_server_restarts_consistent",
+    "data": "tests/test_e2e.py::test_a_review_log_in_every_format_converts_and_trains_to_its_table",
 }
 SCRIPTS_RUN_BY_CI = {".ci/install.sh", ".ci/run"}
 
@@ -322,6 +323,11 @@ def check_cli_args(sub: str, args: list[str], monkeypatch, capsys) -> None:
         return None
     if sub == "serve":
         return parse_serve(args, monkeypatch)
+    if sub == "data":
+        from persrag_lightning.commands.data import parser
+
+        parser().parse_args(args)
+        return None
     if sub == "pipeline":
         return parse_pipeline(args, monkeypatch, capsys)
     raise AssertionError(sub)

@@ -96,3 +96,32 @@ def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd, monkeypatch):
                                        "bm25 docs' vote", "CFRAG docs' vote"} and metrics["split"] == "test"
     assert set(predictions) <= set(golds)  # the folder's own test questions were answered
     assert json.loads((run / "pipeline.json").read_text())["argv"][-1] == str(folder)
+
+
+@pytest.mark.slow
+def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cwd, monkeypatch):
+    """`persrag data convert` on a log written as CSV, JSON Lines, JSON and Parquet (the same LaMP files from each),
+    then `pipeline --preset smoke --task LaMP-3 --data_dir` on the result: the table reports the log's own latest
+    reviews, with the reader-free rows beside the LLM's."""
+    from persrag_lightning.commands import pipeline
+    from tests.test_convert import lamp_bytes, review_log, write_log
+
+    rows = review_log(in_tmp_cwd, num_users=16, seed=5)
+    folders = []
+    for suffix in (".csv", ".jsonl", ".json", ".parquet"):
+        log = write_log(in_tmp_cwd / f"reviews{suffix}", rows)
+        folders.append(in_tmp_cwd / f"my_reviews{suffix.replace('.', '_')}")
+        main(["data", "convert", str(log), "--task", "LaMP-3", "--user", "reviewer", "--date", "time", "--text",
+              "review", "--label", "stars", "--item", "asin", "--out", str(folders[-1])])
+    assert all(lamp_bytes(f) == lamp_bytes(folders[0]) for f in folders[1:])
+    small = {**pipeline.PRESETS["smoke"], "stages": ["user_encoder", "retriever", "reranker"],
+             "strategies": ["bm25", "CFRAG"], "paper_chain": False, "select_order_on_dev": False}
+    monkeypatch.setitem(pipeline.PRESETS, "smoke", small)
+    main(["pipeline", "--preset", "smoke", "--task", "LaMP-3", "--data_dir", str(folders[0])])
+    evaluate = in_tmp_cwd / "runs" / f"{folders[0].name}-lamp3-smoke" / "evaluate"
+    metrics = json.loads((evaluate / "metrics.json").read_text())
+    assert metrics["split"] == "test" and {"bm25", "CFRAG", "majority label (train)", "user's own median",
+                                           "CFRAG docs' vote"} <= set(metrics["results"])
+    golds = read_outputs(folders[0] / "test_outputs.json", "LaMP-3")
+    predictions = read_outputs(evaluate / "predictions" / "CFRAG.json", "LaMP-3")
+    assert len(golds) == 16 and predictions and set(predictions) <= set(golds)  # the users' latest reviews

@@ -1,7 +1,9 @@
-"""Reader and writer of the LaMP format (time-based split), with errors that name file, record and field.
+"""Reader and writer of the LaMP format (time-based and user-based splits), with errors that name file, record and field.
 
 Layout of a data directory: ``{split}_questions.json`` and ``{split}_outputs.json`` for split in train/dev/test
-(test outputs optional). Questions: a JSON list of ``{"id", "input", "user_id", "profile": [{"id", "date", ...}]}``;
+(test outputs optional). Questions: a JSON list of ``{"id", "input", "user_id", "profile": [{"id", "date", ...}]}``
+(LaMP's time-based split); a file whose questions have no ``user_id`` (LaMP's user-based split) makes each question
+its own user, whose id is the question's id; a file with ``user_id`` on some questions only is refused;
 outputs: ``{"task": "LaMP_2", "golds": [{"id", "output"}]}``. Record numbers in messages are 0-based list indices.
 
 Every profile item of a user, over all questions of all splits, becomes one doc of that user (matched by doc id),
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +31,8 @@ from persrag_lightning.utils import atomic_open
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
 _DATE = re.compile(r"[0-9]+(?:-[0-9]+)*")
@@ -196,14 +201,18 @@ def _profile_item_checked(path: Path, i: int, qid: str, j: int, item: Any, spec:
 
 
 def _read_questions(path: Path, spec: TaskSpec,
-                    users: _UserAggregator) -> list[tuple[str, str, str, tuple[str, ...]]]:
+                    users: _UserAggregator) -> tuple[list[tuple[str, str, str, tuple[str, ...]]], bool | None]:
     """Validate a questions file, feed its profiles to `users`; returns (id, user_id, input, profile doc ids) per
-    record."""
+    record, and whether the file is time-based (its questions carry user_id; None for an empty file)."""
     data = _load_json(path)
     if not isinstance(data, list):
         raise _fail(path, f"top level: expected a JSON list of questions, got {_typename(data)}")
     out: list[tuple[str, str, str, tuple[str, ...]]] = []
     first_index: dict[str, int] = {}
+    time_based = bool(data) and isinstance(data[0], dict) and "user_id" in data[0]
+    if data and not time_based:
+        log.warning("%s has no user_id: each of its %d questions is its own user (LaMP's user-based split)",
+                    path.name, len(data))
     for i, rec in enumerate(data):
         if not isinstance(rec, dict):
             raise _fail(path, f"expected an object, got {_typename(rec)}", i)
@@ -214,7 +223,11 @@ def _read_questions(path: Path, spec: TaskSpec,
         text = _get(rec, "input", path, i, qid, "input")
         if not isinstance(text, str):
             raise _fail(path, f"expected a string, got {_typename(text)}", i, qid, "input")
-        uid = _as_id(_get(rec, "user_id", path, i, qid, "user_id"), path, i, qid, "user_id")
+        if ("user_id" in rec) != time_based:
+            raise _fail(path, f"{'missing' if time_based else 'present'} here but "
+                              f"{'present' if time_based else 'missing'} in record 0: every question of a file has "
+                              "user_id (time-based split) or none has (user-based split)", i, qid, "user_id")
+        uid = _as_id(rec["user_id"], path, i, qid, "user_id") if time_based else qid
         profile = _get(rec, "profile", path, i, qid, "profile")
         if not isinstance(profile, list):
             raise _fail(path, f"expected a list of profile items, got {_typename(profile)}", i, qid, "profile")
@@ -232,7 +245,7 @@ def _read_questions(path: Path, spec: TaskSpec,
             users.add(uid, doc, (path, i, qid, j), item)
             ids.append(doc.doc_id)
         out.append((qid, uid, text, tuple(ids)))
-    return out
+    return out, time_based if data else None
 
 
 def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
@@ -316,13 +329,19 @@ def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
             raise LampFormatError(f"{data_dir}: splits: unknown split {split!r}; expected one of {SPLITS}")
     users = _UserAggregator()
     examples: dict[str, list[Example]] = {}
+    layouts: dict[bool, Path] = {}  # time-based? → the first questions file of that layout
     for split in wanted:
         qpath, opath = questions_path(data_dir, split), outputs_path(data_dir, split)
         if not qpath.is_file():
             if split == "train":
                 raise LampFormatError(f"{qpath.name}: missing in {data_dir} (the train split is required)")
             continue
-        records = _read_questions(qpath, spec, users)
+        records, time_based = _read_questions(qpath, spec, users)
+        if time_based is not None:
+            layouts.setdefault(time_based, qpath)
+        if len(layouts) > 1:  # a question id would be a user id in one file and could meet a real one in another
+            raise LampFormatError(f"{qpath.name}: user_id: {layouts[True].name} has user_id (time-based split) and "
+                                  f"{layouts[False].name} has none (user-based split); a folder holds one split")
         golds: Mapping[str, str] | None = None
         if opath.is_file():
             golds = read_outputs(opath, spec)
@@ -352,8 +371,15 @@ def read_sharing(data_dir: Path) -> set[str]:
 
 # ----------------------------------------------------------------------------------------------------- writing
 
+_json_str = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without the dumps machinery
+
+
 def profile_item_json(doc_id: str, date: str, fields: Mapping[str, str]) -> str:
-    """One profile item as JSON text: id, date, then the task fields."""
+    """One profile item as JSON text: id, date, then the task fields (json.dumps's bytes, built from strings)."""
+    if type(doc_id) is str and type(date) is str and "id" not in fields and "date" not in fields and all(
+            type(v) is str for v in fields.values()):
+        return ('{"id": ' + _json_str(doc_id) + ', "date": ' + _json_str(date)
+                + "".join(", " + _json_str(k) + ": " + _json_str(v) for k, v in fields.items()) + "}")
     return json.dumps({"id": doc_id, "date": date, **fields}, ensure_ascii=False)
 
 
@@ -389,9 +415,8 @@ class QuestionsWriter:
     def write_record(self, example_id: str, input: str, user_id: str, profile: str) -> None:
         """Append one record whose profile is already JSON text (see profile_json)."""
         assert self._f is not None, "use QuestionsWriter as a context manager"
-        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + json.dumps(example_id, ensure_ascii=False)
-                      + ', "input": ' + json.dumps(input, ensure_ascii=False) + ', "user_id": '
-                      + json.dumps(user_id, ensure_ascii=False) + ', "profile": ' + profile + "}")
+        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + _json_str(example_id) + ', "input": '
+                      + _json_str(input) + ', "user_id": ' + _json_str(user_id) + ', "profile": ' + profile + "}")
         self._count += 1
 
     def write(self, example: Example, user: User) -> None:
@@ -431,8 +456,8 @@ class OutputsWriter:
         if not isinstance(example_id, str) or not isinstance(output, str):
             raise LampFormatError(f"{self.path.name}: record {self._count} (id {example_id!r}): output: expected "
                                   f"string id and output, got {_typename(example_id)} and {_typename(output)}")
-        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + json.dumps(example_id, ensure_ascii=False)
-                      + ', "output": ' + json.dumps(output, ensure_ascii=False) + "}")
+        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + _json_str(example_id) + ', "output": '
+                      + _json_str(output) + "}")
         self._count += 1
 
 
