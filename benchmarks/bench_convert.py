@@ -29,9 +29,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("user", "time", "text", "stars", "item")
-WORDS = ("good quality cheap sturdy broke returned gift daughter kitchen battery charger cable fits perfectly "
-         "smaller than expected arrived late works great would buy again smell colour soft loud quiet heavy light "
-         "instructions unclear easy setup customer service refund size").split()
+WORDS = ("good", "quality", "cheap", "sturdy", "broke", "returned", "gift", "daughter", "kitchen", "battery",
+         "charger", "cable", "fits", "perfectly", "smaller", "than", "expected", "arrived", "late", "works", "great",
+         "would", "buy", "again", "smell", "colour", "soft", "loud", "quiet", "heavy", "light", "instructions",
+         "unclear", "easy", "setup", "customer", "service", "refund", "size")
 
 
 def generate(rows: int, seed: int = 0) -> dict[str, list]:
@@ -97,9 +98,9 @@ def naive_convert(log: Path, out: Path, min_items: int = 5, train_per_user: int 
                                   "profile": profile[:p]})
             golds[split].append({"id": qid, "output": items[p]["stars"]})
     out.mkdir(parents=True, exist_ok=True)
-    for split in splits:
+    for split, questions in splits.items():
         with open(out / f"{split}_questions.json", "w", encoding="utf-8") as f:
-            json.dump(splits[split], f, ensure_ascii=False)
+            json.dump(questions, f, ensure_ascii=False)
         with open(out / f"{split}_outputs.json", "w", encoding="utf-8") as f:
             json.dump({"task": "LaMP_3", "golds": golds[split]}, f, ensure_ascii=False)
 

@@ -225,8 +225,8 @@ def test_questions_without_user_id_are_each_their_own_user_said_once(tmp_path, c
     assert {e.example_id: e.user_id for e in dataset.examples["train"]} == {"110": "110", "111": "111"}
     assert [d.doc_id for d in dataset.users["110"].docs] == ["1", "2"]  # the same doc id, two users' own docs
     notes = [r.getMessage() for r in caplog.records if "user_id" in r.getMessage()]
-    assert notes == ["train_questions.json has no user_id: each of its 2 questions is its own user (LaMP's "
-                     "user-based split)"]
+    assert notes == [("train_questions.json has no user_id: each of its 2 questions is its own user (LaMP's "
+                      "user-based split)")]
 
 
 def test_a_file_or_folder_mixing_the_two_splits_is_refused_in_one_line(tmp_path):

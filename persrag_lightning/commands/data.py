@@ -13,7 +13,6 @@ import argparse
 
 from persrag_lightning.data.convert import FORMATS, LAYOUTS, ConvertOptions, LogFormatError, convert_log
 
-
 FIELDS = {"description": "LaMP-2's text", "tag": "LaMP-2's label", "score": "LaMP-3's label",
           "title": "LaMP-4's and LaMP-5's label", "abstract": "LaMP-5's text"}
 
@@ -41,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
                                         "article, LaMP-5's abstract")
     columns.add_argument("--label", help="what the question asks: LaMP-2's tag, LaMP-3's score (1–5), LaMP-4's and "
                                          "LaMP-5's title")
-    for name in FIELDS:
-        columns.add_argument(f"--{name}", help=f"the task's own name for --text or --label ({FIELDS[name]})")
+    for name, what in FIELDS.items():
+        columns.add_argument(f"--{name}", help=f"the task's own name for --text or --label ({what})")
     columns.add_argument("--item", default=None, help="an item id (a product, a movie); a user may hold it once")
     split = c.add_argument_group("the time-based split")
     split.add_argument("--min_items", type=int, default=d.min_items,

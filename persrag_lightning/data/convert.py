@@ -276,15 +276,15 @@ def _fail(path: Path, row: int, option: str, column: str, msg: str) -> LogFormat
 
 def parse_timestamp(value: Any) -> int:
     """Seconds since the epoch (UTC) of an ISO 8601 date or date-time (naive = UTC) or of Unix seconds (a number
-    or its text); ValueError otherwise."""
+    or its text); ValueError for text it cannot read, TypeError for other values."""
     if isinstance(value, bool):
-        raise ValueError(f"expected an ISO date or Unix seconds, got {value!r}")
+        raise TypeError(f"expected an ISO date or Unix seconds, got {value!r}")
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ValueError(f"expected an ISO date or Unix seconds, got {value!r}")
         return math.floor(value)
     if not isinstance(value, str):
-        raise ValueError(f"expected an ISO date or Unix seconds, got {type(value).__name__}")
+        raise TypeError(f"expected an ISO date or Unix seconds, got {type(value).__name__}")
     text = value.strip()
     if _NUMBER.fullmatch(text):
         return math.floor(float(text))
@@ -316,7 +316,7 @@ def _timestamps(path: Path, values: list[Any], column: str) -> np.ndarray:
                 if isinstance(v, str):
                     seen[v] = ts
             out[i] = ts
-        except (ValueError, OverflowError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise _fail(path, i, "date", column, str(e)) from None
     return out
 
@@ -416,10 +416,10 @@ class Conversion:
     def summary(self) -> str:
         """The lines a researcher checks first."""
         q = self.items_per_user
-        lines = [f"{self.task}: {self.rows} rows → {self.users} users, {self.items} items "
-                 f"(dropped {self.dropped_users} users with too few items: {self.dropped_rows} rows)",
-                 "items per user: min {min:.0f}, 25 % {p25:.0f}, median {p50:.0f}, 75 % {p75:.0f}, "
-                 "max {max:.0f}".format(**q),
+        lines = [(f"{self.task}: {self.rows} rows → {self.users} users, {self.items} items "
+                  f"(dropped {self.dropped_users} users with too few items: {self.dropped_rows} rows)"),
+                 ("items per user: min {min:.0f}, 25 % {p25:.0f}, median {p50:.0f}, 75 % {p75:.0f}, "
+                  "max {max:.0f}").format(**q),
                  "questions: " + ", ".join(f"{s} {n}" for s, n in self.questions.items())]
         if self.labels:
             total = sum(self.labels.values())
