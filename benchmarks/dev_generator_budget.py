@@ -24,7 +24,9 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import Evaluation, strategy_by_name
 from persrag_lightning.evaluation.stats import metric_names
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.presets import load_preset
 from persrag_lightning.retrieval.tuned_generator import TunedGenerator
+from persrag_lightning.stages import cli_overrides
 
 BATCH = 8  # the quick preset's generator batch
 
@@ -40,7 +42,8 @@ def main() -> None:
     run_dir = Path(args.export_root) / args.run_name
     record = json.loads((run_dir / "pipeline.json").read_text())
     chosen, calibration = record["chosen_on_dev"], record.get("calibration_chosen_on_dev") or "none"
-    quick = [a for a in pipeline.PRESETS["quick"]["generator"] if "max_train_examples" not in a]
+    preset = load_preset("quick")
+    quick = cli_overrides({k: v for k, v in preset.generator.items() if k != "data.init_args.max_train_examples"})
     minutes: dict[int, float] = {}
     for n in args.prompts:
         stage = f"generator_dev{n}"
@@ -48,7 +51,7 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         lightning_command(["fit", "--config", "generator.yaml", *quick, f"--data.init_args.max_train_examples={n}",
-                           *pipeline.precision_args(pipeline.PRESETS["quick"]["generator_precision"]),
+                           *pipeline.precision_args(preset.precision.generator),
                            f"--data.init_args.task={task}", f"--data.init_args.strategy={chosen}",
                            f"--stage_name={stage}", f"--run_name={args.run_name}",
                            f"--export_root={args.export_root}", "--trainer.enable_progress_bar=false"])

@@ -13,6 +13,8 @@ seed's dev line of a quick run (20 epochs).
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 from persrag_lightning.commands import pipeline
 
@@ -23,9 +25,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run_name", default=None)
     args = parser.parse_args()
-    preset = {**pipeline.PRESETS["quick"], "user_encoder": [f"--trainer.max_epochs={args.epochs}"],
-              "stages": ["user_encoder", "retriever", "reranker"], "paper_chain": False}
-    pipeline.PRESETS["dev-stage1-epochs"] = preset
+    preset = Path(tempfile.mkdtemp()) / "dev-stage1-epochs.yaml"  # the quick preset, stage 1's epochs changed
+    preset.write_text(f"base: quick\nuser_encoder: {{trainer.max_epochs: {args.epochs}}}\n"
+                      "stages: [user_encoder, retriever, reranker]\npaper_chain: false\n")
     evaluate = pipeline.evaluate_command
 
     def dev_only(argv: list[str]):
@@ -34,7 +36,7 @@ def main() -> None:
         return evaluate(argv)
 
     pipeline.evaluate_command = dev_only
-    pipeline.main(["--preset", "dev-stage1-epochs", f"--seed_everything={args.seed}",
+    pipeline.main(["--preset", str(preset), f"--seed_everything={args.seed}",
                    "--run_name", args.run_name or f"dev-stage1-{args.epochs}ep-seed{args.seed}"])
 
 

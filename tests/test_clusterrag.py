@@ -394,8 +394,8 @@ def test_evaluate_config_has_the_three_modes_and_cfrag_on_cohorts():
     """configs/evaluate_cfrag.yaml instantiates the ClusterRAG rows (Eq. 3 budget) and `CFRAG (users: cluster)`."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from persrag_lightning.commands.pipeline import PRESETS
     from persrag_lightning.evaluation.evaluate import Evaluation
+    from persrag_lightning.presets import load_preset
     from persrag_lightning.retrieval.base import Strategy
     from persrag_lightning.retrieval.cfrag import CFRAG
     from tests.conftest import REPO
@@ -414,4 +414,4 @@ def test_evaluate_config_has_the_three_modes_and_cfrag_on_cohorts():
     cfrag = strategies["CFRAG (users: cluster)"]
     assert isinstance(cfrag, CFRAG) and cfrag.users == "cluster" and cfrag.prompt_gamma is None
     assert strategies["CFRAG"].users == "encoder"  # the paper's default stays
-    assert not any(n.startswith("ClusterRAG") for n in PRESETS["quick"]["strategies"])
+    assert not any(n.startswith("ClusterRAG") for n in load_preset("quick").rows)

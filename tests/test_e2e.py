@@ -75,17 +75,21 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     assert len(small.strategy._reranker.encoder.encoder.layer) == 1 and len(small.retrieve(user, "a frozen moon")) == 3
 
 
+def small_smoke_preset(folder) -> object:
+    """A user's own preset file: the smoke preset (base: smoke) with three stages and two LLM rows."""
+    path = folder / "smoke.yaml"  # the run is named after the file: <data>-smoke
+    path.write_text("base: smoke\nstages: [user_encoder, retriever, reranker]\nrows: [bm25, CFRAG]\n"
+                    "paper_chain: false\nselect_order_on_dev: false\n")
+    return path
+
+
 @pytest.mark.slow
-def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd, monkeypatch):
+def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd):
     """`--data_dir`: the stages train on the folder and the table reports the folder's test split (not SynthLaMP)."""
-    from persrag_lightning.commands import pipeline
     from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
 
     folder = generate_synth_lamp(in_tmp_cwd / "my_lamp", SynthConfig(num_users=16, seed=7))
-    small = {**pipeline.PRESETS["smoke"], "stages": ["user_encoder", "retriever", "reranker"],
-             "strategies": ["bm25", "CFRAG"], "paper_chain": False, "select_order_on_dev": False}
-    monkeypatch.setitem(pipeline.PRESETS, "smoke", small)
-    main(["pipeline", "--preset", "smoke", "--data_dir", str(folder)])
+    main(["pipeline", "--preset", str(small_smoke_preset(in_tmp_cwd)), "--data_dir", str(folder)])
     run = in_tmp_cwd / "checkpoints" / "my_lamp-smoke"
     assert all((run / s / "config.json").exists() for s in ("user_encoder", "retriever", "reranker"))
     metrics = json.loads((in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "metrics.json").read_text())
@@ -99,11 +103,10 @@ def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cwd, monkeypatch):
+def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cwd):
     """`persrag data convert` on a log written as CSV, JSON Lines, JSON and Parquet (the same LaMP files from each),
     then `pipeline --preset smoke --task LaMP-3 --data_dir` on the result: the table reports the log's own latest
     reviews, with the reader-free rows beside the LLM's."""
-    from persrag_lightning.commands import pipeline
     from tests.test_convert import lamp_bytes, review_log, write_log
 
     rows = review_log(in_tmp_cwd, num_users=16, seed=5)
@@ -114,10 +117,8 @@ def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cw
         main(["data", "convert", str(log), "--task", "LaMP-3", "--user", "reviewer", "--date", "time", "--text",
               "review", "--label", "stars", "--item", "asin", "--out", str(folders[-1])])
     assert all(lamp_bytes(f) == lamp_bytes(folders[0]) for f in folders[1:])
-    small = {**pipeline.PRESETS["smoke"], "stages": ["user_encoder", "retriever", "reranker"],
-             "strategies": ["bm25", "CFRAG"], "paper_chain": False, "select_order_on_dev": False}
-    monkeypatch.setitem(pipeline.PRESETS, "smoke", small)
-    main(["pipeline", "--preset", "smoke", "--task", "LaMP-3", "--data_dir", str(folders[0])])
+    main(["pipeline", "--preset", str(small_smoke_preset(in_tmp_cwd)), "--task", "LaMP-3", "--data_dir",
+          str(folders[0])])
     evaluate = in_tmp_cwd / "runs" / f"{folders[0].name}-lamp3-smoke" / "evaluate"
     metrics = json.loads((evaluate / "metrics.json").read_text())
     assert metrics["split"] == "test" and {"bm25", "CFRAG", "majority label (train)", "user's own median",

@@ -13,6 +13,7 @@ from persrag_lightning import hardware
 from persrag_lightning.commands import pipeline
 from persrag_lightning.evaluation.evaluate import set_reranker_runtime
 from persrag_lightning.models.corpus_embeddings import embedding_precision
+from persrag_lightning.presets import preset_names
 from tests.conftest import fake_evaluate
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
@@ -92,7 +93,7 @@ def stage_of(args: list[str]) -> str:
     return named[-1] if named else args[args.index("--config") + 1].removesuffix(".yaml")
 
 
-@pytest.mark.parametrize("preset", sorted(pipeline.PRESETS))
+@pytest.mark.parametrize("preset", preset_names())
 def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(monkeypatch, tmp_path, preset):
     from persrag_lightning.llm import hf
 
@@ -207,7 +208,7 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     machine(monkeypatch, AMX, onednn=True)
     assert pipeline.label_args("cpu_native", None) == ['--data.init_args.llm.options={"dtype": "bfloat16"}']
     assert pipeline.label_args("cpu_native", "llamacpp") == [] and pipeline.label_args(None, None) == []
-    with pytest.raises(ValueError, match="unknown precision rule"):
+    with pytest.raises(ValueError, match="not a valid BF16Rule"):
         pipeline.label_args("always", None)
     native = LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
     assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {

@@ -3,8 +3,9 @@
 user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
 its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
 with the results table (intervals, paired tests).
-A preset may train only the bundles its reported strategies need. `--task` runs the same stages on another LaMP task
-(SynthLaMP generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2.
+A preset (configs/presets/*.yaml, read by presets.py) says what each kind of stage overrides, which stages of
+stages.py train and which rows the table reports. `--task` runs the same stages on another LaMP task (SynthLaMP
+generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2.
 """
 
 from __future__ import annotations
@@ -22,136 +23,30 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
 from persrag_lightning.hardware import bf16_is_native, bf16_verdict, cpu_has_native_bf16, describe_cpu
 from persrag_lightning.models.corpus_embeddings import embedding_precision
-from persrag_lightning.retrieval.cfrag import PAPER_STAGES, STAGES
-from persrag_lightning.utils import atomic_write_json
-
-# Settings shared by every stage of a preset, as CLI overrides, the bundles it trains and the strategies it
-# reports (None: every strategy of evaluate_cfrag.yaml). Every preset reports on the TEST split; dev selects.
-# Precision is never a preset's: `auto` stages train in bf16-mixed only where this machine computes bfloat16
-# natively (hardware.py), in float32 elsewhere.
-#
-# `quick` is the main job, on 2 CPU cores (docs/getting-started.md has its time per CPU class). The 300-user
-# SynthLaMP gives 300 test questions (one per user), enough for intervals that can show a difference. Answers are
-# `choose` (the most likely of the 15 labels): the 135M LLM rarely *generates* a listed tag, so generated answers
-# score ~0 whatever was retrieved. Its recipe:
-# - stage 1 reads each history doc with its label (`judgments: paired`): same-community users at precision@5 0.485
-#   on stage 1's validation users against the paper's text-only encoder's 0.329 (chance 0.124;
-#   docs/methods/judgments.md);
-# - the paper's exact CFRAG (text-only encoder, its own retriever and reranker) is trained beside it;
-# - feedback: m = 3 users x k = 2 docs with log-likelihood labels (log p(y | prompt) ranks every candidate; the
-#   task metric would be 0 for most), 32 train examples; inference keeps the paper's m = 6, k = 5; the retriever
-#   and reranker stages validate nothing (one epoch keeps one checkpoint, so 16 dev examples selected nothing and
-#   their labels cost ~1.8 of the job's minutes): the dev choice below, on 300 dev questions, is the selection;
-# - whether the reranker (trained on 32 examples) or the first stage's order is kept is chosen on the dev
-#   questions (`select_order_on_dev`), never on test: both stay rows of the table, and the "+ tuned generator"
-#   and "w/o user retrieval" rows follow the choice (the stage-1 encoder was chosen on dev too, once: CANDIDATES);
-# - the generator (LoRA) trains on the chosen CFRAG's prompts.
-# `paper` keeps the paper's m, k, all examples and generated answers (hours on CPU; minutes on a GPU node).
-Preset = dict[str, list[str] | bool | str | None]
-PRESETS: dict[str, Preset] = {
-    "smoke": {  # the end-to-end test: every stage with the real embedded models, minutes on 2 cores
-        "data": ["--data.init_args.synth.num_users=24"],
-        "user_encoder": ["--trainer.max_epochs=3"],
-        "feedback": ["--data.init_args.m=2", "--data.init_args.k=2", "--data.init_args.max_train_examples=8",
-                     "--trainer.limit_val_batches=0"],
-        "generator": ["--data.init_args.max_train_examples=8", "--trainer.limit_val_batches=0",
-                      "--data.init_args.batch_size=4", "--trainer.max_epochs=1"],
-        "evaluate": ["--evaluation.synth.num_users=24", "--evaluation.max_examples=6",
-                     "--evaluation.llm.answer_mode=choose", "--evaluation.n_resamples=200"],
-        # the quick recipe at smoke scale: judgments paired, the paper's chain beside it, the order chosen on dev
-        "judgments": "paired",
-        "paper_chain": True,
-        "select_order_on_dev": True,
-        "readers": ["none", "contextual", "pmi"],
-        "stages": None,
-        "strategies": None,
-    },
-    "quick": {
-        "data": [],
-        "user_encoder": ["--trainer.max_epochs=20"],
-        # Every step is logged: 8 steps per stage here (4 for the generator), which the configs' interval of 10
-        # would leave without a single train/loss row.
-        "feedback": ["--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.max_train_examples=32",
-                     "--trainer.limit_val_batches=0", "--data.init_args.feedback_metric=loglik",
-                     "--trainer.log_every_n_steps=1"],
-        # The retriever and reranker train in bf16-mixed where the CPU computes bfloat16 natively: with their
-        # batches of 4 examples, 3.7x and 2.3x the official single-example float32 loop at m*k = 30
-        # (docs/performance/training.md). On a GPU they stay float32: bf16 paid only with large chunks there.
-        "feedback_precision": "cpu_native",
-        # Their log-likelihood labels too: SmolLM2 in bfloat16 where the CPU computes it natively (as a GPU run
-        # labels with hf's `auto` dtype anyway): 2.2x the float32 label rate, median 0.065 nat from the float32
-        # label, the best of a question's 6 candidates the same for 43 of 48 (docs/fidelity.md); on other CPUs
-        # the configs' `backend: auto` keeps the fastest exact backend.
-        "label_precision": "cpu_native",
-        # Stage 1 as well: bf16-mixed on such a CPU, ~20 % less time per stage-1 fit, community precision@5 the
-        # same to 0.002 on both seeds and both encoders (docs/fidelity.md); float32 elsewhere, GPUs included.
-        "user_encoder_precision": "cpu_native",
-        # The generator's prompt count was chosen on dev once (benchmarks/dev_generator_budget.py; more prompts did not
-        # beat 32 on LaMP-3's dev and cost minutes: docs/evaluation/label-answers.md).
-        # The generator (LoRA on SmolLM2, trained on the chosen CFRAG's prompts): 32 train examples x 1 epoch (4
-        # steps of 8, so lr 1e-3 instead of 2e-4); no validation, as the feedback stages (one epoch, one
-        # checkpoint: 16 dev examples selected nothing and cost ~0.3 min); bf16-mixed wherever bfloat16 is
-        # native (CPU or GPU), float32 elsewhere (bf16 emulated on an AVX2-only CPU: 0.02 examples/s).
-        "generator": ["--data.init_args.max_train_examples=32", "--trainer.limit_val_batches=0",
-                      "--data.init_args.batch_size=8", "--trainer.max_epochs=1", "--model.init_args.lr=1e-3",
-                      "--trainer.log_every_n_steps=1", "--data.init_args.reranker_runtime=bf16_if_native"],
-        "generator_precision": "native",
-        # The reader answers in bfloat16 where native: evaluation 13.2 -> 6.7 min, the float32 answer on 95-99.7 %
-        # of the prompts per strategy and the same conclusions (docs/fidelity.md); float32 elsewhere. Feedback labels stay
-        # exact on CPUs (the configs' `backend: auto`: float32 transformers or llama.cpp on f16 weights, whichever
-        # is faster on this machine). The reranking rows' cross-encoder runs in bfloat16 autocast where native
-        # (276 -> 140 ms per question on the AMX Xeon, 98.2 % of the top-5 docs the same; docs/fidelity.md), in
-        # the generator stage's prompts too.
-        "evaluate": ["--evaluation.llm.answer_mode=choose", '--evaluation.llm.options={"dtype": "bf16_if_native"}',
-                     "--evaluation.reranker_runtime=bf16_if_native"],
-        "judgments": "paired",
-        "paper_chain": True,
-        "select_order_on_dev": True,
-        # the label calibrations (llm/calibration.py) the dev choice re-reads each configuration's stored dev
-        # scores under (no further LLM pass); the test table reads labels under the chosen one
-        "readers": ["none", "contextual", "pmi"],
-        "stages": ["user_encoder", "retriever", "reranker", *PAPER_STAGES, "generator"],
-        # `{order}` / `{chosen}` rows follow the configuration chosen on dev (CANDIDATES below)
-        "strategies": ["zero_shot", "bm25", "CFRAG", "w/o reranker tuning", "w/o user retrieval{order}",
-                       "CFRAG (paper)", "zero_shot + tuned generator", "bm25 + tuned generator",
-                       "{chosen} + tuned generator"],
-    },
-    "paper": {"data": [], "user_encoder": [], "feedback": [], "generator": [],
-              "evaluate": ["--evaluation.llm.answer_mode=generate"], "judgments": "none", "stages": None,
-              "strategies": None},
-}
-
-
-# `full-feedback`: the quick protocol (same data, stages, answers, reported rows) with the paper's amount of feedback,
-# which the quick reranker lacks (docs/methods/cfrag.md): m = 6 users x k = 5 docs for every train and every dev question
-# (600 + 300 questions x 30 candidates per stage), log-likelihood labels in batches of 64. ~2 x 27,000 LLM calls:
-# minutes on a GPU node, hours on 2 CPU cores.
-PRESETS["full-feedback"] = {
-    **PRESETS["quick"],
-    "feedback": ["--data.init_args.feedback_metric=loglik", "--data.init_args.llm.batch_size=64"],
-}
+from persrag_lightning.presets import BF16Rule, Preset, load_preset, preset_names
+from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
+from persrag_lightning.utils import ConfigError, atomic_write_json
 
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
 
-def rule_is_native(rule: str) -> bool:
+def rule_is_native(rule: BF16Rule | str) -> bool:
     """Whether a preset's precision rule asks for bfloat16 on this machine: `native` wherever bfloat16 is native
     (CUDA or CPU), `cpu_native` only on such a CPU (float32 on a GPU)."""
-    if rule == "cpu_native":
+    rule = BF16Rule(rule)
+    if rule is BF16Rule.cpu_native:
         return not torch.cuda.is_available() and cpu_has_native_bf16()
-    if rule == "native":
-        return bf16_is_native()
-    raise ValueError(f"unknown precision rule {rule!r}")
+    return bf16_is_native()
 
 
-def precision_args(rule: str | None) -> list[str]:
+def precision_args(rule: BF16Rule | str | None) -> list[str]:
     """`--trainer.precision` for a stage by a preset's rule (`rule_is_native`); None: the config's."""
     if rule is None:
         return []
     return ["--trainer.precision=bf16-mixed" if rule_is_native(rule) else "--trainer.precision=32-true"]
 
 
-def label_args(rule: str | None, backend: str | None) -> list[str]:
+def label_args(rule: BF16Rule | str | None, backend: str | None) -> list[str]:
     """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native (`cpu_native`: not
     on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the configs' `backend: auto`
     still picks the faster exact backend, nor under a backend without a dtype option."""
@@ -161,7 +56,7 @@ def label_args(rule: str | None, backend: str | None) -> list[str]:
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
-    return (Path(export_root) / run_name / stage / "config.json").exists()
+    return (bundle_path(Path(export_root) / run_name, stage) / "config.json").exists()
 
 
 def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str]]:
@@ -170,8 +65,9 @@ def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str
     `choose` among, so they generate, in the evaluation and in the generator stage's validation alike."""
     spec = get_task(task)
     if spec.name == "LaMP-2":
-        return [], [], list(preset["evaluate"])
-    evaluate = [a for a in preset["evaluate"] if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
+        return [], [], preset.evaluate_arguments()
+    evaluate = [a for a in preset.evaluate_arguments()
+                if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
     generator = []
     if spec.labels is None:
         evaluate.append("--evaluation.llm.answer_mode=generate")
@@ -279,22 +175,39 @@ def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str],
     return chosen[0], chosen[1], {label[c]: v for c, v in scores.items()}
 
 
+ORDER_ROW = "w/o user retrieval{order}"  # the chosen order's "w/o user retrieval" row (CANDIDATES)
+
+
 def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
     """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled in (both
     candidates of the dev choice are rows: CFRAG and "w/o reranker tuning"); without the paper's chain trained,
     no row of it."""
-    if preset["strategies"] is None:
+    if preset.rows is None:
         return None
-    rows = [r.replace("{chosen}", chosen) for r in preset["strategies"]]
-    rows = [CANDIDATES[chosen] if r == "w/o user retrieval{order}" else r for r in rows]
+    rows = [r.replace("{chosen}", chosen) for r in preset.rows]
+    rows = [CANDIDATES[chosen] if r == ORDER_ROW else r for r in rows]
     if not paper_chain:
         rows = [r for r in rows if "(paper" not in r]
     return list(dict.fromkeys(rows))
 
 
+def check_rows(preset: Preset, name: str) -> None:
+    """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one line, exit 2)."""
+    from persrag_lightning.evaluation.evaluate import strategy_names
+
+    known = set(strategy_names("evaluate_cfrag.yaml"))
+    for row in preset.rows or []:
+        chosen = [row.replace("{chosen}", c) for c in CANDIDATES] if "{chosen}" in row else [row]
+        if row != ORDER_ROW and not set(chosen) <= known:
+            raise ConfigError(f"{Path(name).name}: rows: {row!r} is no strategy of evaluate_cfrag.yaml; it has "
+                              f"{', '.join(sorted(known))}")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    parser.add_argument("--preset", default="quick",
+                        help=f"a preset of configs/presets/ ({', '.join(preset_names())}) or a YAML file of your own "
+                             "(docs/training/configs.md)")
     parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
     parser.add_argument("--data_dir", default=None,
                         help="a LaMP-format folder (train/dev/<split> questions and outputs) that every stage and "
@@ -320,12 +233,13 @@ def main(argv: list[str]) -> None:
     opts, extra = parser.parse_known_args(argv)
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
-    preset = PRESETS[opts.preset]
+    preset = load_preset(opts.preset)
+    check_rows(preset, opts.preset)
     try:
         task = get_task(opts.task).name
     except ValueError as e:
         parser.error(str(e))
-    judgments = opts.judgments or preset["judgments"]
+    judgments = opts.judgments or preset.judgments
     if opts.data_dir is not None:
         check_data_dir(opts.data_dir, task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     data_task, generator_task, evaluate_args = task_args(task, preset)
@@ -337,21 +251,19 @@ def main(argv: list[str]) -> None:
     if questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: the last one given wins
         evaluate_args.append(f"--evaluation.max_examples={questions}")
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
-    judged = "" if judgments == preset["judgments"] else f"-{judgments}"
+    judged = "" if judgments == preset.judgments else f"-{judgments}"
     source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
-    run_name = opts.run_name or f"{source}-{suffix}{opts.preset}{judged}"
+    run_name = opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}"
     common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
-    paper_chain = bool(preset.get("paper_chain")) and judgments != "none"  # else the main chain is the paper's
-    feedback = [*preset["feedback"], *precision_args(preset.get("feedback_precision")), *llm,
-                *label_args(preset.get("label_precision"), opts.llm_backend)]
-    # stage 1 and the generator have their own settings; the other stages are feedback stages
-    per_kind = {"user_encoder": [*preset["user_encoder"], *precision_args(preset.get("user_encoder_precision")),
-                                 f"--model.init_args.judgments={judgments}"],
-                "generator": [*preset["generator"], *precision_args(preset.get("generator_precision")),
-                              *generator_task]}
-    wanted = [n for n in (preset["stages"] or STAGES) if paper_chain or n not in PAPER_STAGES]
+    paper_chain = preset.paper_chain and judgments != "none"  # else the main chain is the paper's
+    rules = preset.precision
+    # what each kind of stage adds to its preset overrides: precision, judgments, the LLM backend, the task
+    kind_args = {"user_encoder": [*precision_args(rules.user_encoder), f"--model.init_args.judgments={judgments}"],
+                 "feedback": [*precision_args(rules.feedback), *llm, *label_args(rules.labels, opts.llm_backend)],
+                 "generator": [*precision_args(rules.generator), *generator_task]}
+    wanted = [n for n in (preset.stages or STAGES) if paper_chain or n not in PAPER_STAGES]
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
     if note := float32_reader_note(opts.preset):
         print(note)
@@ -365,9 +277,9 @@ def main(argv: list[str]) -> None:
         if stage_done(opts.export_root, run_name, stage):
             print(f"[pipeline] {stage}: exported already, skipped")
             return
-        config, variant = STAGES[stage]
-        args = ["--config", config, *preset["data"], *data_task,
-                *per_kind.get(stage.removesuffix("_paper"), feedback), *variant, *more]
+        spec: Stage = STAGES[stage]
+        args = ["--config", spec.config, *cli_overrides(preset.data), *data_task,
+                *cli_overrides(getattr(preset, spec.kind)), *kind_args[spec.kind], *spec.arguments(), *more]
         t0 = time.perf_counter()
         print(f"[pipeline] {stage}: python train.py fit {' '.join(args + common + extra)}")
         lightning_command(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
@@ -377,8 +289,8 @@ def main(argv: list[str]) -> None:
         if stage != "generator":
             fit(stage)
     chosen, calibration, dev_scores = "CFRAG", None, {}
-    readers = preset.get("readers") if get_task(task).labels is not None else None
-    if preset.get("select_order_on_dev"):
+    readers = preset.readers if get_task(task).labels is not None else None
+    if preset.select_order_on_dev:
         t0 = time.perf_counter()
         chosen, calibration, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES),
                                                         run_name, task, readers)
@@ -416,11 +328,10 @@ def main(argv: list[str]) -> None:
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
         "questions": questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
-        "precision": {k: precision_args(preset.get(f"{k}_precision"))
-                      for k in ("user_encoder", "feedback", "generator")},
-        "feedback_labels": label_args(preset.get("label_precision"), opts.llm_backend),
-        "corpus_embeddings": embedding_precision(), "evaluation_reranker": resolve_reranker_runtime(next(
-            (a.split("=", 1)[1] for a in evaluate_args if a.startswith("--evaluation.reranker_runtime=")), "fp32")),
+        "precision": {k: precision_args(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
+        "feedback_labels": label_args(rules.labels, opts.llm_backend),
+        "corpus_embeddings": embedding_precision(),
+        "evaluation_reranker": resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32"),
         "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration,
         "generator_calibration_chosen_on_dev": generator_calibration, "dev_scores": dev_scores,
         "minutes": {s: round(t / 60, 2) for s, t in timings},

@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from dataclasses import asdict, is_dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,7 @@ from persrag_lightning.utils import (
     atomic_write_text,
     bundle_digest,
     fingerprint,
+    resolve_config_path,
 )
 
 log = logging.getLogger(__name__)
@@ -177,6 +179,14 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
     for s in strategies:
         if getattr(s, "reranker_path", None) and not hasattr(s, "reranker_runtime"):
             s.reranker_runtime = runtime
+
+
+@lru_cache(maxsize=8)
+def strategy_names(config: str | Path) -> list[str]:
+    """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
+    parser = evaluate_parser()
+    cfg = substitute_run_dir(parser.parse_args(["--config", resolve_config_path(str(config))]), "{run_dir}")
+    return [s.name for s in parser.instantiate_classes(cfg).strategies]
 
 
 def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:

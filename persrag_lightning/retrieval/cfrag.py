@@ -38,43 +38,18 @@ from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
+from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, bundle_digest
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
-
-# Every exported bundle the strategies read, and the stage that makes it: (config, extra `fit` arguments). The
-# pipeline runs exactly these; a missing bundle's error names its command.
-STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "user_encoder": ("cfrag_user_encoder.yaml", ()),
-    "retriever": ("cfrag_retriever.yaml", ()),
-    "retriever_ropg": ("cfrag_retriever.yaml", ("--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",
-                                                "--data.init_args.candidate_owners=self")),
-    "reranker": ("cfrag_reranker.yaml", ()),
-    "reranker_no_user": ("cfrag_reranker.yaml", ("--stage_name=reranker_no_user",
-                                                 "--model.init_args.use_user=false")),
-    # a smaller reranker distilled from stage 3's, for serving latency (docs/performance/serving.md)
-    "reranker_distilled": ("cfrag_reranker_distilled.yaml", ()),
-    "generator": ("generator.yaml", ()),  # the "+ tuned generator" rows; trained on CFRAG's prompts by default
-    # the paper's exact chain (text-only user encoder, its own retriever and reranker) beside a run whose stage 1
-    # reads judgments: the row "CFRAG (paper)"
-    "user_encoder_paper": ("cfrag_user_encoder.yaml", ("--stage_name=user_encoder_paper",
-                                                       "--model.init_args.judgments=none")),
-    "retriever_paper": ("cfrag_retriever.yaml", ("--stage_name=retriever_paper",
-                                                 "--data.init_args.user_encoder={run_dir}/user_encoder_paper")),
-    "reranker_paper": ("cfrag_reranker.yaml", ("--stage_name=reranker_paper",
-                                               "--data.init_args.user_encoder={run_dir}/user_encoder_paper",
-                                               "--data.init_args.candidate_retriever={run_dir}/retriever_paper")),
-}
-PAPER_STAGES = ("user_encoder_paper", "retriever_paper", "reranker_paper")
 
 
 def missing_bundle(path: str | Path) -> FileNotFoundError:
     """The error for a bundle a stage has not exported yet, naming the command that makes it."""
     name = Path(path).name
     if name in STAGES:
-        config, extra = STAGES[name]
-        how = f"`python train.py fit --config {config}{''.join(' ' + a for a in extra)}` (same --run_name)"
+        how = f"`{STAGES[name].command()}` (same --run_name)"
     else:
         how = "the stage that exports it"
     return FileNotFoundError(f"{path} is not trained yet; make it with {how}, or all stages with "

@@ -1,0 +1,114 @@
+"""The pipeline's presets: YAML files in configs/presets/ (or a user's own file), read as OmegaConf structured
+configs over `Preset`, so a misspelt key, a wrong type or an unknown stage is refused in one line that names the
+file and the key. A preset with `base: quick` states only what differs from quick.yaml (an OmegaConf merge; null
+keeps the stage config's own value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, get_args
+
+from persrag_lightning.llm.calibration import Calibration
+from persrag_lightning.models.user_encoder import Judgments
+from persrag_lightning.stages import STAGES, cli_overrides
+from persrag_lightning.utils import ConfigError, resolve_config_path
+
+PRESET_DIR = "presets"
+
+
+class BF16Rule(Enum):
+    """Where a kind of work computes in bfloat16 (hardware.py measures what is native)."""
+
+    native = "native"          # wherever bfloat16 is native: a GPU, or a CPU that computes it natively
+    cpu_native = "cpu_native"  # only on such a CPU; float32 on a GPU, where these stages gain nothing from it
+
+
+@dataclass
+class Precisions:
+    """A preset's bfloat16 rule per kind of work; None keeps the stage config's precision."""
+
+    user_encoder: BF16Rule | None = None
+    feedback: BF16Rule | None = None
+    labels: BF16Rule | None = None     # the feedback LLM's dtype (hf only)
+    generator: BF16Rule | None = None
+
+
+@dataclass
+class Preset:
+    """What a pipeline run trains and reports. Override keys are the stage configs' keys with typed values."""
+
+    base: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)          # every stage
+    user_encoder: dict[str, Any] = field(default_factory=dict)
+    feedback: dict[str, Any] = field(default_factory=dict)      # the retriever's and reranker's stages
+    generator: dict[str, Any] = field(default_factory=dict)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    precision: Precisions = field(default_factory=Precisions)
+    judgments: str = "none"
+    paper_chain: bool = False          # train the paper's exact chain beside a run whose stage 1 reads judgments
+    select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
+    readers: list[str] | None = None  # label calibrations the dev choice compares
+    stages: list[str] | None = None   # None: every stage of stages.py
+    rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
+
+    def evaluate_arguments(self) -> list[str]:
+        return cli_overrides(self.evaluate)
+
+
+def preset_path(name: str) -> Path:
+    """A preset by name (configs/presets/<name>.yaml) or by the path of a YAML file."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        # a file; one of the repository's configs/ is found from any folder, as `--config` names are
+        path = Path(name) if Path(name).is_file() else Path(resolve_config_path(name.removeprefix("configs/")))
+        if not path.is_file():
+            raise ConfigError(f"--preset: no file {name}")
+        return path
+    path = Path(resolve_config_path(f"{PRESET_DIR}/{name}.yaml"))
+    if not path.is_file():
+        raise ConfigError(f"--preset: no preset {name!r}; known: {', '.join(preset_names())}, or a YAML file's path")
+    return path
+
+
+def preset_names() -> list[str]:
+    folder = Path(resolve_config_path(f"{PRESET_DIR}/quick.yaml")).parent
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
+    """The preset `name` (a name of configs/presets/ or a file), merged over its `base`, checked."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = preset_path(name).resolve()
+    if path in _seen:
+        raise ConfigError(f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle")
+    try:
+        raw = OmegaConf.load(path)
+        schema = OmegaConf.structured(Preset)
+        own = OmegaConf.merge(schema, raw)
+        base = own.base
+        merged = OmegaConf.merge(OmegaConf.structured(load_preset(base, (*_seen, path))), raw) if base else own
+        preset: Preset = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        message = str(e).splitlines()[0]
+        raise ConfigError(f"{path.name}: {key + ': ' if key else ''}{message}") from None
+    preset.base = None
+    check_preset(preset, path)
+    return preset
+
+
+def check_preset(preset: Preset, path: Path) -> None:
+    """What the schema cannot say: known stages, judgments and readers."""
+    for stage in preset.stages or []:
+        if stage not in STAGES:
+            raise ConfigError(f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}")
+    if preset.judgments not in get_args(Judgments):
+        raise ConfigError(f"{path.name}: judgments: {preset.judgments!r} is not one of "
+                          f"{', '.join(get_args(Judgments))}")
+    for reader in preset.readers or []:
+        if reader not in get_args(Calibration):
+            raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(get_args(Calibration))}")

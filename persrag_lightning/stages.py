@@ -1,0 +1,81 @@
+"""The stage graph: every bundle a run exports, the config that trains it, the overrides that make it this stage,
+and the bundles it reads. The pipeline trains from this table; a strategy's missing-bundle error names the command
+from it. It imports nothing from the package, so every layer may read it.
+
+A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle names, resolved
+there, in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+StageKind = Literal["user_encoder", "feedback", "generator"]
+RUN_DIR = "{run_dir}"  # what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One exported bundle and how it is trained."""
+
+    name: str
+    config: str          # a file of configs/
+    kind: StageKind      # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
+    overrides: dict[str, Any] = field(default_factory=dict)  # what makes it this stage, as typed values
+    inputs: dict[str, str] = field(default_factory=dict)     # config key → the bundle it reads
+    paper: bool = False  # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
+    named: bool = False  # exported under its own name, not the config's default bundle name
+
+    def arguments(self, run_dir: str = RUN_DIR) -> list[str]:
+        """The `fit` arguments after `--config`: the stage's name, overrides and inputs."""
+        named = [f"--stage_name={self.name}"] if self.named else []
+        inputs = {key: str(bundle_path(run_dir, bundle)) for key, bundle in self.inputs.items()}
+        return [*named, *cli_overrides({**self.overrides, **inputs})]
+
+    def command(self) -> str:
+        """The command that trains this stage alone (with the run's --run_name)."""
+        return " ".join(["python train.py fit --config", self.config, *self.arguments()])
+
+
+def bundle_path(run_dir: str | Path, bundle: str) -> Path:
+    """Where a run's bundle lives: `<run_dir>/<bundle>`, run_dir being `<export_root>/<run_name>`."""
+    return Path(run_dir) / bundle
+
+
+def cli_value(value: Any) -> str:
+    """A typed override as the text jsonargparse reads back to the same value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def cli_overrides(overrides: dict[str, Any]) -> list[str]:
+    """`{"data.init_args.m": 3}` → `["--data.init_args.m=3"]`; a None value means the config's own (no argument)."""
+    return [f"--{key}={cli_value(value)}" for key, value in overrides.items() if value is not None]
+
+
+_PAPER_ENCODER = {"data.init_args.user_encoder": "user_encoder_paper"}
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
+    Stage("retriever", "cfrag_retriever.yaml", "feedback"),
+    # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
+    Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.alpha": 0.0,
+                                                                 "data.init_args.candidate_owners": "self"},
+          named=True),
+    Stage("reranker", "cfrag_reranker.yaml", "feedback"),
+    Stage("reranker_no_user", "cfrag_reranker.yaml", "feedback", {"model.init_args.use_user": False}, named=True),
+    # a smaller reranker distilled from stage 3's, for serving latency
+    Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "feedback"),
+    Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows
+    Stage("user_encoder_paper", "cfrag_user_encoder.yaml", "user_encoder", {"model.init_args.judgments": "none"},
+          paper=True, named=True),
+    Stage("retriever_paper", "cfrag_retriever.yaml", "feedback", inputs=_PAPER_ENCODER, paper=True, named=True),
+    Stage("reranker_paper", "cfrag_reranker.yaml", "feedback",
+          inputs={**_PAPER_ENCODER, "data.init_args.candidate_retriever": "retriever_paper"}, paper=True, named=True),
+)}
+PAPER_STAGES = tuple(name for name, s in STAGES.items() if s.paper)
