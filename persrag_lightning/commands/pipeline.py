@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.commands.evaluate import evaluate_command
+from persrag_lightning.commands.plan import build_plan, question_counts
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
@@ -267,6 +268,10 @@ def main(argv: list[str]) -> None:
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
     if note := float32_reader_note(opts.preset):
         print(note)
+    plan = build_plan(wanted, [s for s in wanted if stage_done(opts.export_root, run_name, s)],
+                      report_strategies(preset, "CFRAG", paper_chain), preset, task,
+                      question_counts(opts.data_dir, preset), DEV_SELECTION_EXAMPLES, questions, opts.llm_backend)
+    print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
@@ -323,6 +328,9 @@ def main(argv: list[str]) -> None:
     evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *tests, *evaluate_llm])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
+    total = sum(t for _, t in timings) / 60
+    if plan.minutes is not None:
+        print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes:.1f} before it started")
     # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
     atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
@@ -334,5 +342,5 @@ def main(argv: list[str]) -> None:
         "evaluation_reranker": resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32"),
         "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration,
         "generator_calibration_chosen_on_dev": generator_calibration, "dev_scores": dev_scores,
-        "minutes": {s: round(t / 60, 2) for s, t in timings},
+        "minutes": {s: round(t / 60, 2) for s, t in timings}, "plan": plan.record(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

@@ -1,0 +1,233 @@
+"""The pipeline's plan, printed before anything trains: the stages it trains and the exports it skips, the rows the
+table will report, and the whole job's minutes estimated on this machine.
+
+The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the answers of the
+dev choice and of the test table) and divides them by the rates of the evaluation's reader, measured at the start
+of the run on a few prompts of the main job's size: a label reads one doc and scores one target, an answer reads k
+docs and scores every label of the task. Training is compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
+prompt-equivalents per stage kind, taken from a stored main-job run (docs/getting-started.md#the-main-job).
+`pipeline.json` keeps the estimate beside the measured minutes, so each run checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm.auto import _WORDS
+from persrag_lightning.presets import Preset
+from persrag_lightning.stages import STAGES
+from persrag_lightning.utils import resolve_config_path
+
+PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
+PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
+PROBE_DOC_WORDS = 40
+# Non-reading work of a quick-preset stage, in reader-answer equivalents: training, model loading and the corpus
+# embedding run on the same cores as the reading, so they scale with it. From the stored Zen 4 main job (raw
+# outputs: benchmarks/results/cpu-2026-11-28b-mainjob-calibrated/): its stages' minutes at its reader's rate. A
+# stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
+TRAINING_PROMPTS = {"user_encoder": 250, "feedback": 80, "generator": 120}
+QUICK_SCALE = {"user_encoder": 20 * 300, "feedback": 32, "generator": 32}  # the quick preset's epochs x users, examples
+# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16, float32 only.
+BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
+
+
+@dataclass
+class Plan:
+    """What a pipeline run will do and how long it should take here."""
+
+    train: list[str]
+    skip: list[str]
+    rows: list[str] | None
+    training: float = 0.0              # the stages' non-reading work, in reader-answer equivalents
+    labels: int = 0                    # feedback labels the feedback stages compute
+    answers: dict[str, int] = field(default_factory=dict)  # phase (dev choice, test table) → answers read
+    rates: dict[str, float] = field(default_factory=dict)  # "labels" / "answers" per second here; {}: no estimate
+    reason: str = ""                   # why there is no estimate
+    budget: int | None = None          # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
+
+    @property
+    def minutes(self) -> float | None:
+        if not self.rates:
+            return None
+        answers = sum(self.answers.values()) + self.training
+        seconds = self.labels / self.rates["labels"] + answers / self.rates["answers"]
+        return seconds / 60
+
+    def lines(self) -> list[str]:
+        out = [f"[pipeline] plan: train {', '.join(self.train) or 'nothing'}"
+               + (f"; exported already, skipped: {', '.join(self.skip)}" if self.skip else "")]
+        out.append("[pipeline] rows: " + (", ".join(self.rows) if self.rows else "every strategy of evaluate_cfrag.yaml"))
+        if self.minutes is None:
+            out.append(f"[pipeline] no time estimate: {self.reason}")
+        else:
+            reads = ", ".join([f"{self.labels} feedback labels"] * bool(self.labels)
+                              + [f"{n} answers ({phase})" for phase, n in self.answers.items() if n])
+            out.append(f"[pipeline] estimate: about {self.minutes:.0f} min on this machine ({reads}, plus training; "
+                       f"the reader here: {self.rates['answers']:.1f} answers/s, {self.rates['labels']:.1f} labels/s)"
+                       + (f"; the quick preset's budget on this CPU class: {self.budget} min" if self.budget else ""))
+        return out
+
+    def record(self) -> dict:
+        return {**asdict(self), "minutes": None if self.minutes is None else round(self.minutes, 1)}
+
+
+# ---- prompt counts -----------------------------------------------------------------------------------------------
+
+def stage_setting(stage: str, preset: Preset, key: str) -> object:
+    """A feedback stage's data setting: the preset's override, else the stage config's own value."""
+    value = {**preset.data, **preset.feedback}.get(f"data.init_args.{key}")
+    if value is not None:
+        return value
+    config = yaml.safe_load(Path(resolve_config_path(STAGES[stage].config)).read_text())
+    return config.get("data", {}).get("init_args", {}).get(key)
+
+
+def training_work(stages: list[str], preset: Preset, counts: dict[str, int]) -> float:
+    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each stage's size)."""
+    from persrag_lightning.data.synth import SynthConfig
+
+    users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
+    total = 0.0
+    for stage in stages:
+        kind = STAGES[stage].kind
+        if kind == "user_encoder":
+            epochs = {**preset.data, **preset.user_encoder}.get("trainer.max_epochs") or 20
+            size = int(epochs) * users
+        else:
+            key = "data.init_args.max_train_examples"
+            size = min(int({**preset.data, **getattr(preset, kind)}.get(key) or counts["train"]), counts["train"])
+        total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
+    return total
+
+
+def budget_minutes() -> int | None:
+    """BUDGET_MINUTES of this machine's CPU class; None on a GPU."""
+    import torch
+
+    from persrag_lightning.hardware import cpu_flags, cpu_has_native_bf16
+
+    if torch.cuda.is_available():
+        return None
+    if "amx_bf16" in (cpu_flags() or ()):
+        return BUDGET_MINUTES["amx"]
+    return BUDGET_MINUTES["bf16" if cpu_has_native_bf16() else "float32"]
+
+
+def feedback_prompts(stages: list[str], preset: Preset, train_questions: int) -> int:
+    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question."""
+    total = 0
+    for stage in stages:
+        if STAGES[stage].kind != "feedback":
+            continue
+        m, k = stage_setting(stage, preset, "m"), stage_setting(stage, preset, "k")
+        examples = stage_setting(stage, preset, "max_train_examples") or train_questions
+        total += int(m) * int(k) * min(int(examples), train_questions)
+    return total
+
+
+# ---- the reader's rate -----------------------------------------------------------------------------------------
+
+def probe_prompts(task: str, docs: int) -> list[str]:
+    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for an answer, one for
+    a feedback label), the question."""
+    rng = random.Random(0)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+    history = " ".join(f"[{i + 1}] {words(PROBE_DOC_WORDS)}" for i in range(docs))
+    labels = ", ".join(get_task(task).labels or ())
+    return [f"Here are some of the user's past items: {history}. Which label fits among [{labels}]? {words(40)}"
+            for _ in range(PROBE_PROMPTS)]
+
+
+@lru_cache(maxsize=8)
+def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
+    """The reader's answers/s (a prompt with k docs, every label of the task scored) and labels/s (one doc, one
+    target) on this machine now: measured at the start of each run, so a loaded machine's estimate says so."""
+    from persrag_lightning.llm.registry import load_llm
+
+    labels = list(get_task(task).labels or ("yes", "no"))
+    answer_prompts, label_prompts = probe_prompts(task, PROBE_DOCS), probe_prompts(task, 1)
+    llm = load_llm("hf", model, batch_size=batch_size, dtype=dtype)
+    try:
+        llm.score_options(answer_prompts[:1], labels)  # warm-up: first-call allocations and kernel choices
+        started = time.perf_counter()
+        llm.score_options(answer_prompts, labels)
+        answers = len(answer_prompts) / (time.perf_counter() - started)
+        started = time.perf_counter()
+        llm.score(label_prompts, labels[:1] * len(label_prompts))
+        one = len(label_prompts) / (time.perf_counter() - started)
+    finally:
+        llm.close()
+    return {"answers": answers, "labels": one}
+
+
+# ---- the plan of a run -----------------------------------------------------------------------------------------
+
+def question_counts(data_dir: str | None, preset: Preset) -> dict[str, int]:
+    """Questions per split: a LaMP folder's, or the SynthLaMP the preset generates."""
+    if data_dir is not None:
+        from persrag_lightning.data.lamp import questions_path
+
+        return {s: len(json.loads(questions_path(data_dir, s).read_text())) if questions_path(data_dir, s).is_file()
+                else 0 for s in ("train", "dev", "test")}
+    from persrag_lightning.data.synth import SynthConfig
+
+    users = preset.data.get("data.init_args.synth.num_users") or SynthConfig().num_users
+    return {s: n * int(users) for s, n in SynthConfig(num_users=1).questions_per_split().items()}
+
+
+def reader_settings(preset: Preset, backend: str | None) -> dict:
+    """The evaluation's LLM settings: evaluate_cfrag.yaml's, under the preset's and the command line's overrides."""
+    config = yaml.safe_load(Path(resolve_config_path("evaluate_cfrag.yaml")).read_text())
+    llm = dict(config["evaluation"]["llm"])
+    llm.update({k.removeprefix("evaluation.llm."): v for k, v in preset.evaluate.items()
+                if k.startswith("evaluation.llm.") and v is not None})
+    if backend is not None:
+        llm["backend"] = backend
+    return llm
+
+
+def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, preset: Preset, task: str,
+               counts: dict[str, int], dev_cap: int, questions: int | None, backend: str | None) -> Plan:
+    """The plan of the stages `wanted` (`skip`: exported already), with the reader's rates measured (or read back)
+    when the estimate can be made."""
+    train = [s for s in wanted if s not in skip]
+    limit = preset.evaluate.get("evaluation.max_examples")
+    test = min(n for n in (counts["test"], limit, questions) if n is not None)
+    dev = min(n for n in (counts["dev"], dev_cap, limit, questions) if n is not None)
+    if rows is None:
+        from persrag_lightning.evaluation.evaluate import strategy_names
+
+        n_rows = len(strategy_names("evaluate_cfrag.yaml"))
+    else:
+        n_rows = len(rows)
+    answers = {"dev choice": 0, "test table": test * n_rows}
+    if preset.select_order_on_dev:
+        from persrag_lightning.commands.pipeline import CANDIDATES
+
+        answers["dev choice"] = dev * (len(CANDIDATES) + ("generator" in wanted and bool(preset.readers)))
+    plan = Plan(train, skip, rows, training_work(train, preset, counts), feedback_prompts(train, preset, counts["train"]),
+                answers, budget=budget_minutes())
+    llm = reader_settings(preset, backend)
+    if get_task(task).labels is None or llm.get("answer_mode") != "choose":
+        plan.reason = "answers are generated (the estimate covers chosen labels)"
+    elif llm.get("backend") != "hf":
+        plan.reason = f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+    else:
+        from persrag_lightning.llm.hf import resolve_device_dtype
+
+        options = dict(llm.get("options") or {})
+        dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
+        plan.rates = dict(reader_rates(task, llm["model"], str(dtype).removeprefix("torch."),
+                                       int(llm.get("batch_size", 8))))
+    return plan
