@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from persrag_lightning.data.convert import FORMATS, LAYOUTS, ConvertOptions, LogFormatError, convert_log
+from persrag_lightning.data.convert import LAYOUTS, ConvertOptions, convert_log
+from persrag_lightning.data.log_files import FORMATS, LogFormatError
 
 FIELDS = {"description": "LaMP-2's text", "tag": "LaMP-2's label", "score": "LaMP-3's label",
           "title": "LaMP-4's and LaMP-5's label", "abstract": "LaMP-5's text"}

@@ -21,11 +21,9 @@ with the same options gives byte-identical files (docs/data/your-own-data.md).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -35,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from persrag_lightning.data.lamp import (
-    LampFormatError,
     OutputsWriter,
     QuestionsWriter,
     gc_paused,
@@ -44,6 +41,7 @@ from persrag_lightning.data.lamp import (
     questions_path,
     task_spec,
 )
+from persrag_lightning.data.log_files import LogFormatError, read_log
 from persrag_lightning.data.synth_text import LAMP2_PROMPT, LAMP3_PROMPT, LAMP4_PROMPT, LAMP5_PROMPT
 from persrag_lightning.data.tasks import TaskSpec
 from persrag_lightning.utils import atomic_directory, atomic_write_json
@@ -71,10 +69,6 @@ LAYOUTS: dict[str, TaskLayout] = {
 }
 # LaMP-1 (a choice between two references) and LaMP-7 (a tweet from its paraphrase) ask questions a log of single
 # items does not hold.
-
-
-class LogFormatError(LampFormatError):
-    """A bad log or bad conversion options: the message names the file, the row and the column (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -128,141 +122,6 @@ class ConvertOptions:
         if self.item is not None:
             out["item"] = self.item
         return out
-
-
-# ------------------------------------------------------------------------------------------------------ reading
-
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
-           ".parquet": "parquet", ".pq": "parquet"}
-
-
-def log_format(path: Path) -> str:
-    """The format by the file's extension (a compressed `.csv.gz` reads as CSV)."""
-    suffixes = [s.lower() for s in path.suffixes]
-    for s in reversed(suffixes):
-        if s in FORMATS:
-            return FORMATS[s]
-    raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))}")
-
-
-def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
-    """The named columns of a log, as Python lists of the file's values (None where a value is missing)."""
-    path = Path(path)
-    if not path.is_file():
-        raise LogFormatError(f"{path}: no such file")
-    kind = log_format(path)
-    wanted = list(dict.fromkeys(columns))
-    with gc_paused():
-        if kind in ("csv", "tsv"):
-            return _read_csv(path, wanted, "\t" if kind == "tsv" else ",")
-        if kind == "parquet":
-            return _read_parquet(path, wanted)
-        if kind == "jsonl":
-            return _read_jsonl(path, wanted)
-        return _read_json(path, wanted)
-
-
-def _missing(path: Path, have: Sequence[str], wanted: Sequence[str]) -> None:
-    absent = [c for c in wanted if c not in have]
-    if absent:
-        raise LogFormatError(f"{path.name}: no column {absent[0]!r}; the file has {', '.join(map(repr, have))}")
-
-
-def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[Any]]:
-    import pyarrow as pa
-    from pyarrow import csv
-
-    parse = csv.ParseOptions(delimiter=delimiter)
-    try:
-        with csv.open_csv(path, parse_options=parse) as reader:
-            _missing(path, reader.schema.names, wanted)
-        # every column as text: user ids like "007" stay themselves, and each value is checked below
-        table = csv.read_csv(path, parse_options=parse, convert_options=csv.ConvertOptions(
-            include_columns=wanted, column_types={c: pa.string() for c in wanted}, strings_can_be_null=False))
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        raise LogFormatError(f"{path.name}: not a readable CSV file: {e}") from None
-    return {c: table.column(c).to_pylist() for c in wanted}
-
-
-def _read_parquet(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
-    import pyarrow as pa
-    from pyarrow import parquet
-
-    try:
-        _missing(path, parquet.read_schema(path).names, wanted)
-        table = parquet.read_table(path, columns=wanted)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise LogFormatError(f"{path.name}: not a readable Parquet file: {e}") from None
-    return {c: _values(table.column(c)) for c in wanted}
-
-
-def _values(column: Any) -> list[Any]:
-    """A pyarrow column as Python values; typed dates and timestamps become Unix seconds (naive ones are UTC)."""
-    import pyarrow as pa
-
-    if pa.types.is_date(column.type):
-        column = column.cast(pa.timestamp("s"))
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("s", tz=column.type.tz), safe=False).cast(pa.int64())
-    return column.to_pylist()
-
-
-def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
-    """pyarrow's reader, fast; a line it refuses (or values whose type changes) is found again line by line, so
-    the message names it."""
-    import pyarrow as pa
-    from pyarrow import json as pa_json
-
-    try:
-        table = pa_json.read_json(path)
-        _missing(path, table.column_names, wanted)
-        return {c: _values(table.column(c)) for c in wanted}
-    except pa.ArrowInvalid:
-        pass
-    columns: dict[str, list[Any]] = {c: [] for c in wanted}
-    with open(path, encoding="utf-8", errors="strict") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                raise LogFormatError(f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)")
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LogFormatError(f"{path.name}: row {n}: malformed JSON at column {e.colno}: {e.msg}") from None
-            _add_record(path, n, record, columns)
-    return _checked_columns(path, columns)
-
-
-def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise LogFormatError(f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(data, list):
-        raise LogFormatError(f"{path.name}: top level: expected a JSON list of row objects, got "
-                             f"{type(data).__name__}")
-    columns: dict[str, list[Any]] = {c: [] for c in wanted}
-    for n, record in enumerate(data, 1):
-        _add_record(path, n, record, columns)
-    return _checked_columns(path, columns)
-
-
-def _add_record(path: Path, n: int, record: Any, columns: dict[str, list[Any]]) -> None:
-    if not isinstance(record, dict):
-        raise LogFormatError(f"{path.name}: row {n}: expected an object, got {type(record).__name__}")
-    for c, values in columns.items():
-        values.append(record.get(c, _ABSENT))
-
-
-_ABSENT = object()  # a key the record lacks (a column no row has is refused as a missing column)
-
-
-def _checked_columns(path: Path, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    for c, values in columns.items():
-        if values and all(v is _ABSENT for v in values):
-            _missing(path, [k for k in columns if k != c], [c])
-        columns[c] = [None if v is _ABSENT else v for v in values]
-    return columns
 
 
 # ---------------------------------------------------------------------------------------------------- checking
@@ -472,13 +331,27 @@ def _date_strings(ts: np.ndarray) -> list[str]:
     return [s.replace("T", "-").replace(":", "-") for s in iso.tolist()]
 
 
-def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
-    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest convert.json."""
-    path, out = Path(log), Path(out)
-    layout = options.check()
-    spec = task_spec(options.task)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise LogFormatError(f"--out: {out} exists and is not empty; pass --overwrite to replace it")
+@dataclass
+class LogRows:
+    """A checked log: one value per row, and each kept user's rows (oldest first) as a slice of `order`."""
+
+    users: list[str]
+    texts: list[str]
+    labels: list[str]
+    doc_ids: list[str]
+    dates: list[str]
+    order: np.ndarray   # row indices, users in sorted id order, each user's rows oldest first
+    starts: np.ndarray  # where each kept user's rows begin in `order`
+    counts: np.ndarray  # how many rows each kept user has
+    dropped_users: int
+
+    def user_rows(self) -> list[list[int]]:
+        return [self.order[s:s + c].tolist() for s, c in zip(self.starts.tolist(), self.counts.tolist())]
+
+
+def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogRows:
+    """Every value of the named columns checked (a bad one raises LogFormatError naming the row and the column),
+    users with too few items dropped, and each kept user's rows ordered by time (equal times: the file's order)."""
     cols = options.columns()
     raw = read_log(path, list(cols.values()))
     n = len(raw[cols["user"]])
@@ -491,57 +364,70 @@ def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overw
     items = _identifiers(path, raw[cols["item"]], "item", cols["item"]) if "item" in cols else None
     if items is not None:
         _check_duplicates(path, users, items, cols["item"])
-
-    # users in sorted id order, each user's rows oldest first (equal times keep the file's order)
     codes_of = {u: k for k, u in enumerate(sorted(set(users)))}
     codes = np.fromiter((codes_of[u] for u in users), dtype=np.int64, count=n)
     order = np.lexsort((np.arange(n), ts, codes))
-    counts_all = np.bincount(codes, minlength=len(codes_of))
-    starts_all = np.concatenate([[0], np.cumsum(counts_all)[:-1]])
-    keep = counts_all >= options.min_items
-    starts, counts = starts_all[keep], counts_all[keep]
+    counts = np.bincount(codes, minlength=len(codes_of))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    keep = counts >= options.min_items
     if not keep.any():
         raise LogFormatError(f"{path.name}: no user has {options.min_items} items (--min_items); the most any user "
-                             f"has is {int(counts_all.max())}")
-    doc_ids = _doc_ids(users, items, order, starts, counts)
-    dates = _date_strings(ts)
-    asks_test, asks_dev = _split_rows(counts, options)
+                             f"has is {int(counts.max())}")
+    starts, counts = starts[keep], counts[keep]
+    return LogRows(users, texts, labels, _doc_ids(users, items, order, starts, counts), _date_strings(ts), order,
+                   starts, counts, int((~keep).sum()))
 
-    questions = {"train": 0, "dev": 0, "test": 0}
-    train_labels: Counter[str] = Counter()
-    test_golds: list[str] = []
+
+def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
+    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest convert.json."""
+    path, out = Path(log), Path(out)
+    layout = options.check()
+    spec = task_spec(options.task)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise LogFormatError(f"--out: {out} exists and is not empty; pass --overwrite to replace it")
+    rows = check_log(path, options, spec)
     with atomic_directory(out) as tmp, gc_paused():
-        with ExitStack() as stack:
-            qw = {s: stack.enter_context(QuestionsWriter(questions_path(tmp, s), spec)) for s in questions}
-            ow = {s: stack.enter_context(OutputsWriter(outputs_path(tmp, s), spec)) for s in questions}
-            for u, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
-                rows = order[start:start + count].tolist()
-                docs = [profile_item_json(doc_ids[r], dates[r], _fields(spec, layout, texts[r], labels[r]))
-                        for r in rows]
-                first_train = count - 2 - options.train_per_user
-                plan = [(p, "train") for p in range(first_train, count - 2)]
-                plan += [(count - 2, "dev")] * bool(asks_dev[u]) + [(count - 1, "test")] * bool(asks_test[u])
-                for p, split in plan:
-                    r = rows[p]
-                    qw[split].write_record(doc_ids[r], layout.template.replace(TEXT, texts[r]), users[r],
-                                           "[" + ", ".join(docs[:p]) + "]")
-                    ow[split].write(doc_ids[r], labels[r])
-                    questions[split] += 1
-                    if split == "train":
-                        train_labels[labels[r]] += 1
-                    elif split == "test":
-                        test_golds.append(labels[r])
-        kept_rows = int(counts.sum())
+        questions, train_labels, test_golds = write_questions(tmp, rows, options, spec, layout)
+        kept = [r for user in rows.user_rows() for r in user]
         conversion = Conversion(
-            spec.name, n, int(keep.sum()), kept_rows, int((~keep).sum()), n - kept_rows, questions,
-            {k: float(v) for k, v in zip(("min", "p25", "p50", "p75", "max"),
-                                         np.percentile(counts, [0, 25, 50, 75, 100]))},
-            labels=dict(Counter(labels[r] for s, c in zip(starts.tolist(), counts.tolist())
-                                for r in order[s:s + c].tolist())) if spec.labels else {},
+            spec.name, len(rows.users), len(rows.counts), len(kept), rows.dropped_users, len(rows.users) - len(kept),
+            questions, {k: float(v) for k, v in zip(("min", "p25", "p50", "p75", "max"),
+                                                    np.percentile(rows.counts, [0, 25, 50, 75, 100]))},
+            labels=dict(Counter(rows.labels[r] for r in kept)) if spec.labels else {},
             baseline=_majority_baseline(spec, train_labels, test_golds))
         atomic_write_json(tmp / MANIFEST, {"source": path.name, "sha256": _digest(path), "options": asdict(options),
                                            "conversion": asdict(conversion)})
     return conversion
+
+
+def write_questions(folder: Path, rows: LogRows, options: ConvertOptions, spec: TaskSpec,
+                    layout: TaskLayout) -> tuple[dict[str, int], Counter[str], list[str]]:
+    """Each kept user's questions into the split files of `folder`: (questions per split, train labels, test
+    golds)."""
+    questions = {"train": 0, "dev": 0, "test": 0}
+    train_labels: Counter[str] = Counter()
+    test_golds: list[str] = []
+    asks_test, asks_dev = _split_rows(rows.counts, options)
+    with ExitStack() as stack:
+        qw = {s: stack.enter_context(QuestionsWriter(questions_path(folder, s), spec)) for s in questions}
+        ow = {s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions}
+        for u, user in enumerate(rows.user_rows()):
+            docs = [profile_item_json(rows.doc_ids[r], rows.dates[r],
+                                      _fields(spec, layout, rows.texts[r], rows.labels[r])) for r in user]
+            count = len(user)
+            plan = [(p, "train") for p in range(count - 2 - options.train_per_user, count - 2)]
+            plan += [(count - 2, "dev")] * bool(asks_dev[u]) + [(count - 1, "test")] * bool(asks_test[u])
+            for p, split in plan:
+                r = user[p]
+                qw[split].write_record(rows.doc_ids[r], layout.template.replace(TEXT, rows.texts[r]), rows.users[r],
+                                       "[" + ", ".join(docs[:p]) + "]")
+                ow[split].write(rows.doc_ids[r], rows.labels[r])
+                questions[split] += 1
+                if split == "train":
+                    train_labels[rows.labels[r]] += 1
+                elif split == "test":
+                    test_golds.append(rows.labels[r])
+    return questions, train_labels, test_golds
 
 
 def _fields(spec: TaskSpec, layout: TaskLayout, text: str, label: str) -> dict[str, str]:
