@@ -3,12 +3,12 @@
 bfloat16 counts as native on a CUDA device that supports it, and on a CPU with AVX512-BF16 or AMX-BF16 (oneDNN's
 kernels use them) where a matmul at the reader's shapes also *measures* clearly faster in bfloat16 than in float32.
 A CPU without them (AVX2-only, AVX-512 without BF16) emulates bfloat16 in software: the quick preset's generator
-trained at 0.02 examples/s in bf16-mixed on an AVX2-only AMD EPYC (Zen 3), so `auto` is float32 there. The
-instructions alone do not make it pay: on a 2-core Xeon, AMX ran that matmul 5.5-6.3x as fast in bfloat16 as in
-float32, its AVX512-BF16 kernels (oneDNN capped at AVX512_CORE_BF16, as on a CPU with AVX512-BF16 and no AMX)
-0.59-0.73x as fast, and the reader answered 1.76 against 1.99 prompts/s (benchmarks/bench_reader.py,
-docs/performance/llm-feedback.md). The measurement
-takes a fraction of a second once per process. `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap, e.g. `AVX2` or
+trained too slowly to use in bf16-mixed on an AVX2-only AMD EPYC (Zen 3), so `auto` is float32 there. The
+instructions alone do not make it pay: on a 2-core Xeon, AMX ran that matmul several times as fast in bfloat16 as
+in float32, but its AVX512-BF16 kernels (oneDNN capped at AVX512_CORE_BF16, as on a CPU with AVX512-BF16 and no
+AMX) ran it slower, and the reader answered slower too (benchmarks/bench_reader.py; figures:
+docs/getting-started.md, docs/performance/llm-feedback.md). The measurement takes a fraction of a second once per
+process. `ONEDNN_MAX_CPU_ISA` (oneDNN's own cap, e.g. `AVX2` or
 `AVX512_CORE_BF16`) is honoured, so a run can be made to behave as on a machine with fewer instruction sets.
 """
 
@@ -26,9 +26,11 @@ ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512",
              "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI", "amx_bf16": "AMX"}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bfloat16 is native on a CPU only where its matmul measures at least this much faster than float32's: the margin
-# keeps a loaded machine's noise from flipping the answer (5.5-6.3x with AMX, 0.59-0.73x with AVX512-BF16 alone)
+# keeps a loaded machine's noise from flipping the answer (AMX is far above it, AVX512-BF16 alone below parity:
+# docs/getting-started.md)
 BF16_MIN_SPEEDUP = 1.3
-# the probe's Linear: SmolLM2's MLP (576 -> 1536) on 2048 tokens, ~3.6 GFLOP: ~14 ms in float32 on 2 AVX-512 cores
+# the probe's Linear: SmolLM2's MLP (576 -> 1536) on 2048 tokens, the reader's own shape, milliseconds to time
+# (docs/getting-started.md)
 PROBE_SHAPE = (2048, 576, 1536)
 
 

@@ -1,4 +1,4 @@
-"""Progress of a long phase on stderr, with an ETA: `[evaluate CFRAG] 120/300 prompts (40 %), ETA 1.2 min`.
+"""Progress of a long phase on stderr, with an ETA: `[evaluate CFRAG] 120/300 prompts (40 %) (ETA x.x min)`.
 
 Lines, not a redrawn bar, so logs of Slurm jobs and CI stay readable; at most one line per `every` seconds, plus
 the last. Printed (not logged) so it shows without logging configured, and quiet logs (logs.py) keep it."""
@@ -14,7 +14,8 @@ T = TypeVar("T")
 
 
 def eta(started: float, done: int, total: int) -> str:
-    """` (ETA 3.2 min)` from the mean time of the finished items (nothing before the first one finishes)."""
+    """` (ETA x.x min)`, the minutes left at the mean time of the finished items (nothing before the first one
+    finishes)."""
     if done == 0:
         return ""
     left = (time.perf_counter() - started) / done * (total - done)

@@ -81,18 +81,18 @@ def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str
 # with m = 1). The stage-1 encoder is not chosen again in every run: on the 300 dev questions of both measured
 # seeds the paired chain beat the paper's text-only chain in either order (first-stage order 0.317 / 0.330 against
 # 0.293 / 0.260; docs/performance/main-job.md), so the paper's chain is a reported row (its reranked order, the
-# paper's exact CFRAG), not a candidate: two dev evaluations and one test row fewer (the job: 30.3 -> 27.3 min;
-# docs/getting-started.md).
+# paper's exact CFRAG), not a candidate: two dev evaluations and one test row fewer, minutes off every job
+# (docs/getting-started.md#the-main-job).
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 
 
 # Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
-# its 11 x 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time, the reading
-# alone would take ~20 min on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Reading fewer questions
-# (`--questions`) fits the budget only by losing what the table is for: with 100 questions the AVX2 job took 24.0 min
-# on a slow day, and random 100 of the 300 test questions show all three of the goal's differences in 6-11 % of draws
-# (benchmarks/subset_power.py on the float32 and bfloat16 runs). Times and tables: docs/getting-started.md#the-main-job.
+# its eleven passes over 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time,
+# the reading alone would use up the budget on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Reading
+# fewer questions (`--questions`) fits the budget only by losing what the table is for: a random 100 of the 300 test
+# questions rarely shows all three of the goal's differences (benchmarks/subset_power.py). Times and tables:
+# docs/getting-started.md#the-main-job.
 FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
                        "28-47 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
                        "prompts; --questions 100 took 24 min, but 100 questions rarely show the table's differences "

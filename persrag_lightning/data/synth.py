@@ -27,8 +27,8 @@ profile ids (``u000042-007``) and question ids (``u000042-dev0``) never coincide
 No leakage by construction: a text is a function of (kind, slot tuple), and a fixed hash of that pair assigns every
 tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so no question's description /
 article / abstract equals any profile item's, of any user, in any rng chunk -- without any state shared between
-chunks. (Up to ``synthlamp/1`` both drew from one space, and 92 of 300 default LaMP-2 dev questions had their exact
-description in the corpus.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a neutral tweet)
+chunks. (Up to ``synthlamp/1`` both drew from one space, and many default LaMP-2 dev questions had their exact
+description in the corpus: docs/data/synthlamp.md.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a neutral tweet)
 is never a profile text anyway; there the partition keeps the question's *item* out of every profile: its paper,
 in any school, and its tweet's content, in any style.
 

@@ -140,8 +140,9 @@ class ScaledSynthUsers:
     def encode(self, n: int, seed: int, chunk_users: int = 50_000, batch_size: int = 1024,
                dtype: torch.dtype = torch.float32, progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray]:
         """e_u [n, d] float32 and communities [n] of n drawn users, chunk by chunk (progress lines per chunk);
-        batches of similar length (less padding); `dtype` bfloat16 runs the encoder ~3x faster on a CPU with
-        native bf16, for vectors whose distribution, not last bits, matters (an index benchmark)."""
+        batches of similar length (less padding); `dtype` bfloat16 runs the encoder faster on a CPU with
+        native bf16, for vectors whose distribution, not last bits, matters (an index benchmark:
+        docs/training/stages.md)."""
         encoder = self.encoder.to(dtype)
         out = np.empty((n, encoder.config.dim), np.float32)
         comm = np.empty(n, np.int64)

@@ -27,7 +27,7 @@ from persrag_lightning.utils import trainer_validates
 
 # Below this share of examples whose candidates got different labels, the stage is told: every other example's KL
 # target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy answers to LaMP-2 under the
-# task metric gave 0 of 64 such examples (benchmarks/results/cpu-2026-11-28-feedback-task/).
+# task metric gave none (docs/training/feedback.md).
 UNINFORMATIVE_SHARE = 0.1
 
 

@@ -1,9 +1,9 @@
 """`backend: auto`: the backend that computes exact labels fastest *on this machine*, measured once and remembered.
 
 On a CPU the winner depends on the processor, not on the code: on one 2-core Xeon llama.cpp (f16 weights)
-labelled SmolLM2's feedback prompts 1.0-1.5x as fast as float32 transformers, on another (the same instruction
-set, another host) transformers was 1.7x as fast as llama.cpp (docs: performance). Both compute the
-exact model (labels within 0.1 nat). So on a CPU-only machine where both could run, `auto` times both on a few
+labelled SmolLM2's feedback prompts faster than float32 transformers, on another (the same instruction set,
+another host) transformers was the faster (docs/training/feedback.md, docs/performance/llm-feedback.md). Both
+compute the exact model (labels within 0.1 nat). So on a CPU-only machine where both could run, `auto` times both on a few
 feedback-sized prompts and keeps the faster; the decision is written once per processor, software and model
 (`<cache>/llm/auto-backend-<key>.json`, under a lock, so DDP ranks and concurrent jobs on a machine agree) and read
 by every later run. Delete the file to measure again; name `hf` or `llamacpp` to skip the measurement.

@@ -18,9 +18,8 @@ _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama
 # GEMM): a 200-token prompt runs at ~90 tokens/s, barely above one-token decoding. F16 / BF16 / Q4_0 go through
 # llamafile's GEMM or the repacked Q4_0 kernel. `auto` (the default) picks f16 for such a file: it holds the Q4_1 values (4-bit codes times f16
 # scales, plus f16 minimums) to within f16 rounding and, unlike the Q4_1 kernel, does not round the activations to 8
-# bits, so it answered like float32 transformers on every benchmark prompt (16/16 in each of four columns; the
-# shipped file 2–14/16) at 2.2x the shipped file's speed; bf16 is faster again with a few different answers
-# (docs/performance/llm-feedback.md).
+# bits, so it answered like float32 transformers on every benchmark prompt (the shipped file did not) and faster
+# than the shipped file; bf16 is faster again with a few different answers (docs/performance/llm-feedback.md).
 # KV sequences of the scoring context: `score_options` decodes up to this many options in one call (LaMP-2 has 15
 # labels; older llama.cpp builds allow 64 sequences at most).
 OPTION_SEQS = 64
@@ -49,12 +48,12 @@ class LlamaCppLLM(LLM):
         """`weights`: `gguf` runs the file as shipped; f32, f16, bf16, q8_0 or q4_0 re-encode it once (cached under
         `<cache>/llm/`) into a type with a fast CPU kernel, in the fingerprint since answers change; `auto`
         (default) is f16 for a small Q4_1 file (the embedded SmolLM2) and the shipped file otherwise (a large
-        model in f16 would need 4x the memory and decode slower). `score_seqs`: pairs per llama_decode call in
+        model in f16 would need four times the memory of its 4-bit file and decode slower). `score_seqs`: pairs per llama_decode call in
         `score`; 1 (default) was fastest on 2 CPU cores, 2 and 4 slower (docs/performance/llm-feedback.md).
         `flash_attn`: llama.cpp's fused attention kernel in the scoring context (`score`, `score_options`), on by
-        default: labels 1.1-1.2x faster on 2 CPU cores, within 0.02 nat of the unfused kernel's; off reproduces
-        the labels of caches made before it. Generation keeps the unfused kernel: with the fused one 1 of 16 greedy
-        LaMP-5 titles left the exact model's (docs/performance/llm-feedback.md)."""
+        default: labels faster on 2 CPU cores, within 0.02 nat of the unfused kernel's; off reproduces the labels
+        of caches made before it. Generation keeps the unfused kernel: with the fused one a greedy LaMP-5 title
+        left the exact model's (docs/performance/llm-feedback.md)."""
         super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
         self._llama_cpp = _import_llama()
         self.source = resolve_model(model)

@@ -47,7 +47,8 @@ class MemorySettings:
     recall_query: str = "summary"
     # True: constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
     # lm-format-enforcer). False (default): free decoding parsed afterwards, as the seed does; with SmolLM2-135M
-    # the schema cut the fallbacks from 50 to 3 of 70 but its forced sentences lost the facts (recall@5 0.67 -> 0)
+    # the schema cut the fallbacks to a few but its forced sentences lost the facts, and recall with them
+    # (docs/methods/memory.md)
     constrained_extraction: bool = False
 
     def __post_init__(self) -> None:

@@ -2,9 +2,8 @@
 
 Precision follows the machine (`embedding_precision`): on a CPU that computes bfloat16 natively (AVX512-BF16 or
 AMX) the encoder runs under bfloat16 autocast, elsewhere (an AVX2-only CPU, a GPU) in float32. On 2 cores of an AMX
-Xeon, bfloat16 embedded SynthLaMP docs with MiniLM 1.6-1.7x as fast as float32 (335 against 214 docs/s; a corpus
-pass of the main job 0.6 min instead of 1.0), every vector within cosine 0.99996 of float32's and 99.8-99.9 % of
-the top-5 neighbours the same (docs/fidelity.md; benchmarks/bench_inference_precision.py, raw output in
+Xeon, bfloat16 embedded SynthLaMP docs with MiniLM clearly faster than float32, its vectors and top-5 neighbours
+nearly float32's (docs/fidelity.md; benchmarks/bench_inference_precision.py, raw output in
 benchmarks/results/cpu-2026-11-27b-mainjob/). The precision is part of the cache's key and of its meta.json.
 """
 

@@ -21,10 +21,9 @@ EXPORTED_RUNTIMES = ("onnx", "openvino")
 Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
 # OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps the last
-# MAX_SHAPES. Measured on 2 cores with AMX (the quick export's 6-layer reranker, 30 pairs of ~70 tokens per test
-# question, benchmarks/profile_reranker.py, docs/performance/serving.md): one dynamic-shape model 60.5 / 69.6 ms p50 /
-# p95, static shapes 50.6 / 55.5 (steps 8 and 16 alike in a probe); ~0.2 s to compile a shape, paid by the first
-# batch of that shape.
+# MAX_SHAPES: on 2 cores with AMX static shapes reranked faster than one dynamic-shape model, at both p50 and p95
+# (steps 8 and 16 alike in a probe), and a shape compiles once, paid by the first batch of that shape
+# (benchmarks/profile_reranker.py, docs/performance/serving.md, docs/serving/pipeline.md).
 WIDTH_STEP = 16
 MAX_SHAPES = 64
 EXPORT_FORMAT = 2  # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
@@ -51,7 +50,7 @@ class _Positional(nn.Module):
 def eager_attention(model: nn.Module | None) -> Iterator[None]:
     """The transformers model's attention as explicit matmul + mask + softmax for the block (restored after):
     exported so, OpenVINO fuses each layer's attention into one kernel; torch's SDPA exports as a masked
-    softmax with NaN guards that it runs op by op (60.5 vs 64.9 ms p50 on the reranker's pairs)."""
+    softmax with NaN guards that it runs op by op, slower on the reranker's pairs (docs/serving/pipeline.md)."""
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if before is None or before == "eager" or not hasattr(model, "set_attn_implementation"):
         yield

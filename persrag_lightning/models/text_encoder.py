@@ -107,7 +107,7 @@ class TextEncoder(nn.Module):
     def encode(self, texts: list[str], batch_size: int = 64, session: Session | None = None) -> torch.Tensor:
         """Embed texts in length-sorted batches (less padding) and return them in input order, float32 on CPU;
         `session`: this encoder's export in an inference runtime (`export_onnx`) computes instead of torch."""
-        if self.training:  # eval() walks every submodule: ~1 ms per call, profiled in served queries
+        if self.training:  # eval() walks every submodule: a cost in every served query's profile
             self.eval()
         device = next(self.parameters()).device
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

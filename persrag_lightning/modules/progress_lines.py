@@ -1,7 +1,7 @@
 """Progress lines with an ETA for a stage's training and validation, where no progress bar is drawn.
 
 The pipeline and Slurm jobs run with Lightning's bar off (a redrawn bar garbles logs); without this a stage's
-training and validation showed nothing until they ended: `[fit generator] epoch 1/1: 3/4 batches (75 %) (ETA 0.4 min)`.
+training and validation showed nothing until they ended: `[fit generator] epoch 1/1: 3/4 batches (75 %) (ETA x.x min)`.
 """
 
 from __future__ import annotations

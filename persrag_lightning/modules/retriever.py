@@ -23,7 +23,8 @@ class RetrieverModule(FeedbackDistillationModule):
                  teacher_temperature: float = 1.0, lr: float = 6e-5, weight_decay: float = 0.0,
                  warmup_ratio: float = 0.0, lr_schedule: LrSchedule = "constant", eval_k: int = 5) -> None:
         """Defaults of the official code: α = 0.1, shared encoder, T = T_t = 1, lr 6e-5 (it uses Adam without
-        weight decay, hence 0.0; it trains 1 epoch at batch 1 × accumulation 4, which is trainer configuration)."""
+        weight decay, hence 0.0; it trains 1 epoch at batch 1 with 4 accumulated steps, which is trainer
+        configuration)."""
         super().__init__()
         self.save_hyperparameters()
         self._init_state()

@@ -36,8 +36,8 @@ NOISE = -1  # HDBSCAN's label for users in no dense region
 FORMAT = "persrag-cohorts/v1"
 ASSIGN_CHUNK = 2 ** 24  # users × centroids distances computed at a time (~64 MiB): 1M users never need 4+ GiB
 # A cohort holding more than this share of all users is scored by one product with the whole (contiguous) table
-# instead of gathering its members' vectors first: at 1M × 384, one query on 2 cores, the gather + product costs
-# 14 / 35 / 69 / 124 ms for 5 / 12.5 / 25 / 50 % of the users, the whole product 37–45 ms whatever the share.
+# instead of gathering its members' vectors first: the gather grows with the cohort, the whole product does not,
+# and they cross near an eighth of the users (benchmarks/bench_cohort_neighbours.py, docs/methods/clusterrag.md).
 FULL_SCAN_SHARE = 0.125
 
 
@@ -228,7 +228,7 @@ class CohortModel:
             d2 = (xs * xs).sum(1)[:, None] - 2 * xs @ self.centroids.T + c2
             best = d2.argmin(axis=1)
             nearest[start:start + len(xs)] = best
-            # the distance to the chosen centroid from the difference, not the expansion above: |x|² − 2x·c + |c|²
+            # the distance to the chosen centroid from the difference, not the expansion above: |x|² − 2⟨x, c⟩ + |c|²
             # loses ~√eps in float32, enough to move a cohort's farthest member across its radius
             dist[start:start + len(xs)] = np.linalg.norm(xs - self.centroids[best], axis=1)
         if self.settings.method == "kmeans":

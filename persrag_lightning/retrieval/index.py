@@ -14,14 +14,14 @@ from persrag_lightning.utils import atomic_replace
 IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
 
 # The index parameters, in one place (export, evaluation, serving and purge all build through build_index), set from
-# benchmarks/bench_retrieval.py (docs/performance/user-retrieval.md; top-6, d = 384, one search thread, 2 cores):
-# - exact search costs 0.9 ms per query at 20k users, 7.6 ms at 100k and 67 ms at 1M: "auto" keeps it (recall 1)
-#   up to 20k users, where it stays under the 2 ms goal;
+# benchmarks/bench_retrieval.py (figures: docs/training/stages.md; top-6, d = 384, one search thread, 2 cores):
+# - exact search grows with the users: "auto" keeps it (recall 1) up to 20k users, where it stays under the goal
+#   of two milliseconds per query;
 # - HNSW M 32, efConstruction 100, efSearch 64 over 1M users drawn as SynthLaMP draws them and embedded by the
-#   trained encoder: 0.22 ms p50, recall@6 0.998, built in 168 s with 2 threads (M 64 / efConstruction 200: 2.1x
-#   the build time and 0.26 ms at the same recall). The Gaussian set (pessimistic, near-isotropic) needs a larger
-#   efSearch for the same recall (docs/performance/user-retrieval.md); efSearch is a search-time setting of the
-#   loaded index.
+#   trained encoder: well under the goal at recall@6 near 1, built in minutes with 2 threads (M 64 /
+#   efConstruction 200 doubles the build time and searches no faster at the same recall). The Gaussian set
+#   (pessimistic, near-isotropic) needs a larger efSearch for the same recall; efSearch is a search-time setting of
+#   the loaded index.
 AUTO_EXACT_MAX_USERS = 20_000   # index "auto": exact (flat) up to this many users, HNSW above
 HNSW_M = 32                     # links per node
 HNSW_EF_CONSTRUCTION = 100      # candidate list while linking (faiss's default, 40, loses recall at scale)
@@ -30,9 +30,9 @@ IVF_NPROBE = 16                 # lists scanned per query
 
 # faiss (≥ 1.10; 1.15 here) sends a batch of nq queries to BLAS only when nq·d ≥ 128,000 — 334 queries of 384-d.
 # Below that, each query streams the whole table through a per-pair SIMD dot product, so a batch costs nq single
-# queries: 5.3–6.0 ms per query at any batch size over 100k × 384 on one thread, against 0.8–1.2 ms for numpy's
-# matmul (benchmarks/bench_retrieval.py, "batched exact search"). With BLAS from 4 queries on, batches of 64 cost
-# 0.84 ms and of 256 0.71 ms per query; a single query stays on the SIMD path, which is faster there (5.9 vs 12 ms).
+# queries, several times numpy's matmul (benchmarks/bench_retrieval.py; figures: docs/training/stages.md). With
+# BLAS from 4 queries on, batches cost about what the matmul does; a single query stays on the SIMD path, which is
+# faster there.
 FAISS_DEFAULT_BLAS_THRESHOLD = 128_000
 BLAS_MIN_QUERIES = 4
 
@@ -111,13 +111,13 @@ def _gpu_classes(name: str) -> tuple[type, ...]:
 
 class TorchFlatIndex:
     """Exact inner-product search on a CUDA device as one matmul + top-k in torch: the GPU path of every flat
-    index, faiss-gpu installed or not. Over 1M users on an H200 it answers one query in 0.62 ms p50 against 3.40 ms
-    for faiss-gpu's GpuIndexFlatIP, 30.6k against 14.2k queries/s in batches of 64
-    (benchmarks/results/h200-2026-11-26/bench_retrieval.txt), and it runs on whatever CUDA torch was built for.
+    index, faiss-gpu installed or not. Over 1M users on an H200 it answered faster than faiss-gpu's
+    GpuIndexFlatIP, one query at a time and in batches (docs/performance/user-retrieval.md,
+    benchmarks/results/h200-2026-11-26/), and it runs on whatever CUDA torch was built for.
     float32 like faiss's IndexFlatIP, so the neighbours are the same up to float rounding. Duck-types the part of
     faiss.Index that UserIndex and save_index use (d, ntotal, add, search)."""
 
-    QUERY_CHUNK = 256  # queries per matmul: 256 × 1M float32 scores = 1 GiB of scratch
+    QUERY_CHUNK = 256  # queries per matmul: a score per query and user, 1 GiB of float32 scratch at 1M users
 
     def __init__(self, index: faiss.IndexFlat, device: str | torch.device = "cuda") -> None:
         if index.metric_type != faiss.METRIC_INNER_PRODUCT:

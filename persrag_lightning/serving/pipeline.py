@@ -34,7 +34,7 @@ def serving_runtime(part: str = "reranker") -> str:
     it is installed (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere); else, for the
     reranker, torch's bf16 autocast where the CPU computes bf16 natively, and fp32 otherwise. On 2 cores of the
     quick export (benchmarks/bench_serving.py, docs/performance/serving.md) OpenVINO reranked faster than bf16
-    autocast and nearer the fp32 order, and embedded the query ~2x faster than fp32 torch, where bf16 autocast
+    autocast and nearer the fp32 order, and embedded the query faster than fp32 torch, where bf16 autocast
     embedded it slower."""
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
         return "openvino"
@@ -66,9 +66,9 @@ class CFRAGPipeline:
         """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of exported
         runtimes (onnx, openvino: fixed when they load, here). None: the process's count, except that torch
         retrieves on 1 thread when every encoder of the retrieval runs exported: torch then does only small ops,
-        and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (p95 74 → 69 and
-        81 → 72 ms on dev, docs/performance/serving.md). On cores shared with other jobs 1 thread was ~3× faster than
-        2; the count is process-wide while set, so other threads of the process running torch meanwhile share it."""
+        and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (a lower p95 on dev:
+        docs/serving/pipeline.md). On cores shared with other jobs 1 thread was much faster than 2; the count is
+        process-wide while set, so other threads of the process running torch meanwhile share it."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
@@ -111,7 +111,7 @@ class CFRAGPipeline:
         computes bf16 natively, fp32 elsewhere. Pass `reranker_runtime="fp32", query_runtime="fp32",
         cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
         reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
-        cfrag_reranker_distilled.yaml (docs/performance/serving.md: ~4x faster reranking, a different order); None
+        cfrag_reranker_distilled.yaml (docs/training/stages.md: faster reranking, a different order); None
         serves the first-stage order (Table 3's "w/o reranker tuning"). `first_cut` names a cheaper reranker bundle
         inside `run_dir` ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
         (docs/performance/serving.md)."""
