@@ -151,8 +151,9 @@ def probe_prompts(task: str, docs: int) -> list[str]:
 
 @lru_cache(maxsize=8)
 def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
-    """The reader's answers/s (a prompt with k docs, every label of the task scored) and labels/s (one doc, one
-    target) on this machine now: measured at the start of each run, so a loaded machine's estimate says so."""
+    """The reader's answers per second (a prompt with k docs, every label of the task scored) and labels per second
+    (one doc, one target) on this machine now: measured at the start of each run, so a loaded machine's estimate
+    says so."""
     from persrag_lightning.llm.registry import load_llm
 
     labels = list(get_task(task).labels or ("yes", "no"))
