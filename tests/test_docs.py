@@ -427,3 +427,25 @@ def _pyproject_section(name: str) -> str:
     start = text.index(f"[{name}]")
     end = text.find("\n[", start + 1)
     return text[start:] if end < 0 else text[start:end]
+
+
+# A measured figure (a speed-up, a rate, minutes or milliseconds, an "N of M" count) in a comment, a docstring or a
+# config comment rots with the next run: it belongs on a docs page that benchmarks/report.py keeps true.
+FIGURE = re.compile(r"\d+(\.\d+)?\s*(x|×)(?![a-z0-9])|prompts/s|labels/s|examples/s|q/s|GFLOP|\d+(\.\d+)?\s*(min|ms)\b"
+                    r"|\b\d+ of \d+\b|\d\.\d+\s*-\s*\d\.\d+\s*(x|min)")
+
+
+def test_no_measured_figure_in_code_or_config_comments():
+    import io
+    import tokenize
+
+    hits = []
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        hits += [f"{path.relative_to(REPO)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if "#" in line and FIGURE.search(line.split("#", 1)[1])]
+    for path in sorted((REPO / "persrag_lightning").rglob("*.py")):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            docstring = token.type == tokenize.STRING and token.string.lstrip("rbfu").startswith(('"""', "'''"))
+            if (token.type == tokenize.COMMENT or docstring) and FIGURE.search(token.string):
+                hits.append(f"{path.relative_to(REPO)}:{token.start[0]}")
+    assert not hits, f"figures in code comments (move them to docs/): {hits}"
