@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -123,12 +124,32 @@ def bf16_verdict(device: str = "auto") -> str:
     return f"{'yes' if bf16_is_native(device) else 'no'} ({reason})"
 
 
+class Precision(Enum):
+    """The one precision policy: where a kind of work computes in bfloat16. Every consumer resolves it with
+    `uses_bf16` (trainer precision, the feedback labels' and the reader's dtype, the rerankers, the query encoder,
+    the corpus embeddings, serving); a config spells it `bf16_if_native` (NATIVE) or a preset `cpu_native`."""
+
+    NATIVE = "native"          # wherever bfloat16 is native where the work runs: a CUDA device, or such a CPU
+    CPU_NATIVE = "cpu_native"  # only on such a CPU; float32 on a GPU machine (work that gains nothing there)
+    FLOAT32 = "float32"        # never
+
+
+def uses_bf16(policy: Precision | str, device: str = "auto") -> bool:
+    """Whether work under `policy` computes in bfloat16 on `device` (auto: CUDA when present, else this CPU)."""
+    policy = Precision(policy)
+    if policy is Precision.FLOAT32:
+        return False
+    if policy is Precision.CPU_NATIVE:
+        return not torch.cuda.is_available() and cpu_has_native_bf16()
+    return bf16_is_native(device)
+
+
 def native_runtime(runtime: str) -> str:
-    """`bf16_if_native` resolved on this CPU: bf16 where it computes bfloat16 natively, fp32 elsewhere; any other
-    runtime name as given (the evaluation's and serving's reranker and query runtimes)."""
+    """`bf16_if_native` resolved for CPU work (the evaluation's and serving's reranker and query runtimes, the corpus
+    embeddings): bf16 where `uses_bf16(NATIVE, "cpu")`, fp32 elsewhere; any other runtime name as given."""
     if runtime != "bf16_if_native":
         return runtime
-    return "bf16" if cpu_has_native_bf16() else "fp32"
+    return "bf16" if uses_bf16(Precision.NATIVE, "cpu") else "fp32"
 
 
 def cuda_has_bf16() -> bool:
@@ -142,9 +163,9 @@ def bf16_is_native(device: str = "auto") -> bool:
     return cpu_has_native_bf16()
 
 
-def auto_precision(device: str = "auto") -> str:
-    """Lightning's precision for `auto`: bf16-mixed where bfloat16 is native, 32-true elsewhere."""
-    return "bf16-mixed" if bf16_is_native(device) else "32-true"
+def auto_precision(device: str = "auto", policy: Precision | str = Precision.NATIVE) -> str:
+    """Lightning's precision under `policy` (`auto`: NATIVE): bf16-mixed where it uses bfloat16, 32-true elsewhere."""
+    return "bf16-mixed" if uses_bf16(policy, device) else "32-true"
 
 
 def describe_cpu() -> str:

@@ -7,10 +7,10 @@ keeps the stage config's own value).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, get_args
 
+from persrag_lightning.hardware import Precision
 from persrag_lightning.llm.calibration import Calibration
 from persrag_lightning.models.user_encoder import Judgments
 from persrag_lightning.stages import STAGES, cli_overrides
@@ -19,21 +19,14 @@ from persrag_lightning.utils import ConfigError, resolve_config_path
 PRESET_DIR = "presets"
 
 
-class BF16Rule(Enum):
-    """Where a kind of work computes in bfloat16 (hardware.py measures what is native)."""
-
-    native = "native"          # wherever bfloat16 is native: a GPU, or a CPU that computes it natively
-    cpu_native = "cpu_native"  # only on such a CPU; float32 on a GPU, where these stages gain nothing from it
-
-
 @dataclass
 class Precisions:
-    """A preset's bfloat16 rule per kind of work; None keeps the stage config's precision."""
+    """A preset's precision policy (hardware.Precision) per kind of work; None keeps the stage config's."""
 
-    user_encoder: BF16Rule | None = None
-    feedback: BF16Rule | None = None
-    labels: BF16Rule | None = None     # the feedback LLM's dtype (hf only)
-    generator: BF16Rule | None = None
+    user_encoder: Precision | None = None
+    feedback: Precision | None = None
+    labels: Precision | None = None     # the feedback LLM's dtype (hf only)
+    generator: Precision | None = None
 
 
 @dataclass

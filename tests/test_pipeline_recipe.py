@@ -208,7 +208,7 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     machine(monkeypatch, AMX, onednn=True)
     assert pipeline.label_args("cpu_native", None) == ['--data.init_args.llm.options={"dtype": "bfloat16"}']
     assert pipeline.label_args("cpu_native", "llamacpp") == [] and pipeline.label_args(None, None) == []
-    with pytest.raises(ValueError, match="not a valid BF16Rule"):
+    with pytest.raises(ValueError, match="not a valid Precision"):
         pipeline.label_args("always", None)
     native = LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
     assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {

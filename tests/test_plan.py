@@ -73,3 +73,26 @@ def test_the_readers_rates_are_measured_with_the_real_model():
     rates = reader_rates("LaMP-2", "smollm2", "float32", 8)
     assert rates["answers"] > 0 and rates["labels"] > 0
     assert reader_rates("LaMP-2", "smollm2", "float32", 8) is rates  # once per process
+
+
+def test_each_precision_decision_is_stated_once_where_the_run_begins(monkeypatch, tmp_path, capsys, fixed_rates):
+    """One policy (hardware.Precision, resolved by uses_bf16) for every kind of work: on an AVX2-only CPU every
+    decision is float32, on an AMX CPU the quick preset's are bfloat16; pipeline.json keeps the same words."""
+    from persrag_lightning.hardware import Precision, uses_bf16
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert not any(uses_bf16(p) for p in Precision)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--run_name", "avx2"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[pipeline] precision: "))
+    assert line == ("[pipeline] precision: stage 1 32-true, feedback stages 32-true, generator 32-true, feedback "
+                    "labels the configs' backend (exact), reader float32, rerankers fp32, corpus embeddings fp32")
+    machine(monkeypatch, AMX, onednn=True)
+    assert uses_bf16(Precision.CPU_NATIVE) and not uses_bf16(Precision.FLOAT32)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--run_name", "amx"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[pipeline] precision: "))
+    assert line == ("[pipeline] precision: stage 1 bf16-mixed, feedback stages bf16-mixed, generator bf16-mixed, "
+                    "feedback labels bfloat16, reader bfloat16, rerankers bf16, corpus embeddings bf16")
+    record = json.loads((tmp_path / "amx" / "pipeline.json").read_text())["precision_decisions"]
+    assert record["reader"] == "bfloat16" and record["stage 1"] == "bf16-mixed"
+    machine(monkeypatch, AMX, onednn=True, cuda=True)  # cpu_native work stays float32 on a GPU machine
+    assert uses_bf16(Precision.NATIVE) and not uses_bf16(Precision.CPU_NATIVE)

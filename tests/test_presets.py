@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from persrag_lightning.cli import main
-from persrag_lightning.presets import BF16Rule, load_preset, preset_names
+from persrag_lightning.hardware import Precision
+from persrag_lightning.presets import load_preset, preset_names
 from persrag_lightning.stages import PAPER_STAGES, STAGES, cli_overrides
 
 
@@ -14,7 +15,7 @@ def test_the_shipped_presets_read_as_typed_values():
     assert preset_names() == ["full-feedback", "paper", "quick", "smoke"]
     quick = load_preset("quick")
     assert quick.feedback["data.init_args.m"] == 3 and quick.feedback["data.init_args.feedback_metric"] == "loglik"
-    assert quick.precision.feedback is BF16Rule.cpu_native and quick.precision.generator is BF16Rule.native
+    assert quick.precision.feedback is Precision.CPU_NATIVE and quick.precision.generator is Precision.NATIVE
     assert quick.judgments == "paired" and quick.paper_chain and quick.select_order_on_dev
     assert quick.readers == ["none", "contextual", "pmi"] and set(PAPER_STAGES) <= set(quick.stages)
     assert cli_overrides(quick.evaluate) == ["--evaluation.llm.answer_mode=choose",

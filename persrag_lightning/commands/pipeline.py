@@ -22,38 +22,52 @@ from persrag_lightning.commands.plan import build_plan, question_counts
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
-from persrag_lightning.hardware import bf16_is_native, bf16_verdict, cpu_has_native_bf16, describe_cpu
+from persrag_lightning.hardware import (
+    Precision,
+    auto_precision,
+    bf16_is_native,
+    bf16_verdict,
+    cpu_has_native_bf16,
+    describe_cpu,
+    uses_bf16,
+)
+from persrag_lightning.llm.hf import resolve_device_dtype
 from persrag_lightning.models.corpus_embeddings import embedding_precision
-from persrag_lightning.presets import BF16Rule, Preset, load_preset, preset_names
+from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
 from persrag_lightning.utils import ConfigError, atomic_write_json
 
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
 
-def rule_is_native(rule: BF16Rule | str) -> bool:
-    """Whether a preset's precision rule asks for bfloat16 on this machine: `native` wherever bfloat16 is native
-    (CUDA or CPU), `cpu_native` only on such a CPU (float32 on a GPU)."""
-    rule = BF16Rule(rule)
-    if rule is BF16Rule.cpu_native:
-        return not torch.cuda.is_available() and cpu_has_native_bf16()
-    return bf16_is_native()
-
-
-def precision_args(rule: BF16Rule | str | None) -> list[str]:
-    """`--trainer.precision` for a stage by a preset's rule (`rule_is_native`); None: the config's."""
+def precision_args(rule: Precision | str | None) -> list[str]:
+    """`--trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the config's."""
     if rule is None:
         return []
-    return ["--trainer.precision=bf16-mixed" if rule_is_native(rule) else "--trainer.precision=32-true"]
+    return [f"--trainer.precision={auto_precision(policy=rule)}"]
 
 
-def label_args(rule: BF16Rule | str | None, backend: str | None) -> list[str]:
+def label_args(rule: Precision | str | None, backend: str | None) -> list[str]:
     """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native (`cpu_native`: not
     on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the configs' `backend: auto`
     still picks the faster exact backend, nor under a backend without a dtype option."""
     if rule is None or backend not in (None, "auto", "hf"):
         return []
-    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if rule_is_native(rule) else []
+    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if uses_bf16(rule) else []
+
+
+def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
+    """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the preset's policy):
+    printed before the plan and kept in pipeline.json."""
+    rules = preset.precision
+    stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
+    out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
+    out["feedback labels"] = "bfloat16" if label_args(rules.labels, backend) else "the configs' backend (exact)"
+    reader = (preset.evaluate.get("evaluation.llm.options") or {}).get("dtype", "auto")
+    out["reader"] = str(resolve_device_dtype("auto", reader)[1]).removeprefix("torch.")
+    out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
+    out["corpus embeddings"] = embedding_precision()
+    return out
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
@@ -268,6 +282,8 @@ def main(argv: list[str]) -> None:
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
     if note := float32_reader_note(opts.preset):
         print(note)
+    decisions = precision_decisions(preset, opts.llm_backend)
+    print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
     plan = build_plan(wanted, [s for s in wanted if stage_done(opts.export_root, run_name, s)],
                       report_strategies(preset, "CFRAG", paper_chain), preset, task,
                       question_counts(opts.data_dir, preset), DEV_SELECTION_EXAMPLES, questions, opts.llm_backend)
@@ -337,6 +353,7 @@ def main(argv: list[str]) -> None:
         "questions": questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_args(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
+        "precision_decisions": decisions,
         "feedback_labels": label_args(rules.labels, opts.llm_backend),
         "corpus_embeddings": embedding_precision(),
         "evaluation_reranker": resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32"),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from persrag_lightning.hardware import cpu_has_native_bf16
+from persrag_lightning.hardware import Precision, uses_bf16
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 
 _DONE_MARKER = "persrag_source.json"
@@ -104,8 +104,7 @@ def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.d
     if dtype == "auto":
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
     if dtype == "bf16_if_native":
-        native = dev.type == "cuda" or (dev.type == "cpu" and cpu_has_native_bf16())
-        return dev, torch.bfloat16 if native else torch.float32
+        return dev, torch.bfloat16 if uses_bf16(Precision.NATIVE, dev.type) else torch.float32
     named = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in named:
