@@ -54,7 +54,7 @@ def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeyp
     (tmp_path / "synthlamp-paper" / "user_encoder" / "config.json").write_text("{}")
     run_pipeline(monkeypatch, tmp_path, ["--preset", "paper"])
     out = capsys.readouterr().out
-    assert "; exported already, skipped: user_encoder" in out and "[pipeline] plan: train retriever," in out
+    assert "; already exported, so not trained again: user_encoder" in out and "[pipeline] plan: train retriever," in out
     assert "[pipeline] no time estimate: answers are generated" in out
 
 

@@ -63,7 +63,7 @@ class Plan:
 
     def lines(self) -> list[str]:
         out = [f"[pipeline] plan: train {', '.join(self.train) or 'nothing'}"
-               + (f"; exported already, skipped: {', '.join(self.skip)}" if self.skip else "")]
+               + (f"; already exported, so not trained again: {', '.join(self.skip)}" if self.skip else "")]
         out.append("[pipeline] rows: " + (", ".join(self.rows) if self.rows else "every strategy of evaluate_cfrag.yaml"))
         if self.minutes is None:
             out.append(f"[pipeline] no time estimate: {self.reason}")
