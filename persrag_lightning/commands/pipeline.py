@@ -286,7 +286,8 @@ def main(argv: list[str]) -> None:
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
     plan = build_plan(wanted, [s for s in wanted if stage_done(opts.export_root, run_name, s)],
                       report_strategies(preset, "CFRAG", paper_chain), preset, task,
-                      question_counts(opts.data_dir, preset), DEV_SELECTION_EXAMPLES, questions, opts.llm_backend)
+                      question_counts(opts.data_dir, preset), (len(CANDIDATES), DEV_SELECTION_EXAMPLES), questions,
+                      opts.llm_backend)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "

@@ -199,13 +199,14 @@ def reader_settings(preset: Preset, backend: str | None) -> dict:
 
 
 def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, preset: Preset, task: str,
-               counts: dict[str, int], dev_cap: int, questions: int | None, backend: str | None) -> Plan:
-    """The plan of the stages `wanted` (`skip`: exported already), with the reader's rates measured (or read back)
-    when the estimate can be made."""
+               counts: dict[str, int], dev: tuple[int, int], questions: int | None, backend: str | None) -> Plan:
+    """The plan of the stages `wanted` (`skip`: exported already; `dev`: the dev choice's configurations and its cap
+    of questions), with the reader's rates measured when the estimate can be made."""
+    candidates, dev_cap = dev
     train = [s for s in wanted if s not in skip]
     limit = preset.evaluate.get("evaluation.max_examples")
     test = min(n for n in (counts["test"], limit, questions) if n is not None)
-    dev = min(n for n in (counts["dev"], dev_cap, limit, questions) if n is not None)
+    dev_questions = min(n for n in (counts["dev"], dev_cap, limit, questions) if n is not None)
     if rows is None:
         from persrag_lightning.evaluation.evaluate import strategy_names
 
@@ -214,9 +215,7 @@ def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, prese
         n_rows = len(rows)
     answers = {"dev choice": 0, "test table": test * n_rows}
     if preset.select_order_on_dev:
-        from persrag_lightning.commands.pipeline import CANDIDATES
-
-        answers["dev choice"] = dev * (len(CANDIDATES) + ("generator" in wanted and bool(preset.readers)))
+        answers["dev choice"] = dev_questions * (candidates + ("generator" in wanted and bool(preset.readers)))
     plan = Plan(train, skip, rows, training_work(train, preset, counts), feedback_prompts(train, preset, counts["train"]),
                 answers, budget=budget_minutes())
     llm = reader_settings(preset, backend)
