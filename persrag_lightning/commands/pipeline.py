@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.commands.evaluate import evaluate_command
-from persrag_lightning.commands.plan import build_plan, question_counts
+from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
@@ -31,7 +31,6 @@ from persrag_lightning.hardware import (
     describe_cpu,
     uses_bf16,
 )
-from persrag_lightning.llm.hf import resolve_device_dtype
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
@@ -63,8 +62,8 @@ def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
     out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
     out["feedback labels"] = "bfloat16" if label_args(rules.labels, backend) else "the configs' backend (exact)"
-    reader = (preset.evaluate.get("evaluation.llm.options") or {}).get("dtype", "auto")
-    out["reader"] = str(resolve_device_dtype("auto", reader)[1]).removeprefix("torch.")
+    llm = reader_settings(preset, backend)
+    out["reader"] = reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
     out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
     out["corpus embeddings"] = embedding_precision()
     return out

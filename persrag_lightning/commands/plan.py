@@ -198,6 +198,15 @@ def reader_settings(preset: Preset, backend: str | None) -> dict:
     return llm
 
 
+def reader_dtype(llm: dict) -> str:
+    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by hardware.uses_bf16)."""
+    from persrag_lightning.llm.hf import resolve_device_dtype
+
+    options = llm.get("options") or {}
+    dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
+    return str(dtype).removeprefix("torch.")
+
+
 def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, preset: Preset, task: str,
                counts: dict[str, int], dev: tuple[int, int], questions: int | None, backend: str | None) -> Plan:
     """The plan of the stages `wanted` (`skip`: exported already; `dev`: the dev choice's configurations and its cap
@@ -224,10 +233,5 @@ def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, prese
     elif llm.get("backend") != "hf":
         plan.reason = f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
     else:
-        from persrag_lightning.llm.hf import resolve_device_dtype
-
-        options = dict(llm.get("options") or {})
-        dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
-        plan.rates = dict(reader_rates(task, llm["model"], str(dtype).removeprefix("torch."),
-                                       int(llm.get("batch_size", 8))))
+        plan.rates = dict(reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))))
     return plan
