@@ -157,16 +157,26 @@ def evaluate_config_rows(config: str):
     return cfg, run, {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
 
 
+def evaluated_rows(args: list[str]) -> list[tuple[str, str]]:
+    """(config name, table name) of each `--only` row of an `evaluate_command` call, under its `--names`, as the
+    real evaluation names its results."""
+    import json
+
+    from persrag_lightning.commands.pipeline import shown
+
+    only = next((a for a in args if a.startswith("--only=")), None)
+    names = next((json.loads(a[len("--names="):]) for a in args if a.startswith("--names=")), {})
+    return [(n, shown(n, names)) for n in (json.loads(only[len("--only="):]) if only else [])]
+
+
 def fake_evaluate(calls: list[list[str]] | None = None):
     """A stand-in for `evaluate_command` in pipeline tests: records the arguments (in `calls`) and scores every
     `--only` row alike, so the dev choice keeps the first candidate (CFRAG)."""
-    import json
 
     def evaluate(args: list[str]) -> dict[str, dict[str, float]]:
         if calls is not None:
             calls.append(args)
-        only = next((a for a in args if a.startswith("--only=")), None)
-        names = json.loads(only[len("--only="):]) if only else []
-        return {n: dict.fromkeys(("accuracy", "f1", "mae", "rmse", "rouge-1", "rouge-L"), 0.5) for n in names}
+        return {row: dict.fromkeys(("accuracy", "f1", "mae", "rmse", "rouge-1", "rouge-L"), 0.5)
+                for _, row in evaluated_rows(args)}
 
     return evaluate

@@ -14,6 +14,7 @@ from persrag_lightning.evaluation.evaluate import file_name
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.serving import CFRAGPipeline
 
+RERANKED = "CFRAG (judgments, reranked)"  # the main chain's row: stage 1 reads judgments (the presets' default)
 STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "reranker_distilled",
           "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
 
@@ -31,17 +32,22 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     out = in_tmp_cwd / "runs" / "synthlamp-smoke" / "evaluate"
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])
-    assert {"CFRAG", "ROPG", "w/o user retrieval", "MEAN user emb.", "w/o reranker tuning",
+    # the main chain's two orders are named by what they are (stage 1 reads judgments), not by an ablation
+    reranked, first_stage = RERANKED, "CFRAG (judgments, first-stage order)"
+    assert {reranked, "ROPG", "w/o user retrieval", "MEAN user emb.", first_stage,
             "CFRAG (distilled reranker)", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"} <= names
+    assert not {"CFRAG", "w/o reranker tuning"} & names
     # the recipe's order was chosen on dev between the two candidates, and that choice is the table's reference
     choice = json.loads((in_tmp_cwd / "runs" / "synthlamp-smoke" / "select-on-dev" / "metrics.json").read_text())
-    assert choice["split"] == "dev" and set(choice["results"]) == {"CFRAG", "w/o reranker tuning"}
+    assert choice["split"] == "dev" and set(choice["results"]) == {reranked, first_stage}
     assert metrics["reference"] in choice["results"]
+    assert json.loads((run / "pipeline.json").read_text())["reference_row"] == metrics["reference"]
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
     # the calibration the dev choice kept reads the test table, and every LLM row stored its label scores
     chosen = json.loads((run / "pipeline.json").read_text())["calibration_chosen_on_dev"]
     assert chosen in ("none", "contextual", "pmi") and metrics["reading"]["calibration"] == chosen
-    assert (out / "predictions" / "CFRAG.labels.json").is_file() and "majority label (train)" in names
+    assert (out / "predictions" / f"{file_name(reranked)}.labels.json").is_file()
+    assert "majority label (train)" in names
     # every reported accuracy is the official metric of the written predictions against the test golds
     data_dir = next((in_tmp_cwd / ".cache" / "persrag" / "synthlamp").glob("LaMP-2-*"))
     golds = read_outputs(data_dir / "test_outputs.json", "LaMP-2")
@@ -54,13 +60,13 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
         assert low <= row["accuracy"] <= high
     assert metrics["results"]["recency"]["own_docs"] == 1.0
     assert metrics["results"]["w/o user retrieval"]["own_docs"] == 1.0
-    assert metrics["results"]["CFRAG"]["own_docs"] < 1.0  # the collaborative path reached the prompts
+    assert metrics["results"][reranked]["own_docs"] < 1.0  # the collaborative path reached the prompts
     # the tuned generator answers the same docs as the strategy it wraps (one retrieval, read from the cache)
-    for name in ("zero_shot", "bm25", "CFRAG"):
+    for name in ("zero_shot", "bm25", reranked):
         tuned = metrics["results"][f"{name} + tuned generator"]
         assert tuned.get("own_docs") == metrics["results"][name].get("own_docs"), name
     first = capsys.readouterr().out
-    assert "| CFRAG |" in first and "exported already, skipped" not in first
+    assert f"| {metrics['reference']} |" in first and "exported already, skipped" not in first
 
     main(["pipeline", "--preset", "smoke"])  # a second run skips every exported stage and cached evaluation
     assert capsys.readouterr().out.count("exported already, skipped") == len(STAGES)
@@ -94,10 +100,10 @@ def test_pipeline_on_a_users_own_lamp_folder(in_tmp_cwd):
     assert all((run / s / "config.json").exists() for s in ("user_encoder", "retriever", "reranker"))
     metrics = json.loads((in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "metrics.json").read_text())
     golds = read_outputs(folder / "test_outputs.json", "LaMP-2")
-    predictions = read_outputs(in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "predictions" / "CFRAG.json",
-                               "LaMP-2")
-    assert set(metrics["results"]) == {"bm25", "CFRAG", "majority label (train)", "user's own majority",
-                                       "bm25 docs' vote", "CFRAG docs' vote"} and metrics["split"] == "test"
+    predictions = read_outputs(in_tmp_cwd / "runs" / "my_lamp-smoke" / "evaluate" / "predictions" /
+                               f"{file_name(RERANKED)}.json", "LaMP-2")
+    assert set(metrics["results"]) == {"bm25", RERANKED, "majority label (train)", "user's own majority",
+                                       "bm25 docs' vote", f"{RERANKED} docs' vote"} and metrics["split"] == "test"
     assert set(predictions) <= set(golds)  # the folder's own test questions were answered
     assert json.loads((run / "pipeline.json").read_text())["argv"][-1] == str(folder)
 
@@ -121,8 +127,8 @@ def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cw
           str(folders[0])])
     evaluate = in_tmp_cwd / "runs" / f"{folders[0].name}-lamp3-smoke" / "evaluate"
     metrics = json.loads((evaluate / "metrics.json").read_text())
-    assert metrics["split"] == "test" and {"bm25", "CFRAG", "majority label (train)", "user's own median",
-                                           "CFRAG docs' vote"} <= set(metrics["results"])
+    assert metrics["split"] == "test" and {"bm25", RERANKED, "majority label (train)", "user's own median",
+                                           f"{RERANKED} docs' vote"} <= set(metrics["results"])
     golds = read_outputs(folders[0] / "test_outputs.json", "LaMP-3")
-    predictions = read_outputs(evaluate / "predictions" / "CFRAG.json", "LaMP-3")
+    predictions = read_outputs(evaluate / "predictions" / f"{file_name(RERANKED)}.json", "LaMP-3")
     assert len(golds) == 16 and predictions and set(predictions) <= set(golds)  # the users' latest reviews

@@ -14,7 +14,7 @@ from persrag_lightning.commands import pipeline
 from persrag_lightning.evaluation.evaluate import set_reranker_runtime
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import preset_names
-from tests.conftest import fake_evaluate
+from tests.conftest import evaluated_rows, fake_evaluate
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
@@ -78,8 +78,8 @@ def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, f
 
     def evaluate(args: list[str]):
         results = record(args)
-        for name, row in results.items():
-            row["accuracy"] = (dev_scores or {}).get(name, 0.1)
+        for name, row in evaluated_rows(args):
+            results[row]["accuracy"] = (dev_scores or {}).get(name, 0.1)
         return results
 
     monkeypatch.setattr(pipeline, "lightning_command", lambda args: fits.append(args))
@@ -253,6 +253,16 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     assert "w/o user retrieval (first-stage order)" in rows and "w/o user retrieval" not in rows
     assert "w/o reranker tuning + tuned generator" in rows and "CFRAG + tuned generator" not in rows
     assert {"zero_shot", "bm25", "zero_shot + tuned generator", "bm25 + tuned generator"} <= set(rows)
+    # in the tables the candidates are configurations of CFRAG, named by what stage 1 reads and their order; the
+    # chosen one is the reference, and its "+ tuned generator" row and the goal's paired test follow that name
+    names = json.loads(next(a for a in test if a.startswith("--names="))[len("--names="):])
+    assert names == {"CFRAG": "CFRAG (judgments, reranked)",
+                     "w/o reranker tuning": "CFRAG (judgments, first-stage order)"}
+    assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgments")] == [
+        "CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
+        "CFRAG (judgments, first-stage order) + tuned generator"]
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["reference_row"] == "CFRAG (judgments, first-stage order)"
 
 
 def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path) -> None:
@@ -266,6 +276,7 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     assert "--evaluation.reference=CFRAG" not in evaluations[1]  # CFRAG is the config's reference already
     rows = json.loads(next(a for a in evaluations[1] if a.startswith("--only="))[len("--only="):])
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
+    assert dict(evaluated_rows(evaluations[1]))["CFRAG"] == "CFRAG (text only, reranked)"
 
 
 def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) -> None:
@@ -379,12 +390,11 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
 
     def evaluate(args: list[str]) -> dict:
         calls.append(args)
-        names = json.loads(next(a for a in args if a.startswith("--only="))[len("--only="):])
         out = next((a.split("=", 1)[1] for a in args if a.startswith("--evaluation.out_dir=")), None)
-        for name in names if out else []:  # dev: the base rows need calibrating, the tuned one must not be
+        for _, name in evaluated_rows(args) if out else []:  # dev: the base rows need calibrating, the tuned not
             rows = [reads[g] for g in golds] if "tuned" not in name else [[-5.0, -1.0, -5, -0.2, -5]] * 2
             write_labels(tmp_path / out, name, rows, golds, prior)
-        return {n: {"mae": 1.0} for n in names}
+        return {row: {"mae": 1.0} for _, row in evaluated_rows(args)}
 
     monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
@@ -396,3 +406,33 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     assert "--evaluation.generator_calibration=none" in test  # "4", "4" under every calibration: none stands
     record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
     assert record["generator_calibration_chosen_on_dev"] == "none" and record["calibration_chosen_on_dev"] == "contextual"
+
+
+def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them() -> None:
+    from persrag_lightning.evaluation.evaluate import Evaluation, bind_strategies, rename_strategies
+    from persrag_lightning.retrieval.cfrag import CFRAG
+    from persrag_lightning.retrieval.tuned_generator import TunedGenerator
+    from persrag_lightning.utils import ConfigError
+
+    def config():
+        rows = [CFRAG("u", name="CFRAG"), CFRAG("u", name="w/o reranker tuning"), TunedGenerator("CFRAG"),
+                TunedGenerator("w/o reranker tuning", name="mine")]
+        bind_strategies(rows)
+        return rows
+
+    rows = config()
+    names = pipeline.chain_names("paired")
+    made = rename_strategies(rows, names)
+    assert [s.name for s in rows] == ["CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
+                                      "CFRAG (judgments, reranked) + tuned generator", "mine"]
+    assert rows[2].retrieval is rows[0]  # bound by the old names, before the rename
+    evaluation = Evaluation(reference="w/o reranker tuning", votes=["bm25", "CFRAG"],
+                            pairs=[["CFRAG + tuned generator", "bm25 + tuned generator"]])
+    evaluation.rename(made)
+    assert evaluation.reference == "CFRAG (judgments, first-stage order)"
+    assert evaluation.votes == ["bm25", "CFRAG (judgments, reranked)"]
+    assert evaluation.pairs == [["CFRAG (judgments, reranked) + tuned generator", "bm25 + tuned generator"]]
+    with pytest.raises(ConfigError, match="already the name of another strategy"):
+        rename_strategies(config(), {"CFRAG": "mine"})
+    with pytest.raises(ConfigError, match=r"\['nope'\] name no strategy"):
+        rename_strategies(config(), {"nope": "x"})

@@ -16,6 +16,7 @@ def evaluate_command(args: list[str]) -> dict:
         bind_strategies,
         evaluate_parser,
         only_names,
+        rename_strategies,
         substitute_run_dir,
     )
 
@@ -40,8 +41,10 @@ def evaluate_command(args: list[str]) -> dict:
     evaluation: Evaluation = init.evaluation
     strategies = init.strategies
     bind_strategies(strategies)  # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
+    names = rename_strategies(strategies, cfg.names or {})
+    evaluation.rename(names)
     if cfg.only is not None:
-        only = only_names(cfg.only)
+        only = [names.get(n, n) for n in only_names(cfg.only)]
         unknown = set(only) - {s.name for s in strategies}
         if unknown:
             raise SystemExit(f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}")

@@ -91,13 +91,28 @@ def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str
 
 # The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the main chain's
 # reranked order and its first stage's order, each with its "w/o user retrieval" row (the same chain and order
-# with m = 1). The stage-1 encoder is not chosen again in every run: on the 300 dev questions of both measured
-# seeds the paired chain beat the paper's text-only chain in either order (first-stage order 0.317 / 0.330 against
-# 0.293 / 0.260; docs/performance/main-job.md), so the paper's chain is a reported row (its reranked order, the
-# paper's exact CFRAG), not a candidate: two dev evaluations and one test row fewer, minutes off every job
-# (docs/getting-started.md#the-main-job).
+# with m = 1). The stage-1 encoder is not chosen again in every run: on the dev questions of both measured seeds
+# the paired chain beat the paper's text-only chain in either order (docs/performance/main-job.md), so the paper's
+# chain is a reported row, not a candidate.
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
+TUNED = " + tuned generator"
+STAGE_ONE_READS = {"paired": "judgments", "label": "label judgments", "none": "text only"}
+
+
+def chain_names(judgments: str) -> dict[str, str]:
+    """The table's names of the dev choice's candidates: what stage 1 of the main chain reads and which order its
+    docs take. evaluate_cfrag.yaml names the first-stage order by its ablation ("w/o reranker tuning"), which
+    reads as a loss of the recipe when dev chooses it: in the pipeline's tables it is a configuration of CFRAG."""
+    reads = STAGE_ONE_READS[judgments]
+    return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)"}
+
+
+def shown(name: str, names: dict[str, str]) -> str:
+    """A config strategy's name in the tables (`--names`), a "+ tuned generator" row following its retrieval's."""
+    if name.endswith(TUNED) and name.removesuffix(TUNED) in names:
+        return names[name.removesuffix(TUNED)] + TUNED
+    return names.get(name, name)
 
 
 # Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
@@ -145,14 +160,15 @@ def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple
 
 
 def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str, readers: list[str] | None = None,
-                  folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
+                  task: str, readers: list[str] | None = None, folder: str = "select-on-dev",
+                  row_names: dict[str, str] | None = None) -> tuple[str, str | None, dict[str, float]]:
     """Evaluate `names` on dev (at most DEV_SELECTION_EXAMPLES questions, or `evaluate_args`' own count, e.g. from
     `--questions`) and return the best configuration by the task's first metric, with the dev numbers: the main
     job's recipe is chosen here, never on test. With `readers` (label calibrations), each configuration's stored
     label scores are also re-read under each calibration (no LLM pass) and the best (configuration,
     calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice: it is
-    dropped, saying so, and the earlier one stands. The dev tables are written to runs/<run_name>/<folder>/."""
+    dropped, saying so, and the earlier one stands. The dev tables are written to runs/<run_name>/<folder>/, under
+    `row_names` (`chain_names`); the choice is returned by its config name."""
     from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, LampMetricFn, metric_names
 
     metric = metric_names(task)[0]
@@ -160,20 +176,22 @@ def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str],
     results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
                                 f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
                                 "--evaluation.split=dev", "--evaluation.reader_free=false",
-                                f"--evaluation.out_dir={out_dir}", f"--only={json.dumps(names)}"])
+                                f"--evaluation.out_dir={out_dir}", f"--only={json.dumps(names)}",
+                                f"--names={json.dumps(row_names or {})}"])
     scores: dict[tuple[str, str | None], float] = {}
     answers: dict[tuple[str, str | None], list[str]] = {}
-    for name in (n for n in names if n in results):
-        readings = dev_readings(out_dir, name, readers) if readers else {}
+    for name in (n for n in names if shown(n, row_names or {}) in results):
+        row = shown(name, row_names or {})
+        readings = dev_readings(out_dir, row, readers) if readers else {}
         if not readings:  # generated answers, or no stored scores: the evaluation's own number
-            scores[(name, None)] = results[name][metric]
+            scores[(name, None)] = results[row][metric]
             continue
         for reader, (said, golds) in readings.items():
             scores[(name, reader)], answers[(name, reader)] = LampMetricFn(task, metric)(said, golds), said
     if not scores:
         raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
     candidates = list(scores)
-    label = {c: c[0] + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
+    label = {c: shown(c[0], row_names or {}) + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
     distinct: list[tuple[str, str | None]] = []
     for c in candidates:
         twin = next((d for d in distinct if c in answers and answers.get(d) == answers[c]), None)
@@ -272,6 +290,7 @@ def main(argv: list[str]) -> None:
     llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
     paper_chain = preset.paper_chain and judgments != "none"  # else the main chain is the paper's
+    names = chain_names(judgments)
     rules = preset.precision
     # what each kind of stage adds to its preset overrides: precision, judgments, the LLM backend, the task
     kind_args = {"user_encoder": [*precision_args(rules.user_encoder), f"--model.init_args.judgments={judgments}"],
@@ -284,7 +303,8 @@ def main(argv: list[str]) -> None:
     decisions = precision_decisions(preset, opts.llm_backend)
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
     plan = build_plan(wanted, [s for s in wanted if stage_done(opts.export_root, run_name, s)],
-                      report_strategies(preset, "CFRAG", paper_chain), preset, task,
+                      [shown(r, names) for r in report_strategies(preset, "CFRAG", paper_chain) or []] or None,
+                      preset, task,
                       question_counts(opts.data_dir, preset), (len(CANDIDATES), DEV_SELECTION_EXAMPLES), questions,
                       opts.llm_backend)
     print("\n".join(plan.lines()), flush=True)
@@ -314,7 +334,7 @@ def main(argv: list[str]) -> None:
     if preset.select_order_on_dev:
         t0 = time.perf_counter()
         chosen, calibration, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES),
-                                                        run_name, task, readers)
+                                                        run_name, task, readers, row_names=names)
         timings.append(("choose on dev", time.perf_counter() - t0))
     if calibration is not None:
         evaluate_args.append(f"--evaluation.llm.calibration={calibration}")
@@ -325,8 +345,8 @@ def main(argv: list[str]) -> None:
             # under its own calibration (it learned the labels' prior), chosen on dev
             t0 = time.perf_counter()
             _, generator_calibration, generator_dev = choose_on_dev(
-                common, [*evaluate_args, *evaluate_llm], [f"{chosen} + tuned generator"], run_name, task, readers,
-                folder="select-on-dev/generator")
+                common, [*evaluate_args, *evaluate_llm], [f"{chosen}{TUNED}"], run_name, task, readers,
+                folder="select-on-dev/generator", row_names=names)
             dev_scores.update(generator_dev)
             timings.append(("generator's calibration on dev", time.perf_counter() - t0))
     if generator_calibration is not None:
@@ -337,11 +357,13 @@ def main(argv: list[str]) -> None:
     tests = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
     if rows is not None:  # the reader-free docs' vote of BM25's and the chosen configuration's prompts
         tests.append(f"--evaluation.votes={json.dumps([r for r in ('bm25', chosen) if r in rows])}")
-    if rows is not None and f"{chosen} + tuned generator" in rows and "bm25 + tuned generator" in rows:
+    if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
         # the goal's third test: the tuned generator reading the recipe's docs against it reading BM25's
-        goal = [[f"{chosen} + tuned generator", "bm25 + tuned generator"]]
-        tests.append(f"--evaluation.pairs={json.dumps(goal)}")
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *tests, *evaluate_llm])
+        tests.append(f"--evaluation.pairs={json.dumps([[f'{chosen}{TUNED}', f'bm25{TUNED}']])}")
+    print(f"[pipeline] the reference row: {shown(chosen, names)} (chosen on dev)" if preset.select_order_on_dev
+          else f"[pipeline] the reference row: {shown(chosen, names)}")
+    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *tests, *evaluate_llm,
+                      f"--names={json.dumps(names)}"])
     timings.append(("evaluate", time.perf_counter() - t0))
     print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
     total = sum(t for _, t in timings) / 60
@@ -357,7 +379,8 @@ def main(argv: list[str]) -> None:
         "feedback_labels": label_args(rules.labels, opts.llm_backend),
         "corpus_embeddings": embedding_precision(),
         "evaluation_reranker": resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32"),
-        "chosen_on_dev": chosen, "calibration_chosen_on_dev": calibration,
+        "chosen_on_dev": chosen, "row_names": names, "reference_row": shown(chosen, names),
+        "calibration_chosen_on_dev": calibration,
         "generator_calibration_chosen_on_dev": generator_calibration, "dev_scores": dev_scores,
         "minutes": {s: round(t / 60, 2) for s, t in timings}, "plan": plan.record(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})

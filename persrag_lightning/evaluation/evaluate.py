@@ -140,6 +140,10 @@ def evaluate_parser(prog: str = "persrag evaluate", description: str | None = No
     # `only_names` turns it back into the name the user typed instead of failing with a type error
     parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
                         help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
+    parser.add_argument("--names", type=dict[str, str] | None, default=None,
+                        help="the table's name for a strategy of the config, e.g. '{\"CFRAG\": \"CFRAG "
+                             "(judgments, reranked)\"}': its rows, predictions and paired tests take that name; "
+                             "--only, reference, votes and pairs may use either")
     return parser
 
 
@@ -155,6 +159,29 @@ def bind_strategies(strategies: list[Strategy]) -> None:
         bind = getattr(s, "bind", None)
         if bind is not None:
             bind(by_name)
+
+
+def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
+    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the old ones). A
+    "+ tuned generator" row over a renamed strategy follows it. Returns every rename made, old → new; a new name
+    that another strategy already has is refused (one line, exit 2)."""
+    made = {}
+    for s in strategies:
+        wrapped = getattr(s, "retrieval_name", None)
+        if s.name in names:
+            made[s.name] = names[s.name]
+        elif wrapped in names and s.name == f"{wrapped} + tuned generator":
+            made[s.name] = f"{names[wrapped]} + tuned generator"
+    unknown = set(names) - {s.name for s in strategies}
+    if unknown:
+        raise ConfigError(f"--names: {sorted(unknown)} name no strategy of the config")
+    kept = {s.name for s in strategies} - set(made)
+    clash = kept & set(made.values())
+    if clash:
+        raise ConfigError(f"--names: {sorted(clash)} is already the name of another strategy of the config")
+    for s in strategies:
+        s.name = made.get(s.name, s.name)
+    return made
 
 
 def resolve_reranker_runtime(runtime: str) -> str:
@@ -280,6 +307,12 @@ class Evaluation:
         self.top_answers: dict[str, tuple[str, float]] = {}
         self._llm: LLM | None = None
         self._generators: dict[str, LLM] = {}  # tuned generators' exports by path
+
+    def rename(self, names: dict[str, str]) -> None:
+        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests."""
+        self.reference = names.get(self.reference, self.reference)
+        self.votes = None if self.votes is None else [names.get(n, n) for n in self.votes]
+        self.pairs = [[names.get(n, n) for n in pair] for pair in self.pairs]
 
     @property
     def llm(self) -> LLM:
