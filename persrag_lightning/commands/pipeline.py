@@ -15,8 +15,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
 from persrag_lightning.commands.train import lightning_command
@@ -27,7 +25,6 @@ from persrag_lightning.hardware import (
     auto_precision,
     bf16_is_native,
     bf16_verdict,
-    cpu_has_native_bf16,
     describe_cpu,
     uses_bf16,
 )
@@ -115,21 +112,19 @@ def shown(name: str, names: dict[str, str]) -> str:
     return names.get(name, name)
 
 
-# Said up front where the quick preset runs past the README's 20-minute budget: a CPU without native bfloat16 reads
-# its eleven passes over 300 prompts in float32, which is compute-bound: were nothing but its matmuls to take time,
-# the reading alone would use up the budget on 2 AVX2 cores (benchmarks/bench_reader.py's float32 floor). Reading
-# fewer questions (`--questions`) fits the budget only by losing what the table is for: a random 100 of the 300 test
-# questions rarely shows all three of the goal's differences (benchmarks/subset_power.py). Times and tables:
-# docs/getting-started.md#the-main-job.
-FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32: the quick preset took "
-                       "28-47 min on 2 cores of such CPUs (12-17 with native bfloat16), most of it reading 11 x 300 "
-                       "prompts; --questions 100 took 24 min, but 100 questions rarely show the table's differences "
-                       "(docs/getting-started.md#the-main-job)")
+# Said before the plan where the preset asks for a bfloat16 reader and the CPU cannot give one: float32 reading is
+# compute-bound and most of such a job, and reading fewer questions buys time only by losing the table's power.
+FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32, which is most of this "
+                       "job's time: the estimate below says how long; --questions reads fewer questions but rarely "
+                       "shows the table's differences (docs/getting-started.md#the-main-job)")
 
 
-def float32_reader_note(preset: str) -> str | None:
-    """FLOAT32_READER_NOTE for the quick preset on a CPU without native bfloat16 (on a GPU it takes minutes)."""
-    if preset == "quick" and not torch.cuda.is_available() and not cpu_has_native_bf16():
+def float32_reader_note(preset: Preset, backend: str | None) -> str | None:
+    """FLOAT32_READER_NOTE where the preset's hf reader would read in bfloat16 where native and this CPU has no
+    native bfloat16 (on a GPU it reads in bfloat16)."""
+    llm = reader_settings(preset, backend)
+    wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
+    if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
         return FLOAT32_READER_NOTE
     return None
 
@@ -298,7 +293,7 @@ def main(argv: list[str]) -> None:
                  "generator": [*precision_args(rules.generator), *generator_task]}
     wanted = [n for n in (preset.stages or STAGES) if paper_chain or n not in PAPER_STAGES]
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(opts.preset):
+    if note := float32_reader_note(preset, opts.llm_backend):
         print(note)
     decisions = precision_decisions(preset, opts.llm_backend)
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
