@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +204,122 @@ def _section(run: Run, root: Path, level: int = 3) -> str:
     return "\n".join(lines) + "\n\n".join(t.markdown() for t in _tables(run, root)) + "\n"
 
 
+# ---- the main-job page's opening: one row per stored run whose runs.json entry has a `glance` ({"results": its
+# results.md, "log": the pipeline's output}), every cell copied from those files, and a plot of the same rows
+
+GLANCE_HEADER = ["run", "machine", "date", "wall clock", "estimated (min)", "reference row (chosen on dev)",
+                 "reference", "bm25", "p", "w/o user retrieval", "p", "reference + tuned generator",
+                 "bm25 + tuned generator", "p"]
+
+
+@dataclass
+class GlanceRow:
+    run: Run
+    cells: list[str]
+    minutes: float | None
+    rows: dict[str, str]  # every row of the results table: method -> its first metric's cell
+
+
+def _minutes(wall: str) -> float | None:
+    """'26:38.46' (GNU time's m:ss) or '1:02:03' (h:mm:ss) or '27.9 min' (the pipeline's count) in minutes."""
+    if wall.endswith(" min"):
+        return float(wall[:-4])
+    if not wall:
+        return None
+    parts = [float(x) for x in wall.split(":")]
+    return sum(v * 60 ** (len(parts) - 1 - i) for i, v in enumerate(parts)) / 60
+
+
+def glance_row(run: Run, root: Path) -> GlanceRow:
+    folder, spec = root / RESULTS / run.folder, run.entry["glance"]
+    text, log = ((folder / spec[k]).read_text(encoding="utf-8") for k in ("results", "log"))
+    table = next((t for t in _markdown_tables(text) if t[0].startswith("| method |")), None)
+    if table is None:
+        raise ReportError(f"{folder / spec['results']}: glance: no results table")
+    header, body = _cells(table[0]), [_cells(line) for line in table[2:]]
+    found = re.match(r"p vs (.+) \(", header[2])
+    if found is None:
+        raise ReportError(f"{folder / spec['results']}: glance: no 'p vs <reference>' column")
+    reference, by = found.group(1), {r[0]: r for r in body}
+    ablation = next((n for n in by if n.startswith("w/o user retrieval") and "paper" not in n), None)
+    pair = re.search(rf"Paired test, {re.escape(reference)} \+ tuned generator vs bm25 \+ tuned generator: "
+                     r"\w+ \S+ \(p = ([^)]+)\)", text)
+    missing = [n for n in (reference, "bm25", ablation, f"{reference} + tuned generator", "bm25 + tuned generator")
+               if n not in by]
+    if missing or pair is None:
+        raise ReportError(f"{folder / spec['results']}: glance: no row {missing[0] if missing else 'of the pair'}")
+    counted = re.findall(r"^\[pipeline\] ([\d.]+) min in all; estimated ([\d.]+)", log, re.MULTILINE)
+    timed = re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)$", log, re.MULTILINE)
+    wall = f"{counted[-1][0]} min" if counted else (timed[-1] if timed else "")
+    cells = [run.entry["benchmark"], run.machine["class"], run.machine["date"], wall,
+             counted[-1][1] if counted else "", reference, by[reference][1], by["bm25"][1], by["bm25"][2],
+             by[ablation][1], by[ablation][2], by[f"{reference} + tuned generator"][1],
+             by["bm25 + tuned generator"][1], pair.group(1)]
+    return GlanceRow(run, cells, _minutes(wall), {n: r[1] for n, r in by.items()})
+
+
+def glance_rows(runs: dict[tuple[str, str, str], Run], root: Path) -> list[GlanceRow]:
+    chosen = [r for (fam, _, _), r in sorted(runs.items(), key=lambda kv: kv[1].order)
+              if fam == "main-job" and r.entry.get("glance")]
+    return [glance_row(r, root) for r in chosen]
+
+
+GLANCE_PLOT = "main-job.png"
+
+
+def glance_section(rows: list[GlanceRow]) -> str:
+    sources = sorted({f"`{RESULTS / r.run.folder / f}`" for r in rows for f in
+                      ("machine.json", "runs.json", *r.run.entry["glance"].values())})
+    table = Table(GLANCE_HEADER, "|" + "---|" * len(GLANCE_HEADER), [r.cells for r in rows])
+    return "\n".join([
+        "## At a glance", "",
+        ("Each stored main-job run, newest last: its wall clock (the pipeline's own count, or GNU time's m:ss), the "
+         "estimate it printed before training where it had one, the configuration dev chose (the table's "
+         "reference), and the goal's three differences: the reference against BM25, against its own chain without "
+         "user retrieval, and read by the tuned generator against BM25 read by it, each with its paired p. First "
+         "metric of the task, cells as in the run's table below. The recipes differ by row: the run's name says "
+         "which."), "",
+        f"Raw output: {', '.join(sources)}", "", table.markdown(), "",
+        f"![Wall clock per run, and the newest run's rows with their intervals]({GLANCE_PLOT})", ""])
+
+
+def _point_interval(cell: str) -> tuple[float, float, float] | None:
+    found = re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", cell)
+    return tuple(float(x) for x in found.groups()) if found else None
+
+
+def glance_plot(rows: list[GlanceRow], path: Path) -> None:
+    """Left: wall clock per run; right: the newest run's rows (first metric) with their 95 % intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.minutes is not None]
+    newest = rows[-1]
+    points = {n: v for n, c in newest.rows.items() if (v := _point_interval(c)) is not None}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [1, 1.2]})
+    labels = [textwrap.fill(f"{r.run.machine['class']}, {r.run.machine['date']}", 34) for r in timed]
+    left.barh(range(len(timed)), [r.minutes for r in timed], color="#4c72b0")
+    left.set_yticks(range(len(timed)), labels, fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("wall clock (min)")
+    left.set_title("main job, per run", fontsize=9)
+    names = list(points)
+    values = [points[n][0] for n in names]
+    errors = [[points[n][0] - points[n][1] for n in names], [points[n][2] - points[n][0] for n in names]]
+    right.errorbar(values, range(len(names)), xerr=errors, fmt="o", capsize=3, color="#dd8452")
+    right.set_yticks(range(len(names)), names, fontsize=7)
+    right.invert_yaxis()
+    right.set_xlabel("first metric [95% bootstrap interval]")
+    right.set_title(textwrap.fill(f"{newest.run.entry['benchmark']} · {newest.run.machine['class']}", 70), fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    tmp.replace(path)
+
+
 # A benchmark whose runs.json entries all carry `superseded` (one line: what replaced it) measured a former recipe or
 # default: its tables stay on the page, after the current ones, under this heading.
 EARLIER_HEADING = "Earlier recipes"
@@ -216,6 +333,8 @@ GENERATED = ("<!-- Written by `python benchmarks/report.py` from benchmarks/resu
 def family_page(family: str, all_runs: list[Run], runs: dict[tuple[str, str, str], Run], root: Path) -> str:
     title, intro = FAMILIES[family]
     parts = [GENERATED, "", f"# {title}", "", intro, ""]
+    if family == "main-job" and (rows := glance_rows(runs, root)):
+        parts += [glance_section(rows)]
     benchmarks: list[str] = []  # in the order they were first run
     for run in sorted(all_runs, key=lambda r: r.order):
         if run.entry["family"] == family and run.entry["benchmark"] not in benchmarks:
@@ -309,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"differs from the raw files: {p}", file=sys.stderr)
         return 1 if stale else 0
     (ROOT / PAGES).mkdir(parents=True, exist_ok=True)
+    if rows := glance_rows(latest(load_runs(ROOT)), ROOT):  # a picture of the page's opening table, not compared
+        glance_plot(rows, ROOT / PAGES / GLANCE_PLOT)
     for p in stale:
         tmp = (ROOT / p).with_suffix(".tmp")
         tmp.write_text(pages[p], encoding="utf-8")

@@ -114,3 +114,17 @@ def test_superseded_benchmarks_come_after_the_current_ones_and_say_what_replaced
     (folder / "runs.json").write_text(json.dumps(runs))
     with pytest.raises(report.ReportError, match=r"cpu-2026-11-23e/runs\.json: entry 0: field 'superseded'"):
         report.build(results_copy)
+
+
+def test_the_main_job_page_opens_with_the_goal_of_each_stored_run(results_copy: Path) -> None:
+    """The glance table: one row per main-job run with a `glance` entry, its reference and the goal's three
+    differences copied from the run's results.md; a results file without the pair's sentence is refused by name."""
+    page = report.build(results_copy)[report.PAGES / "main-job.md"]
+    opening = page.split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in opening.splitlines() if "| AMD EPYC Zen 4 class, 2 vCPUs | 2026-11-28 |" in line)
+    assert "| 26:38.46 |  | w/o reranker tuning | 0.523 [0.467, 0.577] | 0.377 [0.323, 0.433] | 0.001 * |" in row
+    assert row.endswith("| 0.523 [0.470, 0.577] | 0.333 [0.280, 0.387] | 0.001 * |")
+    results = results_copy / report.RESULTS / "cpu-2026-11-28b-mainjob-calibrated" / "evaluate_results.md"
+    results.write_text(results.read_text().replace("Paired test,", "A test,"))
+    with pytest.raises(report.ReportError, match=r"calibrated/evaluate_results\.md: glance: no row of the pair"):
+        report.build(results_copy)
