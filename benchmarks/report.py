@@ -320,6 +320,37 @@ def glance_plot(rows: list[GlanceRow], path: Path) -> None:
     tmp.replace(path)
 
 
+# ---- README.md's main-job blocks, between `<!-- report.py: NAME -->` and `<!-- /report.py -->`: the newest glance
+# run's own lines and table, so that the README shows a stored run and no typed figure
+
+README = Path("README.md")
+BLOCK = re.compile(r"(<!-- report\.py: (?P<name>[\w -]+) -->\n)(?P<body>.*?)(<!-- /report\.py -->)", re.DOTALL)
+OUTPUT_LINES = re.compile(r"^\[pipeline\] (?!\w+: python train\.py)(?!.*: [\d.]+ min$).*$", re.MULTILINE)
+
+
+def readme_blocks(row: GlanceRow, root: Path) -> dict[str, str]:
+    folder, spec = root / RESULTS / row.run.folder, row.run.entry["glance"]
+    log = (folder / spec["log"]).read_text(encoding="utf-8")
+    said = [m.group(0) for m in OUTPUT_LINES.finditer(log)]
+    head, tail = [x for x in said if "min in all" not in x], [x for x in said if "min in all" in x]
+    text = (folder / spec["results"]).read_text(encoding="utf-8")
+    table = next(t for t in _markdown_tables(text) if t[0].startswith("| method |"))
+    compact = ["| " + " | ".join(_cells(line)[:3]) + " |" for line in table]
+    source = (f"{row.run.entry['benchmark']}, {row.run.machine['class']}, {row.run.machine['date']}: "
+              f"`{RESULTS / row.run.folder / spec['results']}` (every column: the run's own table)")
+    pairs = [line for line in text.splitlines() if line.startswith("Paired test,")]
+    return {"main-job output": "```text\n" + "\n".join([*head, "...", *tail]) + "\n```\n",
+            "main-job table": "\n".join([source, "", *compact, "", *pairs]) + "\n"}
+
+
+def readme_text(current: str, blocks: dict[str, str]) -> str:
+    """README.md with each block's body replaced; a block named here but missing from the README is an error."""
+    seen = {m.group("name") for m in BLOCK.finditer(current)}
+    if set(blocks) - seen:
+        raise ReportError(f"{README}: no block {sorted(set(blocks) - seen)[0]!r} (<!-- report.py: NAME -->)")
+    return BLOCK.sub(lambda m: m.group(1) + (blocks.get(m.group("name"), m.group("body"))) + m.group(4), current)
+
+
 # A benchmark whose runs.json entries all carry `superseded` (one line: what replaced it) measured a former recipe or
 # default: its tables stay on the page, after the current ones, under this heading.
 EARLIER_HEADING = "Earlier recipes"
@@ -410,6 +441,9 @@ def build(root: Path = ROOT) -> dict[Path, str]:
             out[PAGES / f"{family}.md"] = family_page(family, all_runs, runs, root)
     for folder in sorted({r.folder for r in all_runs}):
         out[RESULTS / folder / "README.md"] = folder_readme(folder, all_runs)
+    if (root / README).is_file() and (rows := glance_rows(runs, root)):
+        newest = max(rows, key=lambda r: r.run.order)
+        out[README] = readme_text((root / README).read_text(encoding="utf-8"), readme_blocks(newest, root))
     return out
 
 

@@ -128,3 +128,19 @@ def test_the_main_job_page_opens_with_the_goal_of_each_stored_run(results_copy: 
     results.write_text(results.read_text().replace("Paired test,", "A test,"))
     with pytest.raises(report.ReportError, match=r"calibrated/evaluate_results\.md: glance: no row of the pair"):
         report.build(results_copy)
+
+
+def test_the_readme_shows_the_newest_stored_runs_lines_and_table(results_copy: Path) -> None:
+    """README.md's two report.py blocks hold the newest glance run's own output lines and its table's first columns;
+    the rest of the README is left as it is, and a README without the blocks is refused by name."""
+    shutil.copy(ROOT / report.README, results_copy / report.README)
+    readme = report.build(results_copy)[report.README]
+    newest = max(report.glance_rows(report.latest(report.load_runs(results_copy)), results_copy),
+                 key=lambda r: r.run.order)
+    assert f"`{report.RESULTS / newest.run.folder / newest.run.entry['glance']['results']}`" in readme
+    table = readme.split("<!-- report.py: main-job table -->", 1)[1].split("<!-- /report.py -->", 1)[0]
+    assert "| bm25 |" in table and "Paired test," in table
+    assert readme.split("<!-- report.py:", 1)[0] == (ROOT / report.README).read_text().split("<!-- report.py:", 1)[0]
+    (results_copy / report.README).write_text("# no blocks\n")
+    with pytest.raises(report.ReportError, match=r"README\.md: no block 'main-job output'"):
+        report.build(results_copy)
