@@ -13,7 +13,7 @@ from typing import Any, get_args
 from persrag_lightning.hardware import Precision
 from persrag_lightning.llm.calibration import Calibration
 from persrag_lightning.models.user_encoder import Judgments
-from persrag_lightning.stages import STAGES, cli_overrides
+from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
 PRESET_DIR = "presets"
@@ -46,9 +46,6 @@ class Preset:
     readers: list[str] | None = None  # label calibrations the dev choice compares
     stages: list[str] | None = None   # None: every stage of stages.py
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
-
-    def evaluate_arguments(self) -> list[str]:
-        return cli_overrides(self.evaluate)
 
 
 def preset_path(name: str) -> Path:

@@ -29,11 +29,15 @@ class Stage:
     paper: bool = False  # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
     named: bool = False  # exported under its own name, not the config's default bundle name
 
+    def override_values(self, run_dir: str = RUN_DIR) -> dict[str, Any]:
+        """The `fit` overrides after `--config`, typed: the stage's name, overrides and inputs."""
+        named = {"stage_name": self.name} if self.named else {}
+        inputs = {key: str(bundle_path(run_dir, bundle)) for key, bundle in self.inputs.items()}
+        return {**named, **self.overrides, **inputs}
+
     def arguments(self, run_dir: str = RUN_DIR) -> list[str]:
         """The `fit` arguments after `--config`: the stage's name, overrides and inputs."""
-        named = [f"--stage_name={self.name}"] if self.named else []
-        inputs = {key: str(bundle_path(run_dir, bundle)) for key, bundle in self.inputs.items()}
-        return [*named, *cli_overrides({**self.overrides, **inputs})]
+        return cli_overrides(self.override_values(run_dir))
 
     def command(self) -> str:
         """The command that trains this stage alone (with the run's --run_name)."""

@@ -237,8 +237,7 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
         assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
     # the preset's stage 1 reads judgments (paired); its paper chain's does not; no other stage gets the setting
     assert [[a for a in args if "judgments" in a] for args in stages if "judgments" in " ".join(args)] == [
-        ["--model.init_args.judgments=paired"],
-        ["--model.init_args.judgments=paired", "--model.init_args.judgments=none"]]
+        ["--model.init_args.judgments=paired"], ["--model.init_args.judgments=none"]]
     calls.clear()
     # another --judgments reaches stage 1 only and names the run
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "label", "--export_root", str(tmp_path)])

@@ -55,8 +55,8 @@ def test_native_bf16_must_also_measure_faster(monkeypatch) -> None:
     machine(monkeypatch, no_amx, onednn=True, speedup=0.77)
     assert hardware.cpu_bf16_instructions() and not hardware.cpu_has_native_bf16()
     assert hardware.auto_precision() == "32-true" and hardware.native_runtime("bf16_if_native") == "fp32"
-    assert pipeline.label_args("cpu_native", None) == []
-    assert pipeline.precision_args("native") == ["--trainer.precision=32-true"]
+    assert pipeline.label_overrides("cpu_native", None) == {}
+    assert pipeline.precision_overrides("native") == {"trainer.precision": "32-true"}
     assert hardware.bf16_verdict() == "no (a bfloat16 matmul measures 0.77x float32's speed)"
     machine(monkeypatch, no_amx, onednn=True, speedup=2.0)  # where it pays (a CPU whose BF16 kernels are fast)
     assert hardware.cpu_has_native_bf16() and hardware.bf16_verdict().startswith("yes (")
@@ -70,27 +70,21 @@ def test_bf16_matmul_speedup_is_measured_once_per_process_and_cap(monkeypatch) -
     assert first > 0 and hardware.bf16_matmul_speedup() == first  # remembered: stages of a run agree
 
 
-def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None):
-    """pipeline.main with the stages and evaluations recorded, not run: (fit calls, evaluate calls)."""
-    fits: list[list[str]] = []
-    evaluations: list[list[str]] = []
-    record = fake_evaluate(evaluations)
-
+def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None
+                 ) -> tuple[list[pipeline.StageRun], list[pipeline.EvaluationRun]]:
+    """pipeline.main with the stages and evaluations recorded, not run: what its pipeline.json says it ran, typed."""
     def evaluate(args: list[str]):
-        results = record(args)
+        results = fake_evaluate()(args)
         for name, row in evaluated_rows(args):
             results[row]["accuracy"] = (dev_scores or {}).get(name, 0.1)
         return results
 
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: fits.append(args))
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
     pipeline.main([*argv, "--export_root", str(tmp_path)])
-    return fits, evaluations
-
-
-def stage_of(args: list[str]) -> str:
-    named = [a.split("=", 1)[1] for a in args if a.startswith("--stage_name=")]
-    return named[-1] if named else args[args.index("--config") + 1].removesuffix(".yaml")
+    record = json.loads(max(tmp_path.glob("*/pipeline.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
+    return ([pipeline.StageRun(**r) for r in record["stages"]],
+            [pipeline.EvaluationRun(**r) for r in record["evaluations"]])
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -99,8 +93,8 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
-    fixed = [a for args in fits for a in args if ("bf16" in a.replace("bf16_if_native", "") or "bfloat16" in a)
-             and "export_root" not in a]
+    fixed = [r.stage for r in fits if r.overrides.get("trainer.precision", "").startswith("bf16")
+             or "data.init_args.llm.options" in r.overrides]
     assert fits and not fixed  # neither a trainer precision nor the feedback labels' dtype
     # the evaluation's reader and rerankers ask for bf16_if_native, which resolves to float32 here, and the
     # corpus is embedded in float32
@@ -109,22 +103,21 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
 
     machine(monkeypatch, AMX, onednn=True)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
-    bf16 = {stage_of(a) for a in fits if "--trainer.precision=bf16-mixed" in a}
-    labels_bf16 = {stage_of(a) for a in fits if '--data.init_args.llm.options={"dtype": "bfloat16"}' in a}
+    bf16 = {r.stage for r in fits if r.overrides.get("trainer.precision") == "bf16-mixed"}
+    labels_bf16 = {r.stage for r in fits if r.overrides.get("data.init_args.llm.options") == {"dtype": "bfloat16"}}
     if preset in ("quick", "full-feedback"):
-        assert bf16 == {"cfrag_user_encoder", "user_encoder_paper", "cfrag_retriever", "cfrag_reranker",
-                        "retriever_paper", "reranker_paper", "generator"}
-        assert labels_bf16 == {"cfrag_retriever", "cfrag_reranker", "retriever_paper", "reranker_paper"}
+        assert bf16 == {"user_encoder", "user_encoder_paper", "retriever", "reranker", "retriever_paper",
+                        "reranker_paper", "generator"}
+        assert labels_bf16 == {"retriever", "reranker", "retriever_paper", "reranker_paper"}
     else:
         assert not bf16 and not labels_bf16  # smoke and paper keep the configs' float32 and exact labels
     assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
 
-def max_examples(args: list[str]) -> int | None:
-    """The evaluation's question count: the last `--evaluation.max_examples` given (it wins), None: every one."""
-    given = [int(a.split("=", 1)[1]) for a in args if a.startswith("--evaluation.max_examples=")]
-    return given[-1] if given else None
+def max_examples(run: pipeline.EvaluationRun) -> int | None:
+    """The evaluation's question count (None: every one)."""
+    return run.overrides.get("evaluation.max_examples")
 
 
 def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, tmp_path, capsys) -> None:
@@ -173,8 +166,8 @@ def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_g
         monkeypatch, tmp_path) -> None:
     machine(monkeypatch, AMX, onednn=True)
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
-    assert all("--evaluation.reranker_runtime=bf16_if_native" in e for e in evaluations)  # dev choice and test
-    assert "--data.init_args.reranker_runtime=bf16_if_native" in fits[-1]
+    assert all(e.overrides["evaluation.reranker_runtime"] == "bf16_if_native" for e in evaluations)  # dev and test
+    assert fits[-1].stage == "generator" and fits[-1].overrides["data.init_args.reranker_runtime"] == "bf16_if_native"
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["corpus_embeddings"] == "bf16" and record["evaluation_reranker"] == "bf16"
     machine(monkeypatch, AVX2_ONLY, onednn=False)
@@ -192,11 +185,10 @@ def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_g
 def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(monkeypatch, tmp_path) -> None:
     machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"])
-    precision = {stage_of(a): next((x for x in a if x.startswith("--trainer.precision=")), None) for a in fits}
-    assert precision["generator"] == "--trainer.precision=bf16-mixed"
-    assert precision["cfrag_retriever"] == precision["cfrag_reranker"] == "--trainer.precision=32-true"
-    assert precision["cfrag_user_encoder"] == "--trainer.precision=32-true"
-    assert not any("dtype" in a for args in fits for a in args)  # hf's `auto` dtype labels in bf16 on a GPU already
+    precision = {r.stage: r.overrides.get("trainer.precision") for r in fits}
+    assert precision["generator"] == "bf16-mixed"
+    assert precision["retriever"] == precision["reranker"] == precision["user_encoder"] == "32-true"
+    assert not any("data.init_args.llm.options" in r.overrides for r in fits)  # hf's `auto` is bf16 on a GPU
 
 
 def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(monkeypatch, tmp_path) -> None:
@@ -206,47 +198,44 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     from persrag_lightning.llm.registry import LLMConfig
 
     machine(monkeypatch, AMX, onednn=True)
-    assert pipeline.label_args("cpu_native", None) == ['--data.init_args.llm.options={"dtype": "bfloat16"}']
-    assert pipeline.label_args("cpu_native", "llamacpp") == [] and pipeline.label_args(None, None) == []
+    assert pipeline.label_overrides("cpu_native", None) == {"data.init_args.llm.options": {"dtype": "bfloat16"}}
+    assert pipeline.label_overrides("cpu_native", "llamacpp") == {} == pipeline.label_overrides(None, None)
     with pytest.raises(ValueError, match="not a valid Precision"):
-        pipeline.label_args("always", None)
+        pipeline.label_overrides("always", None)
     native = LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
     assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {
         "dtype": "bfloat16"}
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--llm-backend", "llamacpp"])
-    assert not any("dtype" in a for args in fits for a in args)
+    assert not any("data.init_args.llm.options" in r.overrides for r in fits)
+    assert all(r.overrides["data.init_args.llm.backend"] == "llamacpp" for r in fits if r.stage.startswith(("ret", "rer")))
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    assert pipeline.label_args("cpu_native", None) == []
+    assert pipeline.label_overrides("cpu_native", None) == {}
     # float32 is the exact default: named or resolved to, it keys as no option (earlier caches stay valid)
     plain = LLMConfig(backend="hf").identity()["options"]
     assert plain == {} == LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
     assert LLMConfig(backend="hf", options={"dtype": "float32"}).identity()["options"] == {}
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
-    assert record["feedback_labels"] == []  # the llamacpp run above
+    assert record["feedback_labels"] == {}  # the llamacpp run above
 
 
 def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monkeypatch, tmp_path) -> None:
     machine(monkeypatch, AMX, onednn=True)
     dev = {"CFRAG": 0.20, "w/o reranker tuning": 0.31}
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
-    stages = [stage_of(a) for a in fits]
-    assert stages == ["cfrag_user_encoder", "cfrag_retriever", "cfrag_reranker", "user_encoder_paper",
-                      "retriever_paper", "reranker_paper", "generator"]
-    judged = [[a for a in args if a.startswith("--model.init_args.judgments=")] for args in fits]
-    assert judged[0] == ["--model.init_args.judgments=paired"]
-    assert judged[3][-1] == "--model.init_args.judgments=none"  # the paper's chain: the last one given wins
-    assert not any(judged[1:3] + judged[4:])
+    assert [r.stage for r in fits] == ["user_encoder", "retriever", "reranker", "user_encoder_paper",
+                                       "retriever_paper", "reranker_paper", "generator"]
+    judged = [r.overrides.get("model.init_args.judgments") for r in fits]
+    assert judged == ["paired", None, None, "none", None, None, None]  # the paper's chain: its own stage 1
     # the choice is made on dev, before the generator trains on the chosen CFRAG's prompts
     choice, test = evaluations
-    assert choice.index("--evaluation.split=dev") > max(i for i, a in enumerate(choice) if "split=" in a) - 1
+    assert choice.overrides["evaluation.split"] == "dev" and test.overrides["evaluation.split"] == "test"
     # the candidates: the main chain's two orders (the stage-1 encoder was chosen on dev once, CANDIDATES)
-    assert json.loads(next(a for a in choice if a.startswith("--only="))[len("--only="):]) == list(dev)
-    assert "--data.init_args.strategy=w/o reranker tuning" in fits[-1]
-    rows = json.loads(next(a for a in test if a.startswith("--only="))[len("--only="):])
-    assert "--evaluation.split=test" in test and "--evaluation.split=dev" not in test
-    assert "--evaluation.reference=w/o reranker tuning" in test
-    assert ('--evaluation.pairs=[["w/o reranker tuning + tuned generator", "bm25 + tuned generator"]]'
-            in test)  # the goal's third paired test
+    assert choice.only == list(dev)
+    assert fits[-1].overrides["data.init_args.strategy"] == "w/o reranker tuning"
+    rows = test.only
+    assert test.overrides["evaluation.reference"] == "w/o reranker tuning"
+    assert test.overrides["evaluation.pairs"] == [["w/o reranker tuning + tuned generator",
+                                                   "bm25 + tuned generator"]]  # the goal's third paired test
     assert set(dev) <= set(rows)  # both candidates are reported
     assert "CFRAG (paper)" in rows  # the paper's exact CFRAG stays a row
     assert "CFRAG (paper) w/o reranker tuning" not in rows
@@ -255,10 +244,9 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     assert {"zero_shot", "bm25", "zero_shot + tuned generator", "bm25 + tuned generator"} <= set(rows)
     # in the tables the candidates are configurations of CFRAG, named by what stage 1 reads and their order; the
     # chosen one is the reference, and its "+ tuned generator" row and the goal's paired test follow that name
-    names = json.loads(next(a for a in test if a.startswith("--names="))[len("--names="):])
-    assert names == {"CFRAG": "CFRAG (judgments, reranked)",
-                     "w/o reranker tuning": "CFRAG (judgments, first-stage order)"}
-    assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgments")] == [
+    assert test.names == choice.names == {"CFRAG": "CFRAG (judgments, reranked)",
+                                          "w/o reranker tuning": "CFRAG (judgments, first-stage order)"}
+    assert [r for _, r in evaluated_rows(test.argv()) if r.startswith("CFRAG (judgments")] == [
         "CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
         "CFRAG (judgments, first-stage order) + tuned generator"]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
@@ -269,14 +257,13 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     machine(monkeypatch, AMX, onednn=True)
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--judgments", "none"],
                                      {"CFRAG": 0.3})
-    assert not any("_paper" in stage_of(a) for a in fits)
-    assert all("--run_name=synthlamp-quick-none" in a for a in fits)
-    names = json.loads(next(a for a in evaluations[0] if a.startswith("--only="))[len("--only="):])
-    assert names == ["CFRAG", "w/o reranker tuning"]
-    assert "--evaluation.reference=CFRAG" not in evaluations[1]  # CFRAG is the config's reference already
-    rows = json.loads(next(a for a in evaluations[1] if a.startswith("--only="))[len("--only="):])
+    assert not any("_paper" in r.stage for r in fits)
+    assert all(r.overrides["run_name"] == "synthlamp-quick-none" for r in fits)
+    assert evaluations[0].only == ["CFRAG", "w/o reranker tuning"]
+    assert "evaluation.reference" not in evaluations[1].overrides  # CFRAG is the config's reference already
+    rows = evaluations[1].only
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
-    assert dict(evaluated_rows(evaluations[1]))["CFRAG"] == "CFRAG (text only, reranked)"
+    assert evaluations[1].names["CFRAG"] == "CFRAG (text only, reranked)"
 
 
 def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) -> None:
@@ -285,9 +272,9 @@ def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) 
     folder = generate_synth_lamp(tmp_path / "my_lamp2", SynthConfig(num_users=12, seed=3))
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--data_dir", str(folder)])
-    assert all(f"--data.init_args.data_dir={folder}" in a for a in fits)
-    assert all(f"--evaluation.data_dir={folder}" in a for a in evaluations)
-    assert all("--run_name=my_lamp2-quick" in a for a in fits + evaluations)
+    assert all(r.overrides["data.init_args.data_dir"] == str(folder) for r in fits)
+    assert all(e.overrides["evaluation.data_dir"] == str(folder) for e in evaluations)
+    assert all(r.overrides["run_name"] == "my_lamp2-quick" for r in fits + evaluations)
 
 
 def test_a_folder_without_the_reported_split_is_refused_in_one_line(monkeypatch, tmp_path, capsys) -> None:
@@ -366,7 +353,8 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
         return {"CFRAG": {"mae": 3.0}, "w/o reranker tuning": {"mae": 3.0}}
 
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
-    chosen = pipeline.choose_on_dev([], [], list(pipeline.CANDIDATES), "r", "LaMP-3", ["none", "contextual", "pmi"])
+    run = pipeline.dev_choice({}, list(pipeline.CANDIDATES), "r", {})
+    chosen = pipeline.choose_on_dev(run, "LaMP-3", ["none", "contextual", "pmi"])
     said = capsys.readouterr().out
     assert "dev answers of w/o reranker tuning [calibration none] are identical to CFRAG [calibration none]'s" in said
     assert chosen[:2] == ("CFRAG", "contextual")
@@ -399,12 +387,12 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
-    _choice, generator, test = calls
-    assert json.loads(next(a for a in generator if a.startswith("--only="))[7:]) == ["CFRAG + tuned generator"]
-    assert "--evaluation.llm.calibration=contextual" in generator  # the generator read on dev as the table does
-    assert "--evaluation.llm.calibration=contextual" in test
-    assert "--evaluation.generator_calibration=none" in test  # "4", "4" under every calibration: none stands
     record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
+    _choice, generator, test = (pipeline.EvaluationRun(**r) for r in record["evaluations"])
+    assert generator.only == ["CFRAG + tuned generator"] and generator.purpose.endswith("select-on-dev/generator")
+    assert generator.overrides["evaluation.llm.calibration"] == "contextual"  # read on dev as the table reads
+    assert test.overrides["evaluation.llm.calibration"] == "contextual"
+    assert test.overrides["evaluation.generator_calibration"] == "none"  # "4", "4" under every calibration
     assert record["generator_calibration_chosen_on_dev"] == "none" and record["calibration_chosen_on_dev"] == "contextual"
 
 

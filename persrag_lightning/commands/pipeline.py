@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
@@ -36,20 +38,53 @@ from persrag_lightning.utils import ConfigError, atomic_write_json
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
 
-def precision_args(rule: Precision | str | None) -> list[str]:
-    """`--trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the config's."""
-    if rule is None:
-        return []
-    return [f"--trainer.precision={auto_precision(policy=rule)}"]
+def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
+    """`trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the config's."""
+    return {} if rule is None else {"trainer.precision": auto_precision(policy=rule)}
 
 
-def label_args(rule: Precision | str | None, backend: str | None) -> list[str]:
+def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[str, Any]:
     """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native (`cpu_native`: not
     on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the configs' `backend: auto`
     still picks the faster exact backend, nor under a backend without a dtype option."""
-    if rule is None or backend not in (None, "auto", "hf"):
-        return []
-    return ['--data.init_args.llm.options={"dtype": "bfloat16"}'] if uses_bf16(rule) else []
+    if rule is None or backend not in (None, "auto", "hf") or not uses_bf16(rule):
+        return {}
+    return {"data.init_args.llm.options": {"dtype": "bfloat16"}}
+
+
+def given(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A preset's overrides without its nulls (null: the config's own value, so no argument at all)."""
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+@dataclass
+class StageRun:
+    """One `train.py fit` of the job: the stage, its config and every override as a typed value, merged in the
+    command line's order (a later source wins); pipeline.json keeps it as it ran."""
+
+    stage: str
+    config: str
+    overrides: dict[str, Any]
+    extra: list[str] = field(default_factory=list)  # the pipeline's unknown arguments, passed through as typed
+
+    def argv(self) -> list[str]:
+        return ["fit", "--config", self.config, *cli_overrides(self.overrides), *self.extra]
+
+
+@dataclass
+class EvaluationRun:
+    """One `persrag evaluate` of the job: what it is for, its overrides of evaluate_cfrag.yaml as typed values,
+    the rows it reads (`only`, by config name) and the names the table gives them."""
+
+    purpose: str
+    overrides: dict[str, Any]
+    only: list[str] | None = None
+    names: dict[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        only = [] if self.only is None else [f"--only={json.dumps(self.only)}"]
+        return ["--config", "evaluate_cfrag.yaml", *cli_overrides(self.overrides), *only,
+                f"--names={json.dumps(self.names)}"]
 
 
 def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
@@ -58,7 +93,7 @@ def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
     out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
-    out["feedback labels"] = "bfloat16" if label_args(rules.labels, backend) else "the configs' backend (exact)"
+    out["feedback labels"] = "bfloat16" if label_overrides(rules.labels, backend) else "the configs' backend (exact)"
     llm = reader_settings(preset, backend)
     out["reader"] = reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
     out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
@@ -70,20 +105,27 @@ def stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (bundle_path(Path(export_root) / run_name, stage) / "config.json").exists()
 
 
-def task_args(task: str, preset: Preset) -> tuple[list[str], list[str], list[str]]:
-    """(every stage's data override, the generator stage's overrides, the evaluation's overrides) that switch a
-    preset to `task`. Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
-    `choose` among, so they generate, in the evaluation and in the generator stage's validation alike."""
+@dataclass
+class TaskOverrides:
+    """What switches a preset to a task: every stage's data, the generator stage's and the evaluation's overrides."""
+
+    data: dict[str, Any]
+    generator: dict[str, Any]
+    evaluate: dict[str, Any]
+
+
+def task_overrides(task: str, preset: Preset) -> TaskOverrides:
+    """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to `choose` among,
+    so they generate, in the evaluation and in the generator stage's validation alike. LaMP-2 is the configs'."""
     spec = get_task(task)
+    evaluate = given(preset.evaluate)
     if spec.name == "LaMP-2":
-        return [], [], preset.evaluate_arguments()
-    evaluate = [a for a in preset.evaluate_arguments()
-                if not (spec.labels is None and a.startswith("--evaluation.llm.answer_mode"))]
-    generator = []
+        return TaskOverrides({}, {}, evaluate)
     if spec.labels is None:
-        evaluate.append("--evaluation.llm.answer_mode=generate")
-        generator.append("--model.init_args.answer_mode=generate")
-    return [f"--data.init_args.task={spec.name}"], generator, [f"--evaluation.task={spec.name}", *evaluate]
+        evaluate = {k: v for k, v in evaluate.items() if not k.startswith("evaluation.llm.answer_mode")}
+        return TaskOverrides({"data.init_args.task": spec.name}, {"model.init_args.answer_mode": "generate"},
+                             {"evaluation.task": spec.name, **evaluate, "evaluation.llm.answer_mode": "generate"})
+    return TaskOverrides({"data.init_args.task": spec.name}, {}, {"evaluation.task": spec.name, **evaluate})
 
 
 # The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the main chain's
@@ -154,29 +196,32 @@ def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple
     return {reader: (reading.under(reader, reading.decision).answers, golds) for reader in readers}
 
 
-def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str], run_name: str,
-                  task: str, readers: list[str] | None = None, folder: str = "select-on-dev",
-                  row_names: dict[str, str] | None = None) -> tuple[str, str | None, dict[str, float]]:
-    """Evaluate `names` on dev (at most DEV_SELECTION_EXAMPLES questions, or `evaluate_args`' own count, e.g. from
-    `--questions`) and return the best configuration by the task's first metric, with the dev numbers: the main
-    job's recipe is chosen here, never on test. With `readers` (label calibrations), each configuration's stored
-    label scores are also re-read under each calibration (no LLM pass) and the best (configuration,
-    calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice: it is
-    dropped, saying so, and the earlier one stands. The dev tables are written to runs/<run_name>/<folder>/, under
-    `row_names` (`chain_names`); the choice is returned by its config name."""
+def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
+               folder: str = "select-on-dev") -> EvaluationRun:
+    """The evaluation a dev choice reads: `candidates` on at most DEV_SELECTION_EXAMPLES dev questions (or `base`'s
+    own count, e.g. from `--questions`), no reader-free rows, its tables in runs/<run_name>/<folder>/."""
+    return EvaluationRun(f"dev choice: {folder}", {"evaluation.max_examples": DEV_SELECTION_EXAMPLES, **base,
+                                                   "evaluation.split": "dev", "evaluation.reader_free": False,
+                                                   "evaluation.out_dir": f"runs/{run_name}/{folder}"},
+                         candidates, names)
+
+
+def choose_on_dev(run: EvaluationRun, task: str,
+                  readers: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
+    """Evaluate `run` (a `dev_choice`) and return the best of its rows by the task's first metric, with the dev
+    numbers: the main job's recipe is chosen here, never on test. With `readers` (label calibrations), each
+    configuration's stored label scores are also re-read under each calibration (no LLM pass) and the best
+    (configuration, calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice:
+    it is dropped, saying so, and the earlier one stands. The choice is returned by its config name."""
     from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, LampMetricFn, metric_names
 
     metric = metric_names(task)[0]
-    out_dir = f"runs/{run_name}/{folder}"
-    results = evaluate_command(["--config", "evaluate_cfrag.yaml", *common,
-                                f"--evaluation.max_examples={DEV_SELECTION_EXAMPLES}", *evaluate_args,
-                                "--evaluation.split=dev", "--evaluation.reader_free=false",
-                                f"--evaluation.out_dir={out_dir}", f"--only={json.dumps(names)}",
-                                f"--names={json.dumps(row_names or {})}"])
+    out_dir, names, row_names = run.overrides["evaluation.out_dir"], run.only or [], run.names
+    results = evaluate_command(run.argv())
     scores: dict[tuple[str, str | None], float] = {}
     answers: dict[tuple[str, str | None], list[str]] = {}
-    for name in (n for n in names if shown(n, row_names or {}) in results):
-        row = shown(name, row_names or {})
+    for name in (n for n in names if shown(n, row_names) in results):
+        row = shown(name, row_names)
         readings = dev_readings(out_dir, row, readers) if readers else {}
         if not readings:  # generated answers, or no stored scores: the evaluation's own number
             scores[(name, None)] = results[row][metric]
@@ -186,7 +231,7 @@ def choose_on_dev(common: list[str], evaluate_args: list[str], names: list[str],
     if not scores:
         raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
     candidates = list(scores)
-    label = {c: shown(c[0], row_names or {}) + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
+    label = {c: shown(c[0], row_names) + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
     distinct: list[tuple[str, str | None]] = []
     for c in candidates:
         twin = next((d for d in distinct if c in answers and answers.get(d) == answers[c]), None)
@@ -230,7 +275,7 @@ def check_rows(preset: Preset, name: str) -> None:
                               f"{', '.join(sorted(known))}")
 
 
-def main(argv: list[str]) -> None:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="persrag pipeline", description=__doc__)
     parser.add_argument("--preset", default="quick",
                         help=f"a preset of configs/presets/ ({', '.join(preset_names())}) or a YAML file of your own "
@@ -260,122 +305,184 @@ def main(argv: list[str]) -> None:
     opts, extra = parser.parse_known_args(argv)
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
-    preset = load_preset(opts.preset)
-    check_rows(preset, opts.preset)
     try:
-        task = get_task(opts.task).name
+        opts.task = get_task(opts.task).name
     except ValueError as e:
         parser.error(str(e))
-    judgments = opts.judgments or preset.judgments
+    return opts, extra
+
+
+@dataclass
+class Job:
+    """One `persrag pipeline` call, resolved from its preset and arguments before anything trains: what every stage
+    and evaluation adds to its config, and what ran (`stages`, `evaluations`, `minutes`) for pipeline.json."""
+
+    preset: Preset
+    task: str
+    judgments: str
+    run_name: str
+    export_root: str
+    backend: str | None
+    paper_chain: bool
+    names: dict[str, str]               # the table's names of the dev choice's candidates (chain_names)
+    data: dict[str, Any]                # every stage: the task and the data folder
+    kinds: dict[str, dict[str, Any]]    # what each kind of stage adds: precision, judgments, backend, the task
+    evaluate: dict[str, Any]            # every evaluation: the preset's and the task's, the split, --questions
+    extra: list[str] = field(default_factory=list)
+    stages: list[StageRun] = field(default_factory=list)
+    evaluations: list[EvaluationRun] = field(default_factory=list)
+    minutes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def common(self) -> dict[str, Any]:
+        return {"run_name": self.run_name, "export_root": self.export_root}
+
+    def wanted(self) -> list[str]:
+        """The preset's stages, the paper's chain only where it trains beside the main one."""
+        return [n for n in (self.preset.stages or STAGES) if self.paper_chain or n not in PAPER_STAGES]
+
+    def fit(self, stage: str, more: dict[str, Any] | None = None) -> None:
+        """Train `stage` unless its bundle is exported already."""
+        if stage_done(self.export_root, self.run_name, stage):
+            print(f"[pipeline] {stage}: exported already, skipped")
+            return
+        spec: Stage = STAGES[stage]
+        run = StageRun(stage, spec.config, {**given(self.preset.data), **self.data,
+                                            **given(getattr(self.preset, spec.kind)), **self.kinds[spec.kind],
+                                            **spec.override_values(), **(more or {}), **self.common,
+                                            "trainer.enable_progress_bar": False}, self.extra)
+        print(f"[pipeline] {stage}: python train.py {' '.join(run.argv())}")
+        t0 = time.perf_counter()
+        lightning_command(run.argv())
+        self.stages.append(run)
+        self.minutes[stage] = (time.perf_counter() - t0) / 60
+
+    def choose(self, step: str, candidates: list[str], readers: list[str] | None,
+               folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
+        """A dev choice among `candidates` (`choose_on_dev`), timed as `step`."""
+        run = dev_choice({**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder)
+        t0 = time.perf_counter()
+        chosen = choose_on_dev(run, self.task, readers)
+        self.evaluations.append(run)
+        self.minutes[step] = (time.perf_counter() - t0) / 60
+        return chosen
+
+    def report(self, chosen: str) -> EvaluationRun:
+        """The table on the reported split: the preset's rows (the chosen configuration the reference), the docs'
+        vote of BM25's and its prompts, and the goal's third paired test."""
+        rows = report_strategies(self.preset, chosen, self.paper_chain)
+        tests: dict[str, Any] = {"evaluation.reference": chosen} if chosen != "CFRAG" else {}
+        if rows is not None:
+            tests["evaluation.votes"] = [r for r in ("bm25", chosen) if r in rows]
+        if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
+            tests["evaluation.pairs"] = [[f"{chosen}{TUNED}", f"bm25{TUNED}"]]
+        return EvaluationRun("test table", {**self.common, **self.evaluate, **tests}, rows, self.names)
+
+
+def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> Job:
+    """The Job of parsed arguments: the run's name, and what each kind of stage and the evaluation add."""
+    task, judgments = opts.task, opts.judgments or preset.judgments
+    overrides = task_overrides(task, preset)
+    data, evaluate = dict(overrides.data), {**overrides.evaluate, "evaluation.split": opts.split}
     if opts.data_dir is not None:
-        check_data_dir(opts.data_dir, task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
-    data_task, generator_task, evaluate_args = task_args(task, preset)
-    if opts.data_dir is not None:
-        data_task = [*data_task, f"--data.init_args.data_dir={opts.data_dir}"]
-        evaluate_args = [*evaluate_args, f"--evaluation.data_dir={opts.data_dir}"]
-    evaluate_args = [*evaluate_args, f"--evaluation.split={opts.split}"]
-    questions = opts.questions
-    if questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: the last one given wins
-        evaluate_args.append(f"--evaluation.max_examples={questions}")
+        data["data.init_args.data_dir"] = opts.data_dir
+        evaluate["evaluation.data_dir"] = opts.data_dir
+    if opts.questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: this one wins
+        evaluate["evaluation.max_examples"] = opts.questions
+    if opts.llm_backend:
+        evaluate["evaluation.llm.backend"] = opts.llm_backend
     suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
     judged = "" if judgments == preset.judgments else f"-{judgments}"
     source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
-    run_name = opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}"
-    common = [f"--run_name={run_name}", f"--export_root={opts.export_root}"]
-    llm = [f"--data.init_args.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
-    evaluate_llm = [f"--evaluation.llm.backend={opts.llm_backend}"] if opts.llm_backend else []
-    paper_chain = preset.paper_chain and judgments != "none"  # else the main chain is the paper's
-    names = chain_names(judgments)
-    rules = preset.precision
-    # what each kind of stage adds to its preset overrides: precision, judgments, the LLM backend, the task
-    kind_args = {"user_encoder": [*precision_args(rules.user_encoder), f"--model.init_args.judgments={judgments}"],
-                 "feedback": [*precision_args(rules.feedback), *llm, *label_args(rules.labels, opts.llm_backend)],
-                 "generator": [*precision_args(rules.generator), *generator_task]}
-    wanted = [n for n in (preset.stages or STAGES) if paper_chain or n not in PAPER_STAGES]
+    rules, backend = preset.precision, opts.llm_backend
+    kinds = {"user_encoder": {**precision_overrides(rules.user_encoder), "model.init_args.judgments": judgments},
+             "feedback": {**precision_overrides(rules.feedback),
+                          **({"data.init_args.llm.backend": backend} if backend else {}),
+                          **label_overrides(rules.labels, backend)},
+             "generator": {**precision_overrides(rules.generator), **overrides.generator}}
+    return Job(preset, task, judgments, opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}",
+               opts.export_root, backend, preset.paper_chain and judgments != "none",  # else the main chain is it
+               chain_names(judgments), data, kinds, evaluate, extra)
+
+
+def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, str], object]:
+    """The lines before training: the machine, the precision decisions, the plan and its estimate."""
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(preset, opts.llm_backend):
+    if note := float32_reader_note(job.preset, job.backend):
         print(note)
-    decisions = precision_decisions(preset, opts.llm_backend)
+    decisions = precision_decisions(job.preset, job.backend)
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
-    plan = build_plan(wanted, [s for s in wanted if stage_done(opts.export_root, run_name, s)],
-                      [shown(r, names) for r in report_strategies(preset, "CFRAG", paper_chain) or []] or None,
-                      preset, task,
-                      question_counts(opts.data_dir, preset), (len(CANDIDATES), DEV_SELECTION_EXAMPLES), questions,
-                      opts.llm_backend)
+    wanted = job.wanted()
+    rows = [shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []] or None
+    plan = build_plan(wanted, [s for s in wanted if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
+                      job.task, question_counts(data_dir, job.preset), (len(CANDIDATES), DEV_SELECTION_EXAMPLES),
+                      questions, job.backend)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
+    return decisions, plan
 
-    timings = []
 
-    def fit(stage: str, more: tuple[str, ...] = ()) -> None:
-        if stage_done(opts.export_root, run_name, stage):
-            print(f"[pipeline] {stage}: exported already, skipped")
-            return
-        spec: Stage = STAGES[stage]
-        args = ["--config", spec.config, *cli_overrides(preset.data), *data_task,
-                *cli_overrides(getattr(preset, spec.kind)), *kind_args[spec.kind], *spec.arguments(), *more]
-        t0 = time.perf_counter()
-        print(f"[pipeline] {stage}: python train.py fit {' '.join(args + common + extra)}")
-        lightning_command(["fit", *args, *common, "--trainer.enable_progress_bar=false", *extra])
-        timings.append((stage, time.perf_counter() - t0))
-
-    for stage in wanted:
+def main(argv: list[str]) -> None:
+    opts, extra = parse_args(argv)
+    preset = load_preset(opts.preset)
+    check_rows(preset, opts.preset)
+    if opts.data_dir is not None:
+        check_data_dir(opts.data_dir, opts.task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
+    job = resolve_job(opts, extra, preset)
+    decisions, plan = announce(job, opts.questions, opts.data_dir)
+    readers = preset.readers if get_task(job.task).labels is not None else None
+    for stage in job.wanted():  # train the missing stages
         if stage != "generator":
-            fit(stage)
+            job.fit(stage)
     chosen, calibration, dev_scores = "CFRAG", None, {}
-    readers = preset.readers if get_task(task).labels is not None else None
-    if preset.select_order_on_dev:
-        t0 = time.perf_counter()
-        chosen, calibration, dev_scores = choose_on_dev(common, [*evaluate_args, *evaluate_llm], list(CANDIDATES),
-                                                        run_name, task, readers, row_names=names)
-        timings.append(("choose on dev", time.perf_counter() - t0))
+    if preset.select_order_on_dev:  # choose the configuration (and the reader's calibration) on dev
+        chosen, calibration, dev_scores = job.choose("choose on dev", list(CANDIDATES), readers)
     if calibration is not None:
-        evaluate_args.append(f"--evaluation.llm.calibration={calibration}")
+        job.evaluate["evaluation.llm.calibration"] = calibration
     generator_calibration = None
-    if "generator" in wanted:
-        fit("generator", (f"--data.init_args.strategy={chosen}",) if chosen != "CFRAG" else ())
-        if calibration is not None:  # label scores were read on dev: the tuned generator's are read the same way,
-            # under its own calibration (it learned the labels' prior), chosen on dev
-            t0 = time.perf_counter()
-            _, generator_calibration, generator_dev = choose_on_dev(
-                common, [*evaluate_args, *evaluate_llm], [f"{chosen}{TUNED}"], run_name, task, readers,
-                folder="select-on-dev/generator", row_names=names)
+    if "generator" in job.wanted():  # the generator learns the chosen configuration's prompts
+        job.fit("generator", {"data.init_args.strategy": chosen} if chosen != "CFRAG" else {})
+        if calibration is not None:  # its label scores are read as the base reader's, under its own calibration
+            _, generator_calibration, generator_dev = job.choose(
+                "generator's calibration on dev", [f"{chosen}{TUNED}"], readers, "select-on-dev/generator")
             dev_scores.update(generator_dev)
-            timings.append(("generator's calibration on dev", time.perf_counter() - t0))
     if generator_calibration is not None:
-        evaluate_args.append(f"--evaluation.generator_calibration={generator_calibration}")
+        job.evaluate["evaluation.generator_calibration"] = generator_calibration
+    table = job.report(chosen)  # the table on the reported split
+    print(f"[pipeline] the reference row: {shown(chosen, job.names)}"
+          + (" (chosen on dev)" if preset.select_order_on_dev else ""))
     t0 = time.perf_counter()
-    rows = report_strategies(preset, chosen, paper_chain)
-    only = [] if rows is None else [f"--only={json.dumps(rows)}"]
-    tests = [f"--evaluation.reference={chosen}"] if chosen != "CFRAG" else []
-    if rows is not None:  # the reader-free docs' vote of BM25's and the chosen configuration's prompts
-        tests.append(f"--evaluation.votes={json.dumps([r for r in ('bm25', chosen) if r in rows])}")
-    if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
-        # the goal's third test: the tuned generator reading the recipe's docs against it reading BM25's
-        tests.append(f"--evaluation.pairs={json.dumps([[f'{chosen}{TUNED}', f'bm25{TUNED}']])}")
-    print(f"[pipeline] the reference row: {shown(chosen, names)} (chosen on dev)" if preset.select_order_on_dev
-          else f"[pipeline] the reference row: {shown(chosen, names)}")
-    evaluate_command(["--config", "evaluate_cfrag.yaml", *common, *evaluate_args, *only, *tests, *evaluate_llm,
-                      f"--names={json.dumps(names)}"])
-    timings.append(("evaluate", time.perf_counter() - t0))
-    print("\n".join(f"[pipeline] {s}: {t / 60:.1f} min" for s, t in timings))
-    total = sum(t for _, t in timings) / 60
+    evaluate_command(table.argv())
+    job.evaluations.append(table)
+    job.minutes["evaluate"] = (time.perf_counter() - t0) / 60
+    print("\n".join(f"[pipeline] {s}: {t:.1f} min" for s, t in job.minutes.items()))
+    total = sum(job.minutes.values())
     if plan.minutes is not None:
         print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes:.1f} before it started")
-    # what ran where, beside the run's bundles: the raw record a table of main-job times is made from
-    atomic_write_json(Path(opts.export_root) / run_name / "pipeline.json", {
-        "argv": argv, "preset": opts.preset, "task": task, "judgments": judgments, "split": opts.split,
-        "questions": questions,
+    write_record(job, argv, opts, decisions, plan, {"chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
+                                                   "calibration_chosen_on_dev": calibration,
+                                                   "generator_calibration_chosen_on_dev": generator_calibration,
+                                                   "dev_scores": dev_scores})
+
+
+def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions: dict[str, str], plan,
+                 choices: dict[str, Any]) -> None:
+    """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of main-job times and a
+    test of the recipe read."""
+    rules = job.preset.precision
+    atomic_write_json(Path(job.export_root) / job.run_name / "pipeline.json", {
+        "argv": argv, "preset": opts.preset, "task": job.task, "judgments": job.judgments, "split": opts.split,
+        "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
-        "precision": {k: precision_args(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
+        "precision": {k: precision_overrides(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
         "precision_decisions": decisions,
-        "feedback_labels": label_args(rules.labels, opts.llm_backend),
+        "feedback_labels": label_overrides(rules.labels, job.backend),
         "corpus_embeddings": embedding_precision(),
-        "evaluation_reranker": resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32"),
-        "chosen_on_dev": chosen, "row_names": names, "reference_row": shown(chosen, names),
-        "calibration_chosen_on_dev": calibration,
-        "generator_calibration_chosen_on_dev": generator_calibration, "dev_scores": dev_scores,
-        "minutes": {s: round(t / 60, 2) for s, t in timings}, "plan": plan.record(),
+        "evaluation_reranker": resolve_reranker_runtime(job.preset.evaluate.get("evaluation.reranker_runtime")
+                                                        or "fp32"),
+        "row_names": job.names, **choices,
+        "stages": [asdict(r) for r in job.stages], "evaluations": [asdict(r) for r in job.evaluations],
+        "minutes": {s: round(t, 2) for s, t in job.minutes.items()}, "plan": plan.record(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
