@@ -153,24 +153,32 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
     """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
     `persrag serve` passes allowed_hosts_for(--host, --allowed-host))."""
-    limits = limits or Limits()
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    app.openapi = lambda: openapi_schema(app)
+    add_guard(app, limits or Limits(), allowed_hosts)
+    add_error_handlers(app)
+    add_routes(app, service, model_name)
+    return app
+
+
+def openapi_schema(app: FastAPI) -> dict:
+    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer scheme."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas())
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
+    """Around every request: the Host header, the rate limits (a sign-up counts once it created an account) and
+    the security headers."""
     signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
     requests_ = RateLimiter(limits.requests_per_minute, limits.max_clients)
     hosts = {h.lower().strip("[]") for h in allowed_hosts} if allowed_hosts is not None else None
-    page_html, page_csp = page_and_csp()
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas())
-            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -192,6 +200,11 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
             response.headers.setdefault(key, value)
         return response
 
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's (404, 405) and
+    FastAPI's own validation (of nothing the routes declare today)."""
+
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return error(exc.status, exc.message)
@@ -203,6 +216,11 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+
+def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
+    """The endpoints: the token first, then the body (read_json), then the service in a worker thread."""
+    page_html, page_csp = page_and_csp()
 
     def caller(request: Request):
         return service.authenticate(request.headers.get("authorization"))
@@ -247,5 +265,3 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
     @app.delete("/v1/users/{user_id}")
     def delete_user(user_id: str, request: Request) -> dict:
         return service.delete_user(caller(request), user_id)
-
-    return app

@@ -53,7 +53,7 @@ from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History,
 from persrag_lightning.serving.user_files import read_user_file, user_file, write_user_file
 from persrag_lightning.serving.validation import ServiceError, bad_request, is_utf8, parse
 
-__all__ = ["Caller", "ChatService", "ChatTurn", "LockedLLM", "ServiceError"]
+__all__ = ["ChatService", "ChatTurn", "LockedLLM"]
 
 log = logging.getLogger(__name__)
 
