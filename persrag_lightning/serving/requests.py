@@ -27,6 +27,7 @@ from persrag_lightning.memory.store import MAX_ID_CHARS
 __all__ = [
     "MAX_DATE_CHARS", "MAX_FIELD_NAME_CHARS", "MAX_HISTORY_DOCS", "MAX_MESSAGES", "MAX_MESSAGE_CHARS",
     "MAX_MODEL_CHARS", "PATTERN_MEANINGS", "Answers", "Chat", "Error", "History", "HistoryDoc", "Message", "SignUp",
+    "Text",
 ]
 
 MAX_MESSAGE_CHARS = 8000  # a message, an answer or a doc field (memory/bank.py's MemorySettings default)
