@@ -19,6 +19,7 @@ from persrag_lightning.retrieval.base import RetrievedDoc
 from persrag_lightning.serving import service as service_module
 from persrag_lightning.serving.app import create_app
 from persrag_lightning.serving.limits import Limits
+from persrag_lightning.serving.requests import MAX_HISTORY_DOCS
 from persrag_lightning.serving.service import Caller
 from tests.serve_helpers import ADMIN, ThreadServer, open_service
 from tests.serve_load import files_holding, race_rounds
@@ -300,7 +301,7 @@ def test_requests_are_rate_limited_per_client(service):
 
 
 def test_a_history_over_the_cap_is_413_and_encodes_nothing(client, service, monkeypatch):
-    cap = service_module.MAX_HISTORY_DOCS
+    cap = MAX_HISTORY_DOCS
     assert cap <= 256
     monkeypatch.setattr(service.pipeline, "encode_user", lambda *a, **k: pytest.fail("encoded"))
     history = [{"id": f"d{i}", "date": "2024-01-01", "fields": {"description": "x"}} for i in range(cap + 1)]

@@ -1,13 +1,15 @@
 """`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and checked here —
-Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — so every bad request is a 4xx with a
-one-line `error` message, never a 500, and nothing is stored before the whole request is valid. Around every
+Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — then parsed by the service with the
+body's pydantic model (serving/requests.py), so every bad request is a 4xx with a one-line `error` message, never
+a 500, and nothing is stored before the whole request is valid. The raw checks come first, and the caller's token
+before them, which FastAPI's own body parameters would not keep. Around every
 request: the Host header checked against the bind address (DNS rebinding), per-client rate limits, and security
 headers (a CSP that admits exactly the page's own inline script and style, no framing, no sniffing, no caching).
 
 Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible + provenance),
 GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST /v1/users/{id}/history,
-DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()` describes every body (the schema the
-fuzzing tests generate requests from); it is not served.
+DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()` describes every body with the
+schemas of those models (the schema the fuzzing tests generate requests from); it is not served.
 """
 
 from __future__ import annotations
@@ -25,20 +27,15 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from persrag_lightning.memory.extract import QUESTIONNAIRE
-from persrag_lightning.memory.store import MAX_ID_CHARS
 from persrag_lightning.serving.limits import Limits, RateLimiter
-from persrag_lightning.serving.service import (
-    MAX_DATE_CHARS,
-    MAX_FIELD_NAME_CHARS,
-    MAX_HISTORY_DOCS,
-    MAX_MODEL_CHARS,
-    ChatService,
-    ServiceError,
-    is_utf8,
-)
+from persrag_lightning.serving.requests import Chat, Error, History, SignUp
+from persrag_lightning.serving.service import ChatService
+from persrag_lightning.serving.validation import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -131,62 +128,57 @@ def page_and_csp() -> tuple[str, str]:
     return html, csp
 
 
-# ---- the OpenAPI description of the bodies (read by hand above; described for clients and the fuzzing tests) ----
+# ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) --------------
 
-_TEXT = {"type": "string", "minLength": 1, "maxLength": 8000, "pattern": r"\S"}  # not blank
-_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS, "pattern": r"^[^\x00-\x1f\x7f]+$"}
-_HISTORY_DOC = {"type": "object", "required": ["id", "date", "fields"], "properties": {
-    "id": _ID, "date": {"type": "string", "format": "date", "maxLength": MAX_DATE_CHARS, "example": "2024-01-02"},
-    "fields": {"type": "object", "minProperties": 1, "additionalProperties": _TEXT,
-               "propertyNames": {"minLength": 1, "maxLength": MAX_FIELD_NAME_CHARS}}}}
-_HISTORY = {"type": "array", "minItems": 1, "maxItems": MAX_HISTORY_DOCS, "items": _HISTORY_DOC}
-SCHEMAS = {
-    "SignUp": {"type": "object", "required": ["user_id"], "properties": {
-        "user_id": {**_ID, "pattern": r"^[^/\x00-\x1f\x7f]+$"},  # nor `.` / `..`
-        "answers": {"type": "object", "properties": {q.category: _TEXT for q in QUESTIONNAIRE},
-                    "additionalProperties": False, "minProperties": 1},
-        "share": {"type": "boolean"}, "history": _HISTORY}},
-    "Chat": {"type": "object", "required": ["messages"], "properties": {
-        "model": {"type": "string", "maxLength": MAX_MODEL_CHARS}, "session_id": _ID,
-        "stream": {"type": "boolean", "enum": [False]},
-        "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
-                     "properties": {"role": {"enum": ["system", "user", "assistant"]}, "content": _TEXT}}}}},
-    "History": {"type": "object", "required": ["history"], "properties": {"history": _HISTORY}},
-    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "status"],
-        "properties": {"message": {"type": "string"}, "status": {"type": "integer"}}}}},
-}
+BODIES = (SignUp, Chat, History)
+REFUSALS = (400, 401, 403, 404, 409, 413, 415, 422, 429)
 
 
-def _body(name: str) -> dict:
+def body_schemas() -> dict:
+    """The request bodies' JSON schemas (and those they nest), as OpenAPI components."""
+    _, top = models_json_schema([(m, "validation") for m in (*BODIES, Error)],
+                                ref_template="#/components/schemas/{model}")
+    return top["$defs"]
+
+
+def _body(model: type[BaseModel]) -> dict:
+    """A path operation's body and refusals; the body is read by hand (read_json), then parsed with `model`."""
     errors = {str(s): {"description": "refused", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/Error"}}}} for s in (400, 401, 403, 404, 409, 413, 415, 422, 429)}
+        "schema": {"$ref": "#/components/schemas/Error"}}}} for s in REFUSALS}
     return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{name}"}}}}, "responses": errors}
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}, "responses": errors}
 
 
 def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: Limits | None = None,
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
     """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
     `persrag serve` passes allowed_hosts_for(--host, --allowed-host))."""
-    limits = limits or Limits()
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    app.openapi = lambda: openapi_schema(app)
+    add_guard(app, limits or Limits(), allowed_hosts)
+    add_error_handlers(app)
+    add_routes(app, service, model_name)
+    return app
+
+
+def openapi_schema(app: FastAPI) -> dict:
+    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer scheme."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas())
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
+    """Around every request: the Host header, the rate limits (a sign-up counts once it created an account) and
+    the security headers."""
     signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
     requests_ = RateLimiter(limits.requests_per_minute, limits.max_clients)
     hosts = {h.lower().strip("[]") for h in allowed_hosts} if allowed_hosts is not None else None
-    page_html, page_csp = page_and_csp()
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
-            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -208,6 +200,11 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
             response.headers.setdefault(key, value)
         return response
 
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's (404, 405) and
+    FastAPI's own validation (of nothing the routes declare today)."""
+
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return error(exc.status, exc.message)
@@ -220,6 +217,11 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
+
+def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
+    """The endpoints: the token first, then the body (read_json), then the service in a worker thread."""
+    page_html, page_csp = page_and_csp()
+
     def caller(request: Request):
         return service.authenticate(request.headers.get("authorization"))
 
@@ -231,24 +233,19 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
     def page() -> HTMLResponse:
         return HTMLResponse(page_html, headers={"Content-Security-Policy": page_csp})
 
-    @app.post("/v1/users", status_code=201, openapi_extra=_body("SignUp"))
+    @app.post("/v1/users", status_code=201, openapi_extra=_body(SignUp))
     async def sign_up(request: Request) -> JSONResponse:
         auth = request.headers.get("authorization")
         who = service.authenticate(auth) if auth else None
         body = await read_json(request)
         return JSONResponse(await run_in_threadpool(service.sign_up, body, who), status_code=201)
 
-    @app.post("/v1/chat/completions", openapi_extra=_body("Chat"))
+    @app.post("/v1/chat/completions", openapi_extra=_body(Chat))
     async def chat(request: Request) -> dict:
         who = caller(request)
         body = await read_json(request)
-        if body.get("stream"):
-            raise ServiceError(400, "field `stream`: streaming is not supported; send stream: false")
-        model = body.get("model")
-        if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS or not is_utf8(model)):
-            raise ServiceError(400, f"field `model` must be a text of at most {MAX_MODEL_CHARS} characters")
         turn = await run_in_threadpool(service.chat, who, body)
-        return service.completion(turn, model or model_name, who.user_id)
+        return service.completion(turn, turn.model or model_name, who.user_id)
 
     @app.get("/v1/users/{user_id}/memories")
     def memories(user_id: str, request: Request) -> dict:
@@ -259,7 +256,7 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
         service.delete_memory(caller(request), user_id, memory_id)
         return Response(status_code=204)
 
-    @app.post("/v1/users/{user_id}/history", openapi_extra=_body("History"))
+    @app.post("/v1/users/{user_id}/history", openapi_extra=_body(History))
     async def history(user_id: str, request: Request) -> dict:
         who = caller(request)
         body = await read_json(request)
@@ -268,5 +265,3 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
     @app.delete("/v1/users/{user_id}")
     def delete_user(user_id: str, request: Request) -> dict:
         return service.delete_user(caller(request), user_id)
-
-    return app
