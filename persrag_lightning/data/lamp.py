@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
-_DATE = re.compile(r"[0-9]+(?:-[0-9]+)*")
+DATE_PATTERN = r"[0-9]+(?:-[0-9]+)*"  # what parse_date reads; serving's request models check the same
+_DATE = re.compile(DATE_PATTERN)
 _FEW = 5  # how many offending ids a mismatch message lists
 
 

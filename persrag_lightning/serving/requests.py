@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from persrag_lightning.data.lamp import DATE_PATTERN
 from persrag_lightning.memory.extract import CATEGORIES
 from persrag_lightning.memory.store import MAX_ID_CHARS
 
@@ -40,7 +41,7 @@ MAX_MESSAGES = 1000  # turns of one request (OpenAI clients resend the conversat
 NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 ADDRESSABLE = r"^[^/\x00-\x1f\x7f]+$"  # the router matches the decoded path: `a/b` could never be addressed
 NOT_BLANK = r"[^\s\x1c-\x1f]"  # pydantic's regex (Rust) \s lacks \x1c-\x1f, which Python's str.strip() removes
-DATE = r"^[0-9]+(-[0-9]+)*$"  # what data/lamp.py's parse_date reads
+DATE = f"^{DATE_PATTERN}$"  # what data/lamp.py's parse_date reads
 PATTERN_MEANINGS = {
     NO_CONTROL: "contains control characters",
     ADDRESSABLE: "contains control characters or a '/' (a URL path must be able to address it)",
