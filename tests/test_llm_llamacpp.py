@@ -141,7 +141,7 @@ def test_auto_weights_reencode_only_a_small_q4_1_file(tmp_path) -> None:
 def test_llamacpp_json_schema_grammar_makes_the_utterance_answer_parse(llm: LLM) -> None:
     """llama.cpp's grammar from the JSON schema: PBR's utterance answer parses as {"candidates": [...]} with at
     most m strings, where free decoding of the same prompt does not."""
-    from persrag_lightning.retrieval.pbr import json_candidates, utterance_prompt, utterance_schema
+    from persrag_lightning.retrieval.pbr_prompts import json_candidates, utterance_prompt, utterance_schema
 
     prompt = utterance_prompt("I love hiking in the Alps.\nMy dog is called Rex.", "What should I do this weekend?")
     schema = utterance_schema(3, 96)

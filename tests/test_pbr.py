@@ -15,17 +15,18 @@ from persrag_lightning.retrieval.llm_cache import CachedLLM, cache_key
 from persrag_lightning.retrieval.pbr import (
     PBRRetriever,
     PBRSettings,
-    anchor_embedding,
-    cosine_similarity_matrix,
     expand_query,
     fusion_weight,
-    pagerank,
-    parse_utterances,
     personal_history,
+)
+from persrag_lightning.retrieval.pbr_anchor import (
+    anchor_embedding,
+    cosine_similarity_matrix,
+    pagerank,
     sparse_adjacency,
     transition_matrix,
-    utterance_prompt,
 )
+from persrag_lightning.retrieval.pbr_prompts import parse_utterances, utterance_prompt
 
 DIM = 16
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 
-def serve_command(argv: list[str]) -> None:
+def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
     parser.add_argument("--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick")
     parser.add_argument("--host", default="127.0.0.1")
@@ -30,7 +30,7 @@ def serve_command(argv: list[str]) -> None:
     parser.add_argument("--cohorts", default=None, help="the cohort export for --users cluster (default <run>/clusters)")
     parser.add_argument("--reranker", default="reranker",
                         help="the run's reranker bundle: reranker (stage 3) or reranker_distilled (its one-layer "
-                             "student, cfrag_reranker_distilled.yaml: ~4x faster reranking, docs: performance)")
+                             "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md)")
     parser.add_argument("--cache-dir", default=".cache/persrag",
                         help="the cache the run's corpus embeddings are in (resolved once at start: a deletion "
                              "purges this one, wherever the process runs from)")
@@ -43,6 +43,11 @@ def serve_command(argv: list[str]) -> None:
                         help="requests per minute per client address (0: unlimited)")
     parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
+    return parser
+
+
+def serve_command(argv: list[str]) -> None:
+    parser = serve_parser()
     args = parser.parse_args(argv)
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")

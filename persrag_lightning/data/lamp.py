@@ -35,8 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
-DATE_PATTERN = r"[0-9]+(?:-[0-9]+)*"  # what parse_date reads; serving's request models check the same
-_DATE = re.compile(DATE_PATTERN)
+_DATE = re.compile(DATE_PATTERN := r"[0-9]+(?:-[0-9]+)*")  # serving's request models check the same
 _FEW = 5  # how many offending ids a mismatch message lists
 
 

@@ -210,6 +210,48 @@ def _alternatives(value: Any, path: Path, record: str) -> tuple[tuple[str, ...],
 
 # ----------------------------------------------------------------------------------------------------- loading
 
+def _ground_truth(gt_rows: list, gt_path: Path) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """q_id → its alternatives of ground-truth segment ids; a duplicate q_id is an error."""
+    gt: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for i, row in enumerate(gt_rows):
+        q_id = str(_get(row, "q_id", gt_path, str(i), (str, int)))
+        if q_id in gt:
+            raise _fail(gt_path, "duplicate q_id", f"{i} (q_id {q_id!r})", "q_id")
+        gt[q_id] = _alternatives(row.get("segment_id"), gt_path, f"{i} (q_id {q_id!r})")
+    return gt
+
+
+def _questions(row: dict, where: str, name: str, own_ids: set[str], gt: dict, eval_path: Path, gt_path: Path,
+               check_ground_truth: bool) -> tuple[list[PersonaQuestion], int]:
+    """A person's objective questions (with their ground truth) and how many subjective ones were skipped."""
+    info = _get(row, "Eval_Info", eval_path, where, dict)
+    qa = _get(info, "qa", eval_path, f"{where}.Eval_Info", list)
+    questions: list[PersonaQuestion] = []
+    skipped = 0
+    for j, q in enumerate(qa):
+        rec = f"{where}.Eval_Info.qa[{j}]"
+        q_id = str(_get(q, "q_id", eval_path, rec, (str, int)))
+        rec = f"{rec} (q_id {q_id!r})"
+        qtype = _get(q, "type", eval_path, rec, str)
+        text = _get(q, "question", eval_path, rec, str)
+        if qtype == SUBJECTIVE:
+            skipped += 1
+            continue
+        difficulty = _get(q, "difficulty", eval_path, rec, str)
+        if q_id not in gt:
+            raise _fail(gt_path, f"no ground truth for question q_id {q_id!r} of {name!r}", f"q_id {q_id!r}",
+                        "segment_id")
+        alternatives = gt[q_id]
+        if check_ground_truth:
+            missing = sorted({s for alt in alternatives for s in alt} - own_ids)
+            if missing:
+                raise _fail(gt_path, f"segment ids {missing[:5]} are not documents of {name!r}",
+                            f"q_id {q_id!r}", "segment_id")
+        questions.append(PersonaQuestion(q_id, name, text, json.dumps(q.get("answer")), qtype, difficulty,
+                                         alternatives))
+    return questions, skipped
+
+
 def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_truth: bool = True
                       ) -> PersonaBenchCommunity:
     """Read a community folder (layout in the data README); people are those with private data, in the order of
@@ -230,12 +272,7 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
     gt_rows = _list(_load(gt_path), gt_path, "questions")
     data = {source: _by_name(_list(_load(p), p, "people"), p) for source, p in paths.items()}
 
-    gt: dict[str, tuple[tuple[str, ...], ...]] = {}
-    for i, row in enumerate(gt_rows):
-        q_id = str(_get(row, "q_id", gt_path, str(i), (str, int)))
-        if q_id in gt:
-            raise _fail(gt_path, "duplicate q_id", f"{i} (q_id {q_id!r})", "q_id")
-        gt[q_id] = _alternatives(row.get("segment_id"), gt_path, f"{i} (q_id {q_id!r})")
+    gt = _ground_truth(gt_rows, gt_path)
 
     names_with_data = set(data["conversation"]) | set(data["user_ai_interaction"]) | set(data["purchase_history"])
     people: list[Person] = []
@@ -257,30 +294,9 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
                 + list(_flat_docs(data["purchase_history"][name], paths["purchase_history"], name,
                                   "purchase_history")))
         own_ids = {d.segment_id for d in docs}
-        info = _get(row, "Eval_Info", eval_path, f"{i} (Name {name!r})", dict)
-        qa = _get(info, "qa", eval_path, f"{i} (Name {name!r}).Eval_Info", list)
-        questions = []
-        for j, q in enumerate(qa):
-            rec = f"{i} (Name {name!r}).Eval_Info.qa[{j}]"
-            q_id = str(_get(q, "q_id", eval_path, rec, (str, int)))
-            rec = f"{rec} (q_id {q_id!r})"
-            qtype = _get(q, "type", eval_path, rec, str)
-            text = _get(q, "question", eval_path, rec, str)
-            if qtype == SUBJECTIVE:
-                skipped += 1
-                continue
-            difficulty = _get(q, "difficulty", eval_path, rec, str)
-            if q_id not in gt:
-                raise _fail(gt_path, f"no ground truth for question q_id {q_id!r} of {name!r}", f"q_id {q_id!r}",
-                            "segment_id")
-            alternatives = gt[q_id]
-            if check_ground_truth:
-                missing = sorted({s for alt in alternatives for s in alt} - own_ids)
-                if missing:
-                    raise _fail(gt_path, f"segment ids {missing[:5]} are not documents of {name!r}",
-                                f"q_id {q_id!r}", "segment_id")
-            questions.append(PersonaQuestion(q_id, name, text, json.dumps(q.get("answer")), qtype, difficulty,
-                                             alternatives))
+        questions, subjective = _questions(row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path,
+                                           check_ground_truth)
+        skipped += subjective
         people.append(Person(name, tuple(docs), tuple(questions)))
     if not people:
         raise _fail(eval_path, "no person listed here has private data under " + str(private))

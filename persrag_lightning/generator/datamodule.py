@@ -141,7 +141,7 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Data, the strategy's retrievals for train and dev (cached), and the prompts built from them (cached)."""
-        from persrag_lightning.llm.hf import load_tokenizer, local_model_path
+        from persrag_lightning.llm.gguf import load_tokenizer, local_model_path
 
         self.source.prepare()
         dataset = self.source.load()

@@ -107,7 +107,7 @@ class OpenAICompatLLM(LLM):
     def tokenizer(self) -> Any:
         """Local tokenizer of `model` (or `tokenizer`): the chat template for `score`, exact counts for budgets."""
         if self._tokenizer is None:
-            from persrag_lightning.llm.hf import load_tokenizer
+            from persrag_lightning.llm.gguf import load_tokenizer
 
             self._tokenizer = load_tokenizer(resolve_model(self._tokenizer_name or self.model), self._cache_dir)
         return self._tokenizer

@@ -22,7 +22,7 @@ class VLLMLLM(LLM):
             import vllm
         except ImportError as err:
             raise LLMBackendError("the vllm backend needs vLLM on a CUDA machine: `pip install vllm`") from err
-        from persrag_lightning.llm.hf import local_model_path
+        from persrag_lightning.llm.gguf import local_model_path
 
         self.source = resolve_model(model)
         path = local_model_path(self.source, cache_dir)  # GGUF sources go through the safetensors copy

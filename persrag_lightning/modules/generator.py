@@ -21,7 +21,8 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.generator.datamodule import GeneratorBatch
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import resolve_model
-from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, _dtype_kw, is_seq2seq_folder, local_model_path
+from persrag_lightning.llm.gguf import dtype_kw, local_model_path
+from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
 from persrag_lightning.metrics import lamp_metric, primary_metric_name
 from persrag_lightning.models.common import LoraSettings, apply_lora
 from persrag_lightning.models.generator import (
@@ -64,7 +65,7 @@ class GeneratorModule(L.LightningModule):
         # seeded from the run's seed, not from whatever RNG state data preparation left (LoRA's A is random)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(torch.initial_seed())
-            base = cls.from_pretrained(path, local_files_only=True, **_dtype_kw(dtype_))
+            base = cls.from_pretrained(path, local_files_only=True, **dtype_kw(dtype_))
             self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             targets = tuple(lora_target_modules or default_lora_targets(base)) if lora_r > 0 else ()
             self.lm = apply_lora(base, LoraSettings(lora_r, lora_alpha, lora_dropout, targets))

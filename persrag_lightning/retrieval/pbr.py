@@ -10,96 +10,39 @@ with exact inner product (faiss IndexFlatIP), as the paper and the PersonaBench 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
-import math
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 from persrag_lightning.retrieval.llm_cache import CachedLLM
+from persrag_lightning.retrieval.pbr_anchor import (
+    PageRankResult,
+    anchor_embedding,
+    cosine_similarity_matrix,
+    pagerank,
+    sparse_adjacency,
+    transition_matrix,
+)
+from persrag_lightning.retrieval.pbr_prompts import (
+    JSONSchemaLLM,
+    constrained_cache,
+    format_history,
+    json_candidates,
+    parse_utterances,
+    reasoning_prompt,
+    utterance_prompt,
+    utterance_schema,
+)
 
 log = logging.getLogger(__name__)
 
-# Prompts copied from the seed's appendix ("Prompt Design for Our Method"); markdown emphasis dropped.
-UTTERANCE_PROMPT = """You are to generate 10 natural candidate utterances the user might say, inspired by the dialogue \
-history and the current question.
-
-Context
-- User dialogue history (for style imitation): {history}
-- Current question (to inspire the utterances): {query}
-
-Guidelines
-1. Generate 10 fluent, natural utterances the user might plausibly say.
-2. Do NOT just paraphrase; include variations in tone, emphasis, or context.
-3. Each utterance should exceed 25 words.
-4. Reflect the style and tone consistent with the document.
-5. Return ONLY valid JSON in this format (no comments, no markdown):
-{ "candidates": [ "...", "...", "..."] }"""
-
-REASONING_PROMPT = """Solve the question step-by-step, inspired by the user dialogue history.
-
-Context
-- User dialogue history (for style imitation): {history}
-- Current question (to inspire the reasoning): {query}
-
-Output: step-by-step explanation that maintains user-specific tone and reasoning patterns."""
-
 VARIANTS = ("PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base")
-CHARS_PER_TOKEN = 3  # a conservative English rate (SmolLM2's tokenizer gives ~4): sizes the schema's strings
-
-
-def utterance_schema(max_items: int | None, max_new_tokens: int) -> dict:
-    """The JSON the utterance prompt asks for, `{"candidates": [str, ...]}`, as a JSON schema: one to `max_items`
-    (m; 10, the prompt's count, when None) non-empty strings, each short enough that all of them fit in
-    `max_new_tokens`, so a constrained answer closes its JSON instead of being cut off mid-string."""
-    items = max_items or 10
-    max_chars = max(16, CHARS_PER_TOKEN * max_new_tokens // items - 8)
-    array = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": max_chars},
-             "minItems": 1, "maxItems": items}
-    return {"type": "object", "properties": {"candidates": array}, "required": ["candidates"],
-            "additionalProperties": False}
-
-
-class JSONSchemaLLM:
-    """An LLM whose `generate` is constrained to a JSON schema by its backend (llama.cpp's JSON-schema grammar,
-    lm-format-enforcer's logits processor under transformers). Its fingerprint names the schema, so constrained
-    and free answers never share a cache entry."""
-
-    def __init__(self, llm: object, schema: dict) -> None:
-        if not getattr(llm, "supports_json_schema", False):
-            raise ValueError(f"LLM backend {getattr(llm, 'backend', type(llm).__name__)!r} cannot constrain its "
-                             "decoding to a JSON schema (hf and llamacpp can)")
-        self.llm, self.schema = llm, schema
-        digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:10]
-        self._fingerprint = f"{llm.fingerprint}+json-schema:{digest}"  # type: ignore[attr-defined]
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        return self.llm.generate(prompts, max_new_tokens, json_schema=self.schema)  # type: ignore[attr-defined]
-
-
-def constrained_cache(llm: CachedLLM, schema: dict) -> CachedLLM | None:
-    """The same prompt store around a schema-constrained view of the LLM; None when the backend cannot
-    constrain (the caller then uses free decoding and says so)."""
-    if not getattr(llm.llm, "supports_json_schema", False):
-        return None
-    other = copy.copy(llm)
-    other.llm = JSONSchemaLLM(llm.llm, schema)
-    other.calls = other.hits = 0
-    return other
-
-
 @dataclass(frozen=True)
 class PBRSettings:
     """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, m = 5, θ = 0.75,
@@ -160,46 +103,6 @@ def personal_history(query_emb: np.ndarray, chunk_embs: np.ndarray, k1: int) -> 
     return order[:min(k1, len(order))]
 
 
-def format_history(chunks: Sequence[str], max_chars: int | None = None) -> str:
-    """The {history} slot: the k1 chunks, one per line, each cut to `max_chars` when set."""
-    return "\n".join(c if max_chars is None else c[:max_chars] for c in chunks)
-
-
-def utterance_prompt(history: str, query: str) -> str:
-    """The seed's P-PRF-roughly prompt (str.replace: the template's JSON braces are not format fields)."""
-    return UTTERANCE_PROMPT.replace("{history}", history).replace("{query}", query)
-
-
-def reasoning_prompt(history: str, query: str) -> str:
-    """The seed's P-PRF-logically prompt."""
-    return REASONING_PROMPT.replace("{history}", history).replace("{query}", query)
-
-
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
-
-
-def json_candidates(text: str) -> list[str] | None:
-    """The non-empty string `candidates` of a JSON answer (code fences allowed), or None if there are none."""
-    try:
-        obj = json.loads(_FENCE.sub("", text.strip()))
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("candidates"), list):
-        return None
-    candidates = [c.strip() for c in obj["candidates"] if isinstance(c, str) and c.strip()]
-    return candidates or None
-
-
-def parse_utterances(text: str, max_utterances: int | None = None) -> list[str]:
-    """Eq. 5's F = {f_1..f_m}: the JSON `candidates` list; anything else (not JSON, no list, no strings) falls back,
-    as the authors' code does, to the raw text as one utterance. An empty answer gives no utterance."""
-    raw = text.strip()
-    candidates = json_candidates(raw)
-    if candidates is None:
-        candidates = [raw] if raw else []
-    return candidates if max_utterances is None else candidates[:max_utterances]
-
-
 def mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
     """Eq. 5, f_avg = (1/m) Σ_i φ(f_i); zero when there is no utterance (the fusion then ignores it)."""
     if len(utterance_embs) == 0:
@@ -208,82 +111,6 @@ def mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray
 
 
 # ------------------------------------------------------------------------------------------ P-Anchor (Eqs. 7-10)
-
-def cosine_similarity_matrix(chunk_embs: np.ndarray) -> np.ndarray:
-    """Eq. 7, S_ij = <c_i, c_j> / (||c_i|| ||c_j||)."""
-    norms = np.linalg.norm(chunk_embs, axis=1, keepdims=True)
-    unit = chunk_embs / np.clip(norms, 1e-12, None)
-    return unit @ unit.T
-
-
-def sparse_adjacency(similarity: np.ndarray, theta: float, k2: int, self_in_top_k2: bool = False
-                     ) -> sp.csr_matrix:
-    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0. top-k2(i) are the k2 most similar *other* chunks
-    and the self-loop A_ii = S_ii = 1 is kept besides them (so no row is empty when θ ≤ 1); with
-    `self_in_top_k2` the chunk itself is one of its k2 (the authors' code: k2 − 1 real neighbours)."""
-    n = similarity.shape[0]
-    sim = np.array(similarity, dtype=np.float64, copy=True)
-    if not self_in_top_k2:
-        np.fill_diagonal(sim, -np.inf)  # rank the others only; the self-loop is added back below
-    k = min(k2, n if self_in_top_k2 else n - 1)
-    if k <= 0:
-        top = np.zeros((n, 0), dtype=np.int64)
-    elif k < n:
-        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
-    else:
-        top = np.tile(np.arange(n), (n, 1))
-    rows = np.repeat(np.arange(n), top.shape[1])
-    cols = top.ravel()
-    if not self_in_top_k2:
-        rows = np.concatenate([rows, np.arange(n)])
-        cols = np.concatenate([cols, np.arange(n)])
-    vals = np.asarray(similarity, dtype=np.float64)[rows, cols]
-    keep = vals >= theta
-    return sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, n))
-
-
-def transition_matrix(adjacency: sp.csr_matrix) -> sp.csr_matrix:
-    """P = norm(A), row-normalised; an empty row (θ > 1 or negative weights) stays empty."""
-    sums = np.asarray(adjacency.sum(axis=1)).ravel()
-    inv = np.divide(1.0, sums, out=np.zeros_like(sums, dtype=np.float64), where=sums > 0)
-    return sp.csr_matrix(sp.diags(inv) @ adjacency)
-
-
-@dataclass(frozen=True)
-class PageRankResult:
-    """Stationary distribution π, the power-iteration steps taken, whether the L1 change fell below tol, and the
-    last step's L1 change (the residual a non-converged anchor is reported with)."""
-
-    pi: np.ndarray
-    steps: int
-    converged: bool
-    residual: float = 0.0
-
-
-def pagerank(transition: sp.csr_matrix, damping: float = 0.85, max_iter: int = 50, tol: float = 1e-6
-             ) -> PageRankResult:
-    """Eq. 9, π(t+1) = α Pᵀ π(t) + (1 − α)/n · 1, from uniform π(0), by sparse power iteration until the L1
-    change is below tol or max_iter steps."""
-    n = transition.shape[0]
-    if n == 0:
-        return PageRankResult(np.zeros(0), 0, True, 0.0)
-    pt = sp.csr_matrix(transition.T, dtype=np.float64)
-    pi = np.full(n, 1.0 / n)
-    teleport = (1.0 - damping) / n
-    delta = math.inf
-    for step in range(1, max_iter + 1):
-        nxt = damping * (pt @ pi) + teleport
-        delta = float(np.abs(nxt - pi).sum())
-        pi = nxt
-        if delta < tol:
-            return PageRankResult(pi, step, True, delta)
-    return PageRankResult(pi, max_iter, False, delta)
-
-
-def anchor_embedding(pi: np.ndarray, chunk_embs: np.ndarray) -> np.ndarray:
-    """Eq. 10, c_Anchor = Σ_i π_i · c_i."""
-    return (pi @ chunk_embs.astype(np.float64)).astype(np.float32)
-
 
 def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarray, PageRankResult]:
     """Eqs. 7-10 for one user: graph, PageRank, anchor."""
