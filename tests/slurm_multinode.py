@@ -79,6 +79,11 @@ def netns_unavailable() -> str | None:
     for tool in ("unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"`{tool}` (util-linux) is not installed"
+    probe = f"{PREFIX}{os.getpid()}probe"
+    made = _ip("netns", "add", probe, check=False)
+    _ip("netns", "del", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
     return None
 
 
@@ -328,7 +333,9 @@ if L is not None:
     class RecordRanks(Callback):
         """Writes `<out>/<tag>-restart<n>-rank<r>.json` at every epoch end: where this rank ran (hostname, global,
         node and local rank, world size, master address and port, cluster environment, process-group backend)
-        and the example ids of every training batch it saw, by epoch."""
+        and the example ids of every training batch it saw, by epoch; the rank's weights when training starts and
+        ends (`...-initial.pt`, `...-weights.pt`). Those, not last.ckpt: with a monitored metric, Lightning's `save_last` copies
+        the newest top-k checkpoint, which is an older epoch's whenever the metric did not improve."""
 
         def __init__(self, out: str, tag: str = "run") -> None:
             self.out, self.tag = Path(out), tag
@@ -338,6 +345,24 @@ if L is not None:
             self.seen.setdefault(trainer.current_epoch, []).append(list(batch.example_ids))
 
         def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self._write(trainer)
+
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self._save_weights(trainer, pl_module, "initial")
+
+        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self._write(trainer)
+            self._save_weights(trainer, pl_module, "weights")
+
+        def _save_weights(self, trainer: L.Trainer, pl_module: L.LightningModule, what: str) -> None:
+            import torch
+
+            self.out.mkdir(parents=True, exist_ok=True)
+            restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+            torch.save({k: v.detach().cpu() for k, v in pl_module.state_dict().items()},
+                       self.out / f"{self.tag}-restart{restart}-rank{trainer.global_rank}-{what}.pt")
+
+        def _write(self, trainer: L.Trainer) -> Path:
             strategy = trainer.strategy
             env = strategy.cluster_environment
             record = {
@@ -346,7 +371,7 @@ if L is not None:
                 "cluster_environment": type(env).__name__ if env is not None else None,
                 "master": [getattr(env, "main_address", None), getattr(env, "main_port", None)],
                 "backend": getattr(strategy, "process_group_backend", None),
-                "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "global_step": trainer.global_step,
                 "epochs": {str(e): b for e, b in sorted(self.seen.items())},
             }
             self.out.mkdir(parents=True, exist_ok=True)
@@ -354,6 +379,7 @@ if L is not None:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1))
             tmp.replace(path)
+            return path
 
     class PauseMidEpoch(Callback):
         """After batch `batch` of epoch `epoch` of a job's first attempt, touch `<marker>-rank<r>` (holding the
