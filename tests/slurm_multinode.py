@@ -230,9 +230,10 @@ class MultiNodeCluster(SlurmCluster):
                 tails.append(f"--- {path.name}\n" + "\n".join(text))
         return "\n".join(tails)
 
-    def stop(self, remove: bool = True) -> None:
-        """Cancel what is left, stop the slurmds, slurmctld and munged, and remove namespaces, veths, bridge,
-        hosts files and (with `remove`) the temp folder, whatever state a failed test left them in."""
+    def stop(self, remove: bool = True, keep_logs: Path | None = None) -> None:
+        """Cancel what is left, stop the slurmds, slurmctld and munged, copy the daemons' logs to `keep_logs`, and
+        remove namespaces, veths, bridge, hosts files and (with `remove`) the temp folder, whatever state a failed
+        test left them in."""
         try:
             if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
                 subprocess.run([_binary("scancel"), "--full", "--user=root"], env=self.env, capture_output=True,
@@ -248,6 +249,10 @@ class MultiNodeCluster(SlurmCluster):
                     proc.kill()
                     proc.wait(timeout=5)
         finally:
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for path in [*self.root.glob("*.log"), *self.root.glob("*.out"), self.root / "slurm.conf"]:
+                    shutil.copy(path, keep_logs / path.name)
             for node in self.nodes:
                 _remove_netns(node.netns)
                 _ip("link", "del", node.veth, check=False)

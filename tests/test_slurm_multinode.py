@@ -69,8 +69,9 @@ main()
 
 
 @pytest.fixture(scope="module")
-def cluster() -> MultiNodeCluster:
-    """Two nodes of 2 CPUs each (so that 4 one-CPU array tasks spread 2 + 2), started once for this file."""
+def cluster(tmp_path_factory) -> MultiNodeCluster:
+    """Two nodes of 2 CPUs each (so that 4 one-CPU array tasks spread 2 + 2), started once for this file; the
+    daemons' logs and slurm.conf are kept in pytest's temp folder `cluster-logs*`."""
     missing = missing_binaries()
     if missing:
         pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}); `bash .ci/install_slurm.sh` installs "
@@ -80,7 +81,7 @@ def cluster() -> MultiNodeCluster:
         pytest.skip(f"the two-node test cluster needs network namespaces: {why}")
     c = start_multinode_cluster(nodes=2, cpus=2)
     yield c
-    c.stop()
+    c.stop(keep_logs=tmp_path_factory.mktemp("cluster-logs"))
 
 
 @pytest.fixture(scope="module")
