@@ -126,6 +126,36 @@ def _remove_netns(netns: str) -> None:
     shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
 
 
+class NetworkUnavailable(RuntimeError):
+    """The namespaces were made, but the machine's firewall keeps them from talking to each other."""
+
+
+PROBE_SERVER = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); "
+                "s.settimeout(15); c, _ = s.accept(); c.sendall(b'ok')")
+PROBE_CLIENT = ("import socket, sys, time\ndeadline = time.monotonic() + 8\nwhile time.monotonic() < deadline:\n"
+                "    try:\n        print(socket.create_connection((sys.argv[1], int(sys.argv[2])), 2).recv(2).decode())\n"
+                "        break\n    except OSError:\n        time.sleep(0.1)")
+
+
+def check_bridge(a: Node, b: Node) -> None:
+    """A TCP connection from node a's namespace to node b's address, through the bridge (srun and gloo need it)."""
+    import sys
+
+    port = 7000 + os.getpid() % 1000
+    server = subprocess.Popen(["nsenter", f"--net=/run/netns/{b.netns}", sys.executable, "-c", PROBE_SERVER,
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out = subprocess.run(["nsenter", f"--net=/run/netns/{a.netns}", sys.executable, "-c", PROBE_CLIENT, b.addr,
+                              str(port)], capture_output=True, text=True, timeout=30, check=False)
+    finally:
+        server.kill()
+        server.wait(timeout=5)
+    if out.stdout.strip() != "ok":
+        raise NetworkUnavailable(
+            f"{a.name} cannot reach {b.name} ({b.addr}) through the test bridge: bridged traffic is filtered here "
+            "(net.bridge.bridge-nf-call-iptables=1 with a FORWARD policy of DROP, as Docker sets, does that)")
+
+
 def remove_leftovers() -> list[str]:
     """Namespaces, bridges and /etc/netns folders of earlier runs whose process is gone (a killed pytest)."""
     pattern = re.compile(rf"^{PREFIX}(\d+)")
@@ -307,6 +337,7 @@ def start_multinode_cluster(nodes: int = 2, cpus: int | None = None, slurmd_time
                 _ip("netns", "exec", n.netns, "ip", *args)
             (NETNS_ETC / n.netns).mkdir(parents=True, exist_ok=True)
             (NETNS_ETC / n.netns / "hosts").write_text(hosts)  # `ip netns exec` bind-mounts it over /etc/hosts
+        check_bridge(members[0], members[-1])
         key = root / "munge" / "munge.key"
         subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
                        timeout=30)
