@@ -135,6 +135,34 @@ def test_killed_build_resumes_from_finished_chunks(world, tiny_bert, tiny_llm, c
     assert {k: v for k, v in chunk_files(dm).items() if k in done} == done  # finished chunks kept as they were
 
 
+def test_concurrent_builders_of_one_shared_cache_label_once(world, tiny_bert, tiny_llm, count_llm_calls,
+                                                          monkeypatch):
+    """Two nodes' prepare_data on one shared cache folder (here: two threads, released together just before they
+    look for missing chunks): the first labels every chunk, the second waits for its lock and loads no LLM."""
+    import threading
+
+    start = threading.Barrier(2, timeout=60)
+    prepare = LampSource.prepare
+    monkeypatch.setattr(LampSource, "prepare", lambda self: (prepare(self), start.wait()))
+    modules = [datamodule(world, tiny_bert, tiny_llm) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def run(dm: FeedbackDataModule) -> None:
+        try:
+            dm.prepare_data()
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(dm,)) for dm in modules]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert count_llm_calls["loads"] == 1
+    assert len(chunk_files(modules[0])) == 4 + 2
+
+
 def test_fit_builds_no_test_labels_and_test_reads_the_test_split(world, tiny_bert, tiny_llm):
     """Dev selects, test reports: fitting never spends LLM calls on the test split; `test` builds and reads it."""
     from types import SimpleNamespace

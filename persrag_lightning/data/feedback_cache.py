@@ -4,8 +4,11 @@ resumes from its finished chunks and shards (chunk c of shard c mod n) merge int
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from persrag_lightning.data.candidates import FeedbackExample
@@ -27,6 +30,15 @@ class FeedbackCache:
 
     def missing_chunks(self, split: str, num_examples: int) -> list[int]:
         return [c for c in range(self.num_chunks(num_examples)) if not self.chunk_path(split, c).exists()]
+
+    @contextmanager
+    def build_lock(self, shard: int = 0, num_shards: int = 1) -> Iterator[None]:
+        """An exclusive lock on building shard `shard` of `num_shards` of this cache (flock: released when its
+        holder dies, so a killed or requeued builder never blocks the next one)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".build-{shard}-of-{num_shards}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def write_config(self, config: dict) -> None:
         atomic_write_json(self.root / "config.json", config)

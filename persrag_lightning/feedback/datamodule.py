@@ -105,17 +105,22 @@ class FeedbackDataModule(L.LightningDataModule):
                                self.settings, self.hparams.cache_dir, self.hparams.teacher)
 
     def build_feedback(self, shard: int = 0, num_shards: int = 1) -> FeedbackBuilder:
-        """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs)."""
+        """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs). Builders of the
+        same shard of one cache (every node's prepare_data on a shared folder) take turns: the first labels, the
+        others wait and find nothing missing; other shards go on in parallel."""
         self.source.prepare()
         builder = self.builder()
-        for split, limit in self._limits().items():
-            if builder.missing_chunks(split, limit):
-                builder.retriever.prepare()
-                builder.build(split, shard, num_shards, limit)
+        with builder.cache.build_lock(shard, num_shards):
+            for split, limit in self._limits().items():
+                if builder.missing_chunks(split, limit):
+                    builder.retriever.prepare()
+                    builder.build(split, shard, num_shards, limit)
         return builder
 
     def prepare_data(self) -> None:
-        """Once per node: data, corpus embeddings of the candidate retriever, and all missing labels."""
+        """Once per node (`prepare_data_per_node`): data, corpus embeddings of the candidate retriever, and all
+        missing labels. On a cache folder that the nodes share, the first node builds and the others wait for it
+        (file locks), so the labels are built once per cluster and never raced."""
         self.build_feedback()
 
     def setup(self, stage: str | None = None) -> None:
