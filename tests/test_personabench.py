@@ -291,13 +291,13 @@ def test_report_tests_each_variant_against_base_and_rewrites_from_its_files(tmp_
         PersonaBenchReport,
         QuestionResult,
         VariantSummary,
-        sign_flip_p,
     )
+    from persrag_lightning.evaluation.stats import sign_flip_test
     from persrag_lightning.retrieval.pbr import PBRSettings
 
-    assert sign_flip_p(np.zeros(10)) == 1.0
-    assert sign_flip_p(np.full(20, -0.5)) < 0.001
-    assert 0.3 < sign_flip_p(np.array([1.0, -1.0] * 10)) <= 1.0
+    assert sign_flip_test(np.zeros(10)) == 1.0
+    assert sign_flip_test(np.full(20, -0.5)) < 0.001
+    assert 0.3 < sign_flip_test(np.array([1.0, -1.0] * 10)) <= 1.0
 
     def result(variant: str, q: int, recall: float) -> QuestionResult:
         return QuestionResult(variant, f"q{q}", "p", "c", "?", [], [], recall, recall, 1.0, 1.0, 0, 0, False, "d")

@@ -19,6 +19,7 @@ import numpy as np
 
 from persrag_lightning.data.docstore import read_docstore
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
+from persrag_lightning.evaluation.stats import bootstrap_interval
 from persrag_lightning.llm.prompts import build_chat_prompt
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings
@@ -68,13 +69,9 @@ class StrategyResult:
     seconds: float
 
 
-def bootstrap_mean(values: np.ndarray, n: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of a mean over questions."""
-    if len(values) == 0:
-        return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n, len(values)))].mean(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
+    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no questions."""
+    return bootstrap_interval(hits, seed=seed) if len(hits) else (0.0, 0.0)
 
 
 def make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
@@ -137,7 +134,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
-                                      float(hits.mean()) if len(hits) else 0.0, bootstrap_mean(hits, seed=cfg.seed),
+                                      float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
                                       foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
     extraction = {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
                   "repaired": bank.repaired,
