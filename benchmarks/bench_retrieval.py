@@ -49,7 +49,7 @@ from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
-from persrag_lightning.retrieval.index import (
+from persrag_lightning.index import (
     BLAS_MIN_QUERIES,
     FAISS_DEFAULT_BLAS_THRESHOLD,
     TorchFlatIndex,

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from persrag_lightning.evaluation.evaluate import strategy_config
 from persrag_lightning.models.exported import export_path
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
+from persrag_lightning.retrieval.strategies import strategy_config
 from persrag_lightning.utils import fingerprint
 
 WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city",

@@ -13,12 +13,11 @@ def evaluate_command(args: list[str]) -> dict:
     the table and returns the point results."""
     from persrag_lightning.evaluation.evaluate import (
         Evaluation,
-        bind_strategies,
         evaluate_parser,
         only_names,
         rename_strategies,
-        substitute_run_dir,
     )
+    from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
     args = resolve_config_args(args)
     section = personabench_section(args)

@@ -23,7 +23,7 @@ from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
-from persrag_lightning.retrieval.index import index_params
+from persrag_lightning.index import index_params
 from persrag_lightning.retrieval.user_index import UserIndex
 
 COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)

@@ -40,7 +40,7 @@ from persrag_lightning.models.corpus_embeddings import (
     corpus_embedding_key,
 )
 from persrag_lightning.retrieval.cohorts import CohortModel
-from persrag_lightning.retrieval.index import build_index, index_params, load_index
+from persrag_lightning.index import build_index, index_params, load_index
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
