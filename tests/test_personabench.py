@@ -213,14 +213,16 @@ def test_base_dense_reproduces_community_0_reference():
 
 
 def test_config_file_maps_onto_the_eval_config():
-    """configs/evaluate_personabench.yaml must stay loadable as PersonaBenchEvalConfig (no unknown keys) and its
-    PBR section must be the paper's settings."""
+    """configs/evaluate_personabench.yaml names the PersonaBench evaluator, its init_args stay loadable as
+    PersonaBenchEvalConfig (no unknown keys) and its PBR section must be the paper's settings."""
     from omegaconf import OmegaConf
 
     from persrag_lightning.evaluation.personabench_eval import config_from_dict
     from persrag_lightning.retrieval.pbr import PBRSettings
 
-    section = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
+    evaluation = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
+    assert evaluation["class_path"] == "persrag_lightning.evaluation.personabench_eval.PersonaBenchEvaluation"
+    section = evaluation["init_args"]
     config = config_from_dict(section)
     assert config.pbr == PBRSettings()
     assert config.variants == ["PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base"]

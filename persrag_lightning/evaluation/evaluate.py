@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
     doc_labels,
@@ -32,6 +34,7 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
+from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.calibration import Calibration, check_reading
@@ -63,16 +66,16 @@ TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 
 def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
-    """The parser of an evaluate config (`run_name`, `evaluation`, `strategies`), shared by `persrag evaluate` and
-    the generator stage, which takes its training prompts' strategy from the same file by name."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`, `only`, `names`)."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
 
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
     parser.add_argument("--export_root", type=str, default="checkpoints")
-    parser.add_class_arguments(Evaluation, "evaluation")
-    parser.add_argument("--strategies", type=list[Strategy], required=True)
+    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP Evaluation
+    parser.add_argument("--evaluation", type=Evaluator, default=lazy_instance(Evaluation))
+    parser.add_argument("--strategies", type=list[Strategy], default=[])
     # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a one-key mapping;
     # `only_names` turns it back into the name the user typed instead of failing with a type error
     parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
@@ -150,8 +153,8 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
                           for ex, ds in zip(examples, retrieved) for d in ds]))
 
 
-class Evaluation:
-    """Runs strategies over one split with one LLM and reports them with intervals and paired tests."""
+class Evaluation(Evaluator):
+    """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
@@ -226,6 +229,23 @@ class Evaluation:
         if not examples:
             raise LampFormatError(f"split {self.split!r} of {self.source.data_dir} has no labelled examples")
         return examples[: self.max_examples] if self.max_examples else examples
+
+    @property
+    def primary_metric(self) -> str:
+        """The task's first metric (accuracy, MAE or ROUGE-1), as the tables put it first."""
+        return metric_names(self.task)[0]
+
+    @property
+    def greater_is_better(self) -> bool:
+        return LampMetricFn(self.task, self.primary_metric).higher_is_better
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        """`run`, as the evaluator contract reports it."""
+        if not strategies:
+            raise ConfigError("strategies: the LaMP evaluation needs at least one strategy")
+        summary = self.run(list(strategies))
+        return EvaluationReport(self.primary_metric, self.greater_is_better, self.table(summary, self.skipped),
+                                summary.results, self.out_dir)
 
     def run(self, strategies: list[Strategy]) -> Summary:
         self.source.prepare()

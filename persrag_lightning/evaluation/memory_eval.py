@@ -1,5 +1,5 @@
 """What remembered facts add, counted: simulated conversations plant facts in the memory bank (memory/simulate.py),
-then each strategy answers the later questions about them. Per strategy: recall@k of the planted memory, the share
+then each strategy answers the later questions about them (`MemoryEvaluation`, the evaluator a config names). Per strategy: recall@k of the planted memory, the share
 of answers that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must be
 0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py --end-to-end`.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from persrag_lightning.data.docstore import read_docstore
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.stats import bootstrap_interval
 from persrag_lightning.llm.prompts import build_chat_prompt
 from persrag_lightning.llm.registry import LLMConfig
@@ -166,3 +168,21 @@ def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict
         f"{r.answer_hits:.3f} [{r.answer_ci[0]:.3f}, {r.answer_ci[1]:.3f}] | {r.foreign_memories} | "
         f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n" for r in results)
     return head + rows
+
+
+@dataclass
+class MemoryEvaluation(MemoryEvalConfig, Evaluator):
+    """What remembered facts add, as an evaluator (configs/evaluate_memory.yaml)."""
+
+    primary_metric = "answer_hits"
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        self.refuse_strategies(strategies, "evaluation.strategies")
+        if not (Path(self.run_dir) / "docstore").is_dir():
+            raise FileNotFoundError(f"{self.run_dir}/docstore: no exported run; train one first "
+                                    "(`python train.py pipeline --preset quick`)")
+        results = run_memory_evaluation(self)
+        out = Path(self.out_dir)
+        return EvaluationReport(self.primary_metric, self.greater_is_better, (out / "results.md").read_text(),
+                                {r.name: {"recall@k": r.recall_at_k, "answer_hits": r.answer_hits} for r in results},
+                                out)

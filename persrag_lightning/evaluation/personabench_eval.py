@@ -2,8 +2,8 @@
 
 Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5, fusion weights,
 pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per variant with 95 % bootstrap
-intervals over questions, LLM calls per query, wall time cold and warm). Function API; the CLI calls
-`run_personabench(PersonaBenchEvalConfig(...))`.
+intervals over questions, LLM calls per query, wall time cold and warm). Function API, and the evaluator a config
+names by class_path (`PersonaBenchEvaluation`), which calls `run_personabench`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from persrag_lightning.data.personabench import PersonaBenchCommunity, PersonaQuestion, load_personabench
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.personabench_metrics import personabench_scores
 from persrag_lightning.evaluation.stats import bootstrap_interval, sign_flip_test
+from persrag_lightning.retrieval.base import Strategy
 from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
@@ -27,9 +30,8 @@ from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 @dataclass
 class PersonaBenchEvalConfig:
-    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`)."""
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args)."""
 
-    kind: str = "personabench"
     data_dir: str = "../shared/data/personabench/community_0"
     noise: str = "0.0"
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
@@ -307,7 +309,8 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
-    """The YAML `evaluation` section (plain mapping, `pbr` nested) as a typed config; unknown keys are errors."""
+    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config; unknown keys are
+    errors."""
     values = dict(section)
     pbr = values.pop("pbr", None) or {}
     if not isinstance(pbr, dict):
@@ -346,3 +349,17 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
         report = evaluate_variants(community, encode, config, llm, llm_name)
     report.write(config.out_dir)
     return report
+
+
+@dataclass
+class PersonaBenchEvaluation(PersonaBenchEvalConfig, Evaluator):
+    """PBR's variants on a PersonaBench community as an evaluator (configs/evaluate_personabench.yaml)."""
+
+    primary_metric = "recall@5"
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        self.refuse_strategies(strategies, "evaluation.variants")
+        report = run_personabench(self)
+        results = {s.variant: {"recall@5": s.recall, "ndcg@5": s.ndcg} for s in report.summaries}
+        return EvaluationReport(self.primary_metric, self.greater_is_better, report.markdown(), results,
+                                Path(self.out_dir))
