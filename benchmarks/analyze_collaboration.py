@@ -20,9 +20,9 @@ import numpy as np
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, iter_synth_users, load_communities
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.evaluation.evaluate import file_name
 from persrag_lightning.evaluation.reader_free import vote
 from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.strategies import file_name
 
 
 def latest_cache(cache: Path, name: str) -> dict:

@@ -58,8 +58,9 @@ def embedding_rows(n_docs: int, cache_dir: str) -> list[list]:
 
 
 def reranker_rows(run_dir: str, n_questions: int, repeats: int) -> list[list]:
-    from persrag_lightning.evaluation.evaluate import Evaluation, strategy_by_name
+    from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.retrieval.base import DocStore, Query
+    from persrag_lightning.retrieval.strategies import strategy_by_name
     from persrag_lightning.utils import resolve_config_path
 
     evaluation = Evaluation(split="dev", max_examples=n_questions)

@@ -35,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         report.write(args.rewrite)
         print(report.markdown())
         return 0
-    cfg = OmegaConf.merge(OmegaConf.load(args.config), OmegaConf.from_dotlist(args.overrides))
-    config = config_from_dict(OmegaConf.to_container(cfg.evaluation, resolve=True))  # type: ignore[arg-type]
+    # `evaluation.x=v` sets the evaluator's init_args (the config names its class by class_path)
+    overrides = [o.replace("evaluation.", "evaluation.init_args.", 1)
+                 if o.startswith("evaluation.") and not o.startswith("evaluation.init_args.") else o
+                 for o in args.overrides]
+    cfg = OmegaConf.merge(OmegaConf.load(args.config), OmegaConf.from_dotlist(overrides))
+    config = config_from_dict(OmegaConf.to_container(cfg.evaluation.init_args, resolve=True))  # type: ignore[arg-type]
     t0 = time.perf_counter()
     report = run_personabench(config)
     print(report.markdown())

@@ -31,11 +31,12 @@ import warnings
 import numpy as np
 import torch
 
-from persrag_lightning.evaluation.evaluate import Evaluation, cached_retrieval, strategy_by_name
+from persrag_lightning.evaluation.evaluate import Evaluation
 from persrag_lightning.hardware import bf16_verdict, cpu_bf16_instructions, describe_cpu, linear_seconds
 from persrag_lightning.llm import load_llm
 from persrag_lightning.llm.answer import allowed_labels, build_prompts
 from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name
 
 MAX_PROMPT_TOKENS = 512  # the evaluation config's budget (configs/evaluate_cfrag.yaml)
 

@@ -42,14 +42,7 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.synth_scale import ScaledSynthUsers
-from persrag_lightning.logs import configure_logs
-from persrag_lightning.metrics import community_precision_at_m
-from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
-from persrag_lightning.models.user_encoder import UserEncoder
-from persrag_lightning.progress import Progress
-from persrag_lightning.retrieval.base import DocStore, Query
-from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
-from persrag_lightning.retrieval.index import (
+from persrag_lightning.index import (
     BLAS_MIN_QUERIES,
     FAISS_DEFAULT_BLAS_THRESHOLD,
     TorchFlatIndex,
@@ -57,6 +50,13 @@ from persrag_lightning.retrieval.index import (
     faiss_has_gpus,
     normalized,
 )
+from persrag_lightning.logs import configure_logs
+from persrag_lightning.metrics import community_precision_at_m
+from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
+from persrag_lightning.models.user_encoder import UserEncoder
+from persrag_lightning.progress import Progress
+from persrag_lightning.retrieval.base import DocStore, Query
+from persrag_lightning.retrieval.baselines import BM25, Dense, RandomDocs, Recency, ZeroShot
 from persrag_lightning.retrieval.user_index import UserIndex, torch_topk_users
 from persrag_lightning.utils import atomic_replace, bundle_digest
 

@@ -21,10 +21,11 @@ from pathlib import Path
 from persrag_lightning.commands import pipeline
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.evaluation.evaluate import Evaluation, strategy_by_name
+from persrag_lightning.evaluation.evaluate import Evaluation
 from persrag_lightning.evaluation.stats import metric_names
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.presets import load_preset
+from persrag_lightning.retrieval.strategies import strategy_by_name
 from persrag_lightning.retrieval.tuned_generator import TunedGenerator
 from persrag_lightning.stages import cli_overrides
 

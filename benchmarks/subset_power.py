@@ -21,8 +21,8 @@ from pathlib import Path
 
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.evaluation.evaluate import file_name
 from persrag_lightning.evaluation.stats import LampMetricFn, metric_names, paired_test
+from persrag_lightning.retrieval.strategies import file_name
 
 ALPHA = 0.05
 

@@ -149,7 +149,8 @@ def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: 
 def evaluate_config_rows(config: str):
     """An evaluate config of configs/ as `persrag evaluate` reads it, `{run_dir}` resolved to checkpoints/<run_name>:
     (config, run_dir, rows by name — a strategy without a name under its class path)."""
-    from persrag_lightning.evaluation.evaluate import evaluate_parser, substitute_run_dir
+    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.retrieval.strategies import substitute_run_dir
 
     cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / config)])
     run = f"checkpoints/{cfg.run_name}"

@@ -276,8 +276,8 @@ def test_remove_recomputes_the_cohort_without_the_user_and_an_emptied_cohort_tak
 
 
 def test_a_cfrag_row_on_a_cohort_export_is_keyed_by_the_export_content(tmp_path):
-    from persrag_lightning.evaluation.evaluate import strategy_config
     from persrag_lightning.retrieval.cfrag import CFRAG
+    from persrag_lightning.retrieval.strategies import strategy_config
 
     ids, x, _ = communities()
     CohortModel().fit(ids, x).save(tmp_path / "clusters")

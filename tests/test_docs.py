@@ -350,23 +350,9 @@ def print_config(sub: str, args: list[str], capsys) -> None:
 
 
 def parse_evaluate(args: list[str]) -> None:
-    from persrag_lightning.commands.evaluate import personabench_section
     from persrag_lightning.commands.train import resolve_config_args
     from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names
 
-    bench = personabench_section(args)
-    if bench is not None:
-        from persrag_lightning.evaluation.personabench_eval import config_from_dict
-
-        config_from_dict(bench)
-        return
-    memory = personabench_section(args, kind="memory")
-    if memory is not None:
-        from persrag_lightning.evaluation.memory_eval import MemoryEvalConfig
-
-        unknown = set(memory) - set(MemoryEvalConfig.__dataclass_fields__) - {"kind", "llm"}
-        assert not unknown, unknown
-        return
     aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
     args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a) for a in args])
     parser = evaluate_parser()

@@ -10,8 +10,8 @@ import pytest
 from persrag_lightning.cli import main
 from persrag_lightning.data.lamp import read_outputs
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.evaluation.evaluate import file_name
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.retrieval.strategies import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
 RERANKED = "CFRAG (judgments, reranked)"  # the main chain's row: stage 1 reads judgments (the presets' default)

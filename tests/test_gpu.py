@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from persrag_lightning.retrieval.index import faiss_has_gpus
+from persrag_lightning.index import faiss_has_gpus
 from tests.test_ddp import builds, feedback_data_args, feedback_world, final_metrics, run_cli
 
 pytestmark = [pytest.mark.gpu,
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_user_index_on_cuda_searches_exactly_and_saves_as_a_faiss_index(tmp_path):
-    from persrag_lightning.retrieval.index import TorchFlatIndex, index_kind, load_index, save_index
+    from persrag_lightning.index import TorchFlatIndex, index_kind, load_index, save_index
     from persrag_lightning.retrieval.user_index import UserIndex
 
     rng = np.random.default_rng(0)
@@ -121,7 +121,7 @@ def test_with_faiss_gpu_ivf_runs_on_the_gpu_and_flat_stays_on_torch(tmp_path):
     users, docs/performance/user-retrieval.md) with the same neighbours; both save as CPU faiss indexes."""
     import faiss
 
-    from persrag_lightning.retrieval.index import TorchFlatIndex, index_kind, load_index, save_index
+    from persrag_lightning.index import TorchFlatIndex, index_kind, load_index, save_index
     from persrag_lightning.retrieval.user_index import UserIndex
 
     rng = np.random.default_rng(1)

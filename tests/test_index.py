@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from persrag_lightning.retrieval import index as index_module
-from persrag_lightning.retrieval.index import (
+from persrag_lightning import index as index_module
+from persrag_lightning.index import (
     BLAS_MIN_QUERIES,
     FAISS_DEFAULT_BLAS_THRESHOLD,
     TorchFlatIndex,

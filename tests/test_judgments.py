@@ -285,7 +285,7 @@ def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_nam
     from tests.conftest import evaluate_config_rows
 
     cfg, _, rows = evaluate_config_rows("evaluate_full_feedback.yaml")
-    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG (full feedback)"
+    assert cfg.evaluation.init_args.split == "test" and cfg.evaluation.init_args.reference == "CFRAG (full feedback)"
     runs = {"quick": "checkpoints/synthlamp-quick", "full feedback": "checkpoints/synthlamp-full-feedback"}
     for label, run in runs.items():
         assert {b: rows[f"CFRAG ({label})"][b] for b in ("user_encoder", "retriever", "reranker")} == \
@@ -310,7 +310,7 @@ def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names
     from tests.conftest import evaluate_config_rows
 
     cfg, _, rows = evaluate_config_rows("evaluate_judgments.yaml")
-    assert cfg.evaluation.task == "LaMP-3" and cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
+    assert cfg.evaluation.init_args.task == "LaMP-3" and cfg.evaluation.init_args.split == "test" and cfg.evaluation.init_args.reference == "CFRAG"
     for bundle in ("user_encoder", "retriever", "reranker"):
         assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}_paper"
         assert rows["CFRAG (judgments label)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-label/{bundle}"

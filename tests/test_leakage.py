@@ -18,7 +18,6 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import visible_histories
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.evaluation.evaluate import strategy_config
 from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackSettings
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
@@ -29,6 +28,7 @@ from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 from persrag_lightning.retrieval.pbr import PBRSettings, expand_query, user_anchor
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRStrategy
+from persrag_lightning.retrieval.strategies import strategy_config
 
 USERS = ("a", "b", "c", "d")
 PROMPT = "Which tag does this movie relate to among the following tags? tags: [...] description: "

@@ -213,14 +213,16 @@ def test_base_dense_reproduces_community_0_reference():
 
 
 def test_config_file_maps_onto_the_eval_config():
-    """configs/evaluate_personabench.yaml must stay loadable as PersonaBenchEvalConfig (no unknown keys) and its
-    PBR section must be the paper's settings."""
+    """configs/evaluate_personabench.yaml names the PersonaBench evaluator, its init_args stay loadable as
+    PersonaBenchEvalConfig (no unknown keys) and its PBR section must be the paper's settings."""
     from omegaconf import OmegaConf
 
     from persrag_lightning.evaluation.personabench_eval import config_from_dict
     from persrag_lightning.retrieval.pbr import PBRSettings
 
-    section = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
+    evaluation = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "evaluate_personabench.yaml").evaluation)
+    assert evaluation["class_path"] == "persrag_lightning.evaluation.personabench_eval.PersonaBenchEvaluation"
+    section = evaluation["init_args"]
     config = config_from_dict(section)
     assert config.pbr == PBRSettings()
     assert config.variants == ["PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base"]
@@ -291,13 +293,13 @@ def test_report_tests_each_variant_against_base_and_rewrites_from_its_files(tmp_
         PersonaBenchReport,
         QuestionResult,
         VariantSummary,
-        sign_flip_p,
     )
+    from persrag_lightning.evaluation.stats import sign_flip_test
     from persrag_lightning.retrieval.pbr import PBRSettings
 
-    assert sign_flip_p(np.zeros(10)) == 1.0
-    assert sign_flip_p(np.full(20, -0.5)) < 0.001
-    assert 0.3 < sign_flip_p(np.array([1.0, -1.0] * 10)) <= 1.0
+    assert sign_flip_test(np.zeros(10)) == 1.0
+    assert sign_flip_test(np.full(20, -0.5)) < 0.001
+    assert 0.3 < sign_flip_test(np.array([1.0, -1.0] * 10)) <= 1.0
 
     def result(variant: str, q: int, recall: float) -> QuestionResult:
         return QuestionResult(variant, f"q{q}", "p", "c", "?", [], [], recall, recall, 1.0, 1.0, 0, 0, False, "d")

@@ -11,9 +11,9 @@ import torch
 
 from persrag_lightning import hardware
 from persrag_lightning.commands import pipeline
-from persrag_lightning.evaluation.evaluate import set_reranker_runtime
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import preset_names
+from persrag_lightning.retrieval.strategies import set_reranker_runtime
 from tests.conftest import evaluated_rows, fake_evaluate
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
@@ -326,8 +326,8 @@ def test_progress_lines_cover_the_whole_fit_and_a_long_validation(capsys, tmp_pa
 
 def write_labels(out_dir, name: str, rows: list[list[float]], golds: list[str], terms: dict) -> None:
     """A dev row's stored label scores (predictions/<row>.labels.json) as the evaluation writes them."""
-    from persrag_lightning.evaluation.evaluate import file_name
     from persrag_lightning.llm.calibration import LabelReading
+    from persrag_lightning.retrieval.strategies import file_name
 
     reading = LabelReading("LaMP-3", ("1", "2", "3", "4", "5"), rows, "none", "median", terms)
     path = out_dir / "predictions" / f"{file_name(name)}.labels.json"
@@ -397,8 +397,9 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
 
 
 def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them() -> None:
-    from persrag_lightning.evaluation.evaluate import Evaluation, bind_strategies, rename_strategies
+    from persrag_lightning.evaluation.evaluate import Evaluation, rename_strategies
     from persrag_lightning.retrieval.cfrag import CFRAG
+    from persrag_lightning.retrieval.strategies import bind_strategies
     from persrag_lightning.retrieval.tuned_generator import TunedGenerator
     from persrag_lightning.utils import ConfigError
 

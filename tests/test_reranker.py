@@ -305,7 +305,7 @@ def test_the_feedback_amount_comparison_reads_one_runs_rerankers_against_its_fir
     cfg, run, rows = evaluate_config_rows("evaluate_reranker_feedback.yaml")
     rows = {name: row for name, row in rows.items() if "retriever" in row}  # the CFRAG rows
     path = REPO / "configs" / "evaluate_reranker_feedback.yaml"
-    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "w/o reranker tuning"
+    assert cfg.evaluation.init_args.split == "test" and cfg.evaluation.init_args.reference == "w/o reranker tuning"
     assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
     assert [r.reranker for r in rows.values()] == [f"{run}/reranker", f"{run}/reranker_f256", None]

@@ -381,9 +381,9 @@ def test_an_hnsw_export_is_served_as_exported_and_keeps_its_parameters(run_dir, 
     deletion rebuilds it with the exported M, efConstruction and efSearch."""
     import faiss
 
+    from persrag_lightning import index as index_module
+    from persrag_lightning.index import index_params
     from persrag_lightning.models.user_encoder import UserEncoder
-    from persrag_lightning.retrieval import index as index_module
-    from persrag_lightning.retrieval.index import index_params
     from persrag_lightning.retrieval.user_index import UserIndex
 
     run = tmp_path / "run"

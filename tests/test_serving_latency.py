@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from persrag_lightning.evaluation.evaluate import strategy_config
 from persrag_lightning.models.exported import export_path
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
+from persrag_lightning.retrieval.strategies import strategy_config
 from persrag_lightning.utils import fingerprint
 
 WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city",
@@ -326,7 +326,7 @@ def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
 
     cfg, run, rows = evaluate_config_rows("evaluate_distilled.yaml")
     rows = {name: row for name, row in rows.items() if "retriever" in row}  # the CFRAG rows
-    assert cfg.evaluation.split == "test" and cfg.evaluation.reference == "CFRAG"
+    assert cfg.evaluation.init_args.split == "test" and cfg.evaluation.init_args.reference == "CFRAG"
     assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
     stage = yaml.safe_load((REPO / "configs" / "cfrag_reranker_distilled.yaml").read_text())

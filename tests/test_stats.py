@@ -159,3 +159,20 @@ def test_errors_and_names() -> None:
         paired_test(ACC1, ["[1]"], ["[1]", "[2]"], ["[1]"])
     assert math.isnan(paired_test(LampMetricFn("LaMP-3", "mae"), ["nan"], ["3"], ["3"]))
     assert str(Interval(0.4123, 0.3561, 0.4679)) == "0.412 [0.356, 0.468]"
+
+
+def test_mean_of_values_uses_the_same_draws_as_a_mean_metric() -> None:
+    """PersonaBench's and the memory evaluation's intervals are `bootstrap_ci`'s for a mean: one resampling core."""
+    from persrag_lightning.evaluation.stats import bootstrap_interval, sign_flip_test
+
+    rng = np.random.default_rng(4)
+    values = rng.random(120)
+    by_index = [str(i) for i in range(len(values))]
+
+    def mean_of(preds, golds):  # the generic (one call per resample) path over the values' indices
+        return float(np.mean([values[int(p)] for p in preds]))
+
+    assert bootstrap_interval(values, 200, seed=3) == bootstrap_ci(mean_of, by_index, by_index, 200, seed=3)[1:]
+    assert sign_flip_test(np.zeros(5)) == 1.0 and sign_flip_test(values - 0.5, 200) > 0
+    with pytest.raises(ValueError, match="zero examples"):
+        bootstrap_interval([])

@@ -21,7 +21,6 @@ from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.evaluation.evaluate import resolve_reranker_runtime
 from persrag_lightning.hardware import (
     Precision,
     auto_precision,
@@ -32,6 +31,7 @@ from persrag_lightning.hardware import (
 )
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
+from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
 from persrag_lightning.utils import ConfigError, atomic_write_json
 
@@ -185,8 +185,8 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
 def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple[list[str], list[str]]]:
     """A dev row's (answers, golds) under each calibration of `readers`, re-read from the label scores its
     evaluation stored (predictions/<row>.labels.json): no LLM call. Empty when the row stored none."""
-    from persrag_lightning.evaluation.evaluate import file_name
     from persrag_lightning.llm.calibration import LabelReading
+    from persrag_lightning.retrieval.strategies import file_name
 
     path = Path(out_dir) / "predictions" / f"{file_name(name)}.labels.json"
     if not path.is_file():
@@ -265,7 +265,7 @@ def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[st
 
 def check_rows(preset: Preset, name: str) -> None:
     """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one line, exit 2)."""
-    from persrag_lightning.evaluation.evaluate import strategy_names
+    from persrag_lightning.retrieval.strategies import strategy_names
 
     known = set(strategy_names("evaluate_cfrag.yaml"))
     for row in preset.rows or []:

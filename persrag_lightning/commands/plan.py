@@ -217,7 +217,7 @@ def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, prese
     test = min(n for n in (counts["test"], limit, questions) if n is not None)
     dev_questions = min(n for n in (counts["dev"], dev_cap, limit, questions) if n is not None)
     if rows is None:
-        from persrag_lightning.evaluation.evaluate import strategy_names
+        from persrag_lightning.retrieval.strategies import strategy_names
 
         n_rows = len(strategy_names("evaluate_cfrag.yaml"))
     else:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from dataclasses import asdict, is_dataclass, replace
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
     doc_labels,
@@ -34,6 +34,7 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
+from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.calibration import Calibration, check_reading
@@ -41,14 +42,20 @@ from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
 from persrag_lightning.progress import eta, progress
-from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.base import DocStore, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.strategies import (
+    bind_strategies,
+    cached_retrieval,
+    file_name,
+    resolve_reranker_runtime,
+    set_reranker_runtime,
+    strategy_config,
+)
 from persrag_lightning.utils import (
     ConfigError,
     atomic_write_json,
     atomic_write_text,
-    bundle_digest,
     fingerprint,
-    resolve_config_path,
 )
 
 log = logging.getLogger(__name__)
@@ -58,84 +65,17 @@ log = logging.getLogger(__name__)
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 
-def file_name(name: str) -> str:
-    """A strategy name as a file name ("w/o user retrieval" → "w_o_user_retrieval")."""
-    return re.sub(r"[^\w.-]+", "_", name).strip("_")
-
-
-def strategy_config(strategy: Strategy) -> dict:
-    """What identifies a strategy's retrievals: its class and constructor settings, with every setting that names
-    an exported bundle (a folder) replaced by the digest of the bundle's files."""
-    out: dict = {"class": type(strategy).__qualname__}
-    if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
-        out["prompt_gamma"] = strategy.prompt_gamma
-    if hasattr(strategy, "cache_config"):  # a strategy that says what identifies its retrievals
-        return {**out, **strategy.cache_config()}
-    for key, value in vars(strategy).items():
-        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
-            continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
-        if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
-            out[key] = strategy_config(value)
-        elif isinstance(value, str) and ((Path(value) / "config.json").is_file()
-                                         or (Path(value) / "cohorts.json").is_file()):  # a bundle, a cohort export
-            out[key] = {"bundle": bundle_digest(value)}
-        elif isinstance(value, (str, int, float, bool, type(None))):
-            out[key] = value
-        elif is_dataclass(value) and not isinstance(value, type):  # settings objects (CFRAG's cohorts, PBR's)
-            out[key] = asdict(value)
-    return out
-
-
-RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strategy content, shared by every reader
-
-
-def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
-                     cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
-    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
-    of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
-    prompts and every "+ tuned generator" row read one strategy's retrievals once."""
-    strategy = getattr(strategy, "retrieval", None) or strategy  # a wrapper retrieves as the strategy it wraps
-    key = fingerprint("retrieve/v1", strategy_config(strategy), k,
-                      [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
-    path = Path(cache_dir) / RETRIEVALS / f"{file_name(strategy.name)}-{key}.json"
-    if path.exists():
-        cached = json.loads(path.read_text())
-        return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
-    t0 = time.perf_counter()
-    strategy.prepare(store)
-    retrieved = strategy.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k)
-    ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
-    atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
-                             "example_ids": [e.example_id for e in examples],
-                             "rows": [[d.row for d in ds] for ds in retrieved]}, indent=None)
-    return retrieved, ms
-
-
-def substitute_run_dir(obj, run_dir: str):
-    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
-    from jsonargparse import Namespace
-
-    if isinstance(obj, str):
-        return obj.replace("{run_dir}", run_dir)
-    if isinstance(obj, list):
-        return [substitute_run_dir(x, run_dir) for x in obj]
-    if isinstance(obj, Namespace):
-        for key, value in vars(obj).items():
-            setattr(obj, key, substitute_run_dir(value, run_dir))
-    return obj
-
-
 def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
-    """The parser of an evaluate config (`run_name`, `evaluation`, `strategies`), shared by `persrag evaluate` and
-    the generator stage, which takes its training prompts' strategy from the same file by name."""
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`, `only`, `names`)."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
 
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
     parser.add_argument("--export_root", type=str, default="checkpoints")
-    parser.add_class_arguments(Evaluation, "evaluation")
-    parser.add_argument("--strategies", type=list[Strategy], required=True)
+    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP Evaluation
+    parser.add_argument("--evaluation", type=Evaluator, default=lazy_instance(Evaluation))
+    parser.add_argument("--strategies", type=list[Strategy], default=[])
     # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a one-key mapping;
     # `only_names` turns it back into the name the user typed instead of failing with a type error
     parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
@@ -150,15 +90,6 @@ def evaluate_parser(prog: str = "persrag evaluate", description: str | None = No
 def only_names(only: list[str | dict[str, str]]) -> list[str]:
     """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)"."""
     return [n if isinstance(n, str) else ", ".join(f"{k}: {v}" for k, v in n.items()) for n in only]
-
-
-def bind_strategies(strategies: list[Strategy]) -> None:
-    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
-    by_name = {s.name: s for s in strategies}
-    for s in strategies:
-        bind = getattr(s, "bind", None)
-        if bind is not None:
-            bind(by_name)
 
 
 def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
@@ -182,51 +113,6 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
     for s in strategies:
         s.name = made.get(s.name, s.name)
     return made
-
-
-def resolve_reranker_runtime(runtime: str) -> str:
-    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
-    natively, else fp32."""
-    from persrag_lightning.hardware import native_runtime
-    from persrag_lightning.models.reranker import RUNTIMES
-
-    runtime = native_runtime(runtime)
-    if runtime not in RUNTIMES:
-        raise ValueError(f"reranker_runtime must be bf16_if_native or one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    return runtime
-
-
-def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
-    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
-    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
-    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
-    runtime = resolve_reranker_runtime(runtime)
-    if runtime == "fp32":
-        return
-    for s in strategies:
-        if getattr(s, "reranker_path", None) and not hasattr(s, "reranker_runtime"):
-            s.reranker_runtime = runtime
-
-
-@lru_cache(maxsize=8)
-def strategy_names(config: str | Path) -> list[str]:
-    """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
-    parser = evaluate_parser()
-    cfg = substitute_run_dir(parser.parse_args(["--config", resolve_config_path(str(config))]), "{run_dir}")
-    return [s.name for s in parser.instantiate_classes(cfg).strategies]
-
-
-def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
-    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
-    parser = evaluate_parser()
-    cfg = substitute_run_dir(parser.parse_args(["--config", str(config)]), run_dir)
-    strategies = parser.instantiate_classes(cfg).strategies
-    set_reranker_runtime(strategies, reranker_runtime)
-    bind_strategies(strategies)
-    for s in strategies:
-        if s.name == name:
-            return s
-    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
 
 
 def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
@@ -267,8 +153,8 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
                           for ex, ds in zip(examples, retrieved) for d in ds]))
 
 
-class Evaluation:
-    """Runs strategies over one split with one LLM and reports them with intervals and paired tests."""
+class Evaluation(Evaluator):
+    """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
@@ -343,6 +229,23 @@ class Evaluation:
         if not examples:
             raise LampFormatError(f"split {self.split!r} of {self.source.data_dir} has no labelled examples")
         return examples[: self.max_examples] if self.max_examples else examples
+
+    @property
+    def primary_metric(self) -> str:
+        """The task's first metric (accuracy, MAE or ROUGE-1), as the tables put it first."""
+        return metric_names(self.task)[0]
+
+    @property
+    def greater_is_better(self) -> bool:
+        return LampMetricFn(self.task, self.primary_metric).higher_is_better
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        """`run`, as the evaluator contract reports it."""
+        if not strategies:
+            raise ConfigError("strategies: the LaMP evaluation needs at least one strategy")
+        summary = self.run(list(strategies))
+        return EvaluationReport(self.primary_metric, self.greater_is_better, self.table(summary, self.skipped),
+                                summary.results, self.out_dir)
 
     def run(self, strategies: list[Strategy]) -> Summary:
         self.source.prepare()

@@ -1,5 +1,5 @@
 """What remembered facts add, counted: simulated conversations plant facts in the memory bank (memory/simulate.py),
-then each strategy answers the later questions about them. Per strategy: recall@k of the planted memory, the share
+then each strategy answers the later questions about them (`MemoryEvaluation`, the evaluator a config names). Per strategy: recall@k of the planted memory, the share
 of answers that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must be
 0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py --end-to-end`.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import numpy as np
 
 from persrag_lightning.data.docstore import read_docstore
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
+from persrag_lightning.evaluation.stats import bootstrap_interval
 from persrag_lightning.llm.prompts import build_chat_prompt
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings
@@ -68,13 +71,9 @@ class StrategyResult:
     seconds: float
 
 
-def bootstrap_mean(values: np.ndarray, n: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of a mean over questions."""
-    if len(values) == 0:
-        return (0.0, 0.0)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n, len(values)))].mean(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
+    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no questions."""
+    return bootstrap_interval(hits, seed=seed) if len(hits) else (0.0, 0.0)
 
 
 def make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
@@ -137,7 +136,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
-                                      float(hits.mean()) if len(hits) else 0.0, bootstrap_mean(hits, seed=cfg.seed),
+                                      float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
                                       foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
     extraction = {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
                   "repaired": bank.repaired,
@@ -169,3 +168,21 @@ def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict
         f"{r.answer_hits:.3f} [{r.answer_ci[0]:.3f}, {r.answer_ci[1]:.3f}] | {r.foreign_memories} | "
         f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n" for r in results)
     return head + rows
+
+
+@dataclass
+class MemoryEvaluation(MemoryEvalConfig, Evaluator):
+    """What remembered facts add, as an evaluator (configs/evaluate_memory.yaml)."""
+
+    primary_metric = "answer_hits"
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        self.refuse_strategies(strategies, "evaluation.strategies")
+        if not (Path(self.run_dir) / "docstore").is_dir():
+            raise FileNotFoundError(f"{self.run_dir}/docstore: no exported run; train one first "
+                                    "(`python train.py pipeline --preset quick`)")
+        results = run_memory_evaluation(self)
+        out = Path(self.out_dir)
+        return EvaluationReport(self.primary_metric, self.greater_is_better, (out / "results.md").read_text(),
+                                {r.name: {"recall@k": r.recall_at_k, "answer_hits": r.answer_hits} for r in results},
+                                out)

@@ -2,8 +2,8 @@
 
 Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5, fusion weights,
 pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per variant with 95 % bootstrap
-intervals over questions, LLM calls per query, wall time cold and warm). Function API; the CLI calls
-`run_personabench(PersonaBenchEvalConfig(...))`.
+intervals over questions, LLM calls per query, wall time cold and warm). Function API, and the evaluator a config
+names by class_path (`PersonaBenchEvaluation`), which calls `run_personabench`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,17 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from persrag_lightning.data.personabench import PersonaBenchCommunity, PersonaQuestion, load_personabench
+from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.personabench_metrics import personabench_scores
+from persrag_lightning.evaluation.stats import bootstrap_interval, sign_flip_test
+from persrag_lightning.retrieval.base import Strategy
 from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
@@ -26,9 +30,8 @@ from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 @dataclass
 class PersonaBenchEvalConfig:
-    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`)."""
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args)."""
 
-    kind: str = "personabench"
     data_dir: str = "../shared/data/personabench/community_0"
     noise: str = "0.0"
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
@@ -156,7 +159,7 @@ class PersonaBenchReport:
                 continue
             d = np.array([recall[q] - per[reference][q] for q in shared])
             out.append(f"- {variant} vs {reference}, paired over {len(shared)} questions: R@5 {d.mean():+.4f} "
-                       f"({int((d > 0).sum())} up, {int((d < 0).sum())} down; sign-flip p = {sign_flip_p(d):.4f}).")
+                       f"({int((d > 0).sum())} up, {int((d < 0).sum())} down; sign-flip p = {sign_flip_test(d):.4f}).")
         return out
 
     @classmethod
@@ -208,27 +211,9 @@ class PersonaBenchReport:
         return out
 
 
-def sign_flip_p(differences: np.ndarray, samples: int = 10_000, seed: int = 0) -> float:
-    """Two-sided paired randomisation test of a mean difference: each question's sign flipped at random, with the
-    +1 correction (never 0)."""
-    d = np.asarray(differences, dtype=np.float64)
-    if len(d) == 0 or not d.any():
-        return 1.0
-    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(samples, len(d)))
-    hits = (np.abs((signs * d).sum(axis=1)) >= abs(d.sum()) - 1e-12).sum()
-    return float((hits + 1) / (samples + 1))
-
-
-def bootstrap_ci(values: list[float] | np.ndarray, samples: int = 1000, seed: int = 0, level: float = 0.95
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean over questions (resampling questions with replacement)."""
-    v = np.asarray(values, dtype=np.float64)
-    if len(v) == 0:
-        return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(samples, len(v)))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+def _interval(values: list[float], config: PersonaBenchEvalConfig) -> tuple[float, float]:
+    """95 % bootstrap interval of the mean over questions; NaNs when no question was asked."""
+    return bootstrap_interval(values, config.bootstrap_samples, seed=config.seed) if values else (math.nan, math.nan)
 
 
 def select_questions(community: PersonaBenchCommunity, per_person: int | None) -> dict[str, list[PersonaQuestion]]:
@@ -310,8 +295,7 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
         pr = cold.stats.pagerank_seconds
         summaries.append(VariantSummary(
             name, len(rows), float(np.mean(recalls)) if rows else math.nan,
-            bootstrap_ci(recalls, config.bootstrap_samples, config.seed),
-            float(np.mean(ndcgs)) if rows else math.nan, bootstrap_ci(ndcgs, config.bootstrap_samples, config.seed),
+            _interval(recalls, config), float(np.mean(ndcgs)) if rows else math.nan, _interval(ndcgs, config),
             cold.stats.llm_calls / max(n_questions, 1), cold_seconds, warm_seconds, warm_calls,
             1000 * float(np.mean(pr)) if pr else None,
             float(np.mean([r.utterances_json for r in rows])) if settings.use_prf and rows else None,
@@ -325,7 +309,8 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
-    """The YAML `evaluation` section (plain mapping, `pbr` nested) as a typed config; unknown keys are errors."""
+    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config; unknown keys are
+    errors."""
     values = dict(section)
     pbr = values.pop("pbr", None) or {}
     if not isinstance(pbr, dict):
@@ -364,3 +349,17 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
         report = evaluate_variants(community, encode, config, llm, llm_name)
     report.write(config.out_dir)
     return report
+
+
+@dataclass
+class PersonaBenchEvaluation(PersonaBenchEvalConfig, Evaluator):
+    """PBR's variants on a PersonaBench community as an evaluator (configs/evaluate_personabench.yaml)."""
+
+    primary_metric = "recall@5"
+
+    def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
+        self.refuse_strategies(strategies, "evaluation.variants")
+        report = run_personabench(self)
+        results = {s.variant: {"recall@5": s.recall, "ndcg@5": s.ndcg} for s in report.summaries}
+        return EvaluationReport(self.primary_metric, self.greater_is_better, report.markdown(), results,
+                                Path(self.out_dir))

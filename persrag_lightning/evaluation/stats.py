@@ -4,6 +4,10 @@ A table of point estimates on a few hundred examples cannot say whether CFRAG be
 examples has a 95 % interval about ±0.05 wide. Both tools here resample *examples* and recompute the whole metric,
 so they hold for metrics that are not means of per-example scores (macro-F1, RMSE) as well as for those that are.
 
+The one home of every interval and paired test of the evaluators: `bootstrap_ci` / `paired_test` resample a whole
+metric over strings (LaMP tables); `bootstrap_interval` / `sign_flip_test` do the same for the mean of per-question
+values (PersonaBench's R@5, the memory evaluation's answer hits), on the same resampling core.
+
 `metric_fn` is any `(predictions, golds) -> float` over strings. `LampMetricFn` wraps the official torchmetrics
 (`persrag_lightning.metrics.lamp_metric`) and adds a vectorised numpy path (per-example encoding once, then every
 resample in one array operation) that gives the same numbers; a plain callable falls back to one call per resample.
@@ -211,10 +215,28 @@ def bootstrap_ci(metric_fn: MetricFn, predictions: Sequence[str], golds: Sequenc
         for size in _chunks(n_resamples, n):
             for row in rng.integers(0, n, size=(size, n)):
                 stats.append(np.array([metric_fn([preds[i] for i in row], [gl[i] for i in row])]))
-    dist = np.concatenate(stats)
+    low, high = _percentiles(np.concatenate(stats), confidence)
+    return Interval(float(metric_fn(predictions, golds)), low, high)
+
+
+def _percentiles(distribution: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The percentile interval of a bootstrap distribution (both tails cut equally)."""
     tail = (1 - confidence) / 2
-    low, high = np.quantile(dist, [tail, 1 - tail])
-    return Interval(float(metric_fn(predictions, golds)), float(low), float(high))
+    low, high = np.quantile(distribution, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def bootstrap_interval(values: Sequence[float] | np.ndarray, n_resamples: int = 1000, confidence: float = 0.95,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-example values (`bootstrap_ci` for a mean metric: the same
+    draws for the same (n, n_resamples, seed)). Callers decide what an empty list reports."""
+    v = np.asarray(values, dtype=np.float64)
+    n = _check(n_resamples, len(v))
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    rng = np.random.default_rng(seed)
+    means = [v[rng.integers(0, n, size=(size, n))].mean(axis=1) for size in _chunks(n_resamples, n)]
+    return _percentiles(np.concatenate(means), confidence)
 
 
 def paired_test(metric_fn: MetricFn, preds_a: Sequence[str], preds_b: Sequence[str], golds: Sequence[str],
@@ -252,6 +274,18 @@ def paired_test(metric_fn: MetricFn, preds_a: Sequence[str], preds_b: Sequence[s
                 b2 = [x if s else y for x, y, s in zip(a, b, swap)]
                 hits += abs(metric_fn(a2, gl) - metric_fn(b2, gl)) >= observed - _tolerance(observed)
     return (1 + hits) / (1 + n_resamples)
+
+
+def sign_flip_test(differences: Sequence[float] | np.ndarray, n_resamples: int = 10_000, seed: int = 0) -> float:
+    """`paired_test` for the mean of per-question differences (A - B): flipping a difference's sign is swapping A
+    and B on that question. Two-sided, with the +1 correction (never 0); 1.0 when every difference is 0. Draws
+    random signs rather than `paired_test`'s swap mask, so PersonaBench's published p-values stay as they were."""
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) == 0 or not d.any():
+        return 1.0
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(n_resamples, len(d)))
+    hits = (np.abs((signs * d).sum(axis=1)) >= abs(d.sum()) - 1e-12).sum()
+    return float((hits + 1) / (n_resamples + 1))
 
 
 def _tolerance(observed: float) -> float:

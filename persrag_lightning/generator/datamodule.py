@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader, Sampler
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.evaluation.evaluate import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.utils import atomic_write_json, fingerprint, resolve_config_path, trainer_validates
 
 PROMPTS_VERSION = "generator-prompts/v1"

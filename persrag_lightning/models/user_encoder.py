@@ -16,7 +16,7 @@ from torch import nn
 from persrag_lightning.data.histories import FIRST_DOC_ID, MASK_ID, PAD_ID
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.retrieval.index import IndexKind, build_index, load_index, save_index, search
+from persrag_lightning.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
 Judgments = Literal["none", "label", "paired"]

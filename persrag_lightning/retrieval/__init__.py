@@ -1,3 +1,3 @@
-"""Indexes and strategies. Importing the package configures faiss's batched exact search (index.py)."""
+"""Indexes and strategies. Importing the package configures faiss's batched exact search (persrag_lightning/index.py)."""
 
-from persrag_lightning.retrieval import index as _index  # noqa: F401  (sets faiss's BLAS threshold once)
+from persrag_lightning import index as _index  # noqa: F401  (sets faiss's BLAS threshold once)

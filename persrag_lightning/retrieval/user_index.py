@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from persrag_lightning.retrieval.index import (
+from persrag_lightning.index import (
     IndexKind,
     build_index,
     index_kind,

@@ -15,6 +15,7 @@ from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import native_runtime
+from persrag_lightning.index import index_params
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
@@ -23,7 +24,6 @@ from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
-from persrag_lightning.retrieval.index import index_params
 from persrag_lightning.retrieval.user_index import UserIndex
 
 COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)

@@ -34,13 +34,13 @@ from safetensors.torch import load_file
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.docstore import USERS_FILE, read_docstore
 from persrag_lightning.data.histories import FIRST_DOC_ID
+from persrag_lightning.index import build_index, index_params, load_index
 from persrag_lightning.models.corpus_embeddings import (
     EMBEDDINGS_FILE,
     corpus_embedding_dir,
     corpus_embedding_key,
 )
 from persrag_lightning.retrieval.cohorts import CohortModel
-from persrag_lightning.retrieval.index import build_index, index_params, load_index
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)

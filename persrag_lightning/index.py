@@ -1,4 +1,7 @@
-"""Faiss indexes over L2-normalised vectors (inner product = cosine): exact, IVF or HNSW, GPU when available."""
+"""Faiss indexes over L2-normalised vectors (inner product = cosine): exact, IVF or HNSW, GPU when available.
+
+Below `models/` in the layers (pyproject.toml's import-linter contract): the user encoder exports its index with it,
+and retrieval and serving search it."""
 
 from __future__ import annotations
 

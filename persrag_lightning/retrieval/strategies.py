@@ -1,0 +1,163 @@
+"""The strategies of an evaluate config, built by name, bound and run in a reranker runtime, and their
+content-addressed retrieval cache: what evaluation, the generator stage's training prompts and the pipeline share.
+
+In `retrieval/` (below `evaluation/` and `generator/` in the layers) so the generator stage reads a strategy's
+retrievals without importing the evaluation."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, is_dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from persrag_lightning.data.records import Example
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.utils import (
+    ConfigError,
+    atomic_write_json,
+    bundle_digest,
+    fingerprint,
+    resolve_config_path,
+)
+
+
+def file_name(name: str) -> str:
+    """A strategy name as a file name ("w/o user retrieval" → "w_o_user_retrieval")."""
+    return re.sub(r"[^\w.-]+", "_", name).strip("_")
+
+
+def strategy_config(strategy: Strategy) -> dict:
+    """What identifies a strategy's retrievals: its class and constructor settings, with every setting that names
+    an exported bundle (a folder) replaced by the digest of the bundle's files."""
+    out: dict = {"class": type(strategy).__qualname__}
+    if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
+        out["prompt_gamma"] = strategy.prompt_gamma
+    if hasattr(strategy, "cache_config"):  # a strategy that says what identifies its retrievals
+        return {**out, **strategy.cache_config()}
+    for key, value in vars(strategy).items():
+        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
+            continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
+        if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
+            out[key] = strategy_config(value)
+        elif isinstance(value, str) and ((Path(value) / "config.json").is_file()
+                                         or (Path(value) / "cohorts.json").is_file()):  # a bundle, a cohort export
+            out[key] = {"bundle": bundle_digest(value)}
+        elif isinstance(value, (str, int, float, bool, type(None))):
+            out[key] = value
+        elif is_dataclass(value) and not isinstance(value, type):  # settings objects (CFRAG's cohorts, PBR's)
+            out[key] = asdict(value)
+    return out
+
+
+RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+
+
+def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
+                     cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
+    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
+    of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
+    prompts and every "+ tuned generator" row read one strategy's retrievals once."""
+    strategy = getattr(strategy, "retrieval", None) or strategy  # a wrapper retrieves as the strategy it wraps
+    key = fingerprint("retrieve/v1", strategy_config(strategy), k,
+                      [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
+    path = Path(cache_dir) / RETRIEVALS / f"{file_name(strategy.name)}-{key}.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
+    t0 = time.perf_counter()
+    strategy.prepare(store)
+    retrieved = strategy.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k)
+    ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
+    atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
+                             "example_ids": [e.example_id for e in examples],
+                             "rows": [[d.row for d in ds] for ds in retrieved]}, indent=None)
+    return retrieved, ms
+
+
+def substitute_run_dir(obj, run_dir: str):
+    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
+    from jsonargparse import Namespace
+
+    if isinstance(obj, str):
+        return obj.replace("{run_dir}", run_dir)
+    if isinstance(obj, list):
+        return [substitute_run_dir(x, run_dir) for x in obj]
+    if isinstance(obj, Namespace):
+        for key, value in vars(obj).items():
+            setattr(obj, key, substitute_run_dir(value, run_dir))
+    return obj
+
+
+def strategies_parser():
+    """The parser of an evaluate config's `strategies` list alone (the rest of the file is the evaluator's)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--strategies", type=list[Strategy], required=True)
+    return parser
+
+
+def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
+    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing is loaded)."""
+    import yaml
+
+    path = Path(config)
+    rows = (yaml.safe_load(path.read_text()) or {}).get("strategies")
+    if rows is None:
+        raise ConfigError(f"{path}: no `strategies` list")
+    parser = strategies_parser()
+    cfg = substitute_run_dir(parser.parse_object({"strategies": rows}), run_dir)
+    return parser.instantiate_classes(cfg).strategies
+
+
+def bind_strategies(strategies: list[Strategy]) -> None:
+    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
+    by_name = {s.name: s for s in strategies}
+    for s in strategies:
+        bind = getattr(s, "bind", None)
+        if bind is not None:
+            bind(by_name)
+
+
+def resolve_reranker_runtime(runtime: str) -> str:
+    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
+    natively, else fp32."""
+    from persrag_lightning.hardware import native_runtime
+    from persrag_lightning.models.reranker import RUNTIMES
+
+    runtime = native_runtime(runtime)
+    if runtime not in RUNTIMES:
+        raise ValueError(f"reranker_runtime must be bf16_if_native or one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    return runtime
+
+
+def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
+    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
+    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
+    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+    runtime = resolve_reranker_runtime(runtime)
+    if runtime == "fp32":
+        return
+    for s in strategies:
+        if getattr(s, "reranker_path", None) and not hasattr(s, "reranker_runtime"):
+            s.reranker_runtime = runtime
+
+
+@lru_cache(maxsize=8)
+def strategy_names(config: str | Path) -> list[str]:
+    """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
+    return [s.name for s in config_strategies(resolve_config_path(str(config)), "{run_dir}")]
+
+
+def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
+    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
+    strategies = config_strategies(config, run_dir)
+    set_reranker_runtime(strategies, reranker_runtime)
+    bind_strategies(strategies)
+    for s in strategies:
+        if s.name == name:
+            return s
+    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
