@@ -347,7 +347,7 @@ def readme_text(current: str, blocks: dict[str, str]) -> str:
     """README.md with each block's body replaced; a block named here but missing from the README is an error."""
     seen = {m.group("name") for m in BLOCK.finditer(current)}
     if set(blocks) - seen:
-        raise ReportError(f"{README}: no block {sorted(set(blocks) - seen)[0]!r} (<!-- report.py: NAME -->)")
+        raise ReportError(f"{README}: no block {min(set(blocks) - seen)!r} (<!-- report.py: NAME -->)")
     return BLOCK.sub(lambda m: m.group(1) + (blocks.get(m.group("name"), m.group("body"))) + m.group(4), current)
 
 
