@@ -22,7 +22,7 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import Query
 from persrag_lightning.retrieval.cfrag import first_stage_order
-from persrag_lightning.serving.pipeline import CFRAGPipeline
+from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 
 def top(scores: torch.Tensor, k: int) -> set[int]:

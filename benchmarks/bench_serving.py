@@ -23,7 +23,7 @@ import torch
 
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.llm.hf import cpu_has_native_bf16
-from persrag_lightning.serving.pipeline import CFRAGPipeline
+from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 # name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.
 BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False, "query_runtime": "fp32"}

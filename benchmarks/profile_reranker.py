@@ -31,7 +31,7 @@ from persrag_lightning.models.common import encode_by_length
 from persrag_lightning.models.exported import WIDTH_STEP, StaticShapes, openvino_session
 from persrag_lightning.models.reranker import cls_state, export_onnx, personalized_rerank_score
 from persrag_lightning.retrieval.base import Query
-from persrag_lightning.serving.pipeline import CFRAGPipeline
+from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 Encode = Callable[[dict[str, torch.Tensor]], torch.Tensor]  # tokenised pairs -> CLS states [P, d], float32
 

@@ -38,7 +38,7 @@ from persrag_lightning.memory import (
     user_filter,
 )
 from persrag_lightning.memory.extract import Extractor, build_prompt
-from persrag_lightning.memory.records import Candidate, Memory
+from persrag_lightning.memory.records import Memory, MemoryCandidate
 from persrag_lightning.memory.simulate import measure_recall, simulate_conversations
 from persrag_lightning.memory.store import NewMemory
 
@@ -363,7 +363,7 @@ def test_rerank_scores_rank_plus_tag_bonus_and_keeps_at_least_n_minus_2():
                       "snake": unit_at(0.74), "risky": np.array([0, 1], np.float32)})
     tags = [Tags(), Tags(topics=("snake",)), Tags(), Tags(topics=("py",), preferences=("risky",)),
             Tags(entities=("python",))]
-    cands = [Candidate(memory(i, t), i, 0.1 * i) for i, t in enumerate(tags)]
+    cands = [MemoryCandidate(memory(i, t), i, 0.1 * i) for i, t in enumerate(tags)]
     out = rerank(cands, ["python", "risk"], embed, RecallSettings(top_n=20, k=5))
     # scores: m0 20, m1 19 (cos .74 < .75, no bonus), m2 18, m3 17 + 2 = 19, m4 16 + 1 = 17 (< 18, dropped)
     assert [(r.memory.id, r.score) for r in out] == [("m0", 20), ("m1", 19), ("m3", 19), ("m2", 18)]
@@ -374,8 +374,8 @@ def test_rerank_counts_each_query_tag_once_by_its_best_match():
     """Three close row tags give +1, not +3; two row tags at cosine .5 each give nothing (no summing)."""
     embed = TagTable({"python": unit_at(1.0), "py": unit_at(0.9), "pyth": unit_at(0.8), "half": unit_at(0.5),
                       "halve": unit_at(0.5)})
-    cands = [Candidate(memory(0, Tags(topics=("py", "pyth"), entities=("python",))), 3, 0.0),
-             Candidate(memory(1, Tags(topics=("half", "halve"))), 4, 0.0)]
+    cands = [MemoryCandidate(memory(0, Tags(topics=("py", "pyth"), entities=("python",))), 3, 0.0),
+             MemoryCandidate(memory(1, Tags(topics=("half", "halve"))), 4, 0.0)]
     out = rerank(cands, ["python"], embed, RecallSettings(top_n=20, score_margin=5))
     assert [(r.rank_score, r.tag_bonus, r.score) for r in out] == [(17, 1, 18), (16, 0, 16)]
 

@@ -15,7 +15,7 @@ from persrag_lightning.serving.requests import (
     MAX_MESSAGES,
     Chat,
     History,
-    HistoryDoc,
+    HistoryDocBody,
     SignUp,
     Text,
 )
@@ -51,12 +51,12 @@ def test_a_date_is_what_parse_date_reads(date):
             return False
         return True
 
-    assert accepted(TypeAdapter(HistoryDoc), {**DOC, "date": date}) == reads(date)
+    assert accepted(TypeAdapter(HistoryDocBody), {**DOC, "date": date}) == reads(date)
 
 
 def test_the_schema_carries_the_enforced_limits():
     schemas = body_schemas()
-    assert {"SignUp", "Chat", "History", "HistoryDoc", "Message", "Answers", "Error"} <= set(schemas)
+    assert {"SignUp", "Chat", "History", "HistoryDocBody", "Message", "Answers", "Error"} <= set(schemas)
     assert schemas["History"]["properties"]["history"]["maxItems"] == MAX_HISTORY_DOCS
     assert schemas["Chat"]["properties"]["messages"]["maxItems"] == MAX_MESSAGES
     assert schemas["Message"]["properties"]["content"]["maxLength"] == MAX_MESSAGE_CHARS

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from persrag_lightning.memory.records import Candidate, Recalled
+from persrag_lightning.memory.records import MemoryCandidate, Recalled
 
 
 class Encoder(Protocol):
@@ -87,7 +87,7 @@ def tag_bonus(query_tags: np.ndarray, row_tags: np.ndarray, threshold: float) ->
     return int((best >= threshold - 1e-6).sum())
 
 
-def rerank(candidates: Sequence[Candidate], query_tags: Sequence[str], embed: TagEmbeddings | None,
+def rerank(candidates: Sequence[MemoryCandidate], query_tags: Sequence[str], embed: TagEmbeddings | None,
            settings: RecallSettings) -> list[Recalled]:
     """Score the vector-search candidates, keep those at or above the minimum, best first (ties: nearer first)."""
     q = embed(list(query_tags)) if (embed is not None and query_tags) else np.zeros((0, 0), dtype=np.float32)

@@ -76,7 +76,7 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class MemoryCandidate:
     """A memory returned by the vector search with its rank (0 = nearest) and cosine distance."""
 
     memory: Memory

@@ -25,7 +25,7 @@ import pyarrow as pa
 from lancedb.expr import col, lit
 from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 
-from persrag_lightning.memory.records import DIMENSIONS, ROLES, Candidate, Memory, Tags, Turn
+from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
 
 MEMORIES = "memories"
 SESSIONS = "sessions"
@@ -209,7 +209,7 @@ class MemoryStore:
         """Number of memories of one user (eviction's trigger)."""
         return self.memories.count_rows(user_filter(user_id).to_sql())
 
-    def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[Candidate]:
+    def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[MemoryCandidate]:
         """Nearest memories of one user by cosine distance; the user filter is applied before the search
         (prefilter), so an index never returns fewer rows because of other users' neighbours."""
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -218,7 +218,7 @@ class MemoryStore:
         rows = (self.memories.search(vec, vector_column_name="vector").distance_type("cosine")
                 .where(user_filter(user_id), prefilter=True).limit(limit).to_list())
         rows.sort(key=lambda r: (r["_distance"], r["created_at"]))
-        return [Candidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
+        return [MemoryCandidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
 
     def mark_used(self, user_id: str, ids: Sequence[str]) -> int:
         """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows updated."""

@@ -191,7 +191,7 @@ class Ranking:
 
 
 @dataclass
-class UserIndex:
+class PBRUserIndex:
     """A user's chunks with their embeddings and an exact inner-product faiss index."""
 
     texts: list[str]
@@ -240,7 +240,7 @@ class PBRRetriever:
             raise ValueError(f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)")
         self.llm = llm
         self.anchor_dir = Path(anchor_dir) if anchor_dir is not None else None
-        self.users: dict[str, UserIndex] = {}
+        self.users: dict[str, PBRUserIndex] = {}
         self._anchors: dict[str, np.ndarray] = {}
         self.stats = PBRStats()
         self._utterance_llm: CachedLLM | None = None
@@ -281,7 +281,7 @@ class PBRRetriever:
             raise ValueError(f"user {user_id!r} has no chunks to search")
         embs = self.encode(texts) if embeddings is None else embeddings
         embs = np.ascontiguousarray(embs, dtype=np.float32)
-        self.users[user_id] = UserIndex(list(texts), embs, faiss_index(embs))
+        self.users[user_id] = PBRUserIndex(list(texts), embs, faiss_index(embs))
 
     def anchor(self, user_id: str) -> np.ndarray:
         """c_Anchor of a user, from memory, from `anchor_dir`, or built (and stored there)."""

@@ -27,7 +27,7 @@ from persrag_lightning.memory.store import MAX_ID_CHARS
 
 __all__ = [
     "MAX_DATE_CHARS", "MAX_FIELD_NAME_CHARS", "MAX_HISTORY_DOCS", "MAX_MESSAGES", "MAX_MESSAGE_CHARS",
-    "MAX_MODEL_CHARS", "PATTERN_MEANINGS", "Answers", "Chat", "Error", "History", "HistoryDoc", "Message", "SignUp",
+    "MAX_MODEL_CHARS", "PATTERN_MEANINGS", "Answers", "Chat", "Error", "History", "HistoryDocBody", "Message", "SignUp",
     "Text",
 ]
 
@@ -76,7 +76,7 @@ Text = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS, pattern=NOT_BLANK)]
 FieldName = Annotated[str, Field(min_length=1, max_length=MAX_FIELD_NAME_CHARS)]
 
 
-class HistoryDoc(BaseModel):
+class HistoryDocBody(BaseModel):
     """One doc of a user's history, as the exported docstore holds them.
 
     Args:
@@ -90,7 +90,7 @@ class HistoryDoc(BaseModel):
     fields: Annotated[dict[FieldName, Text], Field(min_length=1)]
 
 
-Docs = Annotated[list[HistoryDoc], Field(min_length=1, max_length=MAX_HISTORY_DOCS)]
+Docs = Annotated[list[HistoryDocBody], Field(min_length=1, max_length=MAX_HISTORY_DOCS)]
 
 
 class _AnswersBase(BaseModel):

@@ -46,8 +46,8 @@ from persrag_lightning.serving.accounts import (
     private_dir,
     write_secret,
 )
+from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.gate import UserGate
-from persrag_lightning.serving.pipeline import CFRAGPipeline
 from persrag_lightning.serving.prompt import build_serving_prompt
 from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History, SignUp
 from persrag_lightning.serving.user_files import read_user_file, user_file, write_user_file
