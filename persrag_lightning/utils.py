@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -159,3 +160,26 @@ def trainer_validates(datamodule: Any) -> bool:
     feedback and generator stages, whose one epoch keeps one checkpoint): then no dev split is built or read."""
     trainer = getattr(datamodule, "trainer", None)
     return trainer is None or getattr(trainer, "limit_val_batches", 1) != 0
+
+
+def one_flag_style(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every `--long_option` of `parser` (and of its subcommands) written `--snake_case`, as LightningCLI's are
+    (`--run_name`, `--data.init_args.data_dir`), with the `--kebab-case` spelling accepted as an alias; help lists
+    the snake_case spelling first. Flags are spelled in full: an abbreviation would match both spellings. argparse
+    has no public way to add a spelling to an existing option, hence its `_actions` and `_option_string_actions`,
+    unchanged across Python releases."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                one_flag_style(sub)
+            continue
+        spellings = list(action.option_strings)
+        for option in action.option_strings:
+            if option.startswith("--"):
+                spellings += ["--" + option[2:].replace("-", "_"), "--" + option[2:].replace("_", "-")]
+        spellings = list(dict.fromkeys(spellings))
+        action.option_strings = sorted(spellings, key=lambda s: s.startswith("--") and "-" in s[2:])
+        for spelling in spellings:
+            parser._option_string_actions.setdefault(spelling, action)
+    return parser

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -67,3 +69,29 @@ def test_only_accepts_a_strategy_name_with_a_colon_unquoted():
 
     cfg = evaluate_parser().parse_args(["--strategies=[]", '--only=[bm25, CFRAG (users: cluster), "w/o e_u (x)"]'])
     assert only_names(cfg.only) == ["bm25", "CFRAG (users: cluster)", "w/o e_u (x)"]
+
+
+def test_every_command_takes_snake_case_flags_and_the_kebab_case_spelling_alike(capsys) -> None:
+    """One flag style (LightningCLI's `--run_name`): `--llm_backend` and `--llm-backend` are one option, help lists
+    the snake_case spelling first, and an abbreviation (which would match both) is refused."""
+    import argparse
+
+    from persrag_lightning.commands import cluster, data, serve
+    from persrag_lightning.utils import one_flag_style
+
+    parsers = {"serve": serve.serve_parser(), "cluster": cluster.parser(), "data": data.parser()}
+    serve_args = ["--run", "r"]
+    snake = parsers["serve"].parse_args([*serve_args, "--llm_backend", "llamacpp", "--max_new_tokens", "8", "--no_llm"])
+    kebab = parsers["serve"].parse_args([*serve_args, "--llm-backend", "llamacpp", "--max-new-tokens", "8", "--no-llm"])
+    assert snake == kebab and snake.llm_backend == "llamacpp" and snake.no_llm
+    assert parsers["cluster"].parse_args(["--run-name", "x"]).run_name == "x"
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            if longs and any("_" in s or "-" in s[2:] for s in longs):
+                assert "-" not in longs[0][2:], f"{name}: {longs}"
+    toy = argparse.ArgumentParser(prog="toy")
+    toy.add_argument("--llm-backend")
+    with pytest.raises(SystemExit):
+        one_flag_style(toy).parse_args(["--llm", "hf"])
+    assert "--llm_backend LLM_BACKEND, --llm-backend LLM_BACKEND" in toy.format_help()

@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from persrag_lightning.retrieval.cohorts import CohortSettings
+from persrag_lightning.utils import one_flag_style
 
 EXPORT = "clusters"
 DIAGNOSTICS = "diagnostics.json"
@@ -57,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
                    help="cluster a random sample of this many users, assign the others to the nearest cohort")
     p.add_argument("--top_k_users", type=int, default=d.top_k_users)
     p.add_argument("--seed", type=int, default=d.seed)
-    return p
+    return one_flag_style(p)
 
 
 def settings_from(args: argparse.Namespace) -> CohortSettings:

@@ -13,6 +13,7 @@ import argparse
 
 from persrag_lightning.data.convert import LAYOUTS, ConvertOptions, convert_log
 from persrag_lightning.data.log_files import FORMATS, LogFormatError
+from persrag_lightning.utils import one_flag_style
 
 FIELDS = {"description": "LaMP-2's text", "tag": "LaMP-2's label", "score": "LaMP-3's label",
           "title": "LaMP-4's and LaMP-5's label", "abstract": "LaMP-5's text"}
@@ -54,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     split.add_argument("--seed", type=int, default=d.seed, help="the subsets' seed (default %(default)s)")
     split.add_argument("--template", default=None,
                        help="the question's input, with {text} where the item's text goes (default: LaMP's prompt)")
-    return p
+    return one_flag_style(p)
 
 
 def field_columns(opts: argparse.Namespace) -> tuple[str, str]:

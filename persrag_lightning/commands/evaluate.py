@@ -8,7 +8,7 @@ from persrag_lightning.commands.train import check_task, resolve_config_args
 
 
 def evaluate_command(args: list[str]) -> dict:
-    """`persrag evaluate --config evaluate_cfrag.yaml [--max-examples N] [--split dev]`: runs the config's evaluator
+    """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the config's evaluator
     (`evaluation:`, by class_path; LaMP's by default: strategies × split, test by default → predictions,
     metrics.json, results.md in Table 2's layout with intervals, results.png); prints the table and returns the
     raw results."""
@@ -17,7 +17,8 @@ def evaluate_command(args: list[str]) -> dict:
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
     parser = evaluate_parser(description=evaluate_command.__doc__)
-    aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
+    aliases = {"--max_examples": "--evaluation.max_examples", "--max_examples": "--evaluation.max_examples",
+               "--split": "--evaluation.split"}
     args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
                                 for a in resolve_config_args(args)])
     cfg = parser.parse_args(args)

@@ -33,7 +33,7 @@ from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
-from persrag_lightning.utils import ConfigError, atomic_write_json
+from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
 
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 
@@ -294,7 +294,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "
                              "with -<judgments> appended when not the preset's; <folder name>-... with --data_dir")
     parser.add_argument("--export_root", default="checkpoints")
-    parser.add_argument("--llm-backend", default=None,
+    parser.add_argument("--llm_backend", default=None,
                         help="auto, hf, llamacpp, openai or vllm for feedback labels and evaluation answers alike; "
                              "default: the configs' (feedback auto: the faster exact backend, timed once per machine; "
                              "evaluation hf, bfloat16 where native)")
@@ -302,7 +302,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="read only the first N dev and test questions by id (a fixed subset) in the dev choice "
                              f"and the table; default: every one (the dev choice at most {DEV_SELECTION_EXAMPLES}). "
                              "Fewer questions take less time and give wider intervals")
-    opts, extra = parser.parse_known_args(argv)
+    opts, extra = one_flag_style(parser).parse_known_args(argv)
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
     try:

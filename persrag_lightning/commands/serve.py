@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from persrag_lightning.utils import one_flag_style
+
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
@@ -14,10 +16,10 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--state", default=None, help="service state folder (default: <run>/serve)")
-    parser.add_argument("--llm-backend", default="hf", help="hf (default), llamacpp, openai or vllm")
-    parser.add_argument("--llm-model", default="smollm2")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--no-llm", action="store_true",
+    parser.add_argument("--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    parser.add_argument("--llm_model", default="smollm2")
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--no_llm", action="store_true",
                         help="answer without an LLM (retrieval, memories and provenance only)")
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
@@ -31,19 +33,19 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reranker", default="reranker",
                         help="the run's reranker bundle: reranker (stage 3) or reranker_distilled (its one-layer "
                              "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md)")
-    parser.add_argument("--cache-dir", default=".cache/persrag",
+    parser.add_argument("--cache_dir", default=".cache/persrag",
                         help="the cache the run's corpus embeddings are in (resolved once at start: a deletion "
                              "purges this one, wherever the process runs from)")
-    parser.add_argument("--allowed-host", action="append", default=None,
+    parser.add_argument("--allowed_host", action="append", default=None,
                         help="a Host name this server answers (repeatable; default: the --host address, and the "
                              "loopback names when it is loopback; any when --host is 0.0.0.0 or :: without it)")
-    parser.add_argument("--signup-rate", type=int, default=10,
+    parser.add_argument("--signup_rate", type=int, default=10,
                         help="sign-ups per minute per client address (0: unlimited)")
-    parser.add_argument("--request-rate", type=int, default=600,
+    parser.add_argument("--request_rate", type=int, default=600,
                         help="requests per minute per client address (0: unlimited)")
-    parser.add_argument("--admin-token-env", default="PERSRAG_ADMIN_TOKEN",
+    parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
-    return parser
+    return one_flag_style(parser)
 
 
 def serve_command(argv: list[str]) -> None:
@@ -73,7 +75,7 @@ def serve_command(argv: list[str]) -> None:
           flush=True)
     hosts = allowed_hosts_for(args.host, args.allowed_host)
     if hosts is None:
-        print("persrag serve: bound to every address with no --allowed-host: the Host header is not checked",
+        print("persrag serve: bound to every address with no --allowed_host: the Host header is not checked",
               file=sys.stderr)
     app = create_app(service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -4,7 +4,7 @@ smaller reranker is distilled from (configs/cfrag_reranker_distilled.yaml).
 
 The labels are cached content-addressed: one folder per fingerprint of everything that changes them, one JSONL
 file per chunk of examples written atomically. A killed build resumes from its finished chunks, and
-`--shard i --num-shards n` builds the chunks c with c % n == i (Slurm arrays), so any sharding merges into
+`--shard i --num_shards n` builds the chunks c with c % n == i (Slurm arrays), so any sharding merges into
 exactly the single-process result.
 """
 

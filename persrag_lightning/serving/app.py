@@ -152,7 +152,7 @@ def _body(model: type[BaseModel]) -> dict:
 def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: Limits | None = None,
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
     """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
-    `persrag serve` passes allowed_hosts_for(--host, --allowed-host))."""
+    `persrag serve` passes allowed_hosts_for(--host, --allowed_host))."""
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -184,7 +184,7 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
     async def guard(request: Request, call_next):
         if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
             response = error(400, "unexpected Host header; this server answers "
-                                  f"{', '.join(sorted(hosts))} (persrag serve --allowed-host)")
+                                  f"{', '.join(sorted(hosts))} (persrag serve --allowed_host)")
         else:
             client = request.client.host if request.client else "unknown"
             signing_up = request.method == "POST" and request.url.path == "/v1/users"
