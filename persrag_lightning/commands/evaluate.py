@@ -17,7 +17,7 @@ def evaluate_command(args: list[str]) -> dict:
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
     parser = evaluate_parser(description=evaluate_command.__doc__)
-    aliases = {"--max_examples": "--evaluation.max_examples", "--max_examples": "--evaluation.max_examples",
+    aliases = {"--max_examples": "--evaluation.max_examples", "--max-examples": "--evaluation.max_examples",
                "--split": "--evaluation.split"}
     args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
                                 for a in resolve_config_args(args)])

@@ -98,7 +98,7 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
     that another strategy already has is refused (one line, exit 2)."""
     made = {}
     for s in strategies:
-        wrapped = getattr(s, "retrieval_name", None)
+        wrapped = s.wrapped_name
         if s.name in names:
             made[s.name] = names[s.name]
         elif wrapped in names and s.name == f"{wrapped} + tuned generator":
@@ -209,7 +209,7 @@ class Evaluation(Evaluator):
     def llm_for(self, strategy: Strategy, load: bool = True) -> tuple[LLMConfig, LLM | None]:
         """The LLM that answers a strategy's prompts: the evaluation's, or a tuned generator's export (the same
         settings with its folder as the model) for a `TunedGenerator` row; each model is loaded once."""
-        generator = getattr(strategy, "generator", None)
+        generator = strategy.answering_model
         if generator is None:
             return self.llm_config, (self.llm if load else None)
         from persrag_lightning.retrieval.cfrag import require_bundle
@@ -297,7 +297,7 @@ class Evaluation(Evaluator):
         retrieves for itself (a tuned generator's row reads another row's docs)."""
         if self.votes is not None:
             return strategy.name in self.votes
-        return getattr(strategy, "retrieval", None) is None
+        return strategy.wrapped_name is None
 
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:

@@ -141,3 +141,29 @@ class Strategy(ABC):
     @abstractmethod
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
         """Top-k docs per query, best first."""
+
+    # Optional hooks, with what a strategy that retrieves for itself needs: a wrapper (a "+ tuned generator" row)
+    # overrides the first four, a strategy whose constructor settings do not say what it retrieves the last.
+
+    def bind(self, by_name: dict[str, Strategy]) -> None:
+        """Given every strategy of the config by name, before any retrieves: a wrapper takes the one it names."""
+
+    @property
+    def wrapped_name(self) -> str | None:
+        """The name of the config's strategy whose docs this one answers, or None: it retrieves for itself."""
+        return None
+
+    @property
+    def wrapped(self) -> Strategy | None:
+        """That strategy, once bound (`bind`); None for a strategy that retrieves for itself."""
+        return None
+
+    @property
+    def answering_model(self) -> str | None:
+        """The exported generator folder that answers this strategy's prompts, or None: the evaluation's LLM."""
+        return None
+
+    def cache_config(self) -> dict | None:
+        """What identifies this strategy's retrievals in the caches, where its constructor's settings do not
+        (None: they do; retrieval/strategies.py's `strategy_config` reads them)."""
+        return None

@@ -35,8 +35,8 @@ def strategy_config(strategy: Strategy) -> dict:
     out: dict = {"class": type(strategy).__qualname__}
     if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
         out["prompt_gamma"] = strategy.prompt_gamma
-    if hasattr(strategy, "cache_config"):  # a strategy that says what identifies its retrievals
-        return {**out, **strategy.cache_config()}
+    if (own := strategy.cache_config()) is not None:  # a strategy that says what identifies its retrievals
+        return {**out, **own}
     for key, value in vars(strategy).items():
         if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
             continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
@@ -60,7 +60,7 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
     """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
     of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
     prompts and every "+ tuned generator" row read one strategy's retrievals once."""
-    strategy = getattr(strategy, "retrieval", None) or strategy  # a wrapper retrieves as the strategy it wraps
+    strategy = strategy.wrapped or strategy  # a wrapper retrieves as the strategy it wraps
     key = fingerprint("retrieve/v1", strategy_config(strategy), k,
                       [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
     path = Path(cache_dir) / RETRIEVALS / f"{file_name(strategy.name)}-{key}.json"
@@ -117,9 +117,7 @@ def bind_strategies(strategies: list[Strategy]) -> None:
     """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
     by_name = {s.name: s for s in strategies}
     for s in strategies:
-        bind = getattr(s, "bind", None)
-        if bind is not None:
-            bind(by_name)
+        s.bind(by_name)
 
 
 def resolve_reranker_runtime(runtime: str) -> str:

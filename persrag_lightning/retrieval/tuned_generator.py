@@ -18,6 +18,18 @@ class TunedGenerator(Strategy):
         self.name = name or f"{retrieval} + tuned generator"
         self.retrieval: Strategy | None = None
 
+    @property
+    def wrapped_name(self) -> str:
+        return self.retrieval_name
+
+    @property
+    def wrapped(self) -> Strategy | None:
+        return self.retrieval
+
+    @property
+    def answering_model(self) -> str:
+        return self.generator
+
     def bind(self, by_name: dict[str, Strategy]) -> None:
         if self.retrieval is None:
             if self.retrieval_name not in by_name:
