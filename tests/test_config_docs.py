@@ -14,6 +14,8 @@ import yaml
 from jsonargparse import ArgumentParser
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# fitted state a strategy may be handed by code (numpy arrays), never written in a YAML
+RUNTIME_OBJECTS = ("CohortModel",)
 STAGE_CONFIGS = ("cfrag_user_encoder.yaml", "cfrag_retriever.yaml", "cfrag_reranker.yaml",
                  "cfrag_reranker_distilled.yaml", "generator.yaml")
 
@@ -44,15 +46,21 @@ def load(class_path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def hints(cls: type) -> list:
+    return list(typing.get_type_hints(cls if dataclasses.is_dataclass(cls) else cls.__init__).values())
+
+
 def nested_dataclasses(cls: type) -> set[type]:
-    """Dataclasses a parameter of `cls` takes (e.g. `synth: SynthConfig | None`): YAML sets their fields too."""
-    target = cls if dataclasses.is_dataclass(cls) else cls.__init__
+    """Dataclasses a parameter of `cls` takes (e.g. `synth: SynthConfig | None`), and theirs: YAML sets their
+    fields too."""
     found: set[type] = set()
-    pending = list(typing.get_type_hints(target).values())
+    pending = hints(cls)
     while pending:
         hint = pending.pop()
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hint is not cls:
+        if (isinstance(hint, type) and dataclasses.is_dataclass(hint) and hint is not cls and hint not in found
+                and hint.__name__ not in RUNTIME_OBJECTS):
             found.add(hint)
+            pending.extend(hints(hint))
         pending.extend(typing.get_args(hint))
     return found
 
