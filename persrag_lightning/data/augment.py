@@ -9,7 +9,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    """Ratios η_c, η_m, η_r of the paper; the official defaults are 0.7 / 0.3 / 0.3."""
+    """Ratios η_c, η_m, η_r of the paper; the official defaults are 0.7 / 0.3 / 0.3.
+
+    Args:
+        crop_ratio: η_c, the share of a history a crop keeps as one contiguous window.
+        mask_ratio: η_m, the share of history docs replaced by the [mask] doc.
+        reorder_ratio: η_r, the length of the contiguous span that is shuffled, as a share of the history.
+    """
 
     crop_ratio: float = 0.7
     mask_ratio: float = 0.3

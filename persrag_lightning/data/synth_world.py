@@ -36,14 +36,24 @@ MAX_REDRAWS = 256  # rejection rounds; a question row fails a round with p ~ 3/4
 
 @dataclass
 class SynthConfig:
-    """Size and difficulty of a SynthLaMP dataset; equal configs give byte-identical files.
+    """Size and difficulty of a SynthLaMP dataset; equal configs give byte-identical files. Question texts never
+    occur in any history (see data/synth.py's module docstring).
 
-    ``docs_per_user`` and ``kinds_per_user`` are (min, max) ranges drawn per user: how long a history is and how
-    many kinds it covers. ``train/dev/test_questions_per_user`` questions per user of each split, in that time
-    order; test defaults to 1 so that results are reported on data no checkpoint was selected on (0 omits the
-    test files). ``unseen_fraction`` is the share of questions on a kind the user's history lacks (answerable
-    only from same-community users), ``noise`` the share of history items in another community's or a random
-    style. Question texts never occur in any history (see data/synth.py's module docstring).
+    Args:
+        task: the LaMP task to generate (LaMP-1, -2, -3, -4, -5 or -7).
+        num_users: users in the dataset.
+        num_communities: communities of users that share tastes; collaborative retrieval finds a user's peers
+            among them.
+        docs_per_user: (min, max) range of a user's history length, drawn per user.
+        kinds_per_user: (min, max) range of how many kinds (genres, topics) a user's history covers.
+        train_questions_per_user: train questions per user; the splits follow each other in time.
+        dev_questions_per_user: dev questions per user (checkpoints are selected on them).
+        test_questions_per_user: test questions per user; 1 so that results are reported on data no checkpoint
+            was selected on (0 omits the test files).
+        unseen_fraction: share of questions on a kind the user's history lacks (answerable only from
+            same-community users).
+        noise: share of history items in another community's or a random style.
+        seed: the generator's seed.
     """
 
     task: str = "LaMP-2"

@@ -162,15 +162,32 @@ class Evaluation(Evaluator):
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
                  pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32", reader_free: bool = True,
                  votes: list[str] | None = None, generator_calibration: Calibration | None = None) -> None:
-        """`split`: test reports (default); dev selects. `max_examples`: the first N by id (a fixed subset).
-        `reference`: the strategy every other one is tested against (paired test, same examples). `pairs`:
-        further paired tests, [a, b] each (a against b), reported under the table and in metrics.json.
-        `reranker_runtime`: how every reranking row's cross-encoder runs (`set_reranker_runtime`): fp32 as
-        trained (default), or e.g. bf16_if_native (the quick preset). `reader_free`: on a label task, add the
-        rows that need no LLM (evaluation/reader_free.py); `votes`: the rows whose retrieved docs also vote as a
-        row of their own (None: every row that puts docs in its prompt, wrappers excepted).
-        `generator_calibration`: the label calibration of the "+ tuned generator" rows (None: `llm.calibration`);
-        a model tuned on the task's labels has another label prior than the base reader."""
+        """The `evaluation:` section of an evaluate config that names no evaluator (configs/evaluate_cfrag.yaml).
+
+        Args:
+            task: the LaMP task (LaMP-1 ... LaMP-7); must match the training stages'.
+            data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the training stages).
+            synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+            cache_dir: where embeddings, generated data, prompts and answers are cached, keyed by fingerprints.
+            split: `test` reports (default); `dev` selects.
+            k: docs per prompt (the paper's k = 5).
+            llm: the LLM that answers every row's prompts (backend, model, prompt budget, answer mode); None =
+                LLMConfig().
+            max_examples: the first N examples by id (a fixed subset); None = all.
+            out_dir: where the table, metrics.json and the per-example answers are written.
+            reference: the strategy every other one is tested against (paired test, same examples).
+            n_resamples: resamples of the bootstrap intervals and the paired tests.
+            seed: seed of the bootstrap and the paired tests.
+            pairs: further paired tests, [a, b] each (a against b), reported under the table and in metrics.json.
+            reranker_runtime: how every reranking row's cross-encoder runs (`set_reranker_runtime`): fp32 as
+                trained (default), or e.g. bf16_if_native (the quick preset).
+            reader_free: on a label task, add the rows that need no LLM (evaluation/reader_free.py).
+            votes: the rows whose retrieved docs also vote as a row of their own (None: every row that puts docs
+                in its prompt, wrappers excepted).
+            generator_calibration: the label calibration of the "+ tuned generator" rows (None:
+                `llm.calibration`); a model tuned on the task's labels has another label prior than the base
+                reader.
+        """
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.split, self.k, self.max_examples = split, k, max_examples

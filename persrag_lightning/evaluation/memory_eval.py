@@ -43,16 +43,35 @@ STRATEGIES = ("zero_shot", "Memory", "CFRAG", "CFRAG + memory")
 
 @dataclass
 class MemoryEvalConfig:
+    """What configs/evaluate_memory.yaml sets (section `evaluation`'s init_args).
+
+    Args:
+        run_dir: the run whose exported bundles (docstore, CFRAG's stages) the strategies read.
+        users: simulated users, mapped onto the first docstore users.
+        facts_per_user: facts planted in each user's conversation.
+        fillers_per_fact: other messages per planted fact, between the fact and its question.
+        seed: seed of the simulated conversations and of the bootstrap intervals.
+        k: docs (CFRAG) and memories (the seed's k = 5) per prompt.
+        encoder: the memory bank's text encoder (`minilm`, any Hugging Face name or folder).
+        extraction: `verbatim` (each message stored as is) or `llm` (the seed's extraction, slow on a CPU).
+        questionnaire: sign each user up with the seed's five-category questionnaire first.
+        recall_query: what recall embeds: `summary` (the LLM's summary, the seed's; raw without an LLM) or `raw`.
+        strategies: the strategies compared, a subset of zero_shot, Memory, CFRAG and CFRAG + memory.
+        llm: the LLM that answers (and extracts, summarises); short answers, as a fact's value is a few words.
+        cache_dir: where corpus embeddings are cached, keyed by fingerprints.
+        out_dir: where the report is written.
+    """
+
     run_dir: str = "checkpoints/synthlamp-quick"
-    users: int = 20                 # simulated users (mapped onto the first docstore users)
+    users: int = 20
     facts_per_user: int = 3
     fillers_per_fact: int = 2
     seed: int = 0
-    k: int = 5                      # docs (CFRAG) and memories (seed: k = 5) per prompt
-    encoder: str = "minilm"         # the memory bank's text encoder
-    extraction: str = "verbatim"    # verbatim (message stored as is) or llm (the seed's extraction, slow on CPU)
-    questionnaire: bool = False     # sign each user up with the seed's five-category questionnaire first
-    recall_query: str = "summary"   # what recall embeds: the LLM's summary (seed; raw without an LLM) or "raw"
+    k: int = 5
+    encoder: str = "minilm"
+    extraction: str = "verbatim"
+    questionnaire: bool = False
+    recall_query: str = "summary"
     strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     llm: LLMConfig = field(default_factory=lambda: LLMConfig(max_new_tokens=24))
     cache_dir: str = ".cache/persrag"

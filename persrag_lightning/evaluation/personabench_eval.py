@@ -30,7 +30,28 @@ from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 @dataclass
 class PersonaBenchEvalConfig:
-    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args)."""
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args).
+
+    Args:
+        data_dir: a PersonaBench community folder (layout in the data README).
+        noise: the benchmark's noise level of the community's data, as its file names spell it (`0.0` = none).
+        variants: PBR's variants to run (pbr.VARIANTS: PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base).
+        encoder: the text encoder of questions and history segments (`minilm`, any Hugging Face name or folder).
+        max_length: the encoder's token limit per text.
+        llm_backend: the backend of P-PRF's LLM (`hf`, `llamacpp`, ...).
+        llm_model: P-PRF's LLM (`smollm2`, any Hugging Face name or folder).
+        llm_batch_size: prompts per LLM call.
+        llm_threads: CPU threads of a local backend (hf: num_threads, llamacpp: n_threads); None: its default.
+        llm_context: llamacpp's context window (n_ctx); None: the backend's default.
+        llm_weights: llamacpp's weights (gguf = the shipped file, f16, bf16, ...); None: the default.
+        cache_dir: where the LLM's answers are cached.
+        out_dir: where results.json, summary.json and the table are written.
+        max_questions_per_person: cap on questions per person, the first in file order (None = all).
+        warm_rerun: run each variant a second time with every cache filled, to time it warm.
+        bootstrap_samples: resamples of the 95 % bootstrap intervals over questions.
+        seed: seed of the bootstrap intervals.
+        pbr: PBR's knobs (the paper's PersonaBench settings); each variant sets its switches.
+    """
 
     data_dir: str = "../shared/data/personabench/community_0"
     noise: str = "0.0"
@@ -40,9 +61,9 @@ class PersonaBenchEvalConfig:
     llm_backend: str = "hf"
     llm_model: str = "smollm2"
     llm_batch_size: int = 8
-    llm_threads: int | None = None  # CPU threads of a local backend (hf: num_threads, llamacpp: n_threads)
-    llm_context: int | None = None  # llamacpp context window (n_ctx); None: the backend's default
-    llm_weights: str | None = None  # llamacpp weights (gguf = the shipped file, f16, bf16, ...); None: the default
+    llm_threads: int | None = None
+    llm_context: int | None = None
+    llm_weights: str | None = None
     cache_dir: str = ".cache/pbr"
     out_dir: str = "outputs/personabench"
     max_questions_per_person: int | None = None

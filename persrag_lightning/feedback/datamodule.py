@@ -53,12 +53,37 @@ class FeedbackDataModule(L.LightningDataModule):
     """Train on the train split's feedback, validate (select checkpoints) on the dev split's, test on the test
     split's (labels built only when `test` runs).
 
-    `user_encoder` is stage 1's export; `candidate_retriever` proposes the m·k candidates: an encoder name for
-    the retriever stage (the untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
-    `candidate_owners: self` keeps only the query user's own candidates: the ROPG-style baseline trained on the
-    same labels (no extra LLM calls), since the user ranks first among its m similar users.
-    `feedback_metric: teacher` with `teacher` (a reranker export) labels the candidates with that reranker's scores
-    instead of the LLM's feedback: the data of a distilled reranker (configs/cfrag_reranker_distilled.yaml).
+    Args:
+        task: the LaMP task (LaMP-1 ... LaMP-7); must match stage 1's.
+        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match stage 1's).
+        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+        cache_dir: where embeddings, generated data and feedback labels are cached, keyed by fingerprints.
+        user_encoder: stage 1's export; `{run_dir}` is checkpoints/<run_name>.
+        candidate_retriever: what proposes the m·k candidates: an encoder name for the retriever stage (the
+            untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
+        encoder_max_length: token limit of the candidate retriever's queries and docs.
+        llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget); None =
+            `backend: auto`.
+        m: similar users, the query user included (the paper's m = 6 with the user; it tunes 2..6).
+        k: docs per user, so m·k candidates per example (the paper's k = 5).
+        feedback_metric: a candidate's label: `task` (the task metric of the LLM's answer against the target:
+            accuracy, -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the scores of the
+            `teacher` reranker instead of the LLM's feedback: the data of a distilled reranker,
+            configs/cfrag_reranker_distilled.yaml).
+        chunk_size: examples per feedback-cache chunk; labels are written, and a killed build resumes, chunk by
+            chunk.
+        train_split: the split trained on.
+        val_split: the split validated on (checkpoint selection).
+        test_split: the split `test` reports; its labels are built only when `test` runs.
+        max_train_examples: cap on train examples (None = all); each costs m·k LLM calls.
+        max_val_examples: cap on validation examples (None = all).
+        max_test_examples: cap on test examples (None = all).
+        candidate_owners: `all` users' candidates, or `self`: only the query user's own, the ROPG-style baseline
+            trained on the same labels (no extra LLM calls), since the user ranks first among its m similar users.
+        batch_size: examples per step (4 = the official code's batch 1 with 4 accumulated steps, as one batch:
+            the KL is the mean over examples).
+        num_workers: DataLoader worker processes.
+        teacher: a reranker export whose scores are the labels when `feedback_metric` is `teacher`.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,

@@ -89,10 +89,30 @@ class TokenCounter:
 class GeneratorDataModule(L.LightningDataModule):
     """Train on the train split's prompts, validate (select the checkpoint) on dev's with the task's LaMP metric.
 
-    `strategy` is a name in `strategies_config` (an evaluate config; its `{run_dir}` paths resolve to this run's
-    exports); `model` must be the module's (its tokenizer fits the docs into `max_prompt_tokens`, as evaluation
-    does with the same budget). `reranker_runtime`: the evaluation's (`set_reranker_runtime`), so the prompts it
-    trains on are retrieved as the evaluation retrieves them.
+    Args:
+        task: the LaMP task (LaMP-1 ... LaMP-7); must match the other stages'.
+        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other stages).
+        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+        cache_dir: where generated data and the retrieved prompts are cached, keyed by fingerprints.
+        strategy: the strategy whose retrieved docs fill the training prompts, by its name in
+            `strategies_config`.
+        strategies_config: an evaluate config that lists the strategies; its `{run_dir}` paths resolve to this
+            run's exports.
+        run_dir: the folder of the run's exported bundles the strategy reads; `{run_dir}` is
+            checkpoints/<run_name>.
+        model: must be the module's `model`: its tokenizer fits the docs into `max_prompt_tokens`, as
+            evaluation does with the same budget.
+        k: docs per prompt, as the evaluation's.
+        max_prompt_tokens: token budget of a prompt, as the evaluation's `llm.max_prompt_tokens`.
+        train_split: the split trained on.
+        val_split: the split validated on (checkpoint selection by the task's LaMP metric).
+        max_train_examples: cap on train examples (None = all; the first by id, a fixed subset).
+        max_val_examples: cap on validation examples (None = all).
+        batch_size: prompts per step (ClusterRAG's 16).
+        num_workers: DataLoader worker processes.
+        seed: seed of the per-epoch shuffle of the train examples.
+        reranker_runtime: the evaluation's (`set_reranker_runtime`), so the prompts it trains on are retrieved
+            as the evaluation retrieves them.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,

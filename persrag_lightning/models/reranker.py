@@ -30,15 +30,25 @@ from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomi
 class RerankerConfig(LoraFields):
     """Official shapes: query and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not
     normalised; MLP3 Linear(2d, d)–Tanh–Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded
-    MiniLM (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works."""
+    MiniLM (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works.
+
+    Args:
+        user_dim: width of the stage-1 user embeddings e_u (MiniLM's 384).
+        encoder: the cross-encoder, a name or folder.
+        max_length: token limit of a query-doc pair.
+        max_query_length: tokens kept of the query.
+        max_doc_length: tokens kept of the doc.
+        use_user: False = ablation (6) of Table 3: the head sees h alone.
+        num_layers: keep the encoder's first N layers (a distilled reranker); None = all.
+    """
 
     user_dim: int = 384
     encoder: str = "minilm"
     max_length: int = 512
     max_query_length: int = 256
     max_doc_length: int = 256
-    use_user: bool = True                 # False = ablation (6) of Table 3: the head sees h alone
-    num_layers: int | None = None         # keep the encoder's first N layers (a distilled reranker); None = all
+    use_user: bool = True
+    num_layers: int | None = None
 
 
 # How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch

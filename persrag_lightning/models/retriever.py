@@ -60,16 +60,28 @@ def personalized_retrieval_score(s_qd: torch.Tensor, s_ud: torch.Tensor, alpha: 
 @dataclass
 class RetrieverConfig(LoraFields):
     """Defaults of the official code (α = 0.1, shared mean-pooled encoder, single Linear user map), except the
-    encoder (our embedded MiniLM instead of bge-base) and max_length (256 instead of 512, for CPU speed)."""
+    encoder (our embedded MiniLM instead of bge-base) and max_length (256 instead of 512, for CPU speed).
+
+    Args:
+        user_dim: width of the stage-1 user embeddings e_u (MiniLM's 384).
+        alpha: weight α of the user term in Eq. 5.
+        shared_encoder: one encoder for queries and docs.
+        encoder: the query (and shared) encoder, a name or folder.
+        doc_encoder: the doc encoder when not shared; None = start from `encoder`'s weights.
+        pooling: how token states become a text vector: `mean` or `cls`.
+        max_length: token limit of queries and docs.
+        user_map_layers: depth of MLP1; 1 = Linear(user_dim, d) as the official code, > 1 = MLP with ReLU.
+        train_user_embeddings: whether the user table was fine-tuned (then the export carries it).
+    """
 
     user_dim: int = 384
     alpha: float = 0.1
     shared_encoder: bool = True
     encoder: str = "minilm"
-    doc_encoder: str | None = None        # when not shared; None = start from `encoder`'s weights
+    doc_encoder: str | None = None
     pooling: Pooling = "mean"
     max_length: int = 256
-    user_map_layers: int = 1              # 1 = Linear(user_dim, d) as the official code; > 1 = MLP with ReLU
+    user_map_layers: int = 1
     train_user_embeddings: bool = False
 
 

@@ -24,7 +24,25 @@ Judgments = Literal["none", "label", "paired"]
 
 @dataclass
 class UserEncoderConfig:
-    """Shapes of the official code: 1 layer, 2 heads, feed-forward = d, dropout 0.1, 100 positions."""
+    """Shapes of the official code: 1 layer, 2 heads, feed-forward = d, dropout 0.1, 100 positions.
+
+    Args:
+        dim: width d of the doc vectors and of the user embedding (the text encoder's).
+        num_docs: rows of the doc-embedding table (the corpus).
+        max_history: positions: a user's most recent docs the encoder reads (100, the official code's).
+        num_layers: transformer layers.
+        num_heads: attention heads per layer.
+        ffn_dim: feed-forward width; None = d, as the official code.
+        dropout: dropout inside the transformer.
+        text_encoder: the frozen text encoder that embedded the docs (serving embeds new docs with it).
+        text_max_length: its token limit per doc.
+        text_pooling: how its token states became a doc vector (`mean` or `cls`).
+        judgments: beyond the paper: `label` adds a learned embedding of each history doc's judgment (the task's
+            label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `paired` adds as well a label-specific
+            linear map of the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is
+            the paper's text-only encoder.
+        task: the task whose label field and labels `judgments: label|paired` embeds.
+    """
 
     dim: int
     num_docs: int
@@ -36,12 +54,8 @@ class UserEncoderConfig:
     text_encoder: str = "minilm"
     text_max_length: int = 256
     text_pooling: str = "mean"
-    # beyond the paper: `label` adds a learned embedding of each history doc's judgment (the task's
-    # label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `paired` adds as well a label-specific linear map of
-    # the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is the paper's text-only
-    # encoder
     judgments: Judgments = "none"
-    task: str | None = None  # the task whose label field and labels `judgments: label|paired` embeds
+    task: str | None = None
 
 
 def judgment_labels(task: str | None) -> tuple[str, ...]:

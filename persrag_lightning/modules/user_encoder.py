@@ -27,12 +27,30 @@ class UserEncoderModule(L.LightningModule):
                  weight_decay: float = 1e-5, freeze_doc_table: bool = False, num_layers: int = 1,
                  num_heads: int = 2, dropout: float = 0.1, eval_m: int = 5, index: IndexKind = "auto",
                  gather_negatives: bool = False, judgments: Judgments = "none") -> None:
-        """`eval_m`: neighbours scored by validation's community precision (the paper retrieves m = 6 users
-        including the user itself, i.e. 5 others). `gather_negatives`: under DDP, contrast against every rank's
-        users (the single-process loss on the global batch) instead of this rank's only. `judgments`: `none` is
-        the paper's text-only encoder; `label` adds a learned embedding of each history doc's label (LaMP-2 tag,
-        LaMP-3 score) to its doc vector (models/user_encoder.py says why a sum); `paired` adds also a label-specific
-        linear map of the doc vector, so which doc got which label survives pooling; both beyond the paper."""
+        """Hyperparameters of stage 1; the defaults are the official CFRAG code's.
+
+        Args:
+            temperature: tau1 of the InfoNCE loss (Eq. 2); the paper tunes it in {0.01, 0.1, 1}.
+            negatives: `all_views` contrasts each view with the other 2N - 1 views of the batch (SimCLR, as the
+                official code); `cross_view` only with the other user's views, Eq. 2 literally.
+            lr: Adam's learning rate.
+            weight_decay: Adam's weight decay.
+            freeze_doc_table: keep the frozen text encoder's doc-embedding table fixed; the official code
+                fine-tunes it (False).
+            num_layers: transformer layers over a user's history (1, as the official code).
+            num_heads: attention heads of each layer (2, as the official code).
+            dropout: dropout inside the transformer.
+            eval_m: neighbours scored by validation's community precision (the paper retrieves m = 6 users
+                including the user itself, i.e. 5 others).
+            index: the exported user index: `auto` is exact cosine up to `index.AUTO_EXACT_MAX_USERS` users and
+                HNSW above; or `flat`, `ivf`, `hnsw`. Serving loads this index.
+            gather_negatives: under DDP, contrast against every rank's users (the single-process loss on the
+                global batch) instead of this rank's only.
+            judgments: `none` is the paper's text-only encoder; `label` adds a learned embedding of each history
+                doc's label (LaMP-2 tag, LaMP-3 score) to its doc vector (models/user_encoder.py says why a sum);
+                `paired` adds also a label-specific linear map of the doc vector, so which doc got which label
+                survives pooling; both beyond the paper.
+        """
         super().__init__()
         self.save_hyperparameters()
         self.encoder: UserEncoder | None = None

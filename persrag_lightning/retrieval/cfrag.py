@@ -65,7 +65,39 @@ def require_bundle(path: str | Path) -> str:
 class CFRAG(Strategy):
     """Collaborative retrieval: users by the contrastive user encoder (the paper; `users="mean"`: MEAN doc
     embeddings; `users="cluster"`: cohort neighbours, clustered as `cohorts` says — default the seed's HDBSCAN over
-    MEAN vectors), docs by the personalized retriever."""
+    MEAN vectors), docs by the personalized retriever. The defaults are the paper's pipeline; the switches give its
+    Table 3 ablations and the inference-time settings of the module docstring.
+
+    Args:
+        user_encoder: stage 1's export, which finds the similar users.
+        retriever: the first stage: stage 2's export, or an encoder name (`minilm`, any Hugging Face name or
+            folder) for the ablation w/o retriever tuning.
+        reranker: stage 3's export; None ranks by the first-stage scores (the ablation w/o reranker tuning).
+        m: similar users, the query user included (the paper's m = 6 with the user); 1 = w/o user retrieval.
+        k_per_user: docs retrieved from each similar user, so m·k_per_user candidates (the paper's k = 5).
+        users: how similar users are found: `encoder` (the paper's contrastive user encoder), `mean` (MEAN
+            doc embeddings, an ablation) or `cluster` (ClusterRAG's cohort neighbours, no training).
+        retriever_user_term: keep the user term α·cos(MLP1(e_u), d) of Eq. 5; False is the ablation w/o it.
+        cache_dir: where corpus embeddings and inference artefacts are cached, keyed by fingerprints.
+        name: the strategy's row name in the evaluation's table and cache keys.
+        batch_size: queries retrieved and reranked per call.
+        cohorts: how users become cohorts with `users: cluster` (None = the seed's HDBSCAN over MEAN
+            vectors); only with `users: cluster`.
+        query_expansion: `none` searches the first stage with the query q; `pbr` with PBR's personalised query
+            q* (seed 001).
+        pbr: the settings of `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
+        cohort_export: (users="cluster" only) a `persrag cluster` export (`<run>/clusters`) read instead of
+            fitting the cohorts; its own settings apply, so `cohorts` must then be left out.
+        rerank_top: rerank only the N best candidates by the first cut, the rest follow in that order; None
+            reranks all m·k (the paper).
+        reranker_runtime: how the cross-encoder runs: `fp32` (as trained, the paper), `int8`, `bf16`, `onnx`
+            or `openvino` (models/reranker.py).
+        cache_doc_tokens: tokenise each doc once and reuse its tokens (the same pairs token for token).
+        query_runtime: how the query is embedded: `fp32`, `bf16` autocast, `onnx` or `openvino`; the doc
+            vectors stay as cached.
+        first_cut: a cheaper reranker's export (e.g. the distilled one) whose scores choose the `rerank_top`
+            candidates (a cascade); None: the first stage's order. Needs `reranker` and `rerank_top`.
+    """
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
                  k_per_user: int = 5, users: UserSource = "encoder", retriever_user_term: bool = True,
@@ -75,9 +107,6 @@ class CFRAG(Strategy):
                  reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False,
                  query_runtime: Literal["fp32", "bf16", "onnx", "openvino"] = "fp32",
                  first_cut: str | None = None) -> None:
-        """`pbr` configures `query_expansion: pbr` (variant, PBR settings, P-PRF LLM); None: PBRExpansion().
-        `cohort_export` (users="cluster" only): a `persrag cluster` export (`<run>/clusters`) read instead of
-        fitting the cohorts; its own settings apply, so `cohorts` must then be left out."""
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
         if cohorts is not None and users != "cluster":

@@ -36,15 +36,25 @@ class ClusterIndexWarning(UserWarning):
 
 @dataclass(frozen=True)
 class ClusterIndexSettings:
-    """How docs are clustered and how many clusters a query visits."""
+    """How docs are clustered and how many clusters a query visits.
 
-    top_b: int = 1  # B: the seed's code hard-codes B = 1 (the paper leaves it open); a query-time setting
-    # when the top-B clusters of a query's candidates hold fewer than k docs: "fewer" returns them (the seed's code),
-    # "next_cluster" adds the next-best clusters until k docs are in; a query-time setting
+    Args:
+        top_b: B, the clusters a query visits: the seed's code hard-codes B = 1 (the paper leaves it open); a
+            query-time setting.
+        fill: when the top-B clusters of a query's candidates hold fewer than k docs: `fewer` returns them (the
+            seed's code), `next_cluster` adds the next-best clusters until k docs are in; a query-time setting.
+        method: `kmeans` (ours: it scales to the whole corpus; the seed runs HDBSCAN per query) or `hdbscan`.
+        n_clusters: K for k-means; None = 4·√N, at most N/39 (faiss' k-means rule), at least 1.
+        min_cluster_size: HDBSCAN's smallest cluster of docs, as the seed's user clustering.
+        kmeans_iter: k-means iterations.
+        seed: k-means' seed.
+    """
+
+    top_b: int = 1
     fill: FillRule = "fewer"
-    method: DocClusterMethod = "kmeans"  # ours: k-means scales to the whole corpus; the seed runs HDBSCAN per query
-    n_clusters: int | None = None  # K for k-means; None = 4·√N, at most N/39 (faiss' k-means rule), at least 1
-    min_cluster_size: int = 2  # HDBSCAN on docs, as the seed's user clustering
+    method: DocClusterMethod = "kmeans"
+    n_clusters: int | None = None
+    min_cluster_size: int = 2
     kmeans_iter: int = 20
     seed: int = 0
 

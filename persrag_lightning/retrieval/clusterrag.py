@@ -77,12 +77,20 @@ def encoder_user_vectors(user_encoder: str | Path) -> tuple[list[str], np.ndarra
 
 @dataclass(frozen=True)
 class ClusterRAGSettings:
-    """The seed's defaults: hybrid mode (its best, ClusterRAG-H), k = 1 neighbour, B = 1 cluster."""
+    """The seed's defaults: hybrid mode (its best, ClusterRAG-H), k = 1 neighbour, B = 1 cluster.
+
+    Args:
+        mode: `user` (the user's own docs), `collab` (the cohort neighbours' docs) or `hybrid` (both, the seed's
+            best).
+        cohorts: how users become cohorts (the seed's HDBSCAN over MEAN vectors, k = 1 neighbour).
+        index: how docs are clustered and how many clusters a query visits (B = 1).
+        max_history: own/neighbour docs read per user, most recent first; None = all.
+    """
 
     mode: Mode = "hybrid"
     cohorts: CohortSettings = field(default_factory=CohortSettings)
     index: ClusterIndexSettings = field(default_factory=ClusterIndexSettings)
-    max_history: int | None = None  # own/neighbour docs per user, most recent first; None = all
+    max_history: int | None = None
 
 
 @dataclass
@@ -119,6 +127,20 @@ class ClusterRAG(Strategy):
                  cache_dir: str | Path = ".cache/persrag", user_vectors: tuple[Sequence[str], np.ndarray] | None = None,
                  cohorts: CohortModel | None = None, user_encoder: str | None = None,
                  prompt_gamma: float | None = BudgetSettings().gamma, name: str | None = None) -> None:
+        """Settings from the config; the embedder, user vectors and cohorts may be injected instead of built.
+
+        Args:
+            embedder: the doc embedder; None = the frozen MiniLM over the shared corpus-embedding cache (the Dense
+                baseline's vectors).
+            settings: mode, cohorts and cluster index; None = the seed's defaults (ClusterRAGSettings()).
+            cache_dir: the shared corpus-embedding cache and the cluster index, keyed by fingerprints.
+            user_vectors: (user ids, vectors) to cluster instead of computing them (e.g. CFRAG's user table).
+            cohorts: a fitted CohortModel to use instead of fitting one on `prepare`.
+            user_encoder: the stage-1 export, read only with `cohorts.user_vectors: encoder`.
+            prompt_gamma: Eq. 3's γ, the query's largest share of the prompt budget (the seed's 0.55; the prompt
+                builder counts it in the LLM's tokens); None: CFRAG's even split.
+            name: the strategy's row name in the evaluation's table; None = `ClusterRAG (<mode>)`.
+        """
         self.settings = settings or ClusterRAGSettings()
         if self.settings.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.settings.mode!r}")

@@ -47,16 +47,31 @@ class CohortWarning(UserWarning):
 
 @dataclass(frozen=True)
 class CohortSettings:
-    """How users become cohorts; every default is the seed's unless the comment says otherwise."""
+    """How users become cohorts; every default is the seed's unless its entry says otherwise.
 
-    user_vectors: UserVectors = "mean"  # Eq. 1; "encoder" = CFRAG's trained user embeddings
-    method: ClusterMethod = "hdbscan"  # the seed's choice; k-means is its ablation ("slightly weaker")
-    min_cluster_size: int = 2  # seed: HDBSCAN(min_cluster_size=2)
-    min_samples: int | None = None  # sklearn default (= min_cluster_size)
-    n_clusters: int | None = None  # k-means only; None = ⌈√n⌉ (ours: the seed does not say)
-    top_k_users: int = 1  # seed §5: k = 1 similar user
-    noise: NoisePolicy = "nearest"  # ours (see module docstring); the seed lumps noise into one cluster
-    fit_sample: int | None = None  # cluster a random sample of this many users, assign the rest (for scale)
+    Args:
+        user_vectors: what is clustered: `mean` doc embeddings per user (Eq. 1) or `encoder`, CFRAG's trained
+            user embeddings.
+        method: `hdbscan` (the seed's choice) or `kmeans` (its ablation, "slightly weaker").
+        min_cluster_size: HDBSCAN's smallest cluster (the seed's HDBSCAN(min_cluster_size=2)).
+        min_samples: HDBSCAN's core-point neighbourhood; None = sklearn's default (= min_cluster_size).
+        n_clusters: k-means only; None = ⌈√n⌉ (ours: the seed does not say).
+        top_k_users: similar users taken from the cohort (the seed's §5: k = 1).
+        noise: what HDBSCAN's noise users get: the `nearest` cohort (ours, see the module docstring) or none
+            (`own`: user-only retrieval); the seed lumps noise into one cluster.
+        fit_sample: cluster a random sample of this many users and assign the rest (for scale); None = all.
+        kmeans_iter: k-means iterations.
+        seed: seed of the sample and of k-means.
+    """
+
+    user_vectors: UserVectors = "mean"
+    method: ClusterMethod = "hdbscan"
+    min_cluster_size: int = 2
+    min_samples: int | None = None
+    n_clusters: int | None = None
+    top_k_users: int = 1
+    noise: NoisePolicy = "nearest"
+    fit_sample: int | None = None
     kmeans_iter: int = 20
     seed: int = 0
 

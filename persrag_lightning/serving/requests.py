@@ -79,7 +79,7 @@ FieldName = Annotated[str, Field(min_length=1, max_length=MAX_FIELD_NAME_CHARS)]
 class HistoryDocBody(BaseModel):
     """One doc of a user's history, as the exported docstore holds them.
 
-    Args:
+    Attributes:
         id: the doc's id, unique in the history (a number is taken as its text).
         date: when it was written, e.g. `2024-01-02`; the history is read oldest first.
         fields: the task's fields (`description`, `title`, ...), each non-empty text.
@@ -114,7 +114,7 @@ Answers = create_model("Answers", __base__=_AnswersBase, __doc__="Answers to the
 class SignUp(BaseModel):
     """POST /v1/users: a new account, its first memories (the answers) and, optionally, a history.
 
-    Args:
+    Attributes:
         user_id: the new user's id.
         answers: questionnaire category → answer; at least one, unless a history is given.
         share: whether similar users' prompts may quote this user's docs.
@@ -144,7 +144,7 @@ class SignUp(BaseModel):
 class Message(BaseModel):
     """One turn of an OpenAI-style conversation.
 
-    Args:
+    Attributes:
         role: who said it.
         content: what was said; earlier turns enter the prompt too.
     """
@@ -156,7 +156,7 @@ class Message(BaseModel):
 class Chat(BaseModel):
     """POST /v1/chat/completions: OpenAI's chat body; the last message is the user's turn.
 
-    Args:
+    Attributes:
         messages: the conversation, oldest first, ending with the user's non-empty message.
         session_id: the session the turn is logged under.
         model: the model name echoed in the answer (default: the server's).
@@ -181,7 +181,7 @@ class Chat(BaseModel):
 class History(BaseModel):
     """POST /v1/users/{user_id}/history: a user's history, replaced whole.
 
-    Args:
+    Attributes:
         history: the new docs (at most MAX_HISTORY_DOCS; more is a 413).
     """
 
@@ -199,7 +199,7 @@ class ErrorDetail(BaseModel):
 class Error(BaseModel):
     """Every refusal: a 4xx whose one-line message names the field at fault.
 
-    Args:
+    Attributes:
         error: the message and the status again.
     """
 
