@@ -91,3 +91,27 @@ def test_every_configured_field_has_a_description(class_path: str):
         missing[nested.__name__] = undocumented(nested)
     missing = {name: fields for name, fields in missing.items() if fields}
     assert not missing, f"fields without an `Args:` entry: {missing}"
+
+
+@pytest.mark.parametrize("config", STAGE_CONFIGS)
+def test_print_config_comments_describes_every_model_and_data_field(config, capsys) -> None:
+    """`train.py fit --config X --print_config=comments` (ruamel.yaml writes the comments): each field of the
+    model's and the data's init_args is preceded by its description."""
+    from persrag_lightning.commands.train import lightning_command
+
+    with pytest.raises(SystemExit):
+        lightning_command(["fit", "--config", config, "--print_config=comments"])
+    text = capsys.readouterr().out
+    for section in ("model", "data"):
+        block = text.split(f"\n{section}:\n", 1)[1].split("\n\n# ", 1)[0]
+        fields = [line for line in block.splitlines() if line.startswith("    ") and not line.startswith("     ")
+                  and ":" in line and not line.lstrip().startswith("#")]
+        lines = block.splitlines()
+        assert fields, f"{config}: no {section} fields printed"
+        for line in fields:
+            i, comment = lines.index(line) - 1, []
+            while i >= 0 and lines[i].strip().startswith("#"):  # the comment block right above the field
+                comment.insert(0, lines[i].strip().lstrip("# "))
+                i -= 1
+            described = " ".join(comment).split("(type:", 1)[0].strip()  # jsonargparse adds the type to any help
+            assert described, f"{config}: {section} field {line.strip()!r} has no description"

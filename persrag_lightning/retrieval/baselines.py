@@ -100,7 +100,7 @@ class BM25(OwnHistoryStrategy):
 
     Per user rather than one global index with bm25s's weight_mask: the IDF then comes from the user's own
     history, as in LaMP's BM25 baseline, and a query costs O(own docs) instead of scoring every doc of every
-    user. Indexes are built on first use (ms for 100 docs) and only `cache_users` are kept, so 1M users never
+    user. Indexes are built on first use (cheap: one user's history) and only `cache_users` are kept, so 1M users never
     hold 1M indexes. Tokens: bm25s's regex tokenizer, lower-cased, English stopwords, no stemmer (PyStemmer
     is not a dependency).
     """

@@ -301,8 +301,8 @@ class CFRAG(Strategy):
         return list(torch.split(scores, [len(idx) for idx in chosen]))
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
-        """Top-k per query, `batch_size` queries at a time; a long run (a reranking row of the evaluation: most
-        of a minute for 300 questions on 2 cores, docs/getting-started.md) prints progress lines with an ETA."""
+        """Top-k per query, `batch_size` queries at a time; a long run (a reranking row of the evaluation)
+        prints progress lines with an ETA."""
         out = []
         bar = Progress(f"retrieve {self.name}", len(queries), "queries", final="if_long")
         for start in range(0, len(queries), self.batch_size):
