@@ -14,7 +14,7 @@ import time
 import torch
 
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.generator.datamodule import GeneratorDataModule, collate_generator
+from persrag_lightning.datamodules.generator import GeneratorDataModule, collate_generator
 from persrag_lightning.logs import configure_logs
 from persrag_lightning.metrics import lamp_metric
 from persrag_lightning.modules.generator import GeneratorModule

@@ -90,7 +90,7 @@ def reranker_rows(run_dir: str, n_questions: int, repeats: int) -> list[list]:
 def label_rows(run_dir: str, n_questions: int, cache_dir: str) -> list[list]:
     """The quick preset's retriever-stage feedback labels (log p(gold | one candidate's prompt), m = 3 users x k = 2
     docs from the run's stage-1 export and the untuned MiniLM) in float32 and in bfloat16 on the same prompts."""
-    from persrag_lightning.feedback.datamodule import FeedbackDataModule
+    from persrag_lightning.datamodules.feedback import FeedbackDataModule
     from persrag_lightning.llm.answer import build_prompts
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.retrieval.base import Query

@@ -20,10 +20,10 @@ import torch
 
 from persrag_lightning.data.histories import FIRST_DOC_ID
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.datamodules.user_history import UserHistoryDataModule
 from persrag_lightning.metrics import community_chance, community_precision_at_m
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.modules.user_encoder import UserEncoderModule
-from persrag_lightning.modules.user_history import UserHistoryDataModule
 
 
 def table(header: list[str], rows: list[list]) -> str:

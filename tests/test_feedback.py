@@ -12,8 +12,8 @@ import torch
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.datamodules.feedback import FeedbackDataModule, UninformativeFeedbackWarning
 from persrag_lightning.feedback.builder import feedback_stats
-from persrag_lightning.feedback.datamodule import FeedbackDataModule, UninformativeFeedbackWarning
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
 from persrag_lightning.llm.registry import LLMConfig
@@ -244,7 +244,7 @@ def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **init_args) -> Pat
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule",
                   "init_args": {"encoder": tiny_bert}},
-        "data": {"class_path": "persrag_lightning.feedback.datamodule.FeedbackDataModule", "init_args": {
+        "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
             "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
             "cache_dir": str(world / "cache"), "user_encoder": str(world / "user_encoder"),
             "candidate_retriever": tiny_bert, "m": 3, "k": 2, "chunk_size": 8,

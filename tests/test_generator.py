@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from persrag_lightning.generator.datamodule import GeneratorBatch
+from persrag_lightning.datamodules.generator import GeneratorBatch
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.models.common import LoraSettings, apply_lora, merged_copy
 from persrag_lightning.models.generator import IGNORE_INDEX, causal_lm_batch, target_token_loss

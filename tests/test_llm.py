@@ -622,7 +622,7 @@ def test_llm_config_resolves_auto_once_so_caches_name_the_backend_that_ran(cpu_w
     assert LLMConfig(backend="auto", model=str(tiny_model_dir)).backend == "hf"
     assert LLMConfig(model=str(gguf)).backend == "hf"  # the dataclass default stays hf (evaluation, serving)
     # what the feedback stages get without an `llm` section
-    from persrag_lightning.feedback.datamodule import FeedbackDataModule
+    from persrag_lightning.datamodules.feedback import FeedbackDataModule
 
     assert FeedbackDataModule().llm_config.backend == registry.auto_backend("smollm2")  # llamacpp where installed
 

@@ -205,7 +205,7 @@ def feedback_config(root: Path, tiny_bert: str, tiny_llm: str) -> Path:
     config = root / "feedback.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule"},
-        "data": {"class_path": "persrag_lightning.feedback.datamodule.FeedbackDataModule", "init_args": {
+        "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
             "synth": SYNTH, "user_encoder": str(root / "user_encoder"), "candidate_retriever": tiny_bert,
             "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}, "m": 3, "k": 2,
             "chunk_size": 8}}}))
@@ -270,7 +270,7 @@ def test_sigusr1_requeues_and_resumes_to_the_uninterrupted_result(slurm, checkou
     bitwise equal to an uninterrupted job: weights and Adam state of last.ckpt, every logged metric, the export.
     DDP with one process (strategy=ddp) so the sampler's order depends only on (seed, epoch); dropout 0."""
     from persrag_lightning.data.synth import SynthConfig
-    from persrag_lightning.modules.user_history import UserHistoryDataModule
+    from persrag_lightning.datamodules.user_history import UserHistoryDataModule
 
     monkeypatch.chdir(checkout)  # data and embeddings cached before the two jobs start (they would race)
     UserHistoryDataModule(synth=SynthConfig(num_users=32), encoder=tiny_bert).prepare_data()
@@ -328,7 +328,7 @@ def test_sweep_array_runs_each_point_in_its_own_run(slurm, checkout, tiny_bert, 
                                     env={**slurm.env, **job_env()}, capture_output=True, text=True, check=True,
                                     timeout=120).stdout
     from persrag_lightning.data.synth import SynthConfig
-    from persrag_lightning.modules.user_history import UserHistoryDataModule
+    from persrag_lightning.datamodules.user_history import UserHistoryDataModule
 
     monkeypatch.chdir(checkout)  # cache the data once: the two tasks would race to build it
     UserHistoryDataModule(synth=SynthConfig(num_users=32), encoder=tiny_bert).prepare_data()

@@ -274,7 +274,7 @@ def test_feedback_array_on_both_nodes_survives_a_node_crash_with_every_label_onc
     config = checkout / "feedback.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule"},
-        "data": {"class_path": "persrag_lightning.feedback.datamodule.FeedbackDataModule", "init_args": {
+        "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
             "synth": SYNTH, "cache_dir": "cache", "user_encoder": str(checkout / "user_encoder"),
             "candidate_retriever": encoder, "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}},
             "m": 3, "k": 2, "chunk_size": 4}}}))

@@ -133,8 +133,8 @@ def test_mask_row_starts_as_the_normalised_embedding_of_the_mask_text(tmp_path, 
     """As the official code: the [mask] row is the unit vector of the frozen encoder's "<mask>" embedding, not a
     N(0, 1) row whose norm (~√d) would dwarf the unit-norm doc rows in the views the mask augmentation makes."""
     from persrag_lightning.data.histories import MASK_ID
+    from persrag_lightning.datamodules.user_history import UserHistoryDataModule
     from persrag_lightning.models.user_encoder import UserEncoderConfig
-    from persrag_lightning.modules.user_history import UserHistoryDataModule
 
     dm = UserHistoryDataModule(encoder=tiny_bert, encoder_max_length=64, synth=SynthConfig(num_users=8),
                                cache_dir=str(tmp_path))

@@ -2,4 +2,4 @@
 user-history DataModule; models/ holds what they train."""
 
 __all__ = ["distillation", "generator", "losses", "progress_lines", "reranker", "retriever",
-           "user_encoder", "user_history"]  # the package's modules, imported on use
+           "user_encoder"]  # the package's modules, imported on use

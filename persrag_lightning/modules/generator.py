@@ -18,7 +18,7 @@ import lightning as L
 import torch
 
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.generator.datamodule import GeneratorBatch
+from persrag_lightning.datamodules.generator import GeneratorBatch
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path

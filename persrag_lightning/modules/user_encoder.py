@@ -10,11 +10,11 @@ import torch
 
 from persrag_lightning.data.docstore import write_docstore
 from persrag_lightning.data.histories import pad_histories
+from persrag_lightning.datamodules.user_history import UserHistoryBatch, UserHistoryDataModule
 from persrag_lightning.index import IndexKind
 from persrag_lightning.metrics import UserRetrievalQuality
 from persrag_lightning.models.user_encoder import Judgments, UserEncoder, UserEncoderConfig, judgment_labels
 from persrag_lightning.modules.losses import Negatives, info_nce
-from persrag_lightning.modules.user_history import UserHistoryBatch, UserHistoryDataModule
 from persrag_lightning.utils import ConfigError, atomic_directory
 
 
