@@ -177,6 +177,19 @@ def _wait_for(what: str, ok, cluster: SlurmCluster, timeout: float) -> None:
         time.sleep(0.3)
 
 
+def start_munge(cluster: SlurmCluster, timeout: float) -> None:
+    """A private munged for the cluster: its own key and socket under the cluster's folder, never the system's."""
+    root = cluster.root
+    key = root / "munge" / "munge.key"
+    subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
+                   timeout=30)
+    key.chmod(0o600)
+    _start(cluster, "munged", "--foreground", f"--socket={root}/munge/munge.sock", f"--key-file={key}",
+           f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
+           f"--seed-file={root}/munge/munged.seed")
+    _wait_for("munge socket", (root / "munge" / "munge.sock").exists, cluster, timeout)
+
+
 def start_cluster(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
     """Write slurm.conf into a fresh temp folder, start munged, slurmctld and slurmd (as root), and wait until
     `sinfo` shows the node idle. Every path component of munged's socket must be world-executable, hence a
@@ -195,14 +208,7 @@ def start_cluster(cpus: int | None = None, timeout: float = 60) -> SlurmCluster:
                                       memory=max(512, min(8192, free_memory_mb() // 2))))
     cluster = SlurmCluster(root, conf, cpus)
     try:
-        key = root / "munge" / "munge.key"
-        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
-                       timeout=30)
-        key.chmod(0o600)
-        _start(cluster, "munged", "--foreground", f"--socket={root}/munge/munge.sock", f"--key-file={key}",
-               f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
-               f"--seed-file={root}/munge/munged.seed")
-        _wait_for("munge socket", (root / "munge" / "munge.sock").exists, cluster, timeout)
+        start_munge(cluster, timeout)
         _start(cluster, "slurmctld", "-D", "-i", "-f", str(conf))
         _start(cluster, "slurmd", "-D", "-f", str(conf))
 

@@ -22,7 +22,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.slurm_cluster import SlurmCluster, _binary, _start, _wait_for, free_memory_mb, free_port
+from tests.slurm_cluster import (
+    SlurmCluster,
+    _binary,
+    _start,
+    _wait_for,
+    free_memory_mb,
+    free_port,
+    start_munge,
+)
 
 PREFIX = "prs"  # every namespace, link and /etc/netns folder of this module starts with it (and holds the pid)
 NETNS_ETC = Path("/etc/netns")
@@ -338,14 +346,7 @@ def start_multinode_cluster(nodes: int = 2, cpus: int | None = None, slurmd_time
             (NETNS_ETC / n.netns).mkdir(parents=True, exist_ok=True)
             (NETNS_ETC / n.netns / "hosts").write_text(hosts)  # `ip netns exec` bind-mounts it over /etc/hosts
         check_bridge(members[0], members[-1])
-        key = root / "munge" / "munge.key"
-        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
-                       timeout=30)
-        key.chmod(0o600)
-        _start(cluster, "munged", "--foreground", f"--socket={root}/munge/munge.sock", f"--key-file={key}",
-               f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
-               f"--seed-file={root}/munge/munged.seed")
-        _wait_for("munge socket", (root / "munge" / "munge.sock").exists, cluster, timeout)
+        start_munge(cluster, timeout)
         _start(cluster, "slurmctld", "-D", "-i", "-f", str(conf))
         for n in members:
             cluster.start_slurmd(n)
