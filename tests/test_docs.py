@@ -306,13 +306,9 @@ def check_cli_args(sub: str, args: list[str], monkeypatch, capsys) -> None:
     if sub in LIGHTNING:
         return print_config(sub, args, capsys)
     if sub == "feedback":
-        import argparse
+        from persrag_lightning.commands.feedback import feedback_parser
 
-        parser = argparse.ArgumentParser(add_help=False)
-        parser.add_argument("--shard", type=int)
-        parser.add_argument("--num-shards", type=int)
-        parser.add_argument("--stats", action="store_true")
-        _, rest = parser.parse_known_args(args)
+        _, rest = feedback_parser().parse_known_args(args)
         return print_config("fit", rest, capsys)
     if sub == "evaluate":
         return parse_evaluate(args)
@@ -350,13 +346,11 @@ def print_config(sub: str, args: list[str], capsys) -> None:
 
 
 def parse_evaluate(args: list[str]) -> None:
-    from persrag_lightning.commands.train import resolve_config_args
+    from persrag_lightning.commands.evaluate import evaluate_args
     from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names
 
-    aliases = {"--max-examples": "--evaluation.max_examples", "--split": "--evaluation.split"}
-    args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a) for a in args])
     parser = evaluate_parser()
-    cfg = parser.parse_args(args)
+    cfg = parser.parse_args(evaluate_args(args))
     if cfg.only is not None:  # the strategies load nothing until prepare(): instantiating them is cheap
         names = {s.name for s in parser.instantiate_classes(cfg).strategies}
         unknown = set(only_names(cfg.only)) - names

@@ -6,6 +6,16 @@ from pathlib import Path
 
 from persrag_lightning.commands.train import check_task, resolve_config_args
 
+# the short flags `persrag evaluate` takes for its evaluation's settings (either flag style)
+SHORT_FLAGS = {"--max_examples": "--evaluation.max_examples", "--max-examples": "--evaluation.max_examples",
+               "--split": "--evaluation.split"}
+
+
+def evaluate_args(args: list[str]) -> list[str]:
+    """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate parser reads them."""
+    return resolve_config_args([next((a.replace(k, v, 1) for k, v in SHORT_FLAGS.items() if a.startswith(k)), a)
+                                for a in resolve_config_args(args)])
+
 
 def evaluate_command(args: list[str]) -> dict:
     """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the config's evaluator
@@ -17,11 +27,7 @@ def evaluate_command(args: list[str]) -> dict:
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
     parser = evaluate_parser(description=evaluate_command.__doc__)
-    aliases = {"--max_examples": "--evaluation.max_examples", "--max-examples": "--evaluation.max_examples",
-               "--split": "--evaluation.split"}
-    args = resolve_config_args([next((a.replace(k, v, 1) for k, v in aliases.items() if a.startswith(k)), a)
-                                for a in resolve_config_args(args)])
-    cfg = parser.parse_args(args)
+    cfg = parser.parse_args(evaluate_args(args))
     cfg = substitute_run_dir(cfg, str(Path(cfg.export_root) / cfg.run_name))
     settings = cfg.evaluation.init_args
     if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":  # the LaMP default follows --run_name

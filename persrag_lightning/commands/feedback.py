@@ -12,14 +12,19 @@ from persrag_lightning.feedback.builder import feedback_stats
 from persrag_lightning.utils import one_flag_style
 
 
-def feedback_command(args: list[str]) -> None:
-    """`persrag feedback --config X [--shard i --num_shards n] [--stats]`: build (a shard of) the LLM-feedback
-    labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
+def feedback_parser() -> argparse.ArgumentParser:
+    """The feedback command's own flags; every other argument configures the stage as for `fit`."""
     parser = argparse.ArgumentParser(prog="persrag feedback", add_help=False)
     parser.add_argument("--shard", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
     parser.add_argument("--num_shards", type=int, default=None)
     parser.add_argument("--stats", action="store_true", help="print label statistics of the finished cache")
-    opts, rest = one_flag_style(parser).parse_known_args(args)
+    return one_flag_style(parser)
+
+
+def feedback_command(args: list[str]) -> None:
+    """`persrag feedback --config X [--shard i --num_shards n] [--stats]`: build (a shard of) the LLM-feedback
+    labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
+    opts, rest = feedback_parser().parse_known_args(args)
     num_shards = opts.num_shards or int(os.environ.get("SLURM_ARRAY_TASK_COUNT", "1"))
     cli = PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                      args=rest, run=False)
