@@ -324,6 +324,9 @@ def glance_plot(rows: list[GlanceRow], path: Path) -> None:
 # run's own lines and table, so that the README shows a stored run and no typed figure
 
 README = Path("README.md")
+# the files with such blocks, and the blocks each must have
+BLOCK_FILES = {README: ("main-job output", "main-job table"),
+               Path("docs/evaluation/reading-the-table.md"): ("main-job table",)}
 BLOCK = re.compile(r"(<!-- report\.py: (?P<name>[\w -]+) -->\n)(?P<body>.*?)(<!-- /report\.py -->)", re.DOTALL)
 OUTPUT_LINES = re.compile(r"^\[pipeline\] (?!\w+: python train\.py)(?!.*: [\d.]+ min$).*$", re.MULTILINE)
 
@@ -343,11 +346,11 @@ def readme_blocks(row: GlanceRow, root: Path) -> dict[str, str]:
             "main-job table": "\n".join([source, "", *compact, "", *pairs]) + "\n"}
 
 
-def readme_text(current: str, blocks: dict[str, str]) -> str:
-    """README.md with each block's body replaced; a block named here but missing from the README is an error."""
+def readme_text(current: str, blocks: dict[str, str], path: Path = README) -> str:
+    """`path`'s text with each of its blocks' body replaced; a block `blocks` names but `path` lacks is an error."""
     seen = {m.group("name") for m in BLOCK.finditer(current)}
     if set(blocks) - seen:
-        raise ReportError(f"{README}: no block {min(set(blocks) - seen)!r} (<!-- report.py: NAME -->)")
+        raise ReportError(f"{path}: no block {min(set(blocks) - seen)!r} (<!-- report.py: NAME -->)")
     return BLOCK.sub(lambda m: m.group(1) + (blocks.get(m.group("name"), m.group("body"))) + m.group(4), current)
 
 
@@ -441,9 +444,12 @@ def build(root: Path = ROOT) -> dict[Path, str]:
             out[PAGES / f"{family}.md"] = family_page(family, all_runs, runs, root)
     for folder in sorted({r.folder for r in all_runs}):
         out[RESULTS / folder / "README.md"] = folder_readme(folder, all_runs)
-    if (root / README).is_file() and (rows := glance_rows(runs, root)):
-        newest = max(rows, key=lambda r: r.run.order)
-        out[README] = readme_text((root / README).read_text(encoding="utf-8"), readme_blocks(newest, root))
+    if rows := glance_rows(runs, root):
+        blocks = readme_blocks(max(rows, key=lambda r: r.run.order), root)
+        for path, names in BLOCK_FILES.items():
+            if (root / path).is_file():
+                out[path] = readme_text((root / path).read_text(encoding="utf-8"),
+                                        {n: blocks[n] for n in names}, path)
     return out
 
 
