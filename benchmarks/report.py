@@ -328,7 +328,7 @@ README = Path("README.md")
 BLOCK_FILES = {README: ("main-job output", "main-job table"),
                Path("docs/evaluation/reading-the-table.md"): ("main-job table",)}
 BLOCK = re.compile(r"(<!-- report\.py: (?P<name>[\w -]+) -->\n)(?P<body>.*?)(<!-- /report\.py -->)", re.DOTALL)
-OUTPUT_LINES = re.compile(r"^\[pipeline\] (?!\w+: python train\.py)(?!.*: [\d.]+ min$).*$", re.MULTILINE)
+OUTPUT_LINES = re.compile(r"^\[pipeline\] (?!\w+: python train\.py)(?![\w' ]+: [\d.]+ min$).*$", re.MULTILINE)
 
 
 def readme_blocks(row: GlanceRow, root: Path) -> dict[str, str]:
@@ -342,8 +342,9 @@ def readme_blocks(row: GlanceRow, root: Path) -> dict[str, str]:
     source = (f"{row.run.entry['benchmark']}, {row.run.machine['class']}, {row.run.machine['date']}: "
               f"`{RESULTS / row.run.folder / spec['results']}` (every column: the run's own table)")
     pairs = [line for line in text.splitlines() if line.startswith("Paired test,")]
+    note = [f"The run's note: {row.run.entry['note']}.", ""] if row.run.entry.get("note") else []
     return {"main-job output": "```text\n" + "\n".join([*head, "...", *tail]) + "\n```\n",
-            "main-job table": "\n".join([source, "", *compact, "", *pairs]) + "\n"}
+            "main-job table": "\n".join([source, "", *note, *compact, "", *pairs]) + "\n"}
 
 
 def readme_text(current: str, blocks: dict[str, str], path: Path = README) -> str:
