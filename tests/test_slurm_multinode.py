@@ -187,7 +187,8 @@ def test_retriever_ddp_across_two_nodes_matches_one_process_and_resumes_after_a_
     single_env = {k: v for k, v in cluster.env.items() if k != "SLURM_CONF"}
     single = subprocess.Popen(  # one process, the global batch of 8, while the cluster recovers
         [sys.executable, "train.py", "fit", "--config", "cfrag_retriever.yaml", *args, "--run_name", "single",
-         "--data.init_args.batch_size=8", "--trainer.devices=1", record("single")], cwd=checkout, env={**single_env, **ONE_THREAD},
+         "--data.init_args.batch_size=8", "--trainer.devices=1", record("single")], cwd=checkout,
+        env={**single_env, **job_env(), **ONE_THREAD},  # job_env: the repository on the path, for the callback
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cluster.revive("node2")
     assert_completed(cluster.wait(req, timeout=600), checkout)
