@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.llm import LLM, build_prompt, default_max_new_tokens, load_llm, resolve_model
-from persrag_lightning.llm.hf import cpu_has_native_bf16
 
 BASELINE_MAX_NEW_TOKENS = 64
 T = TypeVar("T")

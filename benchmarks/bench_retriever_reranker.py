@@ -20,7 +20,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
-from persrag_lightning.llm.hf import cpu_has_native_bf16
+from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.logs import configure_logs
 from persrag_lightning.models import common
 from persrag_lightning.models.reranker import PersonalizedReranker

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from persrag_lightning.data.source import LampSource
-from persrag_lightning.llm.hf import cpu_has_native_bf16
+from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 # name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.

@@ -52,7 +52,7 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         lightning_command(["fit", "--config", "generator.yaml", *quick, f"--data.init_args.max_train_examples={n}",
-                           *pipeline.precision_args(preset.precision.generator),
+                           *cli_overrides(pipeline.precision_overrides(preset.precision.generator)),
                            f"--data.init_args.task={task}", f"--data.init_args.strategy={chosen}",
                            f"--stage_name={stage}", f"--run_name={args.run_name}",
                            f"--export_root={args.export_root}", "--trainer.enable_progress_bar=false"])
