@@ -42,3 +42,18 @@ def test_every_package_declares_its_public_names_and_each_exists() -> None:
         for name in names:  # a name the package binds, or one of its modules (imported on use)
             assert name in bound or (init.parent / f"{name}.py").is_file() or (init.parent / name).is_dir(), \
                 f"{init.relative_to(PACKAGE)}: __all__ names {name!r}, which is neither bound there nor a module"
+
+
+def test_every_name_a_benchmark_imports_from_the_package_exists() -> None:
+    """Benchmarks run by hand, not in the suite: a name moved or renamed in the package must not break them unseen."""
+    import importlib
+
+    missing = []
+    for script in sorted((PACKAGE.parent / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("persrag_lightning"):
+                module = importlib.import_module(node.module)
+                missing += [f"{script.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name)
+                            and not (Path(module.__file__).parent / f"{a.name}.py").is_file()]
+    assert not missing, missing
