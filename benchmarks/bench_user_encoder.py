@@ -23,7 +23,8 @@ from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.datamodules.user_history import UserHistoryDataModule
 from persrag_lightning.metrics import community_chance, community_precision_at_m
 from persrag_lightning.models.text_encoder import TextEncoder
-from persrag_lightning.modules.user_encoder import UserEncoderModule
+from persrag_lightning.models.user_encoder import UserEncoderSettings
+from persrag_lightning.modules.user_encoder import ContrastiveSettings, UserEncoderModule
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -46,7 +47,8 @@ def embedding_throughput(texts: list[str], encoder: str, batch_sizes: list[int])
 def train_user_encoder(dm: UserHistoryDataModule, epochs: int, freeze: bool, seed: int,
                        judgments: str = "none") -> tuple[UserEncoderModule, float]:
     L.seed_everything(seed, verbose=False)
-    module = UserEncoderModule(freeze_doc_table=freeze, judgments=judgments)
+    module = UserEncoderModule(UserEncoderSettings(judgments=judgments),
+                               ContrastiveSettings(freeze_doc_table=freeze))
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         limit_val_batches=0)

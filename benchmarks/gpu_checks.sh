@@ -52,7 +52,7 @@ run_step() {
     feedback)
         local common=(--run_name=gpu-vllm --export_root=checkpoints --trainer.enable_progress_bar=false)
         step stage1 python3 train.py fit --config cfrag_user_encoder.yaml --trainer.max_epochs=20 \
-            --model.init_args.judgments=paired "${common[@]}"
+            --model.init_args.config.judgments=paired "${common[@]}"
         step stage2_vllm python3 train.py fit --config cfrag_retriever.yaml \
             --data.init_args.feedback_metric=loglik --data.init_args.llm.batch_size=64 \
             --data.init_args.llm.backend=vllm "${common[@]}" ;;

@@ -68,16 +68,17 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
     # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
-    Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.alpha": 0.0,
+    Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.config.alpha": 0.0,
                                                                  "data.init_args.candidate_owners": "self"},
           named=True),
     Stage("reranker", "cfrag_reranker.yaml", "feedback"),
-    Stage("reranker_no_user", "cfrag_reranker.yaml", "feedback", {"model.init_args.use_user": False}, named=True),
+    Stage("reranker_no_user", "cfrag_reranker.yaml", "feedback", {"model.init_args.config.use_user": False},
+          named=True),
     # a smaller reranker distilled from stage 3's, for serving latency
     Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "feedback"),
     Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows
-    Stage("user_encoder_paper", "cfrag_user_encoder.yaml", "user_encoder", {"model.init_args.judgments": "none"},
-          paper=True, named=True),
+    Stage("user_encoder_paper", "cfrag_user_encoder.yaml", "user_encoder",
+          {"model.init_args.config.judgments": "none"}, paper=True, named=True),
     Stage("retriever_paper", "cfrag_retriever.yaml", "feedback", inputs=_PAPER_ENCODER, paper=True, named=True),
     Stage("reranker_paper", "cfrag_reranker.yaml", "feedback",
           inputs={**_PAPER_ENCODER, "data.init_args.candidate_retriever": "retriever_paper"}, paper=True, named=True),

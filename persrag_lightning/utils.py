@@ -183,3 +183,14 @@ def one_flag_style(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         for spelling in spellings:
             parser._option_string_actions.setdefault(spelling, action)
     return parser
+
+
+def as_settings(cls: type, value: object) -> Any:
+    """A settings dataclass `cls` from itself or from its fields as a mapping (JSON lists back into tuples): a stage
+    module takes its settings whole, and LightningCLI keeps a module's hyperparameters as the parsed config, so
+    `load_from_checkpoint` hands them back as dicts."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    raise TypeError(f"expected {cls.__name__} or a mapping of its fields, got {type(value).__name__}")

@@ -161,8 +161,8 @@ def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tm
     judgment-aware encoder on SynthLaMP LaMP-3, its label table and doc labels included; `paired`
     with its per-label maps as well."""
     args = ["fit", "--config", "cfrag_user_encoder.yaml", f"--data.init_args.encoder={tiny_bert}",
-            "--data.init_args.synth.num_users=32", "--trainer.max_epochs=2", "--model.init_args.dropout=0",
-            "--model.init_args.gather_negatives=true", f"--model.init_args.judgments={judgments}"]
+            "--data.init_args.synth.num_users=32", "--trainer.max_epochs=2", "--model.init_args.config.dropout=0",
+            "--model.init_args.training.gather_negatives=true", f"--model.init_args.config.judgments={judgments}"]
     if judgments != "none":
         args.append("--data.init_args.task=LaMP-3")
     runs = {}
@@ -235,12 +235,12 @@ def test_retriever_and_reranker_train_on_two_processes(tmp_path, tiny_bert, tiny
     is loaded once), each rank trains on half of the 32 examples (32 / (2 × 4) = 4 steps), rank 0 exports, and
     the synced validation metrics equal those of a 1-process `validate` of the same checkpoint."""
     feedback_world(tmp_path, tiny_bert)
-    stages = (("cfrag_retriever.yaml", "retriever", tiny_bert, ["--model.init_args.max_length=64"]),
+    stages = (("cfrag_retriever.yaml", "retriever", tiny_bert, ["--model.init_args.config.max_length=64"]),
               ("cfrag_reranker.yaml", "reranker", str(tmp_path / "checkpoints" / "d" / "retriever"),
-               ["--model.init_args.max_query_length=32", "--model.init_args.max_doc_length=32"]))
+               ["--model.init_args.config.max_query_length=32", "--model.init_args.config.max_doc_length=32"]))
     for config, stage, candidates, model_args in stages:
         args = ["--config", config, "--run_name", "d", *feedback_data_args(tmp_path, tiny_llm, candidates),
-                f"--model.init_args.encoder={tiny_bert}", "--model.init_args.lr=1e-3", *model_args,
+                f"--model.init_args.config.encoder={tiny_bert}", "--model.init_args.training.lr=1e-3", *model_args,
                 "--trainer.max_epochs=1", "--trainer.accumulate_grad_batches=1"]
         out = run_cli(tmp_path, "fit", *args, devices=2)
         assert [b for b in builds(tmp_path) if b.startswith("llm")] == ["llm 0"], stage

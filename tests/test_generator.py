@@ -18,6 +18,7 @@ from persrag_lightning.datamodules.generator import GeneratorBatch
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.models.common import LoraSettings, apply_lora, merged_copy
 from persrag_lightning.models.generator import IGNORE_INDEX, causal_lm_batch, target_token_loss
+from persrag_lightning.modules.optim import OptimizerSettings
 from tests.conftest import REPO, fake_evaluate, word_level_llama
 
 WORDS = ["user", "assistant", "which", "tag", "comedy", "horror", "a", "film"]
@@ -134,7 +135,8 @@ def test_export_loads_with_plain_transformers_without_peft(tiny_llm, tmp_path, o
 @pytest.mark.parametrize("lora_r", [4, 0])
 def test_tiny_causal_and_seq2seq_models_train_a_step(fixture, lora_r, request, one_thread):
     path = request.getfixturevalue(fixture)
-    module = _module(path, lora_r=lora_r, lr=1e-2)
+    module = _module(path, lora_r=lora_r, training=OptimizerSettings(lr=1e-2, weight_decay=1e-4, warmup_ratio=0.05,
+                                                                     lr_schedule="linear"))
     assert module.seq2seq == (fixture == "tiny_t5")
     trainable = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
     frozen = {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
@@ -170,7 +172,7 @@ def fit_args(model: str, epochs: int, *extra: str) -> list[str]:
     return ["fit", "--config", "generator.yaml", "--run_name", "t", "--trainer.accelerator=cpu",
             f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
             f"--model.init_args.model={model}", f"--data.init_args.model={model}", "--model.init_args.lora_r=4",
-            "--model.init_args.lora_dropout=0.0", "--model.init_args.lr=1e-3", "--model.init_args.eval_batch_size=4",
+            "--model.init_args.lora_dropout=0.0", "--model.init_args.training.lr=1e-3", "--model.init_args.eval_batch_size=4",
             "--data.init_args.synth.num_users=12", "--data.init_args.strategy=bm25",
             "--data.init_args.max_train_examples=12", "--data.init_args.max_val_examples=4",
             "--data.init_args.batch_size=4", "--data.init_args.max_prompt_tokens=128", *extra]

@@ -80,15 +80,15 @@ def test_retriever_and_reranker_train_on_one_gpu_with_ddp_in_bf16_mixed(tmp_path
     from persrag_lightning.models.retriever import PersonalizedRetriever
 
     feedback_world(tmp_path, tiny_bert)
-    stages = (("cfrag_retriever.yaml", "retriever", tiny_bert, ["--model.init_args.max_length=64"],
+    stages = (("cfrag_retriever.yaml", "retriever", tiny_bert, ["--model.init_args.config.max_length=64"],
                PersonalizedRetriever),
               ("cfrag_reranker.yaml", "reranker", str(tmp_path / "checkpoints" / "g" / "retriever"),
-               ["--model.init_args.max_query_length=32", "--model.init_args.max_doc_length=32"],
+               ["--model.init_args.config.max_query_length=32", "--model.init_args.config.max_doc_length=32"],
                PersonalizedReranker))
     for config, stage, candidates, model_args, cls in stages:
         args = ["--config", config, "--run_name", "g", *feedback_data_args(tmp_path, tiny_llm, candidates),
                 '--data.init_args.llm.options={"device": "cuda", "dtype": "float32"}',
-                f"--model.init_args.encoder={tiny_bert}", "--model.init_args.lr=1e-3", *model_args,
+                f"--model.init_args.config.encoder={tiny_bert}", "--model.init_args.training.lr=1e-3", *model_args,
                 "--trainer.max_epochs=1", "--trainer.accumulate_grad_batches=1", "--trainer.precision=bf16-mixed"]
         out = run_cli(tmp_path, "fit", *args, devices=1, accelerator="gpu")
         assert [b for b in builds(tmp_path) if b.startswith("llm")] == ["llm 0"], stage

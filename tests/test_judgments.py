@@ -144,7 +144,7 @@ def label_run(tmp_path_factory, tiny_bert):
     """A `judgments: label` user encoder on SynthLaMP LaMP-3 (frozen doc table, so a new user with a training
     user's history gets that user's embedding), with untrained tiny retriever and reranker exports beside it."""
     root = tmp_path_factory.mktemp("judgments")
-    args = fit_args(tiny_bert, "--model.init_args.judgments=label", "--model.init_args.freeze_doc_table=true")
+    args = fit_args(tiny_bert, "--model.init_args.config.judgments=label", "--model.init_args.training.freeze_doc_table=true")
     return root, tiny_serving_run(root, args, "j", tiny_bert)
 
 
@@ -203,7 +203,7 @@ def test_add_user_embeds_the_new_users_judgments(label_run, tmp_path) -> None:
 
 def test_judgments_label_on_a_task_without_labels_is_one_line_exit_2(in_tmp_cwd, tiny_bert, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(fit_args(tiny_bert, "--model.init_args.judgments=label", task="LaMP-5", users=8))
+        main(fit_args(tiny_bert, "--model.init_args.config.judgments=label", task="LaMP-5", users=8))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and "judgments" in err[-1] and "LaMP-5" in err[-1]
@@ -237,11 +237,11 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
         assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
     # the preset's stage 1 reads judgments (paired); its paper chain's does not; no other stage gets the setting
     assert [[a for a in args if "judgments" in a] for args in stages if "judgments" in " ".join(args)] == [
-        ["--model.init_args.judgments=paired"], ["--model.init_args.judgments=none"]]
+        ["--model.init_args.config.judgments=paired"], ["--model.init_args.config.judgments=none"]]
     calls.clear()
     # another --judgments reaches stage 1 only and names the run
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "label", "--export_root", str(tmp_path)])
-    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.judgments=label"]
+    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.config.judgments=label"]
     assert all("--run_name=synthlamp-lamp3-quick-label" in a for a in calls)
     calls.clear()
     pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])  # the main job is unchanged

@@ -224,7 +224,7 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
     assert [r.stage for r in fits] == ["user_encoder", "retriever", "reranker", "user_encoder_paper",
                                        "retriever_paper", "reranker_paper", "generator"]
-    judged = [r.overrides.get("model.init_args.judgments") for r in fits]
+    judged = [r.overrides.get("model.init_args.config.judgments") for r in fits]
     assert judged == ["paired", None, None, "none", None, None, None]  # the paper's chain: its own stage 1
     # the choice is made on dev, before the generator trains on the chosen CFRAG's prompts
     choice, test = evaluations

@@ -39,7 +39,7 @@ def test_the_stage_graph_resolves_inputs_to_bundles_of_the_run():
     assert STAGES["reranker_paper"].arguments("checkpoints/run") == [
         "--stage_name=reranker_paper", "--data.init_args.user_encoder=checkpoints/run/user_encoder_paper",
         "--data.init_args.candidate_retriever=checkpoints/run/retriever_paper"]
-    assert STAGES["retriever_ropg"].arguments() == ["--stage_name=retriever_ropg", "--model.init_args.alpha=0.0",
+    assert STAGES["retriever_ropg"].arguments() == ["--stage_name=retriever_ropg", "--model.init_args.config.alpha=0.0",
                                                     "--data.init_args.candidate_owners=self"]
     assert STAGES["retriever"].arguments() == [] and STAGES["generator"].kind == "generator"
 

@@ -6,13 +6,14 @@ as the retriever (one interpreter start instead of two)."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
-from persrag_lightning.models.reranker import PersonalizedReranker, cls_state
+from persrag_lightning.models.reranker import PersonalizedReranker, RerankerSettings, cls_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +88,7 @@ def test_query_and_doc_are_truncated_separately(tiny_bert):
     assert int(enc["attention_mask"][1].sum()) == 1 + 2 + 1 + 12 + 1
     assert int(enc["token_type_ids"][1].sum()) == 13
     # the total cap trims the longer side first
-    model.config.max_length = 20
+    model.config = replace(model.config, max_length=20)
     enc = model.tokenize_pairs([long_q], [long_d])
     assert enc["input_ids"].shape[1] == 20
 
@@ -154,8 +155,8 @@ def test_reranker_module_fit_lowers_kl_and_exports(tiny_bert, tmp_path):
         val_dataloader = train_dataloader
 
     data = Data()
-    module = RerankerModule(encoder=tiny_bert, lr=2e-3)
-    assert module.hparams.student_temperature == module.hparams.teacher_temperature == 0.1
+    module = RerankerModule(RerankerSettings(encoder=tiny_bert), replace(RerankerModule().settings, lr=2e-3))
+    assert module.settings.student_temperature == module.settings.teacher_temperature == 0.1
     module.attach_datamodule(data)
 
     def kl() -> float:
@@ -259,7 +260,7 @@ def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tm
             return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
 
     def student(**kw) -> RerankerModule:
-        module = RerankerModule(init_from=str(teacher_path), **kw)
+        module = RerankerModule(RerankerSettings(**kw), init_from=str(teacher_path))
         module.attach_datamodule(Data())
         return module.eval()
 

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from persrag_lightning.data.candidates import Candidate, CandidateBatch, FeedbackExample, collate_candidates
-from persrag_lightning.models.retriever import PersonalizedRetriever, doc_encoder_path
+from persrag_lightning.models.retriever import PersonalizedRetriever, RetrieverSettings, doc_encoder_path
 from persrag_lightning.modules.losses import kl_to_llm_feedback
+from persrag_lightning.modules.optim import DistillationSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -337,7 +338,7 @@ def fit_and_check(module, tmp_path, epochs: int = 8):
     after = kl()
     assert after < 0.7 * before, (before, after)
 
-    k = module.hparams.eval_k
+    k = module.settings.eval_k
     lines = next(tmp_path.glob("logs/version_*/metrics.csv")).read_text().splitlines()
     header = lines[0].split(",")
     for name in ("train/kl", "val/kl", f"val/ndcg@{k}", f"val/recall@{k}", f"val/ndcg@{k}_first_stage"):
@@ -359,8 +360,8 @@ def test_retriever_module_fit_lowers_kl_and_exports(tiny_bert, tmp_path):
     from persrag_lightning.modules.retriever import RetrieverModule
 
     torch.manual_seed(9)
-    module = RetrieverModule(encoder=tiny_bert, max_length=64, lr=5e-3, alpha=0.3, warmup_ratio=0.1,
-                             lr_schedule="linear")
+    module = RetrieverModule(RetrieverSettings(encoder=tiny_bert, max_length=64, alpha=0.3),
+                             DistillationSettings(lr=5e-3, warmup_ratio=0.1, lr_schedule="linear"))
     module, data, batch, want = fit_and_check(module, tmp_path)
     assert not module.user_table.weight.requires_grad
     path = module.export(tmp_path / "export", data)

@@ -22,7 +22,7 @@ from tests.test_ddp import SYNTH, feedback_world
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_FIT = ("--data.init_args.synth.num_users=32", "--data.init_args.batch_size=8", "--trainer.accelerator=cpu",
-            "--model.init_args.dropout=0", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
+            "--model.init_args.config.dropout=0", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
             "--trainer.enable_model_summary=false")
 
 
@@ -148,7 +148,7 @@ def test_submit_chain_wires_afterok_dependencies(tmp_path):
 def test_sweep_grid_gives_each_point_its_own_run(tmp_path):
     sweep = tmp_path / "tau.yaml"
     sweep.write_text(yaml.safe_dump({"config": "cfrag_user_encoder.yaml", "args": ["--trainer.max_epochs=2"],
-                                     "grid": {"model.init_args.temperature": [0.01, 0.1, 1],
+                                     "grid": {"model.init_args.training.temperature": [0.01, 0.1, 1],
                                               "data.init_args.augment.crop_ratio": [0.5, 0.7]}},
                                     sort_keys=False))
     subprocess.run([sys.executable, str(REPO / "slurm" / "sweep.py"), "grid", str(sweep), "--out-root",
@@ -156,7 +156,7 @@ def test_sweep_grid_gives_each_point_its_own_run(tmp_path):
     lines = (tmp_path / "sweeps" / "tau" / "tasks.txt").read_text().splitlines()
     assert len(lines) == 6 and len({line.split()[4] for line in lines}) == 6  # --run_name tau-<i>
     assert lines[5] == ("fit --config cfrag_user_encoder.yaml --run_name tau-5 --trainer.max_epochs=2 "
-                        "--model.init_args.temperature=1 --data.init_args.augment.crop_ratio=0.7")
+                        "--model.init_args.training.temperature=1 --data.init_args.augment.crop_ratio=0.7")
 
 
 # ---- a real single-node Slurm cluster -------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_sweep_array_runs_each_point_in_its_own_run(slurm, checkout, tiny_bert, 
     tasks (--ntasks-per-node=2 → --trainer.devices=2): 32 users / (2 ranks × 8) = 2 steps, one export."""
     sweep = checkout / "tau.yaml"
     sweep.write_text(yaml.safe_dump({"config": "cfrag_user_encoder.yaml", "grid": {
-        "model.init_args.temperature": [0.1, 1.0]}, "args": [f"--data.init_args.encoder={tiny_bert}",
+        "model.init_args.training.temperature": [0.1, 1.0]}, "args": [f"--data.init_args.encoder={tiny_bert}",
                                                               "--trainer.max_epochs=1", "--trainer.strategy=ddp",
                                                               *TINY_FIT]}))
     run = lambda *a: subprocess.run([sys.executable, str(REPO / "slurm" / "sweep.py"), *a], cwd=checkout,
@@ -344,6 +344,6 @@ def test_sweep_array_runs_each_point_in_its_own_run(slurm, checkout, tiny_bert, 
         assert "MEMBER: 2/2" in log and log.count("exported user_encoder to") == 1
     table = run("aggregate", "runs/sweeps/tau", "--metric", "val/loss")
     rows = [line for line in table.splitlines() if line.startswith("| ") and "index" not in line]
-    assert len(rows) == 2 and "model.init_args.temperature" in table and "val/view_acc" in table
+    assert len(rows) == 2 and "model.init_args.training.temperature" in table and "val/view_acc" in table
     results = (checkout / "runs" / "sweeps" / "tau" / "results.csv").read_text().splitlines()
     assert len(results) == 3 and all("," in r for r in results)

@@ -157,7 +157,7 @@ def test_retriever_ddp_across_two_nodes_matches_one_process_and_resumes_after_a_
     prepared(checkout, encoder)
     out = checkout / "ranks"
     args = [*feedback_data_args(checkout, tiny_llm, encoder),
-            f"--model.init_args.encoder={encoder}", "--model.init_args.lr=1e-3", "--model.init_args.max_length=64",
+            f"--model.init_args.config.encoder={encoder}", "--model.init_args.training.lr=1e-3", "--model.init_args.config.max_length=64",
             "--trainer.max_epochs=2", "--trainer.accumulate_grad_batches=1", "--trainer.accelerator=cpu",
             "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             "--trainer.log_every_n_steps=1"]

@@ -395,7 +395,8 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     judged = "" if judgments == preset.judgments else f"-{judgments}"
     source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
     rules, backend = preset.precision, opts.llm_backend
-    kinds = {"user_encoder": {**precision_overrides(rules.user_encoder), "model.init_args.judgments": judgments},
+    kinds = {"user_encoder": {**precision_overrides(rules.user_encoder),
+                              "model.init_args.config.judgments": judgments},
              "feedback": {**precision_overrides(rules.feedback),
                           **({"data.init_args.llm.backend": backend} if backend else {}),
                           **label_overrides(rules.labels, backend)},

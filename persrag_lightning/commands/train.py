@@ -50,6 +50,16 @@ def slurm_version() -> str | None:
     return f"slurm-{os.environ['SLURM_JOB_ID']}"
 
 
+
+def fill_run_dir(args: Namespace, run_dir: str) -> None:
+    """Replace `{run_dir}` in every string of `args`, nested settings groups included (their fields are
+    Namespaces until the classes are instantiated)."""
+    for key, value in vars(args).items():
+        if isinstance(value, str) and "{run_dir}" in value:
+            setattr(args, key, value.replace("{run_dir}", run_dir))
+        elif isinstance(value, Namespace):
+            fill_run_dir(value, run_dir)
+
 class PersragCLI(LightningCLI):
     """Adds a run name (runs/<run>/<stage> for logs, checkpoints/<run>/<stage> for the serving bundle),
     validates the best checkpoint after fit and exports it."""
@@ -84,9 +94,7 @@ class PersragCLI(LightningCLI):
         check_task(cfg.data.init_args.get("task"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
         for args in (cfg.data.init_args, cfg.model.init_args):
-            for key, value in vars(args).items():
-                if isinstance(value, str) and "{run_dir}" in value:
-                    setattr(args, key, value.replace("{run_dir}", run_dir))
+            fill_run_dir(args, run_dir)
         root = Path("runs") / cfg.run_name / self._stage_name()
         if cfg.trainer.get("enable_model_summary") is None and not is_verbose():  # quiet logs (logs.py)
             cfg.trainer.enable_model_summary = False

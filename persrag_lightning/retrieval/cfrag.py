@@ -21,6 +21,7 @@ winners.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +33,7 @@ from persrag_lightning.models.exported import EXPORTED_RUNTIMES, export_path
 from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
-from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy, cache_value
 from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
@@ -43,6 +44,36 @@ from persrag_lightning.utils import ConfigError, bundle_digest
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
+QueryRuntime = Literal["fp32", "bf16", "onnx", "openvino"]
+
+
+@dataclass
+class InferenceSettings:
+    """How CFRAG runs at inference, for serving latency (the candidates and training never change); the defaults
+    are the paper's: every candidate reranked, in fp32. Fields as `CFRAG`'s arguments of the same names."""
+
+    rerank_top: int | None = None
+    first_cut: str | None = None
+    reranker_runtime: Runtime = "fp32"
+    query_runtime: QueryRuntime = "fp32"
+    cache_doc_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rerank_top is not None and self.rerank_top < 1:
+            raise ValueError(f"rerank_top must be a positive number of candidates or None (all), got "
+                             f"{self.rerank_top}")
+        if self.reranker_runtime not in RUNTIMES:
+            raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {self.reranker_runtime!r}")
+        if self.query_runtime not in QUERY_RUNTIMES:
+            raise ValueError(f"query_runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {self.query_runtime!r}")
+
+    def cache_key(self) -> dict:
+        """The settings that change what is retrieved and differ from the paper's defaults. Only those: a row that
+        uses none keeps the key it had before these settings existed. `cache_doc_tokens` is never in it: the same
+        pairs, token for token."""
+        paper = InferenceSettings()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "cache_doc_tokens" and getattr(self, f.name) != getattr(paper, f.name)}
 
 
 def missing_bundle(path: str | Path) -> FileNotFoundError:
@@ -105,7 +136,7 @@ class CFRAG(Strategy):
                  cohorts: CohortSettings | None = None, query_expansion: QueryExpansion = "none",
                  pbr: PBRExpansion | None = None, cohort_export: str | None = None, rerank_top: int | None = None,
                  reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False,
-                 query_runtime: Literal["fp32", "bf16", "onnx", "openvino"] = "fp32",
+                 query_runtime: QueryRuntime = "fp32",
                  first_cut: str | None = None) -> None:
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
@@ -120,31 +151,14 @@ class CFRAG(Strategy):
         self.retriever_spec = retriever
         self.reranker_path = reranker
         self.m, self.k_per_user, self.users = m, k_per_user, users
-        if users == "cluster":  # set only here, so the evaluation cache keys of the other rows stay as they were
-            self.cohort_settings = cohorts or CohortSettings()
-        if cohort_export is not None:  # likewise: a key names the export (by content) only when one is used
-            self.cohort_export = str(cohort_export)
-        self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
-        self._reranker = self._first_cut = None  # loaded by prepare (runtime state)
-        if rerank_top is not None and rerank_top < 1:
-            raise ValueError(f"rerank_top must be a positive number of candidates or None (all), got {rerank_top}")
+        self.cohort_settings = cohorts or CohortSettings()  # read only with users="cluster"
+        self.cohort_export = None if cohort_export is None else str(cohort_export)
+        self.inference = InferenceSettings(rerank_top, first_cut, reranker_runtime, query_runtime, cache_doc_tokens)
         if first_cut is not None and (rerank_top is None or reranker is None):
             raise ValueError("first_cut chooses the rerank_top candidates the reranker scores: it needs a reranker "
                              f"and rerank_top (got reranker={reranker!r}, rerank_top={rerank_top!r})")
-        if reranker_runtime not in RUNTIMES:
-            raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {reranker_runtime!r}")
-        # Set only when not the default, so the evaluation cache keys of every existing row stay as they were.
-        if rerank_top is not None:
-            self.rerank_top = rerank_top
-        if first_cut is not None:
-            self.first_cut = first_cut
-        if reranker_runtime != "fp32":
-            self.reranker_runtime = reranker_runtime
-        if query_runtime not in QUERY_RUNTIMES:
-            raise ValueError(f"query_runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {query_runtime!r}")
-        if query_runtime != "fp32":
-            self.query_runtime = query_runtime
-        self._cache_doc_tokens = cache_doc_tokens  # the same pairs token for token: not part of a cache key
+        self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
+        self._reranker = self._first_cut = None  # loaded by prepare (runtime state)
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
@@ -154,7 +168,7 @@ class CFRAG(Strategy):
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if self.users == "cluster":
-            self._cohort_model = self._load_cohorts(store) if hasattr(self, "cohort_export") else None
+            self._cohort_model = self._load_cohorts(store) if self.cohort_export is not None else None
             if self._cohort_model is None:
                 ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
                 self._cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
@@ -167,21 +181,41 @@ class CFRAG(Strategy):
             raise missing_bundle(self.retriever_spec) from None
         self.retriever.prepare()
         self.retriever.load()
-        self.retriever.use_query_runtime(getattr(self, "query_runtime", "fp32"), self.cache_dir)
+        self.retriever.use_query_runtime(self.inference.query_runtime, self.cache_dir)
         e_u = self.e_u if self.retriever_user_term else lambda _: None
         expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
                      if self.query_expansion == "pbr" else None)
         self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
         self._reranker = self._load_reranker(self.reranker_path) if self.reranker_path else None
-        self._first_cut = self._load_reranker(self.first_cut) if hasattr(self, "first_cut") else None
+        first_cut = self.inference.first_cut
+        self._first_cut = self._load_reranker(first_cut) if first_cut is not None else None
+
+    def cache_config(self) -> dict:
+        """What identifies this CFRAG's retrievals: the bundles it reads (by digest), m, k and the ablation switches;
+        with users="cluster" the cohort export (by digest) when one is read, else the cohort settings; and the
+        inference settings that differ from the paper's (`InferenceSettings.cache_key`), so a row that uses none of
+        these keeps the key it had before they existed. Read before `prepare` or after, the key is the same."""
+        values: dict = {"query_expansion": self.query_expansion, "pbr": self.pbr,
+                        "user_encoder_path": self.user_encoder_path, "retriever_spec": self.retriever_spec,
+                        "reranker_path": self.reranker_path, "m": self.m, "k_per_user": self.k_per_user,
+                        "users": self.users, "retriever_user_term": self.retriever_user_term}
+        if self.cohort_export is not None:  # its own settings apply (prepare reads them into cohort_settings)
+            values["cohort_export"] = self.cohort_export
+        elif self.users == "cluster":
+            values["cohort_settings"] = self.cohort_settings
+        return {key: cache_value(value) for key, value in {**values, **self.inference.cache_key()}.items()}
+
+    def use_reranker_runtime(self, runtime: str) -> None:
+        if self.reranker_path and self.inference.reranker_runtime == "fp32":
+            self.inference = replace(self.inference, reranker_runtime=runtime)
 
     def _load_reranker(self, path: str) -> PersonalizedReranker:
         """A reranker bundle in the reranker runtime (an export made once per bundle content, read by later
         processes) and with the doc-token cache as set."""
-        runtime = getattr(self, "reranker_runtime", "fp32")
+        runtime = self.inference.reranker_runtime
         onnx = export_path(self.cache_dir, "reranker", bundle_digest(path)) if runtime in EXPORTED_RUNTIMES else None
         model = PersonalizedReranker.from_pretrained(require_bundle(path)).eval()
-        return model.for_inference(runtime, onnx).cache_doc_tokens(self._cache_doc_tokens)
+        return model.for_inference(runtime, onnx).cache_doc_tokens(self.inference.cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:
         """The cohort export, its settings taking over; users of the store it does not hold (a run exported after
@@ -265,7 +299,7 @@ class CFRAG(Strategy):
         one, e.g. the distilled reranker) over all m·k."""
         if self._reranker is None:
             return [[docs[i] for i in first_stage_order(docs)[:k]] for docs in candidates]
-        top = getattr(self, "rerank_top", None)
+        top = self.inference.rerank_top
         if top is None:
             order = chosen = [list(range(len(docs))) for docs in candidates]
         else:

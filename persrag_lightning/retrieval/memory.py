@@ -65,6 +65,11 @@ class CFRAGMemory(CFRAG):
         self.memory_k = memory_k
         self.memory = MemoryRecall(bank, encoder)
 
+    def cache_config(self) -> dict:
+        """CFRAG's key and how many memories join its docs; the bank is not in it (the memory evaluation reads it
+        live and caches no retrieval)."""
+        return {**super().cache_config(), "memory_k": self.memory_k}
+
     def attach(self, bank: MemoryBank) -> CFRAGMemory:
         self.memory.attach(bank)
         return self

@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, is_dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from persrag_lightning.data.records import Example
-from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy, cache_value
 from persrag_lightning.utils import (
     ConfigError,
     atomic_write_json,
-    bundle_digest,
     fingerprint,
     resolve_config_path,
 )
@@ -30,8 +28,9 @@ def file_name(name: str) -> str:
 
 
 def strategy_config(strategy: Strategy) -> dict:
-    """What identifies a strategy's retrievals: its class and constructor settings, with every setting that names
-    an exported bundle (a folder) replaced by the digest of the bundle's files."""
+    """What identifies a strategy's retrievals: its class and its `cache_config`, or else its constructor's
+    settings (its public attributes), every setting that names an exported bundle replaced by the digest of its
+    files (`cache_value`)."""
     out: dict = {"class": type(strategy).__qualname__}
     if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
         out["prompt_gamma"] = strategy.prompt_gamma
@@ -42,13 +41,8 @@ def strategy_config(strategy: Strategy) -> dict:
             continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
         if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
             out[key] = strategy_config(value)
-        elif isinstance(value, str) and ((Path(value) / "config.json").is_file()
-                                         or (Path(value) / "cohorts.json").is_file()):  # a bundle, a cohort export
-            out[key] = {"bundle": bundle_digest(value)}
-        elif isinstance(value, (str, int, float, bool, type(None))):
-            out[key] = value
-        elif is_dataclass(value) and not isinstance(value, type):  # settings objects (CFRAG's cohorts, PBR's)
-            out[key] = asdict(value)
+        elif (held := cache_value(value)) is not None or value is None:
+            out[key] = held
     return out
 
 
@@ -140,8 +134,7 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
     if runtime == "fp32":
         return
     for s in strategies:
-        if getattr(s, "reranker_path", None) and not hasattr(s, "reranker_runtime"):
-            s.reranker_runtime = runtime
+        s.use_reranker_runtime(runtime)
 
 
 @lru_cache(maxsize=8)

@@ -1,0 +1,76 @@
+"""The optimiser settings the stage modules take whole (`training:` in a stage config), and the one AdamW with
+warm-up and schedule that stages 2, 3 and the generator build from them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+LrSchedule = Literal["constant", "linear"]
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW with an optional linear warm-up and a schedule after it, stepped per optimizer step.
+
+    Args:
+        lr: AdamW's peak learning rate.
+        weight_decay: AdamW's weight decay (never on biases and norms).
+        warmup_ratio: share of the optimizer steps spent warming the learning rate up linearly.
+        lr_schedule: after warm-up, `constant` or `linear` decay to 0 at the last step.
+    """
+
+    lr: float = 6e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    lr_schedule: LrSchedule = "constant"
+
+
+@dataclass
+class DistillationSettings(OptimizerSettings):
+    """How stages 2 and 3 learn from LLM feedback: KL(p_LLM ‖ p_model) over a candidate list (Eq. 8 / 12) under
+    two temperatures, AdamW, and the cutoff of the validation ranking metrics.
+
+    Args:
+        student_temperature: temperature T of the model's softmax over the candidates (Eq. 7 / 11).
+        teacher_temperature: temperature T_t of the LLM-feedback (or teacher) softmax (Eq. 6).
+        eval_k: cutoff of the validation ranking metrics (NDCG@k, recall@k) against the feedback ranking.
+    """
+
+    student_temperature: float = 1.0
+    teacher_temperature: float = 1.0
+    eval_k: int = 5
+
+
+def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
+    """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "linear":
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return 1.0
+
+
+def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: OptimizerSettings, total_steps: int,
+          no_decay: Callable[[str, nn.Parameter], bool] = lambda name, p: p.ndim < 2):
+    """AdamW over the trainable parameters (`no_decay` ones without weight decay), with the settings' warm-up and
+    schedule stepped per optimizer step; a bare optimizer when neither applies (constant, no warm-up)."""
+    groups: dict[bool, list[nn.Parameter]] = {True: [], False: []}
+    for name, p in named_parameters:
+        if p.requires_grad:
+            groups[not no_decay(name, p)].append(p)
+    params = [{"params": groups[True], "weight_decay": settings.weight_decay},
+              {"params": groups[False], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW([g for g in params if g["params"]], lr=settings.lr)
+    if settings.warmup_ratio <= 0 and settings.lr_schedule == "constant":
+        return optimizer
+    total = max(1, int(total_steps))
+    warmup = math.ceil(settings.warmup_ratio * total)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_linear(s, warmup, total, settings.lr_schedule))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
