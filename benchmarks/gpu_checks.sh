@@ -4,7 +4,7 @@
 # $OUT/<step>.txt (default benchmarks/results/gpu-checks/); a failing step is reported and the next one runs.
 #
 #   bash benchmarks/gpu_checks.sh [STEP...]   # default: machine tests llm retrieval feedback
-# machine: GPU, CPU, versions; tests: the faiss-gpu and vLLM tests of tests/test_gpu.py; llm: vLLM's rows next to the
+# machine: GPU, CPU, versions; tests: the faiss-gpu and vLLM tests of tests/training/test_gpu.py; llm: vLLM's rows next to the
 # hf ones (bench_llm.py); retrieval: faiss-gpu flat and IVF at 1M users (bench_retrieval.py); feedback: stage 1, then
 # stage 2 of --preset full-feedback with its labels from vLLM; mainjob (not in the default list): the whole
 # `pipeline --preset $PRESET` (default full-feedback) for seed $SEED (default 0), its tables, dev choice and
@@ -44,7 +44,7 @@ EOF
 run_step() {
     case "$1" in
     machine) step machine machine ;;
-    tests) step gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k "faiss_gpu or vllm" ;;
+    tests) step gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/training/test_gpu.py -k "faiss_gpu or vllm" ;;
     llm) step bench_llm python3 benchmarks/bench_llm.py --quick --tasks LaMP-2 --prompts 64 --batch-sizes 64 \
         --backends hf vllm ;;
     retrieval) step bench_retrieval python3 benchmarks/bench_retrieval.py --sizes 1000000 --vectors gaussian \

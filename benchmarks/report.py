@@ -2,7 +2,7 @@
 `machine.json` says what the machine is, its `runs.json` which command wrote which file and which table of it
 belongs to which page) and writes `docs/performance/*.md` plus each folder's README.md. Tables hold the latest run
 per benchmark and machine class; every row is read from a raw file, never typed. Deterministic: the same folders
-give the same bytes (tests/test_bench_report.py checks that the committed pages are this script's output).
+give the same bytes (tests/project/test_bench_report.py checks that the committed pages are this script's output).
 
     python benchmarks/report.py            # rewrite the pages and the folder READMEs
     python benchmarks/report.py --check    # exit 1 if any of them differs from what the raw files give
@@ -46,7 +46,7 @@ FAMILIES = {  # page file -> (title, one line on what the page measures)
     "data": ("Data conversion", ("`benchmarks/bench_convert.py`: `persrag data convert` on generated review logs "
              "(read, check every value, split by time, write the LaMP folder), each size in a fresh process, next "
              "to a naive converter (csv.DictReader, a dict per row, json.dump) that writes the same questions.")),
-    "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/test_gpu.py`); the GPU rows of the "
+    "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/training/test_gpu.py`); the GPU rows of the "
             "other pages come from the same machine.")),
 }
 

@@ -101,7 +101,7 @@ def test_a_purged_user_index_keeps_its_parameters(tmp_path):
 
 def test_torch_flat_index_searches_adds_and_saves_like_faiss_flat(tmp_path):
     """The GPU fallback of a flat index (index.py, when faiss has no GPUs), exercised on the CPU here and on CUDA in
-    tests/test_gpu.py: the same neighbours and scores as IndexFlatIP, appends, and saves as a faiss index."""
+    tests/training/test_gpu.py: the same neighbours and scores as IndexFlatIP, appends, and saves as a faiss index."""
     rng = np.random.default_rng(0)
     table, queries = rng.standard_normal((600, 384)).astype(np.float32), rng.standard_normal((40, 384)).astype(np.float32)
     flat = build_index(table, "flat")

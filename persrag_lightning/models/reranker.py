@@ -211,7 +211,7 @@ class PersonalizedReranker(nn.Module):
 
     def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
         """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later pair; the pairs are
-        the same token for token (tests/test_serving_latency.py). Inference only: the cache never empties, so it
+        the same token for token (tests/serving/test_serving_latency.py). Inference only: the cache never empties, so it
         is meant for a fixed corpus (serving, evaluation)."""
         self._doc_tokens = {} if on else None
         return self

@@ -1,0 +1,98 @@
+"""The pipeline's plan, printed before anything trains: the stages and the skipped exports, the rows, and the job's
+minutes from the reader's rates measured here, against the budget of this CPU class; pipeline.json keeps it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from persrag_lightning.commands import plan as plan_module
+from persrag_lightning.commands.plan import TRAINING_PROMPTS, reader_rates
+from persrag_lightning.presets import load_preset
+from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
+
+RATES = {"answers": 2.0, "labels": 4.0}
+
+
+@pytest.fixture
+def fixed_rates(monkeypatch):
+    """The reader's rates as constants, so the minutes are arithmetic (the measurement has its own test)."""
+    monkeypatch.setattr(plan_module, "reader_rates", lambda *a: RATES)
+
+
+def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_path, capsys, fixed_rates):
+    machine(monkeypatch, AMX, onednn=True)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"])
+    out = capsys.readouterr().out.splitlines()
+    first_stage = next(i for i, line in enumerate(out) if line.startswith("[pipeline] user_encoder: python"))
+    estimate = next(i for i, line in enumerate(out) if line.startswith("[pipeline] estimate: about "))
+    assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, retriever")
+    # quick: 4 feedback stages x 3 x 2 candidates x 32 examples; 300 dev questions x (2 configurations + the tuned
+    # generator's calibration); 300 test questions x 9 rows; 7 stages of training at the quick preset's size
+    training = 2 * TRAINING_PROMPTS["user_encoder"] + 4 * TRAINING_PROMPTS["feedback"] + TRAINING_PROMPTS["generator"]
+    minutes = (768 / 4.0 + (900 + 2700 + training) / 2.0) / 60
+    assert f"about {minutes:.0f} min" in out[estimate] and "budget on this CPU class: 20 min" in out[estimate]
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())["plan"]
+    assert record["minutes"] == round(minutes, 1) and record["labels"] == 768
+    assert record["answers"] == {"dev choice": 900, "test table": 2700} and record["rates"] == RATES
+
+
+def test_the_budget_follows_the_cpu_class(monkeypatch):
+    machine(monkeypatch, AMX, onednn=True)
+    assert plan_module.budget_minutes() == 20
+    machine(monkeypatch, frozenset({"avx2", "avx512f", "avx512_bf16"}), onednn=True, speedup=2.1)
+    assert plan_module.budget_minutes() == 30
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert plan_module.budget_minutes() == 45
+    machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)
+    assert plan_module.budget_minutes() is None
+
+
+def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeypatch, tmp_path, capsys, fixed_rates):
+    (tmp_path / "synthlamp-paper" / "user_encoder").mkdir(parents=True)
+    (tmp_path / "synthlamp-paper" / "user_encoder" / "config.json").write_text("{}")
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "paper"])
+    out = capsys.readouterr().out
+    assert "; already exported, so not trained again: user_encoder" in out and "[pipeline] plan: train retriever," in out
+    assert "[pipeline] no time estimate: answers are generated" in out
+
+
+def test_a_smaller_preset_counts_smaller_stages():
+    quick, smoke = load_preset("quick"), load_preset("smoke")
+    counts = {"train": 600, "dev": 300, "test": 300}
+    assert plan_module.training_work(["user_encoder"], quick, counts) == TRAINING_PROMPTS["user_encoder"]
+    small = {"train": 48, "dev": 24, "test": 24}
+    assert plan_module.training_work(["user_encoder"], smoke, small) == pytest.approx(
+        TRAINING_PROMPTS["user_encoder"] * 3 * 24 / (20 * 300))
+    assert plan_module.feedback_prompts(["retriever", "reranker", "generator"], smoke, 48) == 2 * 2 * 2 * 8
+
+
+@pytest.mark.slow
+def test_the_readers_rates_are_measured_with_the_real_model():
+    rates = reader_rates("LaMP-2", "smollm2", "float32", 8)
+    assert rates["answers"] > 0 and rates["labels"] > 0
+    assert reader_rates("LaMP-2", "smollm2", "float32", 8) is rates  # once per process
+
+
+def test_each_precision_decision_is_stated_once_where_the_run_begins(monkeypatch, tmp_path, capsys, fixed_rates):
+    """One policy (hardware.Precision, resolved by uses_bf16) for every kind of work: on an AVX2-only CPU every
+    decision is float32, on an AMX CPU the quick preset's are bfloat16; pipeline.json keeps the same words."""
+    from persrag_lightning.hardware import Precision, uses_bf16
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    assert not any(uses_bf16(p) for p in Precision)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--run_name", "avx2"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[pipeline] precision: "))
+    assert line == ("[pipeline] precision: stage 1 32-true, feedback stages 32-true, generator 32-true, feedback "
+                    "labels the configs' backend (exact), reader float32, rerankers fp32, corpus embeddings fp32")
+    machine(monkeypatch, AMX, onednn=True)
+    assert uses_bf16(Precision.CPU_NATIVE) and not uses_bf16(Precision.FLOAT32)
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--run_name", "amx"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[pipeline] precision: "))
+    assert line == ("[pipeline] precision: stage 1 bf16-mixed, feedback stages bf16-mixed, generator bf16-mixed, "
+                    "feedback labels bfloat16, reader bfloat16, rerankers bf16, corpus embeddings bf16")
+    record = json.loads((tmp_path / "amx" / "pipeline.json").read_text())["precision_decisions"]
+    assert record["reader"] == "bfloat16" and record["stage 1"] == "bf16-mixed"
+    machine(monkeypatch, AMX, onednn=True, cuda=True)  # cpu_native work stays float32 on a GPU machine
+    assert uses_bf16(Precision.NATIVE) and not uses_bf16(Precision.CPU_NATIVE)
