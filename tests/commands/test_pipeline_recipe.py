@@ -158,8 +158,8 @@ def reranker_runtime_of(runtime: str) -> str:
 
     row, own = CFRAG("u", reranker="r"), CFRAG("u", reranker="r", reranker_runtime="int8", name="own")
     set_reranker_runtime([row, own, CFRAG("u", name="first-stage order")], runtime)
-    assert own.reranker_runtime == "int8"  # a row that names its runtime keeps it
-    return getattr(row, "reranker_runtime", "fp32")
+    assert own.inference.reranker_runtime == "int8"  # a row that names its runtime keeps it
+    return row.inference.reranker_runtime
 
 
 def test_the_quick_preset_reranks_in_bf16_if_native_in_the_evaluations_and_the_generators_prompts(

@@ -7,7 +7,7 @@ the evaluation cache key."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -16,8 +16,10 @@ from persrag_lightning.models.exported import export_path
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
+from persrag_lightning.retrieval.cohorts import CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
-from persrag_lightning.retrieval.strategies import strategy_config
+from persrag_lightning.retrieval.pbr_strategy import PBRExpansion
+from persrag_lightning.retrieval.strategies import set_reranker_runtime, strategy_config
 from persrag_lightning.utils import fingerprint
 
 WORDS = ["the", "a", "movie", "about", "space", "war", "love", "comedy", "drama", "robots", "future", "city",
@@ -243,6 +245,23 @@ def test_only_non_default_settings_enter_the_evaluation_cache_key():
     assert strategy_config(CFRAG("unused", query_runtime="bf16")) == {**base, "query_runtime": "bf16"}
 
 
+def test_a_cfrag_key_is_its_declared_settings_whatever_attributes_it_holds():
+    """CFRAG.cache_config names what it retrieves by; the key of the paper's row is the one it always had, and
+    neither runtime state nor a runtime chosen later by the evaluation slips in or out by attribute presence."""
+    paper = {"class": "CFRAG", "query_expansion": "none", "pbr": asdict(PBRExpansion()), "user_encoder_path": "ue",
+             "retriever_spec": "minilm", "reranker_path": "r", "m": 6, "k_per_user": 5, "users": "encoder",
+             "retriever_user_term": True}
+    row = CFRAG("ue", reranker="r")
+    assert strategy_config(row) == paper
+    row.user_row, row._reranker = {"u": 0}, object()  # what prepare sets
+    assert strategy_config(row) == paper
+    set_reranker_runtime([row], "int8")  # the evaluation's runtime for rows that name none: now part of the key
+    assert strategy_config(row) == {**paper, "reranker_runtime": "int8"}
+    cluster = strategy_config(CFRAG("ue", users="cluster"))
+    assert cluster == {**paper, "reranker_path": None, "users": "cluster",
+                       "cohort_settings": asdict(CohortSettings())}
+
+
 def query_retriever(tiny_bert: str, cache) -> EncoderRetriever:
     """The untuned tiny encoder as a corpus retriever over three docs of one user."""
     from persrag_lightning.data.records import HistoryDoc, LampDataset, User
@@ -330,7 +349,7 @@ def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
     assert {r.user_encoder for r in rows.values()} == {f"{run}/user_encoder"}
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
     stage = yaml.safe_load((REPO / "configs" / "cfrag_reranker_distilled.yaml").read_text())
-    assert stage["stage_name"] == "reranker_distilled" and stage["model"]["init_args"]["num_layers"] == 1
+    assert stage["stage_name"] == "reranker_distilled" and stage["model"]["init_args"]["config"]["num_layers"] == 1
     assert stage["model"]["init_args"]["init_from"] == stage["data"]["init_args"]["teacher"] == "{run_dir}/reranker"
     assert [rows[n].reranker for n in ("CFRAG", "CFRAG (distilled reranker)", "CFRAG (distilled reranker, 2 layers)",
                                        "w/o reranker tuning")] == \
