@@ -40,6 +40,15 @@ def check_task(task: str | None) -> None:
         task_spec(task)
 
 
+def fill_run_dir(args: Namespace, run_dir: str) -> None:
+    """`{run_dir}` → run_dir in every string of `args`, a settings group's (`data.init_args.candidates`) included."""
+    for key, value in vars(args).items():
+        if isinstance(value, Namespace):
+            fill_run_dir(value, run_dir)
+        elif isinstance(value, str) and "{run_dir}" in value:
+            setattr(args, key, value.replace("{run_dir}", run_dir))
+
+
 def slurm_version() -> str | None:
     """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive one): the
     logger version of the job, stable across requeues, so a requeued job resumes its own run folder."""
@@ -84,9 +93,7 @@ class PersragCLI(LightningCLI):
         check_task(cfg.data.init_args.get("task"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
         for args in (cfg.data.init_args, cfg.model.init_args):
-            for key, value in vars(args).items():
-                if isinstance(value, str) and "{run_dir}" in value:
-                    setattr(args, key, value.replace("{run_dir}", run_dir))
+            fill_run_dir(args, run_dir)
         root = Path("runs") / cfg.run_name / self._stage_name()
         if cfg.trainer.get("enable_model_summary") is None and not is_verbose():  # quiet logs (logs.py)
             cfg.trainer.enable_model_summary = False
