@@ -184,13 +184,13 @@ class FeedbackBuilder:
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
         flat = [(ex, d) for ex, cands in zip(examples, proposals) for d in cands]
-        if self.candidates.metric == "teacher":  # no LLM: the teacher reranker's scores
+        if self.feedback.metric == "teacher":  # no LLM: the teacher reranker's scores
             labels = [("", s) for s in self.teacher_scores(flat)]
             return self._records(examples, flat, labels)
         prompts = build_prompts(task, self.llm, [ex.input for ex, _ in flat],
                                 [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
         misses = self.prompts.misses
-        if self.candidates.metric == "loglik":  # eval(y, O) = log p(y | prompt)
+        if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
             scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts,
                                            phase="feedback labels")
             labels = [("", float(s)) for s in scores]
