@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.datamodules.generator import GeneratorDataModule, collate_generator
 from persrag_lightning.logs import configure_logs
@@ -36,8 +37,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = GeneratorDataModule(synth=SynthConfig(num_users=300), strategy=args.strategy, run_dir=args.run_dir,
-                               model=args.model, max_train_examples=args.examples,
-                               max_val_examples=args.val_examples, batch_size=args.batch)
+                               model=args.model, splits=SplitSettings(max_train_examples=args.examples,
+                                                                      max_val_examples=args.val_examples),
+                               batch_size=args.batch)
     t0 = time.perf_counter()
     data.prepare_data()
     data.setup("fit")

@@ -91,12 +91,14 @@ def label_rows(run_dir: str, n_questions: int, cache_dir: str) -> list[list]:
     """The quick preset's retriever-stage feedback labels (log p(gold | one candidate's prompt), m = 3 users x k = 2
     docs from the run's stage-1 export and the untuned MiniLM) in float32 and in bfloat16 on the same prompts."""
     from persrag_lightning.datamodules.feedback import FeedbackDataModule
+    from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
     from persrag_lightning.llm.answer import build_prompts
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.retrieval.base import Query
 
-    dm = FeedbackDataModule(cache_dir=cache_dir, user_encoder=f"{run_dir}/user_encoder", m=3, k=2,
-                            feedback_metric="loglik")
+    dm = FeedbackDataModule(cache_dir=cache_dir,
+                            candidates=CandidateSettings(user_encoder=f"{run_dir}/user_encoder", m=3, k=2),
+                            feedback=FeedbackSettings(metric="loglik"))
     dm.source.prepare()
     builder = dm.builder()
     builder.retriever.prepare()

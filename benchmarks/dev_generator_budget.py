@@ -44,14 +44,15 @@ def main() -> None:
     record = json.loads((run_dir / "pipeline.json").read_text())
     chosen, calibration = record["chosen_on_dev"], record.get("calibration_chosen_on_dev") or "none"
     preset = load_preset("quick")
-    quick = cli_overrides({k: v for k, v in preset.generator.items() if k != "data.init_args.max_train_examples"})
+    quick = cli_overrides({k: v for k, v in preset.generator.items() if k != "data.init_args.splits.max_train_examples"})
     minutes: dict[int, float] = {}
     for n in args.prompts:
         stage = f"generator_dev{n}"
         if (run_dir / stage / "config.json").is_file():
             continue
         t0 = time.perf_counter()
-        lightning_command(["fit", "--config", "generator.yaml", *quick, f"--data.init_args.max_train_examples={n}",
+        lightning_command(["fit", "--config", "generator.yaml", *quick,
+                           f"--data.init_args.splits.max_train_examples={n}",
                            *cli_overrides(pipeline.precision_overrides(preset.precision.generator)),
                            f"--data.init_args.task={task}", f"--data.init_args.strategy={chosen}",
                            f"--stage_name={stage}", f"--run_name={args.run_name}",

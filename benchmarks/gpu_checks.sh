@@ -54,8 +54,8 @@ run_step() {
         step stage1 python3 train.py fit --config cfrag_user_encoder.yaml --trainer.max_epochs=20 \
             --model.init_args.config.judgments=paired "${common[@]}"
         step stage2_vllm python3 train.py fit --config cfrag_retriever.yaml \
-            --data.init_args.feedback_metric=loglik --data.init_args.llm.batch_size=64 \
-            --data.init_args.llm.backend=vllm "${common[@]}" ;;
+            --data.init_args.feedback.metric=loglik --data.init_args.feedback.llm.batch_size=64 \
+            --data.init_args.feedback.llm.backend=vllm "${common[@]}" ;;
     mainjob)
         local preset=${PRESET:-full-feedback} seed=${SEED:-0}
         local run=synthlamp-$preset

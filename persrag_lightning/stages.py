@@ -59,17 +59,18 @@ def cli_value(value: Any) -> str:
 
 
 def cli_overrides(overrides: dict[str, Any]) -> list[str]:
-    """`{"data.init_args.m": 3}` → `["--data.init_args.m=3"]`; a None value means the config's own (no argument)."""
+    """`{"data.init_args.candidates.m": 3}` → `["--data.init_args.candidates.m=3"]`; a None value means the
+    config's own (no argument)."""
     return [f"--{key}={cli_value(value)}" for key, value in overrides.items() if value is not None]
 
 
-_PAPER_ENCODER = {"data.init_args.user_encoder": "user_encoder_paper"}
+_PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
     # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
     Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.config.alpha": 0.0,
-                                                                 "data.init_args.candidate_owners": "self"},
+                                                                 "data.init_args.candidates.owners": "self"},
           named=True),
     Stage("reranker", "cfrag_reranker.yaml", "feedback"),
     Stage("reranker_no_user", "cfrag_reranker.yaml", "feedback", {"model.init_args.config.use_user": False},
@@ -81,6 +82,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           {"model.init_args.config.judgments": "none"}, paper=True, named=True),
     Stage("retriever_paper", "cfrag_retriever.yaml", "feedback", inputs=_PAPER_ENCODER, paper=True, named=True),
     Stage("reranker_paper", "cfrag_reranker.yaml", "feedback",
-          inputs={**_PAPER_ENCODER, "data.init_args.candidate_retriever": "retriever_paper"}, paper=True, named=True),
+          inputs={**_PAPER_ENCODER, "data.init_args.candidates.retriever": "retriever_paper"}, paper=True,
+          named=True),
 )}
 PAPER_STAGES = tuple(name for name, s in STAGES.items() if s.paper)

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import typing
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -186,11 +187,18 @@ def one_flag_style(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def as_settings(cls: type, value: object) -> Any:
-    """A settings dataclass `cls` from itself or from its fields as a mapping (JSON lists back into tuples): a stage
-    module takes its settings whole, and LightningCLI keeps a module's hyperparameters as the parsed config, so
-    `load_from_checkpoint` hands them back as dicts."""
+    """A settings dataclass `cls` from itself or from its fields as a mapping (nested settings likewise, JSON lists
+    back into tuples): a stage module and a DataModule take their settings whole, and LightningCLI keeps their
+    hyperparameters as the parsed config, so `load_from_checkpoint` hands them back as dicts."""
     if isinstance(value, cls):
         return value
-    if isinstance(value, Mapping):
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
-    raise TypeError(f"expected {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for key, v in value.items():
+        nested = [t for t in typing.get_args(hints.get(key)) or [hints.get(key)] if dataclasses.is_dataclass(t)]
+        if isinstance(v, Mapping) and nested:
+            v = as_settings(nested[0], v)
+        fields[key] = tuple(v) if isinstance(v, list) else v
+    return cls(**fields)

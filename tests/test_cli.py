@@ -95,3 +95,18 @@ def test_every_command_takes_snake_case_flags_and_the_kebab_case_spelling_alike(
     with pytest.raises(SystemExit):
         one_flag_style(toy).parse_args(["--llm", "hf"])
     assert "--llm_backend LLM_BACKEND, --llm-backend LLM_BACKEND" in toy.format_help()
+
+
+def test_run_dir_is_filled_inside_a_settings_group():
+    """`{run_dir}` in a field of a DataModule's settings group (candidates.retriever, feedback.teacher) becomes
+    <export_root>/<run_name>, as in a flat field."""
+    from jsonargparse import Namespace
+
+    from persrag_lightning.commands.train import fill_run_dir
+
+    args = Namespace(cache_dir="{run_dir}/cache", candidates=Namespace(retriever="{run_dir}/retriever", m=6),
+                     feedback=Namespace(teacher="{run_dir}/reranker", llm=None))
+    fill_run_dir(args, "checkpoints/r")
+    assert (args.cache_dir, args.candidates.retriever, args.feedback.teacher) == (
+        "checkpoints/r/cache", "checkpoints/r/retriever", "checkpoints/r/reranker")
+    assert args.candidates.m == 6 and args.feedback.llm is None

@@ -14,7 +14,8 @@ from persrag_lightning.stages import PAPER_STAGES, STAGES, cli_overrides
 def test_the_shipped_presets_read_as_typed_values():
     assert preset_names() == ["full-feedback", "paper", "quick", "smoke"]
     quick = load_preset("quick")
-    assert quick.feedback["data.init_args.m"] == 3 and quick.feedback["data.init_args.feedback_metric"] == "loglik"
+    assert quick.feedback["data.init_args.candidates.m"] == 3
+    assert quick.feedback["data.init_args.feedback.metric"] == "loglik"
     assert quick.precision.feedback is Precision.CPU_NATIVE and quick.precision.generator is Precision.NATIVE
     assert quick.judgments == "paired" and quick.paper_chain and quick.select_order_on_dev
     assert quick.readers == ["none", "contextual", "pmi"] and set(PAPER_STAGES) <= set(quick.stages)
@@ -31,16 +32,16 @@ def test_a_preset_with_a_base_states_only_its_differences():
     quick, full = load_preset("quick"), load_preset("full-feedback")
     assert (full.rows, full.stages, full.precision, full.evaluate) == (quick.rows, quick.stages, quick.precision,
                                                                         quick.evaluate)
-    assert cli_overrides(full.feedback) == ["--data.init_args.feedback_metric=loglik",
-                                            "--data.init_args.llm.batch_size=64"]
+    assert cli_overrides(full.feedback) == ["--data.init_args.feedback.metric=loglik",
+                                            "--data.init_args.feedback.llm.batch_size=64"]
 
 
 def test_the_stage_graph_resolves_inputs_to_bundles_of_the_run():
     assert STAGES["reranker_paper"].arguments("checkpoints/run") == [
-        "--stage_name=reranker_paper", "--data.init_args.user_encoder=checkpoints/run/user_encoder_paper",
-        "--data.init_args.candidate_retriever=checkpoints/run/retriever_paper"]
+        "--stage_name=reranker_paper", "--data.init_args.candidates.user_encoder=checkpoints/run/user_encoder_paper",
+        "--data.init_args.candidates.retriever=checkpoints/run/retriever_paper"]
     assert STAGES["retriever_ropg"].arguments() == ["--stage_name=retriever_ropg", "--model.init_args.config.alpha=0.0",
-                                                    "--data.init_args.candidate_owners=self"]
+                                                    "--data.init_args.candidates.owners=self"]
     assert STAGES["retriever"].arguments() == [] and STAGES["generator"].kind == "generator"
 
 
@@ -75,5 +76,5 @@ def test_a_bad_preset_is_refused_in_one_line_before_anything_trains(tmp_path, mo
 def test_the_docs_example_preset_is_quick_with_its_stated_differences():
     quick, mine = load_preset("quick"), load_preset("configs/presets/examples/more-feedback.yaml")
     assert mine.user_encoder == {"trainer.max_epochs": 40}
-    assert mine.feedback == {**quick.feedback, "data.init_args.m": 6, "data.init_args.k": 5}
+    assert mine.feedback == {**quick.feedback, "data.init_args.candidates.m": 6, "data.init_args.candidates.k": 5}
     assert (mine.rows, mine.stages, mine.precision) == (quick.rows, quick.stages, quick.precision)

@@ -36,7 +36,7 @@ def feedback_command(args: list[str]) -> None:
     dm.trainer = cli.trainer
     if opts.stats:
         dm.setup("fit")
-        for split, examples in ((dm.hparams.train_split, dm.train_examples), (dm.hparams.val_split, dm.val_examples)):
+        for split, examples in ((dm.splits.train_split, dm.train_examples), (dm.splits.val_split, dm.val_examples)):
             if examples:
                 print(f"\n{split} ({dm.builder().root}):\n{feedback_stats(examples).table()}")
         return

@@ -49,7 +49,7 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
     still picks the faster exact backend, nor under a backend without a dtype option."""
     if rule is None or backend not in (None, "auto", "hf") or not uses_bf16(rule):
         return {}
-    return {"data.init_args.llm.options": {"dtype": "bfloat16"}}
+    return {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
 
 
 def given(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -398,7 +398,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     kinds = {"user_encoder": {**precision_overrides(rules.user_encoder),
                               "model.init_args.config.judgments": judgments},
              "feedback": {**precision_overrides(rules.feedback),
-                          **({"data.init_args.llm.backend": backend} if backend else {}),
+                          **({"data.init_args.feedback.llm.backend": backend} if backend else {}),
                           **label_overrides(rules.labels, backend)},
              "generator": {**precision_overrides(rules.generator), **overrides.generator}}
     return Job(preset, task, judgments, opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}",

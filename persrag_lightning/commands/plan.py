@@ -82,12 +82,15 @@ class Plan:
 # ---- prompt counts -----------------------------------------------------------------------------------------------
 
 def stage_setting(stage: str, preset: Preset, key: str) -> object:
-    """A feedback stage's data setting: the preset's override, else the stage config's own value."""
+    """A feedback stage's data setting (`key` dotted below data.init_args, e.g. `candidates.m`): the preset's
+    override, else the stage config's own value."""
     value = {**preset.data, **preset.feedback}.get(f"data.init_args.{key}")
     if value is not None:
         return value
-    config = yaml.safe_load(Path(resolve_config_path(STAGES[stage].config)).read_text())
-    return config.get("data", {}).get("init_args", {}).get(key)
+    node = yaml.safe_load(Path(resolve_config_path(STAGES[stage].config)).read_text())
+    for part in ("data", "init_args", *key.split(".")):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def training_work(stages: list[str], preset: Preset, counts: dict[str, int]) -> float:
@@ -102,7 +105,7 @@ def training_work(stages: list[str], preset: Preset, counts: dict[str, int]) -> 
             epochs = {**preset.data, **preset.user_encoder}.get("trainer.max_epochs") or 20
             size = int(epochs) * users
         else:
-            key = "data.init_args.max_train_examples"
+            key = "data.init_args.splits.max_train_examples"
             size = min(int({**preset.data, **getattr(preset, kind)}.get(key) or counts["train"]), counts["train"])
         total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
     return total
@@ -127,8 +130,8 @@ def feedback_prompts(stages: list[str], preset: Preset, train_questions: int) ->
     for stage in stages:
         if STAGES[stage].kind != "feedback":
             continue
-        m, k = stage_setting(stage, preset, "m"), stage_setting(stage, preset, "k")
-        examples = stage_setting(stage, preset, "max_train_examples") or train_questions
+        m, k = stage_setting(stage, preset, "candidates.m"), stage_setting(stage, preset, "candidates.k")
+        examples = stage_setting(stage, preset, "splits.max_train_examples") or train_questions
         total += int(m) * int(k) * min(int(examples), train_questions)
     return total
 

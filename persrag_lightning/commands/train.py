@@ -40,6 +40,15 @@ def check_task(task: str | None) -> None:
         task_spec(task)
 
 
+def fill_run_dir(args: Namespace, run_dir: str) -> None:
+    """`{run_dir}` → run_dir in every string of `args`, a settings group's (`data.init_args.candidates`) included."""
+    for key, value in vars(args).items():
+        if isinstance(value, Namespace):
+            fill_run_dir(value, run_dir)
+        elif isinstance(value, str) and "{run_dir}" in value:
+            setattr(args, key, value.replace("{run_dir}", run_dir))
+
+
 def slurm_version() -> str | None:
     """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive one): the
     logger version of the job, stable across requeues, so a requeued job resumes its own run folder."""
@@ -49,16 +58,6 @@ def slurm_version() -> str | None:
         return f"slurm-{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return f"slurm-{os.environ['SLURM_JOB_ID']}"
 
-
-
-def fill_run_dir(args: Namespace, run_dir: str) -> None:
-    """Replace `{run_dir}` in every string of `args`, nested settings groups included (their fields are
-    Namespaces until the classes are instantiated)."""
-    for key, value in vars(args).items():
-        if isinstance(value, str) and "{run_dir}" in value:
-            setattr(args, key, value.replace("{run_dir}", run_dir))
-        elif isinstance(value, Namespace):
-            fill_run_dir(value, run_dir)
 
 class PersragCLI(LightningCLI):
     """Adds a run name (runs/<run>/<stage> for logs, checkpoints/<run>/<stage> for the serving bundle),

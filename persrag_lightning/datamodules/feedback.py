@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from typing import Literal
 
 import lightning as L
 import torch
@@ -14,16 +13,13 @@ from torch.utils.data import DataLoader
 from persrag_lightning.data.candidates import FeedbackExample, collate_candidates
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.splits import SplitSettingsWithTest
 from persrag_lightning.data.synth import SynthConfig
-from persrag_lightning.feedback.builder import (
-    FeedbackBuilder,
-    FeedbackMetric,
-    FeedbackSettings,
-    feedback_stats,
-)
+from persrag_lightning.feedback.builder import FeedbackBuilder, feedback_stats
+from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
-from persrag_lightning.utils import trainer_validates
+from persrag_lightning.utils import as_settings, trainer_validates
 
 # Below this share of examples whose candidates got different labels, the stage is told: every other example's KL
 # target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy answers to LaMP-2 under the
@@ -42,10 +38,10 @@ def warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: s
     share = feedback_stats(examples).informative_fraction
     if share >= UNINFORMATIVE_SHARE:
         return
-    hint = ("; under `task` a small LLM's answers may never match a label exactly: `feedback_metric: loglik` ranks "
+    hint = ("; under `task` a small LLM's answers may never match a label exactly: `feedback.metric: loglik` ranks "
             "the candidates by the target's log-likelihood" if metric == "task" else "")
     rank_zero_warn(f"{split} feedback labels: only {share:.0%} of {len(examples)} examples have candidates with "
-                   f"different labels (feedback_metric {metric}); the others give the stage a uniform target{hint}",
+                   f"different labels (feedback.metric {metric}); the others give the stage a uniform target{hint}",
                    category=UninformativeFeedbackWarning)
 
 
@@ -58,47 +54,31 @@ class FeedbackDataModule(L.LightningDataModule):
         data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match stage 1's).
         synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
         cache_dir: where embeddings, generated data and feedback labels are cached, keyed by fingerprints.
-        user_encoder: stage 1's export; `{run_dir}` is checkpoints/<run_name>.
-        candidate_retriever: what proposes the m·k candidates: an encoder name for the retriever stage (the
-            untuned encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
-        encoder_max_length: token limit of the candidate retriever's queries and docs.
-        llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget); None =
-            `backend: auto`.
-        m: similar users, the query user included (the paper's m = 6 with the user; it tunes 2..6).
-        k: docs per user, so m·k candidates per example (the paper's k = 5).
-        feedback_metric: a candidate's label: `task` (the task metric of the LLM's answer against the target:
-            accuracy, -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the scores of the
-            `teacher` reranker instead of the LLM's feedback: the data of a distilled reranker,
-            configs/cfrag_reranker_distilled.yaml).
-        chunk_size: examples per feedback-cache chunk; labels are written, and a killed build resumes, chunk by
-            chunk.
-        train_split: the split trained on.
-        val_split: the split validated on (checkpoint selection).
-        test_split: the split `test` reports; its labels are built only when `test` runs.
-        max_train_examples: cap on train examples (None = all); each costs m·k LLM calls.
-        max_val_examples: cap on validation examples (None = all).
-        max_test_examples: cap on test examples (None = all).
-        candidate_owners: `all` users' candidates, or `self`: only the query user's own, the ROPG-style baseline
-            trained on the same labels (no extra LLM calls), since the user ranks first among its m similar users.
+        candidates: what proposes each example's m·k candidates (stage 1's users, the candidate retriever, m, k,
+            whose candidates are kept).
+        feedback: what labels the candidates (the LLM and the metric, or a teacher reranker) and the cache's chunks.
+        splits: the splits trained, validated and tested on, and how many examples of each (each train example
+            costs m·k LLM calls).
         batch_size: examples per step (4 = the official code's batch 1 with 4 accumulated steps, as one batch:
             the KL is the mean over examples).
         num_workers: DataLoader worker processes.
-        teacher: a reranker export whose scores are the labels when `feedback_metric` is `teacher`.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
-                 cache_dir: str = ".cache/persrag", user_encoder: str = "{run_dir}/user_encoder",
-                 candidate_retriever: str = "minilm", encoder_max_length: int = 256, llm: LLMConfig | None = None,
-                 m: int = 6, k: int = 5, feedback_metric: FeedbackMetric = "task", chunk_size: int = 32,
-                 train_split: str = "train", val_split: str = "dev", test_split: str = "test",
-                 max_train_examples: int | None = None, max_val_examples: int | None = None,
-                 max_test_examples: int | None = None, candidate_owners: Literal["all", "self"] = "all",
-                 batch_size: int = 4, num_workers: int = 0, teacher: str | None = None) -> None:
+                 cache_dir: str = ".cache/persrag", candidates: CandidateSettings = CandidateSettings(),
+                 feedback: FeedbackSettings = FeedbackSettings(),
+                 splits: SplitSettingsWithTest = SplitSettingsWithTest(), batch_size: int = 4,
+                 num_workers: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.source = LampSource(task, data_dir, synth, cache_dir)
-        self.llm_config = llm or LLMConfig(backend="auto")  # the configs' default (docs/performance/llm-feedback.md)
-        self.settings = FeedbackSettings(m=m, k=k, metric=feedback_metric, chunk_size=chunk_size)
+        # typed, whatever form the hyperparameters hold them in (utils.as_settings)
+        self.candidates = as_settings(CandidateSettings, candidates)
+        self.splits = as_settings(SplitSettingsWithTest, splits)
+        feedback = as_settings(FeedbackSettings, feedback)
+        # the configs' default LLM (docs/performance/llm-feedback.md), resolved once
+        self.feedback = replace(feedback, llm=feedback.llm or LLMConfig(backend="auto"))
+        self.llm_config = self.feedback.llm
         self.corpus: Corpus | None = None
         self.user_ids: list[str] = []
         self.user_embeddings: torch.Tensor | None = None
@@ -109,12 +89,12 @@ class FeedbackDataModule(L.LightningDataModule):
     def _limits(self) -> dict[str, int | None]:
         """Splits whose labels this run needs: train and dev (selection) for fit/validate; test only for `test`,
         so fitting never spends LLM calls on (nor looks at) the reported split."""
-        h = self.hparams
+        s = self.splits
         if self._testing():
-            return {h.test_split: h.max_test_examples}
+            return {s.test_split: s.max_test_examples}
         if not trainer_validates(self):
-            return {h.train_split: h.max_train_examples}
-        return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
+            return {s.train_split: s.max_train_examples}
+        return {s.train_split: s.max_train_examples, s.val_split: s.max_val_examples}
 
     def _testing(self) -> bool:
         trainer = getattr(self, "trainer", None)
@@ -124,10 +104,9 @@ class FeedbackDataModule(L.LightningDataModule):
         """The feedback cache of this configuration (loads data; loads no model until labels are built)."""
         dataset = self.source.load()
         corpus = Corpus.from_dataset(dataset)
-        retriever = open_corpus_retriever(self.hparams.candidate_retriever, corpus, self.hparams.cache_dir,
-                                          self.hparams.encoder_max_length)
-        return FeedbackBuilder(dataset, corpus, self.hparams.user_encoder, retriever, self.llm_config,
-                               self.settings, self.hparams.cache_dir, self.hparams.teacher)
+        retriever = open_corpus_retriever(self.candidates.retriever, corpus, self.hparams.cache_dir,
+                                          self.candidates.encoder_max_length)
+        return FeedbackBuilder(dataset, corpus, retriever, self.candidates, self.feedback, self.hparams.cache_dir)
 
     def build_feedback(self, shard: int = 0, num_shards: int = 1) -> FeedbackBuilder:
         """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs). Builders of the
@@ -156,18 +135,18 @@ class FeedbackDataModule(L.LightningDataModule):
             self.user_ids = builder.user_encoder.user_ids
             self.user_embeddings = builder.user_encoder.user_embeddings
         hint = "--config <this stage's config>"
-        h = self.hparams
+        s = self.splits
         if stage == "test":
             if not self.test_examples:
-                self.test_examples = self.select(builder.load(h.test_split, h.max_test_examples, hint))
+                self.test_examples = self.select(builder.load(s.test_split, s.max_test_examples, hint))
         elif not self.train_examples:
-            self.train_examples = self.select(builder.load(h.train_split, h.max_train_examples, hint))
-            warn_if_uninformative(self.train_examples, h.train_split, h.feedback_metric)
+            self.train_examples = self.select(builder.load(s.train_split, s.max_train_examples, hint))
+            warn_if_uninformative(self.train_examples, s.train_split, self.feedback.metric)
             if trainer_validates(self):
-                self.val_examples = self.select(builder.load(h.val_split, h.max_val_examples, hint))
+                self.val_examples = self.select(builder.load(s.val_split, s.max_val_examples, hint))
 
     def select(self, examples: list[FeedbackExample]) -> list[FeedbackExample]:
-        if self.hparams.candidate_owners == "all":
+        if self.candidates.owners == "all":
             return examples
         return [replace(e, candidates=tuple(c for c in e.candidates if c.owner == e.user_id)) for e in examples]
 

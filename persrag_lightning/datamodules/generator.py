@@ -21,13 +21,20 @@ from torch.utils.data import DataLoader, Sampler
 
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
-from persrag_lightning.utils import atomic_write_json, fingerprint, resolve_config_path, trainer_validates
+from persrag_lightning.utils import (
+    as_settings,
+    atomic_write_json,
+    fingerprint,
+    resolve_config_path,
+    trainer_validates,
+)
 
 PROMPTS_VERSION = "generator-prompts/v1"
 
@@ -104,10 +111,8 @@ class GeneratorDataModule(L.LightningDataModule):
             evaluation does with the same budget.
         k: docs per prompt, as the evaluation's.
         max_prompt_tokens: token budget of a prompt, as the evaluation's `llm.max_prompt_tokens`.
-        train_split: the split trained on.
-        val_split: the split validated on (checkpoint selection by the task's LaMP metric).
-        max_train_examples: cap on train examples (None = all; the first by id, a fixed subset).
-        max_val_examples: cap on validation examples (None = all).
+        splits: the splits trained and validated on (checkpoint selection by the task's LaMP metric), and how
+            many examples of each.
         batch_size: prompts per step (ClusterRAG's 16).
         num_workers: DataLoader worker processes.
         seed: seed of the per-epoch shuffle of the train examples.
@@ -118,12 +123,12 @@ class GeneratorDataModule(L.LightningDataModule):
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "CFRAG",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}",
-                 model: str = "smollm2", k: int = 5, max_prompt_tokens: int = 512, train_split: str = "train",
-                 val_split: str = "dev", max_train_examples: int | None = None,
-                 max_val_examples: int | None = None, batch_size: int = 16, num_workers: int = 0,
+                 model: str = "smollm2", k: int = 5, max_prompt_tokens: int = 512,
+                 splits: SplitSettings = SplitSettings(), batch_size: int = 16, num_workers: int = 0,
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.splits = as_settings(SplitSettings, splits)  # typed, as hyperparameters may hold a dict
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.train_examples: list[GeneratorExample] = []
@@ -137,10 +142,10 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def _splits(self) -> dict[str, int | None]:
         """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or read)."""
-        h = self.hparams
+        s = self.splits
         if not trainer_validates(self):
-            return {h.train_split: h.max_train_examples}
-        return {h.train_split: h.max_train_examples, h.val_split: h.max_val_examples}
+            return {s.train_split: s.max_train_examples}
+        return {s.train_split: s.max_train_examples, s.val_split: s.max_val_examples}
 
     def examples(self, dataset, split: str, limit: int | None) -> list[Example]:
         """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback stage)."""
@@ -192,7 +197,6 @@ class GeneratorDataModule(L.LightningDataModule):
             return
         dataset = self.source.load()
         strategy = self._strategy()
-        h = self.hparams
         loaded = {}
         for split, limit in self._splits().items():
             path = self.cache_path(strategy, split, self.examples(dataset, split, limit))
@@ -201,7 +205,8 @@ class GeneratorDataModule(L.LightningDataModule):
                                         "whose prepare_data builds them")
             loaded[split] = [GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
                              for r in json.loads(path.read_text())["examples"]]
-        self.train_examples, self.val_examples = loaded[h.train_split], loaded.get(h.val_split, [])
+        s = self.splits
+        self.train_examples, self.val_examples = loaded[s.train_split], loaded.get(s.val_split, [])
 
     # ---- loaders ------------------------------------------------------------------------------------------------
 

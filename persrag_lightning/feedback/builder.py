@@ -15,7 +15,6 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.feedback_cache import FeedbackCache
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example, LampDataset
+from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
@@ -40,48 +40,37 @@ from persrag_lightning.utils import bundle_digest, fingerprint
 
 log = logging.getLogger(__name__)
 
-FeedbackMetric = Literal["task", "loglik", "teacher"]
 FEEDBACK_VERSION = "feedback/v2"  # v2: own docs = the question's profile, others' = their pools
-
-
-@dataclass
-class FeedbackSettings:
-    """m users (the query user included, as the official code) × k docs each; eval = task metric or log-lik, or
-    `teacher`: the score of the builder's teacher reranker (Eq. 10) for the query user's pair."""
-
-    m: int = 6
-    k: int = 5
-    metric: FeedbackMetric = "task"
-    chunk_size: int = 32
 
 
 class FeedbackBuilder:
     """Builds, resumes and loads the feedback cache of one configuration."""
 
-    def __init__(self, dataset: LampDataset, corpus: Corpus, user_encoder: str | Path,
-                 retriever: CorpusRetriever, llm: LLMConfig, settings: FeedbackSettings,
-                 cache_dir: str | Path, teacher: str | Path | None = None) -> None:
-        """`teacher`: a reranker export (stage 3's bundle) whose scores are the labels when settings.metric is
-        "teacher"; it replaces the LLM in the cache key."""
-        self.dataset, self.corpus, self.retriever, self.llm_config = dataset, corpus, retriever, llm
-        self.settings = settings
-        self.user_encoder_path = Path(user_encoder)
+    def __init__(self, dataset: LampDataset, corpus: Corpus, retriever: CorpusRetriever,
+                 candidates: CandidateSettings, feedback: FeedbackSettings, cache_dir: str | Path) -> None:
+        """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export (stage 3's bundle)
+        whose scores are the labels when feedback.metric is "teacher"; it replaces the LLM in the cache key."""
+        self.dataset, self.corpus, self.retriever = dataset, corpus, retriever
+        self.candidates, self.feedback = candidates, feedback
+        self.llm_config = feedback.llm or LLMConfig(backend="auto")
+        teacher = feedback.teacher
+        self.user_encoder_path = Path(candidates.user_encoder)
         if not (self.user_encoder_path / "user_embeddings.safetensors").exists():
             raise FileNotFoundError(
                 f"no user-encoder export at {self.user_encoder_path}; make it with "
                 "`python train.py fit --config cfrag_user_encoder.yaml` (same --run_name)")
-        if (settings.metric == "teacher") != (teacher is not None):
-            raise ValueError(f"feedback_metric 'teacher' and a teacher reranker go together; got metric "
-                             f"{settings.metric!r} with teacher {teacher!r}")
+        if (feedback.metric == "teacher") != (teacher is not None):
+            raise ValueError(f"feedback.metric 'teacher' and a feedback.teacher reranker go together; got metric "
+                             f"{feedback.metric!r} with teacher {teacher!r}")
         self.teacher_path = None if teacher is None else Path(teacher)
         if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
             raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
                                     "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
-        labeller = llm.identity() if teacher is None else {"teacher": bundle_digest(self.teacher_path)}
+        labeller = self.llm_config.identity() if teacher is None else {"teacher": bundle_digest(self.teacher_path)}
         self.key = fingerprint(
             FEEDBACK_VERSION, corpus.digest(), self._examples_digest(), bundle_digest(self.user_encoder_path),
-            retriever.identity(), labeller, PROMPT_VERSION, asdict(settings), dataset.task)
-        self.cache = FeedbackCache(Path(cache_dir) / "feedback" / self.key, settings.chunk_size)
+            retriever.identity(), labeller, PROMPT_VERSION, self.settings(), dataset.task)
+        self.cache = FeedbackCache(Path(cache_dir) / "feedback" / self.key, feedback.chunk_size)
         self.root = self.cache.root
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
@@ -90,6 +79,12 @@ class FeedbackBuilder:
         self._user_row: dict[str, int] | None = None  # user id → row of the user-encoder export's table
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
+
+    def settings(self) -> dict[str, int | str]:
+        """What of the two groups changes the labels besides the LLM, the teacher and the retriever (in the cache
+        key and its config.json, as the cache has always named them)."""
+        return {"m": self.candidates.m, "k": self.candidates.k, "metric": self.feedback.metric,
+                "chunk_size": self.feedback.chunk_size}
 
     def _examples_digest(self) -> str:
         h = hashlib.sha256()
@@ -125,12 +120,12 @@ class FeedbackBuilder:
         self.cache.write_config({
             "task": self.dataset.task, "user_encoder": str(self.user_encoder_path), "retriever": self.retriever.spec,
             "llm": asdict(self.llm_config), "teacher": None if self.teacher_path is None else str(self.teacher_path),
-            "settings": asdict(self.settings), "prompt_version": PROMPT_VERSION})
+            "settings": self.settings(), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
         bar = Progress(f"feedback {split}", len(todo), "chunks")  # the whole build's ETA (chunks take alike)
         for c in todo:
-            chunk = examples[c * self.settings.chunk_size:(c + 1) * self.settings.chunk_size]
+            chunk = examples[c * self.feedback.chunk_size:(c + 1) * self.feedback.chunk_size]
             records = self.label_chunk(chunk)
             self.cache.write_chunk(split, c, records)
             log.info("feedback %s chunk %d: %d examples", split, c, len(records))
@@ -175,12 +170,12 @@ class FeedbackBuilder:
     def candidate_source(self) -> CandidateSource:
         """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
         ue = self.user_encoder
-        m, hidden = self.settings.m, len(self.store.dataset.private)
+        m, hidden = self.candidates.m, len(self.store.dataset.private)
 
         def similar(u: str) -> list[tuple[str, float]]:  # `share: false` users are never neighbours
             return self.store.shared_neighbours(u, ue.similar_users(u, m + hidden), m)
 
-        return CandidateSource(self.store, self.retriever, similar, self.e_u, self.settings.k)
+        return CandidateSource(self.store, self.retriever, similar, self.e_u, self.candidates.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
         """One prompt per candidate (the doc alone, as Eq. 6); a prompt any earlier build, shard, stage or run
@@ -189,13 +184,13 @@ class FeedbackBuilder:
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
         flat = [(ex, d) for ex, cands in zip(examples, proposals) for d in cands]
-        if self.settings.metric == "teacher":  # no LLM: the teacher reranker's scores
+        if self.feedback.metric == "teacher":  # no LLM: the teacher reranker's scores
             labels = [("", s) for s in self.teacher_scores(flat)]
             return self._records(examples, flat, labels)
         prompts = build_prompts(task, self.llm, [ex.input for ex, _ in flat],
                                 [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
         misses = self.prompts.misses
-        if self.settings.metric == "loglik":  # eval(y, O) = log p(y | prompt)
+        if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
             scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts,
                                            phase="feedback labels")
             labels = [("", float(s)) for s in scores]

@@ -94,7 +94,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
     fixed = [r.stage for r in fits if r.overrides.get("trainer.precision", "").startswith("bf16")
-             or "data.init_args.llm.options" in r.overrides]
+             or "data.init_args.feedback.llm.options" in r.overrides]
     assert fits and not fixed  # neither a trainer precision nor the feedback labels' dtype
     # the evaluation's reader and rerankers ask for bf16_if_native, which resolves to float32 here, and the
     # corpus is embedded in float32
@@ -104,7 +104,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     machine(monkeypatch, AMX, onednn=True)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
     bf16 = {r.stage for r in fits if r.overrides.get("trainer.precision") == "bf16-mixed"}
-    labels_bf16 = {r.stage for r in fits if r.overrides.get("data.init_args.llm.options") == {"dtype": "bfloat16"}}
+    labels_bf16 = {r.stage for r in fits if r.overrides.get("data.init_args.feedback.llm.options") == {"dtype": "bfloat16"}}
     if preset in ("quick", "full-feedback"):
         assert bf16 == {"user_encoder", "user_encoder_paper", "retriever", "reranker", "retriever_paper",
                         "reranker_paper", "generator"}
@@ -188,7 +188,7 @@ def test_on_a_gpu_the_generator_takes_bf16_and_the_feedback_stages_stay_float32(
     precision = {r.stage: r.overrides.get("trainer.precision") for r in fits}
     assert precision["generator"] == "bf16-mixed"
     assert precision["retriever"] == precision["reranker"] == precision["user_encoder"] == "32-true"
-    assert not any("data.init_args.llm.options" in r.overrides for r in fits)  # hf's `auto` is bf16 on a GPU
+    assert not any("data.init_args.feedback.llm.options" in r.overrides for r in fits)  # hf's `auto` is bf16 on a GPU
 
 
 def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(monkeypatch, tmp_path) -> None:
@@ -198,7 +198,7 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     from persrag_lightning.llm.registry import LLMConfig
 
     machine(monkeypatch, AMX, onednn=True)
-    assert pipeline.label_overrides("cpu_native", None) == {"data.init_args.llm.options": {"dtype": "bfloat16"}}
+    assert pipeline.label_overrides("cpu_native", None) == {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
     assert pipeline.label_overrides("cpu_native", "llamacpp") == {} == pipeline.label_overrides(None, None)
     with pytest.raises(ValueError, match="not a valid Precision"):
         pipeline.label_overrides("always", None)
@@ -206,8 +206,8 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {
         "dtype": "bfloat16"}
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--llm-backend", "llamacpp"])
-    assert not any("data.init_args.llm.options" in r.overrides for r in fits)
-    assert all(r.overrides["data.init_args.llm.backend"] == "llamacpp" for r in fits if r.stage.startswith(("ret", "rer")))
+    assert not any("data.init_args.feedback.llm.options" in r.overrides for r in fits)
+    assert all(r.overrides["data.init_args.feedback.llm.backend"] == "llamacpp" for r in fits if r.stage.startswith(("ret", "rer")))
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     assert pipeline.label_overrides("cpu_native", None) == {}
     # float32 is the exact default: named or resolved to, it keys as no option (earlier caches stay valid)

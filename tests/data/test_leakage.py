@@ -18,7 +18,8 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import visible_histories
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.feedback.builder import FeedbackBuilder, FeedbackSettings
+from persrag_lightning.feedback.builder import FeedbackBuilder
+from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
@@ -186,9 +187,10 @@ def test_cfrag_candidates_and_final_docs_follow_the_rules(world, tiny_bert, user
 
 def test_feedback_candidates_follow_the_rules(world, tiny_bert, tiny_llm, tmp_path):
     dataset, corpus, cache, user_encoder = world
-    builder = FeedbackBuilder(dataset, corpus, user_encoder, EncoderRetriever(tiny_bert, corpus, cache, 64),
-                              LLMConfig(model=tiny_llm, options={"device": "cpu"}),
-                              FeedbackSettings(m=4, k=20, metric="loglik"), tmp_path)
+    builder = FeedbackBuilder(dataset, corpus, EncoderRetriever(tiny_bert, corpus, cache, 64),
+                              CandidateSettings(user_encoder=str(user_encoder), retriever=tiny_bert, m=4, k=20),
+                              FeedbackSettings(LLMConfig(model=tiny_llm, options={"device": "cpu"}), metric="loglik"),
+                              tmp_path)
     for split in ("train", "dev"):
         builder.build(split)
         records = builder.load(split)

@@ -11,9 +11,11 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.splits import SplitSettingsWithTest
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.datamodules.feedback import FeedbackDataModule, UninformativeFeedbackWarning
 from persrag_lightning.feedback.builder import feedback_stats
+from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
 from persrag_lightning.llm import hf
 from persrag_lightning.llm.base import LLMBackendError
 from persrag_lightning.llm.registry import LLMConfig
@@ -22,6 +24,7 @@ from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig
 from persrag_lightning.retrieval.base import Query
 
 SYNTH = SynthConfig(num_users=16, docs_per_user=(6, 10), train_questions_per_user=2, dev_questions_per_user=1)
+EIGHT = {"max_train_examples": 8, "max_val_examples": 8}
 
 
 @pytest.fixture()
@@ -59,12 +62,16 @@ def count_llm_calls(monkeypatch):
     return calls
 
 
-def datamodule(root: Path, tiny_bert: str, tiny_llm: str, cache: str = "cache", **kw) -> FeedbackDataModule:
-    args = {"task": "LaMP-2", "synth": SYNTH, "cache_dir": str(root / cache),
-            "user_encoder": str(root / "user_encoder"), "candidate_retriever": tiny_bert,
-            "llm": LLMConfig(model=tiny_llm, batch_size=8, options={"device": "cpu"}),
-            "m": 3, "k": 2, "chunk_size": 8, "batch_size": 4}
-    return FeedbackDataModule(**{**args, **kw})
+def datamodule(root: Path, tiny_bert: str, tiny_llm: str, cache: str = "cache", candidates: dict | None = None,
+               feedback: dict | None = None, splits: dict | None = None) -> FeedbackDataModule:
+    """The tests' DataModule; `candidates`, `feedback` and `splits` change fields of its settings groups."""
+    return FeedbackDataModule(
+        task="LaMP-2", synth=SYNTH, cache_dir=str(root / cache), batch_size=4,
+        candidates=CandidateSettings(**{"user_encoder": str(root / "user_encoder"), "retriever": tiny_bert, "m": 3,
+                                        "k": 2, **(candidates or {})}),
+        feedback=FeedbackSettings(**{"llm": LLMConfig(model=tiny_llm, batch_size=8, options={"device": "cpu"}),
+                                     "chunk_size": 8, **(feedback or {})}),
+        splits=SplitSettingsWithTest(**(splits or {})))
 
 
 def chunk_files(dm: FeedbackDataModule) -> dict[str, bytes]:
@@ -86,7 +93,7 @@ def test_build_once_then_zero_llm_calls(world, tiny_bert, tiny_llm, count_llm_ca
     assert count_llm_calls["prompts"] == first  # the second run makes zero LLM calls
     assert count_llm_calls["loads"] == 1  # and never even loads the LLM
 
-    other_build = datamodule(world, tiny_bert, tiny_llm, chunk_size=4)  # another cache folder, same prompts
+    other_build = datamodule(world, tiny_bert, tiny_llm, feedback={"chunk_size": 4})  # another cache folder, same prompts
     other_build.prepare_data()
     assert other_build.builder().root != dm.builder().root
     assert count_llm_calls["prompts"] == first  # the prompt store is shared across builds
@@ -198,7 +205,7 @@ def test_a_trainer_that_validates_nothing_gets_no_dev_labels(world, tiny_bert, t
 
 
 def test_missing_user_encoder_names_the_command(world, tiny_bert, tiny_llm):
-    dm = datamodule(world, tiny_bert, tiny_llm, user_encoder=str(world / "nowhere"))
+    dm = datamodule(world, tiny_bert, tiny_llm, candidates={"user_encoder": str(world / "nowhere")})
     with pytest.raises(FileNotFoundError, match="cfrag_user_encoder.yaml"):
         dm.prepare_data()
 
@@ -210,7 +217,7 @@ def test_setup_without_labels_names_the_command(world, tiny_bert, tiny_llm):
 
 
 def test_loglik_metric_and_stats(world, tiny_bert, tiny_llm):
-    dm = datamodule(world, tiny_bert, tiny_llm, feedback_metric="loglik", max_train_examples=8, max_val_examples=8)
+    dm = datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "loglik"}, splits=EIGHT)
     dm.prepare_data()
     dm.setup("fit")
     labels = np.array([c.label for e in dm.train_examples for c in e.candidates])
@@ -223,20 +230,21 @@ def test_loglik_metric_and_stats(world, tiny_bert, tiny_llm):
 def test_labels_that_rank_no_candidate_warn_the_stage(world, tiny_bert, tiny_llm):
     """Under the task metric the tiny random LLM never answers a tag, so every candidate's label is 0 and the stage
     would train towards a uniform target: setup says so and names `loglik`; log-likelihood labels do not warn."""
-    dm = datamodule(world, tiny_bert, tiny_llm, max_train_examples=8, max_val_examples=8)
+    dm = datamodule(world, tiny_bert, tiny_llm, splits=EIGHT)
     dm.prepare_data()
     with pytest.warns(UninformativeFeedbackWarning,
-                      match=r"train feedback labels: only 0% of 8 examples .*feedback_metric task.*`feedback_metric: loglik`"):
+                      match=r"train feedback labels: only 0% of 8 examples .*feedback\.metric task"
+                            r".*`feedback\.metric: loglik`"):
         dm.setup("fit")
     assert feedback_stats(dm.train_examples).informative_fraction == 0.0
-    ranked = datamodule(world, tiny_bert, tiny_llm, feedback_metric="loglik", max_train_examples=8, max_val_examples=8)
+    ranked = datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "loglik"}, splits=EIGHT)
     ranked.prepare_data()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UninformativeFeedbackWarning)
         ranked.setup("fit")
 
 
-def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **init_args) -> Path:
+def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **feedback) -> Path:
     """A retriever stage's config file over the `world` fixture, as `persrag feedback --config` takes it."""
     import yaml
 
@@ -246,9 +254,10 @@ def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **init_args) -> Pat
                   "init_args": {"encoder": tiny_bert}},
         "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
             "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
-            "cache_dir": str(world / "cache"), "user_encoder": str(world / "user_encoder"),
-            "candidate_retriever": tiny_bert, "m": 3, "k": 2, "chunk_size": 8,
-            "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}, **init_args}},
+            "cache_dir": str(world / "cache"),
+            "candidates": {"user_encoder": str(world / "user_encoder"), "retriever": tiny_bert, "m": 3, "k": 2},
+            "feedback": {"chunk_size": 8, "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}},
+                         **feedback}}},
     }))
     return config
 
@@ -272,7 +281,7 @@ def test_feedback_command_labels_only_what_the_stage_reads(world, tiny_bert, tin
     reads, the train labels only: no LLM call goes to dev questions the stage would never read."""
     from persrag_lightning.cli import main
 
-    config = stage_config(world, tiny_bert, tiny_llm, feedback_metric="loglik")
+    config = stage_config(world, tiny_bert, tiny_llm, metric="loglik")
     main(["feedback", "--config", str(config), "--trainer.limit_val_batches=0"])
     root = next(p for p in (world / "cache" / "feedback").iterdir() if p.is_dir())
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["train"]
@@ -297,7 +306,7 @@ def test_candidates_never_come_from_a_user_who_does_not_share(world, tiny_bert, 
 
 def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_bert, tiny_llm, count_llm_calls,
                                                                    monkeypatch, capsys):
-    """feedback_metric teacher: each candidate's label is the teacher reranker's score of it, exactly what CFRAG's
+    """feedback.metric teacher: each candidate's label is the teacher reranker's score of it, exactly what CFRAG's
     rerank computes at inference for the same query (same candidates, same pairs, same e_u); no LLM is loaded."""
     from persrag_lightning.models.reranker import PersonalizedReranker
     from persrag_lightning.retrieval.base import DocStore
@@ -306,8 +315,8 @@ def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_b
     dim = UserEncoder.from_pretrained(world / "user_encoder").user_embeddings.shape[1]
     torch.manual_seed(2)
     teacher = PersonalizedReranker.from_encoder(tiny_bert, user_dim=dim).save_pretrained(world / "teacher")
-    dm = datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(teacher),
-                    max_train_examples=8, max_val_examples=4)
+    dm = datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "teacher", "teacher": str(teacher)},
+                    splits={"max_train_examples": 8, "max_val_examples": 4})
     dm.prepare_data()
     dm.setup("fit")
     assert count_llm_calls["loads"] == 0 and count_llm_calls["prompts"] == 0
@@ -338,9 +347,9 @@ def test_teacher_labels_are_the_scores_cfrag_serves_without_an_llm(world, tiny_b
     assert lines[0].startswith("[retrieve CFRAG] 3/8 queries (38 %)") and lines[-1].startswith("[retrieve CFRAG] 8/8")
 
     with pytest.raises(ValueError, match="go together"):
-        datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher").builder()
+        datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "teacher"}).builder()
     with pytest.raises(FileNotFoundError, match="cfrag_reranker.yaml"):
-        datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(world / "none")).builder()
+        datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "teacher", "teacher": str(world / "none")}).builder()
     other = PersonalizedReranker.from_encoder(tiny_bert, user_dim=dim).save_pretrained(world / "other")
-    assert datamodule(world, tiny_bert, tiny_llm, feedback_metric="teacher", teacher=str(other)).builder().key != \
+    assert datamodule(world, tiny_bert, tiny_llm, feedback={"metric": "teacher", "teacher": str(other)}).builder().key != \
         dm.builder().key  # another teacher, other labels

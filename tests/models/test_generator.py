@@ -174,7 +174,7 @@ def fit_args(model: str, epochs: int, *extra: str) -> list[str]:
             f"--model.init_args.model={model}", f"--data.init_args.model={model}", "--model.init_args.lora_r=4",
             "--model.init_args.lora_dropout=0.0", "--model.init_args.training.lr=1e-3", "--model.init_args.eval_batch_size=4",
             "--data.init_args.synth.num_users=12", "--data.init_args.strategy=bm25",
-            "--data.init_args.max_train_examples=12", "--data.init_args.max_val_examples=4",
+            "--data.init_args.splits.max_train_examples=12", "--data.init_args.splits.max_val_examples=4",
             "--data.init_args.batch_size=4", "--data.init_args.max_prompt_tokens=128", *extra]
 
 

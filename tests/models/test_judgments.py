@@ -272,10 +272,11 @@ def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(mon
     for config in ("cfrag_user_encoder.yaml", "generator.yaml", "evaluate_cfrag.yaml"):
         assert full[config] == quick[config]
     for config in ("cfrag_retriever.yaml", "cfrag_reranker.yaml"):
-        assert "--data.init_args.feedback_metric=loglik" in full[config]
-        assert not any(a.startswith(("--data.init_args.m=", "--data.init_args.k=", "--data.init_args.max_"))
+        assert "--data.init_args.feedback.metric=loglik" in full[config]
+        assert not any(a.startswith(("--data.init_args.candidates.m=", "--data.init_args.candidates.k=",
+                                     "--data.init_args.splits.max_"))
                        for a in full[config])
-        assert any(a.startswith("--data.init_args.max_train_examples=") for a in quick[config])
+        assert any(a.startswith("--data.init_args.splits.max_train_examples=") for a in quick[config])
 
 
 def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:

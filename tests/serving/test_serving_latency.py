@@ -350,7 +350,8 @@ def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
     assert {r.retriever for r in rows.values()} == {f"{run}/retriever"}
     stage = yaml.safe_load((REPO / "configs" / "cfrag_reranker_distilled.yaml").read_text())
     assert stage["stage_name"] == "reranker_distilled" and stage["model"]["init_args"]["config"]["num_layers"] == 1
-    assert stage["model"]["init_args"]["init_from"] == stage["data"]["init_args"]["teacher"] == "{run_dir}/reranker"
+    assert stage["model"]["init_args"]["init_from"] == stage["data"]["init_args"]["feedback"]["teacher"] \
+        == "{run_dir}/reranker"
     assert [rows[n].reranker for n in ("CFRAG", "CFRAG (distilled reranker)", "CFRAG (distilled reranker, 2 layers)",
                                        "w/o reranker tuning")] == \
         [f"{run}/reranker", f"{run}/reranker_distilled", f"{run}/reranker_distilled_l2", None]

@@ -223,11 +223,13 @@ def feedback_world(root: Path, tiny_bert: str, caches: tuple[str, ...] = ("cache
 
 def feedback_data_args(root: Path, tiny_llm: str, candidate_retriever: str) -> list[str]:
     return [*(f"--data.init_args.synth.{k}={json.dumps(v)}" for k, v in SYNTH.items()),
-            f"--data.init_args.cache_dir={root / 'cache'}", f"--data.init_args.user_encoder={root / 'user_encoder'}",
-            f"--data.init_args.candidate_retriever={candidate_retriever}", f"--data.init_args.llm.model={tiny_llm}",
-            "--data.init_args.llm.batch_size=8", '--data.init_args.llm.options={"device": "cpu"}',
-            "--data.init_args.m=3", "--data.init_args.k=2", "--data.init_args.chunk_size=8",
-            "--data.init_args.feedback_metric=loglik", "--data.init_args.batch_size=4"]
+            f"--data.init_args.cache_dir={root / 'cache'}",
+            f"--data.init_args.candidates.user_encoder={root / 'user_encoder'}",
+            f"--data.init_args.candidates.retriever={candidate_retriever}",
+            "--data.init_args.candidates.m=3", "--data.init_args.candidates.k=2",
+            f"--data.init_args.feedback.llm.model={tiny_llm}", "--data.init_args.feedback.llm.batch_size=8",
+            '--data.init_args.feedback.llm.options={"device": "cpu"}', "--data.init_args.feedback.chunk_size=8",
+            "--data.init_args.feedback.metric=loglik", "--data.init_args.batch_size=4"]
 
 
 def test_retriever_and_reranker_train_on_two_processes(tmp_path, tiny_bert, tiny_llm):

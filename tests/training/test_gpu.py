@@ -87,7 +87,7 @@ def test_retriever_and_reranker_train_on_one_gpu_with_ddp_in_bf16_mixed(tmp_path
                PersonalizedReranker))
     for config, stage, candidates, model_args, cls in stages:
         args = ["--config", config, "--run_name", "g", *feedback_data_args(tmp_path, tiny_llm, candidates),
-                '--data.init_args.llm.options={"device": "cuda", "dtype": "float32"}',
+                '--data.init_args.feedback.llm.options={"device": "cuda", "dtype": "float32"}',
                 f"--model.init_args.config.encoder={tiny_bert}", "--model.init_args.training.lr=1e-3", *model_args,
                 "--trainer.max_epochs=1", "--trainer.accumulate_grad_batches=1", "--trainer.precision=bf16-mixed"]
         out = run_cli(tmp_path, "fit", *args, devices=1, accelerator="gpu")

@@ -132,7 +132,7 @@ def test_submit_chain_wires_afterok_dependencies(tmp_path):
     fake = tmp_path / "sbatch"
     fake.write_text(f"#!/bin/bash\necho \"$*\" >> {log}\necho $(( $(wc -l < {log}) + 100 ))\n")
     fake.chmod(0o755)
-    env = {**os.environ, "SBATCH": str(fake), "SHARDS": "3", "STAGE2_ARGS": "--data.init_args.m=4"}
+    env = {**os.environ, "SBATCH": str(fake), "SHARDS": "3", "STAGE2_ARGS": "--data.init_args.candidates.m=4"}
     out = subprocess.run(["bash", str(REPO / "slurm" / "submit_chain.sh"), "--run_name", "x"], env=env,
                          capture_output=True, text=True, check=True, timeout=30).stdout
     calls = log.read_text().splitlines()
@@ -141,7 +141,7 @@ def test_submit_chain_wires_afterok_dependencies(tmp_path):
     for i, call in enumerate(calls[1:], start=1):
         assert f"--dependency=afterok:{100 + i}" in call
     assert "--array=0-2" in calls[1] and "feedback_array.sbatch cfrag_retriever.yaml" in calls[1]
-    assert calls[2].endswith("train.sbatch cfrag_retriever.yaml --run_name x --data.init_args.m=4")
+    assert calls[2].endswith("train.sbatch cfrag_retriever.yaml --run_name x --data.init_args.candidates.m=4")
     assert "--array=0-2" in calls[3] and "feedback_array.sbatch cfrag_reranker.yaml" in calls[3]
 
 
@@ -206,9 +206,10 @@ def feedback_config(root: Path, tiny_bert: str, tiny_llm: str) -> Path:
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule"},
         "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
-            "synth": SYNTH, "user_encoder": str(root / "user_encoder"), "candidate_retriever": tiny_bert,
-            "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}}, "m": 3, "k": 2,
-            "chunk_size": 8}}}))
+            "synth": SYNTH,
+            "candidates": {"user_encoder": str(root / "user_encoder"), "retriever": tiny_bert, "m": 3, "k": 2},
+            "feedback": {"llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}},
+                         "chunk_size": 8}}}}))
     return config
 
 

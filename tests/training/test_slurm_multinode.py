@@ -276,9 +276,10 @@ def test_feedback_array_on_both_nodes_survives_a_node_crash_with_every_label_onc
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule"},
         "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
-            "synth": SYNTH, "cache_dir": "cache", "user_encoder": str(checkout / "user_encoder"),
-            "candidate_retriever": encoder, "llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}},
-            "m": 3, "k": 2, "chunk_size": 4}}}))
+            "synth": SYNTH, "cache_dir": "cache",
+            "candidates": {"user_encoder": str(checkout / "user_encoder"), "retriever": encoder, "m": 3, "k": 2},
+            "feedback": {"llm": {"model": tiny_llm, "batch_size": 8, "options": {"device": "cpu"}},
+                         "chunk_size": 4}}}}))
     pause_dir = checkout / "pause"
     pause_dir.mkdir()
     job = cluster.sbatch("--array=0-3", "--cpus-per-task=1", FEEDBACK, str(config), cwd=checkout,

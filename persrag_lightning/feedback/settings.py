@@ -1,0 +1,60 @@
+"""The feedback stages' two data groups, each set once: what proposes an example's m·k candidates
+(`CandidateSettings`, YAML `data.init_args.candidates`) and what labels them (`FeedbackSettings`, YAML
+`data.init_args.feedback`). FeedbackDataModule takes them whole and hands them to FeedbackBuilder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from persrag_lightning.llm.registry import LLMConfig
+
+FeedbackMetric = Literal["task", "loglik", "teacher"]
+
+
+@dataclass(frozen=True)
+class CandidateSettings:
+    """What proposes an example's m·k candidates: the query user's m most similar users (the user included, as the
+    official code), k docs of each.
+
+    Args:
+        user_encoder: stage 1's export, whose user table finds the m similar users; `{run_dir}` is
+            checkpoints/<run_name>.
+        retriever: what ranks each user's docs: an encoder name for the retriever stage (the untuned encoder,
+            Eq. 3), the retriever export for the reranker stage (Eq. 5).
+        encoder_max_length: token limit of the candidate retriever's queries and docs.
+        m: similar users, the query user included (the paper's m = 6 with the user; it tunes 2..6).
+        k: docs per user, so m·k candidates per example (the paper's k = 5).
+        owners: `all` users' candidates, or `self`: only the query user's own, the ROPG-style baseline trained on
+            the same labels (no extra LLM calls), since the user ranks first among its m similar users.
+    """
+
+    user_encoder: str = "{run_dir}/user_encoder"
+    retriever: str = "minilm"
+    encoder_max_length: int = 256
+    m: int = 6
+    k: int = 5
+    owners: Literal["all", "self"] = "all"
+
+
+@dataclass(frozen=True)
+class FeedbackSettings:
+    """What labels each candidate (Eq. 6): the LLM's answer with the candidate alone in the prompt, scored, or a
+    teacher reranker's score of it.
+
+    Args:
+        llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget); None =
+            `backend: auto`.
+        metric: a candidate's label: `task` (the task metric of the LLM's answer against the target: accuracy,
+            -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the scores of the `teacher`
+            reranker instead of the LLM's feedback: the data of a distilled reranker,
+            configs/cfrag_reranker_distilled.yaml).
+        chunk_size: examples per feedback-cache chunk; labels are written, and a killed build resumes, chunk by
+            chunk.
+        teacher: a reranker export whose scores are the labels when `metric` is `teacher`.
+    """
+
+    llm: LLMConfig | None = None
+    metric: FeedbackMetric = "task"
+    chunk_size: int = 32
+    teacher: str | None = None
