@@ -37,7 +37,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = GeneratorDataModule(synth=SynthConfig(num_users=300), strategy=args.strategy, run_dir=args.run_dir,
-                               model=args.model, splits=SplitSettings(max_train_examples=args.examples,
+                               tokenizer=args.model, splits=SplitSettings(max_train_examples=args.examples,
                                                                       max_val_examples=args.val_examples),
                                batch_size=args.batch)
     t0 = time.perf_counter()

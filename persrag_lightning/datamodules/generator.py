@@ -29,6 +29,7 @@ from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.utils import (
+    ConfigError,
     as_settings,
     atomic_write_json,
     fingerprint,
@@ -107,8 +108,9 @@ class GeneratorDataModule(L.LightningDataModule):
             run's exports.
         run_dir: the folder of the run's exported bundles the strategy reads; `{run_dir}` is
             checkpoints/<run_name>.
-        model: must be the module's `model`: its tokenizer fits the docs into `max_prompt_tokens`, as
-            evaluation does with the same budget.
+        tokenizer: the LLM whose tokenizer fits the docs into `max_prompt_tokens`, as evaluation does with the
+            same budget; None = the generator module's `model` (read from the trainer's module: the LLM is the
+            module's knob); set it only to use this DataModule without a trainer.
         k: docs per prompt, as the evaluation's.
         max_prompt_tokens: token budget of a prompt, as the evaluation's `llm.max_prompt_tokens`.
         splits: the splits trained and validated on (checkpoint selection by the task's LaMP metric), and how
@@ -123,7 +125,7 @@ class GeneratorDataModule(L.LightningDataModule):
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "CFRAG",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}",
-                 model: str = "smollm2", k: int = 5, max_prompt_tokens: int = 512,
+                 tokenizer: str | None = None, k: int = 5, max_prompt_tokens: int = 512,
                  splits: SplitSettings = SplitSettings(), batch_size: int = 16, num_workers: int = 0,
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:
         super().__init__()
@@ -154,11 +156,22 @@ class GeneratorDataModule(L.LightningDataModule):
         out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
         return out[:limit] if limit else out
 
+    @property
+    def prompt_model(self) -> str:
+        """The LLM whose tokenizer fits the prompts: `tokenizer`, else the trainer's generator module's model."""
+        if self.hparams.tokenizer is not None:
+            return self.hparams.tokenizer
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        if module is None or "model" not in module.hparams:
+            raise ConfigError("GeneratorDataModule: with no trainer's generator module to read it from, set "
+                              "`tokenizer` (the LLM whose tokenizer fits the prompts)")
+        return module.hparams["model"]
+
     def cache_path(self, strategy, split: str, examples: list[Example]) -> Path:
         h = self.hparams
         digest = hashlib.sha256(json.dumps([(e.example_id, e.user_id, e.input, e.target, e.profile)
                                             for e in examples]).encode()).hexdigest()
-        key = fingerprint(PROMPTS_VERSION, strategy_config(strategy), digest, h.k, resolve_model(h.model).digest,
+        key = fingerprint(PROMPTS_VERSION, strategy_config(strategy), digest, h.k, resolve_model(self.prompt_model).digest,
                           h.max_prompt_tokens, PROMPT_VERSION, self.task, self.source.data_dir.name)
         return Path(h.cache_dir) / "generator_prompts" / key / f"{split}.json"
 
@@ -177,7 +190,7 @@ class GeneratorDataModule(L.LightningDataModule):
         todo = [(split, exs, path) for split, exs, path in todo if not path.exists()]
         if not todo:
             return
-        source = resolve_model(self.hparams.model)
+        source = resolve_model(self.prompt_model)
         local_model_path(source)  # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
         counter = TokenCounter(load_tokenizer(source))
         store = DocStore(dataset)

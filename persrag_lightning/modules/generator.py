@@ -111,9 +111,9 @@ class GeneratorModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
-        if getattr(data, "hparams", {}).get("model", self.hparams.model) != self.hparams.model:
-            raise ConfigError(f"data.init_args.model ({data.hparams.model}) must be the module's model "
-                             f"({self.hparams.model}): its tokenizer fits the prompts to the budget")
+        if getattr(data, "hparams", {}).get("tokenizer") not in (None, self.hparams.model):
+            raise ConfigError(f"data.init_args.tokenizer ({data.hparams.tokenizer}) must be the module's model "
+                             f"({self.hparams.model}) or null (then it is): it fits the prompts to the budget")
         self.task = data.task
         if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:  # before any training
             raise ConfigError(f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "

@@ -171,7 +171,7 @@ def test_tiny_causal_and_seq2seq_models_train_a_step(fixture, lora_r, request, o
 def fit_args(model: str, epochs: int, *extra: str) -> list[str]:
     return ["fit", "--config", "generator.yaml", "--run_name", "t", "--trainer.accelerator=cpu",
             f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
-            f"--model.init_args.model={model}", f"--data.init_args.model={model}", "--model.init_args.lora_r=4",
+            f"--model.init_args.model={model}", "--model.init_args.lora_r=4",
             "--model.init_args.lora_dropout=0.0", "--model.init_args.training.lr=1e-3", "--model.init_args.eval_batch_size=4",
             "--data.init_args.synth.num_users=12", "--data.init_args.strategy=bm25",
             "--data.init_args.splits.max_train_examples=12", "--data.init_args.splits.max_val_examples=4",
@@ -299,3 +299,18 @@ def test_a_killed_fit_resumes_to_the_uninterrupted_result(in_tmp_cwd, tiny_llm):
     for key, value in want["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][key], value, atol=1e-6, rtol=1e-6)
     assert (in_tmp_cwd / "checkpoints" / "killed" / "generator" / "model.safetensors").exists()
+
+
+def test_the_generator_data_fits_prompts_with_the_modules_model_unless_told_otherwise():
+    """The LLM is a knob of the module alone: the DataModule reads it from the trainer's module."""
+    from types import SimpleNamespace
+
+    from persrag_lightning.datamodules.generator import GeneratorDataModule
+    from persrag_lightning.utils import ConfigError
+
+    data = GeneratorDataModule()
+    with pytest.raises(ConfigError, match="set `tokenizer`"):
+        _ = data.prompt_model
+    data.trainer = SimpleNamespace(lightning_module=SimpleNamespace(hparams={"model": "some/llm"}))
+    assert data.prompt_model == "some/llm"
+    assert GeneratorDataModule(tokenizer="other/llm").prompt_model == "other/llm"

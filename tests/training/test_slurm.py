@@ -119,7 +119,7 @@ def test_wandb_offline_logs_config_metrics_and_export(in_tmp_cwd, tiny_bert, in_
             summary.update({u.key: json.loads(u.value_json) for u in record.summary.update if u.key})
     assert run.display_name == "w/user_encoder" and run.project == "persrag"
     assert config["cli"]["run_name"] == "w" and config["cli"]["trainer"]["max_epochs"] == 1
-    assert config["temperature"] == 0.1  # the module's hyper-parameters, as Lightning logs them
+    assert config["training"]["temperature"] == 0.1  # the module's hyper-parameters, as Lightning logs them
     assert {"train/loss", "val/loss", "val/view_acc"} <= metrics
     assert summary["export_path"] == str(in_tmp_cwd / "checkpoints" / "w" / "user_encoder")
 
