@@ -251,7 +251,7 @@ def stage_config(world: Path, tiny_bert: str, tiny_llm: str, **feedback) -> Path
     config = world / "feedback.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"class_path": "persrag_lightning.modules.retriever.RetrieverModule",
-                  "init_args": {"encoder": tiny_bert}},
+                  "init_args": {"config": {"encoder": tiny_bert}}},
         "data": {"class_path": "persrag_lightning.datamodules.feedback.FeedbackDataModule", "init_args": {
             "task": "LaMP-2", "synth": {"num_users": 16, "docs_per_user": [6, 10]},
             "cache_dir": str(world / "cache"),
