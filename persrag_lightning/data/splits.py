@@ -23,6 +23,13 @@ class SplitSettings:
     max_train_examples: int | None = None
     max_val_examples: int | None = None
 
+    def fit_limits(self, validates: bool) -> dict[str, int | None]:
+        """The splits `fit` reads, each with its cap: train, and the validation split only when the trainer
+        validates (a stage that validates nothing reads, labels and retrieves no dev example)."""
+        if not validates:
+            return {self.train_split: self.max_train_examples}
+        return {self.train_split: self.max_train_examples, self.val_split: self.max_val_examples}
+
 
 @dataclass(frozen=True)
 class SplitSettingsWithTest(SplitSettings):

@@ -17,7 +17,6 @@ from persrag_lightning.data.splits import SplitSettingsWithTest
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.feedback.builder import FeedbackBuilder, feedback_stats
 from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
-from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.utils import as_settings, trainer_validates
 
@@ -75,10 +74,7 @@ class FeedbackDataModule(L.LightningDataModule):
         # typed, whatever form the hyperparameters hold them in (utils.as_settings)
         self.candidates = as_settings(CandidateSettings, candidates)
         self.splits = as_settings(SplitSettingsWithTest, splits)
-        feedback = as_settings(FeedbackSettings, feedback)
-        # the configs' default LLM (docs/performance/llm-feedback.md), resolved once
-        self.feedback = replace(feedback, llm=feedback.llm or LLMConfig(backend="auto"))
-        self.llm_config = self.feedback.llm
+        self.feedback = as_settings(FeedbackSettings, feedback).resolved()  # once, not per builder
         self.corpus: Corpus | None = None
         self.user_ids: list[str] = []
         self.user_embeddings: torch.Tensor | None = None
@@ -92,9 +88,7 @@ class FeedbackDataModule(L.LightningDataModule):
         s = self.splits
         if self._testing():
             return {s.test_split: s.max_test_examples}
-        if not trainer_validates(self):
-            return {s.train_split: s.max_train_examples}
-        return {s.train_split: s.max_train_examples, s.val_split: s.max_val_examples}
+        return s.fit_limits(trainer_validates(self))
 
     def _testing(self) -> bool:
         trainer = getattr(self, "trainer", None)

@@ -144,10 +144,7 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def _splits(self) -> dict[str, int | None]:
         """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or read)."""
-        s = self.splits
-        if not trainer_validates(self):
-            return {s.train_split: s.max_train_examples}
-        return {s.train_split: s.max_train_examples, s.val_split: s.max_val_examples}
+        return self.splits.fit_limits(trainer_validates(self))
 
     def examples(self, dataset, split: str, limit: int | None) -> list[Example]:
         """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback stage)."""

@@ -28,7 +28,6 @@ from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSetti
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
-from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import score_prediction
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
@@ -51,8 +50,8 @@ class FeedbackBuilder:
         """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export (stage 3's bundle)
         whose scores are the labels when feedback.metric is "teacher"; it replaces the LLM in the cache key."""
         self.dataset, self.corpus, self.retriever = dataset, corpus, retriever
-        self.candidates, self.feedback = candidates, feedback
-        self.llm_config = feedback.llm or LLMConfig(backend="auto")
+        self.candidates, self.feedback = candidates, feedback.resolved()
+        self.llm_config = self.feedback.llm
         teacher = feedback.teacher
         self.user_encoder_path = Path(candidates.user_encoder)
         if not (self.user_encoder_path / "user_embeddings.safetensors").exists():

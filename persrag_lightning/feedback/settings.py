@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from persrag_lightning.llm.registry import LLMConfig
@@ -58,3 +58,9 @@ class FeedbackSettings:
     metric: FeedbackMetric = "task"
     chunk_size: int = 32
     teacher: str | None = None
+
+    def resolved(self) -> FeedbackSettings:
+        """These settings with the LLM the configs default to (`backend: auto`, docs/performance/llm-feedback.md)
+        in place of None: resolved where the settings are used, not at import, where the default instance is made
+        (`auto` may time the backends once per machine)."""
+        return self if self.llm is not None else replace(self, llm=LLMConfig(backend="auto"))

@@ -624,7 +624,7 @@ def test_llm_config_resolves_auto_once_so_caches_name_the_backend_that_ran(cpu_w
     # what the feedback stages get without an `llm` section
     from persrag_lightning.datamodules.feedback import FeedbackDataModule
 
-    assert FeedbackDataModule().llm_config.backend == registry.auto_backend("smollm2")  # llamacpp where installed
+    assert FeedbackDataModule().feedback.llm.backend == registry.auto_backend("smollm2")  # llamacpp where installed
 
 
 def test_load_llm_auto_loads_the_backend_auto_names(cpu_with_llama_cpp, tiny_model_dir: Path) -> None:
