@@ -1,37 +1,38 @@
-"""A user's interaction log (CSV, JSON Lines, JSON or Parquet) → a LaMP folder in CFRAG's time-based layout.
+"""A user's interaction log (CSV, JSON Lines, JSON or Parquet, gzipped or not) → a LaMP folder in CFRAG's time-based
+layout.
 
 One log row is one item a user produced: a review with its star rating, a post with its tag, an article with its
-headline. `convert_log` reads the columns the options name, checks every value (a bad one stops the conversion
-with the file, the row and the column), and writes, per user, items oldest first:
+category. `convert_log` reads the columns the options name, checks every value (data/log_rows.py: a bad row is
+skipped and counted by reason, or under `strict` refuses the log), and writes, per user, items oldest first:
 
 - the latest item is the user's **test** question, the one before it **dev**, the `train_per_user` before those
-  **train** questions (the question's text comes from the item's text column through the task's LaMP prompt, its
-  gold is the item's label);
-- each question's **profile** is the user's items strictly older than it, so no question sees its own item or a
-  later one; a question's id is its item's doc id, which the history rules (data/histories.py) also keep out of
-  every retrieval;
+  **train** questions (the question's text comes from the item's text column through the task's prompt, its gold
+  is the item's label);
+- each question's **profile** is the user's items dated strictly before it: items of the same time are never in
+  each other's profiles, and a question with no older item is not asked; items of one user and one time are
+  ordered by their content (item id, then text, then label), so the last of them in that order is the latest,
+  whatever the file's row order (data/log_table.py);
 - users with fewer than `min_items` items are dropped (counted); `max_test_users` / `max_dev_users` keep a seeded
   random subset of users' test / dev questions (the others keep their train questions only).
 
-Rows are numbered from 1 in messages: data rows of a CSV (the header is not a row), lines of a JSON Lines file,
-elements of a JSON list, rows of a Parquet file. The output folder appears whole or not at all, and the same log
-with the same options gives byte-identical files (docs/data/your-own-data.md).
+A label task (`task="labels"`) takes its label set from the log: the labels of the train questions and their
+profiles, in alphabetical order; a dev or test question whose label train never shows is not asked (counted). The
+output folder appears whole or not at all, and the same log with the same options gives byte-identical files
+(docs/data/your-own-data.md).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import re
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from persrag_lightning.data.folder_task import MANIFEST
 from persrag_lightning.data.lamp import (
     OutputsWriter,
     QuestionsWriter,
@@ -41,13 +42,16 @@ from persrag_lightning.data.lamp import (
     questions_path,
     task_spec,
 )
-from persrag_lightning.data.log_files import LogFormatError, read_log
+from persrag_lightning.data.log_files import LogFormatError
+from persrag_lightning.data.log_rows import describe
+from persrag_lightning.data.log_table import LogTable, check_log
 from persrag_lightning.data.synth_text import LAMP2_PROMPT, LAMP3_PROMPT, LAMP4_PROMPT, LAMP5_PROMPT
-from persrag_lightning.data.tasks import TaskSpec
+from persrag_lightning.data.tasks import LABEL_MARKER, LABEL_TASK, TaskSpec, label_task
 from persrag_lightning.utils import atomic_directory, atomic_write_json
 
-MANIFEST = "convert.json"
 TEXT = "{text}"  # where a question's template puts the item's text
+LABELS_PROMPT = ("Which label does the following text belong to? Just answer with the label without further "
+                 f"explanation. {LABEL_MARKER} ")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ LAYOUTS: dict[str, TaskLayout] = {
     "LaMP-3": TaskLayout("text", "score", LAMP3_PROMPT + TEXT, "review:"),
     "LaMP-4": TaskLayout("text", "title", LAMP4_PROMPT + TEXT, "article:"),
     "LaMP-5": TaskLayout("abstract", "title", LAMP5_PROMPT + TEXT, "paper:"),
+    LABEL_TASK: TaskLayout("text", "label", LABELS_PROMPT + TEXT, LABEL_MARKER),
 }
 # LaMP-1 (a choice between two references) and LaMP-7 (a tweet from its paraphrase) ask questions a log of single
 # items does not hold.
@@ -73,7 +78,8 @@ LAYOUTS: dict[str, TaskLayout] = {
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """What `persrag data convert` reads and how it splits; column options name the log's columns."""
+    """What `persrag data convert` reads and how it splits; column options name the log's columns (`text` may name
+    several, comma-separated, joined in that order)."""
 
     task: str
     user: str
@@ -87,10 +93,21 @@ class ConvertOptions:
     max_dev_users: int | None = None
     seed: int = 0
     template: str | None = None   # the question's input; `{text}` is replaced by the item's text
+    strict: bool = False          # refuse the log at its first bad row instead of skipping bad rows
+    user_sep: str | None = None   # several users in one cell (co-authors "A, B"): each named user gets the item
+    dedupe: bool = False          # keep one of a user's items with the same text (the oldest)
+
+    @property
+    def labels_from_log(self) -> bool:
+        return self.task.strip().lower() == LABEL_TASK
+
+    def spec(self) -> TaskSpec:
+        """The task, a label task with no labels yet (the log gives them)."""
+        return label_task(()) if self.labels_from_log else task_spec(self.task)
 
     def check(self) -> TaskLayout:
         """The task's layout, with the options' combination checked (one line each, exit code 2)."""
-        spec = task_spec(self.task)
+        spec = self.spec()
         if spec.name not in LAYOUTS:
             raise LogFormatError(f"--task: {spec.name} cannot be made from a log of single items; convert to one of "
                                  f"{', '.join(LAYOUTS)}")
@@ -105,181 +122,76 @@ class ConvertOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise LogFormatError(f"--{name}: must be at least 1, got {value}")
-        layout = LAYOUTS[spec.name]
-        if self.template is not None:
-            if self.template.count(TEXT) != 1:
-                raise LogFormatError(f"--template: must hold {TEXT} exactly once, got {self.template!r}")
-            probe = "an item's own words"
-            if spec.extract_query(self.template.replace(TEXT, probe)) != probe:
-                raise LogFormatError(f"--template: {spec.name} reads the query after {layout.marker!r}; end the "
-                                     f"template with {layout.marker} {TEXT}, got {self.template!r}")
-            layout = TaskLayout(layout.text_field, layout.label_field, self.template, layout.marker)
-        return layout
+        if self.user_sep is not None and not self.user_sep:
+            raise LogFormatError("--user_sep: an empty separator; give the text between two users, e.g. ','")
+        if not all(self.text_columns()):
+            raise LogFormatError(f"--text: an empty column name in {self.text!r}; name columns as a,b")
+        return self._layout(spec, LAYOUTS[spec.name])
+
+    def _layout(self, spec: TaskSpec, layout: TaskLayout) -> TaskLayout:
+        if self.template is None:
+            return layout
+        if self.template.count(TEXT) != 1:
+            raise LogFormatError(f"--template: must hold {TEXT} exactly once, got {self.template!r}")
+        probe = "an item's own words"
+        if spec.extract_query(self.template.replace(TEXT, probe)) != probe:
+            raise LogFormatError(f"--template: {spec.name} reads the query after {layout.marker!r}; end the "
+                                 f"template with {layout.marker} {TEXT}, got {self.template!r}")
+        return TaskLayout(layout.text_field, layout.label_field, self.template, layout.marker)
+
+    def text_columns(self) -> list[str]:
+        return [c.strip() for c in self.text.split(",")]
 
     def columns(self) -> dict[str, str]:
-        """Option name → the log column it names."""
-        out = {"user": self.user, "date": self.date, "text": self.text, "label": self.label}
+        """Option name → the log column it names (`text`: the first of its columns)."""
+        out = {"user": self.user, "date": self.date, "text": self.text_columns()[0], "label": self.label}
         if self.item is not None:
             out["item"] = self.item
         return out
 
 
-# ---------------------------------------------------------------------------------------------------- checking
-
-_NUMBER = re.compile(r"[+-]?[0-9]+(?:\.[0-9]*)?")
-
-
-def _fail(path: Path, row: int, option: str, column: str, msg: str) -> LogFormatError:
-    return LogFormatError(f"{path.name}: row {row + 1}: column {column!r} (--{option}): {msg}")
-
-
-def parse_timestamp(value: Any) -> int:
-    """Seconds since the epoch (UTC) of an ISO 8601 date or date-time (naive = UTC) or of Unix seconds (a number
-    or its text); ValueError for text it cannot read, TypeError for other values."""
-    if isinstance(value, bool):
-        raise TypeError(f"expected an ISO date or Unix seconds, got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"expected an ISO date or Unix seconds, got {value!r}")
-        return math.floor(value)
-    if not isinstance(value, str):
-        raise TypeError(f"expected an ISO date or Unix seconds, got {type(value).__name__}")
-    text = value.strip()
-    if _NUMBER.fullmatch(text):
-        return math.floor(float(text))
-    try:
-        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
-        raise ValueError(f"cannot read {value!r} as an ISO date (2016-03-27, 2016-03-27T10:05:00Z) or Unix "
-                         "seconds") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return math.floor(moment.timestamp())
-
-
-def _timestamps(path: Path, values: list[Any], column: str) -> np.ndarray:
-    """Seconds of every row: pyarrow's ISO parser over the whole column when it reads every value alike (naive
-    date-times, or all with an offset), else parse_timestamp row by row, which names the row it cannot read."""
-    fast = _arrow_timestamps(values)
-    if fast is not None:
-        return fast
-    seen: dict[Any, int] = {}
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values):
-        try:
-            ts = seen.get(v) if isinstance(v, str) else None
-            if ts is None:
-                ts = parse_timestamp(v) if v is not None else None
-                if ts is None:
-                    raise ValueError("missing value")
-                if isinstance(v, str):
-                    seen[v] = ts
-            out[i] = ts
-        except (ValueError, TypeError, OverflowError) as e:
-            raise _fail(path, i, "date", column, str(e)) from None
-    return out
-
-
-def _arrow_timestamps(values: list[Any]) -> np.ndarray | None:
-    import pyarrow as pa
-
-    try:
-        column = pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return None
-    if column.null_count:
-        return None
-    for kind in (pa.timestamp("s"), pa.timestamp("s", tz="UTC")):  # naive values are UTC, as parse_timestamp reads
-        try:
-            return column.cast(kind).cast(pa.int64()).to_numpy()
-        except pa.ArrowInvalid:
-            continue
-    return None
-
-
-def _identifiers(path: Path, values: list[Any], option: str, column: str) -> list[str]:
-    out = []
-    for i, v in enumerate(values):
-        if type(v) is not str:
-            if isinstance(v, int) and not isinstance(v, bool):
-                v = str(v)
-            elif v is None:
-                raise _fail(path, i, option, column, "missing value")
-            else:
-                raise _fail(path, i, option, column, f"expected a string or integer id, got {type(v).__name__}")
-        if not v.strip():
-            raise _fail(path, i, option, column, "empty id")
-        out.append(v)
-    return out
-
-
-def _texts(path: Path, values: list[Any], option: str, column: str) -> list[str]:
-    for i, v in enumerate(values):
-        if type(v) is not str or not v.strip():
-            raise _fail(path, i, option, column, "missing value" if v is None else
-                        f"expected text, got {type(v).__name__}" if not isinstance(v, str) else "empty text")
-    return values
-
-
-def _labels(path: Path, values: list[Any], column: str, spec: TaskSpec) -> list[str]:
-    """Each label as the task's own spelling: LaMP-3's scores 1–5 ("4", 4, 4.0 → "4"), LaMP-2's tags; the
-    generation tasks' labels are texts."""
-    if spec.labels is None:
-        return _texts(path, values, "label", column)
-    allowed = set(spec.labels)
-    out = []
-    memo: dict[Any, str] = {}
-    for i, v in enumerate(values):
-        label = memo.get(v) if isinstance(v, (str, int, float)) else None
-        if label is None:
-            label = _label(v, spec)
-            if label not in allowed:
-                shown = "missing value" if v is None else f"{v!r} is not a {spec.name} label"
-                raise _fail(path, i, "label", column, f"{shown} (expected one of {', '.join(spec.labels)})")
-            if isinstance(v, (str, int, float)):
-                memo[v] = label
-        out.append(label)
-    return out
-
-
-def _label(value: Any, spec: TaskSpec) -> str | None:
-    if value is None or isinstance(value, bool):
-        return None
-    text = value.strip() if isinstance(value, str) else value
-    if spec.name == "LaMP-3":
-        try:
-            number = float(text)
-        except (TypeError, ValueError):
-            return None
-        return str(int(number)) if number.is_integer() else None
-    return text if isinstance(text, str) else None
-
-
-# ------------------------------------------------------------------------------------------------------ layout
-
 @dataclass
 class Conversion:
-    """What a conversion kept, dropped and wrote (printed by `persrag data convert`, stored as convert.json)."""
+    """What a conversion kept, skipped, dropped and wrote (printed by `persrag data convert`, stored in
+    convert.json)."""
 
     task: str
     rows: int
     users: int
     items: int
     dropped_users: int
-    dropped_rows: int
+    dropped_rows: int  # items of the dropped users
     questions: dict[str, int]
     items_per_user: dict[str, float]
     labels: dict[str, int] = field(default_factory=dict)  # label → items (label tasks)
     baseline: dict[str, Any] = field(default_factory=dict)  # the majority label of train, scored on test
+    skipped_rows: int = 0
+    skipped: dict[str, dict[str, Any]] = field(default_factory=dict)  # reason → {rows, first_rows}
+    repeated_texts: int = 0  # items whose (user, text) an older item of the user has
+    deduplicated: int = 0    # of those, dropped by `dedupe`
+    not_asked: dict[str, int] = field(default_factory=dict)  # why planned questions were not asked → how many
+    label_set: list[str] = field(default_factory=list)  # a label task's labels (the train split's)
+    users_without_questions: int = 0  # of the dropped users: every question would have had no older item
 
     def summary(self) -> str:
         """The lines a researcher checks first."""
         q = self.items_per_user
+        few = self.dropped_users - self.users_without_questions
         lines = [(f"{self.task}: {self.rows} rows → {self.users} users, {self.items} items "
-                  f"(dropped {self.dropped_users} users with too few items: {self.dropped_rows} rows)"),
-                 ("items per user: min {min:.0f}, 25 % {p25:.0f}, median {p50:.0f}, 75 % {p75:.0f}, "
-                  "max {max:.0f}").format(**q),
-                 "questions: " + ", ".join(f"{s} {n}" for s, n in self.questions.items())]
+                  f"(dropped {few} users with too few items"
+                  + (f" and {self.users_without_questions} whose items fall on too few dates"
+                     if self.users_without_questions else "") + f": {self.dropped_rows} items)")]
+        if self.skipped_rows:
+            lines.append(f"skipped {self.skipped_rows} of {self.rows} rows: {describe(self.skipped)}")
+        if self.repeated_texts:
+            lines.append(f"repeated texts: {self.repeated_texts} items repeat an older item's text of the same user; "
+                         + ("dropped (--dedupe)" if self.deduplicated else "kept (--dedupe keeps one)"))
+        lines += [("items per user: min {min:.0f}, 25 % {p25:.0f}, median {p50:.0f}, 75 % {p75:.0f}, "
+                   "max {max:.0f}").format(**q),
+                  "questions: " + ", ".join(f"{s} {n}" for s, n in self.questions.items())
+                  + "".join(f"; not asked, {why}: {n}" for why, n in self.not_asked.items() if n)]
+        if self.label_set:
+            lines.append(f"label set ({len(self.label_set)}, the train split's): {', '.join(self.label_set)}")
         if self.labels:
             total = sum(self.labels.values())
             lines.append("labels: " + ", ".join(f"{k!r} {100 * n / total:.1f} %" for k, n in
@@ -291,24 +203,113 @@ class Conversion:
         return "\n".join(lines)
 
 
-def _doc_ids(users: list[str], items: list[str] | None, order: np.ndarray, starts: np.ndarray,
-             counts: np.ndarray) -> list[str]:
-    """Doc id of each row: `{user}-{item}` with an item column, else `{user}-{position}` (oldest first)."""
-    ids = [""] * len(users)
-    width = len(str(max(int(counts.max(initial=1)) - 1, 0)))
-    for start, count in zip(starts.tolist(), counts.tolist()):
-        for pos, row in enumerate(order[start:start + count].tolist()):
-            suffix = items[row] if items is not None else f"{pos:0{width}d}"
-            ids[row] = f"{users[row]}-{suffix}"
-    return ids
+def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
+    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest convert.json."""
+    path, out = Path(log), Path(out)
+    layout = options.check()
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise LogFormatError(f"--out: {out} exists and is not empty; pass --overwrite to replace it")
+    table = check_log(path, options, options.spec())
+    plan = plan_questions(table, options)
+    spec = label_task(tuple(plan.label_set)) if options.labels_from_log else options.spec()
+    with atomic_directory(out) as tmp, gc_paused():
+        questions, train_labels, test_golds = write_questions(tmp, table, plan, spec, layout)
+        conversion = _conversion(table, plan, spec, questions, _majority_baseline(spec, train_labels, test_golds))
+        task = {"name": spec.name, **({"labels": list(spec.labels or ())} if options.labels_from_log else {})}
+        atomic_write_json(tmp / MANIFEST, {"source": path.name, "sha256": _digest(path), "task": task,
+                                           "options": asdict(options), "conversion": asdict(conversion)})
+    return conversion
 
 
-def _check_duplicates(path: Path, users: list[str], items: list[str], column: str) -> None:
-    first: dict[tuple[str, str], int] = {}
-    for i, key in enumerate(zip(users, items)):
-        j = first.setdefault(key, i)
-        if j != i:
-            raise _fail(path, i, "item", column, f"user {key[0]!r} already has item {key[1]!r} (row {j + 1})")
+def _conversion(table: LogTable, plan: QuestionPlan, spec: TaskSpec, questions: dict[str, int],
+                baseline: dict[str, Any]) -> Conversion:
+    """What was read, skipped, dropped and written; users are those who ask a question."""
+    asking = [(user, len(user)) for user, asked in zip(table.user_rows(), plan.asked) if asked]
+    kept = [r for user, _ in asking for r in user]
+    counts = np.array([n for _, n in asking] or [0])
+    silent = len(plan.asked) - len(asking)
+    return Conversion(
+        spec.name, table.rows, len(asking), len(kept), table.dropped_users + silent,
+        table.dropped_items + int(table.counts.sum()) - len(kept), questions,
+        {k: float(v) for k, v in zip(("min", "p25", "p50", "p75", "max"),
+                                     np.percentile(counts, [0, 25, 50, 75, 100]))},
+        labels=dict(Counter(table.labels[r] for r in kept)) if spec.labels is not None else {}, baseline=baseline,
+        skipped_rows=table.checks.skipped, skipped=table.checks.report(), repeated_texts=table.repeated,
+        deduplicated=table.deduplicated, not_asked=plan.not_asked, label_set=list(plan.label_set),
+        users_without_questions=silent)
+
+
+# ----------------------------------------------------------------------------------------------- the questions
+
+NO_OLDER_ITEM = "no older item"  # every earlier item of the user has the question's time
+UNSEEN_LABEL = "label not in the train split"  # a label task's dev or test gold that train never shows
+
+
+@dataclass
+class QuestionPlan:
+    """Per kept user, the questions asked: (position in the user's items, split, profile length)."""
+
+    asked: list[list[tuple[int, str, int]]]
+    not_asked: dict[str, int]
+    label_set: list[str]
+
+
+def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
+    """Which of each user's items are asked, in which split, with which profile: every item dated strictly before
+    the question. A label task's label set is the train questions' and their profiles' labels."""
+    asks_test, asks_dev = _split_rows(table.counts, options)
+    asked: list[list[tuple[int, str, int]]] = []
+    not_asked = {NO_OLDER_ITEM: 0, UNSEEN_LABEL: 0}
+    train_rows: set[int] = set()
+    for u, (user, cuts) in enumerate(zip(table.user_rows(), table.user_cuts())):
+        count = len(user)
+        plan = [(p, "train") for p in range(count - 2 - options.train_per_user, count - 2)]
+        plan += [(count - 2, "dev")] * bool(asks_dev[u]) + [(count - 1, "test")] * bool(asks_test[u])
+        mine = []
+        for p, split in plan:
+            if cuts[p] == 0:
+                not_asked[NO_OLDER_ITEM] += 1
+                continue
+            mine.append((p, split, cuts[p]))
+            if split == "train":
+                train_rows.update(user[:cuts[p]])
+                train_rows.add(user[p])
+        asked.append(mine)
+    label_set: list[str] = []
+    if options.labels_from_log:
+        label_set = sorted({table.labels[r] for r in train_rows})
+        known = set(label_set)
+        for user, mine in zip(table.user_rows(), asked):
+            keep = [q for q in mine if q[1] == "train" or table.labels[user[q[0]]] in known]
+            not_asked[UNSEEN_LABEL] += len(mine) - len(keep)
+            mine[:] = keep
+    return QuestionPlan(asked, {k: v for k, v in not_asked.items() if v}, label_set)
+
+
+def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: TaskSpec,
+                    layout: TaskLayout) -> tuple[dict[str, int], Counter[str], list[str]]:
+    """Each kept user's questions into the split files of `folder`: (questions per split, train labels, test
+    golds)."""
+    questions = {"train": 0, "dev": 0, "test": 0}
+    train_labels: Counter[str] = Counter()
+    test_golds: list[str] = []
+    with ExitStack() as stack:
+        qw = {s: stack.enter_context(QuestionsWriter(questions_path(folder, s), spec)) for s in questions}
+        ow = {s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions}
+        for user, asked in zip(table.user_rows(), plan.asked):
+            docs = [profile_item_json(table.doc_ids[r], table.dates[r],
+                                      _fields(spec, layout, table.texts[r], table.labels[r])) for r in user]
+            for p, split, cut in asked:
+                r = user[p]
+                qw[split].write_record(table.doc_ids[r], layout.template.replace(TEXT, table.texts[r]),
+                                       table.users[r], "[" + ", ".join(docs[:cut]) + "]")
+                ow[split].write(table.doc_ids[r], table.labels[r])
+                questions[split] += 1
+                if split == "train":
+                    train_labels[table.labels[r]] += 1
+                elif split == "test":
+                    test_golds.append(table.labels[r])
+    return questions, train_labels, test_golds
 
 
 def _split_rows(counts: np.ndarray, options: ConvertOptions) -> tuple[np.ndarray, np.ndarray]:
@@ -322,114 +323,6 @@ def _split_rows(counts: np.ndarray, options: ConvertOptions) -> tuple[np.ndarray
     return test, dev
 
 
-def _date_strings(ts: np.ndarray) -> list[str]:
-    """LaMP dates ('-'-separated integers): YYYY-MM-DD when every item is at midnight UTC, else with the time of
-    day (YYYY-MM-DD-HH-MM-SS), so the file keeps the order the split was made in."""
-    iso = ts.astype("datetime64[s]").astype(str)
-    if not (ts % 86400).any():
-        return [s[:10] for s in iso.tolist()]
-    return [s.replace("T", "-").replace(":", "-") for s in iso.tolist()]
-
-
-@dataclass
-class LogRows:
-    """A checked log: one value per row, and each kept user's rows (oldest first) as a slice of `order`."""
-
-    users: list[str]
-    texts: list[str]
-    labels: list[str]
-    doc_ids: list[str]
-    dates: list[str]
-    order: np.ndarray   # row indices, users in sorted id order, each user's rows oldest first
-    starts: np.ndarray  # where each kept user's rows begin in `order`
-    counts: np.ndarray  # how many rows each kept user has
-    dropped_users: int
-
-    def user_rows(self) -> list[list[int]]:
-        return [self.order[s:s + c].tolist() for s, c in zip(self.starts.tolist(), self.counts.tolist())]
-
-
-def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogRows:
-    """Every value of the named columns checked (a bad one raises LogFormatError naming the row and the column),
-    users with too few items dropped, and each kept user's rows ordered by time (equal times: the file's order)."""
-    cols = options.columns()
-    raw = read_log(path, list(cols.values()))
-    n = len(raw[cols["user"]])
-    if n == 0:
-        raise LogFormatError(f"{path.name}: no rows")
-    users = _identifiers(path, raw[cols["user"]], "user", cols["user"])
-    ts = _timestamps(path, raw[cols["date"]], cols["date"])
-    texts = _texts(path, raw[cols["text"]], "text", cols["text"])
-    labels = _labels(path, raw[cols["label"]], cols["label"], spec)
-    items = _identifiers(path, raw[cols["item"]], "item", cols["item"]) if "item" in cols else None
-    if items is not None:
-        _check_duplicates(path, users, items, cols["item"])
-    codes_of = {u: k for k, u in enumerate(sorted(set(users)))}
-    codes = np.fromiter((codes_of[u] for u in users), dtype=np.int64, count=n)
-    order = np.lexsort((np.arange(n), ts, codes))
-    counts = np.bincount(codes, minlength=len(codes_of))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    keep = counts >= options.min_items
-    if not keep.any():
-        raise LogFormatError(f"{path.name}: no user has {options.min_items} items (--min_items); the most any user "
-                             f"has is {int(counts.max())}")
-    starts, counts = starts[keep], counts[keep]
-    return LogRows(users, texts, labels, _doc_ids(users, items, order, starts, counts), _date_strings(ts), order,
-                   starts, counts, int((~keep).sum()))
-
-
-def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
-    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest convert.json."""
-    path, out = Path(log), Path(out)
-    layout = options.check()
-    spec = task_spec(options.task)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise LogFormatError(f"--out: {out} exists and is not empty; pass --overwrite to replace it")
-    rows = check_log(path, options, spec)
-    with atomic_directory(out) as tmp, gc_paused():
-        questions, train_labels, test_golds = write_questions(tmp, rows, options, spec, layout)
-        kept = [r for user in rows.user_rows() for r in user]
-        conversion = Conversion(
-            spec.name, len(rows.users), len(rows.counts), len(kept), rows.dropped_users, len(rows.users) - len(kept),
-            questions, {k: float(v) for k, v in zip(("min", "p25", "p50", "p75", "max"),
-                                                    np.percentile(rows.counts, [0, 25, 50, 75, 100]))},
-            labels=dict(Counter(rows.labels[r] for r in kept)) if spec.labels else {},
-            baseline=_majority_baseline(spec, train_labels, test_golds))
-        atomic_write_json(tmp / MANIFEST, {"source": path.name, "sha256": _digest(path), "options": asdict(options),
-                                           "conversion": asdict(conversion)})
-    return conversion
-
-
-def write_questions(folder: Path, rows: LogRows, options: ConvertOptions, spec: TaskSpec,
-                    layout: TaskLayout) -> tuple[dict[str, int], Counter[str], list[str]]:
-    """Each kept user's questions into the split files of `folder`: (questions per split, train labels, test
-    golds)."""
-    questions = {"train": 0, "dev": 0, "test": 0}
-    train_labels: Counter[str] = Counter()
-    test_golds: list[str] = []
-    asks_test, asks_dev = _split_rows(rows.counts, options)
-    with ExitStack() as stack:
-        qw = {s: stack.enter_context(QuestionsWriter(questions_path(folder, s), spec)) for s in questions}
-        ow = {s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions}
-        for u, user in enumerate(rows.user_rows()):
-            docs = [profile_item_json(rows.doc_ids[r], rows.dates[r],
-                                      _fields(spec, layout, rows.texts[r], rows.labels[r])) for r in user]
-            count = len(user)
-            plan = [(p, "train") for p in range(count - 2 - options.train_per_user, count - 2)]
-            plan += [(count - 2, "dev")] * bool(asks_dev[u]) + [(count - 1, "test")] * bool(asks_test[u])
-            for p, split in plan:
-                r = user[p]
-                qw[split].write_record(rows.doc_ids[r], layout.template.replace(TEXT, rows.texts[r]), rows.users[r],
-                                       "[" + ", ".join(docs[:p]) + "]")
-                ow[split].write(rows.doc_ids[r], rows.labels[r])
-                questions[split] += 1
-                if split == "train":
-                    train_labels[rows.labels[r]] += 1
-                elif split == "test":
-                    test_golds.append(rows.labels[r])
-    return questions, train_labels, test_golds
-
-
 def _fields(spec: TaskSpec, layout: TaskLayout, text: str, label: str) -> dict[str, str]:
     values = {layout.text_field: text, layout.label_field: label}
     return {f: values[f] for f in spec.profile_fields}
@@ -438,7 +331,7 @@ def _fields(spec: TaskSpec, layout: TaskLayout, text: str, label: str) -> dict[s
 def _majority_baseline(spec: TaskSpec, train: Counter[str], test: list[str]) -> dict[str, Any]:
     """The reader-free floor every LLM row must beat: train's most frequent label answered to every test question
     (ties: the label listed first by the task)."""
-    if spec.labels is None or not train or not test:
+    if not spec.labels or not train or not test:
         return {}
     label = max(spec.labels, key=lambda lab: (train[lab], -spec.labels.index(lab)))
     scores = {"accuracy": float(np.mean([g == label for g in test]))}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from persrag_lightning.data.lamp import format_date, parse_date
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
+from persrag_lightning.data.tasks import define_task, task_record
 from persrag_lightning.utils import atomic_open, atomic_write_json
 
 USERS_FILE = "users.jsonl"
@@ -14,14 +15,15 @@ USERS_FILE = "users.jsonl"
 
 def write_docstore(path: str | Path, dataset: LampDataset) -> Path:
     """One JSON line per user ({user_id, docs: [{id, date, fields}], share: false only for private users}) plus
-    the task name; written atomically."""
+    the task (a label task with its labels, so serving knows them without the folder); written atomically."""
     path = Path(path)
     with atomic_open(path / USERS_FILE) as f:
         for uid in dataset.user_ids():
             docs = [{"id": d.doc_id, "date": format_date(d.date), "fields": d.fields} for d in dataset.users[uid].docs]
             line = {"user_id": uid, "docs": docs, **({"share": False} if uid in dataset.private else {})}
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    atomic_write_json(path / "task.json", {"task": dataset.task})
+    record = task_record(dataset.task)
+    atomic_write_json(path / "task.json", {"task": record.pop("name"), **record})
     return path
 
 
@@ -37,7 +39,8 @@ def read_docstore(path: str | Path) -> LampDataset:
     if not (path / USERS_FILE).exists():
         raise FileNotFoundError(f"no docstore at {path}; it is exported with the user encoder "
                                 "(`python train.py fit --config cfrag_user_encoder.yaml`)")
-    task = json.loads((path / "task.json").read_text())["task"]
+    stored = json.loads((path / "task.json").read_text())
+    task = define_task({**stored, "name": stored["task"]})
     users, private = {}, set()
     with open(path / USERS_FILE, encoding="utf-8") as f:
         for line in f:

@@ -283,8 +283,7 @@ def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
 
 def _few(ids: Iterable[str]) -> str:
     ids = sorted(ids)
-    shown = ", ".join(repr(x) for x in ids[:_FEW])
-    return shown + (f", ... ({len(ids)} in all)" if len(ids) > _FEW else "")
+    return ", ".join(repr(x) for x in ids[:_FEW]) + (f", ... ({len(ids)} in all)" if len(ids) > _FEW else "")
 
 
 def _check_ids(qpath: Path, opath: Path, question_ids: list[str], golds: Mapping[str, str]) -> None:
@@ -292,9 +291,7 @@ def _check_ids(qpath: Path, opath: Path, question_ids: list[str], golds: Mapping
     qids = set(question_ids)
     missing, extra = qids - golds.keys(), golds.keys() - qids
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} question id(s) of {qpath.name} have no gold: {_few(missing)}")
+        parts = [f"{len(missing)} question id(s) of {qpath.name} have no gold: {_few(missing)}"] if missing else []
         if extra:
             parts.append(f"{len(extra)} gold id(s) match no question of {qpath.name}: {_few(extra)}")
         raise _fail(opath, "; ".join(parts), field="golds")
@@ -314,14 +311,17 @@ def gc_paused() -> Iterator[None]:
 
 
 def load_lamp(data_dir: str | Path, task: str, splits: Iterable[str] = SPLITS) -> LampDataset:
-    """Read the requested splits present in `data_dir` (train required when requested) into a LampDataset."""
+    """The requested splits present in `data_dir` (train required) as a LampDataset; a converted folder's task
+    comes from its convert.json (data/folder_task.py)."""
     with gc_paused():
         return _load_lamp(Path(data_dir), task, splits)
 
 
 def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
+    from persrag_lightning.data.folder_task import resolve_task  # it imports this module
+
     try:
-        spec = task_spec(task)
+        spec = task_spec(task if isinstance(task, TaskSpec) else resolve_task(task, data_dir))
     except LampFormatError as e:
         raise LampFormatError(f"{data_dir}: {e}") from None
     wanted = list(dict.fromkeys(splits))

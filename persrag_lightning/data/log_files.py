@@ -1,16 +1,20 @@
-"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet) read into the columns a conversion names.
+"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet; any of them gzipped) read into the columns a
+conversion names.
 
-Rows are numbered from 1 in messages: data rows of a CSV (the header is not a row), lines of a JSON Lines file,
-elements of a JSON list, rows of a Parquet file. pyarrow reads every format fast; where it refuses a JSON Lines
-file, the file is read again line by line, so the message names the line.
+Files are taken as they are published: a gzipped file (`.json.gz`, `.csv.gz`, or any name) is read directly, and
+JSON is recognised by its content whatever the extension, so Amazon's `.json` files, which hold JSON Lines, read as
+JSON Lines. Rows are numbered from 1 in messages: data rows of a CSV (the header is not a row), lines of a JSON
+Lines file, elements of a JSON list, rows of a Parquet file. pyarrow reads every format fast; where it refuses a
+JSON Lines file, the file is read again line by line, so the message names the line.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from persrag_lightning.data.lamp import LampFormatError, gc_paused
 
@@ -21,15 +25,49 @@ class LogFormatError(LampFormatError):
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
            ".parquet": "parquet", ".pq": "parquet"}
+_GZIP = b"\x1f\x8b"  # the first two bytes of every gzip file
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
 
 
 def log_format(path: Path) -> str:
-    """The format by the file's extension (a compressed `.csv.gz` reads as CSV)."""
+    """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line) whatever its name,
+    else by the extension (a gzipped `.csv.gz` reads as CSV)."""
+    sniffed = _sniff_json(path)
+    if sniffed is not None:
+        return sniffed
     suffixes = [s.lower() for s in path.suffixes]
     for s in reversed(suffixes):
-        if s in FORMATS:
+        if s in FORMATS and FORMATS[s] not in ("json", "jsonl"):
             return FORMATS[s]
-    raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))}")
+    if any(FORMATS.get(s) in ("json", "jsonl") for s in suffixes):
+        return "json"  # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
+    raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
+                         "by its content), optionally gzipped")
+
+
+def _sniff_json(path: Path) -> str | None:
+    """"json" for a file that starts with `[`, "jsonl" for one whose first line is a JSON object, else None."""
+    try:
+        with _open_binary(path) as f:
+            first = f.readline().lstrip(b"\xef\xbb\xbf").strip()
+    except (OSError, EOFError) as e:
+        raise LogFormatError(f"{path.name}: cannot read: {e}") from None
+    if first.startswith(b"["):
+        return "json"
+    if first.startswith(b"{"):
+        try:
+            return "jsonl" if isinstance(json.loads(first), dict) else "json"
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return "json"  # an object over several lines: the JSON reader says it is not a list of rows
+    return None
 
 
 def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
@@ -60,13 +98,16 @@ def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[A
     from pyarrow import csv
 
     parse = csv.ParseOptions(delimiter=delimiter)
+    compression = "gzip" if is_gzip(path) else None
     try:
-        with csv.open_csv(path, parse_options=parse) as reader:
+        with csv.open_csv(pa.input_stream(path, compression=compression), parse_options=parse) as reader:
             _missing(path, reader.schema.names, wanted)
         # every column as text: user ids like "007" stay themselves, and each value is checked below
-        table = csv.read_csv(path, parse_options=parse, convert_options=csv.ConvertOptions(
-            include_columns=wanted, column_types={c: pa.string() for c in wanted}, strings_can_be_null=False))
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        table = csv.read_csv(pa.input_stream(path, compression=compression), parse_options=parse,
+                             convert_options=csv.ConvertOptions(include_columns=wanted,
+                                                                column_types={c: pa.string() for c in wanted},
+                                                                strings_can_be_null=False))
+    except (pa.ArrowInvalid, UnicodeDecodeError, OSError) as e:
         raise LogFormatError(f"{path.name}: not a readable CSV file: {e}") from None
     return {c: table.column(c).to_pylist() for c in wanted}
 
@@ -101,13 +142,13 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     from pyarrow import json as pa_json
 
     try:
-        table = pa_json.read_json(path)
+        table = pa_json.read_json(pa.input_stream(path, compression="gzip" if is_gzip(path) else None))
         _missing(path, table.column_names, wanted)
         return {c: _values(table.column(c)) for c in wanted}
     except pa.ArrowInvalid:
         pass
     columns: dict[str, list[Any]] = {c: [] for c in wanted}
-    with open(path, encoding="utf-8", errors="strict") as f:
+    with _open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 raise LogFormatError(f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)")
@@ -121,7 +162,7 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
 def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with _open_text(path) as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise LogFormatError(f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
@@ -132,6 +173,13 @@ def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     for n, record in enumerate(data, 1):
         _add_record(path, n, record, columns)
     return _checked_columns(path, columns)
+
+
+def _open_text(path: Path) -> IO[str]:
+    """UTF-8 text of a file, gzipped or not (a byte-order mark is skipped)."""
+    if is_gzip(path):
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")  # type: ignore[return-value]
+    return open(path, encoding="utf-8-sig", errors="strict")
 
 
 def _add_record(path: Path, n: int, record: Any, columns: dict[str, list[Any]]) -> None:

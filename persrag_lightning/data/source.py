@@ -5,19 +5,20 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
-from persrag_lightning.data.tasks import get_task
 from persrag_lightning.utils import fingerprint
 
 
 class LampSource:
-    """`data_dir` with LaMP files, or (when None) the embedded SynthLaMP of `synth` under `cache_dir`."""
+    """`data_dir` with LaMP files, or (when None) the embedded SynthLaMP of `synth` under `cache_dir`; a converted
+    folder's task (a label task's labels) is read from its convert.json and must agree with `task`."""
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag") -> None:
-        self.task = get_task(task).name
+        self.task = resolve_task(task, data_dir)
         self.cache_dir = Path(cache_dir)
         self.synth = None if data_dir else replace(synth or SynthConfig(), task=self.task)
         self.data_dir = Path(data_dir) if data_dir else (

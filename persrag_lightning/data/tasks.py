@@ -1,11 +1,13 @@
-"""Per-task facts of LaMP: profile fields, query extraction, doc rendering and label space."""
+"""Per-task facts of LaMP: profile fields, query extraction, doc rendering and label space; and the label tasks a
+converted folder defines (`persrag data convert --task labels`), known to `get_task` once the folder is read."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Any, Literal
 
 from persrag_lightning.data.records import HistoryDoc
 
@@ -84,10 +86,56 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+# ---- label tasks of converted folders ---------------------------------------------------------------------
+
+LABEL_TASK = "labels"  # a classification task whose label set is a converted folder's (its convert.json)
+LABEL_MARKER = "text:"  # the words of a label task's question after which its query (the item's text) starts
+_FOLDER_TASKS: dict[str, TaskSpec] = {}  # label tasks of the folders this process has read
+
+
+@lru_cache(maxsize=64)
+def label_task(labels: tuple[str, ...]) -> TaskSpec:
+    """The task of a folder converted with `--task labels`: LaMP-2's shape (a text and its label per profile
+    item) over the folder's own labels; the same labels give the same object."""
+    return TaskSpec(LABEL_TASK, "classification", ("text", "label"), _after(LABEL_MARKER), tuple(labels), "label")
+
+
+def register_task(spec: TaskSpec) -> TaskSpec:
+    """Make a folder's label task known to `get_task` in this process (data/folder_task.py does it when a folder
+    is read); a process holds one label set per task name, the last folder's."""
+    _FOLDER_TASKS[spec.name] = spec
+    return spec
+
+
+def task_record(name: str) -> dict[str, Any]:
+    """What a folder or an export stores to name its task: the name, and a label task's labels."""
+    spec = get_task(name)
+    return {"name": spec.name, **({"labels": list(spec.labels or ())} if spec.name not in TASKS else {})}
+
+
+def define_task(record: dict[str, Any]) -> str:
+    """The task a `task_record` names, a label task registered with its labels; ValueError on a malformed one."""
+    name = record.get("name") if isinstance(record, dict) else None
+    if name != LABEL_TASK:
+        return get_task(str(name)).name
+    labels = record.get("labels")
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x.strip() for x in labels):
+        raise ValueError(f"task {LABEL_TASK!r}: expected its labels as a list of non-empty strings, got {labels!r}")
+    return register_task(label_task(tuple(labels))).name
+
+
 def get_task(name: str) -> TaskSpec:
-    """Look a task up by `LaMP-2`, `LaMP_2`, `lamp2` or `2`; unknown names list the known ones."""
+    """Look a task up by `LaMP-2`, `LaMP_2`, `lamp2` or `2`, or a label task of a folder this process has read
+    (`labels`); unknown names list the known ones."""
+    folder_task = _FOLDER_TASKS.get(str(name).strip().lower())
+    if folder_task is not None:
+        return folder_task
+    if str(name).strip().lower() == LABEL_TASK:
+        raise ValueError(f"task {LABEL_TASK!r} takes its labels from a converted folder: name the folder with "
+                         "--data_dir (written by `persrag data convert --task labels`; its convert.json lists them)")
     key = re.sub(r"[^0-9]", "", str(name))
     spec = TASKS.get(f"LaMP-{key}")
     if spec is None:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, {LABEL_TASK} (a converted "
+                         "folder's own labels)")
     return spec

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from persrag_lightning.cli import main
-from persrag_lightning.data.convert import ConvertOptions, LogFormatError, convert_log, parse_timestamp
+from persrag_lightning.data.convert import ConvertOptions, LogFormatError, convert_log
+from persrag_lightning.data.log_rows import parse_timestamp
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import visible_histories
 from persrag_lightning.data.lamp import LampFormatError, format_date, load_lamp, parse_date, questions_path
@@ -154,25 +155,30 @@ def test_a_log_with_times_of_day_writes_them_into_lamp_dates(tmp_path):
 
 BAD = [  # (edit of the rows, option overrides, what the one line must say)
     (lambda rows: [{k: v for k, v in r.items() if k != "stars"} for r in rows], {}, "log.csv: no column 'stars'"),
-    (lambda rows: [*rows[:7], {**rows[7], "time": "last tuesday"}, *rows[8:]], {},
+    (lambda rows: [*rows[:7], {**rows[7], "time": "last tuesday"}, *rows[8:]], {"strict": True},
      "log.csv: row 8: column 'time' (--date): cannot read 'last tuesday'"),
-    (lambda rows: [*rows[:2], {**rows[2], "stars": "6"}, *rows[3:]], {},
+    (lambda rows: [*rows[:2], {**rows[2], "stars": "6"}, *rows[3:]], {"strict": True},
      "log.csv: row 3: column 'stars' (--label): '6' is not a LaMP-3 label"),
-    (lambda rows: [*rows[:4], {**rows[4], "review": "  "}, *rows[5:]], {},
+    (lambda rows: [*rows[:4], {**rows[4], "review": "  "}, *rows[5:]], {"strict": True},
      "log.csv: row 5: column 'review' (--text): empty text"),
-    (lambda rows: [*rows[:9], {**rows[9], "asin": rows[3]["asin"]}, *rows[10:]], {},
+    (lambda rows: [*rows[:9], {**rows[9], "asin": rows[3]["asin"]}, *rows[10:]], {"strict": True},
      "log.csv: row 10: column 'asin' (--item): user 'u000000' already has item"),
+    (lambda rows: [*rows[:6], {**rows[6], "review": ""}, *rows[7:11], {**rows[11], "time": "?"}, *rows[12:]],
+     {"strict": True}, "log.csv: row 7: column 'review' (--text): empty text"),  # the first bad row of the file
+    (lambda rows: [{**r, "stars": "ten"} if i % 3 else r for i, r in enumerate(rows)], {},
+     "log.csv: 623 of 935 rows would be skipped (label outside the task's set 623 (rows 2, 3, 5, 6, 8, …))"),
     (lambda rows: rows, {"min_items": 4}, "--min_items: 4 is too few for --train_per_user 2"),
     (lambda rows: rows, {"template": "Rate this: {text}"}, "--template: LaMP-3 reads the query after 'review:'"),
 ]
 
 
 @pytest.mark.parametrize("edit, overrides, message", BAD, ids=["column", "date", "label", "text", "duplicate",
-                                                                "min_items", "template"])
+                                                                "first_row", "most_rows", "min_items", "template"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, rows, capsys, edit, overrides, message):
+    """`--strict` refuses the first bad row; without it, only a log that would lose most of its rows is refused."""
     log = write_log(tmp_path / "log.csv", edit(rows))
     out = tmp_path / "out"
-    flags = [f"--{k}={v}" for k, v in overrides.items()]
+    flags = [f"--{k}" if v is True else f"--{k}={v}" for k, v in overrides.items()]
     with pytest.raises(SystemExit) as exit_:
         main(["data", "convert", str(log), "--task", "LaMP-3", "--user", "reviewer", "--date", "time", "--text",
               "review", "--label", "stars", "--item", "asin", "--out", str(out), *flags])
@@ -180,6 +186,25 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, rows, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_bad_rows_are_skipped_counted_by_reason_with_their_first_rows(tmp_path, rows, capsys):
+    """The same bad rows as the --strict refusals: each skipped, counted under its reason in the summary and in
+    convert.json; the rest converts as if those rows were not in the log."""
+    bad = {7: {"time": "last tuesday"}, 2: {"stars": "6"}, 4: {"review": "  "}, 9: {"asin": rows[3]["asin"]},
+           11: {"review": None}, 12: {"reviewer": ""}}
+    edited = [{**r, **bad.get(i, {})} for i, r in enumerate(rows)]
+    log = write_log(tmp_path / "log.jsonl", edited)
+    main(["data", "convert", str(log), "--task", "LaMP-3", "--user", "reviewer", "--date", "time", "--text",
+          "review", "--label", "stars", "--item", "asin", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert (f"skipped 6 of {len(rows)} rows: missing text 2 (rows 5, 12); label outside the task's set 1 (row 3); "
+            "unreadable date 1 (row 8); repeated item 1 (row 10); missing user 1 (row 13)") in printed  # most first
+    manifest = json.loads((tmp_path / "out" / "convert.json").read_text())
+    assert manifest["conversion"]["skipped"]["missing text"] == {"rows": 2, "first_rows": [5, 12]}
+    assert manifest["conversion"]["skipped_rows"] == 6
+    clean, _ = convert(tmp_path, [r for i, r in enumerate(rows) if i not in bad], "clean.jsonl")
+    assert lamp_bytes(tmp_path / "out") == lamp_bytes(clean)
 
 
 def test_a_folder_is_replaced_only_when_asked_and_tasks_without_a_log_shape_are_refused(tmp_path, rows):
