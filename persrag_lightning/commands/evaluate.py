@@ -32,7 +32,7 @@ def evaluate_command(args: list[str]) -> dict:
     settings = cfg.evaluation.init_args
     if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":  # the LaMP default follows --run_name
         settings.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
-    check_task(getattr(settings, "task", None))
+    check_task(getattr(settings, "task", None), getattr(settings, "data_dir", None))
     init = parser.instantiate_classes(cfg)
     evaluator: Evaluator = init.evaluation
     strategies = init.strategies

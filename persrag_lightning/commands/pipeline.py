@@ -20,6 +20,7 @@ from typing import Any
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
 from persrag_lightning.commands.train import lightning_command
+from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import (
     Precision,
@@ -280,7 +281,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--preset", default="quick",
                         help=f"a preset of configs/presets/ ({', '.join(preset_names())}) or a YAML file of your own "
                              "(docs/training/configs.md)")
-    parser.add_argument("--task", default="LaMP-2", help="LaMP task (default LaMP-2, the main job)")
+    parser.add_argument("--task", default=None,
+                        help="LaMP task, or labels (a converted folder's own label set); default: the --data_dir "
+                             "folder's (its convert.json), else LaMP-2, the main job")
     parser.add_argument("--data_dir", default=None,
                         help="a LaMP-format folder (train/dev/<split> questions and outputs) that every stage and "
                              "the evaluation read; default: the embedded SynthLaMP")
@@ -306,7 +309,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
     try:
-        opts.task = get_task(opts.task).name
+        opts.task = resolve_task(opts.task, opts.data_dir)
     except ValueError as e:
         parser.error(str(e))
     return opts, extra
@@ -391,7 +394,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
         evaluate["evaluation.max_examples"] = opts.questions
     if opts.llm_backend:
         evaluate["evaluation.llm.backend"] = opts.llm_backend
-    suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-"
+    suffix = "" if task == "LaMP-2" else f"lamp{task.split('-')[1]}-" if task.startswith("LaMP-") else f"{task}-"
     judged = "" if judgments == preset.judgments else f"-{judgments}"
     source = "synthlamp" if opts.data_dir is None else Path(opts.data_dir).resolve().name
     rules, backend = preset.precision, opts.llm_backend

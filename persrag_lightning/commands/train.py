@@ -31,13 +31,14 @@ def resolve_config_args(argv: list[str]) -> list[str]:
     return out
 
 
-def check_task(task: str | None) -> None:
-    """An unknown task is bad input like any other: one line naming it (exit code 2), raised here because the
-    argument parser would wrap the constructor's error into a traceback."""
-    if task is not None:
-        from persrag_lightning.data.lamp import task_spec
+def check_task(task: str | None, data_dir: str | None = None) -> None:
+    """An unknown task, or one its folder's convert.json contradicts, is bad input like any other: one line naming
+    it (exit code 2), raised here because the argument parser would wrap the constructor's error into a traceback.
+    A converted folder's own label set is registered on the way (data/folder_task.py)."""
+    if task is not None or data_dir is not None:
+        from persrag_lightning.data.folder_task import resolve_task
 
-        task_spec(task)
+        resolve_task(task, data_dir)
 
 
 def fill_run_dir(args: Namespace, run_dir: str) -> None:
@@ -90,7 +91,7 @@ class PersragCLI(LightningCLI):
         """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
         `{run_dir}` in the data's and the model's paths is checkpoints/<run_name>, where earlier stages exported."""
         cfg = self._cfg()
-        check_task(cfg.data.init_args.get("task"))
+        check_task(cfg.data.init_args.get("task"), cfg.data.init_args.get("data_dir"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
         for args in (cfg.data.init_args, cfg.model.init_args):
             fill_run_dir(args, run_dir)

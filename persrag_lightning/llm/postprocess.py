@@ -11,13 +11,14 @@ from persrag_lightning.data.tasks import get_task
 
 # Short budgets for label tasks keep feedback cheap; titles and tweets need a sentence.
 MAX_NEW_TOKENS: dict[str, int] = {"LaMP-1": 8, "LaMP-2": 8, "LaMP-3": 8, "LaMP-4": 40, "LaMP-5": 40, "LaMP-7": 64}
+LABEL_TASK_TOKENS = 16  # a folder's own labels ("STYLE & BEAUTY") may take more tokens than LaMP-2's tags
 JSON_KEYS: dict[str, str] = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "tweet"}
 _STRIP = " \t\r\n\"'`“”‘’[](){}<>.,;:!?*"
 
 
 def default_max_new_tokens(task: str) -> int:
     """Per-task generation budget used by feedback and final generation unless overridden."""
-    return MAX_NEW_TOKENS[get_task(task).name]
+    return MAX_NEW_TOKENS.get(get_task(task).name, LABEL_TASK_TOKENS)
 
 
 def _strip_fences(text: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
@@ -94,8 +95,24 @@ TABLE4: dict[str, TaskPrompt] = {
 
 
 def task_prompt(task: str) -> TaskPrompt:
-    """Table 4 row of a task (any spelling `get_task` accepts)."""
-    return TABLE4[get_task(task).name]
+    """Table 4 row of a task (any spelling `get_task` accepts); a label task of a converted folder gets LaMP-2's
+    row over its own labels (`label_prompt`)."""
+    spec = get_task(task)
+    return TABLE4[spec.name] if spec.name in TABLE4 else label_prompt(spec.labels or ())
+
+
+@lru_cache(maxsize=16)
+def label_prompt(labels: tuple[str, ...]) -> TaskPrompt:
+    """LaMP-2's Table 4 row for a folder's own label set: the labels listed in the instruction, an item's text and
+    label per history line."""
+    return TaskPrompt(
+        _PROFILES_LEAD,
+        f"please select the label from [{', '.join(labels)}] that is most relevant to the user's input text. "
+        "Please just answer with the label without explanation.",
+        '"text":{query}; "label":',
+        '"text":{text}; "label":{label}',
+        "text",
+    )
 
 
 def lamp1_references(raw_input: str) -> tuple[str, str]:
@@ -155,7 +172,7 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
     The fixed text is taken off first so the prompt never exceeds `max_prompt_tokens` of the LLM's tokens.
     """
     spec = get_task(task)
-    tp = TABLE4[spec.name]
+    tp = task_prompt(spec.name)
     refs = lamp1_references(query_input) if spec.name == "LaMP-1" else None
     query = spec.extract_query(query_input)
 
@@ -219,7 +236,7 @@ def content_free_prompt(task: str, filler: str) -> str:
     """The task's Table 4 prompt without history whose input is `filler` (Zhao et al., 2021: "N/A", "", "[MASK]");
     LaMP-1's two references are the filler too, so nothing in the prompt favours either."""
     spec = get_task(task)
-    return _render(TABLE4[spec.name], [], filler, (filler, filler) if spec.name == "LaMP-1" else None)
+    return _render(task_prompt(spec.name), [], filler, (filler, filler) if spec.name == "LaMP-1" else None)
 
 
 def domain_premise(task: str) -> str:
