@@ -271,7 +271,7 @@ def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
                 not_asked[NO_OLDER_ITEM] += 1
                 continue
             mine.append((p, split, cuts[p]))
-            if split == "train":
+            if split == "train" and options.labels_from_log:
                 train_rows.update(user[:cuts[p]])
                 train_rows.add(user[p])
         asked.append(mine)

@@ -49,11 +49,19 @@ class LogTable:
     def _slices(self) -> list[tuple[int, int]]:
         return list(zip(self.starts.tolist(), self.counts.tolist()))
 
+    @cached_property
+    def _user_rows(self) -> list[list[int]]:
+        order = self.order.tolist()
+        return [order[s:s + c] for s, c in self._slices]
+
     def user_rows(self) -> list[list[int]]:
-        return [self.order[s:s + c].tolist() for s, c in self._slices]
+        """Each kept user's entries, oldest first."""
+        return self._user_rows
 
     def user_cuts(self) -> list[list[int]]:
-        return [self.cuts[s:s + c].tolist() for s, c in self._slices]
+        """Each kept user's profile cuts, in the order of `user_rows`."""
+        cuts = self.cuts.tolist()
+        return [cuts[s:s + c] for s, c in self._slices]
 
 
 def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogTable:
@@ -86,13 +94,20 @@ def _repeated_items(checks: RowChecks, single: list[str] | None, names: list[lis
     """A user holds an item once: a later row giving one of its users an item again is skipped."""
     first: dict[tuple[str, str], int] = {}
     for i in np.flatnonzero(checks.ok).tolist():
-        keys = [(u, items[i]) for u in (names[i] if names is not None else [single[i]])]  # type: ignore[index]
+        if names is None:
+            key = (single[i], items[i])  # type: ignore[index]
+            j = first.setdefault(key, i)
+            if j != i:
+                checks.bad(i, "repeated item", "item", column, f"user {key[0]!r} already has item {key[1]!r} "
+                                                               f"(row {j + 1})")
+            continue
+        keys = [(u, items[i]) for u in names[i]]
         again = next((k for k in keys if k in first), None)
         if again is not None:
             checks.bad(i, "repeated item", "item", column,
                        f"user {again[0]!r} already has item {again[1]!r} (row {first[again] + 1})")
-            continue
-        first.update((k, i) for k in keys)
+        else:
+            first.update((k, i) for k in keys)
 
 
 def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | None) -> tuple[list[int], list[str]]:

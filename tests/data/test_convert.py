@@ -14,10 +14,10 @@ import pytest
 
 from persrag_lightning.cli import main
 from persrag_lightning.data.convert import ConvertOptions, LogFormatError, convert_log
-from persrag_lightning.data.log_rows import parse_timestamp
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import visible_histories
 from persrag_lightning.data.lamp import LampFormatError, format_date, load_lamp, parse_date, questions_path
+from persrag_lightning.data.log_rows import parse_timestamp
 from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
 
 COLUMNS = ["reviewer", "time", "review", "stars", "asin"]

@@ -132,3 +132,30 @@ def test_a_review_log_in_every_format_converts_and_trains_to_its_table(in_tmp_cw
     golds = read_outputs(folders[0] / "test_outputs.json", "LaMP-3")
     predictions = read_outputs(evaluate / "predictions" / f"{file_name(RERANKED)}.json", "LaMP-3")
     assert len(golds) == 16 and predictions and set(predictions) <= set(golds)  # the users' latest reviews
+
+
+@pytest.mark.slow
+def test_a_news_log_with_its_own_labels_converts_and_trains_to_its_table(in_tmp_cwd):
+    """`persrag data convert --task labels` on a news log (co-authors, articles without an author, 29 categories of
+    its own), then `pipeline --preset smoke --data_dir` with the task read from the folder: the table answers the
+    folder's labels, with the reader-free rows beside the LLM's."""
+    from tests.helpers.logs import news_log
+
+    log = in_tmp_cwd / "news.json"  # JSON Lines, named .json as such exports often are
+    log.write_text("".join(json.dumps(r) + "\n" for r in news_log(num_authors=16, seed=2)))
+    folder = in_tmp_cwd / "my_news"
+    main(["data", "convert", str(log), "--task", "labels", "--user", "authors", "--user_sep", ",", "--date", "date",
+          "--text", "headline,short_description", "--label", "category", "--item", "link", "--out", str(folder)])
+    labels = set(json.loads((folder / "convert.json").read_text())["task"]["labels"])
+    main(["pipeline", "--preset", str(small_smoke_preset(in_tmp_cwd)), "--data_dir", str(folder)])
+    run = in_tmp_cwd / "checkpoints" / "my_news-labels-smoke"
+    assert json.loads((run / "pipeline.json").read_text())["task"] == "labels"
+    evaluate = in_tmp_cwd / "runs" / "my_news-labels-smoke" / "evaluate"
+    metrics = json.loads((evaluate / "metrics.json").read_text())
+    assert metrics["split"] == "test" and set(metrics["results"]) == {
+        "bm25", RERANKED, "majority label (train)", "user's own majority", "bm25 docs' vote", f"{RERANKED} docs' vote"}
+    golds = read_outputs(folder / "test_outputs.json", "labels")
+    for name in metrics["results"]:
+        predictions = read_outputs(evaluate / "predictions" / f"{file_name(name)}.json", "labels")
+        assert predictions and set(predictions) <= set(golds) and set(predictions.values()) <= labels, name
+    assert "labels" in (evaluate / "results.md").read_text()

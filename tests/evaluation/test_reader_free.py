@@ -125,3 +125,34 @@ def test_tuned_generator_rows_read_labels_under_their_own_calibration(tmp_path: 
     assert "tuned generator rows: calibration none" in evaluation.answer_mode
     with pytest.raises(ValueError, match="unknown calibration"):
         Evaluation(task="LaMP-2", cache_dir=str(tmp_path / "cache"), generator_calibration="platt")
+
+
+def test_a_folders_own_label_set_reaches_the_reader_the_rows_and_the_metric(tmp_path: Path, tiny_llm: str) -> None:
+    """An evaluation of a news log converted with `--task labels`: the reader chooses among the folder's labels,
+    the reader-free rows answer them, and macro-F1 is taken over them."""
+    from persrag_lightning.cli import main
+    from persrag_lightning.data.tasks import get_task
+    from persrag_lightning.evaluation.evaluate import Evaluation
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.metrics import lamp_metric
+    from persrag_lightning.retrieval.baselines import BM25
+    from persrag_lightning.retrieval.strategies import file_name
+    from tests.helpers.logs import news_log
+
+    log = tmp_path / "news.json"
+    log.write_text("".join(json.dumps(r) + "\n" for r in news_log(num_authors=10)))
+    main(["data", "convert", str(log), "--task", "labels", "--user", "authors", "--user_sep", ",", "--date", "date",
+          "--text", "headline,short_description", "--label", "category", "--out", str(tmp_path / "news")])
+    out = tmp_path / "eval"
+    evaluation = Evaluation(task="labels", data_dir=str(tmp_path / "news"), cache_dir=str(tmp_path / "cache"), k=2,
+                            max_examples=6, out_dir=str(out), reference="bm25", n_resamples=50,
+                            llm=LLMConfig(model=tiny_llm, options={"device": "cpu"}, answer_mode="choose"))
+    summary = evaluation.run([BM25()])
+    labels = json.loads((tmp_path / "news" / "convert.json").read_text())["task"]["labels"]
+    assert get_task("labels").labels == tuple(labels) and lamp_metric("labels").labels == tuple(labels)
+    assert list(summary.results) == ["bm25", MAJORITY, OWN_MAJORITY, "bm25 docs' vote"]
+    for name in summary.results:
+        answers = json.loads((out / "predictions" / f"{file_name(name)}.json").read_text())["golds"]
+        assert len(answers) == 6 and {a["output"] for a in answers} <= set(labels), name
+    stored = json.loads((out / "predictions" / "bm25.labels.json").read_text())
+    assert stored["labels"] == labels and "f1" in summary.results["bm25"]  # macro-F1 over the folder's labels
