@@ -224,7 +224,7 @@ def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overw
 def _conversion(table: LogTable, plan: QuestionPlan, spec: TaskSpec, questions: dict[str, int],
                 baseline: dict[str, Any]) -> Conversion:
     """What was read, skipped, dropped and written; users are those who ask a question."""
-    asking = [(user, len(user)) for user, asked in zip(table.user_rows(), plan.asked) if asked]
+    asking = [(user, len(user)) for user, asked in zip(table.user_rows(), plan.asked.any(axis=1).tolist()) if asked]
     kept = [r for user, _ in asking for r in user]
     counts = np.array([n for _, n in asking] or [0])
     silent = len(plan.asked) - len(asking)
@@ -247,9 +247,13 @@ UNSEEN_LABEL = "label not in the train split"  # a label task's dev or test gold
 
 @dataclass
 class QuestionPlan:
-    """Per kept user, the questions asked: (position in the user's items, split, profile length)."""
+    """Every kept user's questions as a grid (users × slots): slot k asks the user's item at `positions[u, k]` in
+    split `splits[k]`, with a profile of the user's first `cuts[u, k]` items, where `asked[u, k]`."""
 
-    asked: list[list[tuple[int, str, int]]]
+    splits: list[str]
+    positions: np.ndarray
+    cuts: np.ndarray
+    asked: np.ndarray
     not_asked: dict[str, int]
     label_set: list[str]
 
@@ -258,32 +262,35 @@ def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
     """Which of each user's items are asked, in which split, with which profile: every item dated strictly before
     the question. A label task's label set is the train questions' and their profiles' labels."""
     asks_test, asks_dev = _split_rows(table.counts, options)
-    asked: list[list[tuple[int, str, int]]] = []
-    not_asked = {NO_OLDER_ITEM: 0, UNSEEN_LABEL: 0}
-    train_rows: set[int] = set()
-    for u, (user, cuts) in enumerate(zip(table.user_rows(), table.user_cuts())):
-        count = len(user)
-        plan = [(p, "train") for p in range(count - 2 - options.train_per_user, count - 2)]
-        plan += [(count - 2, "dev")] * bool(asks_dev[u]) + [(count - 1, "test")] * bool(asks_test[u])
-        mine = []
-        for p, split in plan:
-            if cuts[p] == 0:
-                not_asked[NO_OLDER_ITEM] += 1
-                continue
-            mine.append((p, split, cuts[p]))
-            if split == "train" and options.labels_from_log:
-                train_rows.update(user[:cuts[p]])
-                train_rows.add(user[p])
-        asked.append(mine)
+    splits = ["train"] * options.train_per_user + ["dev", "test"]
+    positions = table.counts[:, None] - len(splits) + np.arange(len(splits))
+    cuts = table.cuts[table.starts[:, None] + positions]
+    wanted = np.ones(positions.shape, dtype=bool)
+    wanted[:, -2], wanted[:, -1] = asks_dev, asks_test
+    asked = wanted & (cuts > 0)
+    not_asked = {NO_OLDER_ITEM: int((wanted & (cuts == 0)).sum()), UNSEEN_LABEL: 0}
     label_set: list[str] = []
     if options.labels_from_log:
-        label_set = sorted({table.labels[r] for r in train_rows})
+        label_set = _train_labels(table, positions, cuts, asked[:, :-2])
         known = set(label_set)
-        for user, mine in zip(table.user_rows(), asked):
-            keep = [q for q in mine if q[1] == "train" or table.labels[user[q[0]]] in known]
-            not_asked[UNSEEN_LABEL] += len(mine) - len(keep)
-            mine[:] = keep
-    return QuestionPlan(asked, {k: v for k, v in not_asked.items() if v}, label_set)
+        golds = table.order[table.starts[:, None] + positions[:, -2:]]
+        seen = np.array([[table.labels[e] in known for e in row] for row in golds.tolist()], dtype=bool)
+        unseen = asked[:, -2:] & ~seen.reshape(golds.shape)
+        not_asked[UNSEEN_LABEL] = int(unseen.sum())
+        asked[:, -2:] &= ~unseen
+    return QuestionPlan(splits, positions, cuts, asked, {k: v for k, v in not_asked.items() if v}, label_set)
+
+
+def _train_labels(table: LogTable, positions: np.ndarray, cuts: np.ndarray, train: np.ndarray) -> list[str]:
+    """The labels of the asked train questions (`train`: users × train slots) and of their profiles, sorted: a
+    label task's label set."""
+    found: set[str] = set()
+    for user, ps, cs, ok in zip(table.user_rows(), positions.tolist(), cuts.tolist(), train.tolist()):
+        asked = [(p, c) for p, c, a in zip(ps, cs, ok) if a]
+        if asked:
+            found.update(table.labels[r] for r in user[:max(c for _, c in asked)])
+            found.update(table.labels[user[p]] for p, _ in asked)
+    return sorted(found)
 
 
 def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: TaskSpec,
@@ -293,13 +300,18 @@ def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: Tas
     questions = {"train": 0, "dev": 0, "test": 0}
     train_labels: Counter[str] = Counter()
     test_golds: list[str] = []
+    grid = zip(table.user_rows(), plan.positions.tolist(), plan.cuts.tolist(), plan.asked.tolist())
     with ExitStack() as stack:
         qw = {s: stack.enter_context(QuestionsWriter(questions_path(folder, s), spec)) for s in questions}
         ow = {s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions}
-        for user, asked in zip(table.user_rows(), plan.asked):
+        for user, positions, cuts, asked in grid:
+            if not any(asked):
+                continue
             docs = [profile_item_json(table.doc_ids[r], table.dates[r],
                                       _fields(spec, layout, table.texts[r], table.labels[r])) for r in user]
-            for p, split, cut in asked:
+            for p, split, cut, ask in zip(positions, plan.splits, cuts, asked):
+                if not ask:
+                    continue
                 r = user[p]
                 qw[split].write_record(table.doc_ids[r], layout.template.replace(TEXT, table.texts[r]),
                                        table.users[r], "[" + ", ".join(docs[:cut]) + "]")

@@ -83,6 +83,8 @@ def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogTable:
     if items is not None:
         _repeated_items(checks, single, names, items, options.item or "")
     checks.refuse(options.strict)
+    if names is None and checks.ok.all():  # every row is one entry: no copies
+        return Entries(single, ts, text, label, items).table(n, checks, options)  # type: ignore[arg-type]
     src, users = _entries(checks.ok, single, names)
     entries = Entries(users, ts[src], [text[i] for i in src], [label[i] for i in src],
                       [items[i] for i in src] if items is not None else None)
@@ -117,6 +119,9 @@ def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | 
         assert single is not None
         return rows, [single[i] for i in rows]
     return [i for i in rows for _ in names[i]], [u for i in rows for u in names[i]]
+
+
+_MIX = np.int64(-7046029254386353131)  # an odd 64-bit constant: spreads user codes over the hash bits
 
 
 @dataclass
@@ -168,13 +173,22 @@ class Entries:
         return order
 
     def _first_texts(self, order: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """Per position of `order`: whether no older entry of the user has the same text."""
-        import pyarrow as pa
-
-        text_codes = pa.array(self.texts, type=pa.string()).dictionary_encode().indices.to_numpy().astype(np.int64)
-        keys = codes[order] * (int(text_codes.max(initial=0)) + 1) + text_codes[order]
-        first = np.zeros(len(order), dtype=bool)
-        first[np.unique(keys, return_index=True)[1]] = True
+        """Per position of `order`: whether no older entry of the user has the same text. Entries are grouped by a
+        hash of (user, text), and only groups of several are compared text by text."""
+        n = len(order)
+        c = codes[order]
+        keys = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self.texts))[order] ^ (c * _MIX)
+        by = np.argsort(keys, kind="stable")  # a group's positions stay oldest first
+        sorted_keys = keys[by]
+        starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))
+        ends = np.append(starts[1:], n)
+        first = np.ones(n, dtype=bool)
+        for a, b in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
+            seen: set[tuple[int, str]] = set()
+            for pos in by[a:b].tolist():
+                key = (int(c[pos]), self.texts[order[pos]])
+                first[pos] = key not in seen
+                seen.add(key)
         return first
 
     def _doc_ids(self, order: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> list[str]:

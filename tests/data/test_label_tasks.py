@@ -83,3 +83,18 @@ def test_an_exported_docstore_carries_the_label_set(news, tmp_path, monkeypatch)
     assert again.task == "labels" and get_task("labels").labels == labels
     write_docstore(tmp_path / "lamp2", type(dataset)("LaMP-2", dataset.users))
     assert json.loads((tmp_path / "lamp2" / "task.json").read_text()) == {"task": "LaMP-2"}
+
+
+def test_the_label_set_is_the_train_splits_and_a_later_label_is_not_asked(no_folder_read, tmp_path):
+    """User a's labels: x, x, y, y, x, then z on its test item; user b's: x, y, x, y, x, w on its dev item. z and w
+    are never in train: neither becomes a label, and the two questions are not asked (counted)."""
+    rows = [{"user": u, "date": f"2020-01-0{d}", "text": f"{u} wrote {d}", "label": lab}
+            for u, labels in (("a", "xxyyxz"), ("b", "xyxywx")) for d, lab in enumerate(labels, 1)]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    conversion = convert_log(log, tmp_path / "out", ConvertOptions(task="labels", user="user", date="date",
+                                                                   text="text", label="label"))
+    assert conversion.label_set == ["x", "y"] and conversion.not_asked == {"label not in the train split": 2}
+    assert conversion.questions == {"train": 4, "dev": 1, "test": 1}
+    dataset = load_lamp(tmp_path / "out", "labels")
+    assert {e.target for s in dataset.examples.values() for e in s} == {"x", "y"}
