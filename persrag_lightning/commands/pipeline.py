@@ -5,7 +5,8 @@ its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) →
 with the results table (intervals, paired tests).
 A preset (configs/presets/*.yaml, read by presets.py) says what each kind of stage overrides, which stages of
 stages.py train and which rows the table reports. `--task` runs the same stages on another LaMP task (SynthLaMP
-generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2.
+generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2. With `--data_dir` the task defaults to the folder's
+(its convert.json), which is how a converted log's own label set (`labels`) reaches every stage.
 """
 
 from __future__ import annotations
