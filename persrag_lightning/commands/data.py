@@ -50,13 +50,14 @@ def parser() -> argparse.ArgumentParser:
                               "named user gets the item")
     columns.add_argument("--date", required=True, help="when: ISO 8601 date or date-time (naive = UTC), or "
                                                        "Unix seconds")
-    columns.add_argument("--text", help="the item's text (several columns: a,b, joined by a space in that order): "
+    columns.add_argument("--text", help="the item's text (several columns: a,b, joined as sentences in that order): "
                                         "LaMP-2's description, LaMP-3's review, LaMP-4's article, LaMP-5's abstract")
     columns.add_argument("--label", help="what the question asks: LaMP-2's tag, LaMP-3's score (1–5), LaMP-4's and "
-                                         f"LaMP-5's title, the label of {LABEL_TASK}")
+                                         f"LaMP-5's title, {LABEL_TASK}: the log's own label")
     for name, what in FIELDS.items():
         columns.add_argument(f"--{name}", help=f"the task's own name for --text or --label ({what})")
-    columns.add_argument("--item", default=None, help="an item id (a product, a movie); a user may hold it once")
+    columns.add_argument("--item", default=None, help="an item id (a product, a movie); a user may hold it once (a "
+                                                      "later row giving it again is skipped)")
     split = c.add_argument_group("the time-based split")
     split.add_argument("--min_items", type=int, default=d.min_items,
                        help="drop users with fewer items (default %(default)s, the k-core convention)")
