@@ -29,7 +29,6 @@ from persrag_lightning.llm.calibration import (
     CONTENT_FREE_INPUTS,
     LabelReading,
     calibration_prompts,
-    read_labels,
     resolve_decision,
 )
 from persrag_lightning.llm.prompts import task_prompt
@@ -68,13 +67,16 @@ def main() -> None:
         reading = run()
         return reading, time.perf_counter() - t0
 
-    score = lambda ps: llm.score_options(ps, labels)
-    base, base_s = timed(lambda: read_labels(score, task, labels, prompts, "none"))
+    def read(calibration: str, every: bool = False) -> LabelReading:  # the LLM reader, no store: every prompt read
+        config = LLMConfig(answer_mode="choose", calibration=calibration)
+        return LLMReader(config, llm=llm, remember_terms=False).read_prompts(task, prompts, every_calibration=every)
+
+    base, base_s = timed(lambda: read("none"))
     rows = [("none (scores only)", base, base_s, 0)]
     for method in CALIBRATIONS[1:]:
-        reading, seconds = timed(lambda m=method: read_labels(score, task, labels, prompts, m))
+        reading, seconds = timed(lambda m=method: read(m))
         rows.append((method, reading, seconds, len(calibration_prompts(task, method))))
-    every, every_s = timed(lambda: read_labels(score, task, labels, prompts, "none", every_calibration=True))
+    every, every_s = timed(lambda: read("none", every=True))
     rows.append(("every calibration's terms (evaluate)", every, every_s,
                  sum(len(calibration_prompts(task, m)) for m in CALIBRATIONS)))
     naive, naive_s = timed(lambda: naive_contextual(llm, task, prompts, labels))

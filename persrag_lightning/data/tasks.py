@@ -49,22 +49,27 @@ class TaskSpec:
     # choice exists only in the question), LaMP-4/5/7 are generation tasks
     label_field: str | None = None
 
-    def doc_label(self, doc: HistoryDoc) -> int:
-        """Index of a history doc's judgment in `labels`, + 1; 0 when the task has no label field or the doc's
-        value is missing or not a label (LaMP-3 scores written as numbers, "4.0", count as "4")."""
-        if self.label_field is None or self.labels is None:
-            return 0
-        value = str(doc.fields.get(self.label_field, "")).strip()
-        if self.name == "LaMP-3":
+    def label_index(self, value: str | None) -> int | None:
+        """Index of `value` in `labels`; None when it is not a label (LaMP-3 scores written as numbers, "4.0",
+        count as "4")."""
+        if self.labels is None or value is None:
+            return None
+        value = str(value).strip()
+        if self.kind == "regression":
             try:
                 number = float(value)
                 value = str(int(number)) if number.is_integer() else value
             except ValueError:
                 pass
-        try:
-            return self.labels.index(value) + 1
-        except ValueError:
+        return self.labels.index(value) if value in self.labels else None
+
+    def doc_label(self, doc: HistoryDoc) -> int:
+        """Index of a history doc's judgment in `labels`, + 1; 0 when the task has no label field or the doc's
+        value is missing or not a label."""
+        if self.label_field is None:
             return 0
+        index = self.label_index(doc.fields.get(self.label_field))
+        return 0 if index is None else index + 1
 
     def render_doc(self, doc: HistoryDoc) -> str:
         """A history doc as the text the encoders and prompts see: its fields in the task's order."""

@@ -35,13 +35,13 @@ from persrag_lightning.evaluation.reader_free import (
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
 from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
-from persrag_lightning.llm.answer import build_prompts
-from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.calibration import Calibration, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import rouge_scorer
 from persrag_lightning.progress import eta, progress
+from persrag_lightning.reading import LLM_READER, Reader, open_reader
+from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.strategies import (
     bind_strategies,
@@ -161,7 +161,8 @@ class Evaluation(Evaluator):
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
                  pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32", reader_free: bool = True,
-                 votes: list[str] | None = None, generator_calibration: Calibration | None = None) -> None:
+                 votes: list[str] | None = None, generator_calibration: Calibration | None = None,
+                 reader: str = LLM_READER) -> None:
         """The `evaluation:` section of an evaluate config that names no evaluator (configs/evaluate_cfrag.yaml).
 
         Args:
@@ -171,8 +172,8 @@ class Evaluation(Evaluator):
             cache_dir: where embeddings, generated data, prompts and answers are cached, keyed by fingerprints.
             split: `test` reports (default); `dev` selects.
             k: docs per prompt (the paper's k = 5).
-            llm: the LLM that answers every row's prompts (backend, model, prompt budget, answer mode); None =
-                LLMConfig().
+            llm: the LLM that answers every row's prompts (backend, model, prompt budget, answer mode) when
+                `reader` is `llm`, and the "+ tuned generator" rows' settings; None = LLMConfig().
             max_examples: the first N examples by id (a fixed subset); None = all.
             out_dir: where the table, metrics.json and the per-example answers are written.
             reference: the strategy every other one is tested against (paired test, same examples).
@@ -187,6 +188,9 @@ class Evaluation(Evaluator):
             generator_calibration: the label calibration of the "+ tuned generator" rows (None:
                 `llm.calibration`); a model tuned on the task's labels has another label prior than the base
                 reader.
+            reader: who reads every row's question and docs: `llm` (the `llm` settings' LLM) or a trained
+                reader's export (`{run_dir}/reader`, label tasks: reading/trained.py); "+ tuned generator" rows are
+                read by their generator.
         """
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
@@ -204,12 +208,16 @@ class Evaluation(Evaluator):
         if generator_calibration is not None:
             check_reading(generator_calibration, "auto")
         self.generator_calibration = generator_calibration
+        if reader != LLM_READER and get_task(self.task).labels is None:
+            raise ConfigError(f"evaluation.reader: a trained reader reads label tasks; {self.task} is a generation "
+                              "task, read by the LLM (reader: llm)")
+        self.reader_spec = reader
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
         self.top_answers: dict[str, tuple[str, float]] = {}
-        self._llm: LLM | None = None
-        self._generators: dict[str, LLM] = {}  # tuned generators' exports by path
+        self._reader: Reader | None = None
+        self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
     def rename(self, names: dict[str, str]) -> None:
         """Follow `rename_strategies`' renames in the reference, the votes and the paired tests."""
@@ -218,27 +226,26 @@ class Evaluation(Evaluator):
         self.pairs = [[names.get(n, n) for n in pair] for pair in self.pairs]
 
     @property
-    def llm(self) -> LLM:
-        if self._llm is None:
-            self._llm = self.llm_config.load()
-        return self._llm
+    def reader(self) -> Reader:
+        """The reader of every row but the tuned generators' (`reader`), opened once."""
+        if self._reader is None:
+            self._reader = open_reader(self.reader_spec, self.llm_config, self.prompts)
+        return self._reader
 
-    def llm_for(self, strategy: Strategy, load: bool = True) -> tuple[LLMConfig, LLM | None]:
-        """The LLM that answers a strategy's prompts: the evaluation's, or a tuned generator's export (the same
-        settings with its folder as the model) for a `TunedGenerator` row; each model is loaded once."""
+    def reader_for(self, strategy: Strategy) -> Reader:
+        """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row its generator's
+        export, read as the LLM with the same settings and its own calibration; each is opened once."""
         generator = strategy.answering_model
         if generator is None:
-            return self.llm_config, (self.llm if load else None)
+            return self.reader
         from persrag_lightning.retrieval.cfrag import require_bundle
 
         require_bundle(generator)  # not trained yet: the row is skipped with the command that makes it
-        config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
-                         or self.llm_config.calibration)
-        if not load:
-            return config, None
         if generator not in self._generators:
-            self._generators[generator] = config.load()
-        return config, self._generators[generator]
+            config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
+                             or self.llm_config.calibration)
+            self._generators[generator] = LLMReader(config, store=self.prompts)
+        return self._generators[generator]
 
     def examples(self, dataset) -> list[Example]:
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
@@ -320,11 +327,11 @@ class Evaluation(Evaluator):
                      communities: dict[str, int] | None) -> dict:
         """Predictions (one per example, in order), the retrieved docs and retrieval diagnostics; cached by
         content. Under `choose`, every label's score and the calibration terms are written beside the answers."""
-        llm_config = self.llm_for(strategy, load=False)[0]
-        key = fingerprint("evaluate/v3", strategy_config(strategy), llm_config.identity(), PROMPT_VERSION,
+        reader = self.reader_for(strategy)
+        reading = reader.reading(self.task)
+        key = fingerprint("evaluate/v3", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
-                          self.source.data_dir.name, *([llm_config.reading(self.task)]
-                                                       if llm_config.answer_mode == "choose" else []))
+                          self.source.data_dir.name, *([reading] if reading else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
             outcome = json.loads(cached.read_text())
@@ -343,16 +350,16 @@ class Evaluation(Evaluator):
 
     def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
                 retrieved: list[list[RetrievedDoc]]) -> list[str]:
-        """The LLM's answers to a row's prompts; under `choose`, predictions/<row>.labels.json beside the answer
-        file holds every label's log p, the calibrated distribution and the calibration terms."""
-        llm_config, llm = self.llm_for(strategy)
-        prompts = build_prompts(self.task, llm, [e.input for e in examples],
-                                [[store.history_doc(d.row) for d in docs] for docs in retrieved],
-                                llm_config.max_prompt_tokens, strategy.prompt_gamma)
+        """The reader's answers to a row's questions; a reader of labels also writes predictions/<row>.labels.json
+        beside the answer file: every label's log-score, the distribution and the calibration terms."""
+        reader = self.reader_for(strategy)
+        inputs = [e.input for e in examples]
+        docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
         phase = f"evaluate {strategy.name}"
-        if llm_config.answer_mode != "choose":
-            return llm_config.answer(llm, self.task, prompts, self.prompts, phase=phase)
-        reading = llm_config.read_labels(llm, self.task, prompts, self.prompts, phase, every_calibration=True)
+        if not reader.reads_labels:
+            return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase)
+        reading = reader.read(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase,
+                              every_calibration=True)
         atomic_write_json(self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json",
                           reading.to_json([e.example_id for e in examples], [e.target for e in examples]),
                           indent=None)
@@ -360,20 +367,21 @@ class Evaluation(Evaluator):
 
     @property
     def answer_mode(self) -> str:
-        """The answer mode as the table's header names it, with the label reading under `choose`."""
-        reading = self.llm_config.reading(self.task)
-        if not reading:
-            return self.llm_config.answer_mode
-        tuned = (f"; tuned generator rows: calibration {self.generator_calibration}"
-                 if self.generator_calibration not in (None, reading["calibration"]) else "")
-        return f"choose (calibration {reading['calibration']}, decision {reading['decision']}{tuned})"
+        """How the rows are read, as the table's header names it (the tuned generators' calibration where it
+        differs)."""
+        text, reading = self.reader.describe(self.task), self.llm_config.reading(self.task)
+        if (self.reader_spec == LLM_READER and reading
+                and self.generator_calibration not in (None, reading["calibration"])):
+            text = f"{text[:-1]}; tuned generator rows: calibration {self.generator_calibration})"
+        return text
 
     def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
         mode = self.answer_mode
         atomic_write_json(self.out_dir / "metrics.json", {
             "task": self.task, "split": self.split, "examples": summary.n_examples, "k": self.k,
             "synth": asdict(self.source.synth) if self.source.synth is not None else None,
-            "answer_mode": self.llm_config.answer_mode, "reading": self.llm_config.reading(self.task),
+            "answer_mode": self.llm_config.answer_mode, "reader": self.reader_spec,
+            "reading": self.reader.reading(self.task),
             "generator_calibration": self.generator_calibration,
             "postprocessing": self.llm_config.postprocessing, "llm": asdict(self.llm_config),
             "top_answers": {n: {"answer": a, "share": share} for n, (a, share) in self.top_answers.items()},

@@ -25,13 +25,12 @@ from persrag_lightning.data.feedback_cache import FeedbackCache
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example, LampDataset
 from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
-from persrag_lightning.llm.answer import build_prompts
-from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.metrics import score_prediction
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
+from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
@@ -65,7 +64,11 @@ class FeedbackBuilder:
         if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
             raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
                                     "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
-        labeller = self.llm_config.identity() if teacher is None else {"teacher": bundle_digest(self.teacher_path)}
+        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
+        self.reader: Reader = open_reader(self.feedback.reader, self.llm_config, self.prompts)
+        labeller = ({"teacher": bundle_digest(self.teacher_path)} if teacher is not None
+                    else self.llm_config.identity() if self.feedback.reader == LLM_READER
+                    else self.reader.identity())
         self.key = fingerprint(
             FEEDBACK_VERSION, corpus.digest(), self._examples_digest(), bundle_digest(self.user_encoder_path),
             retriever.identity(), labeller, PROMPT_VERSION, self.settings(), dataset.task)
@@ -73,10 +76,8 @@ class FeedbackBuilder:
         self.root = self.cache.root
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
-        self._llm: LLM | None = None
         self._teacher: PersonalizedReranker | None = None
         self._user_row: dict[str, int] | None = None  # user id → row of the user-encoder export's table
-        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
 
     def settings(self) -> dict[str, int | str]:
@@ -118,7 +119,8 @@ class FeedbackBuilder:
             return 0
         self.cache.write_config({
             "task": self.dataset.task, "user_encoder": str(self.user_encoder_path), "retriever": self.retriever.spec,
-            "llm": asdict(self.llm_config), "teacher": None if self.teacher_path is None else str(self.teacher_path),
+            "llm": asdict(self.llm_config), "reader": self.feedback.reader,
+            "teacher": None if self.teacher_path is None else str(self.teacher_path),
             "settings": self.settings(), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
@@ -136,12 +138,6 @@ class FeedbackBuilder:
         if self._user_encoder is None:
             self._user_encoder = UserEncoder.from_pretrained(self.user_encoder_path)
         return self._user_encoder
-
-    @property
-    def llm(self) -> LLM:
-        if self._llm is None:
-            self._llm = self.llm_config.load()
-        return self._llm
 
     @property
     def teacher(self) -> PersonalizedReranker:
@@ -177,8 +173,8 @@ class FeedbackBuilder:
         return CandidateSource(self.store, self.retriever, similar, self.e_u, self.candidates.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
-        """One prompt per candidate (the doc alone, as Eq. 6); a prompt any earlier build, shard, stage or run
-        sent to this LLM is read from the shared prompt store, not sent again."""
+        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt any earlier
+        build, shard, stage or run sent to this LLM is read from the shared prompt store, not sent again."""
         proposals = self.candidate_source().propose(
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
@@ -186,15 +182,14 @@ class FeedbackBuilder:
         if self.feedback.metric == "teacher":  # no LLM: the teacher reranker's scores
             labels = [("", s) for s in self.teacher_scores(flat)]
             return self._records(examples, flat, labels)
-        prompts = build_prompts(task, self.llm, [ex.input for ex, _ in flat],
-                                [[self.store.history_doc(d.row)] for _, d in flat], self.llm_config.max_prompt_tokens)
+        inputs, docs = [ex.input for ex, _ in flat], [[self.store.history_doc(d.row)] for _, d in flat]
         misses = self.prompts.misses
         if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
-            scores = self.llm_config.score(self.llm, prompts, [ex.target for ex, _ in flat], self.prompts,
-                                           phase="feedback labels")
+            scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
+                                               phase="feedback labels")
             labels = [("", float(s)) for s in scores]
-        else:  # eval(y, O) = task metric of the answer (generated or chosen, as the LLM config says)
-            answers = self.llm_config.answer(self.llm, task, prompts, self.prompts, phase="feedback labels")
+        else:  # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
+            answers = self.reader.answer(task, inputs, docs, phase="feedback labels")
             labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
         self.llm_calls += self.prompts.misses - misses
         return self._records(examples, flat, labels)

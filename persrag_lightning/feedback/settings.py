@@ -52,12 +52,16 @@ class FeedbackSettings:
         chunk_size: examples per feedback-cache chunk; labels are written, and a killed build resumes, chunk by
             chunk.
         teacher: a reranker export whose scores are the labels when `metric` is `teacher`.
+        reader: who reads each candidate: `llm` (the `llm` setting's LLM, the paper's feedback) or a trained
+            reader's export (`{run_dir}/reader`: reading/trained.py), whose label distribution then gives the
+            `loglik` and `task` labels.
     """
 
     llm: LLMConfig | None = None
     metric: FeedbackMetric = "task"
     chunk_size: int = 32
     teacher: str | None = None
+    reader: str = "llm"
 
     def resolved(self) -> FeedbackSettings:
         """These settings with the LLM the configs default to (`backend: auto`, docs/performance/llm-feedback.md)

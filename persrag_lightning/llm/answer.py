@@ -1,5 +1,5 @@
-"""The one path from retrieved docs to an answer (evaluation and serving both take it): Table 4 prompts, then
-greedy generation or label choice, then official or lenient post-processing.
+"""What an LLM reader needs of a task (reading/llm.py is the one path from retrieved docs to an answer): the Table 4
+prompts fitted to a budget, the labels `choose` ranks, and the official post-processing of generated answers.
 
 `generate` is the paper's setting (greedy answer, then the official LaMP evaluation's strip). A 135M-parameter LLM
 often answers a label prompt with prose or an unlisted tag, which the official metric scores as wrong whatever was
@@ -15,8 +15,6 @@ from typing import Literal, get_args
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.calibration import LabelReading, read_labels
-from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import build_prompt
 
 AnswerMode = Literal["generate", "choose"]
@@ -51,30 +49,3 @@ def official_postprocess(task: str, text: str) -> str:
     """
     get_task(task)  # an unknown task is an error here too, not a silent pass-through
     return (text or "").strip()
-
-
-def choose_labels(llm: LLM, task: str, prompts: list[str], calibration: str = "none",
-                  decision: str = "auto") -> LabelReading:
-    """Every allowed label scored for every prompt, calibrated, and read by the decision rule (llm/calibration.py)."""
-    labels = list(allowed_labels(task))
-    return read_labels(lambda ps: llm.score_options(ps, labels), task, labels, list(prompts), calibration, decision)
-
-
-def answer(llm: LLM, task: str, prompts: list[str], mode: AnswerMode = "generate", max_new_tokens: int | None = None,
-           postprocessing: Postprocessing = "official", calibration: str = "none",
-           decision: str = "auto") -> list[str]:
-    """Predictions for `prompts`: greedy generation + post-processing, or an allowed label decided from the
-    labels' calibrated scores (`choose`).
-
-    `max_new_tokens` (default: the task's budget) and `postprocessing` only apply to `generate`; `choose`
-    returns labels exactly as the metric's label list spells them, `calibration` and `decision` only apply to it.
-    """
-    if mode not in ANSWER_MODES:
-        raise ValueError(f"unknown answer mode {mode!r}; use one of {', '.join(ANSWER_MODES)}")
-    if postprocessing not in POSTPROCESSING:
-        raise ValueError(f"unknown post-processing {postprocessing!r}; use one of {', '.join(POSTPROCESSING)}")
-    if mode == "choose":
-        return choose_labels(llm, task, prompts, calibration, decision).answers
-    budget = max_new_tokens if max_new_tokens is not None else default_max_new_tokens(task)
-    clean = official_postprocess if postprocessing == "official" else postprocess
-    return [clean(task, out) for out in llm.generate(list(prompts), budget)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -157,12 +156,6 @@ class LLM(ABC):
         k = len(options)
         return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]
 
-    def choose(self, prompts: list[str], options: list[str]) -> list[str]:
-        """The most likely of any options per prompt, uncalibrated; ties go to the earliest option. A label task's
-        answers (`answer_mode: choose`) go through llm/calibration.py instead: the same scores, calibrated against
-        the label prior and decided by the task metric's rule."""
-        return [options[_argmax_first(row)] for row in self.score_options(prompts, options)]
-
     def count_tokens(self, text: str) -> int:
         """Token count used for prompt budgets; backends with a tokenizer override this rough estimate."""
         return max(1, round(len(text.split()) * 1.3)) if text.strip() else 0
@@ -188,13 +181,3 @@ class LLM(ABC):
     def _check_options(options: list[str]) -> None:
         if isinstance(options, str) or not options:
             raise ValueError(f"score_options() needs a non-empty list of option strings, got {options!r}")
-
-
-def _argmax_first(row: list[float]) -> int:
-    """Index of the largest score, the first one on ties (NaN never wins)."""
-    best = 0
-    for i, value in enumerate(row):
-        if value > row[best] or (math.isnan(row[best]) and not math.isnan(value)):
-            best = i
-    return best
-

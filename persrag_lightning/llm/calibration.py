@@ -18,7 +18,7 @@ median for MAE, the mean rounded to a label for RMSE.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -30,8 +30,6 @@ Decision = Literal["auto", "argmax", "median", "mean"]
 CALIBRATIONS: tuple[str, ...] = get_args(Calibration)
 DECISIONS: tuple[str, ...] = get_args(Decision)
 CONTENT_FREE_INPUTS = ("N/A", "", "[MASK]")  # Zhao et al. (2021), section 5: averaged over these three
-
-ScoreFn = Callable[[list[str]], list[list[float]]]  # prompts -> log p of every label, one row per prompt
 
 
 def check_reading(calibration: str, decision: str) -> None:
@@ -156,20 +154,3 @@ class LabelReading:
         """A stored reading (predictions/<row>.labels.json), rows in their stored order."""
         return cls(obj["task"], tuple(obj["labels"]), [r["log_p"] for r in obj["rows"]], obj["calibration"],
                    obj["decision"], dict(obj["terms"]))
-
-
-def read_labels(score: ScoreFn, task: str, labels: Sequence[str], prompts: list[str], calibration: str = "none",
-                decision: str = "auto", every_calibration: bool = False,
-                score_terms: ScoreFn | None = None) -> LabelReading:
-    """Score `prompts` with `score` and the calibration's prompts with `score_terms` (default `score`; a caller
-    may remember them: they are the same for every call of a task) and read the answers under `decision`;
-    `every_calibration` computes every calibration's terms (a few prompts each), so the stored reading can be
-    re-read under any of them."""
-    check_reading(calibration, decision)
-    decision = resolve_decision(task, decision)
-    rows = score(prompts) if prompts else []
-    terms_by: dict[str, list[float] | None] = {}
-    for method in CALIBRATIONS if every_calibration else (calibration,):
-        extra = calibration_prompts(task, method)
-        terms_by[method] = calibration_terms(method, (score_terms or score)(extra)) if extra else None
-    return LabelReading(get_task(task).name, tuple(labels), rows, calibration, decision, terms_by)

@@ -8,24 +8,14 @@ from dataclasses import dataclass, field
 import torch
 
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
-from persrag_lightning.llm.answer import AnswerMode, Postprocessing, allowed_labels, answer
+from persrag_lightning.llm.answer import ANSWER_MODES, POSTPROCESSING, AnswerMode, Postprocessing
 from persrag_lightning.llm.auto import auto_backend
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
-from persrag_lightning.llm.calibration import (
-    Calibration,
-    Decision,
-    LabelReading,
-    check_reading,
-    read_labels,
-    resolve_decision,
-)
+from persrag_lightning.llm.calibration import Calibration, Decision, check_reading, resolve_decision
 from persrag_lightning.progress import in_blocks
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
 PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
-# label scores of the calibration prompts by (model fingerprint, task, prompts), for callers without a prompt store
-# (serving): a handful per task, the same for every request
-_TERM_SCORES: dict[tuple, list[list[float]]] = {}
 
 
 def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
@@ -104,6 +94,10 @@ class LLMConfig:
     options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.answer_mode not in ANSWER_MODES:
+            raise ValueError(f"unknown answer mode {self.answer_mode!r}; use one of {', '.join(ANSWER_MODES)}")
+        if self.postprocessing not in POSTPROCESSING:
+            raise ValueError(f"unknown post-processing {self.postprocessing!r}; use one of {', '.join(POSTPROCESSING)}")
         check_reading(self.calibration, self.decision)
         if self.backend.lower() == "auto":
             self.backend = auto_backend(self.model, self.options)
@@ -127,64 +121,6 @@ class LLMConfig:
         if self.answer_mode != "choose":
             return {}
         return {"calibration": self.calibration, "decision": resolve_decision(task, self.decision)}
-
-    def answer(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
-               phase: str | None = None) -> list[str]:
-        """Answers to `prompts` as this configuration reads them (mode, budget, post-processing); with a store,
-        only prompts no earlier call answered reach the LLM; a named `phase` prints progress with an ETA."""
-        if self.answer_mode == "choose":
-            return self.read_labels(llm, task, prompts, store, phase).answers
-
-        def compute(todo: list[int]) -> list[str]:
-            return in_blocks(todo, lambda part: answer(llm, task, [prompts[i] for i in part], self.answer_mode,
-                                                       self.max_new_tokens, self.postprocessing),
-                             phase, PROGRESS_BLOCKS * self.batch_size)
-
-        if store is None:
-            return compute(list(range(len(prompts))))
-        identity = self.identity()
-        return store.cached([prompt_key(identity, f"answer:{task}", p) for p in prompts], compute)
-
-    def read_labels(self, llm: LLM, task: str, prompts: list[str], store: PromptStore | None = None,
-                    phase: str | None = None, every_calibration: bool = False) -> LabelReading:
-        """Every allowed label's log p for every prompt (through the store: a calibration or decision changed later
-        costs no LLM call), the calibration's terms (every calibration's with `every_calibration`, as the
-        evaluation stores them) and the answers under this configuration's calibration and decision. Without a
-        store (serving) the terms' few prompts are remembered per model and task."""
-        labels = list(allowed_labels(task))
-        identity = self.identity()
-
-        def score(batch: list[str]) -> list[list[float]]:
-            def compute(todo: list[int]) -> list[list[float]]:
-                return in_blocks(todo, lambda part: llm.score_options([batch[i] for i in part], labels),
-                                 phase, PROGRESS_BLOCKS * self.batch_size)
-
-            if store is None:
-                return compute(list(range(len(batch))))
-            return store.cached([prompt_key(identity, f"label_scores:{task}", p) for p in batch], compute)
-
-        def score_terms(batch: list[str]) -> list[list[float]]:
-            if store is not None:
-                return score(batch)
-            key = (llm.fingerprint, task, tuple(batch))
-            if key not in _TERM_SCORES:
-                _TERM_SCORES[key] = score(batch)
-            return _TERM_SCORES[key]
-
-        return read_labels(score, task, labels, prompts, self.calibration, self.decision, every_calibration,
-                           score_terms)
-
-    def score(self, llm: LLM, prompts: list[str], targets: list[str], store: PromptStore | None = None,
-              phase: str | None = None) -> list[float]:
-        """log p(target | prompt) per pair, through the store when given; a named `phase` prints progress."""
-        def compute(todo: list[int]) -> list[float]:
-            return in_blocks(todo, lambda part: llm.score([prompts[i] for i in part], [targets[i] for i in part]),
-                             phase, PROGRESS_BLOCKS * self.batch_size)
-
-        if store is None:
-            return compute(list(range(len(prompts))))
-        identity = self.identity()
-        return store.cached([prompt_key(identity, "loglik", p, t) for p, t in zip(prompts, targets)], compute)
 
     def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None,
              phase: str | None = None) -> list[str]:

@@ -18,10 +18,12 @@ import torch
 
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.generator import GeneratorBatch
-from persrag_lightning.llm.answer import AnswerMode, Postprocessing, answer
+from persrag_lightning.llm.answer import AnswerMode, Postprocessing
 from persrag_lightning.llm.base import resolve_model
+from persrag_lightning.llm.calibration import CALIBRATIONS
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
 from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import lamp_metric, primary_metric_name
 from persrag_lightning.models.common import LoraSettings, apply_lora
 from persrag_lightning.models.generator import (
@@ -32,6 +34,7 @@ from persrag_lightning.models.generator import (
     target_token_loss,
 )
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.utils import ConfigError, as_settings
 
 # a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
@@ -103,8 +106,12 @@ class GeneratorModule(L.LightningModule):
         self.backend = backend.from_model(self.lm, self.tokenizer, batch_size=eval_batch_size,
                                           name=f"{self.source.name}-tuning")
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # validation reads through the evaluation's door, with every calibration the dev choice compares
+        self.reader = LLMReader(LLMConfig(model=model, batch_size=eval_batch_size, max_new_tokens=max_new_tokens,
+                                          answer_mode=answer_mode, postprocessing=postprocessing),
+                                llm=self.backend, remember_terms=False)
         self.task: str | None = None
-        self.metric = None
+        self.metrics: dict[str, object] = {}
         self._batch_started = 0.0
 
     # ---- data ------------------------------------------------------------------------------------------------
@@ -118,7 +125,8 @@ class GeneratorModule(L.LightningModule):
         if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:  # before any training
             raise ConfigError(f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "
                               f"{self.task} is a generation task: pass --model.init_args.answer_mode=generate")
-        self.metric = lamp_metric(self.task)
+        readings = CALIBRATIONS if self.reader.reads_labels else ("none",)
+        self.metrics = {calibration: lamp_metric(self.task) for calibration in readings}
 
     def encode(self, batch: GeneratorBatch) -> dict[str, torch.Tensor]:
         """Token ids and labels as the backend encodes prompts for evaluation; targets cut to max_target_tokens
@@ -154,22 +162,31 @@ class GeneratorModule(L.LightningModule):
         seconds = time.perf_counter() - self._batch_started
         self.log("train/examples_per_s", len(batch) / max(seconds, 1e-9), batch_size=len(batch))
 
-    # ---- validation: the evaluation's answer path, the task's LaMP metric -------------------------------------
-
-    def answers(self, prompts: list[str]) -> list[str]:
-        h = self.hparams
-        return answer(self.backend, self.task, prompts, h.answer_mode, h.max_new_tokens, h.postprocessing)
+    # ---- validation: the evaluation's reader, the task's LaMP metric under each calibration ---------------------
 
     def validation_step(self, batch: GeneratorBatch, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True, batch_size=len(batch))
-        self.metric.update(self.answers(batch.prompts), batch.targets)
+        if not self.reader.reads_labels:
+            self.metrics["none"].update(self.reader.answer_prompts(self.task, batch.prompts), batch.targets)
+            return
+        reading = self.reader.read_prompts(self.task, batch.prompts, every_calibration=True)
+        for calibration, metric in self.metrics.items():
+            metric.update(reading.under(calibration, reading.decision).answers, batch.targets)
 
     def on_validation_epoch_end(self) -> None:
-        values = {f"val/{k}": v.float() for k, v in self.metric.compute().items()}
-        values["val/metric"] = values[f"val/{primary_metric_name(self.task)}"]  # what the checkpoint monitors
+        """val/metric: the task's first metric under the calibration the dev choice would take (the best one),
+        as the table reads a tuned generator; every calibration's values are logged under its name."""
+        primary = primary_metric_name(self.task)
+        computed = {c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()}
+        best = max(computed, key=lambda c: float(computed[c][primary]))
+        values = {f"val/{k}": v for k, v in computed[best].items()}
+        values["val/metric"] = values[f"val/{primary}"]  # what the checkpoint monitors
+        if len(computed) > 1:
+            values.update({f"val/{c}/{k}": v for c, by in computed.items() for k, v in by.items()})
         for name, value in values.items():  # compute() already summed over DDP ranks
             self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
-        self.metric.reset()
+        for metric in self.metrics.values():
+            metric.reset()
 
     # ---- optimisation ----------------------------------------------------------------------------------------
 

@@ -16,11 +16,12 @@ from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import native_runtime
 from persrag_lightning.index import index_params
-from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
+from persrag_lightning.reading import LLM_READER, Reader, open_reader
+from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
@@ -51,7 +52,7 @@ def all_exported(strategy: CFRAG) -> bool:
 
 @dataclass
 class Generation:
-    """An answer (as the LLM config reads it), the prompt that produced it and the docs (with provenance) it holds."""
+    """An answer (as the pipeline's reader gives it), what the reader read and the docs (with provenance) it holds."""
 
     answer: str
     prompt: str
@@ -62,19 +63,22 @@ class CFRAGPipeline:
     """users → docs → rerank → prompt → LLM → post-processed answer, over exported bundles only."""
 
     def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, reader: str = LLM_READER) -> None:
         """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of exported
         runtimes (onnx, openvino: fixed when they load, here). None: the process's count, except that torch
         retrieves on 1 thread when every encoder of the retrieval runs exported: torch then does only small ops,
         and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (a lower p95 on dev:
         docs/serving/pipeline.md). On cores shared with other jobs 1 thread was much faster than 2; the count is
-        process-wide while set, so other threads of the process running torch meanwhile share it."""
+        process-wide while set, so other threads of the process running torch meanwhile share it. `reader`: who
+        answers `generate` (reading/): `llm` (the `llm` settings' LLM) or a trained reader's export folder."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
         self.task = store.dataset.task
         self.llm_config = llm or LLMConfig()
+        self.reader_spec = reader
         self._llm: LLM | None = None
+        self._reader: Reader | None = None
         self._text_encoder: TextEncoder | None = None
         with self._torch_threads(threads):
             strategy.prepare(store)
@@ -99,7 +103,8 @@ class CFRAGPipeline:
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
                         threads: int | None = None, reranker: str | None = "reranker",
-                        query_runtime: str = "auto", first_cut: str | None = None) -> CFRAGPipeline:
+                        query_runtime: str = "auto", first_cut: str | None = None,
+                        reader: str = LLM_READER) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
         encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
         similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
@@ -114,7 +119,8 @@ class CFRAGPipeline:
         cfrag_reranker_distilled.yaml (docs/training/stages.md: faster reranking, a different order); None
         serves the first-stage order (Table 3's "w/o reranker tuning"). `first_cut` names a cheaper reranker bundle
         inside `run_dir` ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
-        (docs/performance/serving.md)."""
+        (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside `run_dir` ("reader")
+        or its folder, which then answers `generate` (label tasks)."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -145,13 +151,25 @@ class CFRAGPipeline:
                          k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
                          reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
                          query_runtime=query_runtime, first_cut=first_cut, **extra)
-        return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads)
+        if reader != LLM_READER and not Path(reader).is_dir():
+            if bundle(run_dir, reader) is None:
+                raise missing_bundle(run_dir / reader)
+            reader = bundle(run_dir, reader)
+        return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads, reader)
 
     @property
     def llm(self) -> LLM:
         if self._llm is None:
             self._llm = self.llm_config.load()
         return self._llm
+
+    @property
+    def reader(self) -> Reader:
+        """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
+        if self._reader is None:
+            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER  # chat's LLM
+                            else open_reader(self.reader_spec, self.llm_config))
+        return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:
         """Top-k docs for a user's query, with owner, user similarity, retriever and reranker scores."""
@@ -173,9 +191,9 @@ class CFRAGPipeline:
 
     def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
         retrieved = self.retrieve_batch(user_ids, queries)
-        prompts = build_prompts(self.task, self.llm, queries, [[self.store.history_doc(d.row) for d in docs]
-                                                              for docs in retrieved], self.llm_config.max_prompt_tokens)
-        answers = self.llm_config.answer(self.llm, self.task, prompts)
+        docs = [[self.store.history_doc(d.row) for d in ds] for ds in retrieved]
+        prompts = self.reader.prompts(self.task, queries, docs)
+        answers = self.reader.answer(self.task, queries, docs)
         return [Generation(a, p, docs) for a, p, docs in zip(answers, prompts, retrieved)]
 
     @torch.no_grad()

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from persrag_lightning.data.prompt_store import PromptStore
-from persrag_lightning.llm.answer import answer, choose_labels
 from persrag_lightning.llm.calibration import (
     CONTENT_FREE_INPUTS,
     LabelReading,
@@ -21,7 +20,14 @@ from persrag_lightning.llm.calibration import (
 )
 from persrag_lightning.llm.prompts import content_free_prompt, domain_premise
 from persrag_lightning.llm.registry import LLMConfig
-from tests.llm.test_choose import ScriptedLLM
+from persrag_lightning.reading.llm import LLMReader
+from tests.llm.test_choose import ScriptedLLM, answer
+
+
+def choose_labels(llm, task: str, prompts: list[str], calibration: str = "none", decision: str = "auto"):
+    """The LLM reader's reading of built prompts (no store, no remembered terms)."""
+    config = LLMConfig(answer_mode="choose", calibration=calibration, decision=decision)
+    return LLMReader(config, llm=llm, remember_terms=False).read_prompts(task, prompts)
 
 SCORES = ("1", "2", "3", "4", "5")
 
@@ -104,10 +110,10 @@ def test_a_changed_reading_re_reads_the_cached_scores(tmp_path: Path) -> None:
     llm = ScriptedLLM(table)
     store = PromptStore(tmp_path / "store")
     plain = LLMConfig(answer_mode="choose", decision="argmax")
-    assert plain.answer(llm, "LaMP-3", prompts, store) == ["1"] * 6
+    assert LLMReader(plain, llm, store).answer_prompts("LaMP-3", prompts) == ["1"] * 6
     assert llm.pairs == 6 * 5
     calibrated_config = LLMConfig(answer_mode="choose", calibration="contextual")
-    reading = calibrated_config.read_labels(llm, "LaMP-3", prompts, store, every_calibration=True)
+    reading = LLMReader(calibrated_config, llm, store).read_prompts("LaMP-3", prompts, every_calibration=True)
     assert llm.pairs == 6 * 5 + 4 * 5  # the scores from the store; every calibration's prompts: 3 content-free, 1 premise
     assert set(reading.answers) == {"4"} and reading.decision == "median"
     assert plain.reading("LaMP-3") == {"calibration": "none", "decision": "argmax"}
@@ -145,9 +151,9 @@ def test_without_a_store_the_terms_are_scored_once_per_model_and_task() -> None:
     table.update(lamp3_table({"request": [-0.2, -3.0, -2.5, -1.0, -1.5]}))
     llm = ScriptedLLM(table)
     config = LLMConfig(answer_mode="choose", calibration="contextual", decision="argmax")
-    assert config.answer(llm, "LaMP-3", ["request"]) == ["4"]
+    assert LLMReader(config, llm).answer_prompts("LaMP-3", ["request"]) == ["4"]
     assert llm.pairs == 5 + 3 * 5
-    assert config.answer(llm, "LaMP-3", ["request"]) == ["4"]
+    assert LLMReader(config, llm).answer_prompts("LaMP-3", ["request"]) == ["4"]
     assert llm.pairs == 5 + 3 * 5 + 5
 
 

@@ -1,4 +1,5 @@
-"""Label choice: `score_options` agrees with per-option `score`, `choose` picks the argmax, `answer` modes."""
+"""Label choice: `score_options` agrees with per-option `score`; the LLM reader's `choose` picks the arg max and
+its `generate` answers are post-processed."""
 
 from __future__ import annotations
 
@@ -8,13 +9,30 @@ import pytest
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.llm import LLM, load_llm
-from persrag_lightning.llm.answer import allowed_labels, answer, official_postprocess
+from persrag_lightning.llm.answer import allowed_labels, official_postprocess
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.llm import LLMReader
 from tests.conftest import word_level_llama
 
 WORDS = [f"w{i}" for i in range(40)] + ["user", "assistant", "1", "2", "3", "4", "5", "[1]", "[2]"]
 # Prompts of very different lengths in one batch (left padding), options of 1 to 4 tokens and an empty one.
 PROMPTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11 w12 w13", "w14 w15", "w16 w17 w18 w19 w20 w21"]
 OPTIONS = ["w30 w31", "w32", "w33 w34 w35 w36", "", "w37 w38 w39", "w30"]
+
+
+def answer(llm: LLM, task: str, prompts: list[str], mode: str = "generate", max_new_tokens: int | None = None,
+           postprocessing: str = "official", calibration: str = "none", decision: str = "auto") -> list[str]:
+    """The LLM reader's answers to built prompts under these settings (no store, no remembered terms)."""
+    config = LLMConfig(answer_mode=mode, max_new_tokens=max_new_tokens, postprocessing=postprocessing,
+                       calibration=calibration, decision=decision)
+    return LLMReader(config, llm=llm, remember_terms=False).answer_prompts(task, prompts)
+
+
+def choose(llm: LLM, prompts: list[str], options: list[str]) -> list[str]:
+    """The arg max of `score_options` (ties: the earliest option; NaN never wins), as `decide` takes it."""
+    from persrag_lightning.llm.calibration import calibrated, decide
+
+    return [decide(options, calibrated(row, None), "argmax") for row in llm.score_options(prompts, options)]
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +92,11 @@ def test_hf_single_token_options_need_one_pass(tiny_dir: Path) -> None:
 def test_hf_choose_is_argmax_of_score(tiny_dir: Path) -> None:
     llm = load_llm("hf", str(tiny_dir), batch_size=3, device="cpu")
     options = ["w30 w31", "w32", "w33 w34 w35 w36", "w37"]
-    chosen = llm.choose(PROMPTS, options)
+    chosen = choose(llm, PROMPTS, options)
     for prompt, pick in zip(PROMPTS, chosen):
         scores = llm.score([prompt] * len(options), options)
         assert pick == options[max(range(len(options)), key=scores.__getitem__)]
-    assert llm.score_options([], options) == [] and llm.choose([], options) == []
+    assert llm.score_options([], options) == [] and choose(llm, [], options) == []
     with pytest.raises(ValueError, match="non-empty"):
         llm.score_options(PROMPTS, [])
 
@@ -111,9 +129,9 @@ def test_default_score_options_and_first_option_wins_ties() -> None:
     llm = ScriptedLLM(table)
     assert llm.score_options(["p", "q"], ["a", "b", "c"]) == [[-1.0, -1.0, -3.0], [-2.0, -10.0, -0.5]]
     assert llm.pairs == 6
-    assert llm.choose(["p", "q"], ["a", "b", "c"]) == ["a", "c"]  # tie between a and b: the first listed
-    assert llm.choose(["p"], ["b", "a", "c"]) == ["b"]
-    assert ScriptedLLM({("p", "b"): float("nan")}).choose(["p"], ["b", "a"]) == ["a"]  # NaN never wins
+    assert choose(llm, ["p", "q"], ["a", "b", "c"]) == ["a", "c"]  # tie between a and b: the first listed
+    assert choose(llm, ["p"], ["b", "a", "c"]) == ["b"]
+    assert choose(ScriptedLLM({("p", "b"): float("nan")}), ["p"], ["b", "a"]) == ["a"]  # NaN never wins
 
 
 def test_answer_choose_uses_the_task_labels() -> None:

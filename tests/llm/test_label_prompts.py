@@ -6,10 +6,10 @@ from __future__ import annotations
 from persrag_lightning.data import tasks
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import LAMP2_LABELS, label_task, register_task
-from persrag_lightning.llm.answer import allowed_labels, answer
+from persrag_lightning.llm.answer import allowed_labels
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.prompts import build_prompt, content_free_prompt, task_prompt
-from tests.llm.test_choose import ScriptedLLM
+from tests.llm.test_choose import ScriptedLLM, answer
 
 LABELS = ("BUSINESS", "STYLE & BEAUTY", "WORLD NEWS")
 

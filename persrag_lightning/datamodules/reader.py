@@ -1,0 +1,265 @@
+"""DataModule of the reader stage: train questions read with the docs a strategy that needs no trained stage
+retrieves (BM25 over the user's own profile by default), and, beside them, the labelled items of those questions'
+profiles, each read as a question with the same user's strictly older items (LaMP's fine-tuned readers learn from
+the train questions alone; a profile item is a question the user answered before, so the 2 train questions per
+user of CFRAG's time-based split become every item the user labelled before them: docs/fidelity.md).
+
+Nothing here is a dev or test question, and no item the history rules hide from a train question is read: the
+profile items come from train questions' own profiles, each read with items dated strictly before it. Dev questions
+(read with the same strategy) only choose the checkpoint. Texts are embedded once by the reader's frozen encoder
+and cached under a fingerprint in `prepare_data`; `setup` only loads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from persrag_lightning.data.records import Example, HistoryDoc
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.splits import SplitSettings
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.datamodules.generator import EpochShuffle
+from persrag_lightning.models.reader import (
+    ReaderBatch,
+    ReaderSettings,
+    batch_from_vectors,
+    doc_text,
+    encoder_digest,
+    reader_inputs,
+)
+from persrag_lightning.models.text_encoder import TextEncoder
+from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
+from persrag_lightning.utils import (
+    ConfigError,
+    as_settings,
+    atomic_save_tensors,
+    atomic_write_json,
+    fingerprint,
+    resolve_config_path,
+    trainer_validates,
+)
+
+READER_DATA_VERSION = "reader-data/v1"
+
+
+@dataclass(frozen=True)
+class ReaderExample:
+    """One question as the reader trains on it: its id, what it reads (text, docs as (text, label + 1)), the gold
+    label's index, and where it comes from (`question` of a split, or `profile` item)."""
+
+    example_id: str
+    text: str
+    docs: tuple[tuple[str, int], ...]
+    target: int
+    origin: str = "question"
+
+
+@dataclass
+class ReaderTrainBatch:
+    batch: ReaderBatch
+    targets: torch.Tensor  # [B] label index
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+
+def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
+                            ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
+    """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k items of the same
+    profile most similar to it (cosine of `vectors(text)`) among those dated strictly before it; items in `skip`
+    (questions of any split) are never questions here."""
+    out = []
+    texts = [doc_text(spec, d) for d in user_docs]
+    matrix = vectors(texts) if texts else None
+    for i, doc in enumerate(user_docs):
+        if doc.doc_id in skip or spec.doc_label(doc) == 0:
+            continue
+        older = [j for j in range(i) if user_docs[j].date < doc.date]
+        if older:
+            sims = (matrix[older] @ matrix[i]).tolist()
+            ranked = [older[j] for j in sorted(range(len(older)), key=lambda j: -sims[j])][:k]
+        else:
+            ranked = []
+        out.append((doc, [user_docs[j] for j in ranked]))
+    return out
+
+
+class ReaderDataModule(L.LightningDataModule):
+    """Train the reader on train questions (and their profiles' items), choose its checkpoint on dev.
+
+    Args:
+        task: the LaMP task (a label task: LaMP-1, 2, 3); must match the other stages'.
+        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other stages).
+        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+        cache_dir: where generated data, retrievals and the embedded texts are cached, keyed by fingerprints.
+        strategy: the strategy whose docs the questions are read with, by its name in `strategies_config`: one that
+            needs no trained stage (`bm25`, the default: the user's own profile by BM25).
+        strategies_config: an evaluate config that lists the strategies.
+        run_dir: the folder of the run's exported bundles; `{run_dir}` is checkpoints/<run_name>.
+        k: docs per question, as the evaluation's.
+        profile_items: also train on the labelled items of the train questions' profiles, each read with the same
+            profile's items dated strictly before it (False: LaMP's protocol, the train questions alone).
+        splits: the splits trained and validated on, and how many questions of each.
+        batch_size: questions per step.
+        num_workers: DataLoader worker processes.
+        seed: seed of the per-epoch shuffle.
+    """
+
+    def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
+                 cache_dir: str = ".cache/persrag", strategy: str = "bm25",
+                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}", k: int = 5,
+                 profile_items: bool = True, splits: SplitSettings = SplitSettings(), batch_size: int = 64,
+                 num_workers: int = 0, seed: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.splits = as_settings(SplitSettings, splits)
+        self.source = LampSource(task, data_dir, synth, cache_dir)
+        self.task = self.source.task
+        spec = get_task(self.task)
+        if not spec.labels:
+            raise ConfigError(f"the reader stage reads label tasks (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
+                              "generation task, whose reader is the LLM")
+        self.labels = spec.labels
+        self.train_examples: list[ReaderExample] = []
+        self.val_examples: list[ReaderExample] = []
+        self.vectors: torch.Tensor | None = None
+        self.index: dict[str, int] = {}
+
+    # ---- the reader's settings come from the module (the encoder is the model's knob) -------------------------------
+
+    @property
+    def reader_settings(self) -> ReaderSettings:
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        if module is None or not hasattr(module, "settings"):
+            raise ConfigError("ReaderDataModule: the text encoder is the reader module's (`model.init_args.config`); "
+                              "use it with a trainer whose module is a ReaderModule")
+        return module.settings
+
+    # ---- examples -----------------------------------------------------------------------------------------------
+
+    def questions(self, dataset, split: str, limit: int | None) -> list[Example]:
+        if split not in dataset.examples:
+            raise KeyError(f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})")
+        out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
+        return out[:limit] if limit else out
+
+    def build_split(self, dataset, store: DocStore, split: str, limit: int | None, vectors) -> list[ReaderExample]:
+        """A split's questions read with the strategy's docs; for train, the profile items as well."""
+        h, spec = self.hparams, get_task(self.task)
+        examples = self.questions(dataset, split, limit)
+        strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
+        retrieved, _ = cached_retrieval(strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name)
+        docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
+        out = []
+        for ex, (text, read) in zip(examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)):
+            target = spec.label_index(ex.target)
+            if target is not None:
+                out.append(ReaderExample(ex.example_id, text, tuple(read), target))
+        if split != self.splits.train_split or not h.profile_items:
+            return out
+        asked = {e.example_id for exs in dataset.examples.values() for e in exs}
+        seen: set[str] = set()
+        for ex in examples:
+            profile = set(ex.profile)
+            user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile and d.doc_id not in seen]
+            seen.update(d.doc_id for d in user_docs)
+            for doc, older in older_profile_questions(spec, user_docs, asked, h.k, vectors):
+                (text, read), = reader_inputs(self.reader_config(), [doc_text(spec, doc)], [older])
+                out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", text, tuple(read),
+                                         spec.doc_label(doc) - 1, "profile"))
+        return out
+
+    def reader_config(self):
+        from persrag_lightning.models.reader import ReaderConfig
+
+        return ReaderConfig(**vars(self.reader_settings), task=self.task, labels=tuple(self.labels))
+
+    # ---- build once per node, read on every rank ---------------------------------------------------------------
+
+    def cache_path(self) -> Path:
+        h, settings = self.hparams, self.reader_settings
+        dataset = self.source.load()
+        strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
+        key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), h.k, h.profile_items,
+                          self.splits.fit_limits(trainer_validates(self)), encoder_digest(settings.encoder),
+                          settings.max_length, settings.max_docs, self.task, self.source.data_dir.name,
+                          [(e.example_id, e.input, e.target, e.profile) for exs in dataset.examples.values()
+                           for e in exs])
+        return Path(h.cache_dir) / "reader_data" / key
+
+    def prepare_data(self) -> None:
+        """Data, the strategy's retrievals, the examples and every text's vector (cached)."""
+        self.source.prepare()
+        path = self.cache_path()
+        if (path / "examples.json").exists():
+            return
+        dataset = self.source.load()
+        store = DocStore(dataset)
+        settings = self.reader_settings
+        encoder = TextEncoder.from_pretrained(settings.encoder, max_length=settings.max_length)
+        memo: dict[str, torch.Tensor] = {}
+
+        def vectors(texts: list[str]) -> torch.Tensor:
+            todo = [t for t in dict.fromkeys(texts) if t not in memo]
+            if todo:
+                memo.update(zip(todo, encoder.encode(todo)))
+            return torch.stack([memo[t] for t in texts])
+
+        splits = {split: self.build_split(dataset, store, split, limit, vectors)
+                  for split, limit in self.splits.fit_limits(trainer_validates(self)).items()}
+        texts = sorted({t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]})
+        table = vectors(texts) if texts else torch.zeros(0, encoder.dim)
+        atomic_save_tensors({"vectors": table.contiguous()}, path / "vectors.safetensors")
+        atomic_write_json(path / "examples.json", {
+            "task": self.task, "labels": list(self.labels), "texts": texts,
+            "splits": {s: [{"id": e.example_id, "text": e.text, "docs": [list(d) for d in e.docs],
+                            "target": e.target, "origin": e.origin} for e in exs] for s, exs in splits.items()}})
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.vectors is not None:
+            return
+        path = self.cache_path()
+        if not (path / "examples.json").exists():
+            raise FileNotFoundError(f"reader examples are not built ({path}); run `fit`, whose prepare_data builds "
+                                    "them")
+        stored = json.loads((path / "examples.json").read_text())
+        self.vectors = load_file(str(path / "vectors.safetensors"))["vectors"]
+        self.index = {t: i for i, t in enumerate(stored["texts"])}
+        loaded = {s: [ReaderExample(r["id"], r["text"], tuple((d, int(lab)) for d, lab in r["docs"]), r["target"],
+                                    r["origin"]) for r in rows] for s, rows in stored["splits"].items()}
+        self.train_examples = loaded[self.splits.train_split]
+        self.val_examples = loaded.get(self.splits.val_split, [])
+
+    # ---- loaders ------------------------------------------------------------------------------------------------
+
+    def collate(self, examples: list[ReaderExample]) -> ReaderTrainBatch:
+        assert self.vectors is not None
+        vectors = self.vectors
+
+        def embed(texts: list[str]) -> torch.Tensor:
+            return vectors[np.array([self.index[t] for t in texts], dtype=np.int64)]
+
+        batch = batch_from_vectors([(e.text, list(e.docs)) for e in examples], embed,
+                                   self.reader_settings.max_docs, vectors.shape[1])
+        return ReaderTrainBatch(batch, torch.tensor([e.target for e in examples], dtype=torch.long))
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = getattr(self, "trainer", None)
+        distributed = trainer is not None and trainer.world_size > 1
+        sampler = None if distributed else EpochShuffle(len(self.train_examples), self.hparams.seed)
+        return DataLoader(self.train_examples, batch_size=self.hparams.batch_size, shuffle=distributed,
+                          sampler=sampler, num_workers=self.hparams.num_workers, collate_fn=self.collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_examples, batch_size=self.hparams.batch_size, shuffle=False,
+                          num_workers=self.hparams.num_workers, collate_fn=self.collate)

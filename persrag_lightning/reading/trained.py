@@ -1,0 +1,95 @@
+"""The trained reader: the reader stage's export (models/reader.py) reading a question with its docs and their
+labels, behind the same `Reader` door as the LLM. Its scores are a trained distribution over the task's labels, so
+there is no label prior to calibrate: its readings carry the calibration `none` only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.llm.calibration import LabelReading, resolve_decision
+from persrag_lightning.models.reader import LabelReader, reader_inputs
+from persrag_lightning.progress import in_blocks
+from persrag_lightning.reading.base import Docs, Reader
+from persrag_lightning.utils import ConfigError, bundle_digest
+
+BATCH = 64  # questions per forward at inference
+
+
+class TrainedReader(Reader):
+    """A `LabelReader` export read without Lightning; `decision` as the LLM reader's (`auto`: the task metric's)."""
+
+    kind = "trained"
+
+    def __init__(self, path: str | Path, decision: str = "auto", batch_size: int = BATCH) -> None:
+        """Args:
+            path: the reader stage's export (checkpoints/<run>/reader).
+            decision: the answer taken from the label distribution (`auto`: arg max for accuracy, median for MAE).
+            batch_size: questions per forward.
+        """
+        self.path, self.decision, self.batch_size = Path(path), decision, batch_size
+        if not (self.path / "config.json").is_file():
+            raise FileNotFoundError(f"{self.path}: no trained reader export (config.json); make it with `python "
+                                    "train.py fit --config reader.yaml` (same --run_name)")
+        self._model: LabelReader | None = None
+        self._digest: str | None = None
+
+    @property
+    def model(self) -> LabelReader:
+        if self._model is None:
+            self._model = LabelReader.from_pretrained(self.path).eval()
+        return self._model
+
+    def identity(self) -> dict:
+        if self._digest is None:
+            self._digest = bundle_digest(self.path)
+        return {"reader": "trained", "digest": self._digest, "decision": self.decision}
+
+    def reading(self, task: str) -> dict:
+        return {"calibration": "none", "decision": resolve_decision(task, self.decision)}
+
+    def describe(self, task: str) -> str:
+        return f"trained reader (decision {resolve_decision(task, self.decision)})"
+
+    def _check_task(self, task: str) -> str:
+        name = get_task(task).name
+        if name != self.model.config.task:
+            raise ConfigError(f"{self.path}: this reader was trained on {self.model.config.task}, not {name}")
+        return name
+
+    @torch.inference_mode()
+    def log_scores(self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None) -> list[list[float]]:
+        """log p(label | question, docs) for every label of the task, one row per question."""
+        self._check_task(task)
+        inputs, docs = list(inputs), [list(ds) for ds in docs]
+
+        def compute(part: list[int]) -> list[list[float]]:
+            return self.model.log_probs([inputs[i] for i in part], [docs[i] for i in part]).tolist()
+
+        return in_blocks(list(range(len(inputs))), compute, phase, 8 * self.batch_size) if inputs else []
+
+    def read(self, task: str, inputs: Sequence[str], docs: Docs, *, prompt_gamma: float | None = None,
+             phase: str | None = None, every_calibration: bool = False) -> LabelReading:
+        name = self._check_task(task)
+        rows = self.log_scores(task, inputs, docs, phase)
+        return LabelReading(name, self.model.config.labels, rows, "none", resolve_decision(task, self.decision),
+                            {"none": None})
+
+    def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
+                      phase: str | None = None) -> list[float]:
+        """log p(target) under the reader's distribution; a target outside the labels is impossible (-inf)."""
+        spec = get_task(task)
+        rows = self.log_scores(task, inputs, docs, phase)
+        index = [spec.label_index(t) for t in targets]
+        return [row[i] if i is not None else float("-inf") for row, i in zip(rows, index)]
+
+    def prompts(self, task: str, inputs: Sequence[str], docs: Docs, *,
+                prompt_gamma: float | None = None) -> list[str]:
+        self._check_task(task)
+        return [text for text, _ in reader_inputs(self.model.config, list(inputs), [list(ds) for ds in docs])]
+
+    def close(self) -> None:
+        self._model = None
