@@ -32,6 +32,8 @@ from persrag_lightning.llm.calibration import (
     resolve_decision,
 )
 from persrag_lightning.llm.prompts import task_prompt
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.llm import LLMReader
 
 
 def naive_contextual(llm, task: str, prompts: list[str], labels: list[str]) -> LabelReading:
