@@ -17,6 +17,7 @@ from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
 PRESET_DIR = "presets"
+READERS = ("trained", "llm")  # the trained reader (the reader stage's export) and the LLM (reading/)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Preset:
     base: str | None = None
     data: dict[str, Any] = field(default_factory=dict)          # every stage
     user_encoder: dict[str, Any] = field(default_factory=dict)
+    reader: dict[str, Any] = field(default_factory=dict)        # the reader stage (configs/reader.yaml)
     feedback: dict[str, Any] = field(default_factory=dict)      # the retriever's and reranker's stages
     generator: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
@@ -43,7 +45,8 @@ class Preset:
     judgments: str = "none"
     paper_chain: bool = False          # train the paper's exact chain beside a run whose stage 1 reads judgments
     select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
-    readers: list[str] | None = None  # label calibrations the dev choice compares
+    readers: list[str] | None = None  # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
+    calibrations: list[str] | None = None  # the LLM reader's label calibrations the dev choices compare
     stages: list[str] | None = None   # None: every stage of stages.py
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
 
@@ -92,7 +95,7 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
 
 
 def check_preset(preset: Preset, path: Path) -> None:
-    """What the schema cannot say: known stages, judgments and readers."""
+    """What the schema cannot say: known stages, judgments, readers and calibrations."""
     for stage in preset.stages or []:
         if stage not in STAGES:
             raise ConfigError(f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}")
@@ -100,5 +103,12 @@ def check_preset(preset: Preset, path: Path) -> None:
         raise ConfigError(f"{path.name}: judgments: {preset.judgments!r} is not one of "
                           f"{', '.join(get_args(Judgments))}")
     for reader in preset.readers or []:
-        if reader not in get_args(Calibration):
-            raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(get_args(Calibration))}")
+        if reader not in READERS:
+            raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
+                              "calibrations are `calibrations`)")
+    if "trained" in (preset.readers or []) and "reader" not in (preset.stages or STAGES):
+        raise ConfigError(f"{path.name}: readers: `trained` needs the reader stage in `stages`")
+    for calibration in preset.calibrations or []:
+        if calibration not in get_args(Calibration):
+            raise ConfigError(f"{path.name}: calibrations: {calibration!r} is not one of "
+                              f"{', '.join(get_args(Calibration))}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-StageKind = Literal["user_encoder", "feedback", "generator"]
+StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
 RUN_DIR = "{run_dir}"  # what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
 
 
@@ -67,6 +67,8 @@ def cli_overrides(overrides: dict[str, Any]) -> list[str]:
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
+    # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the feedback stages
+    Stage("reader", "reader.yaml", "reader"),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
     # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
     Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.config.alpha": 0.0,

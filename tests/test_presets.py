@@ -18,7 +18,8 @@ def test_the_shipped_presets_read_as_typed_values():
     assert quick.feedback["data.init_args.feedback.metric"] == "loglik"
     assert quick.precision.feedback is Precision.CPU_NATIVE and quick.precision.generator is Precision.NATIVE
     assert quick.judgments == "paired" and quick.paper_chain and quick.select_order_on_dev
-    assert quick.readers == ["none", "contextual", "pmi"] and set(PAPER_STAGES) <= set(quick.stages)
+    assert quick.readers == ["trained", "llm"] and quick.calibrations == ["none", "contextual", "pmi"]
+    assert set(PAPER_STAGES) <= set(quick.stages) and "reader" in quick.stages
     assert cli_overrides(quick.evaluate) == ["--evaluation.llm.answer_mode=choose",
                                              '--evaluation.llm.options={"dtype": "bf16_if_native"}',
                                              "--evaluation.reranker_runtime=bf16_if_native"]

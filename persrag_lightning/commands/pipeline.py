@@ -33,11 +33,14 @@ from persrag_lightning.hardware import (
 )
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
+from persrag_lightning.reading import LLM_READER
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
 from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
 
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
+TRAINED_READER = "{run_dir}/reader"  # the reader stage's export, as the evaluation and the feedback stages name it
+READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
 
 def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
@@ -184,8 +187,8 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
                                       f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
 
 
-def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple[list[str], list[str]]]:
-    """A dev row's (answers, golds) under each calibration of `readers`, re-read from the label scores its
+def dev_readings(out_dir: str, name: str, calibrations: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """A dev row's (answers, golds) under each calibration of `calibrations`, re-read from the label scores its
     evaluation stored (predictions/<row>.labels.json): no LLM call. Empty when the row stored none."""
     from persrag_lightning.llm.calibration import LabelReading
     from persrag_lightning.retrieval.strategies import file_name
@@ -195,7 +198,7 @@ def dev_readings(out_dir: str, name: str, readers: list[str]) -> dict[str, tuple
         return {}
     stored = json.loads(path.read_text())
     reading, golds = LabelReading.from_json(stored), [r["gold"] for r in stored["rows"]]
-    return {reader: (reading.under(reader, reading.decision).answers, golds) for reader in readers}
+    return {calibration: (reading.under(calibration, reading.decision).answers, golds) for calibration in calibrations}
 
 
 def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
@@ -209,9 +212,9 @@ def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names
 
 
 def choose_on_dev(run: EvaluationRun, task: str,
-                  readers: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
+                  calibrations: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
     """Evaluate `run` (a `dev_choice`) and return the best of its rows by the task's first metric, with the dev
-    numbers: the main job's recipe is chosen here, never on test. With `readers` (label calibrations), each
+    numbers: the main job's recipe is chosen here, never on test. With `calibrations` (label calibrations), each
     configuration's stored label scores are also re-read under each calibration (no LLM pass) and the best
     (configuration, calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice:
     it is dropped, saying so, and the earlier one stands. The choice is returned by its config name."""
@@ -224,12 +227,12 @@ def choose_on_dev(run: EvaluationRun, task: str,
     answers: dict[tuple[str, str | None], list[str]] = {}
     for name in (n for n in names if shown(n, row_names) in results):
         row = shown(name, row_names)
-        readings = dev_readings(out_dir, row, readers) if readers else {}
+        readings = dev_readings(out_dir, row, calibrations) if calibrations else {}
         if not readings:  # generated answers, or no stored scores: the evaluation's own number
             scores[(name, None)] = results[row][metric]
             continue
-        for reader, (said, golds) in readings.items():
-            scores[(name, reader)], answers[(name, reader)] = LampMetricFn(task, metric)(said, golds), said
+        for calibration, (said, golds) in readings.items():
+            scores[(name, calibration)], answers[(name, calibration)] = LampMetricFn(task, metric)(said, golds), said
     if not scores:
         raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
     candidates = list(scores)
@@ -342,8 +345,42 @@ class Job:
         return {"run_name": self.run_name, "export_root": self.export_root}
 
     def wanted(self) -> list[str]:
-        """The preset's stages, the paper's chain only where it trains beside the main one."""
-        return [n for n in (self.preset.stages or STAGES) if self.paper_chain or n not in PAPER_STAGES]
+        """The preset's stages, the paper's chain only where it trains beside the main one, the reader only on a
+        label task (a generation task's reader is the LLM)."""
+        reads_labels = get_task(self.task).labels is not None
+        return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
+                and (reads_labels or STAGES[n].kind != "reader")]
+
+    def choose_reader(self, readers: list[str], calibrations: list[str] | None) -> tuple[str, dict[str, float]]:
+        """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage needed, so the
+        feedback stages can be labelled by the chosen reader): each reader's best dev score (the LLM's under its
+        best calibration); the earlier of `readers` wins a tie. The dev questions only select: the trained reader
+        learnt from train questions alone."""
+        from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
+
+        metric = metric_names(self.task)[0]
+        sign = 1 if LampMetricFn(self.task, metric).higher_is_better else -1
+        t0, best, scores = time.perf_counter(), {}, {}
+        for reader in readers:
+            base = {**self.common, **self.evaluate,
+                    "evaluation.reader": TRAINED_READER if reader == "trained" else LLM_READER}
+            run = dev_choice(base, READER_ROWS, self.run_name, {}, f"select-on-dev/reader-{reader}")
+            _, calibration, dev = choose_on_dev(run, self.task, calibrations if reader == "llm" else None)
+            self.evaluations.append(run)
+            best[reader] = dev[READER_ROWS[0] + (f" [calibration {calibration}]" if calibration else "")]
+            scores.update({f"{reader} reader, {name}": value for name, value in dev.items()})
+        chosen = max(readers, key=lambda r: (sign * best[r], -readers.index(r)))
+        print(f"[pipeline] reader chosen on dev ({metric}, {READER_ROWS[0]}'s prompts): {chosen} — "
+              + ", ".join(f"{r} {best[r]:.3f}" for r in readers))
+        self.minutes["choose the reader on dev"] = (time.perf_counter() - t0) / 60
+        return chosen, scores
+
+    def read_with(self, reader: str) -> None:
+        """Every later stage's feedback and every evaluation read with `reader` (trained: the reader stage's
+        export; llm: the configs' LLM)."""
+        if reader == "trained":
+            self.kinds["feedback"]["data.init_args.feedback.reader"] = TRAINED_READER
+            self.evaluate["evaluation.reader"] = TRAINED_READER
 
     def fit(self, stage: str, more: dict[str, Any] | None = None) -> None:
         """Train `stage` unless its bundle is exported already."""
@@ -361,12 +398,12 @@ class Job:
         self.stages.append(run)
         self.minutes[stage] = (time.perf_counter() - t0) / 60
 
-    def choose(self, step: str, candidates: list[str], readers: list[str] | None,
+    def choose(self, step: str, candidates: list[str], calibrations: list[str] | None,
                folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
-        """A dev choice among `candidates` (`choose_on_dev`), timed as `step`."""
+        """A dev choice among `candidates` (`choose_on_dev`, under each of `calibrations`), timed as `step`."""
         run = dev_choice({**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder)
         t0 = time.perf_counter()
-        chosen = choose_on_dev(run, self.task, readers)
+        chosen = choose_on_dev(run, self.task, calibrations)
         self.evaluations.append(run)
         self.minutes[step] = (time.perf_counter() - t0) / 60
         return chosen
@@ -404,6 +441,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
              "feedback": {**precision_overrides(rules.feedback),
                           **({"data.init_args.feedback.llm.backend": backend} if backend else {}),
                           **label_overrides(rules.labels, backend)},
+             "reader": {},
              "generator": {**precision_overrides(rules.generator), **overrides.generator}}
     return Job(preset, task, judgments, opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}",
                opts.export_root, backend, preset.paper_chain and judgments != "none",  # else the main chain is it
@@ -437,21 +475,33 @@ def main(argv: list[str]) -> None:
         check_data_dir(opts.data_dir, opts.task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     job = resolve_job(opts, extra, preset)
     decisions, plan = announce(job, opts.questions, opts.data_dir)
-    readers = preset.readers if get_task(job.task).labels is not None else None
-    for stage in job.wanted():  # train the missing stages
-        if stage != "generator":
+    labels = get_task(job.task).labels is not None
+    calibrations = preset.calibrations if labels else None
+    wanted = job.wanted()
+    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
+    for stage in first:
+        job.fit(stage)
+    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if labels else []
+    reader, dev_scores = (readers or [LLM_READER])[0], {}
+    if len(readers) > 1:  # the label task's reader, chosen on dev before it labels the feedback stages
+        reader, dev_scores = job.choose_reader(readers, calibrations)
+    job.read_with(reader)
+    for stage in wanted:  # the feedback stages, labelled by that reader
+        if stage not in first and stage != "generator":
             job.fit(stage)
-    chosen, calibration, dev_scores = "CFRAG", None, {}
-    if preset.select_order_on_dev:  # choose the configuration (and the reader's calibration) on dev
-        chosen, calibration, dev_scores = job.choose("choose on dev", list(CANDIDATES), readers)
+    chosen, calibration = "CFRAG", None
+    if preset.select_order_on_dev:  # choose the configuration (and the LLM reader's calibration) on dev
+        chosen, calibration, chosen_dev = job.choose("choose on dev", list(CANDIDATES),
+                                                     calibrations if reader == LLM_READER else None)
+        dev_scores.update(chosen_dev)
     if calibration is not None:
         job.evaluate["evaluation.llm.calibration"] = calibration
     generator_calibration = None
-    if "generator" in job.wanted():  # the generator learns the chosen configuration's prompts
+    if "generator" in wanted:  # the generator learns the chosen configuration's prompts
         job.fit("generator", {"data.init_args.strategy": chosen} if chosen != "CFRAG" else {})
-        if calibration is not None:  # its label scores are read as the base reader's, under its own calibration
+        if calibrations and preset.select_order_on_dev:  # its label scores are read under its own calibration
             _, generator_calibration, generator_dev = job.choose(
-                "generator's calibration on dev", [f"{chosen}{TUNED}"], readers, "select-on-dev/generator")
+                "generator's calibration on dev", [f"{chosen}{TUNED}"], calibrations, "select-on-dev/generator")
             dev_scores.update(generator_dev)
     if generator_calibration is not None:
         job.evaluate["evaluation.generator_calibration"] = generator_calibration
@@ -466,7 +516,9 @@ def main(argv: list[str]) -> None:
     total = sum(job.minutes.values())
     if plan.minutes is not None:
         print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes:.1f} before it started")
-    write_record(job, argv, opts, decisions, plan, {"chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
+    write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader if len(readers) > 1 else None,
+                                                   "reader": reader,
+                                                   "chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
                                                    "calibration_chosen_on_dev": calibration,
                                                    "generator_calibration_chosen_on_dev": generator_calibration,
                                                    "dev_scores": dev_scores})

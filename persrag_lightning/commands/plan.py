@@ -33,8 +33,9 @@ PROBE_DOC_WORDS = 40
 # embedding run on the same cores as the reading, so they scale with it. From the stored Zen 4 main job (raw
 # outputs: benchmarks/results/cpu-2026-11-28b-mainjob-calibrated/): its stages' minutes at its reader's rate. A
 # stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
-TRAINING_PROMPTS = {"user_encoder": 250, "feedback": 80, "generator": 120}
-QUICK_SCALE = {"user_encoder": 20 * 300, "feedback": 32, "generator": 32}  # the quick preset's epochs x users, examples
+TRAINING_PROMPTS = {"user_encoder": 250, "reader": 40, "feedback": 80, "generator": 120}
+# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train questions)
+QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
 # The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16, float32 only.
 BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
 
@@ -227,7 +228,7 @@ def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, prese
         n_rows = len(rows)
     answers = {"dev choice": 0, "test table": test * n_rows}
     if preset.select_order_on_dev:
-        answers["dev choice"] = dev_questions * (candidates + ("generator" in wanted and bool(preset.readers)))
+        answers["dev choice"] = dev_questions * (candidates + ("generator" in wanted and bool(preset.calibrations)))
     plan = Plan(train, skip, rows, training_work(train, preset, counts), feedback_prompts(train, preset, counts["train"]),
                 answers, budget=budget_minutes())
     llm = reader_settings(preset, backend)

@@ -115,6 +115,14 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
 
+def by_purpose(evaluations: list[pipeline.EvaluationRun]) -> dict[str, pipeline.EvaluationRun]:
+    """The job's evaluations by what they are for: "reader-trained", "reader-llm" (the reader's dev choice),
+    "choice" (the configuration's), "generator" (its calibration's) and "test" (the table)."""
+    short = {"dev choice: select-on-dev": "choice", "dev choice: select-on-dev/generator": "generator",
+             "test table": "test"}
+    return {short.get(r.purpose, r.purpose.removeprefix("dev choice: select-on-dev/")): r for r in evaluations}
+
+
 def max_examples(run: pipeline.EvaluationRun) -> int | None:
     """The evaluation's question count (None: every one)."""
     return run.overrides.get("evaluation.max_examples")
@@ -122,7 +130,8 @@ def max_examples(run: pipeline.EvaluationRun) -> int | None:
 
 def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, tmp_path, capsys) -> None:
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
+    _, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], {"CFRAG": 0.3})
+    choice, test = by_purpose(evaluations)["choice"], by_purpose(evaluations)["test"]
     first = capsys.readouterr().out.splitlines()[:2]
     assert first[0].startswith("[pipeline] ") and "bfloat16 native: no" in first[0]
     assert first[1] == pipeline.FLOAT32_READER_NOTE
@@ -136,17 +145,17 @@ def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, 
 
 def test_questions_caps_the_dev_choice_and_the_table_alike(monkeypatch, tmp_path, capsys) -> None:
     machine(monkeypatch, AMX, onednn=True)
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--questions", "100"],
-                                     {"CFRAG": 0.3})
-    assert max_examples(choice) == max_examples(test) == 100
+    _, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick", "--questions", "100"],
+                                  {"CFRAG": 0.3})
+    assert {max_examples(run) for run in evaluations} == {100}  # the reader's dev choice too
     assert "read the first 100 dev and test questions by id" in capsys.readouterr().out
     assert json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())["questions"] == 100
     # after the preset's own count, so it wins over smoke's 6
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "smoke", ["--preset", "smoke", "--questions", "50"],
-                                     {"CFRAG": 0.3})
-    assert max_examples(choice) == max_examples(test) == 50
-    _, (choice, test) = run_pipeline(monkeypatch, tmp_path / "default", ["--preset", "smoke"], {"CFRAG": 0.3})
-    assert max_examples(choice) == max_examples(test) == 6
+    _, evaluations = run_pipeline(monkeypatch, tmp_path / "smoke", ["--preset", "smoke", "--questions", "50"],
+                                  {"CFRAG": 0.3})
+    assert {max_examples(run) for run in evaluations} == {50}
+    _, evaluations = run_pipeline(monkeypatch, tmp_path / "default", ["--preset", "smoke"], {"CFRAG": 0.3})
+    assert {max_examples(run) for run in evaluations} == {6}
     with pytest.raises(SystemExit) as exit_:
         run_pipeline(monkeypatch, tmp_path / "none", ["--preset", "quick", "--questions", "0"])
     assert exit_.value.code == 2 and "--questions must be a positive number" in capsys.readouterr().err
@@ -222,12 +231,24 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     machine(monkeypatch, AMX, onednn=True)
     dev = {"CFRAG": 0.20, "w/o reranker tuning": 0.31}
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
-    assert [r.stage for r in fits] == ["user_encoder", "retriever", "reranker", "user_encoder_paper",
+    # the stages that need no reader first (stage 1 and the reader), then the feedback stages
+    assert [r.stage for r in fits] == ["user_encoder", "reader", "user_encoder_paper", "retriever", "reranker",
                                        "retriever_paper", "reranker_paper", "generator"]
     judged = [r.overrides.get("model.init_args.config.judgments") for r in fits]
-    assert judged == ["paired", None, None, "none", None, None, None]  # the paper's chain: its own stage 1
-    # the choice is made on dev, before the generator trains on the chosen CFRAG's prompts
-    choice, test = evaluations
+    assert judged == ["paired", None, "none", None, None, None, None, None]  # the paper's chain: its own stage 1
+    # the reader is chosen on dev on BM25's prompts (a tie here: the trained reader, listed first, stands) and
+    # labels every feedback stage and reads every row of the table
+    runs = by_purpose(evaluations)
+    assert runs["reader-trained"].only == runs["reader-llm"].only == ["bm25"]
+    assert runs["reader-trained"].overrides["evaluation.reader"] == "{run_dir}/reader"
+    assert runs["reader-llm"].overrides["evaluation.reader"] == "llm"
+    assert all(r.overrides["data.init_args.feedback.reader"] == "{run_dir}/reader" for r in fits
+               if r.stage.startswith(("retriever", "reranker")))
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["reader"] == record["reader_chosen_on_dev"] == "trained"
+    # the configuration is chosen on dev, before the generator trains on the chosen CFRAG's prompts
+    choice, test = runs["choice"], runs["test"]
+    assert choice.overrides["evaluation.reader"] == test.overrides["evaluation.reader"] == "{run_dir}/reader"
     assert choice.overrides["evaluation.split"] == "dev" and test.overrides["evaluation.split"] == "test"
     # the candidates: the main chain's two orders (the stage-1 encoder was chosen on dev once, CANDIDATES)
     assert choice.only == list(dev)
@@ -259,11 +280,12 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
                                      {"CFRAG": 0.3})
     assert not any("_paper" in r.stage for r in fits)
     assert all(r.overrides["run_name"] == "synthlamp-quick-none" for r in fits)
-    assert evaluations[0].only == ["CFRAG", "w/o reranker tuning"]
-    assert "evaluation.reference" not in evaluations[1].overrides  # CFRAG is the config's reference already
-    rows = evaluations[1].only
+    runs = by_purpose(evaluations)
+    assert runs["choice"].only == ["CFRAG", "w/o reranker tuning"]
+    assert "evaluation.reference" not in runs["test"].overrides  # CFRAG is the config's reference already
+    rows = runs["test"].only
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
-    assert evaluations[1].names["CFRAG"] == "CFRAG (text only, reranked)"
+    assert runs["test"].names["CFRAG"] == "CFRAG (text only, reranked)"
 
 
 def test_data_dir_reaches_every_stage_and_the_evaluation(monkeypatch, tmp_path) -> None:
@@ -388,7 +410,8 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
     record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
-    _choice, generator, test = (pipeline.EvaluationRun(**r) for r in record["evaluations"])
+    runs = by_purpose([pipeline.EvaluationRun(**r) for r in record["evaluations"]])
+    generator, test = runs["generator"], runs["test"]
     assert generator.only == ["CFRAG + tuned generator"] and generator.purpose.endswith("select-on-dev/generator")
     assert generator.overrides["evaluation.llm.calibration"] == "contextual"  # read on dev as the table reads
     assert test.overrides["evaluation.llm.calibration"] == "contextual"
