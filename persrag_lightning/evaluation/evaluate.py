@@ -367,12 +367,14 @@ class Evaluation(Evaluator):
 
     @property
     def answer_mode(self) -> str:
-        """How the rows are read, as the table's header names it (the tuned generators' calibration where it
-        differs)."""
+        """How the rows are read, as the table's header names it, with the tuned generators' reading where it
+        differs from the other rows'."""
         text, reading = self.reader.describe(self.task), self.llm_config.reading(self.task)
-        if (self.reader_spec == LLM_READER and reading
-                and self.generator_calibration not in (None, reading["calibration"])):
-            text = f"{text[:-1]}; tuned generator rows: calibration {self.generator_calibration})"
+        tuned = self.generator_calibration or (reading or {}).get("calibration")
+        if self.reader_spec != LLM_READER and reading:
+            return f"{text}; tuned generator rows: choose (calibration {tuned})"
+        if reading and tuned != reading["calibration"]:
+            return f"{text[:-1]}; tuned generator rows: calibration {tuned})"
         return text
 
     def write_reports(self, summary: Summary, skipped: dict[str, str]) -> None:
