@@ -30,6 +30,7 @@ from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
     doc_labels,
     reader_free_rows,
+    reading_diagnostics,
     top_answer,
     vote,
 )
@@ -339,31 +340,34 @@ class Evaluation(Evaluator):
         else:
             retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
                                                        self.source.data_dir.name)
-            outcome = {"predictions": self.answers(strategy, store, examples, retrieved),
-                       "rows": [[d.row for d in ds] for ds in retrieved], "retrieve_ms_per_query": ms_per_query}
+            predictions, reading = self.answers(strategy, store, examples, retrieved)
+            outcome = {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
+                       "retrieve_ms_per_query": ms_per_query, "reading": reading}
             atomic_write_json(cached, outcome)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
         diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
+        diagnostics.update(outcome.get("reading") or {})
         return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved}
 
     def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
-                retrieved: list[list[RetrievedDoc]]) -> list[str]:
-        """The reader's answers to a row's questions; a reader of labels also writes predictions/<row>.labels.json
-        beside the answer file: every label's log-score, the distribution and the calibration terms."""
+                retrieved: list[list[RetrievedDoc]]) -> tuple[list[str], dict[str, float]]:
+        """The reader's answers to a row's questions and what its label distributions say of the golds
+        (`reading_diagnostics`); a reader of labels also writes predictions/<row>.labels.json beside the answer
+        file: every label's log-score, the distribution and the calibration terms."""
         reader = self.reader_for(strategy)
         inputs = [e.input for e in examples]
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
         phase = f"evaluate {strategy.name}"
         if not reader.reads_labels:
-            return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase)
+            return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase), {}
         reading = reader.read(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase,
                               every_calibration=True)
         atomic_write_json(self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json",
                           reading.to_json([e.example_id for e in examples], [e.target for e in examples]),
                           indent=None)
-        return reading.answers
+        return reading.answers, reading_diagnostics(reading, [e.target for e in examples])
 
     @property
     def answer_mode(self) -> str:

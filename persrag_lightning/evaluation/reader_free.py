@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.tasks import TaskSpec, get_task
+from persrag_lightning.llm.calibration import LabelReading
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 
 MAJORITY = "majority label (train)"
@@ -105,3 +106,18 @@ def collapse_warnings(predictions: dict[str, Sequence[str]], golds: Sequence[str
                          f"frequent label, {gold_label!r}, is {gold_share:.0%}): its score reflects the reader's "
                          "label prior, not what it read.")
     return lines
+
+
+def reading_diagnostics(reading: LabelReading, golds: Sequence[str | None]) -> dict[str, float]:
+    """What a reader's label distributions say of the golds beyond its answers: on ordered labels (LaMP-3), the
+    Spearman correlation of the expected label value (under the reading's calibration) with the gold, which is 0 for
+    a reader that ignores its prompt however its answers are decided; nothing on unordered labels."""
+    spec = get_task(reading.task)
+    pairs = [(sum(float(label) * p for label, p in zip(reading.labels, probs)), float(gold))
+             for probs, gold in zip(reading.probabilities, golds) if gold is not None
+             and spec.label_index(gold) is not None] if spec.kind == "regression" else []
+    if len(pairs) < 3 or len({e for e, _ in pairs}) < 2 or len({g for _, g in pairs}) < 2:
+        return {}
+    from scipy.stats import spearmanr
+
+    return {"expected_label_spearman": float(spearmanr(*zip(*pairs)).statistic)}
