@@ -448,3 +448,25 @@ def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them()
         rename_strategies(config(), {"CFRAG": "mine"})
     with pytest.raises(ConfigError, match=r"\['nope'\] name no strategy"):
         rename_strategies(config(), {"nope": "x"})
+
+
+def test_the_reader_is_chosen_on_dev_and_an_llm_choice_keeps_the_llms_feedback(monkeypatch, tmp_path, capsys):
+    """The LLM reads BM25's dev prompts better than the trained reader: it stays the reader of the feedback stages
+    and of the table, and its calibrations are chosen with the configuration; a generation task trains no reader."""
+    machine(monkeypatch, AMX, onednn=True)
+
+    def evaluate(args: list[str]) -> dict:
+        trained = "--evaluation.reader={run_dir}/reader" in args
+        return {row: {"accuracy": 0.2 if trained else 0.4} for _, row in evaluated_rows(args)}
+
+    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
+    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])
+    assert "reader chosen on dev (accuracy, bm25's prompts): llm — trained 0.200, llm 0.400" in capsys.readouterr().out
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["reader"] == "llm"
+    assert not any("data.init_args.feedback.reader" in r["overrides"] for r in record["stages"])
+    runs = by_purpose([pipeline.EvaluationRun(**r) for r in record["evaluations"]])
+    assert "evaluation.reader" not in runs["choice"].overrides and "evaluation.reader" not in runs["test"].overrides
+    fits, _ = run_pipeline(monkeypatch, tmp_path / "lamp5", ["--preset", "quick", "--task", "LaMP-5"])
+    assert "reader" not in [r.stage for r in fits]  # the LLM writes titles; no reader to train or choose

@@ -156,3 +156,27 @@ def test_a_folders_own_label_set_reaches_the_reader_the_rows_and_the_metric(tmp_
         assert len(answers) == 6 and {a["output"] for a in answers} <= set(labels), name
     stored = json.loads((out / "predictions" / "bm25.labels.json").read_text())
     assert stored["labels"] == labels and "f1" in summary.results["bm25"]  # macro-F1 over the folder's labels
+
+
+def test_the_expected_rating_of_a_reader_that_reads_correlates_and_of_one_that_does_not_is_absent() -> None:
+    """expected_label_spearman: the expected rating under the reading's distribution against the gold (LaMP-3 only);
+    a reader whose distribution is the same for every question gives no correlation to report."""
+    import math
+
+    from persrag_lightning.evaluation.reader_free import reading_diagnostics
+    from persrag_lightning.llm.calibration import LabelReading
+
+    labels = ("1", "2", "3", "4", "5")
+
+    def reading(rows: list[list[float]]) -> LabelReading:
+        return LabelReading("LaMP-3", labels, [[math.log(p) for p in row] for row in rows], "none", "median",
+                            {"none": None})
+
+    golds = ["1", "3", "5", "4"]
+    peaked = [[0.9 if label == g else 0.025 for label in labels] for g in golds]
+    assert reading_diagnostics(reading(peaked), golds)["expected_label_spearman"] == pytest.approx(1.0)
+    assert reading_diagnostics(reading([[0.2] * 5] * 4), golds) == {}  # one distribution for every question
+    reversed_ = [[0.9 if label == str(6 - int(g)) else 0.025 for label in labels] for g in golds]
+    assert reading_diagnostics(reading(reversed_), golds)["expected_label_spearman"] == pytest.approx(-1.0)
+    lamp2 = LabelReading("LaMP-2", ("comedy", "action"), [[-0.1, -2.0]] * 3, "none", "argmax", {"none": None})
+    assert reading_diagnostics(lamp2, ["comedy", "action", "comedy"]) == {}  # unordered labels: no expected value
