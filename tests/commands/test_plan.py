@@ -96,3 +96,43 @@ def test_each_precision_decision_is_stated_once_where_the_run_begins(monkeypatch
     assert record["reader"] == "bfloat16" and record["stage 1"] == "bf16-mixed"
     machine(monkeypatch, AMX, onednn=True, cuda=True)  # cpu_native work stays float32 on a GPU machine
     assert uses_bf16(Precision.NATIVE) and not uses_bf16(Precision.CPU_NATIVE)
+
+
+def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_trains(monkeypatch, tmp_path, capsys,
+                                                                                      fixed_rates):
+    """`--plan`: the machine, precision, the float32 GEMM path with its measured rates, the plan and the estimate
+    against the class budget; no stage, no evaluation, no pipeline.json; exit code 0 through the CLI."""
+    from persrag_lightning import cli, runtime
+    from persrag_lightning.commands import pipeline
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "numpy": 126.0}, "encoders": {"torch": 80.0}},
+                                {"reader": "numpy", "encoders": "torch"}, {"openvino": "No module named 'openvino'"})
+    monkeypatch.setattr("persrag_lightning.commands.decisions.gemm_choice", lambda: choice)
+
+    def trained(*a, **k):
+        raise AssertionError("--plan trained or evaluated something")
+
+    monkeypatch.setattr(pipeline, "lightning_command", trained)
+    monkeypatch.setattr(pipeline, "evaluate_command", trained)
+    cli.main(["pipeline", "--preset", "quick", "--plan", "--export_root", str(tmp_path)])  # returns: exit code 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[pipeline] ") and "bfloat16 native: no" in out[0]
+    assert out[1] == pipeline.FLOAT32_READER_NOTE and out[2].startswith("[pipeline] precision: stage 1 32-true")
+    assert out[3] == "[pipeline] float32 GEMM path openvino: skipped (No module named 'openvino')"
+    assert out[4] == "[pipeline] float32 GEMM path for the reader: numpy (GFLOP/s on 2 threads: numpy 126, torch 90)"
+    assert out[5] == "[pipeline] float32 GEMM path for the encoders: torch (GFLOP/s on 2 threads: torch 80)"
+    assert out[6].startswith("[pipeline] plan: train user_encoder, retriever") and out[7].startswith("[pipeline] rows:")
+    assert out[8].startswith("[pipeline] estimate: about ") and out[8].endswith("budget on this CPU class: 45 min")
+    assert out[9].startswith("[pipeline] --plan: nothing trained") and len(out) == 10
+    assert not list(tmp_path.rglob("pipeline.json"))
+
+
+def test_pipeline_json_keeps_the_gemm_choice(monkeypatch, tmp_path, fixed_rates):
+    from persrag_lightning import runtime
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    monkeypatch.setenv(runtime.ENV, "onednn")
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "smoke"])
+    record = json.loads((tmp_path / "synthlamp-smoke" / "pipeline.json").read_text())["gemm"]
+    assert record["chosen"] == {"reader": "onednn", "encoders": "onednn"} and record["forced"]
