@@ -39,7 +39,7 @@ SMOKE = {
     "serve": "tests/serving/test_serve.py::test_killed_server_restarts_consistent",
     "data": "tests/e2e/test_e2e.py::test_a_review_log_in_every_format_converts_and_trains_to_its_table",
 }
-SCRIPTS_RUN_BY_CI = {".ci/install.sh", ".ci/run"}
+SCRIPTS_RUN_BY_CI = {".ci/install.sh", ".ci/install_tests.sh", ".ci/run"}
 
 
 @dataclass(frozen=True)
