@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test install (CONTRIBUTING.md; .ci/run runs it): the main job's install (.ci/install.sh), then the test
-# tooling. Into .venv: the dev, docs, onnx, openvino, constrained and wandb extras and llama-cpp-python compiled for
-# this CPU. System-wide, with apt (root or sudo): Chromium and its driver for the chat page's browser test, and
-# Slurm, munge and iproute2 for the Slurm tests (.ci/install_slurm.sh); where apt or root is missing they are not
-# installed and those tests skip, saying why. It says what it installs system-wide before it does.
+# tooling. Into .venv: the dev, docs, onnx, openvino, constrained, serve, memory and wandb extras and
+# llama-cpp-python compiled for this CPU. System-wide, with apt (root or sudo): Chromium and its driver for the chat
+# page's browser test, and Slurm, munge and iproute2 for the Slurm tests (.ci/install_slurm.sh); where apt or root is
+# missing they are not installed and those tests skip, saying why. It says what it installs system-wide before it
+# does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "install_tests.sh: into .venv: the package's dev, docs, onnx, openvino, constrained and wandb extras," \
+echo "install_tests.sh: into .venv: the package's dev, docs, onnx, openvino, constrained, serve, memory and wandb extras," \
      "llama-cpp-python (compiled here, several minutes)"
 echo "install_tests.sh: system-wide, with apt where root or sudo allows (else those tests skip):" \
      "chromium chromium-driver (the browser test), slurm-wlm munge iproute2 util-linux (the Slurm tests)"
@@ -14,8 +15,9 @@ bash .ci/install.sh
 . .venv/bin/activate
 # onnx, openvino: the reranker in ONNX Runtime / OpenVINO (their tests skip without; OpenVINO serves by default);
 # constrained: lm-format-enforcer (JSON-schema decoding under transformers; pure Python, torch stays as pinned);
-# wandb: the W&B logger's test; docs: mkdocs for the site build; dev: pytest, ruff, import-linter and the tests' tools
-python -m pip install -q -e ".[embedded,dev,docs,onnx,openvino,constrained,wandb]"
+# serve, memory: the chat service and the memory bank; wandb: the W&B logger's test; docs: mkdocs for the site
+# build; dev: pytest, ruff, import-linter and the tests' own tools
+python -m pip install -q -e ".[embedded,dev,docs,onnx,openvino,constrained,serve,memory,wandb]"
 # llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
 # for the instruction sets this CPU reports in /proc/cpuinfo, never AMX: some Intel VMs show AMX but trap on
 # it, and a fixed list is wrong elsewhere (AVX-VNNI on a Zen 4 EPYC, which has AVX512-VNNI but not the VEX form:

@@ -19,7 +19,7 @@ except ImportError:  # Python 3.10
 MAIN, TESTS, CI = REPO / ".ci" / "install.sh", REPO / ".ci" / "install_tests.sh", REPO / ".ci" / "run"
 MAIN_EXTRAS = {"embedded"}
 # extras for tests, docs, optional fast paths or other hardware: none of their packages may reach the main install
-NOT_MAIN = ("dev", "docs", "onnx", "openvino", "constrained", "llamacpp", "wandb", "serve", "gpu", "gpu-cu12")
+NOT_MAIN = ("dev", "docs", "onnx", "openvino", "constrained", "llamacpp", "serve", "memory", "wandb", "gpu", "gpu-cu12")
 # what installs or changes anything outside the virtual environment, or compiles
 SYSTEM = re.compile(r"\b(apt-get|apt|dpkg|sudo|snap|brew|yum|dnf|conda|cmake|CMAKE_ARGS|install_slurm|chromium|"
                     r"--user|--prefix|--target|--root)\b")
@@ -88,7 +88,7 @@ def test_no_test_only_package_is_a_dependency_of_the_main_install():
     # onnx is shared by the onnx and openvino extras; numpy and torch are everyone's
     assert test_only and not (test_only & main), sorted(test_only & main)
     for tool in ("pytest", "ruff", "import-linter", "mkdocs", "selenium", "schemathesis", "hypothesis", "httpx",
-                 "llama-cpp-python", "openvino", "onnxruntime", "lm-format-enforcer", "wandb"):
+                 "llama-cpp-python", "openvino", "onnxruntime", "lm-format-enforcer", "wandb", "fastapi", "lancedb"):
         assert tool not in main, tool
 
 
@@ -100,5 +100,5 @@ def test_the_test_install_runs_the_main_one_then_says_what_goes_system_wide_befo
     assert "bash .ci/install.sh" in cmds and cmds.index("bash .ci/install.sh") < min(system)
     extras = {e for args in pip_installs(TESTS) for a in args if (m := re.fullmatch(r"\.\[([\w,-]+)\]", a))
               for e in m.group(1).split(",")}
-    assert {"dev", "docs", "onnx", "openvino", "constrained", "wandb"} <= extras
+    assert {"dev", "docs", "onnx", "openvino", "constrained", "serve", "memory", "wandb"} <= extras
     assert "bash .ci/install_tests.sh" in [shlex.join(c) for c in commands(CI)]
