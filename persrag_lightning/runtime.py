@@ -272,6 +272,14 @@ def best_threads(counts: list[int], timer: Timer = gemm_seconds) -> int:
     return int(best) if rates[best] >= MIN_GAIN * rates[str(current)] else current
 
 
+def loads(name: str) -> None:
+    """Refuse, at once and in one line, a path named by `PERSRAG_GEMM` that cannot load here (its extra missing)."""
+    try:
+        PATHS[name].prepare(torch.ones(2, 2), None, 1)
+    except Exception as err:  # noqa: BLE001 - whatever stops it, the run would fail at its first layer
+        raise ValueError(f"{ENV}={name}: this path cannot load here: {str(err).splitlines()[0]}") from None
+
+
 _CHOICES: dict[tuple[str, int], GemmChoice] = {}
 
 
@@ -286,6 +294,7 @@ def gemm_choice() -> GemmChoice:
             torch.set_num_threads(threads)
             choice = measure_gemm(threads=threads)
         elif wanted in PATHS:
+            loads(wanted)
             choice = GemmChoice(key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True)
         else:
             raise ValueError(f"{ENV}={wanted!r}: use auto or one of {', '.join(PATHS)}")

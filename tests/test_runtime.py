@@ -134,3 +134,10 @@ def test_the_encoders_and_the_reader_use_the_chosen_path(monkeypatch, tiny_bert,
     plain = HFLLM(tiny_llm, batch_size=4, device="cpu", dtype="float32")
     prompts, targets = [f"question {i} " * 12 for i in range(4)], ["yes", "no", "yes", "no"]
     assert llm.score(prompts, targets) == pytest.approx(plain.score(prompts, targets), abs=1e-4)
+
+
+def test_a_named_path_that_cannot_load_is_refused_at_once(monkeypatch):
+    monkeypatch.setitem(runtime.PATHS, "broken", GemmPath("broken", "cannot load", no_path))
+    monkeypatch.setenv(runtime.ENV, "broken")
+    with pytest.raises(ValueError, match="PERSRAG_GEMM=broken: this path cannot load here: No module named"):
+        runtime.gemm_choice()

@@ -384,6 +384,9 @@ def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
     with tempfile.TemporaryDirectory() as root:  # the run's pipeline.json goes there, not into the checkout
         pipeline.main([*args, "--export_root", root])
     capsys.readouterr()
+    if "--plan" in args:  # the decisions, the plan and the estimate: it stops before anything trains
+        assert not stages and not evaluations
+        return
     assert stages and evaluations
     for stage in stages:
         print_config(stage[0], stage[1:], capsys)
