@@ -15,7 +15,7 @@ quantised per tensor at run time; the LM head stays float32), `--gemm` a row per
 policy (persrag_lightning/runtime.py) other than torch's, which the float32 reference keeps (`PERSRAG_GEMM=torch`).
 Prints Markdown; asserts nothing about time.
 
-    python benchmarks/bench_reader.py [--compile] [--int8] [--gemm] [--llamacpp_weights ""]
+    python benchmarks/bench_reader.py [--compile] [--int8] [--gemm [PATHS]] [--llamacpp_weights ""]
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
         PYTHONPATH=<llama.cpp built for AVX2 only> python benchmarks/bench_reader.py   # an AVX2-only CPU, emulated
                                                  # (llama.cpp's kernels follow its build flags, not these caps)
@@ -121,10 +121,10 @@ def timed_scores(llm, prompts: list[str], labels: list[str]) -> tuple[list[list[
     return scores, len(prompts) / (time.perf_counter() - t0)
 
 
-def gemm_rows(row, batch_size: int) -> None:
-    """A row per float32 GEMM path but torch's, each path set by PERSRAG_GEMM as a run would choose it; a path that
+def gemm_rows(row, batch_size: int, paths: list[str]) -> None:
+    """A row per float32 GEMM path of `paths`, each set by PERSRAG_GEMM as a run would choose it; a path that
     cannot load here is a row saying so."""
-    for name in (p for p in PATHS if p != "torch"):
+    for name in paths:
         os.environ[ENV] = name
         try:
             llm = load_llm("hf", "smollm2", batch_size=batch_size, dtype="float32")
@@ -144,8 +144,9 @@ def main() -> None:
                         help="also time float32 transformers under torch.compile (inductor, dynamic shapes)")
     parser.add_argument("--int8", action="store_true",
                         help="also time torch's dynamic int8 quantisation of the decoder's linear layers (fbgemm)")
-    parser.add_argument("--gemm", action="store_true",
-                        help="also time float32 transformers on each float32 GEMM path of runtime.py but torch's")
+    parser.add_argument("--gemm", nargs="?", const=",".join(p for p in PATHS if p != "torch"), default="",
+                        help="also time float32 transformers on these float32 GEMM paths of runtime.py, "
+                             "comma-separated (alone: every path but torch's)")
     parser.add_argument("--cache_dir", default=".cache/persrag")
     args = parser.parse_args()
     os.environ[ENV] = "torch"  # the float32 reference: torch's own GEMM (--gemm's rows name theirs)
@@ -201,7 +202,7 @@ def main() -> None:
         floor.append((f"the reader end to end, torch.compile (batch {args.batch_size})", gflop * rate))
     exact.close()
     if args.gemm:
-        gemm_rows(row, args.batch_size)
+        gemm_rows(row, args.batch_size, [p for p in args.gemm.split(",") if p])
     if args.int8:
         for weights, qconfig in int8_qconfigs().items():
             llm = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")

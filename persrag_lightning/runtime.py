@@ -177,13 +177,14 @@ def gemm_seconds(name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS)
 
 
 def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
-    """The rate of one pass over `shapes` (2 x rows x in x out floating-point operations each) in `seconds`."""
+    """The rate, in billions of floating-point operations per second, of one pass over `shapes` (twice rows times in
+    times out operations each) in `seconds`."""
     return sum(2 * r * i * o for r, i, o in shapes) / seconds / 1e9
 
 
 def measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
                  timer: Timer = gemm_seconds) -> float:
-    """GFLOP/s of `path` over `shapes` on `threads` threads (random weights of each shape, seed 0)."""
+    """The rate of `path` over `shapes` on `threads` threads (`gflops`; random weights of each shape, seed 0)."""
     gen = torch.Generator().manual_seed(0)
     seconds = 0.0
     for rows, d_in, d_out in shapes:
@@ -195,8 +196,8 @@ def measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threa
 
 @dataclass
 class GemmChoice:
-    """What the policy measured and chose: GFLOP/s per consumer and path, the path each consumer uses, the paths
-    skipped (and why), torch's thread count; pipeline.json keeps `record()`."""
+    """What the policy measured and chose: the rate per consumer and path (`gflops`), the path each consumer uses,
+    the paths skipped (and why), torch's thread count; pipeline.json keeps `record()`."""
 
     threads: int
     rates: dict[str, dict[str, float]]
@@ -325,11 +326,17 @@ class GemmLinear(nn.Linear):
     gemm_path: str
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (torch.is_grad_enabled() or self.training or x.dtype != torch.float32 or x.device.type != "cpu"
-                or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
-                or x.numel() < MIN_ROWS * x.shape[-1]):
+        if self._torchs(x):
             return super().forward(x)
         return self._prepared()(x.contiguous())
+
+    def _torchs(self, x: torch.Tensor) -> bool:
+        """Whether this call is torch's: autograd, training mode, autocast, a non-float32 or non-CPU tensor, a
+        handful of rows, or a trace (an ONNX export, torch.compile) that must see torch's own operator."""
+        return (torch.is_grad_enabled() or self.training or x.dtype != torch.float32 or x.device.type != "cpu"
+                or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
+                or x.numel() < MIN_ROWS * x.shape[-1] or torch.jit.is_tracing() or torch.compiler.is_compiling()
+                or torch.onnx.is_in_onnx_export())
 
     def _prepared(self) -> LinearFn:
         key = tuple((t._version, t.data_ptr()) for t in (self.weight, self.bias) if t is not None)

@@ -141,3 +141,19 @@ def test_a_named_path_that_cannot_load_is_refused_at_once(monkeypatch):
     monkeypatch.setenv(runtime.ENV, "broken")
     with pytest.raises(ValueError, match="PERSRAG_GEMM=broken: this path cannot load here: No module named"):
         runtime.gemm_choice()
+
+
+@pytest.mark.skipif(not available("onnxruntime"), reason="needs onnx and onnxruntime (the onnx extra)")
+def test_an_encoder_on_a_path_exports_torchs_own_graph(monkeypatch, tiny_bert, tmp_path, one_thread):
+    """An ONNX export traces the model: a converted layer must hand the tracer torch's linear, not its path."""
+    from persrag_lightning.models import exported
+    from persrag_lightning.models.text_encoder import TextEncoder
+
+    monkeypatch.setenv(runtime.ENV, "numpy")  # a path a tracer cannot see through: it would bake constants
+    monkeypatch.setattr(runtime, "MIN_ROWS", 1)  # the export's one-query sample would fall back by its size alone
+    encoder = TextEncoder.from_pretrained(tiny_bert)
+    texts = [f"doc {i} about things and more things to say" for i in range(8)]
+    vectors = encoder.encode(texts)
+    assert any(isinstance(m, GemmLinear) for m in encoder.modules())
+    session = exported.session("onnx", encoder.export_onnx(tmp_path / "encoder.onnx"))
+    assert torch.allclose(encoder.encode(texts, session=session), vectors, atol=1e-4)
