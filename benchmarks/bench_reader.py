@@ -24,10 +24,12 @@ Prints Markdown; asserts nothing about time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
 import statistics
+import sys
 import time
 import warnings
 
@@ -127,7 +129,8 @@ def gemm_rows(row, batch_size: int, paths: list[str]) -> None:
     for name in paths:
         os.environ[ENV] = name
         try:
-            llm = load_llm("hf", "smollm2", batch_size=batch_size, dtype="float32")
+            with contextlib.redirect_stdout(sys.stderr):  # the path's own line: the row names it, the table stays whole
+                llm = load_llm("hf", "smollm2", batch_size=batch_size, dtype="float32")
             row(f"transformers float32, GEMM path {name} (batch {batch_size})", llm)
         except Exception as err:  # noqa: BLE001 - a path that cannot load (its extra missing) is reported, not fatal
             print(f"| transformers float32, GEMM path {name} | skipped: {str(err).splitlines()[0][:100]} | | | |")
@@ -151,7 +154,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ[ENV] = "torch"  # the float32 reference: torch's own GEMM (--gemm's rows name theirs)
     labels = list(allowed_labels("LaMP-2"))
-    exact = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
+    with contextlib.redirect_stdout(sys.stderr):  # the runtime policy's line (torch's path) goes with the logs
+        exact = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
     prompts = main_job_prompts(args.prompts, args.cache_dir, exact)
     tokens = statistics.mean(len(exact._encode_prompts([p])[0]) for p in prompts)
     print(f"Machine: {describe_cpu()}; bfloat16 native: {bf16_verdict()}; torch {torch.__version__}, "

@@ -50,9 +50,10 @@ FAMILIES = {  # page file -> (title, one line on what the page measures)
                 "policy chooses among at the start of a run (`persrag_lightning/runtime.py`), in GFLOP/s at the "
                 "reader's shapes (SmolLM2-135M's MLP) and the encoders' (MiniLM's), on 1 and 2 threads, against the "
                 "CPU's float32 peak the script assumes (threads x clock x FLOP per cycle of its instruction sets); and "
-                "the reader end to end on each path (`benchmarks/bench_reader.py --gemm`). The policy keeps torch's "
-                "path unless another measures at least 1.1 times as fast; a run prints its choice and `pipeline.json` "
-                "keeps it. A CPU capped to fewer instruction sets is labelled so: it emulates the instruction sets of "
+                "the reader end to end on each path (`benchmarks/bench_reader.py --gemm`). The policy chooses among "
+                "the paths in torch's thread pool (torch, torch-kn, onednn) and keeps torch's unless another measures "
+                "at least 1.1 times as fast; numpy, openvino and onnxruntime run threads of their own beside torch's "
+                "and are used only when named (`PERSRAG_GEMM`); a run prints its choice and `pipeline.json` keeps it. A CPU capped to fewer instruction sets is labelled so: it emulates the instruction sets of "
                 "a class, not its microarchitecture.")),
     "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/training/test_gpu.py`); the GPU rows of the "
             "other pages come from the same machine.")),

@@ -144,36 +144,41 @@ def _onnxruntime(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> Linea
 @dataclass(frozen=True)
 class GemmPath:
     """One way to compute a float32 Linear: `prepare(weight, bias, threads)` packs the weights once and returns the
-    function of the input; it raises where the path cannot load here (its package missing, no oneDNN)."""
+    function of the input; it raises where the path cannot load here (its package missing, no oneDNN).
+    `own_threads`: the library runs its own thread pool beside torch's, whose threads still spin from the model's
+    torch operations between two layers; the policy measures such a path but chooses it only where it is named."""
 
     name: str
     what: str
     prepare: Callable[[torch.Tensor, torch.Tensor | None, int], LinearFn]
+    own_threads: bool = False
 
 
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath("torch", "torch's linear (MKL), the weight as stored", _torch),
     GemmPath("torch-kn", "torch's matmul (MKL) on the weight stored transposed", _torch_kn),
     GemmPath("onednn", "oneDNN's linear on a packed weight (torch.ops.mkldnn)", _onednn),
-    GemmPath("numpy", "numpy's matmul (the BLAS of its wheel: OpenBLAS)", _numpy),
-    GemmPath("openvino", "OpenVINO's CPU plugin, f32 (the openvino extra)", _openvino),
-    GemmPath("onnxruntime", "ONNX Runtime's CPU provider (the onnx extra)", _onnxruntime),
+    GemmPath("numpy", "numpy's matmul (the BLAS of its wheel: OpenBLAS)", _numpy, own_threads=True),
+    GemmPath("openvino", "OpenVINO's CPU plugin, f32 (the openvino extra)", _openvino, own_threads=True),
+    GemmPath("onnxruntime", "ONNX Runtime's CPU provider (the onnx extra)", _onnxruntime, own_threads=True),
 )}
 
 
 # ---- measuring and choosing ---------------------------------------------------------------------------------------
 
-def gemm_seconds(name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS) -> float:
+def time_call(name: str, fn: LinearFn, x: torch.Tensor) -> float:
+    """Seconds of one call of `fn(x)`; `name` is the path's, for a timer that wants it (a test's fake clock)."""
+    started = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - started
+
+
+def gemm_seconds(name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS, timer: Timer = time_call) -> float:
     """Seconds of one call of `fn(x)`: the best of `rounds` after a warm-up (which pays first-call allocations and
-    kernel choices); `name` is the path's, for a timer that wants it."""
-    best = float("inf")
+    kernel choices); noise on a shared machine only slows, so the best call is the machine's rate."""
     with torch.inference_mode():
         fn(x)
-        for _ in range(rounds):
-            started = time.perf_counter()
-            fn(x)
-            best = min(best, time.perf_counter() - started)
-    return best
+        return min(timer(name, fn, x) for _ in range(rounds))
 
 
 def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
@@ -182,15 +187,21 @@ def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
     return sum(2 * r * i * o for r, i, o in shapes) / seconds / 1e9
 
 
+def shape_data(shape: tuple[int, int, int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An input, a weight and a bias of a Linear of `shape` (rows, in, out), random (scaled as an initialised layer)."""
+    rows, d_in, d_out = shape
+    return (torch.randn(rows, d_in, generator=gen), torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5,
+            torch.randn(d_out, generator=gen))
+
+
 def measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
-                 timer: Timer = gemm_seconds) -> float:
+                 timer: Timer = time_call) -> float:
     """The rate of `path` over `shapes` on `threads` threads (`gflops`; random weights of each shape, seed 0)."""
     gen = torch.Generator().manual_seed(0)
     seconds = 0.0
-    for rows, d_in, d_out in shapes:
-        x = torch.randn(rows, d_in, generator=gen)
-        w, b = torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5, torch.randn(d_out, generator=gen)
-        seconds += timer(path.name, path.prepare(w, b, threads), x)
+    for shape in shapes:
+        x, w, b = shape_data(shape, gen)
+        seconds += gemm_seconds(path.name, path.prepare(w, b, threads), x, ROUNDS, timer)
     return gflops(shapes, seconds)
 
 
@@ -211,41 +222,67 @@ class GemmChoice:
         if self.forced:
             return [*out, f"float32 GEMM path: {next(iter(self.chosen.values()))} ({ENV}; not measured)"]
         for consumer, path in self.chosen.items():
-            rates = ", ".join(f"{p} {r:.0f}" for p, r in sorted(self.rates[consumer].items(), key=lambda kv: -kv[1]))
-            out.append(f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: {rates})")
+            ranked = sorted(self.rates[consumer].items(), key=lambda kv: -kv[1])
+            rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if choosable(p))
+            beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not choosable(p))
+            beside = f"; beside torch's threads, chosen only when named: {beside}" if beside else ""
+            out.append(f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
+                       f"{rates}{beside})")
         return out
 
     def record(self) -> dict:
         return asdict(self)
 
 
+def choosable(name: str) -> bool:
+    """A path the policy may choose by measurement: one in torch's own thread pool (`GemmPath.own_threads`)."""
+    return name not in PATHS or not PATHS[name].own_threads
+
+
 def choose_path(rates: dict[str, float], min_gain: float = MIN_GAIN) -> str:
-    """The fastest measured path, unless it beats torch's by less than `min_gain` (then torch)."""
-    best = max(rates, key=lambda p: rates[p])
+    """The fastest measured path that `choosable` allows, unless it beats torch's by less than `min_gain` (then
+    torch)."""
+    best = max([p for p in rates if choosable(p)] or rates, key=lambda p: rates[p])
     if "torch" in rates and best != "torch" and rates[best] < min_gain * rates["torch"]:
         return "torch"
     return best
 
 
+def first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+
+
 def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] | None = None,
-                 threads: int | None = None, timer: Timer = gemm_seconds) -> GemmChoice:
-    """Time every path at each consumer's shapes and choose per consumer; a path that fails to prepare or run is
-    skipped, with the first line of its error."""
+                 threads: int | None = None, timer: Timer = time_call, rounds: int = ROUNDS) -> GemmChoice:
+    """Time every path at each consumer's shapes and choose per consumer. The paths take turns, one call per shape
+    in each of `rounds` rounds after a warm-up, so a burst of load from other jobs falls on every path alike; each
+    keeps its best call. A path that fails to prepare or run is skipped, with the first line of its error."""
     paths = list(PATHS.values()) if paths is None else paths
     shapes = GEMM_SHAPES if shapes is None else shapes
     threads = torch.get_num_threads() if threads is None else threads
-    rates: dict[str, dict[str, float]] = {consumer: {} for consumer in shapes}
+    gen = torch.Generator().manual_seed(0)
+    data = {(c, shape): shape_data(shape, gen) for c, dims in shapes.items() for shape in dims}
+    calls: dict[tuple, LinearFn] = {}
     skipped: dict[str, str] = {}
-    for path in paths:
-        try:
-            measured = {consumer: measure_path(path, dims, threads, timer) for consumer, dims in shapes.items()}
-        except Exception as err:  # noqa: BLE001 - any failure to load or run a path means: not this path here
-            skipped[path.name] = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-            continue
-        for consumer, rate in measured.items():
-            rates[consumer][path.name] = rate
-    if not any(rates.values()):
+    with torch.inference_mode():
+        for path in paths:
+            try:
+                for key, (x, w, b) in data.items():
+                    calls[(path.name, *key)] = path.prepare(w, b, threads)
+                    calls[(path.name, *key)](x)  # the warm-up
+            except Exception as err:  # noqa: BLE001 - any failure to load or run a path means: not this path here
+                skipped[path.name] = first_line(err)
+                calls = {k: fn for k, fn in calls.items() if k[0] != path.name}
+        best: dict[tuple, float] = {}
+        for _ in range(rounds):
+            for key, fn in calls.items():
+                best[key] = min(best.get(key, float("inf")), timer(key[0], fn, data[key[1:]][0]))
+    if not calls:
         raise RuntimeError(f"no float32 GEMM path could run here: {skipped}")
+    rates: dict[str, dict[str, float]] = {consumer: {} for consumer in shapes}
+    for name in dict.fromkeys(key[0] for key in calls):
+        for consumer, dims in shapes.items():
+            rates[consumer][name] = gflops(dims, sum(best[(name, consumer, shape)] for shape in dims))
     return GemmChoice(threads, rates, {c: choose_path(r) for c, r in rates.items()}, skipped)
 
 
@@ -278,7 +315,7 @@ def loads(name: str) -> None:
     try:
         PATHS[name].prepare(torch.ones(2, 2), None, 1)
     except Exception as err:  # noqa: BLE001 - whatever stops it, the run would fail at its first layer
-        raise ValueError(f"{ENV}={name}: this path cannot load here: {str(err).splitlines()[0]}") from None
+        raise ValueError(f"{ENV}={name}: this path cannot load here: {first_line(err)}") from None
 
 
 _CHOICES: dict[tuple[str, int], GemmChoice] = {}

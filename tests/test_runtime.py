@@ -38,8 +38,19 @@ def test_torch_stays_unless_another_path_is_clearly_faster():
     paths = [runtime.PATHS["torch"], runtime.PATHS["torch-kn"]]
     near = fake_timer({"torch": 1.0, "torch-kn": 1.0 / (runtime.MIN_GAIN - 0.05)})
     assert measure_gemm(paths, SMALL, 1, near).chosen["reader"] == "torch"
-    assert runtime.choose_path({"torch": 10.0, "numpy": 12.0, "onednn": 11.5}) == "numpy"
-    assert runtime.choose_path({"torch": 10.0, "numpy": 9.0}) == "torch"
+    assert runtime.choose_path({"torch": 10.0, "torch-kn": 12.0, "onednn": 11.5}) == "torch-kn"
+    assert runtime.choose_path({"torch": 10.0, "onednn": 9.0}) == "torch"
+
+
+def test_a_path_with_its_own_thread_pool_is_measured_and_shown_but_chosen_only_when_named():
+    """numpy's OpenBLAS, OpenVINO and ONNX Runtime run their own threads beside torch's: fast alone, they lost end
+    to end in the reader (docs/performance/runtime.md), so a measurement alone never picks them."""
+    assert runtime.choose_path({"torch": 10.0, "onednn": 11.5, "numpy": 20.0, "openvino": 30.0}) == "onednn"
+    paths = [runtime.PATHS["torch"], runtime.PATHS["numpy"]]
+    choice = measure_gemm(paths, SMALL, 1, fake_timer({"torch": 2.0, "numpy": 1.0}))
+    assert choice.chosen == {"reader": "torch", "encoders": "torch"} and choice.rates["reader"]["numpy"] > 0
+    numpy = choice.rates["reader"]["numpy"]
+    assert choice.lines()[0].endswith(f"; beside torch's threads, chosen only when named: numpy {numpy:.0f})")
 
 
 def test_no_path_at_all_is_an_error_that_names_why():

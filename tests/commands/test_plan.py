@@ -106,8 +106,9 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     from persrag_lightning.commands import pipeline
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "numpy": 126.0}, "encoders": {"torch": 80.0}},
-                                {"reader": "numpy", "encoders": "torch"}, {"openvino": "No module named 'openvino'"})
+    choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "onednn": 113.0, "numpy": 126.0},
+                                    "encoders": {"torch": 80.0}},
+                                {"reader": "onednn", "encoders": "torch"}, {"openvino": "No module named 'openvino'"})
     monkeypatch.setattr("persrag_lightning.commands.decisions.gemm_choice", lambda: choice)
 
     def trained(*a, **k):
@@ -120,7 +121,8 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     assert out[0].startswith("[pipeline] ") and "bfloat16 native: no" in out[0]
     assert out[1] == pipeline.FLOAT32_READER_NOTE and out[2].startswith("[pipeline] precision: stage 1 32-true")
     assert out[3] == "[pipeline] float32 GEMM path openvino: skipped (No module named 'openvino')"
-    assert out[4] == "[pipeline] float32 GEMM path for the reader: numpy (GFLOP/s on 2 threads: numpy 126, torch 90)"
+    assert out[4] == ("[pipeline] float32 GEMM path for the reader: onednn (GFLOP/s on 2 threads: onednn 113, torch 90; "
+                      "beside torch's threads, chosen only when named: numpy 126)")
     assert out[5] == "[pipeline] float32 GEMM path for the encoders: torch (GFLOP/s on 2 threads: torch 80)"
     assert out[6].startswith("[pipeline] plan: train user_encoder, retriever") and out[7].startswith("[pipeline] rows:")
     assert out[8].startswith("[pipeline] estimate: about ") and out[8].endswith("budget on this CPU class: 45 min")
