@@ -178,7 +178,7 @@ def main() -> None:
             options = {n: o for n, o in options.items() if bundle not in (o.get("reranker"), o.get("first_cut"))}
     if not cpu_has_native_bf16():
         print("this CPU has no native bf16: the bf16 row runs emulated")
-    announce(gemm_choice(), "the fp32 rows' encoders:")
+    announce(gemm_choice())  # the path the fp32 rows' encoders take
     print(f"{len(queries)} {args.split} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
           f"threads; wall-clock ms (shared CPU: other jobs may run on these cores)")
     results: dict[str, Option] = {}

@@ -4,9 +4,10 @@ Linear layers at inference.
 
 torch's float32 matmul is MKL's; on some CPUs another library is faster at the same shapes (oneDNN's linear,
 OpenBLAS through numpy, OpenVINO, ONNX Runtime: docs/performance/runtime.md). The policy times each path at the
-shapes of the reader's MLP (SmolLM2-135M) and of the encoders' layers (MiniLM), and keeps torch's unless another
-path is clearly faster. A path that cannot load (its package missing) is skipped with a line. `PERSRAG_GEMM`
-names a path instead of measuring (`torch`: every Linear stays as it is). Training never changes: a converted
+shapes of the reader's MLP (SmolLM2-135M) and of the encoders' layers (MiniLM) and chooses among those in torch's
+own thread pool, keeping torch's unless another is clearly faster; the libraries with threads of their own are
+measured and shown, and used only where named. A path that cannot load (its package missing) is skipped with a
+line. `PERSRAG_GEMM` names a path instead of measuring (`torch`: every Linear stays as it is). Training never changes: a converted
 layer runs torch's own linear whenever autograd, autocast, training mode or a non-float32 or non-CPU input is
 involved, and its weights stay the module's parameters (state dicts and exports are unchanged).
 """
