@@ -71,4 +71,7 @@ def announce_decisions(preset: Preset, backend: str | None) -> tuple[dict[str, s
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
     choice = gemm_choice()
     announce(choice, "[pipeline]", again=True)
+    if decisions["reader"] != "float32" and not choice.forced:
+        print(f"[pipeline] the reader computes in {decisions['reader']} here, so the reader's float32 GEMM path serves "
+              "only a reader set to float32; the encoders' serves their fp32 work")
     return decisions, choice
