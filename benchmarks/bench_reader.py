@@ -11,9 +11,11 @@ decoder's linear layers' work per prompt at a lone float32 matmul's rate on this
 rate (the time 300 prompts would take if nothing but matmuls took any), against the reader end to end; then where a
 float32 batch's time goes. `--compile` adds torch.compile (inductor) as a row, `--int8` torch's dynamic int8
 quantisation of the decoder's linear layers (fbgemm: int8 weights per tensor or per output channel, activations
-quantised per tensor at run time; the LM head stays float32). Prints Markdown; asserts nothing about time.
+quantised per tensor at run time; the LM head stays float32), `--gemm` a row per float32 GEMM path of the runtime
+policy (persrag_lightning/runtime.py) other than torch's, which the float32 reference keeps (`PERSRAG_GEMM=torch`).
+Prints Markdown; asserts nothing about time.
 
-    python benchmarks/bench_reader.py [--compile] [--int8] [--llamacpp_weights ""]
+    python benchmarks/bench_reader.py [--compile] [--int8] [--gemm [PATHS]] [--llamacpp_weights ""]
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
         PYTHONPATH=<llama.cpp built for AVX2 only> python benchmarks/bench_reader.py   # an AVX2-only CPU, emulated
                                                  # (llama.cpp's kernels follow its build flags, not these caps)
@@ -22,9 +24,12 @@ quantised per tensor at run time; the LM head stays float32). Prints Markdown; a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import re
 import statistics
+import sys
 import time
 import warnings
 
@@ -37,6 +42,7 @@ from persrag_lightning.llm import load_llm
 from persrag_lightning.llm.answer import allowed_labels, build_prompts
 from persrag_lightning.retrieval.base import DocStore
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name
+from persrag_lightning.runtime import ENV, PATHS
 
 MAX_PROMPT_TOKENS = 512  # the evaluation config's budget (configs/evaluate_cfrag.yaml)
 
@@ -117,6 +123,20 @@ def timed_scores(llm, prompts: list[str], labels: list[str]) -> tuple[list[list[
     return scores, len(prompts) / (time.perf_counter() - t0)
 
 
+def gemm_rows(row, batch_size: int, paths: list[str]) -> None:
+    """A row per float32 GEMM path of `paths`, each set by PERSRAG_GEMM as a run would choose it; a path that
+    cannot load here is a row saying so."""
+    for name in paths:
+        os.environ[ENV] = name
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # the path's own line: the row names it, the table stays whole
+                llm = load_llm("hf", "smollm2", batch_size=batch_size, dtype="float32")
+            row(f"transformers float32, GEMM path {name} (batch {batch_size})", llm)
+        except Exception as err:  # noqa: BLE001 - a path that cannot load (its extra missing) is reported, not fatal
+            print(f"| transformers float32, GEMM path {name} | skipped: {str(err).splitlines()[0][:100]} | | | |")
+    os.environ[ENV] = "torch"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=48)
@@ -127,10 +147,15 @@ def main() -> None:
                         help="also time float32 transformers under torch.compile (inductor, dynamic shapes)")
     parser.add_argument("--int8", action="store_true",
                         help="also time torch's dynamic int8 quantisation of the decoder's linear layers (fbgemm)")
+    parser.add_argument("--gemm", nargs="?", const=",".join(p for p in PATHS if p != "torch"), default="",
+                        help="also time float32 transformers on these float32 GEMM paths of runtime.py, "
+                             "comma-separated (alone: every path but torch's)")
     parser.add_argument("--cache_dir", default=".cache/persrag")
     args = parser.parse_args()
+    os.environ[ENV] = "torch"  # the float32 reference: torch's own GEMM (--gemm's rows name theirs)
     labels = list(allowed_labels("LaMP-2"))
-    exact = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
+    with contextlib.redirect_stdout(sys.stderr):  # the runtime policy's line (torch's path) goes with the logs
+        exact = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")
     prompts = main_job_prompts(args.prompts, args.cache_dir, exact)
     tokens = statistics.mean(len(exact._encode_prompts([p])[0]) for p in prompts)
     print(f"Machine: {describe_cpu()}; bfloat16 native: {bf16_verdict()}; torch {torch.__version__}, "
@@ -180,6 +205,8 @@ def main() -> None:
         rate = row(f"transformers float32, torch.compile (batch {args.batch_size})", exact, warm_up=True)
         floor.append((f"the reader end to end, torch.compile (batch {args.batch_size})", gflop * rate))
     exact.close()
+    if args.gemm:
+        gemm_rows(row, args.batch_size, [p for p in args.gemm.split(",") if p])
     if args.int8:
         for weights, qconfig in int8_qconfigs().items():
             llm = load_llm("hf", "smollm2", batch_size=args.batch_size, dtype="float32")

@@ -2,8 +2,10 @@
 first-stage docs, rerank, total), CPU time per query and load time, for the paper's settings (baseline: all m·k
 candidates reranked by the fp32 cross-encoder), for each inference-time option of CFRAG (retrieval/cfrag.py) and
 for the distilled reranker (when the run has one), with the agreement of each option's final top-k with the
-baseline's (overlap@k, and the share of queries with the same docs in the same order). Wall-clock timings; on a
-machine shared with other jobs say so ("shared CPU"). Asserts nothing.
+baseline's (overlap@k, and the share of queries with the same docs in the same order). The fp32 rows' encoders run
+their Linear layers on the runtime policy's float32 GEMM path (persrag_lightning/runtime.py, named in the first
+lines; PERSRAG_GEMM=torch: torch's own). Wall-clock timings; on a machine shared with other jobs say so ("shared
+CPU"). Asserts nothing.
 
     python benchmarks/bench_serving.py --run checkpoints/synthlamp-quick-b4 --queries 40
 """
@@ -23,6 +25,7 @@ import torch
 
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.hardware import cpu_has_native_bf16
+from persrag_lightning.runtime import announce, gemm_choice
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 # name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.
@@ -175,6 +178,7 @@ def main() -> None:
             options = {n: o for n, o in options.items() if bundle not in (o.get("reranker"), o.get("first_cut"))}
     if not cpu_has_native_bf16():
         print("this CPU has no native bf16: the bf16 row runs emulated")
+    announce(gemm_choice())  # the path the fp32 rows' encoders take
     print(f"{len(queries)} {args.split} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
           f"threads; wall-clock ms (shared CPU: other jobs may run on these cores)")
     results: dict[str, Option] = {}

@@ -46,6 +46,15 @@ FAMILIES = {  # page file -> (title, one line on what the page measures)
     "data": ("Data conversion", ("`benchmarks/bench_convert.py`: `persrag data convert` on generated review logs "
              "(read, check every value, split by time, write the LaMP folder), each size in a fresh process, next "
              "to a naive converter (csv.DictReader, a dict per row, json.dump) that writes the same questions.")),
+    "runtime": ("CPU runtime: float32 GEMM paths", ("`benchmarks/bench_gemm.py`: the float32 GEMM paths the runtime "
+                "policy chooses among at the start of a run (`persrag_lightning/runtime.py`), in GFLOP/s at the "
+                "reader's shapes (SmolLM2-135M's MLP) and the encoders' (MiniLM's), on 1 and 2 threads, against the "
+                "CPU's float32 peak the script assumes (threads x clock x FLOP per cycle of its instruction sets); and "
+                "the reader end to end on each path (`benchmarks/bench_reader.py --gemm`). The policy chooses among "
+                "the paths in torch's thread pool (torch, torch-kn, onednn) and keeps torch's unless another measures "
+                "at least 1.1 times as fast; numpy, openvino and onnxruntime run threads of their own beside torch's "
+                "and are used only when named (`PERSRAG_GEMM`); a run prints its choice and `pipeline.json` keeps it. A CPU capped to fewer instruction sets is labelled so: it emulates the instruction sets of "
+                "a class, not its microarchitecture.")),
     "gpu": ("GPU", ("The tests marked `gpu` (`python -m pytest -m gpu tests/training/test_gpu.py`); the GPU rows of the "
             "other pages come from the same machine.")),
 }

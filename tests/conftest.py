@@ -11,6 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
+# the suite computes with torch's own float32 GEMM (persrag_lightning/runtime.py): tests of the runtime policy name
+# their paths, and no test pays for the measurement
+os.environ.setdefault("PERSRAG_GEMM", "torch")
 
 REPO = Path(__file__).resolve().parent.parent
 

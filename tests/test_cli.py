@@ -110,3 +110,17 @@ def test_run_dir_is_filled_inside_a_settings_group():
     assert (args.cache_dir, args.candidates.retriever, args.feedback.teacher) == (
         "checkpoints/r/cache", "checkpoints/r/retriever", "checkpoints/r/reranker")
     assert args.candidates.m == 6 and args.feedback.llm is None
+
+
+def test_a_command_whose_extra_the_main_install_leaves_out_names_it_in_one_line(monkeypatch, capsys):
+    """`persrag serve` without the `serve` extra (the main job's install has none): exit code 2 and the pip line."""
+    import importlib.util
+
+    from persrag_lightning import cli
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else found(name, *a))
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "--run", "checkpoints/synthlamp-quick"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == 'persrag: error: persrag serve needs fastapi: pip install -e ".[serve]"'

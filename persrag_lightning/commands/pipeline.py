@@ -18,19 +18,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from persrag_lightning.commands.decisions import (  # noqa: F401  (tests and callers read them here too)
+    FLOAT32_READER_NOTE,
+    announce_decisions,
+    float32_reader_note,
+    label_overrides,
+    precision_decisions,
+    precision_overrides,
+)
 from persrag_lightning.commands.evaluate import evaluate_command
-from persrag_lightning.commands.plan import build_plan, question_counts, reader_dtype, reader_settings
+from persrag_lightning.commands.plan import build_plan, question_counts
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.hardware import (
-    Precision,
-    auto_precision,
-    bf16_is_native,
-    bf16_verdict,
-    describe_cpu,
-    uses_bf16,
-)
+from persrag_lightning.hardware import bf16_is_native, bf16_verdict, describe_cpu
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.reading import LLM_READER
@@ -41,20 +42,6 @@ from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_sty
 DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
 TRAINED_READER = "{run_dir}/reader"  # the reader stage's export, as the evaluation and the feedback stages name it
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
-
-
-def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
-    """`trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the config's."""
-    return {} if rule is None else {"trainer.precision": auto_precision(policy=rule)}
-
-
-def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[str, Any]:
-    """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native (`cpu_native`: not
-    on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so the configs' `backend: auto`
-    still picks the faster exact backend, nor under a backend without a dtype option."""
-    if rule is None or backend not in (None, "auto", "hf") or not uses_bf16(rule):
-        return {}
-    return {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
 
 
 def given(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -90,20 +77,6 @@ class EvaluationRun:
         only = [] if self.only is None else [f"--only={json.dumps(self.only)}"]
         return ["--config", "evaluate_cfrag.yaml", *cli_overrides(self.overrides), *only,
                 f"--names={json.dumps(self.names)}"]
-
-
-def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
-    """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the preset's policy):
-    printed before the plan and kept in pipeline.json."""
-    rules = preset.precision
-    stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
-    out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
-    out["feedback labels"] = "bfloat16" if label_overrides(rules.labels, backend) else "the configs' backend (exact)"
-    llm = reader_settings(preset, backend)
-    out["reader"] = reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
-    out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
-    out["corpus embeddings"] = embedding_precision()
-    return out
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
@@ -157,23 +130,6 @@ def shown(name: str, names: dict[str, str]) -> str:
     if name.endswith(TUNED) and name.removesuffix(TUNED) in names:
         return names[name.removesuffix(TUNED)] + TUNED
     return names.get(name, name)
-
-
-# Said before the plan where the preset asks for a bfloat16 reader and the CPU cannot give one: float32 reading is
-# compute-bound and most of such a job, and reading fewer questions buys time only by losing the table's power.
-FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32, which is most of this "
-                       "job's time: the estimate below says how long; --questions reads fewer questions but rarely "
-                       "shows the table's differences (docs/getting-started.md#the-main-job)")
-
-
-def float32_reader_note(preset: Preset, backend: str | None) -> str | None:
-    """FLOAT32_READER_NOTE where the preset's hf reader would read in bfloat16 where native and this CPU has no
-    native bfloat16 (on a GPU it reads in bfloat16)."""
-    llm = reader_settings(preset, backend)
-    wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
-    if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
-        return FLOAT32_READER_NOTE
-    return None
 
 
 def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
@@ -309,6 +265,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="read only the first N dev and test questions by id (a fixed subset) in the dev choice "
                              f"and the table; default: every one (the dev choice at most {DEV_SELECTION_EXAMPLES}). "
                              "Fewer questions take less time and give wider intervals")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the machine, the precision and runtime decisions, the plan and its estimate "
+                             "against this CPU class's budget, then exit before anything trains")
     opts, extra = one_flag_style(parser).parse_known_args(argv)
     if opts.questions is not None and opts.questions < 1:
         parser.error(f"--questions must be a positive number of questions, got {opts.questions}")
@@ -345,11 +304,11 @@ class Job:
         return {"run_name": self.run_name, "export_root": self.export_root}
 
     def wanted(self) -> list[str]:
-        """The preset's stages, the paper's chain only where it trains beside the main one, the reader only on a
-        label task (a generation task's reader is the LLM)."""
-        reads_labels = get_task(self.task).labels is not None
+        """The preset's stages, the paper's chain only where it trains beside the main one, the reader only where
+        the preset may read with it, on a label task (a generation task's reader is the LLM)."""
+        reads = get_task(self.task).labels is not None and "trained" in (self.preset.readers or [])
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
-                and (reads_labels or STAGES[n].kind != "reader")]
+                and (reads or STAGES[n].kind != "reader")]
 
     def choose_reader(self, readers: list[str], calibrations: list[str] | None) -> tuple[str, dict[str, float]]:
         """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage needed, so the
@@ -448,13 +407,10 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
                chain_names(judgments), data, kinds, evaluate, extra)
 
 
-def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, str], object]:
-    """The lines before training: the machine, the precision decisions, the plan and its estimate."""
-    print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(job.preset, job.backend):
-        print(note)
-    decisions = precision_decisions(job.preset, job.backend)
-    print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
+def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, Any], object]:
+    """The lines before training: the machine, the precision and runtime decisions, the plan and its estimate; the
+    decisions as pipeline.json keeps them."""
+    precision, gemm = announce_decisions(job.preset, job.backend)
     wanted = job.wanted()
     rows = [shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []] or None
     plan = build_plan(wanted, [s for s in wanted if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
@@ -464,7 +420,7 @@ def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dic
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
-    return decisions, plan
+    return {"precision_decisions": precision, "gemm": gemm.record()}, plan
 
 
 def main(argv: list[str]) -> None:
@@ -475,6 +431,9 @@ def main(argv: list[str]) -> None:
         check_data_dir(opts.data_dir, opts.task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     job = resolve_job(opts, extra, preset)
     decisions, plan = announce(job, opts.questions, opts.data_dir)
+    if opts.plan:
+        print("[pipeline] --plan: nothing trained; the same command without --plan runs this plan")
+        return
     labels = get_task(job.task).labels is not None
     calibrations = preset.calibrations if labels else None
     wanted = job.wanted()
@@ -514,8 +473,9 @@ def main(argv: list[str]) -> None:
     job.minutes["evaluate"] = (time.perf_counter() - t0) / 60
     print("\n".join(f"[pipeline] {s}: {t:.1f} min" for s, t in job.minutes.items()))
     total = sum(job.minutes.values())
-    if plan.minutes is not None:
-        print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes:.1f} before it started")
+    if plan.minutes_for(reader) is not None:
+        print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes_for(reader):.1f} before it started "
+              f"(with the {'LLM' if reader == LLM_READER else 'trained reader'} reading)")
     write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader if len(readers) > 1 else None,
                                                    "reader": reader,
                                                    "chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
@@ -524,7 +484,7 @@ def main(argv: list[str]) -> None:
                                                    "dev_scores": dev_scores})
 
 
-def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions: dict[str, str], plan,
+def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions: dict[str, Any], plan,
                  choices: dict[str, Any]) -> None:
     """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of main-job times and a
     test of the recipe read."""
@@ -534,7 +494,7 @@ def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions:
         "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_overrides(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
-        "precision_decisions": decisions,
+        **decisions,  # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
         "feedback_labels": label_overrides(rules.labels, job.backend),
         "corpus_embeddings": embedding_precision(),
         "evaluation_reranker": resolve_reranker_runtime(job.preset.evaluate.get("evaluation.reranker_runtime")

@@ -40,27 +40,45 @@ QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generat
 BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
 
 
+# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick preset's table
+# and feedback (a question's text is shared by its rows and candidates, a doc by many questions): what its rate is
+# measured in (`encoder_rate`). From the stored main job with the trained reader (docs/methods/reader.md).
+TRAINED_TEXTS = {"answers": 1.5, "labels": 1.2}
+
+
 @dataclass
 class Plan:
-    """What a pipeline run will do and how long it should take here."""
+    """What a pipeline run will do and how long it should take here, for each reader the dev choice may take."""
 
     train: list[str]
     skip: list[str]
     rows: list[str] | None
-    training: float = 0.0              # the stages' non-reading work, in reader-answer equivalents
-    labels: int = 0                    # feedback labels the feedback stages compute
-    answers: dict[str, int] = field(default_factory=dict)  # phase (dev choice, test table) → answers read
-    rates: dict[str, float] = field(default_factory=dict)  # "labels" / "answers" per second here; {}: no estimate
+    training: float = 0.0              # the stages' non-reading work, in LLM-answer equivalents
+    labels: int = 0                    # feedback labels the feedback stages compute (by the chosen reader)
+    answers: dict[str, int] = field(default_factory=dict)  # phase → answers the chosen reader reads
+    llm_answers: dict[str, int] = field(default_factory=dict)  # phase → answers only the LLM reads
+    readers: list[str] = field(default_factory=lambda: ["llm"])  # the readers the dev choice may take
+    rates: dict[str, float] = field(default_factory=dict)  # per second here: LLM answers / labels, trained ones
     reason: str = ""                   # why there is no estimate
     budget: int | None = None          # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
 
-    @property
-    def minutes(self) -> float | None:
+    def minutes_for(self, reader: str) -> float | None:
+        """The whole job's minutes if `reader` reads the label task (`llm` or `trained`)."""
         if not self.rates:
             return None
-        answers = sum(self.answers.values()) + self.training
-        seconds = self.labels / self.rates["labels"] + answers / self.rates["answers"]
-        return seconds / 60
+        llm = sum(self.llm_answers.values()) + self.training
+        if reader == "trained":
+            seconds = (self.labels / self.rates["trained_labels"]
+                       + sum(self.answers.values()) / self.rates["trained_answers"])
+        else:
+            seconds = self.labels / self.rates["labels"]
+            llm += sum(self.answers.values())
+        return (seconds + llm / self.rates["answers"]) / 60
+
+    @property
+    def minutes(self) -> float | None:
+        """The estimate of the reader the preset lists first (the one a tie on dev keeps)."""
+        return self.minutes_for(self.readers[0])
 
     def lines(self) -> list[str]:
         out = [f"[pipeline] plan: train {', '.join(self.train) or 'nothing'}"
@@ -68,16 +86,24 @@ class Plan:
         out.append("[pipeline] rows: " + (", ".join(self.rows) if self.rows else "every strategy of evaluate_cfrag.yaml"))
         if self.minutes is None:
             out.append(f"[pipeline] no time estimate: {self.reason}")
-        else:
-            reads = ", ".join([f"{self.labels} feedback labels"] * bool(self.labels)
-                              + [f"{n} answers ({phase})" for phase, n in self.answers.items() if n])
-            out.append(f"[pipeline] estimate: about {self.minutes:.0f} min on this machine ({reads}, plus training; "
-                       f"the reader here: {self.rates['answers']:.1f} answers/s, {self.rates['labels']:.1f} labels/s)"
-                       + (f"; the quick preset's budget on this CPU class: {self.budget} min" if self.budget else ""))
+            return out
+        reads = ", ".join([f"{self.labels} feedback labels"] * bool(self.labels)
+                          + [f"{n} answers ({phase})" for phase, n in {**self.answers, **self.llm_answers}.items() if n])
+        by_reader = ", ".join(f"{self.minutes_for(r):.0f} if dev chooses the {'LLM' if r == 'llm' else r + ' reader'}"
+                              for r in self.readers)
+        rates = f"the LLM here: {self.rates['answers']:.1f} answers/s, {self.rates['labels']:.1f} labels/s"
+        if "trained" in self.readers:
+            rates += f"; the trained reader: {self.rates['trained_answers']:.0f} answers/s"
+        out.append(f"[pipeline] estimate: about {self.minutes:.0f} min on this machine"
+                   + (f" ({by_reader})" if len(self.readers) > 1 else "")
+                   + f"; {reads}, plus training; {rates}"
+                   + (f"; the quick preset's budget on this CPU class: {self.budget} min" if self.budget else ""))
         return out
 
     def record(self) -> dict:
-        return {**asdict(self), "minutes": None if self.minutes is None else round(self.minutes, 1)}
+        return {**asdict(self), "minutes": None if self.minutes is None else round(self.minutes, 1),
+                "minutes_by_reader": {r: round(self.minutes_for(r), 1) for r in self.readers}
+                if self.rates else {}}
 
 
 # ---- prompt counts -----------------------------------------------------------------------------------------------
@@ -176,6 +202,19 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
     return {"answers": answers, "labels": one}
 
 
+@lru_cache(maxsize=4)
+def encoder_rate(encoder: str = "minilm") -> float:
+    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS question-sized texts)."""
+    from persrag_lightning.models.text_encoder import TextEncoder
+
+    texts = [p[-300:] for p in probe_prompts("LaMP-2", 1)] * 4
+    model = TextEncoder.from_pretrained(encoder)
+    model.encode(texts[:2])  # warm-up
+    started = time.perf_counter()
+    model.encode(texts)
+    return len(texts) / (time.perf_counter() - started)
+
+
 # ---- the plan of a run -----------------------------------------------------------------------------------------
 
 def question_counts(data_dir: str | None, preset: Preset) -> dict[str, int]:
@@ -226,16 +265,25 @@ def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, prese
         n_rows = len(strategy_names("evaluate_cfrag.yaml"))
     else:
         n_rows = len(rows)
-    answers = {"dev choice": 0, "test table": test * n_rows}
-    if preset.select_order_on_dev:
-        answers["dev choice"] = dev_questions * (candidates + ("generator" in wanted and bool(preset.calibrations)))
+    tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))  # read by the tuned LLM whatever reads
+    reads_labels = get_task(task).labels is not None
+    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if reads_labels else []
+    answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev, "test table": test * (n_rows - tuned)}
+    llm_answers = {"tuned generator's rows": test * tuned}
+    if preset.select_order_on_dev and "generator" in wanted and preset.calibrations and reads_labels:
+        llm_answers["tuned generator's calibration"] = dev_questions
+    if len(readers) > 1:  # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
+        llm_answers["the reader's dev choice"] = dev_questions
     plan = Plan(train, skip, rows, training_work(train, preset, counts), feedback_prompts(train, preset, counts["train"]),
-                answers, budget=budget_minutes())
+                answers, llm_answers, readers or ["llm"], budget=budget_minutes())
     llm = reader_settings(preset, backend)
-    if get_task(task).labels is None or llm.get("answer_mode") != "choose":
+    if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":
         plan.reason = f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
     else:
         plan.rates = dict(reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))))
+        if "trained" in plan.readers:
+            texts = encoder_rate()
+            plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})
     return plan

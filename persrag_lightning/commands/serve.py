@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
 
-from persrag_lightning.utils import one_flag_style
+from persrag_lightning.utils import ConfigError, one_flag_style
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -54,6 +55,9 @@ def serve_command(argv: list[str]) -> None:
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
 
+    missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
+    if missing:  # the main job's install leaves the web stack out: one line naming the extra, exit code 2
+        raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
     import uvicorn
 
     from persrag_lightning.llm.registry import LLMConfig

@@ -14,6 +14,7 @@ import torch
 from persrag_lightning.hardware import Precision, uses_bf16
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, resolve_model
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
+from persrag_lightning.runtime import use_fastest_gemm
 
 
 def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.device, torch.dtype]:
@@ -145,6 +146,9 @@ class HFLLM(_FollowsModelDevice, LLM):
                 f"so fetch it beforehand or pass a local folder / GGUF file: {err}"
             ) from err
         self.model.to(self._device).eval()
+        # the reader's float32 Linear layers on this CPU's fastest GEMM path (runtime.py); torch's elsewhere
+        self.gemm = use_fastest_gemm(self.model, "reader") if self.dtype == torch.float32 and \
+            self._device.type == "cpu" else "torch"
         self._attach(model)
 
     @classmethod
@@ -157,6 +161,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         self.num_beams = 1
         self.source = ModelSource(name, "", "memory", "")
         self.model, self.tokenizer, self.use_chat_template = model, tokenizer, use_chat_template
+        self.gemm = "torch"  # a model in training keeps torch's layers
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._attach(name)

@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.expr import col, lit
-from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
+
+try:
+    import lancedb
+    from lancedb.expr import col, lit
+    from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
+except ImportError as err:  # the main job's install leaves it out
+    raise ImportError(f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"') from None
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
 

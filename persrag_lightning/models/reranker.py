@@ -23,6 +23,7 @@ from persrag_lightning.models.common import (
 )
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, Session
 from persrag_lightning.models.text_encoder import resolve_model_path
+from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
 
@@ -282,6 +283,8 @@ class PersonalizedReranker(nn.Module):
                 self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
         elif runtime in EXPORTED_RUNTIMES:
             self._session = exported.session(runtime, export_onnx(self, onnx_path))
+        elif runtime == "fp32":  # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
+            use_fastest_gemm(self.encoder, "encoders")
         self.runtime = runtime
         return self
 

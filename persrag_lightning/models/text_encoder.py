@@ -14,6 +14,7 @@ from torch import nn
 
 from persrag_lightning.models import exported
 from persrag_lightning.models.exported import Session
+from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import file_digest
 
 Pooling = Literal["mean", "cls"]
@@ -110,6 +111,8 @@ class TextEncoder(nn.Module):
         if self.training:  # eval() walks every submodule: a cost in every served query's profile
             self.eval()
         device = next(self.parameters()).device
+        if session is None and device.type == "cpu" and not getattr(self, "_gemm", None):
+            self._gemm = use_fastest_gemm(self.model, "encoders")  # runtime.py: training calls stay torch's
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty(len(texts), self.dim)
         for start in range(0, len(order), batch_size):

@@ -13,12 +13,15 @@ from persrag_lightning.presets import load_preset
 from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
 
 RATES = {"answers": 2.0, "labels": 4.0}
+ENCODER_TEXTS = 60.0  # the trained reader's encoder, texts/s
+TRAINED = {f"trained_{kind}": ENCODER_TEXTS / n for kind, n in plan_module.TRAINED_TEXTS.items()}
 
 
 @pytest.fixture
 def fixed_rates(monkeypatch):
     """The reader's rates as constants, so the minutes are arithmetic (the measurement has its own test)."""
     monkeypatch.setattr(plan_module, "reader_rates", lambda *a: RATES)
+    monkeypatch.setattr(plan_module, "encoder_rate", lambda *a: ENCODER_TEXTS)
 
 
 def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_path, capsys, fixed_rates):
@@ -27,15 +30,25 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     out = capsys.readouterr().out.splitlines()
     first_stage = next(i for i, line in enumerate(out) if line.startswith("[pipeline] user_encoder: python"))
     estimate = next(i for i, line in enumerate(out) if line.startswith("[pipeline] estimate: about "))
-    assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, retriever")
-    # quick: 4 feedback stages x 3 x 2 candidates x 32 examples; 300 dev questions x (2 configurations + the tuned
-    # generator's calibration); 300 test questions x 9 rows; 7 stages of training at the quick preset's size
-    training = 2 * TRAINING_PROMPTS["user_encoder"] + 4 * TRAINING_PROMPTS["feedback"] + TRAINING_PROMPTS["generator"]
-    minutes = (768 / 4.0 + (900 + 2700 + training) / 2.0) / 60
-    assert f"about {minutes:.0f} min" in out[estimate] and "budget on this CPU class: 20 min" in out[estimate]
+    assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, reader, retriever")
+    # quick: 4 feedback stages x 3 x 2 candidates x 32 examples, labelled by the chosen reader; 300 dev questions x 2
+    # configurations and 300 test questions x 6 rows read by it; the LLM alone reads the reader's dev choice (300),
+    # the tuned generator's calibration (300) and its 3 rows (900); 8 stages of training at the quick size
+    training = (2 * TRAINING_PROMPTS["user_encoder"] + TRAINING_PROMPTS["reader"] + 4 * TRAINING_PROMPTS["feedback"]
+                + TRAINING_PROMPTS["generator"])
+    llm_only = (300 + 300 + 900 + training) / 2.0
+    with_llm = (768 / 4.0 + (600 + 1800) / 2.0 + llm_only) / 60
+    with_trained = (768 / TRAINED["trained_labels"] + (600 + 1800) / TRAINED["trained_answers"] + llm_only) / 60
+    assert f"about {with_trained:.0f} min on this machine ({with_trained:.0f} if dev chooses the trained reader, " \
+           f"{with_llm:.0f} if dev chooses the LLM)" in out[estimate]
+    assert "budget on this CPU class: 20 min" in out[estimate]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())["plan"]
-    assert record["minutes"] == round(minutes, 1) and record["labels"] == 768
-    assert record["answers"] == {"dev choice": 900, "test table": 2700} and record["rates"] == RATES
+    assert record["minutes"] == round(with_trained, 1) and record["labels"] == 768
+    assert record["minutes_by_reader"] == {"trained": round(with_trained, 1), "llm": round(with_llm, 1)}
+    assert record["answers"] == {"dev choice": 600, "test table": 1800}
+    assert record["llm_answers"] == {"tuned generator's rows": 900, "tuned generator's calibration": 300,
+                                     "the reader's dev choice": 300}
+    assert record["rates"] == {**RATES, **TRAINED}
 
 
 def test_the_budget_follows_the_cpu_class(monkeypatch):
@@ -96,3 +109,45 @@ def test_each_precision_decision_is_stated_once_where_the_run_begins(monkeypatch
     assert record["reader"] == "bfloat16" and record["stage 1"] == "bf16-mixed"
     machine(monkeypatch, AMX, onednn=True, cuda=True)  # cpu_native work stays float32 on a GPU machine
     assert uses_bf16(Precision.NATIVE) and not uses_bf16(Precision.CPU_NATIVE)
+
+
+def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_trains(monkeypatch, tmp_path, capsys,
+                                                                                      fixed_rates):
+    """`--plan`: the machine, precision, the float32 GEMM path with its measured rates, the plan and the estimate
+    against the class budget; no stage, no evaluation, no pipeline.json; exit code 0 through the CLI."""
+    from persrag_lightning import cli, runtime
+    from persrag_lightning.commands import pipeline
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "onednn": 113.0, "numpy": 126.0},
+                                    "encoders": {"torch": 80.0}},
+                                {"reader": "onednn", "encoders": "torch"}, {"openvino": "No module named 'openvino'"})
+    monkeypatch.setattr("persrag_lightning.commands.decisions.gemm_choice", lambda: choice)
+
+    def trained(*a, **k):
+        raise AssertionError("--plan trained or evaluated something")
+
+    monkeypatch.setattr(pipeline, "lightning_command", trained)
+    monkeypatch.setattr(pipeline, "evaluate_command", trained)
+    cli.main(["pipeline", "--preset", "quick", "--plan", "--export_root", str(tmp_path)])  # returns: exit code 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[pipeline] ") and "bfloat16 native: no" in out[0]
+    assert out[1] == pipeline.FLOAT32_READER_NOTE and out[2].startswith("[pipeline] precision: stage 1 32-true")
+    assert out[3] == "[pipeline] float32 GEMM path openvino: skipped (No module named 'openvino')"
+    assert out[4] == ("[pipeline] float32 GEMM path for the reader: onednn (GFLOP/s on 2 threads: onednn 113, torch 90; "
+                      "beside torch's threads, chosen only when named: numpy 126)")
+    assert out[5] == "[pipeline] float32 GEMM path for the encoders: torch (GFLOP/s on 2 threads: torch 80)"
+    assert out[6].startswith("[pipeline] plan: train user_encoder, reader, retriever") and out[7].startswith("[pipeline] rows:")
+    assert out[8].startswith("[pipeline] estimate: about ") and out[8].endswith("budget on this CPU class: 45 min")
+    assert out[9].startswith("[pipeline] --plan: nothing trained") and len(out) == 10
+    assert not list(tmp_path.rglob("pipeline.json"))
+
+
+def test_pipeline_json_keeps_the_gemm_choice(monkeypatch, tmp_path, fixed_rates):
+    from persrag_lightning import runtime
+
+    machine(monkeypatch, AVX2_ONLY, onednn=False)
+    monkeypatch.setenv(runtime.ENV, "onednn")
+    run_pipeline(monkeypatch, tmp_path, ["--preset", "smoke"])
+    record = json.loads((tmp_path / "synthlamp-smoke" / "pipeline.json").read_text())["gemm"]
+    assert record["chosen"] == {"reader": "onednn", "encoders": "onednn"} and record["forced"]

@@ -1,4 +1,4 @@
-"""The chat page in a real headless browser (Debian's chromium + chromedriver, installed by .ci/install.sh):
+"""The chat page in a real headless browser (Debian's chromium + chromedriver, installed by .ci/install_tests.sh):
 sign up, chat and see the provenance, list memories and delete one. Skips, saying why, without them."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def browser():
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
     if not CHROMIUM or not DRIVER:
         pytest.skip("chromium / chromedriver not installed (apt-get install -y chromium chromium-driver, "
-                    "as .ci/install.sh does with root)")
+                    "as .ci/install_tests.sh does with root)")
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="persrag-chromium-")
