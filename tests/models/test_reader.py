@@ -243,3 +243,18 @@ def test_weights_that_do_not_fit_their_config_are_refused(tmp_path, tiny_bert, c
     with pytest.raises(ValueError, match="does not fit its config.json") as refused:
         LabelReader.from_pretrained(export)
     assert str(export) in str(refused.value)
+
+
+def test_a_reader_of_one_folders_labels_refuses_another_folders(tmp_path, tiny_bert, monkeypatch, one_thread):
+    """Two converted folders of `--task labels` share the task's name, not its labels: a reader trained on one
+    label set must not read questions of another as if the labels were its own."""
+    from persrag_lightning.data import tasks
+
+    monkeypatch.setattr(tasks, "_FOLDER_TASKS", {})
+    tasks.define_task({"name": "labels", "labels": ["arts", "crime", "sports"]})
+    export = tiny_reader_export(tmp_path / "reader", tiny_bert, "labels")
+    docs = [labelled_docs("labels", ["a match"], ["sports"])]
+    assert TrainedReader(export).answer("labels", ["text: a goal"], docs)[0] in ("arts", "crime", "sports")
+    tasks.define_task({"name": "labels", "labels": ["arts", "crime", "weather"]})
+    with pytest.raises(ConfigError, match="labels"):
+        TrainedReader(export).read("labels", ["text: a storm"], [[]])
