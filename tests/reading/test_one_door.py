@@ -220,7 +220,7 @@ def test_the_generators_validation_reads_through_the_llm_reader_under_every_cali
     module._trainer = SimpleNamespace(datamodule=SimpleNamespace(task="LaMP-2", hparams={}))
     module.setup("fit")
     logged: dict[str, float] = {}
-    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.__setitem__(name, float(value)))
+    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.__setitem__(name, float(value.detach())))
     reads = record(monkeypatch, LLMReader, "read_prompts")
     batch = GeneratorBatch(["e1", "e2", "e3"], ["which tag? a film about a heist", "which tag? a ghost story",
                                                 "which tag? two friends fall in love"], ["crime", "horror", "romance"])
