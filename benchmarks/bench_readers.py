@@ -136,10 +136,6 @@ def inside(folder: Path):
         os.chdir(before)
 
 
-def cap(n: int | None) -> str:
-    return "null" if n is None else str(n)
-
-
 def fit(config: str, dev: Dev, args: argparse.Namespace, *extra: str) -> tuple[Path, float]:
     """`fit --config <config>` on the folder's train split (dev validates), in the work folder, with a cache of its
     own (a later run embeds, retrieves and builds its prompts again: train minutes always count them); its export
@@ -147,11 +143,11 @@ def fit(config: str, dev: Dev, args: argparse.Namespace, *extra: str) -> tuple[P
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work, prefix="fit-cache-") as cache, inside(work):
+        caps = [f"--data.init_args.splits.{key}={n}" for key, n in (("max_train_examples", args.max_train),
+                                                                      ("max_val_examples", args.max_dev)) if n]
         command = ["fit", "--config", config, "--run_name", "bench_readers", "--trainer.enable_progress_bar=false",
                    f"--data.init_args.task={dev.task}", f"--data.init_args.data_dir={dev.data_dir}",
-                   f"--data.init_args.cache_dir={cache}", f"--data.init_args.k={args.k}",
-                   f"--data.init_args.splits.max_train_examples={cap(args.max_train)}",
-                   f"--data.init_args.splits.max_val_examples={cap(args.max_dev)}", *extra]
+                   f"--data.init_args.cache_dir={cache}", f"--data.init_args.k={args.k}", *caps, *extra]
         started = time.perf_counter()
         lightning_command(command)
         seconds = time.perf_counter() - started
