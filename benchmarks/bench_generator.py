@@ -17,7 +17,6 @@ from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.datamodules.generator import GeneratorDataModule, collate_generator
 from persrag_lightning.logs import configure_logs
-from persrag_lightning.metrics import lamp_metric
 from persrag_lightning.modules.generator import GeneratorModule
 
 
@@ -46,7 +45,7 @@ def main() -> None:
     prep = time.perf_counter() - t0
     torch.manual_seed(0)
     module = GeneratorModule(model=args.model, lora_r=args.lora_r)
-    module.task, module.metric = data.task, lamp_metric(data.task)
+    module.task = data.task
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=2e-4)
     ex = data.train_examples
@@ -64,7 +63,7 @@ def main() -> None:
     module.eval()
     t0 = time.perf_counter()
     with torch.no_grad(), autocast:
-        module.answers([e.prompt for e in data.val_examples])
+        module.reader.answer_prompts(module.task, [e.prompt for e in data.val_examples])  # validation's reader
     val_s = time.perf_counter() - t0
     print("| model | precision | LoRA r | trainable params | batch | prompt tokens (mean) | train examples/s | "
           "validation answers/s | prompts built (s) |")

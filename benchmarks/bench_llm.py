@@ -42,6 +42,8 @@ from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import cpu_has_native_bf16
 from persrag_lightning.llm import LLM, build_prompt, default_max_new_tokens, load_llm, resolve_model
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.llm import LLMReader
 
 BASELINE_MAX_NEW_TOKENS = 64
 T = TypeVar("T")
@@ -108,6 +110,11 @@ def feedback_prompts(task: str, n: int, count_tokens: Callable[[str], int], max_
             raise ValueError(f"bench covers LaMP-2 and LaMP-5, not {task}")
         prompts.append(build_prompt(spec.name, raw, [doc], count_tokens, max_prompt_tokens))
     return prompts
+
+
+def choose(llm: LLM, task: str, prompts: list[str]) -> list[str]:
+    """The evaluation's `answer_mode: choose` (the LLM reader, uncalibrated, no store): the most likely label."""
+    return LLMReader(LLMConfig(answer_mode="choose"), llm=llm, remember_terms=False).answer_prompts(task, prompts)
 
 
 def timed_call(fn: Callable[..., T], *args: object) -> tuple[T, float]:
@@ -265,7 +272,7 @@ def main() -> None:
         labels = get_task(task).labels
         if not labels:
             return []
-        choices, seconds = timed_call(llm.choose, prompts, list(labels))
+        choices, seconds = timed_call(lambda ps: choose(llm, task, ps), prompts)
         record(Row(task, f"{name}, choose among the {len(labels)} labels", llm.batch_size, 0, n, chat_len[task],
                    seconds, "(exact)" if want is None else same_answers(choices, want)))
         return choices
@@ -363,7 +370,7 @@ def main() -> None:
         local.option_seqs = 1  # type: ignore[attr-defined]
         for task, prompts in prompts_of.items():
             if get_task(task).labels:
-                local.choose(prompts[:1], list(get_task(task).labels))  # warm-up
+                choose(local, task, prompts[:1])  # warm-up
             choose_row(local, f"llamacpp, weights {local.weights}, one option per call (before)", task, prompts,
                        exact[task][2])
         local.close()

@@ -206,13 +206,11 @@ class Evaluation(Evaluator):
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.reader_free, self.votes = reader_free, votes
-        if generator_calibration is not None:
-            check_reading(generator_calibration, "auto")
-        self.generator_calibration = generator_calibration
+        check_reading(generator_calibration or "none", "auto")  # a misspelt one fails before any row runs
+        self.generator_calibration, self.reader_spec = generator_calibration, reader
         if reader != LLM_READER and get_task(self.task).labels is None:
             raise ConfigError(f"evaluation.reader: a trained reader reads label tasks; {self.task} is a generation "
                               "task, read by the LLM (reader: llm)")
-        self.reader_spec = reader
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)

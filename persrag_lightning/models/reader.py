@@ -222,7 +222,11 @@ class LabelReader(nn.Module):
             raise ValueError(f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
                              f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder")
         model = cls(config, encoder)
-        missing, unexpected = model.load_state_dict(load_file(str(path / READER_WEIGHTS)), strict=False)
+        try:  # torch refuses a shape that differs (width, docs, head) without naming the file
+            missing, unexpected = model.load_state_dict(load_file(str(path / READER_WEIGHTS)), strict=False)
+        except RuntimeError as e:
+            raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json ({str(e).splitlines()[-1].strip()})"
+                             ) from None
         missing = [k for k in missing if not k.startswith("encoder.")]
         if missing or unexpected:
             raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "

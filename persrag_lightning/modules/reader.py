@@ -32,7 +32,7 @@ class ReaderModule(L.LightningModule):
         config: the reader's model settings (encoder, docs read, fusion width and depth, head).
         training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from scratch).
         cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the process's. The fusion
-            network's ops are too small to share out: on 2 busy cores a step took 38 ms on 1 thread and 820 ms on 2
+            network's ops are too small to share out: on busy cores one thread steps many times faster than two
             (docs/methods/reader.md).
     """
 

@@ -55,10 +55,15 @@ class TrainedReader(Reader):
         return f"trained reader (decision {resolve_decision(task, self.decision)})"
 
     def _check_task(self, task: str) -> str:
-        name = get_task(task).name
-        if name != self.model.config.task:
-            raise ConfigError(f"{self.path}: this reader was trained on {self.model.config.task}, not {name}")
-        return name
+        """The task's name; a reader of another task, or of another folder's label set (every `--task labels`
+        folder is named `labels`), is refused."""
+        spec, config = get_task(task), self.model.config
+        if spec.name != config.task:
+            raise ConfigError(f"{self.path}: this reader was trained on {config.task}, not {spec.name}")
+        if tuple(spec.labels or ()) != tuple(config.labels):
+            raise ConfigError(f"{self.path}: this reader was trained on the labels {list(config.labels)}, not "
+                              f"{list(spec.labels or ())}; train it on this folder")
+        return spec.name
 
     @torch.inference_mode()
     def log_scores(self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None) -> list[list[float]]:

@@ -106,7 +106,7 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
 
 
 def test_tuned_generator_rows_read_labels_under_their_own_calibration(tmp_path: Path) -> None:
-    """`generator_calibration`: a "+ tuned generator" row's LLM settings carry it, every other row keeps the
+    """`generator_calibration`: a "+ tuned generator" row's reader carries it, every other row keeps the
     evaluation's; a misspelt one fails at construction."""
     from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.llm.registry import LLMConfig
@@ -119,9 +119,11 @@ def test_tuned_generator_rows_read_labels_under_their_own_calibration(tmp_path: 
     evaluation = Evaluation(task="LaMP-2", cache_dir=str(tmp_path / "cache"), out_dir=str(tmp_path / "eval"),
                             llm=LLMConfig(answer_mode="choose", calibration="contextual"),
                             generator_calibration="none")
-    tuned, _ = evaluation.llm_for(TunedGenerator("bm25", str(bundle)), load=False)
-    assert tuned.calibration == "none" and tuned.model == str(bundle)
-    assert evaluation.llm_for(BM25(), load=False)[0].calibration == "contextual"
+    tuned = evaluation.reader_for(TunedGenerator("bm25", str(bundle)))
+    assert tuned.config.calibration == "none" and tuned.config.model == str(bundle)
+    assert tuned.reading("LaMP-2") == {"calibration": "none", "decision": "argmax"}
+    assert evaluation.reader_for(BM25()).reading("LaMP-2")["calibration"] == "contextual"
+    assert evaluation.reader_for(TunedGenerator("bm25", str(bundle))) is tuned  # each generator opened once
     assert "tuned generator rows: calibration none" in evaluation.answer_mode
     with pytest.raises(ValueError, match="unknown calibration"):
         Evaluation(task="LaMP-2", cache_dir=str(tmp_path / "cache"), generator_calibration="platt")

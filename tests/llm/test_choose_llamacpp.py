@@ -8,6 +8,8 @@ import pytest
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.llm import LLM, LLMBackendError, load_llm, resolve_model
+from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.llm import LLMReader
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install llama-cpp-python")
 pytestmark = pytest.mark.slow
@@ -34,7 +36,9 @@ def test_llamacpp_score_options_equals_score(llm: LLM) -> None:
         assert row == pytest.approx(want, abs=1e-3)
         assert row[-1] == 0.0
     assert got[0] != pytest.approx(got[1], abs=1e-2)  # each prompt gets its own scores (no stale cache)
-    assert llm.choose(prompts, options[:-1])[0] in options
+    reader = LLMReader(LLMConfig(answer_mode="choose"), llm=llm, remember_terms=False)  # the evaluation's door
+    answers = reader.answer_prompts("LaMP-2", prompts)
+    assert answers == [LAMP2_LABELS[max(range(len(LAMP2_LABELS)), key=row.__getitem__)] for row in got]
 
 
 def test_llamacpp_score_options_in_groups_equals_one_call(llm: LLM) -> None:

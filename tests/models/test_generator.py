@@ -90,7 +90,7 @@ def _module(model: str, **kwargs):
 
     torch.manual_seed(0)
     module = GeneratorModule(model=model, **kwargs)
-    module.task, module.metric = "LaMP-2", lamp_metric("LaMP-2")
+    module.task, module.metrics = "LaMP-2", {"none": lamp_metric("LaMP-2")}
     return module
 
 
@@ -162,8 +162,9 @@ def test_tiny_causal_and_seq2seq_models_train_a_step(fixture, lora_r, request, o
     assert module.loss(BATCH) < first  # it learns the pairs
     module.eval()
     with torch.no_grad():
-        answers = module.answers(BATCH.prompts)  # validation's answer path (choose) works for both kinds
-    assert len(answers) == 2
+        reading = module.reader.read_prompts("LaMP-2", BATCH.prompts, every_calibration=True)  # validation's
+    assert len(reading.answers) == 2 and set(reading.answers) <= set(reading.labels)  # reading works for both kinds
+    assert set(reading.terms_by) == {"none", "contextual", "pmi"}
 
 
 # ---- the CLI: fit --config generator.yaml, resume after a kill, the evaluation rows ----------------------------

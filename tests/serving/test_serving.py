@@ -408,3 +408,25 @@ def test_an_hnsw_export_is_served_as_exported_and_keeps_its_parameters(run_dir, 
     assert pipe.retrieve("newcomer", "description: " + template[0].fields["description"], k=3)
     pipe.remove_user(pipe.store.corpus.user_ids[0])
     assert index_params(s.user_index.index) == params and len(s.user_index) == USERS
+
+
+def test_a_trained_reader_bundle_of_the_run_answers_generate(run_dir, tiny_bert, tmp_path):
+    """`reader="reader"`: the run's trained reader answers `generate` (a label of the task), reading the question's
+    query; a reader the run has not trained is refused, saying so."""
+    from persrag_lightning.data.tasks import LAMP2_LABELS
+    from persrag_lightning.reading.trained import TrainedReader
+    from tests.helpers.reader import tiny_reader_export
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    tiny_reader_export(run / "reader", tiny_bert, "LaMP-2")
+    pipe = CFRAGPipeline.from_pretrained(run, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                         reader="reader")
+    assert isinstance(pipe.reader, TrainedReader) and pipe.reader.path == run / "reader"
+    out = pipe.generate(pipe.store.corpus.user_ids[0], "Which tag does this movie relate to among the following "
+                                                       "tags? description: a lonely robot tends a garden")
+    assert out.answer in LAMP2_LABELS and out.prompt == "a lonely robot tends a garden" and len(out.docs) == 3
+    assert pipe._llm is None  # no LLM was loaded to answer
+    with pytest.raises(FileNotFoundError, match="reader is not trained yet"):
+        CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
+                                      reader="reader")

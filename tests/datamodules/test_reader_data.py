@@ -1,0 +1,151 @@
+"""The reader stage's data on a converted review log with same-day items: what it trains on holds no dev or test
+question (ids and texts), each profile item is read with items of the same train question's profile dated strictly
+before it, and no doc of a question is one the history rules hide from it."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from persrag_lightning.data.convert import ConvertOptions, convert_log
+from persrag_lightning.data.lamp import load_lamp
+from persrag_lightning.data.records import HistoryDoc, LampDataset
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.datamodules.reader import ReaderDataModule, ReaderExample
+from persrag_lightning.models.reader import ReaderSettings, doc_text, question_text
+from persrag_lightning.utils import ConfigError
+
+DAY0 = date(2022, 3, 1)
+# each user's items by day: ties on the first days (profile items that must not see each other), on the days of
+# the train questions, and between dev and test; day 5 is free for the late items `folder` adds
+DAYS = (0, 0, 1, 1, 1, 2, 3, 3, 4, 6, 6)
+LATE = "a later note"
+WORDS = ("glossy", "late", "thin", "recipes", "crossword", "renewal", "ads", "photos", "essays", "price")
+
+
+def review_log(users: int = 6) -> list[dict]:
+    """Reviews whose texts are all different (a text names its item), stars that vary within each user."""
+    rows = []
+    for u in range(users):
+        for i, day in enumerate(DAYS):
+            rows.append({"user": f"u{u}", "when": (DAY0 + timedelta(days=day)).isoformat(), "item": f"m{u}{i:02d}",
+                         "stars": str(1 + (u + 2 * i) % 5),
+                         "text": f"issue {i} of magazine m{u}{i:02d}: {WORDS[(u + i) % 10]} and {WORDS[(3 * i) % 10]}"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """The log converted, then, as in LaMP's own time-based files, one more item in each user's dev and test
+    profiles that is no question and in no train profile (dated after the train questions): the history rules
+    show it to dev and test questions only."""
+    root = tmp_path_factory.mktemp("reviews")
+    (root / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in review_log()))
+    convert_log(root / "log.jsonl", root / "lamp", ConvertOptions(task="LaMP-3", user="user", date="when",
+                                                                  text="text", label="stars", item="item"))
+    for split in ("dev", "test"):
+        path = root / "lamp" / f"{split}_questions.json"
+        questions = json.loads(path.read_text())
+        for q in questions:
+            q["profile"].append({"id": f"{q['user_id']}-late", "date": (DAY0 + timedelta(days=5)).isoformat(),
+                                 "text": f"{LATE} by {q['user_id']}", "score": "2"})
+        path.write_text(json.dumps(questions))
+    return root / "lamp"
+
+
+def reader_data(folder: Path, cache: Path, encoder: str, **kwargs) -> ReaderDataModule:
+    """The DataModule prepared and set up, its text encoder (the module's setting) the tiny one."""
+    dm = ReaderDataModule(task="LaMP-3", data_dir=str(folder), cache_dir=str(cache), k=3, batch_size=8, **kwargs)
+    settings = ReaderSettings(encoder=encoder, max_length=32, max_docs=3)
+    dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(settings=settings), limit_val_batches=1.0,
+                                 world_size=1)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+class Items:
+    """The log's items as the folder holds them: by id, by text (texts are unique), and each question's profile."""
+
+    def __init__(self, dataset: LampDataset) -> None:
+        self.spec = get_task("LaMP-3")
+        self.docs: dict[str, tuple[str, HistoryDoc]] = {d.doc_id: (u.user_id, d) for u in dataset.users.values()
+                                                         for d in u.docs}
+        self.by_text = {doc_text(self.spec, d): (u, d) for u, d in self.docs.values()}
+        assert len(self.by_text) == len(self.docs)  # every text names one item
+        self.questions = {s: {e.example_id: e for e in exs} for s, exs in dataset.examples.items()}
+
+    def read(self, example: ReaderExample) -> list[tuple[str, HistoryDoc]]:
+        """The items an example reads, each checked to carry its own label."""
+        out = [self.by_text[text] for text, _ in example.docs]
+        assert [label for _, label in example.docs] == [self.spec.doc_label(d) for _, d in out]
+        return out
+
+
+def test_the_reader_trains_on_no_dev_or_test_question(folder, tmp_path, tiny_bert, one_thread):
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    held_out = {i for s in ("dev", "test") for i in items.questions[s]}
+    held_texts = {question_text(items.spec, e.input) for s in ("dev", "test") for e in items.questions[s].values()}
+    assert len(held_out) == 12 and len(held_texts) == 12
+    train_ids = {e.example_id for e in dm.train_examples}
+    profile_items = [e for e in dm.train_examples if e.origin == "profile"]
+    assert {e.example_id for e in dm.train_examples if e.origin == "question"} == set(items.questions["train"])
+    assert len(profile_items) > len(items.questions["train"])  # the profiles add most of what it learns from
+    assert not train_ids & held_out
+    assert not {e.example_id.split("/")[1] for e in profile_items} & (held_out | set(items.questions["train"]))
+    read_texts = {e.text for e in dm.train_examples} | {t for e in dm.train_examples for t, _ in e.docs}
+    assert not read_texts & held_texts  # neither asked nor shown as a doc
+    assert not any(LATE in t for t in read_texts) and any(LATE in t for t in items.by_text)  # nor what only they see
+    # dev chooses the checkpoint: dev questions only, each read with its own profile's docs
+    assert sorted(e.example_id for e in dm.val_examples) == sorted(items.questions["dev"])
+    for e in dm.val_examples:
+        question = items.questions["dev"][e.example_id]
+        assert e.target == items.spec.label_index(question.target) and e.text == question_text(items.spec,
+                                                                                                 question.input)
+        assert {d.doc_id for _, d in items.read(e)} <= set(question.profile) - {e.example_id}
+
+
+def test_profile_items_are_read_with_strictly_older_items_of_the_same_profile(folder, tmp_path, tiny_bert,
+                                                                              one_thread):
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    train = items.questions["train"]
+    same_day_neighbours = 0
+    for e in dm.train_examples:
+        read = items.read(e)
+        if e.origin == "question":  # the strategy's docs: the question's own profile, never its own item
+            question = train[e.example_id]
+            assert e.text == question_text(items.spec, question.input)
+            assert e.target == items.spec.label_index(question.target)
+            assert {d.doc_id for _, d in read} <= set(question.profile) - {e.example_id}
+            continue
+        user, doc_id = e.example_id.split("/")
+        owner, doc = items.docs[doc_id]
+        assert owner == user and e.text == doc_text(items.spec, doc) and e.target == items.spec.doc_label(doc) - 1
+        assert all(u == user and d.date < doc.date for u, d in read), e.example_id  # strictly older, same user
+        profiles = [set(q.profile) for q in train.values() if q.user_id == user and doc_id in q.profile]
+        assert any({d.doc_id for _, d in read} <= p for p in profiles), e.example_id  # one train profile holds all
+        same_day_neighbours += sum(d.date == doc.date for p in profiles[:1] for d in
+                                   (items.docs[i][1] for i in p) if d.doc_id != doc_id)
+    assert same_day_neighbours > 0  # the log has the ties the rule is about
+    assert any(len(e.docs) == 3 for e in dm.train_examples if e.origin == "profile")
+
+
+def test_without_profile_items_it_trains_on_the_train_questions_alone(folder, tmp_path, tiny_bert, one_thread):
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert, profile_items=False)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    assert sorted(e.example_id for e in dm.train_examples) == sorted(items.questions["train"])
+    assert {e.origin for e in dm.train_examples} == {"question"}
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.batch.docs.shape == (8, 3, 32) and batch.batch.question.shape == (8, 32)
+    assert set(batch.targets.tolist()) <= set(range(5)) and batch.batch.mask.any()
+
+
+def test_a_generation_task_has_no_reader_stage(tmp_path):
+    with pytest.raises(ConfigError, match="generation task"):
+        ReaderDataModule(task="LaMP-5", cache_dir=str(tmp_path))

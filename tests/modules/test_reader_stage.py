@@ -1,0 +1,70 @@
+"""The reader stage end to end at tiny scale: `fit --config reader.yaml` trains on SynthLaMP's train questions and
+their profiles (never a dev or test question), validates on dev with the task's metric, and exports a reader that
+`TrainedReader` loads and reads with BM25's docs, answering labels of the task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from persrag_lightning.commands.train import lightning_command
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.models.reader import encoder_digest
+from persrag_lightning.reading.trained import TrainedReader
+from persrag_lightning.retrieval.base import DocStore, Query
+from persrag_lightning.retrieval.baselines import BM25
+
+USERS = 12
+
+
+def fit_args(encoder: str, task: str, epochs: int = 2, *extra: str) -> list[str]:
+    return ["fit", "--config", "reader.yaml", "--run_name", "t", "--trainer.accelerator=cpu",
+            f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
+            f"--model.init_args.config.encoder={encoder}", "--model.init_args.config.max_length=32",
+            "--model.init_args.config.dim=16", "--model.init_args.config.layers=1",
+            "--model.init_args.config.heads=2", f"--data.init_args.task={task}",
+            f"--data.init_args.synth.num_users={USERS}", "--data.init_args.batch_size=16", *extra]
+
+
+@pytest.mark.parametrize("task", ["LaMP-2", "LaMP-3"])
+def test_fit_reader_yaml_exports_a_reader_that_reads(in_tmp_cwd, tiny_bert, task, one_thread):
+    lightning_command(fit_args(tiny_bert, task))
+    export = in_tmp_cwd / "checkpoints" / "t" / "reader"
+    config = json.loads((export / "config.json").read_text())
+    spec = get_task(task)
+    assert config["task"] == task and tuple(config["labels"]) == spec.labels
+    assert config["encoder_digest"] == encoder_digest(tiny_bert) and config["dim"] == 16
+    metrics = next((in_tmp_cwd / "runs" / "t" / "reader").rglob("metrics.csv")).read_text().splitlines()
+    for name in ("train/loss", "val/loss", "val/metric", "val/mae" if task == "LaMP-3" else "val/accuracy"):
+        assert name in metrics[0].split(","), name
+
+    # what it trained on: SynthLaMP's train questions and their profiles' items, no dev or test question
+    dataset = LampSource(task, None, SynthConfig(num_users=USERS), ".cache/persrag").load()
+    stored, = (json.loads(p.read_text()) for p in (in_tmp_cwd / ".cache" / "persrag" / "reader_data").rglob(
+        "examples.json"))
+    train, held_out = stored["splits"]["train"], {e.example_id for s in ("dev", "test") for e in dataset.examples[s]}
+    held_texts = {e.query for s in ("dev", "test") for e in dataset.examples[s]}
+    assert {r["origin"] for r in train} == {"question", "profile"}
+    assert {r["id"] for r in train if r["origin"] == "question"} == {e.example_id for e in dataset.examples["train"]}
+    assert not {r["id"] for r in train} & held_out
+    assert not {r["id"].split("/")[-1] for r in train} & held_out
+    assert not {r["text"] for r in train} & held_texts
+    assert {r["id"] for r in stored["splits"]["dev"]} == {e.example_id for e in dataset.examples["dev"]}
+
+    # the export read as the evaluation reads it: dev questions with BM25's docs over their own profiles
+    store = DocStore(dataset)
+    bm25 = BM25()
+    bm25.prepare(store)
+    dev = sorted(dataset.examples["dev"], key=lambda e: e.example_id)
+    retrieved = bm25.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in dev], 5)
+    docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
+    reader = TrainedReader(export)
+    assert reader.model.config.ordinal == (task == "LaMP-3")  # head auto: cumulative link for ordered labels
+    reading = reader.read(task, [e.input for e in dev], docs)
+    assert len(reading.answers) == len(dev) and set(reading.answers) <= set(spec.labels)
+    assert all(abs(sum(p) - 1) < 1e-4 for p in reading.probabilities)
+    assert reading.decision == ("median" if task == "LaMP-3" else "argmax")
+    assert reader.answer(task, [e.input for e in dev], docs) == reading.answers
