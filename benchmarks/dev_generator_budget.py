@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from persrag_lightning.commands import pipeline
+from persrag_lightning.commands import decisions, pipeline
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import Evaluation
@@ -53,7 +53,7 @@ def main() -> None:
         t0 = time.perf_counter()
         lightning_command(["fit", "--config", "generator.yaml", *quick,
                            f"--data.init_args.splits.max_train_examples={n}",
-                           *cli_overrides(pipeline.precision_overrides(preset.precision.generator)),
+                           *cli_overrides(decisions.precision_overrides(preset.precision.generator)),
                            f"--data.init_args.task={task}", f"--data.init_args.strategy={chosen}",
                            f"--stage_name={stage}", f"--run_name={args.run_name}",
                            f"--export_root={args.export_root}", "--trainer.enable_progress_bar=false"])

@@ -18,14 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from persrag_lightning.commands.decisions import (  # noqa: F401  (tests and callers read them here too)
-    FLOAT32_READER_NOTE,
-    announce_decisions,
-    float32_reader_note,
-    label_overrides,
-    precision_decisions,
-    precision_overrides,
-)
+from persrag_lightning.commands.decisions import announce_decisions, label_overrides, precision_overrides
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.plan import build_plan, question_counts
 from persrag_lightning.commands.train import lightning_command

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from persrag_lightning import hardware
-from persrag_lightning.commands import pipeline
+from persrag_lightning.commands import decisions, pipeline
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
@@ -55,8 +55,8 @@ def test_native_bf16_must_also_measure_faster(monkeypatch) -> None:
     machine(monkeypatch, no_amx, onednn=True, speedup=0.77)
     assert hardware.cpu_bf16_instructions() and not hardware.cpu_has_native_bf16()
     assert hardware.auto_precision() == "32-true" and hardware.native_runtime("bf16_if_native") == "fp32"
-    assert pipeline.label_overrides("cpu_native", None) == {}
-    assert pipeline.precision_overrides("native") == {"trainer.precision": "32-true"}
+    assert decisions.label_overrides("cpu_native", None) == {}
+    assert decisions.precision_overrides("native") == {"trainer.precision": "32-true"}
     assert hardware.bf16_verdict() == "no (a bfloat16 matmul measures 0.77x float32's speed)"
     machine(monkeypatch, no_amx, onednn=True, speedup=2.0)  # where it pays (a CPU whose BF16 kernels are fast)
     assert hardware.cpu_has_native_bf16() and hardware.bf16_verdict().startswith("yes (")
@@ -134,13 +134,13 @@ def test_the_quick_preset_says_up_front_what_float32_reading_costs(monkeypatch, 
     choice, test = by_purpose(evaluations)["choice"], by_purpose(evaluations)["test"]
     first = capsys.readouterr().out.splitlines()[:2]
     assert first[0].startswith("[pipeline] ") and "bfloat16 native: no" in first[0]
-    assert first[1] == pipeline.FLOAT32_READER_NOTE
+    assert first[1] == decisions.FLOAT32_READER_NOTE
     # the full protocol all the same: every test question, the dev choice on 300
     assert (max_examples(choice), max_examples(test)) == (300, None)
     for flags, cuda, preset in ((AMX, False, "quick"), (AVX2_ONLY, True, "quick"), (AVX2_ONLY, False, "smoke")):
         machine(monkeypatch, flags, onednn=flags == AMX, cuda=cuda)
         run_pipeline(monkeypatch, tmp_path / preset / str(cuda), ["--preset", preset], {"CFRAG": 0.3})
-        assert pipeline.FLOAT32_READER_NOTE not in capsys.readouterr().out
+        assert decisions.FLOAT32_READER_NOTE not in capsys.readouterr().out
 
 
 def test_questions_caps_the_dev_choice_and_the_table_alike(monkeypatch, tmp_path, capsys) -> None:
@@ -207,10 +207,10 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     from persrag_lightning.llm.registry import LLMConfig
 
     machine(monkeypatch, AMX, onednn=True)
-    assert pipeline.label_overrides("cpu_native", None) == {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
-    assert pipeline.label_overrides("cpu_native", "llamacpp") == {} == pipeline.label_overrides(None, None)
+    assert decisions.label_overrides("cpu_native", None) == {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
+    assert decisions.label_overrides("cpu_native", "llamacpp") == {} == decisions.label_overrides(None, None)
     with pytest.raises(ValueError, match="not a valid Precision"):
-        pipeline.label_overrides("always", None)
+        decisions.label_overrides("always", None)
     native = LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]
     assert native == LLMConfig(backend="hf", options={"dtype": "bfloat16"}).identity()["options"] == {
         "dtype": "bfloat16"}
@@ -218,7 +218,7 @@ def test_labels_in_bf16_only_where_native_and_caches_key_the_dtype_that_runs(mon
     assert not any("data.init_args.feedback.llm.options" in r.overrides for r in fits)
     assert all(r.overrides["data.init_args.feedback.llm.backend"] == "llamacpp" for r in fits if r.stage.startswith(("ret", "rer")))
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    assert pipeline.label_overrides("cpu_native", None) == {}
+    assert decisions.label_overrides("cpu_native", None) == {}
     # float32 is the exact default: named or resolved to, it keys as no option (earlier caches stay valid)
     plain = LLMConfig(backend="hf").identity()["options"]
     assert plain == {} == LLMConfig(backend="hf", options={"dtype": "bf16_if_native"}).identity()["options"]

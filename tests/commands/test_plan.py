@@ -116,7 +116,7 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     """`--plan`: the machine, precision, the float32 GEMM path with its measured rates, the plan and the estimate
     against the class budget; no stage, no evaluation, no pipeline.json; exit code 0 through the CLI."""
     from persrag_lightning import cli, runtime
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.commands import decisions, pipeline
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "onednn": 113.0, "numpy": 126.0},
@@ -132,7 +132,7 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     cli.main(["pipeline", "--preset", "quick", "--plan", "--export_root", str(tmp_path)])  # returns: exit code 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[pipeline] ") and "bfloat16 native: no" in out[0]
-    assert out[1] == pipeline.FLOAT32_READER_NOTE and out[2].startswith("[pipeline] precision: stage 1 32-true")
+    assert out[1] == decisions.FLOAT32_READER_NOTE and out[2].startswith("[pipeline] precision: stage 1 32-true")
     assert out[3] == "[pipeline] float32 GEMM path openvino: skipped (No module named 'openvino')"
     assert out[4] == ("[pipeline] float32 GEMM path for the reader: onednn (GFLOP/s on 2 threads: onednn 113, torch 90; "
                       "beside torch's threads, chosen only when named: numpy 126)")
