@@ -35,11 +35,10 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
-from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
 from persrag_lightning.llm.calibration import Calibration, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.metrics import rouge_scorer
+from persrag_lightning.metrics import primary_metric, rouge_scorer
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.reading.llm import LLMReader
@@ -256,11 +255,11 @@ class Evaluation(Evaluator):
     @property
     def primary_metric(self) -> str:
         """The task's first metric (accuracy, MAE or ROUGE-1), as the tables put it first."""
-        return metric_names(self.task)[0]
+        return primary_metric(self.task).name
 
     @property
     def greater_is_better(self) -> bool:
-        return LampMetricFn(self.task, self.primary_metric).higher_is_better
+        return primary_metric(self.task).greater_is_better
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
         """`run`, as the evaluator contract reports it."""
