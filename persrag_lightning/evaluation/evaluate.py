@@ -156,6 +156,9 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
 class Evaluation(Evaluator):
     """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
 
+    readings: dict[str, LabelReading]  # row → its label scores, as the last `run` read them
+    golds: tuple[str, ...] = ()  # the last run's questions' golds, in order
+
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
@@ -214,8 +217,6 @@ class Evaluation(Evaluator):
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
         self.top_answers: dict[str, tuple[str, float]] = {}
-        self.readings: dict[str, LabelReading] = {}  # row → its label scores, as the last run read them
-        self.golds: tuple[str, ...] = ()  # the last run's questions' golds, in order
         self._reader: Reader | None = None
         self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
