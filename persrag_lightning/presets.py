@@ -106,8 +106,6 @@ def check_preset(preset: Preset, path: Path) -> None:
         if reader not in READERS:
             raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
                               "calibrations are `calibrations`)")
-    if "trained" in (preset.readers or []) and "reader" not in (preset.stages or STAGES):
-        raise ConfigError(f"{path.name}: readers: `trained` needs the reader stage in `stages`")
     for calibration in preset.calibrations or []:
         if calibration not in get_args(Calibration):
             raise ConfigError(f"{path.name}: calibrations: {calibration!r} is not one of "

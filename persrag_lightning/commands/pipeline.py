@@ -373,6 +373,8 @@ def main(argv: list[str]) -> None:
     for stage in first:
         job.fit(stage)
     readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if labels else []
+    if labels and len(readers) < len(preset.readers or []):
+        print("[pipeline] readers: the trained reader is left out: the preset's stages have no reader stage")
     reader, dev_scores = (readers or [LLM_READER])[0], {}
     if len(readers) > 1:  # the label task's reader, chosen on dev before it labels the feedback stages
         reader, dev_scores = job.choose_reader(readers, calibrations)

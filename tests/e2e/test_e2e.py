@@ -15,8 +15,8 @@ from persrag_lightning.retrieval.strategies import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
 RERANKED = "CFRAG (judgments, reranked)"  # the main chain's row: stage 1 reads judgments (the presets' default)
-STAGES = ("user_encoder", "retriever", "retriever_ropg", "reranker", "reranker_no_user", "reranker_distilled",
-          "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
+STAGES = ("user_encoder", "reader", "retriever", "retriever_ropg", "reranker", "reranker_no_user",
+          "reranker_distilled", "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
 
 
 @pytest.mark.slow
@@ -43,9 +43,13 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     assert metrics["reference"] in choice["results"]
     assert json.loads((run / "pipeline.json").read_text())["reference_row"] == metrics["reference"]
     assert metrics["split"] == "test" and metrics["answer_mode"] == "choose" and not metrics["skipped"]
-    # the calibration the dev choice kept reads the test table, and every LLM row stored its label scores
-    chosen = json.loads((run / "pipeline.json").read_text())["calibration_chosen_on_dev"]
+    # the reader chosen on dev reads the test table (the LLM under the calibration the dev choice kept), and every
+    # row stored its label scores
+    record = json.loads((run / "pipeline.json").read_text())
+    assert record["reader"] in ("trained", "llm") and record["reader_chosen_on_dev"] == record["reader"]
+    chosen = record["calibration_chosen_on_dev"] if record["reader"] == "llm" else "none"
     assert chosen in ("none", "contextual", "pmi") and metrics["reading"]["calibration"] == chosen
+    assert metrics["reader"] == "llm" if record["reader"] == "llm" else metrics["reader"].endswith("smoke/reader")
     assert (out / "predictions" / f"{file_name(reranked)}.labels.json").is_file()
     assert "majority label (train)" in names
     # every reported accuracy is the official metric of the written predictions against the test golds
@@ -159,3 +163,40 @@ def test_a_news_log_with_its_own_labels_converts_and_trains_to_its_table(in_tmp_
         predictions = read_outputs(evaluate / "predictions" / f"{file_name(name)}.json", "labels")
         assert predictions and set(predictions) <= set(golds) and set(predictions.values()) <= labels, name
     assert "labels" in (evaluate / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_shared_real_reviews_convert_and_the_main_job_reads_them_with_the_reader_chosen_on_dev(in_tmp_cwd):
+    """Real users' reviews (../shared/data/real, Amazon's file as published) through `persrag data convert` and the
+    main job at smoke scale: the reader stage trains, the reader is chosen on dev, it labels the feedback and reads
+    the table, and the table carries the reader-free rows and the expected rating's correlation."""
+    from tests.conftest import REPO
+
+    log = REPO.parent / "shared" / "data" / "real" / "Magazine_Subscriptions_5.json"
+    if not log.is_file():
+        pytest.skip(f"{log} is not beside this checkout")
+    folder = in_tmp_cwd / "magazines"
+    main(["data", "convert", str(log), "--task", "LaMP-3", "--user", "reviewerID", "--date", "unixReviewTime",
+          "--text", "reviewText", "--label", "overall", "--item", "asin", "--dedupe", "--out", str(folder)])
+    preset = in_tmp_cwd / "reviews.yaml"
+    preset.write_text("base: smoke\nstages: [user_encoder, reader, retriever, reranker]\nrows: [bm25, CFRAG]\n"
+                      "paper_chain: false\nselect_order_on_dev: false\n")
+    main(["pipeline", "--preset", str(preset), "--data_dir", str(folder)])
+    run = in_tmp_cwd / "checkpoints" / "magazines-lamp3-reviews"
+    record = json.loads((run / "pipeline.json").read_text())
+    assert record["task"] == "LaMP-3" and (run / "reader" / "config.json").is_file()
+    assert record["reader_chosen_on_dev"] in ("trained", "llm")
+    labelled_by = [r["overrides"].get("data.init_args.feedback.reader") for r in record["stages"]
+                   if r["stage"] in ("retriever", "reranker")]
+    assert labelled_by == (["{run_dir}/reader"] * 2 if record["reader"] == "trained" else [None, None])
+    metrics = json.loads((in_tmp_cwd / "runs" / "magazines-lamp3-reviews" / "evaluate" / "metrics.json").read_text())
+    assert metrics["split"] == "test" and {"bm25", RERANKED, "user's own median", "majority label (train)",
+                                           "bm25 docs' vote"} <= set(metrics["results"])
+    for row in ("bm25", RERANKED):
+        assert -1.0 <= metrics["results"][row]["expected_label_spearman"] <= 1.0
+    golds = read_outputs(folder / "test_outputs.json", "LaMP-3")
+    predictions = read_outputs(in_tmp_cwd / "runs" / "magazines-lamp3-reviews" / "evaluate" / "predictions" /
+                               f"{file_name(RERANKED)}.json", "LaMP-3")
+    assert len(predictions) == metrics["examples"] == 6 and set(predictions) <= set(golds)
+    assert set(predictions.values()) <= {"1", "2", "3", "4", "5"}
+
