@@ -355,6 +355,28 @@ def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dic
     return {"precision_decisions": precision, "gemm": gemm.record()}, plan
 
 
+def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
+                  calibrations: list[str] | None) -> tuple[str, dict[str, Any], str | None]:
+    """The label task's reader, chosen on dev before it labels the feedback stages.
+
+    Args:
+        job: the resolved job (its reader stage, if any, already fitted).
+        readers: the preset's reader candidates (`trained`, `llm`); None on a generation task (the LLM reads).
+        wanted: the stages this job trains; the trained reader is a candidate only where the reader stage is one.
+        calibrations: the LLM reader's calibrations the dev choice re-reads.
+
+    Returns:
+        The reader, its dev scores, and the reader again when dev chose it among several (None otherwise).
+    """
+    kept = [r for r in readers or [] if r != "trained" or "reader" in wanted]
+    if len(kept) < len(readers or []):
+        print("[pipeline] readers: the trained reader is left out: the preset's stages have no reader stage")
+    if len(kept) < 2:
+        return (kept or [LLM_READER])[0], {}, None
+    reader, dev_scores = job.choose_reader(kept, calibrations)
+    return reader, dev_scores, reader
+
+
 def main(argv: list[str]) -> None:
     opts, extra = parse_args(argv)
     preset = load_preset(opts.preset)
@@ -372,12 +394,7 @@ def main(argv: list[str]) -> None:
     first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
     for stage in first:
         job.fit(stage)
-    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if labels else []
-    if labels and len(readers) < len(preset.readers or []):
-        print("[pipeline] readers: the trained reader is left out: the preset's stages have no reader stage")
-    reader, dev_scores = (readers or [LLM_READER])[0], {}
-    if len(readers) > 1:  # the label task's reader, chosen on dev before it labels the feedback stages
-        reader, dev_scores = job.choose_reader(readers, calibrations)
+    reader, dev_scores, reader_chosen = choose_reader(job, preset.readers if labels else None, wanted, calibrations)
     job.read_with(reader)
     for stage in wanted:  # the feedback stages, labelled by that reader
         if stage not in first and stage != "generator":
@@ -410,7 +427,7 @@ def main(argv: list[str]) -> None:
     if plan.minutes_for(reader) is not None:
         print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes_for(reader):.1f} before it started "
               f"(with the {'LLM' if reader == LLM_READER else 'trained reader'} reading)")
-    write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader if len(readers) > 1 else None,
+    write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader_chosen,
                                                    "reader": reader,
                                                    "chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
                                                    "calibration_chosen_on_dev": calibration,
