@@ -28,14 +28,14 @@ def main() -> None:
     preset = Path(tempfile.mkdtemp()) / "dev-stage1-epochs.yaml"  # the quick preset, stage 1's epochs changed
     preset.write_text(f"base: quick\nuser_encoder: {{trainer.max_epochs: {args.epochs}}}\n"
                       "stages: [user_encoder, retriever, reranker]\npaper_chain: false\n")
-    evaluate = pipeline.evaluate_command
+    evaluate = pipeline.run_evaluation
 
-    def dev_only(argv: list[str]):
-        if "--evaluation.split=dev" not in argv:  # the table on test: never in a dev-only experiment
+    def dev_only(cfg):
+        if cfg.evaluation.init_args.split != "dev":  # the table on test: never in a dev-only experiment
             raise SystemExit("[dev_stage1_epochs] done: the dev choice is above; the test split is not evaluated")
-        return evaluate(argv)
+        return evaluate(cfg)
 
-    pipeline.evaluate_command = dev_only
+    pipeline.run_evaluation = dev_only
     pipeline.main(["--preset", str(preset), f"--seed_everything={args.seed}",
                    "--run_name", args.run_name or f"dev-stage1-{args.epochs}ep-seed{args.seed}"])
 

@@ -161,26 +161,44 @@ def evaluate_config_rows(config: str):
     return cfg, run, {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
 
 
-def evaluated_rows(args: list[str]) -> list[tuple[str, str]]:
-    """(config name, table name) of each `--only` row of an `evaluate_command` call, under its `--names`, as the
-    real evaluation names its results."""
-    import json
-
+def evaluated_rows(run) -> list[tuple[str, str]]:
+    """(config name, table name) of each `only` row of an evaluation (its resolved configuration, or an
+    `EvaluationRun`), under its `names`, as the real evaluation names its results."""
     from persrag_lightning.commands.pipeline import shown
+    from persrag_lightning.evaluation.evaluate import only_names
 
-    only = next((a for a in args if a.startswith("--only=")), None)
-    names = next((json.loads(a[len("--names="):]) for a in args if a.startswith("--names=")), {})
-    return [(n, shown(n, names)) for n in (json.loads(only[len("--only="):]) if only else [])]
+    return [(n, shown(n, run.names or {})) for n in only_names(run.only or [])]
 
 
-def fake_evaluate(calls: list[list[str]] | None = None):
-    """A stand-in for `evaluate_command` in pipeline tests: records the arguments (in `calls`) and scores every
-    `--only` row alike, so the dev choice keeps the first candidate (CFRAG)."""
+def fake_evaluate(calls: list | None = None):
+    """A stand-in for `run_evaluation` in pipeline tests: checks that it is given a resolved configuration object
+    (never a command line), records it (in `calls`) and reports every `only` row alike, so the dev choice keeps
+    the first candidate (CFRAG)."""
+    from jsonargparse import Namespace
 
-    def evaluate(args: list[str]) -> dict[str, dict[str, float]]:
+    from persrag_lightning.evaluation.base import EvaluationReport
+    from persrag_lightning.metrics import primary_metric
+
+    def evaluate(cfg: Namespace) -> EvaluationReport:
+        assert isinstance(cfg, Namespace), f"an in-process evaluation was given {type(cfg).__name__}"
         if calls is not None:
-            calls.append(args)
-        return {row: dict.fromkeys(("accuracy", "f1", "mae", "rmse", "rouge-1", "rouge-L"), 0.5)
-                for _, row in evaluated_rows(args)}
+            calls.append(cfg)
+        results = {row: dict.fromkeys(("accuracy", "f1", "mae", "rmse", "rouge-1", "rouge-L"), 0.5)
+                   for _, row in evaluated_rows(cfg)}
+        metric = primary_metric(cfg.evaluation.init_args.task)
+        return EvaluationReport(metric.name, metric.greater_is_better, "", results)
 
     return evaluate
+
+
+def fake_fit(calls: list | None = None):
+    """A stand-in for `run_stage` in pipeline tests: checks that it is given a resolved configuration object (never
+    a command line) and records it (in `calls`)."""
+    from jsonargparse import Namespace
+
+    def fit(cfg: Namespace) -> None:
+        assert isinstance(cfg, Namespace), f"an in-process fit was given {type(cfg).__name__}"
+        if calls is not None:
+            calls.append(cfg)
+
+    return fit

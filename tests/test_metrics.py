@@ -17,7 +17,7 @@ from persrag_lightning.metrics import (
     lamp_metric,
     ndcg_at_k,
     parse_rating,
-    primary_metric_name,
+    primary_metric,
     recall_at_k,
     score_prediction,
 )
@@ -166,14 +166,18 @@ def test_factory_and_primary_names():
     assert lamp_metric("LaMP_2").labels == LAMP2_LABELS
     assert isinstance(lamp_metric("3"), LampRegressionMetric)
     assert isinstance(lamp_metric("LaMP-4"), LampGenerationMetric)
-    assert [primary_metric_name(t) for t in ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")] == [
-        "accuracy", "accuracy", "neg_mae", "rouge-1", "rouge-1", "rouge-1",
-    ]
-    # the primary key is really among the metric's outputs
+    # one answer for the tables, the dev choices and the checkpoints: the table's first metric and its direction
+    assert [(primary_metric(t).name, primary_metric(t).greater_is_better)
+            for t in ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")] == [
+        ("accuracy", True), ("accuracy", True), ("mae", False), ("rouge-1", True), ("rouge-1", True),
+        ("rouge-1", True)]
+    # the primary key is really among the metric's outputs; what a checkpoint monitors grows as it gets better
     for task, pred, gold in (("LaMP-1", "[1]", "[1]"), ("LaMP-3", "3", "4"), ("LaMP-7", "a", "a")):
         m = lamp_metric(task)
         m.update([pred], [gold])
-        assert primary_metric_name(task) in m.compute()
+        assert primary_metric(task).name in m.compute()
+    assert primary_metric("LaMP-3").ascending(1.5) == -1.5  # the MAE as neg_mae
+    assert primary_metric("LaMP-2").ascending(0.5) == 0.5
     with pytest.raises(ValueError):
         lamp_metric("LaMP-6")
 

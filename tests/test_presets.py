@@ -64,7 +64,7 @@ REFUSED = [  # (the file's text, what the one line says)
 def test_a_bad_preset_is_refused_in_one_line_before_anything_trains(tmp_path, monkeypatch, capsys, text, message):
     from persrag_lightning.commands import pipeline
 
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: pytest.fail("trained before checking"))
+    monkeypatch.setattr(pipeline, "run_stage", lambda cfg: pytest.fail("trained before checking"))
     preset = tmp_path / "mine.yaml"
     preset.write_text(text)
     with pytest.raises(SystemExit) as exit_:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from persrag_lightning.commands.plan import reader_dtype, reader_settings
+from persrag_lightning.commands.plan import reader_dtype
 from persrag_lightning.hardware import Precision, auto_precision, bf16_verdict, describe_cpu, uses_bf16
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset
@@ -28,14 +28,14 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
     return {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
 
 
-def precision_decisions(preset: Preset, backend: str | None) -> dict[str, str]:
-    """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the preset's policy):
-    printed before the plan and kept in pipeline.json."""
+def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[str, str]:
+    """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the preset's policy;
+    `llm`: the evaluation's resolved LLM settings, `plan.reader_settings`): printed before the plan and kept in
+    pipeline.json."""
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
     out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
     out["feedback labels"] = "bfloat16" if label_overrides(rules.labels, backend) else "the configs' backend (exact)"
-    llm = reader_settings(preset, backend)
     out["reader"] = reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
     out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
     out["corpus embeddings"] = embedding_precision()
@@ -49,10 +49,9 @@ FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answer
                        "shows the table's differences (docs/getting-started.md#the-main-job)")
 
 
-def float32_reader_note(preset: Preset, backend: str | None) -> str | None:
-    """FLOAT32_READER_NOTE where the preset's hf reader would read in bfloat16 where native and this CPU has no
-    native bfloat16 (on a GPU it reads in bfloat16)."""
-    llm = reader_settings(preset, backend)
+def float32_reader_note(llm: dict) -> str | None:
+    """FLOAT32_READER_NOTE where the evaluation's hf reader (`llm`: its resolved settings) would read in bfloat16
+    where native and this CPU has no native bfloat16 (on a GPU it reads in bfloat16)."""
     wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
     if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
         return FLOAT32_READER_NOTE
@@ -60,14 +59,20 @@ def float32_reader_note(preset: Preset, backend: str | None) -> str | None:
 
 
 
-def announce_decisions(preset: Preset, backend: str | None) -> tuple[dict[str, str], GemmChoice]:
+def announce_decisions(preset: Preset, backend: str | None, llm: dict) -> tuple[dict[str, str], GemmChoice]:
     """The run's first lines: the machine and whether bfloat16 is native, the note on float32 reading where it
     applies, the precision of each kind of work, then the float32 GEMM path of the reader and of the encoders with
-    the rates measured here (runtime.gemm_choice, once per process)."""
+    the rates measured here (runtime.gemm_choice, once per process).
+
+    Args:
+        preset: the run's preset (its precision policy per kind of work).
+        backend: `--llm_backend` (None: the configs').
+        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+    """
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(preset, backend):
+    if note := float32_reader_note(llm):
         print(note)
-    decisions = precision_decisions(preset, backend)
+    decisions = precision_decisions(preset, backend, llm)
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))
     choice = gemm_choice()
     announce(choice, "[pipeline]", again=True)

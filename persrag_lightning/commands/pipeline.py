@@ -12,16 +12,16 @@ generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2. With `--data_dir` t
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from persrag_lightning.commands.decisions import announce_decisions, label_overrides, precision_overrides
-from persrag_lightning.commands.evaluate import evaluate_command
-from persrag_lightning.commands.plan import build_plan, question_counts
-from persrag_lightning.commands.train import lightning_command
+from persrag_lightning.commands.evaluate import run_evaluation
+from persrag_lightning.commands.plan import build_plan, question_counts, reader_settings
+from persrag_lightning.commands.runs import DEV_SELECTION_EXAMPLES, EvaluationRun, StageRun, dev_choice
+from persrag_lightning.commands.train import run_stage
 from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.hardware import bf16_is_native, bf16_verdict, describe_cpu
@@ -29,10 +29,14 @@ from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
-from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path, cli_overrides
+from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path
 from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
 
-DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
+if TYPE_CHECKING:
+    from persrag_lightning.evaluation.base import EvaluationReport
+
+__all__ = ["EvaluationRun", "Job", "StageRun", "main"]
+
 TRAINED_READER = "{run_dir}/reader"  # the reader stage's export, as the evaluation and the feedback stages name it
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
@@ -40,36 +44,6 @@ READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they ne
 def given(overrides: dict[str, Any]) -> dict[str, Any]:
     """A preset's overrides without its nulls (null: the config's own value, so no argument at all)."""
     return {k: v for k, v in overrides.items() if v is not None}
-
-
-@dataclass
-class StageRun:
-    """One `train.py fit` of the job: the stage, its config and every override as a typed value, merged in the
-    command line's order (a later source wins); pipeline.json keeps it as it ran."""
-
-    stage: str
-    config: str
-    overrides: dict[str, Any]
-    extra: list[str] = field(default_factory=list)  # the pipeline's unknown arguments, passed through as typed
-
-    def argv(self) -> list[str]:
-        return ["fit", "--config", self.config, *cli_overrides(self.overrides), *self.extra]
-
-
-@dataclass
-class EvaluationRun:
-    """One `persrag evaluate` of the job: what it is for, its overrides of evaluate_cfrag.yaml as typed values,
-    the rows it reads (`only`, by config name) and the names the table gives them."""
-
-    purpose: str
-    overrides: dict[str, Any]
-    only: list[str] | None = None
-    names: dict[str, str] = field(default_factory=dict)
-
-    def argv(self) -> list[str]:
-        only = [] if self.only is None else [f"--only={json.dumps(self.only)}"]
-        return ["--config", "evaluate_cfrag.yaml", *cli_overrides(self.overrides), *only,
-                f"--names={json.dumps(self.names)}"]
 
 
 def stage_done(export_root: str, run_name: str, stage: str) -> bool:
@@ -136,69 +110,26 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
                                       f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
 
 
-def dev_readings(out_dir: str, name: str, calibrations: list[str]) -> dict[str, tuple[list[str], list[str]]]:
-    """A dev row's (answers, golds) under each calibration of `calibrations`, re-read from the label scores its
-    evaluation stored (predictions/<row>.labels.json): no LLM call. Empty when the row stored none."""
-    from persrag_lightning.llm.calibration import LabelReading
-    from persrag_lightning.retrieval.strategies import file_name
-
-    path = Path(out_dir) / "predictions" / f"{file_name(name)}.labels.json"
-    if not path.is_file():
-        return {}
-    stored = json.loads(path.read_text())
-    reading, golds = LabelReading.from_json(stored), [r["gold"] for r in stored["rows"]]
-    return {calibration: (reading.under(calibration, reading.decision).answers, golds) for calibration in calibrations}
-
-
-def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
-               folder: str = "select-on-dev") -> EvaluationRun:
-    """The evaluation a dev choice reads: `candidates` on at most DEV_SELECTION_EXAMPLES dev questions (or `base`'s
-    own count, e.g. from `--questions`), no reader-free rows, its tables in runs/<run_name>/<folder>/."""
-    return EvaluationRun(f"dev choice: {folder}", {"evaluation.max_examples": DEV_SELECTION_EXAMPLES, **base,
-                                                   "evaluation.split": "dev", "evaluation.reader_free": False,
-                                                   "evaluation.out_dir": f"runs/{run_name}/{folder}"},
-                         candidates, names)
-
-
-def choose_on_dev(run: EvaluationRun, task: str,
+def choose_on_dev(report: EvaluationReport, run: EvaluationRun,
                   calibrations: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
-    """Evaluate `run` (a `dev_choice`) and return the best of its rows by the task's first metric, with the dev
-    numbers: the main job's recipe is chosen here, never on test. With `calibrations` (label calibrations), each
-    configuration's stored label scores are also re-read under each calibration (no LLM pass) and the best
-    (configuration, calibration) pair is chosen. A candidate whose dev answers equal an earlier one's is no choice:
-    it is dropped, saying so, and the earlier one stands. The choice is returned by its config name."""
-    from persrag_lightning.evaluation.stats import _HIGHER_IS_BETTER, LampMetricFn, metric_names
+    """The best of `run`'s rows (a `dev_choice`) by the report's primary metric, with the dev numbers: the main
+    job's recipe is chosen here, never on test. With `calibrations` (label calibrations), each row read as label
+    scores is re-read under each calibration from the report (no LLM pass, no file) and the best (configuration,
+    calibration) pair is chosen (`evaluation.selection`); a candidate whose dev answers equal an earlier one's is
+    no choice, and the lines say so. The choice is returned by its config name."""
+    from persrag_lightning.evaluation.selection import row_options, select
 
-    metric = metric_names(task)[0]
-    out_dir, names, row_names = run.overrides["evaluation.out_dir"], run.only or [], run.names
-    results = evaluate_command(run.argv())
-    scores: dict[tuple[str, str | None], float] = {}
-    answers: dict[tuple[str, str | None], list[str]] = {}
-    for name in (n for n in names if shown(n, row_names) in results):
-        row = shown(name, row_names)
-        readings = dev_readings(out_dir, row, calibrations) if calibrations else {}
-        if not readings:  # generated answers, or no stored scores: the evaluation's own number
-            scores[(name, None)] = results[row][metric]
-            continue
-        for calibration, (said, golds) in readings.items():
-            scores[(name, calibration)], answers[(name, calibration)] = LampMetricFn(task, metric)(said, golds), said
-    if not scores:
+    options = row_options(report, {n: shown(n, run.names) for n in run.only or []}, calibrations)
+    if not options:
         raise SystemExit("persrag pipeline: no CFRAG configuration could be evaluated on dev")
-    candidates = list(scores)
-    label = {c: shown(c[0], row_names) + (f" [calibration {c[1]}]" if c[1] else "") for c in candidates}
-    distinct: list[tuple[str, str | None]] = []
-    for c in candidates:
-        twin = next((d for d in distinct if c in answers and answers.get(d) == answers[c]), None)
-        if twin is None:
-            distinct.append(c)
-        else:
-            print(f"[pipeline] dev answers of {label[c]} are identical to {label[twin]}'s: no choice between "
-                  f"them, {label[twin]} stands")
-    sign = 1 if _HIGHER_IS_BETTER[metric] else -1
-    chosen = max(distinct, key=lambda c: (sign * scores[c], -candidates.index(c)))  # ties: the earlier
-    print(f"[pipeline] chosen on dev ({metric}): {label[chosen]} — "
-          + ", ".join(f"{label[c]} {scores[c]:.3f}" for c in candidates))
-    return chosen[0], chosen[1], {label[c]: v for c, v in scores.items()}
+    selection = select(options, report.greater_is_better)
+    for option, twin in selection.twins:
+        print(f"[pipeline] dev answers of {option.label} are identical to {twin.label}'s: no choice between "
+              f"them, {twin.label} stands")
+    print(f"[pipeline] chosen on dev ({report.primary_metric}): {selection.chosen.label} — "
+          + ", ".join(f"{o.label} {o.score:.3f}" for o in selection.options))
+    name, calibration = selection.chosen.key
+    return name, calibration, selection.scores
 
 
 ORDER_ROW = "w/o user retrieval{order}"  # the chosen order's "w/o user retrieval" row (CANDIDATES)
@@ -306,24 +237,24 @@ class Job:
     def choose_reader(self, readers: list[str], calibrations: list[str] | None) -> tuple[str, dict[str, float]]:
         """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage needed, so the
         feedback stages can be labelled by the chosen reader): each reader's best dev score (the LLM's under its
-        best calibration); the earlier of `readers` wins a tie. The dev questions only select: the trained reader
-        learnt from train questions alone."""
-        from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
+        best calibration), then the same selection among the readers; the earlier of `readers` wins a tie. The
+        dev questions only select: the trained reader learnt from train questions alone."""
+        from persrag_lightning.evaluation.selection import Option, select
 
-        metric = metric_names(self.task)[0]
-        sign = 1 if LampMetricFn(self.task, metric).higher_is_better else -1
-        t0, best, scores = time.perf_counter(), {}, {}
+        t0, best, scores = time.perf_counter(), [], {}
         for reader in readers:
             base = {**self.common, **self.evaluate,
                     "evaluation.reader": TRAINED_READER if reader == "trained" else LLM_READER}
             run = dev_choice(base, READER_ROWS, self.run_name, {}, f"select-on-dev/reader-{reader}")
-            _, calibration, dev = choose_on_dev(run, self.task, calibrations if reader == "llm" else None)
+            report = run_evaluation(run.resolve())
+            _, calibration, dev = choose_on_dev(report, run, calibrations if reader == "llm" else None)
             self.evaluations.append(run)
-            best[reader] = dev[READER_ROWS[0] + (f" [calibration {calibration}]" if calibration else "")]
+            label = READER_ROWS[0] + (f" [calibration {calibration}]" if calibration else "")
+            best.append(Option(reader, reader, dev[label]))
             scores.update({f"{reader} reader, {name}": value for name, value in dev.items()})
-        chosen = max(readers, key=lambda r: (sign * best[r], -readers.index(r)))
-        print(f"[pipeline] reader chosen on dev ({metric}, {READER_ROWS[0]}'s prompts): {chosen} — "
-              + ", ".join(f"{r} {best[r]:.3f}" for r in readers))
+        chosen = select(best, report.greater_is_better).chosen.key
+        print(f"[pipeline] reader chosen on dev ({report.primary_metric}, {READER_ROWS[0]}'s prompts): {chosen} — "
+              + ", ".join(f"{o.label} {o.score:.3f}" for o in best))
         self.minutes["choose the reader on dev"] = (time.perf_counter() - t0) / 60
         return chosen, scores
 
@@ -334,19 +265,25 @@ class Job:
             self.kinds["feedback"]["data.init_args.feedback.reader"] = TRAINED_READER
             self.evaluate["evaluation.reader"] = TRAINED_READER
 
+    def stage_run(self, stage: str, more: dict[str, Any] | None = None) -> StageRun:
+        """`stage`'s fit in this job: its config and every override, typed, in the command line's order (the
+        preset's data and kind, the task's, the job's, the stage's own, then `more`)."""
+        spec: Stage = STAGES[stage]
+        return StageRun(stage, spec.config, {**given(self.preset.data), **self.data,
+                                             **given(getattr(self.preset, spec.kind)), **self.kinds[spec.kind],
+                                             **spec.override_values(), **(more or {}), **self.common,
+                                             "trainer.enable_progress_bar": False}, self.extra)
+
     def fit(self, stage: str, more: dict[str, Any] | None = None) -> None:
-        """Train `stage` unless its bundle is exported already."""
+        """Train `stage` unless its bundle is exported already: from its resolved configuration, in this
+        process; its command line is printed, as a user would run the stage alone."""
         if stage_done(self.export_root, self.run_name, stage):
             print(f"[pipeline] {stage}: exported already, skipped")
             return
-        spec: Stage = STAGES[stage]
-        run = StageRun(stage, spec.config, {**given(self.preset.data), **self.data,
-                                            **given(getattr(self.preset, spec.kind)), **self.kinds[spec.kind],
-                                            **spec.override_values(), **(more or {}), **self.common,
-                                            "trainer.enable_progress_bar": False}, self.extra)
+        run = self.stage_run(stage, more)
         print(f"[pipeline] {stage}: python train.py {' '.join(run.argv())}")
         t0 = time.perf_counter()
-        lightning_command(run.argv())
+        run_stage(run.resolve())
         self.stages.append(run)
         self.minutes[stage] = (time.perf_counter() - t0) / 60
 
@@ -355,7 +292,7 @@ class Job:
         """A dev choice among `candidates` (`choose_on_dev`, under each of `calibrations`), timed as `step`."""
         run = dev_choice({**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder)
         t0 = time.perf_counter()
-        chosen = choose_on_dev(run, self.task, calibrations)
+        chosen = choose_on_dev(run_evaluation(run.resolve()), run, calibrations)
         self.evaluations.append(run)
         self.minutes[step] = (time.perf_counter() - t0) / 60
         return chosen
@@ -401,19 +338,43 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
 
 
 def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, Any], object]:
-    """The lines before training: the machine, the precision and runtime decisions, the plan and its estimate; the
-    decisions as pipeline.json keeps them."""
-    precision, gemm = announce_decisions(job.preset, job.backend)
-    wanted = job.wanted()
+    """The lines before training: the machine, the precision and runtime decisions, the plan and its estimate, all
+    read from the job's resolved stages and evaluations; the decisions as pipeline.json keeps them."""
+    table = job.report("CFRAG").resolve()
+    precision, gemm = announce_decisions(job.preset, job.backend, reader_settings(table))
+    stages = {s: job.stage_run(s).resolve() for s in job.wanted()}
     rows = [shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []] or None
-    plan = build_plan(wanted, [s for s in wanted if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
-                      job.task, question_counts(data_dir, job.preset), (len(CANDIDATES), DEV_SELECTION_EXAMPLES),
-                      questions, job.backend)
+    dev = dev_choice({**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names).resolve()
+    users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
+    plan = build_plan(stages, [s for s in stages if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
+                      job.task, question_counts(data_dir, users), (len(CANDIDATES), dev), table)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
     return {"precision_decisions": precision, "gemm": gemm.record()}, plan
+
+
+def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
+                  calibrations: list[str] | None) -> tuple[str, dict[str, Any], str | None]:
+    """The label task's reader, chosen on dev before it labels the feedback stages.
+
+    Args:
+        job: the resolved job (its reader stage, if any, already fitted).
+        readers: the preset's reader candidates (`trained`, `llm`); None on a generation task (the LLM reads).
+        wanted: the stages this job trains; the trained reader is a candidate only where the reader stage is one.
+        calibrations: the LLM reader's calibrations the dev choice re-reads.
+
+    Returns:
+        The reader, its dev scores, and the reader again when dev chose it among several (None otherwise).
+    """
+    kept = [r for r in readers or [] if r != "trained" or "reader" in wanted]
+    if len(kept) < len(readers or []):
+        print("[pipeline] readers: the trained reader is left out: the preset's stages have no reader stage")
+    if len(kept) < 2:
+        return (kept or [LLM_READER])[0], {}, None
+    reader, dev_scores = job.choose_reader(kept, calibrations)
+    return reader, dev_scores, reader
 
 
 def main(argv: list[str]) -> None:
@@ -433,12 +394,7 @@ def main(argv: list[str]) -> None:
     first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
     for stage in first:
         job.fit(stage)
-    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if labels else []
-    if labels and len(readers) < len(preset.readers or []):
-        print("[pipeline] readers: the trained reader is left out: the preset's stages have no reader stage")
-    reader, dev_scores = (readers or [LLM_READER])[0], {}
-    if len(readers) > 1:  # the label task's reader, chosen on dev before it labels the feedback stages
-        reader, dev_scores = job.choose_reader(readers, calibrations)
+    reader, dev_scores, reader_chosen = choose_reader(job, preset.readers if labels else None, wanted, calibrations)
     job.read_with(reader)
     for stage in wanted:  # the feedback stages, labelled by that reader
         if stage not in first and stage != "generator":
@@ -463,7 +419,7 @@ def main(argv: list[str]) -> None:
     print(f"[pipeline] the reference row: {shown(chosen, job.names)}"
           + (" (chosen on dev)" if preset.select_order_on_dev else ""))
     t0 = time.perf_counter()
-    evaluate_command(table.argv())
+    run_evaluation(table.resolve())
     job.evaluations.append(table)
     job.minutes["evaluate"] = (time.perf_counter() - t0) / 60
     print("\n".join(f"[pipeline] {s}: {t:.1f} min" for s, t in job.minutes.items()))
@@ -471,7 +427,7 @@ def main(argv: list[str]) -> None:
     if plan.minutes_for(reader) is not None:
         print(f"[pipeline] {total:.1f} min in all; estimated {plan.minutes_for(reader):.1f} before it started "
               f"(with the {'LLM' if reader == LLM_READER else 'trained reader'} reading)")
-    write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader if len(readers) > 1 else None,
+    write_record(job, argv, opts, decisions, plan, {"reader_chosen_on_dev": reader_chosen,
                                                    "reader": reader,
                                                    "chosen_on_dev": chosen, "reference_row": shown(chosen, job.names),
                                                    "calibration_chosen_on_dev": calibration,

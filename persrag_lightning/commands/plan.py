@@ -14,17 +14,18 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from pathlib import Path
-
-import yaml
+from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.auto import _WORDS
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
-from persrag_lightning.utils import resolve_config_path
+
+if TYPE_CHECKING:
+    from jsonargparse import Namespace
 
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
@@ -108,32 +109,24 @@ class Plan:
 
 # ---- prompt counts -----------------------------------------------------------------------------------------------
 
-def stage_setting(stage: str, preset: Preset, key: str) -> object:
-    """A feedback stage's data setting (`key` dotted below data.init_args, e.g. `candidates.m`): the preset's
-    override, else the stage config's own value."""
-    value = {**preset.data, **preset.feedback}.get(f"data.init_args.{key}")
-    if value is not None:
-        return value
-    node = yaml.safe_load(Path(resolve_config_path(STAGES[stage].config)).read_text())
-    for part in ("data", "init_args", *key.split(".")):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
+def _data(config: Namespace) -> Namespace:
+    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit` subcommand's)."""
+    return config.fit.data.init_args
 
 
-def training_work(stages: list[str], preset: Preset, counts: dict[str, int]) -> float:
-    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each stage's size)."""
+def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> float:
+    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each stage's size:
+    its epochs x users for stage 1, its train examples for the others), read from their resolved configurations."""
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
     total = 0.0
-    for stage in stages:
+    for stage, config in stages.items():
         kind = STAGES[stage].kind
         if kind == "user_encoder":
-            epochs = {**preset.data, **preset.user_encoder}.get("trainer.max_epochs") or 20
-            size = int(epochs) * users
+            size = int(config.fit.trainer.max_epochs) * users
         else:
-            key = "data.init_args.splits.max_train_examples"
-            size = min(int({**preset.data, **getattr(preset, kind)}.get(key) or counts["train"]), counts["train"])
+            size = min(int(_data(config).splits.max_train_examples or counts["train"]), counts["train"])
         total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
     return total
 
@@ -151,15 +144,16 @@ def budget_minutes() -> int | None:
     return BUDGET_MINUTES["bf16" if cpu_has_native_bf16() else "float32"]
 
 
-def feedback_prompts(stages: list[str], preset: Preset, train_questions: int) -> int:
-    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question."""
+def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> int:
+    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question, read from their
+    resolved configurations."""
     total = 0
-    for stage in stages:
+    for stage, config in stages.items():
         if STAGES[stage].kind != "feedback":
             continue
-        m, k = stage_setting(stage, preset, "candidates.m"), stage_setting(stage, preset, "candidates.k")
-        examples = stage_setting(stage, preset, "splits.max_train_examples") or train_questions
-        total += int(m) * int(k) * min(int(examples), train_questions)
+        data = _data(config)
+        examples = data.splits.max_train_examples or train_questions
+        total += int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
     return total
 
 
@@ -217,8 +211,8 @@ def encoder_rate(encoder: str = "minilm") -> float:
 
 # ---- the plan of a run -----------------------------------------------------------------------------------------
 
-def question_counts(data_dir: str | None, preset: Preset) -> dict[str, int]:
-    """Questions per split: a LaMP folder's, or the SynthLaMP the preset generates."""
+def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
+    """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages generate."""
     if data_dir is not None:
         from persrag_lightning.data.lamp import questions_path
 
@@ -226,19 +220,15 @@ def question_counts(data_dir: str | None, preset: Preset) -> dict[str, int]:
                 else 0 for s in ("train", "dev", "test")}
     from persrag_lightning.data.synth import SynthConfig
 
-    users = preset.data.get("data.init_args.synth.num_users") or SynthConfig().num_users
+    users = users or SynthConfig().num_users
     return {s: n * int(users) for s, n in SynthConfig(num_users=1).questions_per_split().items()}
 
 
-def reader_settings(preset: Preset, backend: str | None) -> dict:
-    """The evaluation's LLM settings: evaluate_cfrag.yaml's, under the preset's and the command line's overrides."""
-    config = yaml.safe_load(Path(resolve_config_path("evaluate_cfrag.yaml")).read_text())
-    llm = dict(config["evaluation"]["llm"])
-    llm.update({k.removeprefix("evaluation.llm."): v for k, v in preset.evaluate.items()
-                if k.startswith("evaluation.llm.") and v is not None})
-    if backend is not None:
-        llm["backend"] = backend
-    return llm
+def reader_settings(evaluation: Namespace) -> dict:
+    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the config file's
+    under the preset's and the command line's overrides)."""
+    llm = evaluation.evaluation.init_args.get("llm")
+    return {} if llm is None else llm.as_dict()
 
 
 def reader_dtype(llm: dict) -> str:
@@ -250,33 +240,40 @@ def reader_dtype(llm: dict) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def build_plan(wanted: list[str], skip: list[str], rows: list[str] | None, preset: Preset, task: str,
-               counts: dict[str, int], dev: tuple[int, int], questions: int | None, backend: str | None) -> Plan:
-    """The plan of the stages `wanted` (`skip`: exported already; `dev`: the dev choice's configurations and its cap
-    of questions), with the reader's rates measured when the estimate can be made."""
-    candidates, dev_cap = dev
-    train = [s for s in wanted if s not in skip]
-    limit = preset.evaluate.get("evaluation.max_examples")
-    test = min(n for n in (counts["test"], limit, questions) if n is not None)
-    dev_questions = min(n for n in (counts["dev"], dev_cap, limit, questions) if n is not None)
-    if rows is None:
-        from persrag_lightning.retrieval.strategies import strategy_names
+def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
+               task: str, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
+    """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported already), with
+    the reader's rates measured when the estimate can be made.
 
-        n_rows = len(strategy_names("evaluate_cfrag.yaml"))
-    else:
-        n_rows = len(rows)
+    Args:
+        stages: stage name → its resolved `fit` configuration, every stage the run wants.
+        skip: the stages exported already.
+        rows: the table's rows (None: every strategy of evaluate_cfrag.yaml).
+        preset: the run's preset (whether it chooses on dev, its readers and calibrations).
+        task: the run's task.
+        counts: questions per split (`question_counts`).
+        dev: the dev choice's number of configurations and its resolved evaluate configuration.
+        table: the test table's resolved evaluate configuration (its reader, its questions).
+    """
+    candidates, dev_config = dev
+    train = [s for s in stages if s not in skip]
+    test = min(n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None)
+    dev_questions = min(n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None)
+    n_rows = len(table.strategies) if rows is None else len(rows)
     tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))  # read by the tuned LLM whatever reads
     reads_labels = get_task(task).labels is not None
-    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in wanted] if reads_labels else []
-    answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev, "test table": test * (n_rows - tuned)}
+    readers = [r for r in preset.readers or [] if r != "trained" or "reader" in stages] if reads_labels else []
+    answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev,
+               "test table": test * (n_rows - tuned)}
     llm_answers = {"tuned generator's rows": test * tuned}
-    if preset.select_order_on_dev and "generator" in wanted and preset.calibrations and reads_labels:
+    if preset.select_order_on_dev and "generator" in stages and preset.calibrations and reads_labels:
         llm_answers["tuned generator's calibration"] = dev_questions
     if len(readers) > 1:  # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
         llm_answers["the reader's dev choice"] = dev_questions
-    plan = Plan(train, skip, rows, training_work(train, preset, counts), feedback_prompts(train, preset, counts["train"]),
+    trained = {s: stages[s] for s in train}
+    plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    llm = reader_settings(preset, backend)
+    llm = reader_settings(table)
     if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":

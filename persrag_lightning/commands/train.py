@@ -7,7 +7,10 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -214,8 +217,19 @@ class ExportCLI(PersragCLI):
     export_after_validate = True
 
 
+def _run_cli(cli_class: type[PersragCLI], args: list[str] | Namespace | None) -> None:
+    cli_class(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+              args=args, save_config_kwargs={"overwrite": True})
+
+
 def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
-    """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the bundle)."""
+    """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the bundle), from a
+    command line.
+
+    Args:
+        args: the command line after `train.py` (`fit --config cfrag_retriever.yaml --run_name=...`).
+        from_sys_argv: let LightningCLI read `sys.argv` itself (the console script), with `args` written there.
+    """
     args = resolve_config_args(args)
     cli_class = PersragCLI
     if args and args[0] == "export":
@@ -223,5 +237,61 @@ def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
         cli_class = ExportCLI
     if from_sys_argv:  # keep LightningCLI reading sys.argv (it warns when given both)
         sys.argv[1:] = args
-    cli_class(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-              args=None if from_sys_argv else args, save_config_kwargs={"overwrite": True})
+    _run_cli(cli_class, None if from_sys_argv else args)
+
+
+class _Parsed(Exception):
+    """Carries a parsed configuration out of `_ParseOnly`, which must stop before anything is instantiated."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace) -> None:
+        super().__init__("parsed")
+        self.parser, self.config = parser, config
+
+
+class _ParseOnly(PersragCLI):
+    """The CLI's own parser and parse of a command line, stopped before seeding, logging set-up or instantiation."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        config = parser.parse_args(args)
+        raise _Parsed(self._parser(config.subcommand), config)
+
+
+@lru_cache(maxsize=16)
+def _parsed_config_file(path: str, cwd: str) -> _Parsed:
+    """The `fit` parser and the values of one config file (cached per file and folder; used through clones)."""
+    try:
+        _run_cli(_ParseOnly, ["fit", "--config", path])
+    except _Parsed as parsed:
+        return parsed
+    raise AssertionError("_ParseOnly returned without parsing")  # pragma: no cover
+
+
+def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str] = ()) -> Namespace:
+    """A stage's `fit` configuration resolved as `train.py fit --config <config> --<key>=<value> ... <extra>`
+    resolves it, without writing the typed overrides as text: the object `run_stage` trains from and a plan reads.
+
+    Args:
+        config: the stage's config file (a name of configs/ or a path).
+        overrides: dotted keys (`data.init_args.candidates.m`) with typed values, applied in order after the file;
+            None values are left out (the config's own value).
+        extra: arguments of a user's command line, applied last as they were typed.
+    """
+    parsed = _parsed_config_file(resolve_config_path(config), os.getcwd())
+    given = {k: v for k, v in overrides.items() if v is not None}
+    # the file's parse holds the defaults already: parsing them again would only repeat the work
+    fit = parsed.parser.parse_object(given, namespace=parsed.config.fit.clone(), defaults=False)
+    if extra:
+        fit = parsed.parser.parse_args(list(extra), namespace=fit)
+    resolved = parsed.config.clone()
+    resolved.fit = fit
+    return resolved
+
+
+def run_stage(config: Namespace) -> None:
+    """Train one stage in this process from its resolved configuration (`stage_config`): LightningCLI is given the
+    object, not a command line.
+
+    Args:
+        config: the parsed configuration, its `subcommand` (fit) and that subcommand's settings.
+    """
+    _run_cli(PersragCLI, config)

@@ -7,22 +7,38 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from persrag_lightning.llm.calibration import LabelReading
 from persrag_lightning.retrieval.base import Strategy
 from persrag_lightning.utils import ConfigError
 
 
 @dataclass(frozen=True)
 class EvaluationReport:
-    """What one evaluation measured: rows (strategies, variants) × metrics, and the table as written."""
+    """What one evaluation measured: rows (strategies, variants) × metrics, the table as written and, for rows read
+    as label scores, the readings themselves, so a dev choice can re-read them under another calibration without
+    the LLM and without reading a file back.
 
-    primary_metric: str  # the results' metric a selection compares rows on
+    Args:
+        primary_metric: the results' metric a selection compares rows on (`metrics.primary_metric` for LaMP).
+        greater_is_better: the primary metric's direction.
+        table: the table, markdown, as written under out_dir.
+        results: row → metric → value (the raw results).
+        out_dir: where the reports were written (None: nowhere).
+        readings: row → its `LabelReading` (every label's score and the calibration terms), for the rows a reader
+            of labels answered; the others (generated answers, reader-free rows) have none.
+        golds: the evaluated questions' golds, in the order of every reading's rows.
+    """
+
+    primary_metric: str
     greater_is_better: bool
-    table: str  # markdown, as written under out_dir
-    results: dict[str, dict]  # row → metric → value (the raw results)
+    table: str
+    results: dict[str, dict]
     out_dir: Path | None = None
+    readings: dict[str, LabelReading] = field(default_factory=dict)
+    golds: tuple[str, ...] = ()
 
     def primary(self) -> dict[str, float]:
         """Each row's primary metric (rows without it left out)."""

@@ -35,11 +35,10 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
-from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
-from persrag_lightning.llm.calibration import Calibration, check_reading
+from persrag_lightning.llm.calibration import Calibration, LabelReading, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.metrics import rouge_scorer
+from persrag_lightning.metrics import primary_metric, rouge_scorer
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.reading.llm import LLMReader
@@ -157,6 +156,9 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
 class Evaluation(Evaluator):
     """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
 
+    readings: dict[str, LabelReading]  # row → its label scores, as the last `run` read them
+    golds: tuple[str, ...] = ()  # the last run's questions' golds, in order
+
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", split: str = "test", k: int = 5, llm: LLMConfig | None = None,
                  max_examples: int | None = None, out_dir: str = "runs/synthlamp/evaluate",
@@ -256,11 +258,11 @@ class Evaluation(Evaluator):
     @property
     def primary_metric(self) -> str:
         """The task's first metric (accuracy, MAE or ROUGE-1), as the tables put it first."""
-        return metric_names(self.task)[0]
+        return primary_metric(self.task).name
 
     @property
     def greater_is_better(self) -> bool:
-        return LampMetricFn(self.task, self.primary_metric).higher_is_better
+        return primary_metric(self.task).greater_is_better
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
         """`run`, as the evaluator contract reports it."""
@@ -268,7 +270,7 @@ class Evaluation(Evaluator):
             raise ConfigError("strategies: the LaMP evaluation needs at least one strategy")
         summary = self.run(list(strategies))
         return EvaluationReport(self.primary_metric, self.greater_is_better, self.table(summary, self.skipped),
-                                summary.results, self.out_dir)
+                                summary.results, self.out_dir, dict(self.readings), self.golds)
 
     def run(self, strategies: list[Strategy]) -> Summary:
         self.source.prepare()
@@ -280,7 +282,7 @@ class Evaluation(Evaluator):
         diagnostics: dict[str, dict[str, float]] = {}
         retrieved: dict[str, list[list[RetrievedDoc]]] = {}
         skipped: dict[str, str] = {}
-        self.skipped = skipped
+        self.skipped, self.readings = skipped, {}
         started = time.perf_counter()
         set_reranker_runtime(strategies, self.reranker_runtime)
         bind_strategies(strategies)
@@ -294,9 +296,12 @@ class Evaluation(Evaluator):
                 skipped[strategy.name] = str(err)
                 continue
             predictions[strategy.name], diagnostics[strategy.name] = outcome["predictions"], outcome["diagnostics"]
+            if outcome["labels"] is not None:
+                self.readings[strategy.name] = outcome["labels"]
             if self.votes_for(strategy) and outcome["diagnostics"].get("docs_per_query"):
                 retrieved[strategy.name] = outcome["retrieved"]
         golds = [e.target for e in examples]
+        self.golds = tuple(golds)
         # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made by design
         self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         if self.reader_free:
@@ -324,48 +329,53 @@ class Evaluation(Evaluator):
 
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
-        """Predictions (one per example, in order), the retrieved docs and retrieval diagnostics; cached by
-        content. Under `choose`, every label's score and the calibration terms are written beside the answers."""
+        """Predictions (one per example, in order), the retrieved docs, retrieval diagnostics and, under `choose`,
+        the row's `LabelReading` (every label's score and the calibration terms, also written beside the answers
+        as predictions/<row>.labels.json); cached by content."""
         reader = self.reader_for(strategy)
         reading = reader.reading(self.task)
         key = fingerprint("evaluate/v3", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
                           self.source.data_dir.name, *([reading] if reading else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
+        labels_file = self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json"
         if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
             outcome = json.loads(cached.read_text())
             retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
+            if "labels" not in outcome and reader.reads_labels and labels_file.is_file():
+                outcome["labels"] = json.loads(labels_file.read_text())  # an entry cached before it kept them
         else:
             retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
                                                        self.source.data_dir.name)
-            predictions, reading = self.answers(strategy, store, examples, retrieved)
+            predictions, reading, labels = self.answers(strategy, store, examples, retrieved)
             outcome = {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
-                       "retrieve_ms_per_query": ms_per_query, "reading": reading}
-            atomic_write_json(cached, outcome)
+                       "retrieve_ms_per_query": ms_per_query, "reading": reading,
+                       **({"labels": labels.to_json([e.example_id for e in examples], [e.target for e in examples])}
+                          if labels is not None else {})}
+            atomic_write_json(cached, outcome, indent=None)
         write_predictions(self.out_dir / "predictions" / f"{file_name(strategy.name)}.json", self.task,
                           {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
+        if "labels" in outcome:
+            atomic_write_json(labels_file, outcome["labels"], indent=None)
         diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
         diagnostics.update(outcome.get("reading") or {})
-        return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved}
+        return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved,
+                "labels": LabelReading.from_json(outcome["labels"]) if "labels" in outcome else None}
 
     def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
-                retrieved: list[list[RetrievedDoc]]) -> tuple[list[str], dict[str, float]]:
-        """The reader's answers to a row's questions and what its label distributions say of the golds
-        (`reading_diagnostics`); a reader of labels also writes predictions/<row>.labels.json beside the answer
-        file: every label's log-score, the distribution and the calibration terms."""
+                retrieved: list[list[RetrievedDoc]]) -> tuple[list[str], dict[str, float], LabelReading | None]:
+        """The reader's answers to a row's questions, what its label distributions say of the golds
+        (`reading_diagnostics`) and, for a reader of labels, the reading itself (None for generated answers)."""
         reader = self.reader_for(strategy)
         inputs = [e.input for e in examples]
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
         phase = f"evaluate {strategy.name}"
         if not reader.reads_labels:
-            return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase), {}
+            return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase), {}, None
         reading = reader.read(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase,
                               every_calibration=True)
-        atomic_write_json(self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json",
-                          reading.to_json([e.example_id for e in examples], [e.target for e in examples]),
-                          indent=None)
-        return reading.answers, reading_diagnostics(reading, [e.target for e in examples])
+        return reading.answers, reading_diagnostics(reading, [e.target for e in examples]), reading
 
     @property
     def answer_mode(self) -> str:

@@ -23,17 +23,10 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.metrics import HIGHER_IS_BETTER, METRIC_NAMES
 
 MetricFn = Callable[[Sequence[str], Sequence[str]], float]
 
-# The metrics a table reports per task kind, and whether higher is better.
-METRIC_NAMES: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy", "f1"),
-    "regression": ("mae", "rmse"),
-    "generation": ("rouge-1", "rouge-L"),
-}
-_HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "mae": False, "rmse": False, "neg_mae": True,
-                     "rouge-1": True, "rouge-L": True}
 # Resample chunks hold at most this many (resample, example) cells, so 10^4 examples do not need GBs of indices.
 _CELLS_PER_CHUNK = 2_000_000
 
@@ -65,7 +58,7 @@ class LampMetricFn:
 
     @property
     def higher_is_better(self) -> bool:
-        return _HIGHER_IS_BETTER[self.name]
+        return HIGHER_IS_BETTER[self.name]
 
     def __call__(self, predictions: Sequence[str], golds: Sequence[str]) -> float:
         from persrag_lightning.metrics import lamp_metric

@@ -24,7 +24,7 @@ from persrag_lightning.llm.calibration import CALIBRATIONS
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
 from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.metrics import lamp_metric, primary_metric_name
+from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.common import LoraSettings, apply_lora
 from persrag_lightning.models.generator import (
     causal_lm_batch,
@@ -176,11 +176,11 @@ class GeneratorModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         """val/metric: the task's first metric under the calibration the dev choice would take (the best one),
         as the table reads a tuned generator; every calibration's values are logged under its name."""
-        primary = primary_metric_name(self.task)
+        primary = primary_metric(self.task)
         computed = {c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()}
-        best = max(computed, key=lambda c: float(computed[c][primary]))
+        best = max(computed, key=lambda c: primary.ascending(float(computed[c][primary.name])))
         values = {f"val/{k}": v for k, v in computed[best].items()}
-        values["val/metric"] = values[f"val/{primary}"]  # what the checkpoint monitors
+        values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])  # the checkpoint monitors it
         if len(computed) > 1:
             values.update({f"val/{c}/{k}": v for c, by in computed.items() for k, v in by.items()})
         for name, value in values.items():  # compute() already summed over DDP ranks

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from persrag_lightning.datamodules.reader import ReaderTrainBatch
 from persrag_lightning.llm.calibration import decide, resolve_decision
-from persrag_lightning.metrics import lamp_metric, primary_metric_name
+from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSettings, encoder_digest
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.utils import as_settings
@@ -90,7 +90,8 @@ class ReaderModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         values = {f"val/{k}": v.float() for k, v in self.metric.compute().items()}
-        values["val/metric"] = values[f"val/{primary_metric_name(self.task)}"]  # what the checkpoint monitors
+        primary = primary_metric(self.task)  # the checkpoint monitors val/metric, larger is better
+        values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])
         for name, value in values.items():
             self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
         self.metric.reset()

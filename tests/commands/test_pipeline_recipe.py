@@ -14,7 +14,7 @@ from persrag_lightning.commands import decisions, pipeline
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
-from tests.conftest import evaluated_rows, fake_evaluate
+from tests.conftest import evaluated_rows, fake_evaluate, fake_fit
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
@@ -73,14 +73,14 @@ def test_bf16_matmul_speedup_is_measured_once_per_process_and_cap(monkeypatch) -
 def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None
                  ) -> tuple[list[pipeline.StageRun], list[pipeline.EvaluationRun]]:
     """pipeline.main with the stages and evaluations recorded, not run: what its pipeline.json says it ran, typed."""
-    def evaluate(args: list[str]):
-        results = fake_evaluate()(args)
-        for name, row in evaluated_rows(args):
-            results[row]["accuracy"] = (dev_scores or {}).get(name, 0.1)
-        return results
+    def evaluate(cfg):
+        report = fake_evaluate()(cfg)
+        for name, row in evaluated_rows(cfg):
+            report.results[row]["accuracy"] = (dev_scores or {}).get(name, 0.1)
+        return report
 
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
-    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit())
+    monkeypatch.setattr(pipeline, "run_evaluation", evaluate)
     pipeline.main([*argv, "--export_root", str(tmp_path)])
     record = json.loads(max(tmp_path.glob("*/pipeline.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
     return ([pipeline.StageRun(**r) for r in record["stages"]],
@@ -267,7 +267,7 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     # chosen one is the reference, and its "+ tuned generator" row and the goal's paired test follow that name
     assert test.names == choice.names == {"CFRAG": "CFRAG (judgments, reranked)",
                                           "w/o reranker tuning": "CFRAG (judgments, first-stage order)"}
-    assert [r for _, r in evaluated_rows(test.argv()) if r.startswith("CFRAG (judgments")] == [
+    assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgments")] == [
         "CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
         "CFRAG (judgments, first-stage order) + tuned generator"]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
@@ -306,7 +306,7 @@ def test_a_folder_without_the_reported_split_is_refused_in_one_line(monkeypatch,
 
     folder = generate_synth_lamp(tmp_path / "no_test_golds", SynthConfig(num_users=12, seed=3))
     outputs_path(folder, "test").unlink()  # LaMP's public test golds are hidden
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: pytest.fail("trained before checking"))
+    monkeypatch.setattr(pipeline, "run_stage", lambda cfg: pytest.fail("trained before checking"))
     with pytest.raises(SystemExit) as exit_:
         main(["pipeline", "--preset", "quick", "--data_dir", str(folder), "--export_root", str(tmp_path)])
     assert exit_.value.code == 2
@@ -346,20 +346,24 @@ def test_progress_lines_cover_the_whole_fit_and_a_long_validation(capsys, tmp_pa
     assert capsys.readouterr().err.splitlines()[-1].startswith("[validate generator] 4/4 batches in ")
 
 
-def write_labels(out_dir, name: str, rows: list[list[float]], golds: list[str], terms: dict) -> None:
-    """A dev row's stored label scores (predictions/<row>.labels.json) as the evaluation writes them."""
+def labels(rows: list[list[float]], terms: dict):
+    """A LaMP-3 row's label scores, as the evaluation reads them (every calibration's terms computed)."""
     from persrag_lightning.llm.calibration import LabelReading
-    from persrag_lightning.retrieval.strategies import file_name
 
-    reading = LabelReading("LaMP-3", ("1", "2", "3", "4", "5"), rows, "none", "median", terms)
-    path = out_dir / "predictions" / f"{file_name(name)}.labels.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(reading.to_json([str(i) for i in range(len(rows))], golds)))
+    return LabelReading("LaMP-3", ("1", "2", "3", "4", "5"), rows, "none", "median", terms)
+
+
+def dev_report(results: dict[str, dict], readings: dict, golds: list[str]):
+    """A LaMP-3 dev evaluation's report: MAE, lower is better, with the rows' readings."""
+    from persrag_lightning.evaluation.base import EvaluationReport
+
+    return EvaluationReport("mae", False, "", results, None, readings, tuple(golds))
 
 
 def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(monkeypatch, tmp_path, capsys):
     """LaMP-3: uncalibrated, both configurations answer "1" everywhere (identical columns: no choice, the earlier
-    stands); calibrated against a prior for "1", the reranked order reads the reviews and wins on MAE."""
+    stands); calibrated against a prior for "1", the reranked order reads the reviews and wins on MAE. The scores
+    are re-read from the report's readings: no file is read (the run folder stays empty)."""
     import math
 
     monkeypatch.chdir(tmp_path)
@@ -367,16 +371,11 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
     prior = {"none": None, "contextual": [math.log(0.8)] + [math.log(0.05)] * 4, "pmi": [0.0] * 5}
     near = {"4": [-0.3, -5, -4, -1.0, -3], "5": [-0.3, -5, -4, -3, -1.0], "2": [-0.3, -1.0, -4, -5, -5]}
     flat = [-0.3, -3.0, -3.0, -3.0, -3.0]
-
-    def evaluate(args: list[str]) -> dict:
-        out = tmp_path / next(a for a in args if a.startswith("--evaluation.out_dir=")).split("=", 1)[1]
-        write_labels(out, "CFRAG", [near[g] for g in golds], golds, prior)
-        write_labels(out, "w/o reranker tuning", [flat] * 4, golds, prior)
-        return {"CFRAG": {"mae": 3.0}, "w/o reranker tuning": {"mae": 3.0}}
-
-    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    report = dev_report({"CFRAG": {"mae": 3.0}, "w/o reranker tuning": {"mae": 3.0}},
+                        {"CFRAG": labels([near[g] for g in golds], prior),
+                         "w/o reranker tuning": labels([flat] * 4, prior)}, golds)
     run = pipeline.dev_choice({}, list(pipeline.CANDIDATES), "r", {})
-    chosen = pipeline.choose_on_dev(run, "LaMP-3", ["none", "contextual", "pmi"])
+    chosen = pipeline.choose_on_dev(report, run, ["none", "contextual", "pmi"])
     said = capsys.readouterr().out
     assert "dev answers of w/o reranker tuning [calibration none] are identical to CFRAG [calibration none]'s" in said
     assert chosen[:2] == ("CFRAG", "contextual")
@@ -384,11 +383,16 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
     assert chosen[2]["CFRAG [calibration none]"] == chosen[2]["w/o reranker tuning [calibration none]"] == 2.75  # "1" to 4, 5, 4, 2
     # pmi with zero terms reads as none: the same answers, so it is no choice either
     assert "CFRAG [calibration pmi] are identical to CFRAG [calibration none]'s" in said
+    assert not list(tmp_path.iterdir())
+    # without calibrations, or for a row without scores, the evaluation's own numbers; ties keep the earlier
+    assert pipeline.choose_on_dev(report, run)[:2] == ("CFRAG", None)
+    assert pipeline.choose_on_dev(dev_report({"CFRAG": {"mae": 1.0}, "w/o reranker tuning": {"mae": 0.5}}, {}, golds),
+                                  run, ["none"])[:2] == ("w/o reranker tuning", None)
 
 
 def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch, tmp_path, capsys) -> None:
-    """With stored dev scores, the generator's dev row is read under each calibration too, and the test table
-    reads the base rows under theirs and the "+ tuned generator" rows under the generator's."""
+    """With label scores in the dev reports, the generator's dev row is read under each calibration too, and the
+    test table reads the base rows under theirs and the "+ tuned generator" rows under the generator's."""
     import math
 
     monkeypatch.chdir(tmp_path)
@@ -396,18 +400,15 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     golds = ["4", "2"]
     prior = {"none": None, "contextual": [math.log(0.8)] + [math.log(0.05)] * 4, "pmi": [0.0] * 5}
     reads = {"4": [-0.3, -5, -4, -1.0, -3], "2": [-0.3, -1.0, -4, -5, -5]}  # right once the prior is divided out
-    calls: list[list[str]] = []
 
-    def evaluate(args: list[str]) -> dict:
-        calls.append(args)
-        out = next((a.split("=", 1)[1] for a in args if a.startswith("--evaluation.out_dir=")), None)
-        for _, name in evaluated_rows(args) if out else []:  # dev: the base rows need calibrating, the tuned not
-            rows = [reads[g] for g in golds] if "tuned" not in name else [[-5.0, -1.0, -5, -0.2, -5]] * 2
-            write_labels(tmp_path / out, name, rows, golds, prior)
-        return {row: {"mae": 1.0} for _, row in evaluated_rows(args)}
+    def evaluate(cfg):  # dev: the base rows need calibrating, the tuned not
+        rows = [row for _, row in evaluated_rows(cfg)]
+        return dev_report({row: {"mae": 1.0} for row in rows},
+                          {row: labels([reads[g] for g in golds] if "tuned" not in row
+                                       else [[-5.0, -1.0, -5, -0.2, -5]] * 2, prior) for row in rows}, golds)
 
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
-    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit())
+    monkeypatch.setattr(pipeline, "run_evaluation", evaluate)
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
     record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
     runs = by_purpose([pipeline.EvaluationRun(**r) for r in record["evaluations"]])
@@ -455,12 +456,14 @@ def test_the_reader_is_chosen_on_dev_and_an_llm_choice_keeps_the_llms_feedback(m
     and of the table, and its calibrations are chosen with the configuration; a generation task trains no reader."""
     machine(monkeypatch, AMX, onednn=True)
 
-    def evaluate(args: list[str]) -> dict:
-        trained = "--evaluation.reader={run_dir}/reader" in args
-        return {row: {"accuracy": 0.2 if trained else 0.4} for _, row in evaluated_rows(args)}
+    def evaluate(cfg):
+        report = fake_evaluate()(cfg)
+        for _, row in evaluated_rows(cfg):
+            report.results[row]["accuracy"] = 0.2 if cfg.evaluation.init_args.reader == "{run_dir}/reader" else 0.4
+        return report
 
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: None)
-    monkeypatch.setattr(pipeline, "evaluate_command", evaluate)
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit())
+    monkeypatch.setattr(pipeline, "run_evaluation", evaluate)
     pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])
     assert "reader chosen on dev (accuracy, bm25's prompts): llm — trained 0.200, llm 0.400" in capsys.readouterr().out
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
@@ -470,3 +473,35 @@ def test_the_reader_is_chosen_on_dev_and_an_llm_choice_keeps_the_llms_feedback(m
     assert "evaluation.reader" not in runs["choice"].overrides and "evaluation.reader" not in runs["test"].overrides
     fits, _ = run_pipeline(monkeypatch, tmp_path / "lamp5", ["--preset", "quick", "--task", "LaMP-5"])
     assert "reader" not in [r.stage for r in fits]  # the LLM writes titles; no reader to train or choose
+
+
+def test_in_process_fits_and_evaluations_are_given_objects_their_printed_commands_resolve_to(
+        monkeypatch, tmp_path, capsys) -> None:
+    """Inside the pipeline's process no typed value goes through text: every fit and every evaluation is given
+    the resolved configuration object (never a command line), and that object is what the printed command line
+    resolves to through the CLI's own parser, so a user who runs the printed line gets the same stage."""
+    from jsonargparse import Namespace
+
+    from persrag_lightning.commands import train
+    from persrag_lightning.commands.evaluate import evaluate_args
+    from persrag_lightning.evaluation.evaluate import evaluate_parser
+
+    machine(monkeypatch, AMX, onednn=True)
+    fits, evaluations = [], []
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
+    monkeypatch.setattr(pipeline, "run_evaluation", fake_evaluate(evaluations))
+    pipeline.main(["--preset", "quick", "--export_root", str(tmp_path), "--trainer.max_epochs=2"])
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    stages = [pipeline.StageRun(**r) for r in record["stages"]]
+    runs = [pipeline.EvaluationRun(**r) for r in record["evaluations"]]
+    assert len(fits) == len(stages) == 8 and len(evaluations) == len(runs) == 5
+    assert all(isinstance(cfg, Namespace) for cfg in fits + evaluations)
+    printed = [line for line in capsys.readouterr().out.splitlines() if ": python train.py fit " in line]
+    for cfg, run, line in zip(fits, stages, printed):
+        assert line == f"[pipeline] {run.stage}: python train.py {' '.join(run.argv())}"
+        with pytest.raises(train._Parsed) as parsed:  # the CLI's own parse of the printed line, stopped there
+            train._run_cli(train._ParseOnly, train.resolve_config_args(run.argv()))
+        assert cfg == parsed.value.config, run.stage
+        assert cfg.fit.trainer.max_epochs == 2  # the user's own arguments reach every stage, last
+    for cfg, run in zip(evaluations, runs):
+        assert cfg == evaluate_parser().parse_args(evaluate_args(run.argv())), run.purpose

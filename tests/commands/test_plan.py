@@ -71,14 +71,30 @@ def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeyp
     assert "[pipeline] no time estimate: answers are generated" in out
 
 
+def resolved_stages(argv: list[str], stages: list[str]) -> dict:
+    """The stages of a pipeline call as it resolves them before anything trains: the objects the plan reads."""
+    from persrag_lightning.commands import pipeline
+
+    opts, extra = pipeline.parse_args(argv)
+    job = pipeline.resolve_job(opts, extra, load_preset(opts.preset))
+    return {stage: job.stage_run(stage).resolve() for stage in stages}
+
+
 def test_a_smaller_preset_counts_smaller_stages():
-    quick, smoke = load_preset("quick"), load_preset("smoke")
     counts = {"train": 600, "dev": 300, "test": 300}
-    assert plan_module.training_work(["user_encoder"], quick, counts) == TRAINING_PROMPTS["user_encoder"]
+    quick = resolved_stages(["--preset", "quick"], ["user_encoder"])
+    assert plan_module.training_work(quick, counts) == TRAINING_PROMPTS["user_encoder"]
     small = {"train": 48, "dev": 24, "test": 24}
-    assert plan_module.training_work(["user_encoder"], smoke, small) == pytest.approx(
+    smoke = resolved_stages(["--preset", "smoke"], ["user_encoder", "retriever", "reranker", "generator"])
+    assert plan_module.training_work({"user_encoder": smoke["user_encoder"]}, small) == pytest.approx(
         TRAINING_PROMPTS["user_encoder"] * 3 * 24 / (20 * 300))
-    assert plan_module.feedback_prompts(["retriever", "reranker", "generator"], smoke, 48) == 2 * 2 * 2 * 8
+    assert plan_module.feedback_prompts(smoke, 48) == 2 * 2 * 2 * 8
+    # what runs is what counts: the config's own value where the preset says nothing (the paper preset's stage 1
+    # trains cfrag_user_encoder.yaml's 30 epochs), and a user's own arguments, applied last
+    paper = resolved_stages(["--preset", "paper"], ["user_encoder"])
+    assert plan_module.training_work(paper, counts) == 1.5 * TRAINING_PROMPTS["user_encoder"]
+    mine = resolved_stages(["--preset", "smoke", "--data.init_args.candidates.m=3"], ["retriever"])
+    assert plan_module.feedback_prompts(mine, 48) == 3 * 2 * 8
 
 
 @pytest.mark.slow
@@ -127,8 +143,8 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     def trained(*a, **k):
         raise AssertionError("--plan trained or evaluated something")
 
-    monkeypatch.setattr(pipeline, "lightning_command", trained)
-    monkeypatch.setattr(pipeline, "evaluate_command", trained)
+    monkeypatch.setattr(pipeline, "run_stage", trained)
+    monkeypatch.setattr(pipeline, "run_evaluation", trained)
     cli.main(["pipeline", "--preset", "quick", "--plan", "--export_root", str(tmp_path)])  # returns: exit code 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[pipeline] ") and "bfloat16 native: no" in out[0]
@@ -151,3 +167,19 @@ def test_pipeline_json_keeps_the_gemm_choice(monkeypatch, tmp_path, fixed_rates)
     run_pipeline(monkeypatch, tmp_path, ["--preset", "smoke"])
     record = json.loads((tmp_path / "synthlamp-smoke" / "pipeline.json").read_text())["gemm"]
     assert record["chosen"] == {"reader": "onednn", "encoders": "onednn"} and record["forced"]
+
+
+def test_the_plan_reads_resolved_objects_and_opens_no_file_of_configs():
+    """The plan and the decisions read the stages and evaluations as the pipeline resolved them (the objects the
+    fits and evaluations are then given), never a config file of their own: no YAML import, no file opened."""
+    import ast
+    from pathlib import Path
+
+    from persrag_lightning.commands import decisions
+
+    for module in (plan_module, decisions):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {"yaml", "omegaconf"} & imported, module.__name__
+        assert "resolve_config_path" not in ast.unparse(tree), module.__name__

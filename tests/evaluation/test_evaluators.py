@@ -44,12 +44,14 @@ def test_overrides_reach_the_evaluator_and_misspelt_keys_are_refused(capsys, tmp
 
 def test_personabench_runs_through_the_contract(tmp_path, tiny_bert, capsys):
     folder = write_community(tmp_path / "c0")
-    results = evaluate_command(["--config", "evaluate_personabench.yaml", f"--evaluation.data_dir={folder}",
-                                "--evaluation.variants=[PBR w/o P-PRF, Base]", "--evaluation.warm_rerun=false",
-                                f"--evaluation.encoder={tiny_bert}", "--evaluation.bootstrap_samples=20",
-                                f"--evaluation.cache_dir={tmp_path / 'cache'}",
-                                f"--evaluation.out_dir={tmp_path / 'out'}"])
+    report = evaluate_command(["--config", "evaluate_personabench.yaml", f"--evaluation.data_dir={folder}",
+                               "--evaluation.variants=[PBR w/o P-PRF, Base]", "--evaluation.warm_rerun=false",
+                               f"--evaluation.encoder={tiny_bert}", "--evaluation.bootstrap_samples=20",
+                               f"--evaluation.cache_dir={tmp_path / 'cache'}",
+                               f"--evaluation.out_dir={tmp_path / 'out'}"])
+    results = report.results
     assert set(results) == {"PBR w/o P-PRF", "Base"} and set(results["Base"]) == {"recall@5", "ndcg@5"}
+    assert report.readings == {}  # rows of retrieval metrics: no label scores
     printed = capsys.readouterr().out
     assert printed == (tmp_path / "out" / "table.md").read_text() + f"\nreports in {tmp_path / 'out'}\n"
 

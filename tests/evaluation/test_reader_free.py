@@ -77,6 +77,7 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
     each row's top-answer share, and every label's score stored beside the answers."""
     from persrag_lightning.data.synth import SynthConfig
     from persrag_lightning.evaluation.evaluate import Evaluation
+    from persrag_lightning.llm.calibration import LabelReading
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.retrieval.baselines import BM25, ZeroShot
 
@@ -103,6 +104,16 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
     assert "choose (calibration contextual, decision median)" in table and "user's own median" in table
     assert ("Warning:" in table) == bool(metrics["warnings"])
     assert not [w for w in metrics["warnings"] if MAJORITY in w]  # constant by design: never a reader's alarm
+    # the report hands the rows' readings back as objects, the same a cached re-run hands back (no LLM call)
+    report = evaluation.evaluate([ZeroShot(), BM25()])
+    assert set(report.readings) == {"zero_shot", "bm25"} and report.primary_metric == "mae"
+    assert not report.greater_is_better and len(report.golds) == 6
+    assert report.readings["bm25"] == LabelReading.from_json(labels)
+    assert [r["gold"] for r in labels["rows"]] == list(report.golds)
+    for entry in (out / "cache").glob("*.json"):  # an entry cached before entries kept the scores
+        cached = json.loads(entry.read_text())
+        entry.write_text(json.dumps({k: v for k, v in cached.items() if k != "labels"}))
+    assert evaluation.evaluate([ZeroShot(), BM25()]).readings == report.readings  # read from beside the answers
 
 
 def test_tuned_generator_rows_read_labels_under_their_own_calibration(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.models.common import LoraSettings, apply_lora, merged_copy
 from persrag_lightning.models.generator import IGNORE_INDEX, causal_lm_batch, target_token_loss
 from persrag_lightning.modules.optim import OptimizerSettings
-from tests.conftest import REPO, fake_evaluate, word_level_llama
+from tests.conftest import REPO, fake_evaluate, fake_fit, word_level_llama
 
 WORDS = ["user", "assistant", "which", "tag", "comedy", "horror", "a", "film"]
 
@@ -199,13 +199,17 @@ def test_fit_generator_yaml_exports_and_evaluates_tuned_rows(in_tmp_cwd, tiny_ll
 
     from persrag_lightning.commands.evaluate import evaluate_command
 
-    results = evaluate_command(["--config", "evaluate_cfrag.yaml", "--run_name", "t",
-                                "--evaluation.synth.num_users=12", "--evaluation.max_examples=4",
-                                f"--evaluation.llm.model={tiny_llm}", "--evaluation.llm.answer_mode=choose",
-                                "--evaluation.reference=bm25", "--evaluation.n_resamples=50",
-                                "--only=[bm25 + tuned generator, CFRAG + tuned generator]"])
+    evaluated = evaluate_command(["--config", "evaluate_cfrag.yaml", "--run_name", "t",
+                                  "--evaluation.synth.num_users=12", "--evaluation.max_examples=4",
+                                  f"--evaluation.llm.model={tiny_llm}", "--evaluation.llm.answer_mode=choose",
+                                  "--evaluation.reference=bm25", "--evaluation.n_resamples=50",
+                                  "--only=[bm25 + tuned generator, CFRAG + tuned generator]"])
     # CFRAG's bundles are not trained: skipped, named; the reader-free rows need no bundle
-    assert set(results) == {"bm25 + tuned generator", "majority label (train)", "user's own majority"}
+    assert set(evaluated.results) == {"bm25 + tuned generator", "majority label (train)", "user's own majority"}
+    # the row read as label scores hands its reading back, one row per question, in the golds' order
+    reading = evaluated.readings["bm25 + tuned generator"]
+    assert set(evaluated.readings) == {"bm25 + tuned generator"} and len(reading.log_scores) == len(evaluated.golds) == 4
+    assert set(reading.answers) <= set(reading.labels)
     assert len(list(retrievals.glob("bm25-*.json"))) == 3  # the test split's bm25 retrieval, read by its wrapper
     report = (in_tmp_cwd / "runs" / "t" / "evaluate" / "results.md").read_text()
     assert "CFRAG + tuned generator" in report and "not trained" in report
@@ -244,14 +248,16 @@ def test_pipeline_validates_the_generator_by_generating_on_generation_tasks(monk
     from persrag_lightning.commands import pipeline
 
     for task, generate in (("LaMP-7", True), ("LaMP-5", True), ("LaMP-1", False), ("LaMP-2", False)):
-        calls: list[list[str]] = []
-        monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
-        monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
+        fits: list = []
+        monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
+        monkeypatch.setattr(pipeline, "run_evaluation", fake_evaluate())
         pipeline.main(["--preset", "smoke", "--task", task, "--export_root", str(tmp_path)])
-        generator = next(a for a in calls if "generator.yaml" in a)
-        assert ("--model.init_args.answer_mode=generate" in generator) == generate, task
-        assert not any("answer_mode" in a for args in calls if args is not generator for a in args
-                       if a.startswith("--model.")), task
+        run = "synthlamp-smoke" if task == "LaMP-2" else f"synthlamp-lamp{task[-1]}-smoke"
+        record = json.loads((tmp_path / run / "pipeline.json").read_text())
+        stages = {r["stage"]: r["overrides"] for r in record["stages"]}
+        assert (stages["generator"].get("model.init_args.answer_mode") == "generate") == generate, task
+        assert fits[-1].fit.model.init_args.answer_mode == ("generate" if generate else "choose"), task
+        assert not any("model.init_args.answer_mode" in o for s, o in stages.items() if s != "generator"), task
 
 
 def test_unknown_strategy_is_one_line_exit_2(in_tmp_cwd, tiny_llm, capsys, one_thread):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.metrics import community_chance
 from persrag_lightning.models.user_encoder import UserEncoder, UserEncoderConfig, judgment_labels
-from tests.conftest import REPO, fake_evaluate, tiny_serving_run
+from tests.conftest import REPO, fake_evaluate, fake_fit, tiny_serving_run
 
 USERS = 24
 
@@ -222,34 +223,48 @@ def test_validation_logs_community_precision_next_to_its_chance(in_tmp_cwd, tiny
 
 # ---- the pipeline's --task switch ------------------------------------------------------------------------------
 
+def pipeline_runs(monkeypatch, argv: list[str]):
+    """pipeline.main with stand-ins for its fits and evaluations: (what each fit and evaluation was given, the
+    stages and evaluations as pipeline.json keeps them)."""
+    import json
+
+    from persrag_lightning.commands import pipeline
+
+    fits, evaluations = [], []
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
+    monkeypatch.setattr(pipeline, "run_evaluation", fake_evaluate(evaluations))
+    root = argv[argv.index("--export_root") + 1]
+    pipeline.main(argv)
+    record = json.loads(max(Path(root).glob("*/pipeline.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
+    return fits, evaluations, [pipeline.StageRun(**r) for r in record["stages"]]
+
+
 def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, tmp_path) -> None:
     from persrag_lightning.commands import pipeline
 
-    calls: list[list[str]] = []
-    monkeypatch.setattr(pipeline, "lightning_command", lambda args: calls.append(args))
-    monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
-    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
-    stages = [a for a in calls if a[0] == "fit"]
-    evaluations = [a for a in calls if a[0] != "fit"]  # the choice on dev, then the table on test
-    assert len(stages) == 7 and all("--data.init_args.task=LaMP-3" in a for a in stages)
-    assert all("--run_name=synthlamp-lamp3-quick" in a for a in calls)
-    for evaluate in evaluations:
-        assert "--evaluation.task=LaMP-3" in evaluate and "--evaluation.llm.answer_mode=choose" in evaluate
+    fits, evaluations, stages = pipeline_runs(
+        monkeypatch, ["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
+    assert len(fits) == 8 and all(cfg.fit.data.init_args.task == "LaMP-3" for cfg in fits)
+    assert all(cfg.fit.run_name == "synthlamp-lamp3-quick" for cfg in fits)
+    assert all(cfg.run_name == "synthlamp-lamp3-quick" for cfg in evaluations)
+    for cfg in evaluations:  # the reader's and the configuration's choices on dev, then the table on test
+        assert cfg.evaluation.init_args.task == "LaMP-3" and cfg.evaluation.init_args.llm.answer_mode == "choose"
     # the preset's stage 1 reads judgments (paired); its paper chain's does not; no other stage gets the setting
-    assert [[a for a in args if "judgments" in a] for args in stages if "judgments" in " ".join(args)] == [
-        ["--model.init_args.config.judgments=paired"], ["--model.init_args.config.judgments=none"]]
-    calls.clear()
+    assert [r.overrides["model.init_args.config.judgments"] for r in stages
+            if "model.init_args.config.judgments" in r.overrides] == ["paired", "none"]
+    assert [r.stage for r in stages if r.config == "cfrag_user_encoder.yaml"] == ["user_encoder", "user_encoder_paper"]
     # another --judgments reaches stage 1 only and names the run
-    pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", "label", "--export_root", str(tmp_path)])
-    assert [a for a in calls[0] if "judgments" in a] == ["--model.init_args.config.judgments=label"]
-    assert all("--run_name=synthlamp-lamp3-quick-label" in a for a in calls)
-    calls.clear()
-    pipeline.main(["--preset", "quick", "--export_root", str(tmp_path)])  # the main job is unchanged
-    assert not any(".task=" in a for args in calls for a in args) and "--run_name=synthlamp-quick" in calls[0]
-    calls.clear()
-    pipeline.main(["--preset", "quick", "--task", "LaMP-5", "--export_root", str(tmp_path)])
-    assert "--evaluation.llm.answer_mode=generate" in calls[-1]  # no labels to choose among
-    assert "--evaluation.llm.answer_mode=choose" not in calls[-1]
+    fits, evaluations, stages = pipeline_runs(monkeypatch, ["--preset", "quick", "--task", "LaMP-3", "--judgments",
+                                                            "label", "--export_root", str(tmp_path)])
+    assert stages[0].overrides["model.init_args.config.judgments"] == "label"
+    assert fits[0].fit.model.init_args.config.judgments == "label"
+    assert all(cfg.run_name == "synthlamp-lamp3-quick-label" for cfg in evaluations)
+    fits, _, stages = pipeline_runs(monkeypatch, ["--preset", "quick", "--export_root", str(tmp_path)])
+    assert not any(k.endswith(".task") for r in stages for k in r.overrides)  # the main job is unchanged
+    assert fits[0].fit.run_name == "synthlamp-quick"
+    _, evaluations, _ = pipeline_runs(monkeypatch, ["--preset", "quick", "--task", "LaMP-5", "--export_root",
+                                                    str(tmp_path)])
+    assert evaluations[-1].evaluation.init_args.llm.answer_mode == "generate"  # no labels to choose among
     with pytest.raises(SystemExit):
         pipeline.main(["--task", "LaMP-9"])
 
@@ -257,26 +272,26 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
 def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(monkeypatch, tmp_path) -> None:
     """`--preset full-feedback` changes only the feedback stages: no m/k/example caps (the configs' m 6, k 5, every
     question), loglik labels; the user encoder, generator, evaluation and reported rows are quick's."""
-    from persrag_lightning.commands import pipeline
-
-    runs: dict[str, dict[str, list[str]]] = {}
+    runs: dict[str, dict] = {}
     for preset in ("quick", "full-feedback"):
-        calls: list[list[str]] = []
-        monkeypatch.setattr(pipeline, "lightning_command", lambda args, calls=calls: calls.append(args))
-        monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(calls))
-        pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
-        runs[preset] = {a[a.index("--config") + 1]: [x for x in a if not x.startswith("--run_name")] for a in calls}
-        assert all(f"--run_name=synthlamp-{preset}" in a for a in calls)
+        fits, evaluations, stages = pipeline_runs(monkeypatch, ["--preset", preset, "--export_root", str(tmp_path)])
+        assert all(cfg.fit.run_name == f"synthlamp-{preset}" for cfg in fits)
+        assert all(cfg.run_name == f"synthlamp-{preset}" for cfg in evaluations)
+        runs[preset] = {r.stage: {k: v for k, v in r.overrides.items() if k != "run_name"} for r in stages}
+        runs[preset]["table"] = evaluations[-1].clone()  # the table on test (the dev choices write per run)
+        runs[preset]["table"].run_name = None
+        runs[preset]["fits"] = {r.stage: cfg.fit.data.init_args for r, cfg in zip(stages, fits)}
     quick, full = runs["quick"], runs["full-feedback"]
     assert quick.keys() == full.keys()
-    for config in ("cfrag_user_encoder.yaml", "generator.yaml", "evaluate_cfrag.yaml"):
-        assert full[config] == quick[config]
-    for config in ("cfrag_retriever.yaml", "cfrag_reranker.yaml"):
-        assert "--data.init_args.feedback.metric=loglik" in full[config]
-        assert not any(a.startswith(("--data.init_args.candidates.m=", "--data.init_args.candidates.k=",
-                                     "--data.init_args.splits.max_"))
-                       for a in full[config])
-        assert any(a.startswith("--data.init_args.splits.max_train_examples=") for a in quick[config])
+    for key in ("user_encoder", "generator", "table"):
+        assert full[key] == quick[key]
+    for stage in ("retriever", "reranker"):
+        assert full[stage]["data.init_args.feedback.metric"] == "loglik"
+        assert not any(k.startswith(("data.init_args.candidates.m", "data.init_args.candidates.k",
+                                     "data.init_args.splits.max_")) for k in full[stage])
+        assert "data.init_args.splits.max_train_examples" in quick[stage]
+        data = full["fits"][stage]
+        assert (data.candidates.m, data.candidates.k, data.splits.max_train_examples) == (6, 5, None)
 
 
 def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
@@ -294,13 +309,13 @@ def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_nam
         first_stage = rows[f"w/o reranker tuning ({label})"]
         assert first_stage.reranker is None and first_stage.retriever == f"{run}/retriever"
     assert rows["w/o user retrieval (full feedback)"].m == 1
-    named: list[str] = []
+    named: list = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
-        mp.setattr(pipeline, "evaluate_command", fake_evaluate())
+        mp.setattr(pipeline, "run_stage", lambda cfg: named.append(cfg.fit.run_name))
+        mp.setattr(pipeline, "run_evaluation", fake_evaluate())
         for preset in ("quick", "full-feedback"):
             pipeline.main(["--preset", preset, "--export_root", str(tmp_path)])
-    assert {n.split("=")[1] for n in named} == {r.split("/")[1] for r in runs.values()}
+    assert set(named) == {r.split("/")[1] for r in runs.values()}
 
 
 def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:
@@ -318,11 +333,11 @@ def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names
         assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
     tuned = {s.init_args.retrieval: s.init_args.generator for s in cfg.strategies if "generator" in s.init_args}
     assert tuned["CFRAG (judgments label)"] == "checkpoints/synthlamp-lamp3-quick-label/generator"
-    named: list[str] = []
+    named: list = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "lightning_command", lambda args: named.extend(a for a in args if a.startswith("--run_name")))
-        mp.setattr(pipeline, "evaluate_command", fake_evaluate())
+        mp.setattr(pipeline, "run_stage", lambda cfg: named.append(cfg.fit.run_name))
+        mp.setattr(pipeline, "run_evaluation", fake_evaluate())
         for judgments in ("paired", "label"):
             pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", judgments,
                            "--export_root", str(tmp_path)])
-    assert set(named) == {"--run_name=synthlamp-lamp3-quick", "--run_name=synthlamp-lamp3-quick-label"}
+    assert set(named) == {"synthlamp-lamp3-quick", "synthlamp-lamp3-quick-label"}

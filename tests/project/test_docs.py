@@ -10,6 +10,7 @@ the files and extras they name. A doc that gains a command none of these know fa
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, fake_evaluate
+from tests.conftest import REPO, fake_evaluate, fake_fit
 
 FENCE = re.compile(r"^ {0,4}```(\w*)[^\n]*\n(.*?)^ {0,4}```", re.MULTILINE | re.DOTALL)  # in list items too
 SHELL = {"bash", "sh", "shell", "console"}
@@ -374,24 +375,27 @@ def parse_serve(args: list[str], monkeypatch) -> None:
 
 
 def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
-    """The pipeline's own options parse, and every stage command it would run parses as `fit` does."""
+    """The pipeline's own options parse, its fits and evaluations are given resolved configurations, and every
+    stage command it prints parses as `fit` does."""
     from persrag_lightning.commands import pipeline
 
-    stages, evaluations = [], []
-    monkeypatch.setattr(pipeline, "lightning_command", lambda a, **k: stages.append(a))
-    monkeypatch.setattr(pipeline, "evaluate_command", fake_evaluate(evaluations))
+    fits, evaluations = [], []
+    monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
+    monkeypatch.setattr(pipeline, "run_evaluation", fake_evaluate(evaluations))
     monkeypatch.setattr(pipeline, "check_data_dir", lambda *a: None)  # a `--data_dir` of the docs is the user's
     with tempfile.TemporaryDirectory() as root:  # the run's pipeline.json goes there, not into the checkout
         pipeline.main([*args, "--export_root", root])
+        record = next((json.loads(p.read_text()) for p in Path(root).glob("*/pipeline.json")), None)
     capsys.readouterr()
     if "--plan" in args:  # the decisions, the plan and the estimate: it stops before anything trains
-        assert not stages and not evaluations
+        assert not fits and not evaluations and record is None
         return
-    assert stages and evaluations
-    for stage in stages:
-        print_config(stage[0], stage[1:], capsys)
-    for evaluation in evaluations:  # the choice on dev (quick) and the table
-        parse_evaluate(evaluation)
+    assert fits and evaluations
+    for stage in record["stages"]:
+        argv = pipeline.StageRun(**stage).argv()
+        print_config(argv[0], argv[1:], capsys)
+    for evaluation in record["evaluations"]:  # the choice on dev (quick) and the table
+        parse_evaluate(pipeline.EvaluationRun(**evaluation).argv())
 
 
 @cache

@@ -130,16 +130,19 @@ def test_evaluate_builds_prompts_with_the_strategys_budget(monkeypatch):
         seen.append(profile_gamma)
         return ["p"] * len(inputs)
 
-    monkeypatch.setattr(evaluate, "build_prompts", spy)
+    from persrag_lightning.reading import llm as llm_reading
+
+    monkeypatch.setattr(llm_reading, "build_prompts", spy)  # the one builder, behind the LLM reader
     assert ClusterRAG(AxisEmbedder()).prompt_gamma == 0.55  # the seed's γ by default
     from persrag_lightning.retrieval.baselines import Recency
 
     assert Recency().prompt_gamma is None
-    # run_strategy up to the prompt builder: the LLM is never reached (answer is stubbed too)
+    # run_strategy up to the prompt builder: the LLM is never reached (the reader's answers are stubbed)
+    reader = llm_reading.LLMReader(llm_reading.LLMConfig(max_prompt_tokens=64, answer_mode="generate"), llm=object())
+    monkeypatch.setattr(reader, "answer_prompts", lambda task, prompts, phase=None: ["comedy"] * len(prompts))
     ev = evaluate.Evaluation.__new__(evaluate.Evaluation)
-    ev.task, ev.k, ev._llm = "LaMP-2", 2, object()
-    ev.llm_config = type("C", (), {"identity": lambda self: {}, "max_prompt_tokens": 64, "answer_mode": "generate",
-                                    "answer": lambda self, llm, task, prompts, store, **kw: ["comedy"] * len(prompts)})()
+    ev.task, ev.k = "LaMP-2", 2
+    ev.reader_for = lambda strategy: reader
     ev.prompts, ev.out_dir = None, Path(tempfile.mkdtemp())
     ev.source = type("S", (), {"data_dir": Path("synth"), "cache_dir": ev.out_dir / "cache"})()
     store = make_store()
