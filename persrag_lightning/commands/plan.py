@@ -30,11 +30,15 @@ if TYPE_CHECKING:
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
 PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage, in reader-answer equivalents: training, model loading and the corpus
-# embedding run on the same cores as the reading, so they scale with it. From the stored Zen 4 main job (raw
-# outputs: benchmarks/results/cpu-2026-11-28b-mainjob-calibrated/): its stages' minutes at its reader's rate. A
-# stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
-TRAINING_PROMPTS = {"user_encoder": 250, "reader": 40, "feedback": 80, "generator": 120}
+# Non-reading work of a quick-preset stage, in LLM-answer equivalents: training, model loading and the corpus
+# embedding run on the same cores as the reading, so they scale with it. From the quiet main job on an Intel Xeon
+# with AMX (raw outputs: benchmarks/results/cpu-2026-12-02d-mainjob-quiet/): each stage's minutes at that run's LLM
+# rate (7.5 answers/s), less the feedback labels its trained reader read. A stage of another size scales by its
+# epochs x users (stage 1) or its train examples (the others).
+TRAINING_PROMPTS = {"user_encoder": 440, "reader": 1280, "feedback": 150, "generator": 190}
+# Retrieval, reranking and loading per question a row reads, in the same unit: the same run's dev choice and test
+# table took 1.5 min more than their reading (the reranked rows retrieve at about 100 ms a question).
+RETRIEVAL_PER_ANSWER = 0.2
 # the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train questions)
 QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
 # The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16, float32 only.
@@ -67,7 +71,8 @@ class Plan:
         """The whole job's minutes if `reader` reads the label task (`llm` or `trained`)."""
         if not self.rates:
             return None
-        llm = sum(self.llm_answers.values()) + self.training
+        llm = (sum(self.llm_answers.values()) + self.training
+               + RETRIEVAL_PER_ANSWER * (sum(self.answers.values()) + sum(self.llm_answers.values())))
         if reader == "trained":
             seconds = (self.labels / self.rates["trained_labels"]
                        + sum(self.answers.values()) / self.rates["trained_answers"])

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from persrag_lightning.commands import plan as plan_module
-from persrag_lightning.commands.plan import TRAINING_PROMPTS, reader_rates
+from persrag_lightning.commands.plan import RETRIEVAL_PER_ANSWER, TRAINING_PROMPTS, reader_rates
 from persrag_lightning.presets import load_preset
 from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
 
@@ -36,7 +36,8 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     # the tuned generator's calibration (300) and its 3 rows (900); 8 stages of training at the quick size
     training = (2 * TRAINING_PROMPTS["user_encoder"] + TRAINING_PROMPTS["reader"] + 4 * TRAINING_PROMPTS["feedback"]
                 + TRAINING_PROMPTS["generator"])
-    llm_only = (300 + 300 + 900 + training) / 2.0
+    retrieval = RETRIEVAL_PER_ANSWER * (600 + 1800 + 300 + 300 + 900)  # every row's questions, whoever reads
+    llm_only = (300 + 300 + 900 + training + retrieval) / 2.0
     with_llm = (768 / 4.0 + (600 + 1800) / 2.0 + llm_only) / 60
     with_trained = (768 / TRAINED["trained_labels"] + (600 + 1800) / TRAINED["trained_answers"] + llm_only) / 60
     assert f"about {with_trained:.0f} min on this machine ({with_trained:.0f} if dev chooses the trained reader, " \
