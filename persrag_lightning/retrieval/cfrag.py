@@ -167,6 +167,7 @@ class CFRAG(Strategy):
         super().prepare(store)
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
+        self._unseen: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         if self.users == "cluster":
             self._cohort_model = self._load_cohorts(store) if self.cohort_export is not None else None
             if self._cohort_model is None:
@@ -266,8 +267,35 @@ class CFRAG(Strategy):
         return ids, vectors
 
     def e_u(self, user_id: str) -> torch.Tensor | None:
+        """The user's stage-1 embedding: its row of the encoder's table, or for a user the table lacks, the
+        encoder's Eq. 1 over the user's own history (`_unseen_vectors`); None for a user with no history."""
         row = self.user_row.get(user_id)
-        return None if row is None else self.user_encoder.user_embeddings[row]
+        if row is not None:
+            return self.user_encoder.user_embeddings[row]
+        return self._unseen_vectors(user_id)[0]
+
+    @torch.inference_mode()
+    def _unseen_vectors(self, user_id: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(e_u, the vector that finds similar users) of a user the encoder's table lacks: on a real log, a user
+        whose items are all in their own dev or test profiles has no collaborative pool, so stage 1 trained no row
+        for them. The trained encoder embeds their own visible history (the question's profile, strictly older)
+        from the frozen doc vectors, as `CFRAGPipeline.encode_user` embeds a new user when serving; computed once."""
+        if user_id not in self._unseen:
+            ue, store = self.user_encoder, self.store
+            rows = store.corpus.rows_of(user_id, ue.config.max_history) if user_id in store else []
+            if not len(rows):
+                self._unseen[user_id] = (None, None)
+                return self._unseen[user_id]
+            c = ue.config
+            args = (c.text_encoder, c.text_max_length, c.text_pooling)
+            build_corpus_embeddings(store.corpus, self.cache_dir, *args)
+            vectors = load_corpus_embeddings(self.cache_dir, store.corpus, *args)[rows].float().unsqueeze(0)
+            labels = (ue.doc_label_ids([store.corpus.docs[r] for r in rows]).unsqueeze(0)
+                      if ue.uses_judgments else None)
+            ue.eval()
+            e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(rows), dtype=torch.bool), labels).squeeze(0)
+            self._unseen[user_id] = (e_u, e_u if self.user_vector_source() == "encoder" else vectors[0].mean(0))
+        return self._unseen[user_id]
 
     def similar_users(self, user_id: str) -> list[tuple[str, float]]:
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user alone."""
@@ -281,8 +309,12 @@ class CFRAG(Strategy):
             ranked = [(user_id, 1.0)] + [(n.user_id, n.similarity)
                                          for n in self._cohort_model.neighbours(user_id, self.m - 1 + hidden)]
         else:
-            scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + hidden)
-            ranked = list(zip(ids[0], (float(s) for s in scores[0])))
+            vector = self.user_vectors.get(user_id)
+            unseen = vector is None  # not in the index: a user the encoder's table lacks (`_unseen_vectors`)
+            if unseen and (vector := self._unseen_vectors(user_id)[1]) is None:
+                return [(user_id, 1.0)]
+            scores, ids = self.user_index.search(vector.unsqueeze(0), self.m + hidden)
+            ranked = [(user_id, 1.0)] * unseen + list(zip(ids[0], (float(s) for s in scores[0])))
         return self.store.shared_neighbours(user_id, ranked, self.m)
 
     def candidates(self, queries: list[Query]) -> list[list[RetrievedDoc]]:

@@ -205,3 +205,34 @@ def test_user_encoder_pools_hold_no_test_profile(world):
     for user in USERS:
         ids = {corpus.doc_ids[r] for r in pools[user]}
         assert ids == {f"{user}-d{i}" for i in range(6)}
+
+
+@pytest.mark.parametrize("users", ["encoder", "mean"])
+def test_a_user_the_encoders_table_lacks_is_embedded_from_their_own_history(world, tiny_bert, tmp_path, users):
+    """On a real log a user whose items are all in their own dev/test profiles has no collaborative pool, so stage 1
+    trained no row for them (magazines: 12 of 202 test users): CFRAG embeds them with the trained encoder over their
+    own visible history, finds their similar users with that vector, and keeps every history rule."""
+    from persrag_lightning.models.user_encoder import UserEncoder
+
+    dataset, corpus, cache, path = world
+    encoder = UserEncoder.from_pretrained(path)
+    lacking = encoder.user_ids[0]
+    kept = encoder.user_ids[1:]
+    encoder.index_users(kept, encoder.user_embeddings[1:])
+    encoder.save_pretrained(tmp_path / "user_encoder")
+    strategy = CFRAG(str(tmp_path / "user_encoder"), tiny_bert, None, m=4, k_per_user=20, users=users, cache_dir=cache)
+    store = DocStore(dataset, corpus)
+    strategy.prepare(store)
+    queries = [q for q in all_queries(dataset) if q.user_id == lacking]
+    assert queries and lacking not in strategy.user_row
+    neighbours = strategy.similar_users(lacking)
+    assert neighbours[0] == (lacking, 1.0) and len(neighbours) == 4 and len({u for u, _ in neighbours}) == 4
+    rows = corpus.rows_of(lacking, encoder.config.max_history)
+    docs = load_corpus_embeddings(cache, corpus, encoder=tiny_bert, max_length=64)
+    expected = encoder.eval().encode_embeddings(docs[rows].float().unsqueeze(0), torch.zeros(1, len(rows), dtype=torch.bool))
+    assert torch.allclose(strategy.e_u(lacking), expected.squeeze(0), atol=1e-5)
+    for q, cands in zip(queries, strategy.candidates(queries)):
+        check(dataset, q.example_id, cands)
+        assert {d.owner for d in cands} > {lacking}  # its own docs and its neighbours'
+    for q, docs_ in zip(queries, strategy.retrieve(queries, 5)):
+        check(dataset, q.example_id, docs_)
