@@ -1,12 +1,15 @@
-"""Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its errors.
+"""Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its
+errors.
 
-Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading weights" and "Writing
-model shards" bars of transformers, Lightning's boilerplate info lines ("Seed set to 0", "GPU available", the
-litlogger tip, "Using bfloat16 Automatic Mixed Precision", "`Trainer.fit` stopped", the restore-best-checkpoint
-lines), its model summary table (unless `--trainer.enable_model_summary=true` asks for it) and warnings that are
-not actionable here (LightningCLI's args-and-argv notice when a command starts a stage from Python, the `srun` hint
-on machines that have Slurm installed, deprecations raised inside Lightning, torch and transformers). What is about
-the user's run still shows: warnings, DDP membership, Slurm requeue and resume lines, metrics.
+Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading
+weights" and "Writing model shards" bars of transformers, Lightning's boilerplate info lines ("Seed
+set to 0", "GPU available", the litlogger tip, "Using bfloat16 Automatic Mixed Precision",
+"`Trainer.fit` stopped", the restore-best-checkpoint lines), its model summary table (unless
+`--trainer.enable_model_summary=true` asks for it) and warnings that are not actionable here
+(LightningCLI's args-and-argv notice when a command starts a stage from Python, the `srun` hint on
+machines that have Slurm installed, deprecations raised inside Lightning, torch and transformers).
+What is about the user's run still shows: warnings, DDP membership, Slurm requeue and resume lines,
+metrics.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ def is_verbose() -> bool:
 
 
 def pop_verbose(args: list[str]) -> tuple[list[str], bool]:
-    """Remove the global `--verbose` / `-v` flag from a command line; the environment can set it too."""
+    """Remove the global `--verbose` / `-v` flag from a command line; the environment can set it
+    too."""
     kept = [a for a in args if a not in VERBOSE_FLAGS]
     return kept, is_verbose() or len(kept) < len(args)
 
@@ -45,7 +49,8 @@ def _drop_boilerplate(record: logging.LogRecord) -> bool:
 
 
 def configure_logs(verbose: bool) -> None:
-    """Set the libraries' verbosity for this process (and, through the environment, its DDP children)."""
+    """Set the libraries' verbosity for this process (and, through the environment, its DDP
+    children)."""
     if verbose:
         os.environ["PERSRAG_VERBOSE"] = "1"
         return

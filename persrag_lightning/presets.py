@@ -1,7 +1,7 @@
-"""The pipeline's presets: YAML files in configs/presets/ (or a user's own file), read as OmegaConf structured
-configs over `Preset`, so a misspelt key, a wrong type or an unknown stage is refused in one line that names the
-file and the key. A preset with `base: quick` states only what differs from quick.yaml (an OmegaConf merge; null
-keeps the stage config's own value).
+"""The pipeline's presets: YAML files in configs/presets/ (or a user's own file), read as OmegaConf
+structured configs over `Preset`, so a misspelt key, a wrong type or an unknown stage is refused in
+one line that names the file and the key. A preset with `base: quick` states only what differs from
+quick.yaml (an OmegaConf merge; null keeps the stage config's own value).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ READERS = ("trained", "llm")  # the trained reader (the reader stage's export) a
 
 @dataclass
 class Precisions:
-    """A preset's precision policy (hardware.Precision) per kind of work; None keeps the stage config's."""
+    """A preset's precision policy (hardware.Precision) per kind of work; None keeps the stage
+    config's."""
 
     user_encoder: Precision | None = None
     feedback: Precision | None = None
@@ -32,7 +33,8 @@ class Precisions:
 
 @dataclass
 class Preset:
-    """What a pipeline run trains and reports. Override keys are the stage configs' keys with typed values."""
+    """What a pipeline run trains and reports. Override keys are the stage configs' keys with typed
+    values."""
 
     base: str | None = None
     data: dict[str, Any] = field(default_factory=dict)          # every stage

@@ -1,9 +1,10 @@
-"""The stage graph: every bundle a run exports, the config that trains it, the overrides that make it this stage,
-and the bundles it reads. The pipeline trains from this table; a strategy's missing-bundle error names the command
-from it. It imports nothing from the package, so every layer may read it.
+"""The stage graph: every bundle a run exports, the config that trains it, the overrides that make
+it this stage, and the bundles it reads. The pipeline trains from this table; a strategy's
+missing-bundle error names the command from it. It imports nothing from the package, so every layer
+may read it.
 
-A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle names, resolved
-there, in one place.
+A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle
+names, resolved there, in one place.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Stage:
 
 
 def bundle_path(run_dir: str | Path, bundle: str) -> Path:
-    """Where a run's bundle lives: `<run_dir>/<bundle>`, run_dir being `<export_root>/<run_name>`."""
+    """Where a run's bundle lives: `<run_dir>/<bundle>`, run_dir being
+    `<export_root>/<run_name>`."""
     return Path(run_dir) / bundle
 
 
@@ -59,18 +61,20 @@ def cli_value(value: Any) -> str:
 
 
 def cli_overrides(overrides: dict[str, Any]) -> list[str]:
-    """`{"data.init_args.candidates.m": 3}` → `["--data.init_args.candidates.m=3"]`; a None value means the
-    config's own (no argument)."""
+    """`{"data.init_args.candidates.m": 3}` → `["--data.init_args.candidates.m=3"]`; a None value
+    means the config's own (no argument)."""
     return [f"--{key}={cli_value(value)}" for key, value in overrides.items() if value is not None]
 
 
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
-    # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the feedback stages
+    # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the
+    # feedback stages
     Stage("reader", "reader.yaml", "reader"),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
-    # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
+    # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user
+    # term
     Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.config.alpha": 0.0,
                                                                  "data.init_args.candidates.owners": "self"},
           named=True),

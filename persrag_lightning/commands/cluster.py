@@ -1,15 +1,19 @@
-"""`persrag cluster`: ClusterRAG's user cohorts (seed 002) built once and exported to `checkpoints/<run>/clusters/`.
+"""`persrag cluster`: ClusterRAG's user cohorts (seed 002) built once and exported to
+`checkpoints/<run>/clusters/`.
 
-The cohorts are fitted exactly as the ClusterRAG strategy fits them (`ClusterRAG.fit_cohorts`: MEAN of the frozen
-encoder's doc vectors over each user's collaborative pool, data/histories.py, or CFRAG's trained user table) and
-written with `CohortModel.save` (assignments.tsv, centroids.npy, vectors.npy, radii.npy, cohorts.json with the
-settings, sizes and noise count) into a temporary folder that replaces `clusters/` whole, so a killed run leaves
-the previous export or none, never a mix. On SynthLaMP (a `communities.json` beside the data) it also prints the
-adjusted Rand index of the cohorts against the latent communities for MEAN and for the trained contrastive user
-vectors (when `checkpoints/<run>/user_encoder` is exported) — diagnostics only, also written to diagnostics.json.
+The cohorts are fitted exactly as the ClusterRAG strategy fits them (`ClusterRAG.fit_cohorts`: MEAN
+of the frozen encoder's doc vectors over each user's collaborative pool, data/histories.py, or
+CFRAG's trained user table) and written with `CohortModel.save` (assignments.tsv, centroids.npy,
+vectors.npy, radii.npy, cohorts.json with the settings, sizes and noise count) into a temporary
+folder that replaces `clusters/` whole, so a killed run leaves the previous export or none, never a
+mix. On SynthLaMP (a `communities.json` beside the data) it also prints the adjusted Rand index of
+the cohorts against the latent communities for MEAN and for the trained contrastive user vectors
+(when `checkpoints/<run>/user_encoder` is exported) — diagnostics only, also written to
+diagnostics.json.
 
-    persrag cluster --run_name synthlamp-quick                 # HDBSCAN(min_cluster_size=2) over MEAN vectors
-    persrag cluster --run_name synthlamp-quick --vectors encoder --method kmeans --n_clusters 8
+    persrag cluster --run_name synthlamp-quick                 # HDBSCAN(min_cluster_size=2) over
+    MEAN vectors persrag cluster --run_name synthlamp-quick --vectors encoder --method kmeans
+    --n_clusters 8
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace) -> CohortSettings:
-    """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback later."""
+    """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback
+    later."""
     for name, low in (("min_cluster_size", 2), ("n_clusters", 1), ("fit_sample", 2), ("min_samples", 1),
                       ("top_k_users", 0), ("num_users", 1)):
         value = getattr(args, name)
@@ -74,7 +79,8 @@ def settings_from(args: argparse.Namespace) -> CohortSettings:
 
 
 def cluster_command(argv: list[str]) -> dict:
-    """Fit, export and summarise the cohorts; returns what diagnostics.json holds. Bad input → one line, exit 2."""
+    """Fit, export and summarise the cohorts; returns what diagnostics.json holds. Bad input → one
+    line, exit 2."""
     try:
         args = parser().parse_args(argv)
         settings = settings_from(args)
@@ -140,7 +146,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
 
 
 def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
-    """The cohort summary, any degenerate-case warning, the ARI table (SynthLaMP) and where the export is."""
+    """The cohort summary, any degenerate-case warning, the ARI table (SynthLaMP) and where the
+    export is."""
     lines = [model.summary()]
     lines += [f"warning: {w}" for w in diagnostics["warnings"]]
     if synth:

@@ -1,13 +1,15 @@
-"""`persrag data convert`: a user's own interaction log to a LaMP folder that `pipeline --data_dir` trains on.
+"""`persrag data convert`: a user's own interaction log to a LaMP folder that `pipeline --data_dir`
+trains on.
 
-    persrag data convert reviews.csv --task LaMP-3 --user reviewer_id --date time --text review --label stars \\
-        --item product_id --out data/my_reviews
+    persrag data convert reviews.csv --task LaMP-3 --user reviewer_id --date time --text review
+        --label stars \\ --item product_id --out data/my_reviews
     python train.py pipeline --preset quick --task LaMP-3 --data_dir data/my_reviews
     persrag data convert news.json.gz --task labels --user authors --user_sep , --date date \\
         --text headline,short_description --label category --out data/my_news
     python train.py pipeline --preset quick --data_dir data/my_news
 
-The split and the history rules it relies on: persrag_lightning/data/convert.py and docs/data/your-own-data.md.
+The split and the history rules it relies on: persrag_lightning/data/convert.py and
+docs/data/your-own-data.md.
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def field_columns(opts: argparse.Namespace) -> tuple[str, str]:
-    """The text and label columns, named generically (--text, --label) or by the task's LaMP fields (LaMP-2's
-    --description and --tag, LaMP-3's --score, LaMP-4's and LaMP-5's --title, LaMP-5's --abstract)."""
+    """The text and label columns, named generically (--text, --label) or by the task's LaMP fields
+    (LaMP-2's --description and --tag, LaMP-3's --score, LaMP-4's and LaMP-5's --title, LaMP-5's
+    --abstract)."""
     layout = LAYOUTS[opts.task]
     for name in FIELDS:
         if getattr(opts, name) is not None and name not in (layout.text_field, layout.label_field):
@@ -95,7 +98,8 @@ def field_columns(opts: argparse.Namespace) -> tuple[str, str]:
 
 
 def data_command(args: list[str]) -> None:
-    """`persrag data convert LOG --task T --user C --date C --text C[,C] --label C [--item C] --out DIR`."""
+    """`persrag data convert LOG --task T --user C --date C --text C[,C] --label C [--item C] --out
+    DIR`."""
     opts = parser().parse_args(args)
     text, label = field_columns(opts)
     options = ConvertOptions(task=opts.task, user=opts.user, date=opts.date, text=text, label=label,

@@ -1,8 +1,9 @@
-"""`persrag evaluate`: the evaluator a config names (LaMP strategies × split, PersonaBench, memory) → its report.
+"""`persrag evaluate`: the evaluator a config names (LaMP strategies × split, PersonaBench, memory)
+→ its report.
 
-From a command line (`evaluate_command`) or, inside one process, from the resolved configuration object
-(`evaluation_config` → `run_evaluation`): the pipeline's evaluations take the object, and write a command line only
-to print it.
+From a command line (`evaluate_command`) or, inside one process, from the resolved configuration
+object (`evaluation_config` → `run_evaluation`): the pipeline's evaluations take the object, and
+write a command line only to print it.
 """
 
 from __future__ import annotations
@@ -29,16 +30,17 @@ SHORT_FLAGS = {"--max_examples": "--evaluation.max_examples", "--max-examples": 
 
 
 def evaluate_args(args: list[str]) -> list[str]:
-    """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate parser reads them."""
+    """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate
+    parser reads them."""
     return resolve_config_args([next((a.replace(k, v, 1) for k, v in SHORT_FLAGS.items() if a.startswith(k)), a)
                                 for a in resolve_config_args(args)])
 
 
 def evaluate_command(args: list[str]) -> EvaluationReport:
-    """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the config's evaluator
-    (`evaluation:`, by class_path; LaMP's by default: strategies × split, test by default → predictions,
-    metrics.json, results.md in Table 2's layout with intervals, results.png); prints the table and returns the
-    report.
+    """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the
+    config's evaluator (`evaluation:`, by class_path; LaMP's by default: strategies × split, test by
+    default → predictions, metrics.json, results.md in Table 2's layout with intervals,
+    results.png); prints the table and returns the report.
 
     Args:
         args: the command line after `persrag evaluate`.
@@ -58,12 +60,13 @@ def _config_file(path: str, cwd: str) -> Namespace:
 
 def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None = None,
                       names: Mapping[str, str] | None = None, config: str = "evaluate_cfrag.yaml") -> Namespace:
-    """An evaluate configuration resolved as `persrag evaluate --config <config> --<key>=<value> ... --only ...
-    --names ...` resolves it, without writing the typed values as text: the object `run_evaluation` takes.
+    """An evaluate configuration resolved as `persrag evaluate --config <config> --<key>=<value> ...
+    --only ... --names ...` resolves it, without writing the typed values as text: the object
+    `run_evaluation` takes.
 
     Args:
-        overrides: dotted keys (`evaluation.split`, `run_name`) with typed values, applied after the file; None
-            values are left out (the config's own value).
+        overrides: dotted keys (`evaluation.split`, `run_name`) with typed values, applied after the
+            file; None values are left out (the config's own value).
         only: the config's strategies to evaluate, by name (None: every one).
         names: the table's names of strategies of the config.
         config: the evaluate config file (a name of configs/ or a path).
@@ -79,11 +82,12 @@ def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None =
 
 
 def run_evaluation(cfg: Namespace) -> EvaluationReport:
-    """Run a resolved evaluate configuration in this process: print the table and return the `EvaluationReport`
-    (results, the primary metric and its direction, each label row's reading).
+    """Run a resolved evaluate configuration in this process: print the table and return the
+    `EvaluationReport` (results, the primary metric and its direction, each label row's reading).
 
     Args:
-        cfg: the parsed configuration (`evaluation_config`, or the evaluate parser's parse of a command line).
+        cfg: the parsed configuration (`evaluation_config`, or the evaluate parser's parse of a
+            command line).
     """
     from persrag_lightning.evaluation.base import Evaluator
     from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names, rename_strategies

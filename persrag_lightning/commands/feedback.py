@@ -1,4 +1,5 @@
-"""`persrag feedback`: build (a shard of) a stage's LLM-feedback labels, or print their statistics."""
+"""`persrag feedback`: build (a shard of) a stage's LLM-feedback labels, or print their
+statistics."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def feedback_parser() -> argparse.ArgumentParser:
 
 
 def feedback_command(args: list[str]) -> None:
-    """`persrag feedback --config X [--shard i --num_shards n] [--stats]`: build (a shard of) the LLM-feedback
-    labels of a stage's DataModule, or print their statistics; the rest of the arguments configure as for `fit`."""
+    """`persrag feedback --config X [--shard i --num_shards n] [--stats]`: build (a shard of) the
+    LLM-feedback labels of a stage's DataModule, or print their statistics; the rest of the
+    arguments configure as for `fit`."""
     opts, rest = feedback_parser().parse_known_args(args)
     num_shards = opts.num_shards or int(os.environ.get("SLURM_ARRAY_TASK_COUNT", "1"))
     cli = PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
@@ -31,8 +33,9 @@ def feedback_command(args: list[str]) -> None:
     dm = cli.datamodule
     if not hasattr(dm, "build_feedback"):
         raise SystemExit(f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)")
-    # The trainer `fit` would run: with `--trainer.limit_val_batches=0` it validates nothing, so no dev labels are
-    # built or read here either (an array job labels exactly what the stage will read).
+    # The trainer `fit` would run: with `--trainer.limit_val_batches=0` it validates nothing, so no
+    # dev labels are built or read here either (an array job labels exactly what the stage will
+    # read).
     dm.trainer = cli.trainer
     if opts.stats:
         dm.setup("fit")

@@ -1,12 +1,14 @@
-"""The pipeline's plan, printed before anything trains: the stages it trains and the exports it skips, the rows the
-table will report, and the whole job's minutes estimated on this machine.
+"""The pipeline's plan, printed before anything trains: the stages it trains and the exports it
+skips, the rows the table will report, and the whole job's minutes estimated on this machine.
 
-The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the answers of the
-dev choice and of the test table) and divides them by the rates of the evaluation's reader, measured at the start
-of the run on a few prompts of the main job's size: a label reads one doc and scores one target, an answer reads k
-docs and scores every label of the task. Training is compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
-prompt-equivalents per stage kind, taken from a stored main-job run (docs/getting-started.md#the-main-job).
-`pipeline.json` keeps the estimate beside the measured minutes, so each run checks it.
+The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the
+answers of the dev choice and of the test table) and divides them by the rates of the evaluation's
+reader, measured at the start of the run on a few prompts of the main job's size: a label reads one
+doc and scores one target, an answer reads k docs and scores every label of the task. Training is
+compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
+prompt-equivalents per stage kind, taken from a stored main-job run
+(docs/getting-started.md#the-main-job). `pipeline.json` keeps the estimate beside the measured
+minutes, so each run checks it.
 """
 
 from __future__ import annotations
@@ -30,26 +32,31 @@ if TYPE_CHECKING:
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
 PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage, in reader-answer equivalents: training, model loading and the corpus
-# embedding run on the same cores as the reading, so they scale with it. From the stored Zen 4 main job (raw
-# outputs: benchmarks/results/cpu-2026-11-28b-mainjob-calibrated/): its stages' minutes at its reader's rate. A
-# stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
+# Non-reading work of a quick-preset stage, in reader-answer equivalents: training, model loading
+# and the corpus embedding run on the same cores as the reading, so they scale with it. From the
+# stored Zen 4 main job (raw outputs: benchmarks/results/cpu-2026-11-28b-mainjob-calibrated/): its
+# stages' minutes at its reader's rate. A stage of another size scales by its epochs x users (stage
+# 1) or its train examples (the others).
 TRAINING_PROMPTS = {"user_encoder": 250, "reader": 40, "feedback": 80, "generator": 120}
-# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train questions)
+# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
+# questions)
 QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
-# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16, float32 only.
+# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16,
+# float32 only.
 BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
 
 
-# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick preset's table
-# and feedback (a question's text is shared by its rows and candidates, a doc by many questions): what its rate is
-# measured in (`encoder_rate`). From the stored main job with the trained reader (docs/methods/reader.md).
+# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick
+# preset's table and feedback (a question's text is shared by its rows and candidates, a doc by many
+# questions): what its rate is measured in (`encoder_rate`). From the stored main job with the
+# trained reader (docs/methods/reader.md).
 TRAINED_TEXTS = {"answers": 1.5, "labels": 1.2}
 
 
 @dataclass
 class Plan:
-    """What a pipeline run will do and how long it should take here, for each reader the dev choice may take."""
+    """What a pipeline run will do and how long it should take here, for each reader the dev choice
+    may take."""
 
     train: list[str]
     skip: list[str]
@@ -107,16 +114,18 @@ class Plan:
                 if self.rates else {}}
 
 
-# ---- prompt counts -----------------------------------------------------------------------------------------------
+# ---- prompt counts -------------------------------------------------------------------------------
 
 def _data(config: Namespace) -> Namespace:
-    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit` subcommand's)."""
+    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit`
+    subcommand's)."""
     return config.fit.data.init_args
 
 
 def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> float:
-    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each stage's size:
-    its epochs x users for stage 1, its train examples for the others), read from their resolved configurations."""
+    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each
+    stage's size: its epochs x users for stage 1, its train examples for the others), read from
+    their resolved configurations."""
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
@@ -145,8 +154,8 @@ def budget_minutes() -> int | None:
 
 
 def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> int:
-    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question, read from their
-    resolved configurations."""
+    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question,
+    read from their resolved configurations."""
     total = 0
     for stage, config in stages.items():
         if STAGES[stage].kind != "feedback":
@@ -157,11 +166,11 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
     return total
 
 
-# ---- the reader's rate -----------------------------------------------------------------------------------------
+# ---- the reader's rate ---------------------------------------------------------------------------
 
 def probe_prompts(task: str, docs: int) -> list[str]:
-    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for an answer, one for
-    a feedback label), the question."""
+    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for
+    an answer, one for a feedback label), the question."""
     rng = random.Random(0)
 
     def words(n: int) -> str:
@@ -175,9 +184,9 @@ def probe_prompts(task: str, docs: int) -> list[str]:
 
 @lru_cache(maxsize=8)
 def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
-    """The reader's answers per second (a prompt with k docs, every label of the task scored) and labels per second
-    (one doc, one target) on this machine now: measured at the start of each run, so a loaded machine's estimate
-    says so."""
+    """The reader's answers per second (a prompt with k docs, every label of the task scored) and
+    labels per second (one doc, one target) on this machine now: measured at the start of each run,
+    so a loaded machine's estimate says so."""
     from persrag_lightning.llm.registry import load_llm
 
     labels = list(get_task(task).labels or ("yes", "no"))
@@ -198,7 +207,8 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
 
 @lru_cache(maxsize=4)
 def encoder_rate(encoder: str = "minilm") -> float:
-    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS question-sized texts)."""
+    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS
+    question-sized texts)."""
     from persrag_lightning.models.text_encoder import TextEncoder
 
     texts = [p[-300:] for p in probe_prompts("LaMP-2", 1)] * 4
@@ -209,10 +219,11 @@ def encoder_rate(encoder: str = "minilm") -> float:
     return len(texts) / (time.perf_counter() - started)
 
 
-# ---- the plan of a run -----------------------------------------------------------------------------------------
+# ---- the plan of a run ---------------------------------------------------------------------------
 
 def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
-    """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages generate."""
+    """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages
+    generate."""
     if data_dir is not None:
         from persrag_lightning.data.lamp import questions_path
 
@@ -225,14 +236,15 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
 
 
 def reader_settings(evaluation: Namespace) -> dict:
-    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the config file's
-    under the preset's and the command line's overrides)."""
+    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the
+    config file's under the preset's and the command line's overrides)."""
     llm = evaluation.evaluation.init_args.get("llm")
     return {} if llm is None else llm.as_dict()
 
 
 def reader_dtype(llm: dict) -> str:
-    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by hardware.uses_bf16)."""
+    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by
+    hardware.uses_bf16)."""
     from persrag_lightning.llm.hf import resolve_device_dtype
 
     options = llm.get("options") or {}
@@ -242,8 +254,8 @@ def reader_dtype(llm: dict) -> str:
 
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
                task: str, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
-    """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported already), with
-    the reader's rates measured when the estimate can be made.
+    """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported
+    already), with the reader's rates measured when the estimate can be made.
 
     Args:
         stages: stage name → its resolved `fit` configuration, every stage the run wants.

@@ -1,4 +1,5 @@
-"""`persrag serve --run checkpoints/<run> [--host 127.0.0.1] [--port 8000]`: the personalized chat service."""
+"""`persrag serve --run checkpoints/<run> [--host 127.0.0.1] [--port 8000]`: the personalized chat
+service."""
 
 from __future__ import annotations
 

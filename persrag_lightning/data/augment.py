@@ -14,7 +14,8 @@ class AugmentConfig:
     Args:
         crop_ratio: η_c, the share of a history a crop keeps as one contiguous window.
         mask_ratio: η_m, the share of history docs replaced by the [mask] doc.
-        reorder_ratio: η_r, the length of the contiguous span that is shuffled, as a share of the history.
+        reorder_ratio: η_r, the length of the contiguous span that is shuffled, as a share of the
+            history.
     """
 
     crop_ratio: float = 0.7
@@ -48,7 +49,8 @@ def document_reorder(seq: np.ndarray, ratio: float, rng: np.random.Generator) ->
 
 
 def augment_view(seq: np.ndarray, config: AugmentConfig, rng: np.random.Generator, mask_id: int) -> np.ndarray:
-    """One view: the augmentation is picked uniformly per view; histories of length ≤ 1 stay unchanged."""
+    """One view: the augmentation is picked uniformly per view; histories of length ≤ 1 stay
+    unchanged."""
     if len(seq) <= 1:
         return seq.copy()
     choice = int(rng.integers(0, 3))

@@ -1,24 +1,26 @@
-"""A user's interaction log (CSV, JSON Lines, JSON or Parquet, gzipped or not) → a LaMP folder in CFRAG's time-based
-layout.
+"""A user's interaction log (CSV, JSON Lines, JSON or Parquet, gzipped or not) → a LaMP folder in
+CFRAG's time-based layout.
 
-One log row is one item a user produced: a review with its star rating, a post with its tag, an article with its
-category. `convert_log` reads the columns the options name, checks every value (data/log_rows.py: a bad row is
-skipped and counted by reason, or under `strict` refuses the log), and writes, per user, items oldest first:
+One log row is one item a user produced: a review with its star rating, a post with its tag, an
+article with its category. `convert_log` reads the columns the options name, checks every value
+(data/log_rows.py: a bad row is skipped and counted by reason, or under `strict` refuses the log),
+and writes, per user, items oldest first:
 
-- the latest item is the user's **test** question, the one before it **dev**, the `train_per_user` before those
-  **train** questions (the question's text comes from the item's text column through the task's prompt, its gold
-  is the item's label);
-- each question's **profile** is the user's items dated strictly before it: items of the same time are never in
-  each other's profiles, and a question with no older item is not asked; items of one user and one time are
-  ordered by their content (item id, then text, then label), so the last of them in that order is the latest,
-  whatever the file's row order (data/log_table.py);
-- users with fewer than `min_items` items are dropped (counted); `max_test_users` / `max_dev_users` keep a seeded
-  random subset of users' test / dev questions (the others keep their train questions only).
+- the latest item is the user's **test** question, the one before it **dev**, the `train_per_user`
+  before those **train** questions (the question's text comes from the item's text column through
+  the task's prompt, its gold is the item's label);
+- each question's **profile** is the user's items dated strictly before it: items of the same time
+  are never in each other's profiles, and a question with no older item is not asked; items of one
+  user and one time are ordered by their content (item id, then text, then label), so the last of
+  them in that order is the latest, whatever the file's row order (data/log_table.py);
+- users with fewer than `min_items` items are dropped (counted); `max_test_users` / `max_dev_users`
+  keep a seeded random subset of users' test / dev questions (the others keep their train questions
+  only).
 
-A label task (`task="labels"`) takes its label set from the log: the labels of the train questions and their
-profiles, in alphabetical order; a dev or test question whose label train never shows is not asked (counted). The
-output folder appears whole or not at all, and the same log with the same options gives byte-identical files
-(docs/data/your-own-data.md).
+A label task (`task="labels"`) takes its label set from the log: the labels of the train questions
+and their profiles, in alphabetical order; a dev or test question whose label train never shows is
+not asked (counted). The output folder appears whole or not at all, and the same log with the same
+options gives byte-identical files (docs/data/your-own-data.md).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ LABELS_PROMPT = ("Which label does the following text belong to? Just answer wit
 
 @dataclass(frozen=True)
 class TaskLayout:
-    """How a log item becomes a LaMP item of one task: which profile field holds the text column, which the label
-    column (the question's gold), and LaMP's prompt before the text."""
+    """How a log item becomes a LaMP item of one task: which profile field holds the text column,
+    which the label column (the question's gold), and LaMP's prompt before the text."""
 
     text_field: str
     label_field: str
@@ -72,14 +74,14 @@ LAYOUTS: dict[str, TaskLayout] = {
     "LaMP-5": TaskLayout("abstract", "title", LAMP5_PROMPT + TEXT, "paper:"),
     LABEL_TASK: TaskLayout("text", "label", LABELS_PROMPT + TEXT, LABEL_MARKER),
 }
-# LaMP-1 (a choice between two references) and LaMP-7 (a tweet from its paraphrase) ask questions a log of single
-# items does not hold.
+# LaMP-1 (a choice between two references) and LaMP-7 (a tweet from its paraphrase) ask questions a
+# log of single items does not hold.
 
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """What `persrag data convert` reads and how it splits; column options name the log's columns (`text` may name
-    several, comma-separated, joined in that order)."""
+    """What `persrag data convert` reads and how it splits; column options name the log's columns
+    (`text` may name several, comma-separated, joined in that order)."""
 
     task: str
     user: str
@@ -152,8 +154,8 @@ class ConvertOptions:
 
 @dataclass
 class Conversion:
-    """What a conversion kept, skipped, dropped and wrote (printed by `persrag data convert`, stored in
-    convert.json)."""
+    """What a conversion kept, skipped, dropped and wrote (printed by `persrag data convert`, stored
+    in convert.json)."""
 
     task: str
     rows: int
@@ -204,7 +206,8 @@ class Conversion:
 
 
 def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
-    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest convert.json."""
+    """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest
+    convert.json."""
     path, out = Path(log), Path(out)
     layout = options.check()
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -239,7 +242,7 @@ def _conversion(table: LogTable, plan: QuestionPlan, spec: TaskSpec, questions: 
         users_without_questions=silent)
 
 
-# ----------------------------------------------------------------------------------------------- the questions
+# ------------------------------------------------------------------------------------ the questions
 
 NO_OLDER_ITEM = "no older item"  # every earlier item of the user has the question's time
 UNSEEN_LABEL = "label not in the train split"  # a label task's dev or test gold that train never shows
@@ -247,8 +250,9 @@ UNSEEN_LABEL = "label not in the train split"  # a label task's dev or test gold
 
 @dataclass
 class QuestionPlan:
-    """Every kept user's questions as a grid (users × slots): slot k asks the user's item at `positions[u, k]` in
-    split `splits[k]`, with a profile of the user's first `cuts[u, k]` items, where `asked[u, k]`."""
+    """Every kept user's questions as a grid (users × slots): slot k asks the user's item at
+    `positions[u, k]` in split `splits[k]`, with a profile of the user's first `cuts[u, k]` items,
+    where `asked[u, k]`."""
 
     splits: list[str]
     positions: np.ndarray
@@ -259,8 +263,9 @@ class QuestionPlan:
 
 
 def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
-    """Which of each user's items are asked, in which split, with which profile: every item dated strictly before
-    the question. A label task's label set is the train questions' and their profiles' labels."""
+    """Which of each user's items are asked, in which split, with which profile: every item dated
+    strictly before the question. A label task's label set is the train questions' and their
+    profiles' labels."""
     asks_test, asks_dev = _split_rows(table.counts, options)
     splits = ["train"] * options.train_per_user + ["dev", "test"]
     positions = table.counts[:, None] - len(splits) + np.arange(len(splits))
@@ -282,8 +287,8 @@ def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
 
 
 def _train_labels(table: LogTable, positions: np.ndarray, cuts: np.ndarray, train: np.ndarray) -> list[str]:
-    """The labels of the asked train questions (`train`: users × train slots) and of their profiles, sorted: a
-    label task's label set."""
+    """The labels of the asked train questions (`train`: users × train slots) and of their profiles,
+    sorted: a label task's label set."""
     found: set[str] = set()
     for user, ps, cs, ok in zip(table.user_rows(), positions.tolist(), cuts.tolist(), train.tolist()):
         asked = [(p, c) for p, c, a in zip(ps, cs, ok) if a]
@@ -295,8 +300,8 @@ def _train_labels(table: LogTable, positions: np.ndarray, cuts: np.ndarray, trai
 
 def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: TaskSpec,
                     layout: TaskLayout) -> tuple[dict[str, int], Counter[str], list[str]]:
-    """Each kept user's questions into the split files of `folder`: (questions per split, train labels, test
-    golds)."""
+    """Each kept user's questions into the split files of `folder`: (questions per split, train
+    labels, test golds)."""
     questions = {"train": 0, "dev": 0, "test": 0}
     train_labels: Counter[str] = Counter()
     test_golds: list[str] = []
@@ -325,7 +330,8 @@ def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: Tas
 
 
 def _split_rows(counts: np.ndarray, options: ConvertOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Which kept users (by index) ask a test and a dev question: all, or a seeded random subset of each."""
+    """Which kept users (by index) ask a test and a dev question: all, or a seeded random subset of
+    each."""
     n = len(counts)
     order = np.random.default_rng(options.seed).permutation(n)
     test = np.zeros(n, dtype=bool)
@@ -341,8 +347,8 @@ def _fields(spec: TaskSpec, layout: TaskLayout, text: str, label: str) -> dict[s
 
 
 def _majority_baseline(spec: TaskSpec, train: Counter[str], test: list[str]) -> dict[str, Any]:
-    """The reader-free floor every LLM row must beat: train's most frequent label answered to every test question
-    (ties: the label listed first by the task)."""
+    """The reader-free floor every LLM row must beat: train's most frequent label answered to every
+    test question (ties: the label listed first by the task)."""
     if not spec.labels or not train or not test:
         return {}
     label = max(spec.labels, key=lambda lab: (train[lab], -spec.labels.index(lab)))

@@ -1,6 +1,7 @@
-"""On-disk format of an LLM-feedback cache: one folder per configuration fingerprint, `config.json`, and per split
-JSONL chunks of `chunk_size` examples (`<split>/chunk-00000.jsonl`), each written atomically, so a killed build
-resumes from its finished chunks and shards (chunk c of shard c mod n) merge into the single-process result."""
+"""On-disk format of an LLM-feedback cache: one folder per configuration fingerprint, `config.json`,
+and per split JSONL chunks of `chunk_size` examples (`<split>/chunk-00000.jsonl`), each written
+atomically, so a killed build resumes from its finished chunks and shards (chunk c of shard c mod n)
+merge into the single-process result."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ class FeedbackCache:
 
     @contextmanager
     def build_lock(self, shard: int = 0, num_shards: int = 1) -> Iterator[None]:
-        """An exclusive lock on building shard `shard` of `num_shards` of this cache (flock: released when its
-        holder dies, so a killed or requeued builder never blocks the next one)."""
+        """An exclusive lock on building shard `shard` of `num_shards` of this cache (flock:
+        released when its holder dies, so a killed or requeued builder never blocks the next
+        one)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f".build-{shard}-of-{num_shards}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -49,7 +51,8 @@ class FeedbackCache:
                 f.write(json.dumps(rec.to_json(), ensure_ascii=False) + "\n")
 
     def read(self, split: str, num_examples: int) -> list[FeedbackExample]:
-        """The first `num_examples` records of the split, in example-id order (every chunk must exist)."""
+        """The first `num_examples` records of the split, in example-id order (every chunk must
+        exist)."""
         out: list[FeedbackExample] = []
         for c in range(self.num_chunks(num_examples)):
             path = self.chunk_path(split, c)

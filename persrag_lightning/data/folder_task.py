@@ -1,5 +1,6 @@
-"""The task a LaMP folder was converted for, read from its convert.json: the one door through which a converted
-folder's own label set reaches `get_task` (every DataModule, evaluation and command reads a folder through it)."""
+"""The task a LaMP folder was converted for, read from its convert.json: the one door through which
+a converted folder's own label set reaches `get_task` (every DataModule, evaluation and command
+reads a folder through it)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ DEFAULT_TASK = "LaMP-2"  # a folder without a manifest, or no folder (SynthLaMP)
 
 
 def folder_task(data_dir: str | Path) -> str | None:
-    """The task of a converted folder (None for a folder without convert.json, e.g. LaMP's own files); a label
-    task's labels are registered with `get_task` on the way."""
+    """The task of a converted folder (None for a folder without convert.json, e.g. LaMP's own
+    files); a label task's labels are registered with `get_task` on the way."""
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         return None
@@ -34,8 +35,8 @@ def folder_task(data_dir: str | Path) -> str | None:
 
 
 def resolve_task(task: str | None, data_dir: str | Path | None) -> str:
-    """The task a run reads `data_dir` as: the folder's own when `task` is None (LaMP-2 without one); a task that
-    contradicts the folder's convert.json is refused in one line naming both."""
+    """The task a run reads `data_dir` as: the folder's own when `task` is None (LaMP-2 without
+    one); a task that contradicts the folder's convert.json is refused in one line naming both."""
     found = folder_task(data_dir) if data_dir is not None else None
     if task is None:
         return found or DEFAULT_TASK

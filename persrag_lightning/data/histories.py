@@ -1,5 +1,6 @@
-"""Users' histories: which corpus rows a query may see (the history rules, `visible_histories`), and the user
-encoder's input format (doc-table id sequences: 0 pads, 1 is the [mask] token, corpus row r is id r + 2)."""
+"""Users' histories: which corpus rows a query may see (the history rules, `visible_histories`), and
+the user encoder's input format (doc-table id sequences: 0 pads, 1 is the [mask] token, corpus row r
+is id r + 2)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
     return out
 
 
-# ---- which docs a query may see (docs/data/history-rules.md) ------------------------------------------------
+# ---- which docs a query may see (docs/data/history-rules.md) -------------------------------------
 
 MAX_HISTORY = 100  # the official code keeps a user's 100 most recent docs
 POOL_SPLITS = ("train", "dev")  # the official code builds the collaborative pool from these, never from test
@@ -48,15 +49,18 @@ class VisibleHistories:
 def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY) -> VisibleHistories:
     """The history rules, in one place (docs/data/history-rules.md):
 
-    1. an example's own-user docs are exactly its question's profile, at most the `max_history` most recent,
-       never the example's own item (a profile item whose id is the example's id) and never another question's
-       profile of the same user — a later question's profile can hold an earlier question's item with its label;
-    2. another user's docs (the collaborative pool, also what the user encoder trains on) are the profile of that
-       user's earliest train or dev question (train before dev, then the profile's latest date, then its size):
-       never a test profile, never a later profile; a user whose questions are all in test has no pool (no one
-       retrieves their docs; they still retrieve from others); a user without any question (a docstore or a user
-       added at serving time) pools all their docs; a user with `share: false` (`dataset.private`) has no pool.
-    A query never receives a doc whose id equals its example id, from anyone (DocStore.rows enforces it).
+    1. an example's own-user docs are exactly its question's profile, at most the `max_history` most
+       recent, never the example's own item (a profile item whose id is the example's id) and never
+       another question's profile of the same user — a later question's profile can hold an earlier
+       question's item with its label;
+    2. another user's docs (the collaborative pool, also what the user encoder trains on) are the
+       profile of that user's earliest train or dev question (train before dev, then the profile's
+       latest date, then its size): never a test profile, never a later profile; a user whose
+       questions are all in test has no pool (no one retrieves their docs; they still retrieve from
+       others); a user without any question (a docstore or a user added at serving time) pools all
+       their docs; a user with `share: false` (`dataset.private`) has no pool.
+    A query never receives a doc whose id equals its example id, from anyone (DocStore.rows enforces
+    it).
     """
     own: dict[str, np.ndarray] = {}
     earliest: dict[str, tuple] = {}

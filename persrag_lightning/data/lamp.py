@@ -83,7 +83,7 @@ def format_date(date: tuple[int, ...]) -> str:
     return "-".join(f"{p:04d}" if i == 0 else f"{p:02d}" for i, p in enumerate(date))
 
 
-# ----------------------------------------------------------------------------------------------------- reading
+# ------------------------------------------------------------------------------------------ reading
 
 def _where(path: Path, index: int | None = None, rid: str | None = None, field: str | None = None) -> str:
     """Message prefix 'file: record i (id 'x'): field' for whatever of it is known."""
@@ -299,8 +299,8 @@ def _check_ids(qpath: Path, opath: Path, question_ids: list[str], golds: Mapping
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building millions of acyclic objects (json.load, records): faster, as
-    its passes over them would free nothing."""
+    """Pause the cyclic GC while building millions of acyclic objects (json.load, records): faster,
+    as its passes over them would free nothing."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -311,8 +311,8 @@ def gc_paused() -> Iterator[None]:
 
 
 def load_lamp(data_dir: str | Path, task: str, splits: Iterable[str] = SPLITS) -> LampDataset:
-    """The requested splits present in `data_dir` (train required) as a LampDataset; a converted folder's task
-    comes from its convert.json (data/folder_task.py)."""
+    """The requested splits present in `data_dir` (train required) as a LampDataset; a converted
+    folder's task comes from its convert.json (data/folder_task.py)."""
     with gc_paused():
         return _load_lamp(Path(data_dir), task, splits)
 
@@ -370,7 +370,7 @@ def read_sharing(data_dir: Path) -> set[str]:
     return {str(u) for u, share in obj.items() if not share}
 
 
-# ----------------------------------------------------------------------------------------------------- writing
+# ------------------------------------------------------------------------------------------ writing
 
 _json_str = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without the dumps machinery
 

@@ -1,11 +1,12 @@
-"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet; any of them gzipped) read into the columns a
-conversion names.
+"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet; any of them gzipped) read into the
+columns a conversion names.
 
-Files are taken as they are published: a gzipped file (`.json.gz`, `.csv.gz`, or any name) is read directly, and
-JSON is recognised by its content whatever the extension, so Amazon's `.json` files, which hold JSON Lines, read as
-JSON Lines. Rows are numbered from 1 in messages: data rows of a CSV (the header is not a row), lines of a JSON
-Lines file, elements of a JSON list, rows of a Parquet file. pyarrow reads every format fast; where it refuses a
-JSON Lines file, the file is read again line by line, so the message names the line.
+Files are taken as they are published: a gzipped file (`.json.gz`, `.csv.gz`, or any name) is read
+directly, and JSON is recognised by its content whatever the extension, so Amazon's `.json` files,
+which hold JSON Lines, read as JSON Lines. Rows are numbered from 1 in messages: data rows of a CSV
+(the header is not a row), lines of a JSON Lines file, elements of a JSON list, rows of a Parquet
+file. pyarrow reads every format fast; where it refuses a JSON Lines file, the file is read again
+line by line, so the message names the line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from persrag_lightning.data.lamp import LampFormatError, gc_paused
 
 
 class LogFormatError(LampFormatError):
-    """A bad log or bad conversion options: the message names the file, the row and the column (exit code 2)."""
+    """A bad log or bad conversion options: the message names the file, the row and the column (exit
+    code 2)."""
 
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
@@ -38,8 +40,8 @@ def _open_binary(path: Path) -> IO[bytes]:
 
 
 def log_format(path: Path) -> str:
-    """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line) whatever its name,
-    else by the extension (a gzipped `.csv.gz` reads as CSV)."""
+    """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line)
+    whatever its name, else by the extension (a gzipped `.csv.gz` reads as CSV)."""
     sniffed = _sniff_json(path)
     if sniffed is not None:
         return sniffed
@@ -54,7 +56,8 @@ def log_format(path: Path) -> str:
 
 
 def _sniff_json(path: Path) -> str | None:
-    """"json" for a file that starts with `[`, "jsonl" for one whose first line is a JSON object, else None."""
+    """"json" for a file that starts with `[`, "jsonl" for one whose first line is a JSON object,
+    else None."""
     try:
         with _open_binary(path) as f:
             first = f.readline().lstrip(b"\xef\xbb\xbf").strip()
@@ -71,7 +74,8 @@ def _sniff_json(path: Path) -> str | None:
 
 
 def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
-    """The named columns of a log, as Python lists of the file's values (None where a value is missing)."""
+    """The named columns of a log, as Python lists of the file's values (None where a value is
+    missing)."""
     path = Path(path)
     if not path.is_file():
         raise LogFormatError(f"{path}: no such file")
@@ -125,7 +129,8 @@ def _read_parquet(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
 
 def _values(column: Any) -> list[Any]:
-    """A pyarrow column as Python values; typed dates and timestamps become Unix seconds (naive ones are UTC)."""
+    """A pyarrow column as Python values; typed dates and timestamps become Unix seconds (naive ones
+    are UTC)."""
     import pyarrow as pa
 
     if pa.types.is_date(column.type):
@@ -136,8 +141,8 @@ def _values(column: Any) -> list[Any]:
 
 
 def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
-    """pyarrow's reader, fast; a line it refuses (or values whose type changes) is found again line by line, so
-    the message names it."""
+    """pyarrow's reader, fast; a line it refuses (or values whose type changes) is found again line
+    by line, so the message names it."""
     import pyarrow as pa
     from pyarrow import json as pa_json
 

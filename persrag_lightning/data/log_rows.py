@@ -1,6 +1,7 @@
-"""The values of a log's columns checked row by row. A bad value (an empty cell, an unreadable date, a label outside
-the task's set) marks its row skipped under a reason, counted with the first row numbers; under `--strict` the
-first bad row refuses the whole log instead, in one line naming the file, the row and the column."""
+"""The values of a log's columns checked row by row. A bad value (an empty cell, an unreadable date,
+a label outside the task's set) marks its row skipped under a reason, counted with the first row
+numbers; under `--strict` the first bad row refuses the whole log instead, in one line naming the
+file, the row and the column."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ MOST = 0.5  # a log that would lose more than this share of its rows is refused,
 
 @dataclass
 class Reason:
-    """One reason rows were skipped: how many, the first row numbers (from 1), and the first row's full message."""
+    """One reason rows were skipped: how many, the first row numbers (from 1), and the first row's
+    full message."""
 
     rows: int = 0
     first: list[int] = field(default_factory=list)
@@ -31,7 +33,8 @@ class Reason:
 
 
 class RowChecks:
-    """Which rows of a log are usable, and why the others are not (each row counts under its first bad column)."""
+    """Which rows of a log are usable, and why the others are not (each row counts under its first
+    bad column)."""
 
     def __init__(self, path: Path, rows: int) -> None:
         self.path = path
@@ -59,7 +62,8 @@ class RowChecks:
         return {k: {"rows": r.rows, "first_rows": list(r.first)} for k, r in ranked}
 
     def refuse(self, strict: bool) -> None:
-        """--strict: the first bad row's message; any mode: a log that would lose most of its rows, in one line."""
+        """--strict: the first bad row's message; any mode: a log that would lose most of its rows,
+        in one line."""
         if not self.reasons:
             return
         if strict:
@@ -83,14 +87,15 @@ def describe(report: dict[str, dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------------- values
+# ------------------------------------------------------------------------------------------- values
 
 _NUMBER = re.compile(r"[+-]?[0-9]+(?:\.[0-9]*)?")
 
 
 def parse_timestamp(value: Any) -> int:
-    """Seconds since the epoch (UTC) of an ISO 8601 date or date-time (naive = UTC) or of Unix seconds (a number
-    or its text); ValueError for text it cannot read, TypeError for other values."""
+    """Seconds since the epoch (UTC) of an ISO 8601 date or date-time (naive = UTC) or of Unix
+    seconds (a number or its text); ValueError for text it cannot read, TypeError for other
+    values."""
     if isinstance(value, bool):
         raise TypeError(f"expected an ISO date or Unix seconds, got {value!r}")
     if isinstance(value, (int, float)):
@@ -113,8 +118,9 @@ def parse_timestamp(value: Any) -> int:
 
 
 def timestamps(checks: RowChecks, values: list[Any], column: str) -> np.ndarray:
-    """Seconds of every row (0 where skipped): pyarrow's ISO parser over the whole column when it reads every
-    value alike (naive date-times, or all with an offset), else parse_timestamp row by row."""
+    """Seconds of every row (0 where skipped): pyarrow's ISO parser over the whole column when it
+    reads every value alike (naive date-times, or all with an offset), else parse_timestamp row by
+    row."""
     fast = _arrow_timestamps(values)
     if fast is not None:
         return fast
@@ -177,8 +183,8 @@ def identifiers(checks: RowChecks, values: list[Any], option: str, column: str) 
 
 
 def user_names(checks: RowChecks, values: list[Any], column: str, sep: str) -> list[list[str]]:
-    """Each row's users when one cell may name several (`--user_sep`): the names split on `sep`, trimmed, each
-    once, in the cell's order; a cell with no name skips its row."""
+    """Each row's users when one cell may name several (`--user_sep`): the names split on `sep`,
+    trimmed, each once, in the cell's order; a cell with no name skips its row."""
     ids = identifiers(checks, values, "user", column)
     out = []
     for i, v in enumerate(ids):
@@ -190,8 +196,9 @@ def user_names(checks: RowChecks, values: list[Any], column: str, sep: str) -> l
 
 
 def texts(checks: RowChecks, columns: Sequence[tuple[str, list[Any]]]) -> list[str]:
-    """Each row's text: one column's value as it is, or several columns' non-empty values joined as sentences in
-    the order named (`join_parts`); a row whose every named cell is empty is skipped."""
+    """Each row's text: one column's value as it is, or several columns' non-empty values joined as
+    sentences in the order named (`join_parts`); a row whose every named cell is empty is
+    skipped."""
     if len(columns) == 1:
         column, values = columns[0]
         for i, v in enumerate(values):
@@ -210,8 +217,8 @@ def texts(checks: RowChecks, columns: Sequence[tuple[str, list[Any]]]) -> list[s
 
 
 def join_parts(parts: Sequence[str]) -> str:
-    """Texts of several columns as one: a headline and its description read as two sentences ("A headline. Its
-    description."), so a part that ends without punctuation gets a period."""
+    """Texts of several columns as one: a headline and its description read as two sentences ("A
+    headline. Its description."), so a part that ends without punctuation gets a period."""
     return " ".join(p if i == len(parts) - 1 or p[-1] in ".!?;:…" else p + "." for i, p in enumerate(parts))
 
 
@@ -225,9 +232,9 @@ def _bad_text(checks: RowChecks, row: int, column: str, value: Any) -> None:
 
 
 def labels(checks: RowChecks, values: list[Any], column: str, spec: TaskSpec, open_set: bool) -> list[str]:
-    """Each row's label in the task's own spelling: LaMP-3's scores 1–5 ("4", 4, 4.0 → "4"), LaMP-2's tags, a
-    label task's values as they are (`open_set`: any non-empty text or integer, trimmed); the generation tasks'
-    labels are texts."""
+    """Each row's label in the task's own spelling: LaMP-3's scores 1–5 ("4", 4, 4.0 → "4"),
+    LaMP-2's tags, a label task's values as they are (`open_set`: any non-empty text or integer,
+    trimmed); the generation tasks' labels are texts."""
     if open_set:
         out = identifiers(checks, values, "label", column)
         return [v.strip() for v in out]

@@ -1,39 +1,43 @@
-"""SynthLaMP: a seeded generator of LaMP-format data with the structure CFRAG exists for (paper Fig. 1).
+"""SynthLaMP: a seeded generator of LaMP-format data with the structure CFRAG exists for (paper Fig.
+1).
 
-Users belong to latent communities. Each community has its own *style* for every kind of item: the tag it gives a
-kind of film (LaMP-2), the score it gives a product category (LaMP-3), the title template and jargon it uses
-for a research topic (LaMP-4/5), the school (method family) it writes in and cites on a research topic (LaMP-1),
-or its opener, closer and hashtag when it tweets on a subject (LaMP-7). A user's history
-covers only a few kinds (drawn from the community's taste), and a question often (``unseen_fraction``) is about a
-kind the user never touched, so its answer is only recoverable from same-community users' histories. A fraction
-``noise`` of history items follow another community's or a random style. Texts are templated English built from
-per-kind vocabularies (the tables live in ``synth_vocab.json`` next to this module), so a sentence encoder
-sees topical similarity. LaMP-3 is the case where communities differ *only in their judgments*: review texts are
-built from a neutral vocabulary shared by every community (no phrase says whether the reviewer liked the product)
-and every community reviews every category equally often, so the words of a history do not reveal its community —
-only the scores, read together with the categories, do. LaMP-1 and LaMP-7 follow the same rule (uniform taste,
-topic words shared by all): the community shows only in the school a user's papers use per topic (LaMP-1; a
-question asks which of two references on the paper's problem, one of the user's community's school for that
-topic and one of another, the user cites, and its title names no school) or in the style wrapped around a
-tweet's shared content (LaMP-7; a question gives the neutral tweet, the gold is it in the community's style for
-that topic). Generation streams users in seeded chunks, so memory stays flat and 10k users take
-seconds.
+Users belong to latent communities. Each community has its own *style* for every kind of item: the
+tag it gives a kind of film (LaMP-2), the score it gives a product category (LaMP-3), the title
+template and jargon it uses for a research topic (LaMP-4/5), the school (method family) it writes in
+and cites on a research topic (LaMP-1), or its opener, closer and hashtag when it tweets on a
+subject (LaMP-7). A user's history covers only a few kinds (drawn from the community's taste), and a
+question often (``unseen_fraction``) is about a kind the user never touched, so its answer is only
+recoverable from same-community users' histories. A fraction ``noise`` of history items follow
+another community's or a random style. Texts are templated English built from per-kind vocabularies
+(the tables live in ``synth_vocab.json`` next to this module), so a sentence encoder sees topical
+similarity. LaMP-3 is the case where communities differ *only in their judgments*: review texts are
+built from a neutral vocabulary shared by every community (no phrase says whether the reviewer liked
+the product) and every community reviews every category equally often, so the words of a history do
+not reveal its community — only the scores, read together with the categories, do. LaMP-1 and LaMP-7
+follow the same rule (uniform taste, topic words shared by all): the community shows only in the
+school a user's papers use per topic (LaMP-1; a question asks which of two references on the paper's
+problem, one of the user's community's school for that topic and one of another, the user cites, and
+its title names no school) or in the style wrapped around a tweet's shared content (LaMP-7; a
+question gives the neutral tweet, the gold is it in the community's style for that topic).
+Generation streams users in seeded chunks, so memory stays flat and 10k users take seconds.
 
-Splits: every user has train, dev and test questions (2/1/1 by default), all dated after the user's history, so
-checkpoints are selected on dev and results reported on test. Each question's file record carries the user's whole
-history as its profile (the same profile for all of a user's questions, as the official CFRAG code asserts);
-profile ids (``u000042-007``) and question ids (``u000042-dev0``) never coincide.
+Splits: every user has train, dev and test questions (2/1/1 by default), all dated after the user's
+history, so checkpoints are selected on dev and results reported on test. Each question's file
+record carries the user's whole history as its profile (the same profile for all of a user's
+questions, as the official CFRAG code asserts); profile ids (``u000042-007``) and question ids
+(``u000042-dev0``) never coincide.
 
-No leakage by construction: a text is a function of (kind, slot tuple), and a fixed hash of that pair assigns every
-tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so no question's description /
-article / abstract equals any profile item's, of any user, in any rng chunk -- without any state shared between
-chunks. (Up to ``synthlamp/1`` both drew from one space, and many default LaMP-2 dev questions had their exact
-description in the corpus: docs/data/synthlamp.md.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a neutral tweet)
-is never a profile text anyway; there the partition keeps the question's *item* out of every profile: its paper,
-in any school, and its tweet's content, in any style.
+No leakage by construction: a text is a function of (kind, slot tuple), and a fixed hash of that
+pair assigns every tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so
+no question's description / article / abstract equals any profile item's, of any user, in any rng
+chunk -- without any state shared between chunks. (Up to ``synthlamp/1`` both drew from one space,
+and many default LaMP-2 dev questions had their exact description in the corpus:
+docs/data/synthlamp.md.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a
+neutral tweet) is never a profile text anyway; there the partition keeps the question's *item* out
+of every profile: its paper, in any school, and its tweet's content, in any style.
 
-Three modules: synth_text.py renders texts, synth_world.py holds the config, the world and the draws, and this one
-makes the users and writes the files (`python -m persrag_lightning.data.synth`).
+Three modules: synth_text.py renders texts, synth_world.py holds the config, the world and the
+draws, and this one makes the users and writes the files (`python -m persrag_lightning.data.synth`).
 """
 
 from __future__ import annotations
@@ -67,9 +71,9 @@ from persrag_lightning.data.synth_world import (
 )
 from persrag_lightning.utils import atomic_open, atomic_write_json, one_flag_style
 
-# bump when the generated bytes change for a given config; adding a task (LaMP-3, then LaMP-1 and LaMP-7, in this
-# version) changes no other task's bytes, since every draw of the existing tasks is unchanged (tests/data/test_synth.py
-# pins a digest per task)
+# bump when the generated bytes change for a given config; adding a task (LaMP-3, then LaMP-1 and
+# LaMP-7, in this version) changes no other task's bytes, since every draw of the existing tasks is
+# unchanged (tests/data/test_synth.py pins a digest per task)
 GENERATOR_VERSION = "synthlamp/2"
 CONFIG_FILE = "synth_config.json"
 COMMUNITIES_FILE = "communities.json"
@@ -78,11 +82,12 @@ EPOCH = np.datetime64("2005-01-01")
 MAX_GAP_DAYS = 45
 
 
-# ---------------------------------------------------------------------------------------------------- users
+# -------------------------------------------------------------------------------------------- users
 
 @dataclass(slots=True)
 class SynthDoc:
-    """A generated history item with its latent kind and style (diagnostics; the files hold only fields)."""
+    """A generated history item with its latent kind and style (diagnostics; the files hold only
+    fields)."""
 
     doc_id: str
     date: str
@@ -122,8 +127,8 @@ def user_id_width(num_users: int) -> int:
 
 
 def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser]:
-    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk) and, for slot
-    redraws only, (seed, 2, chunk)."""
+    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk)
+    and, for slot redraws only, (seed, 2, chunk)."""
     rng = np.random.default_rng([config.seed, 1, chunk])
     start = chunk * CHUNK_USERS
     n = min(CHUNK_USERS, config.num_users - start)
@@ -150,7 +155,8 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     q_style = world.styles[comm[:, None], q_kind]
     q_slots = draw_slots(rng, redraw_rng, world.slot_sizes, q_kind.ravel(), question=True).reshape(n, q, -1)
     q_day = last_day[:, None] + np.cumsum(rng.integers(1, MAX_GAP_DAYS, (n, q)), axis=1)
-    # LaMP-1 only, after every other draw (the other tasks' bytes are unchanged): how each question shows its refs
+    # LaMP-1 only, after every other draw (the other tasks' bytes are unchanged): how each question
+    # shows its refs
     variant = (rng.integers(0, lamp1_variants(), (n, q)) if config.task == "LaMP-1" else np.zeros((n, q), np.int64))
 
     dates = (EPOCH + day.astype("timedelta64[D]")).astype(str).tolist()
@@ -184,7 +190,7 @@ def iter_synth_users(config: SynthConfig, world: SynthWorld | None = None) -> It
     for chunk in range((config.num_users + CHUNK_USERS - 1) // CHUNK_USERS):
         yield from _chunk(config, world, chunk)
 
-# ---------------------------------------------------------------------------------------------------- files
+# -------------------------------------------------------------------------------------------- files
 
 def _config_record(config: SynthConfig) -> dict:
     """What synth_config.json holds; comparing it to a new config's record decides idempotency."""
@@ -200,7 +206,8 @@ def _expected_files(config: SynthConfig) -> list[str]:
 
 
 def is_complete(out_dir: str | Path, config: SynthConfig) -> bool:
-    """True when `out_dir` holds a finished dataset of this exact config (synth_config.json is written last)."""
+    """True when `out_dir` holds a finished dataset of this exact config (synth_config.json is
+    written last)."""
     out = Path(out_dir)
     try:
         recorded = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -210,7 +217,8 @@ def is_complete(out_dir: str | Path, config: SynthConfig) -> bool:
 
 
 def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) -> Path:
-    """Write a SynthLaMP dataset into `out_dir` (atomically per file); does nothing if it is already there."""
+    """Write a SynthLaMP dataset into `out_dir` (atomically per file); does nothing if it is already
+    there."""
     config = config or SynthConfig()
     out = Path(out_dir)
     if is_complete(out, config):
@@ -246,7 +254,8 @@ def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) 
 
 
 def load_communities(data_dir: str | Path) -> dict[str, int] | None:
-    """user_id -> latent community of a SynthLaMP directory (diagnostics only), or None for other data."""
+    """user_id -> latent community of a SynthLaMP directory (diagnostics only), or None for other
+    data."""
     path = Path(data_dir) / COMMUNITIES_FILE
     if not path.is_file():
         return None

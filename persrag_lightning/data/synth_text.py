@@ -1,6 +1,7 @@
-"""SynthLaMP's texts: the task prompts, the phrase vocabularies (``synth_vocab.json`` next to this module) and
-the rendering of an item of (kind, slot tuple, style) into LaMP fields, a question's input and its gold. A text is
-a function of its (kind, slots) alone, which is what keeps question texts out of every history (synth_world.py)."""
+"""SynthLaMP's texts: the task prompts, the phrase vocabularies (``synth_vocab.json`` next to this
+module) and the rendering of an item of (kind, slot tuple, style) into LaMP fields, a question's
+input and its gold. A text is a function of its (kind, slots) alone, which is what keeps question
+texts out of every history (synth_world.py)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ LAMP7_PROMPT = "Paraphrase the following tweet without any explanation before or
 
 
 
-# --------------------------------------------------------------------------------------------- vocabularies
+# ------------------------------------------------------------------------------------- vocabularies
 
 @dataclass(frozen=True)
 class FilmKind:
-    """A kind of film: the tags communities may give it and the phrases its descriptions are made of."""
+    """A kind of film: the tags communities may give it and the phrases its descriptions are made
+    of."""
 
     name: str
     tags: tuple[str, ...]
@@ -41,8 +43,8 @@ class FilmKind:
 
 @dataclass(frozen=True)
 class Topic:
-    """A research topic: jargon alternatives (a community picks one for its titles, LaMP-4/5; the schools of
-    LaMP-1) and abstract phrases."""
+    """A research topic: jargon alternatives (a community picks one for its titles, LaMP-4/5; the
+    schools of LaMP-1) and abstract phrases."""
 
     name: str
     problems: tuple[str, ...]
@@ -55,7 +57,8 @@ class Topic:
 
 @dataclass(frozen=True)
 class ProductKind:
-    """A product category (LaMP-3): neutral phrases a review of it is made of, the same for every community."""
+    """A product category (LaMP-3): neutral phrases a review of it is made of, the same for every
+    community."""
 
     name: str
     products: tuple[str, ...]
@@ -66,8 +69,8 @@ class ProductKind:
 
 @dataclass(frozen=True)
 class TweetTopic:
-    """A subject people tweet about (LaMP-7): content phrases shared by every community, and its hashtags (one
-    per style)."""
+    """A subject people tweet about (LaMP-7): content phrases shared by every community, and its
+    hashtags (one per style)."""
 
     name: str
     subjects: tuple[str, ...]
@@ -80,7 +83,8 @@ VOCAB_FILE = "synth_vocab.json"  # package data next to this module: the phrase 
 
 
 def _load_vocab() -> dict:
-    """The vocabulary tables, read once at import from the package (a wheel ships the file, see pyproject)."""
+    """The vocabulary tables, read once at import from the package (a wheel ships the file, see
+    pyproject)."""
     text = resources.files("persrag_lightning.data").joinpath(VOCAB_FILE).read_text(encoding="utf-8")
     return json.loads(text)
 
@@ -118,13 +122,15 @@ def _cap(text: str) -> str:
 
 
 def _title_case(phrase: str) -> str:
-    """Headline capitalisation: every word capitalised except short function words after the first."""
+    """Headline capitalisation: every word capitalised except short function words after the
+    first."""
     words = phrase.split()
     return " ".join(w if i and w in _SMALL_WORDS else _cap(w) for i, w in enumerate(words))
 
 
 def _check_vocabularies() -> None:
-    """Every kind must have equally long phrase lists, so slot indices can be drawn for all kinds at once."""
+    """Every kind must have equally long phrase lists, so slot indices can be drawn for all kinds at
+    once."""
     for kinds, attrs in ((FILM_KINDS, ("heroes", "goals", "settings", "twists")),
                          (TOPICS, ("problems", "jargon", "contexts", "contributions", "data", "findings")),
                          (PRODUCT_KINDS, ("products", "reasons", "details", "usages")),
@@ -135,8 +141,8 @@ def _check_vocabularies() -> None:
     for kind in FILM_KINDS:
         assert set(kind.tags) <= set(LAMP2_LABELS), kind.name
     assert set().union(*(k.tags for k in FILM_KINDS)) == set(LAMP2_LABELS), "every LaMP-2 label must be reachable"
-    # LaMP-1: a question title holds the problem, data and contribution; the history abstract one finding per
-    # contribution; a tweet style is an opener, a closer and a hashtag of the same index
+    # LaMP-1: a question title holds the problem, data and contribution; the history abstract one
+    # finding per contribution; a tweet style is an opener, a closer and a hashtag of the same index
     assert len(CITATION_TITLE_TEMPLATES) == len(CITATION_ABSTRACT_TEMPLATES) == len(CITATION_QUERY_TEMPLATES)
     assert len(TOPICS[0].findings) == len(TOPICS[0].contributions) and len(TOPICS[0].jargon) >= 2
     assert len(TWEET_OPENERS) == len(TWEET_CLOSERS) == len(TWEET_TOPICS[0].hashtags)
@@ -146,7 +152,7 @@ _check_vocabularies()
 
 
 
-# ----------------------------------------------------------------------------------------------------- text
+# --------------------------------------------------------------------------------------------- text
 
 def _film_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str]:
     """(description, tag) of a film of `kind`; the tag is the style."""
@@ -158,7 +164,8 @@ def _film_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str]
 
 
 def _paper_fields(task: str, kind: int, slots: Sequence[int], style: int) -> tuple[str, str]:
-    """(body, title) on a topic: the body from the topic's phrases, the title in the community's style."""
+    """(body, title) on a topic: the body from the topic's phrases, the title in the community's
+    style."""
     t = TOPICS[kind]
     problem = t.problems[slots[1]]
     bodies = ABSTRACT_TEMPLATES if task == "LaMP-5" else ARTICLE_TEMPLATES
@@ -172,7 +179,8 @@ def _paper_fields(task: str, kind: int, slots: Sequence[int], style: int) -> tup
 
 
 def _review_text(kind: int, slots: Sequence[int]) -> str:
-    """A neutral review of a product of category `kind` (LaMP-3): nothing in it depends on the score."""
+    """A neutral review of a product of category `kind` (LaMP-3): nothing in it depends on the
+    score."""
     p = PRODUCT_KINDS[kind]
     detail = p.details[slots[3]]
     return REVIEW_TEMPLATES[slots[0]].format(product=p.products[slots[1]], reason=p.reasons[slots[2]],
@@ -180,17 +188,17 @@ def _review_text(kind: int, slots: Sequence[int]) -> str:
 
 
 def lamp1_variants() -> int:
-    """How many ways a LaMP-1 question can present its references: which of them is the gold one (2), the other
-    reference's school (any but the gold's) and the reference title template."""
+    """How many ways a LaMP-1 question can present its references: which of them is the gold one
+    (2), the other reference's school (any but the gold's) and the reference title template."""
     return 2 * (len(TOPICS[0].jargon) - 1) * len(CITATION_REFERENCE_TEMPLATES)
 
 
 def _citation_fields(kind: int, slots: Sequence[int], style: int, variant: int) -> tuple[dict[str, str], str, str]:
-    """LaMP-1: (the paper as a profile item, the question about it, the gold choice). A paper is (topic, slots):
-    as a history item its title and abstract are written in `style`'s school; as a question its title names no
-    school (the query), and the two references are on the paper's problem in the same template, one in the
-    community's school (`style`) and one in another (`variant` picks which other, the template, and the gold's
-    position)."""
+    """LaMP-1: (the paper as a profile item, the question about it, the gold choice). A paper is
+    (topic, slots): as a history item its title and abstract are written in `style`'s school; as a
+    question its title names no school (the query), and the two references are on the paper's
+    problem in the same template, one in the community's school (`style`) and one in another
+    (`variant` picks which other, the template, and the gold's position)."""
     t = TOPICS[kind]
     template, problem, contribution, data = slots[0], t.problems[slots[1]], t.contributions[slots[2]], t.data[slots[3]]
     finding, school = t.findings[slots[2]], t.jargon[style]
@@ -211,7 +219,8 @@ def _citation_fields(kind: int, slots: Sequence[int], style: int, variant: int) 
 
 
 def _tweet_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str]:
-    """LaMP-7: (the neutral tweet, the same content in `style`: opener, content, closer, topic hashtag)."""
+    """LaMP-7: (the neutral tweet, the same content in `style`: opener, content, closer, topic
+    hashtag)."""
     t = TWEET_TOPICS[kind]
     subject = t.subjects[slots[1]]
     neutral = TWEET_TEMPLATES[slots[0]].format(Subject=_cap(subject), subject=subject, event=t.events[slots[2]],
@@ -222,8 +231,9 @@ def _tweet_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str
 
 def render_item(task: str, kind: int, slots: Sequence[int], style: int,
                 variant: int = 0) -> tuple[dict[str, str], str, str]:
-    """(profile fields, question input, target) of one item; questions and history share the generator.
-    `variant` (LaMP-1 questions only) is how the references are presented, drawn per question."""
+    """(profile fields, question input, target) of one item; questions and history share the
+    generator. `variant` (LaMP-1 questions only) is how the references are presented, drawn per
+    question."""
     if task == "LaMP-1":
         return _citation_fields(kind, slots, style, variant)
     if task == "LaMP-7":

@@ -1,11 +1,13 @@
-"""`persrag evaluate`: run retrieval strategies on a split, prompt the LLM, and report like the paper's Table 2.
+"""`persrag evaluate`: run retrieval strategies on a split, prompt the LLM, and report like the
+paper's Table 2.
 
-Reports come from the **test** split (dev only when asked: dev is for selection). Writes, under `out_dir`:
-predictions/<strategy>.json in the official LaMP output format, metrics.json, results.md (methods × metrics with
-95 % bootstrap intervals and paired tests against CFRAG) and results.png (bars with the intervals). Each
-strategy's predictions are cached under a fingerprint of its configuration — exported bundles by their content,
-not their path —, the examples and the LLM, so a re-run evaluates only what changed, and a retrained model under
-the same run name gets new numbers. Every LLM output goes through the shared prompt store.
+Reports come from the **test** split (dev only when asked: dev is for selection). Writes, under
+`out_dir`: predictions/<strategy>.json in the official LaMP output format, metrics.json, results.md
+(methods × metrics with 95 % bootstrap intervals and paired tests against CFRAG) and results.png
+(bars with the intervals). Each strategy's predictions are cached under a fingerprint of its
+configuration — exported bundles by their content, not their path —, the examples and the LLM, so a
+re-run evaluates only what changed, and a retrained model under the same run name gets new numbers.
+Every LLM output goes through the shared prompt store.
 """
 
 from __future__ import annotations
@@ -60,24 +62,27 @@ from persrag_lightning.utils import (
 
 log = logging.getLogger(__name__)
 
-# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one against the
-# gold); a LaMP-7 tweet is written like the paraphrase the user would give
+# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one
+# against the gold); a LaMP-7 tweet is written like the paraphrase the user would give
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 
 def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
-    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`, `only`, `names`)."""
+    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`,
+    `only`, `names`)."""
     from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
 
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
     parser.add_argument("--export_root", type=str, default="checkpoints")
-    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP Evaluation
+    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP
+    # Evaluation
     parser.add_argument("--evaluation", type=Evaluator, default=lazy_instance(Evaluation))
     parser.add_argument("--strategies", type=list[Strategy], default=[])
-    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a one-key mapping;
-    # `only_names` turns it back into the name the user typed instead of failing with a type error
+    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a
+    # one-key mapping; `only_names` turns it back into the name the user typed instead of failing
+    # with a type error
     parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
                         help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
     parser.add_argument("--names", type=dict[str, str] | None, default=None,
@@ -93,9 +98,9 @@ def only_names(only: list[str | dict[str, str]]) -> list[str]:
 
 
 def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
-    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the old ones). A
-    "+ tuned generator" row over a renamed strategy follows it. Returns every rename made, old → new; a new name
-    that another strategy already has is refused (one line, exit 2)."""
+    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the
+    old ones). A "+ tuned generator" row over a renamed strategy follows it. Returns every rename
+    made, old → new; a new name that another strategy already has is refused (one line, exit 2)."""
     made = {}
     for s in strategies:
         wrapped = s.wrapped_name
@@ -117,10 +122,12 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
 
 def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int] | None) -> dict[str, float]:
-    """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the answer."""
+    """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the
+    answer."""
     out: dict[str, float] = {}
     docs = [d for ds in retrieved for d in ds]
-    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than k)
+    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than
+    # k)
     out["docs_per_query"] = float(np.mean([len(ds) for ds in retrieved])) if retrieved else 0.0
     if not docs:
         return out
@@ -145,8 +152,9 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
 
 def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int]) -> float:
-    """What `same_community_docs` would be if the other users' docs came from random users: own share + other
-    users' share × the query user's community's share of the other users (per doc, averaged)."""
+    """What `same_community_docs` would be if the other users' docs came from random users: own
+    share + other users' share × the query user's community's share of the other users (per doc,
+    averaged)."""
     sizes = np.bincount(np.array(list(communities.values())))
     share = {c: (sizes[c] - 1) / max(1, len(communities) - 1) for c in range(len(sizes))}
     return float(np.mean([1.0 if d.owner == ex.user_id else share.get(communities.get(ex.user_id, -1), 0.0)
@@ -154,7 +162,8 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
 
 
 class Evaluation(Evaluator):
-    """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
+    """Runs strategies over one split with one LLM and reports them with intervals and paired tests
+    (LaMP)."""
 
     readings: dict[str, LabelReading]  # row → its label scores, as the last `run` read them
     golds: tuple[str, ...] = ()  # the last run's questions' golds, in order
@@ -234,8 +243,9 @@ class Evaluation(Evaluator):
         return self._reader
 
     def reader_for(self, strategy: Strategy) -> Reader:
-        """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row its generator's
-        export, read as the LLM with the same settings and its own calibration; each is opened once."""
+        """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row
+        its generator's export, read as the LLM with the same settings and its own calibration; each
+        is opened once."""
         generator = strategy.answering_model
         if generator is None:
             return self.reader
@@ -302,7 +312,8 @@ class Evaluation(Evaluator):
                 retrieved[strategy.name] = outcome["retrieved"]
         golds = [e.target for e in examples]
         self.golds = tuple(golds)
-        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made by design
+        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made
+        # by design
         self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         if self.reader_free:
             train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
@@ -321,17 +332,17 @@ class Evaluation(Evaluator):
         return summary
 
     def votes_for(self, strategy: Strategy) -> bool:
-        """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every row that
-        retrieves for itself (a tuned generator's row reads another row's docs)."""
+        """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every
+        row that retrieves for itself (a tuned generator's row reads another row's docs)."""
         if self.votes is not None:
             return strategy.name in self.votes
         return strategy.wrapped_name is None
 
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
-        """Predictions (one per example, in order), the retrieved docs, retrieval diagnostics and, under `choose`,
-        the row's `LabelReading` (every label's score and the calibration terms, also written beside the answers
-        as predictions/<row>.labels.json); cached by content."""
+        """Predictions (one per example, in order), the retrieved docs, retrieval diagnostics and,
+        under `choose`, the row's `LabelReading` (every label's score and the calibration terms,
+        also written beside the answers as predictions/<row>.labels.json); cached by content."""
         reader = self.reader_for(strategy)
         reading = reader.reading(self.task)
         key = fingerprint("evaluate/v3", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
@@ -366,7 +377,8 @@ class Evaluation(Evaluator):
     def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
                 retrieved: list[list[RetrievedDoc]]) -> tuple[list[str], dict[str, float], LabelReading | None]:
         """The reader's answers to a row's questions, what its label distributions say of the golds
-        (`reading_diagnostics`) and, for a reader of labels, the reading itself (None for generated answers)."""
+        (`reading_diagnostics`) and, for a reader of labels, the reading itself (None for generated
+        answers)."""
         reader = self.reader_for(strategy)
         inputs = [e.input for e in examples]
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
@@ -379,8 +391,8 @@ class Evaluation(Evaluator):
 
     @property
     def answer_mode(self) -> str:
-        """How the rows are read, as the table's header names it, with the tuned generators' reading where it
-        differs from the other rows'."""
+        """How the rows are read, as the table's header names it, with the tuned generators' reading
+        where it differs from the other rows'."""
         text, reading = self.reader.describe(self.task), self.llm_config.reading(self.task)
         tuned = self.generator_calibration or (reading or {}).get("calibration")
         if self.reader_spec != LLM_READER and reading:

@@ -1,10 +1,12 @@
-"""What remembered facts add, counted: simulated conversations plant facts in the memory bank (memory/simulate.py),
-then each strategy answers the later questions about them (`MemoryEvaluation`, the evaluator a config names). Per strategy: recall@k of the planted memory, the share
-of answers that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must be
-0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py --end-to-end`.
+"""What remembered facts add, counted: simulated conversations plant facts in the memory bank
+(memory/simulate.py), then each strategy answers the later questions about them (`MemoryEvaluation`,
+the evaluator a config names). Per strategy: recall@k of the planted memory, the share of answers
+that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must
+be 0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py
+--end-to-end`.
 
-Simulated users are mapped onto the run's docstore users (conversation i ↔ the i-th user), so CFRAG retrieves
-their real histories and neighbours next to the memories.
+Simulated users are mapped onto the run's docstore users (conversation i ↔ the i-th user), so CFRAG
+retrieves their real histories and neighbours next to the memories.
 """
 
 from __future__ import annotations
@@ -53,11 +55,15 @@ class MemoryEvalConfig:
         seed: seed of the simulated conversations and of the bootstrap intervals.
         k: docs (CFRAG) and memories (the seed's k = 5) per prompt.
         encoder: the memory bank's text encoder (`minilm`, any Hugging Face name or folder).
-        extraction: `verbatim` (each message stored as is) or `llm` (the seed's extraction, slow on a CPU).
+        extraction: `verbatim` (each message stored as is) or `llm` (the seed's extraction, slow on
+            a CPU).
         questionnaire: sign each user up with the seed's five-category questionnaire first.
-        recall_query: what recall embeds: `summary` (the LLM's summary, the seed's; raw without an LLM) or `raw`.
-        strategies: the strategies compared, a subset of zero_shot, Memory, CFRAG and CFRAG + memory.
-        llm: the LLM that answers (and extracts, summarises); short answers, as a fact's value is a few words.
+        recall_query: what recall embeds: `summary` (the LLM's summary, the seed's; raw without an
+            LLM) or `raw`.
+        strategies: the strategies compared, a subset of zero_shot, Memory, CFRAG and CFRAG +
+            memory.
+        llm: the LLM that answers (and extracts, summarises); short answers, as a fact's value is a
+            few words.
         cache_dir: where corpus embeddings are cached, keyed by fingerprints.
         out_dir: where the report is written.
     """
@@ -91,7 +97,8 @@ class StrategyResult:
 
 
 def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
-    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no questions."""
+    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no
+    questions."""
     return bootstrap_interval(hits, seed=seed) if len(hits) else (0.0, 0.0)
 
 

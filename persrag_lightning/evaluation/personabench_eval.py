@@ -1,9 +1,11 @@
-"""Run PBR's variants on a PersonaBench community under the benchmark's protocol and write the table.
+"""Run PBR's variants on a PersonaBench community under the benchmark's protocol and write the
+table.
 
-Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5, fusion weights,
-pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per variant with 95 % bootstrap
-intervals over questions, LLM calls per query, wall time cold and warm). Function API, and the evaluator a config
-names by class_path (`PersonaBenchEvaluation`), which calls `run_personabench`.
+Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5,
+fusion weights, pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per
+variant with 95 % bootstrap intervals over questions, LLM calls per query, wall time cold and warm).
+Function API, and the evaluator a config names by class_path (`PersonaBenchEvaluation`), which calls
+`run_personabench`.
 """
 
 from __future__ import annotations
@@ -30,20 +32,25 @@ from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 @dataclass
 class PersonaBenchEvalConfig:
-    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args).
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section
+    `evaluation`'s init_args).
 
     Args:
         data_dir: a PersonaBench community folder (layout in the data README).
-        noise: the benchmark's noise level of the community's data, as its file names spell it (`0.0` = none).
+        noise: the benchmark's noise level of the community's data, as its file names spell it
+            (`0.0` = none).
         variants: PBR's variants to run (pbr.VARIANTS: PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base).
-        encoder: the text encoder of questions and history segments (`minilm`, any Hugging Face name or folder).
+        encoder: the text encoder of questions and history segments (`minilm`, any Hugging Face name
+            or folder).
         max_length: the encoder's token limit per text.
         llm_backend: the backend of P-PRF's LLM (`hf`, `llamacpp`, ...).
         llm_model: P-PRF's LLM (`smollm2`, any Hugging Face name or folder).
         llm_batch_size: prompts per LLM call.
-        llm_threads: CPU threads of a local backend (hf: num_threads, llamacpp: n_threads); None: its default.
+        llm_threads: CPU threads of a local backend (hf: num_threads, llamacpp: n_threads); None:
+            its default.
         llm_context: llamacpp's context window (n_ctx); None: the backend's default.
-        llm_weights: llamacpp's weights (gguf = the shipped file, f16, bf16, ...); None: the default.
+        llm_weights: llamacpp's weights (gguf = the shipped file, f16, bf16, ...); None: the
+            default.
         cache_dir: where the LLM's answers are cached.
         out_dir: where results.json, summary.json and the table are written.
         max_questions_per_person: cap on questions per person, the first in file order (None = all).
@@ -166,8 +173,8 @@ class PersonaBenchReport:
         return "\n".join(lines) + "\n"
 
     def paired_lines(self, reference: str = "Base") -> list[str]:
-        """Each variant against `reference` on the same questions: the mean R@5 difference, how many questions
-        went up and down, and a two-sided paired sign-flip randomisation p."""
+        """Each variant against `reference` on the same questions: the mean R@5 difference, how many
+        questions went up and down, and a two-sided paired sign-flip randomisation p."""
         per: dict[str, dict[str, float]] = {}
         for r in self.results:
             per.setdefault(r.variant, {})[r.q_id] = r.recall
@@ -185,7 +192,8 @@ class PersonaBenchReport:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> PersonaBenchReport:
-        """The report `write` left in `out_dir` (summary.json, results.json), to write its table again."""
+        """The report `write` left in `out_dir` (summary.json, results.json), to write its table
+        again."""
         out = Path(out_dir)
         summary = json.loads((out / "summary.json").read_text())
         results = [QuestionResult(**r) for r in json.loads((out / "results.json").read_text())]
@@ -255,7 +263,8 @@ def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRS
 
 def run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
                 questions: dict[str, list[PersonaQuestion]]) -> list[QuestionResult]:
-    """Retrieve top-k for every selected question of every person and score it by the benchmark's metric."""
+    """Retrieve top-k for every selected question of every person and score it by the benchmark's
+    metric."""
     out = []
     k = retriever.settings.top_k
     for person in community.people:
@@ -291,7 +300,8 @@ def _fresh(retriever: PBRRetriever, settings: PBRSettings) -> PBRRetriever:
 
 def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: PersonaBenchEvalConfig,
                       llm: CachedLLM | None = None, llm_name: str = "none") -> PersonaBenchReport:
-    """The measurement loop, independent of how the encoder and the LLM were built (tests pass fakes)."""
+    """The measurement loop, independent of how the encoder and the LLM were built (tests pass
+    fakes)."""
     questions = select_questions(community, config.max_questions_per_person)
     n_questions = sum(len(v) for v in questions.values())
     t0 = time.perf_counter()
@@ -330,8 +340,8 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
-    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config; unknown keys are
-    errors."""
+    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config;
+    unknown keys are errors."""
     values = dict(section)
     pbr = values.pop("pbr", None) or {}
     if not isinstance(pbr, dict):
@@ -340,7 +350,8 @@ def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
 
 
 def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
-    """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate; write; return."""
+    """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate;
+    write; return."""
     import torch
 
     from persrag_lightning.models.text_encoder import TextEncoder
@@ -374,7 +385,8 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
 
 @dataclass
 class PersonaBenchEvaluation(PersonaBenchEvalConfig, Evaluator):
-    """PBR's variants on a PersonaBench community as an evaluator (configs/evaluate_personabench.yaml)."""
+    """PBR's variants on a PersonaBench community as an evaluator
+    (configs/evaluate_personabench.yaml)."""
 
     primary_metric = "recall@5"
 

@@ -1,8 +1,10 @@
-"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so docs/pbr_personabench.md's figures reproduce).
+"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so
+docs/pbr_personabench.md's figures reproduce).
 
-A question's ground truth is one list of alternative segment ids per answer item; every combination (cartesian
-product, one id per item) is scored and the best Recall@k and the best NDCG@k are kept (each maximised on its own,
-as the benchmark does). Gains are binary, the ideal DCG runs over min(|set(combination)|, k).
+A question's ground truth is one list of alternative segment ids per answer item; every combination
+(cartesian product, one id per item) is scored and the best Recall@k and the best NDCG@k are kept
+(each maximised on its own, as the benchmark does). Gains are binary, the ideal DCG runs over
+min(|set(combination)|, k).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ __all__ = [
 
 
 def ground_truth_combinations(alternatives: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
-    """Cartesian product over the answer items' alternatives: each tuple is one full ground truth."""
+    """Cartesian product over the answer items' alternatives: each tuple is one full ground
+    truth."""
     return list(itertools.product(*alternatives))
 
 
 def recall_ndcg_for_combination(retrieved: Sequence[str], combination: Sequence[str], k: int = 5
                                 ) -> tuple[float, float]:
-    """Recall@k and NDCG@k of a ranking against one ground-truth combination (duplicates count once)."""
+    """Recall@k and NDCG@k of a ranking against one ground-truth combination (duplicates count
+    once)."""
     top = list(retrieved)[:k]
     gt = set(combination)
     if not gt:

@@ -1,8 +1,10 @@
-"""Results tables and plots that carry their uncertainty: 95 % intervals and paired tests against a reference.
+"""Results tables and plots that carry their uncertainty: 95 % intervals and paired tests against a
+reference.
 
-A reader of `results.md` must be able to tell which differences are real; every cell therefore shows the bootstrap
-interval next to the point estimate, each strategy has the p-value of a paired test against the reference
-(CFRAG by default), and the header says which split, how many examples and which answer mode produced it.
+A reader of `results.md` must be able to tell which differences are real; every cell therefore shows
+the bootstrap interval next to the point estimate, each strategy has the p-value of a paired test
+against the reference (CFRAG by default), and the header says which split, how many examples and
+which answer mode produced it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ MARKER = "*"
 
 @dataclass
 class Summary:
-    """Everything a results table needs: point metrics, intervals and paired comparisons per strategy."""
+    """Everything a results table needs: point metrics, intervals and paired comparisons per
+    strategy."""
 
     task: str
     results: dict[str, dict[str, float]]
@@ -48,10 +51,12 @@ class Summary:
 def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequence[str], reference: str = "CFRAG",
               n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
               pairs: Sequence[Sequence[str]] = ()) -> Summary:
-    """Intervals for every strategy and metric, and paired tests against `reference` when it is present; `pairs`
-    ([a, b], ...) adds a paired test of a against b for each pair whose two strategies both ran.
+    """Intervals for every strategy and metric, and paired tests against `reference` when it is
+    present; `pairs` ([a, b], ...) adds a paired test of a against b for each pair whose two
+    strategies both ran.
 
-    All strategies use the same seed, so they share bootstrap resamples and swap patterns (common random numbers).
+    All strategies use the same seed, so they share bootstrap resamples and swap patterns (common
+    random numbers).
     """
     metrics = metric_names(task)
     fns = {m: LampMetricFn(task, m) for m in metrics}
@@ -92,10 +97,12 @@ def results_table(task: str, results: Mapping[str, Mapping[str, float]],
                   comparisons: Mapping[str, Mapping[str, Comparison]], reference: str = "CFRAG",
                   answer_mode: str = "generate", *, split: str, n_examples: int, confidence: float = 0.95,
                   n_resamples: int | None = None) -> str:
-    """Markdown: per strategy and metric `0.412 [0.356, 0.468]` and the paired p-value against `reference`.
+    """Markdown: per strategy and metric `0.412 [0.356, 0.468]` and the paired p-value against
+    `reference`.
 
-    Metrics are the task's official pair; any other numeric entry of `results` (retrieval diagnostics) follows
-    as a plain column. A closing line names the differences from the reference that are significant.
+    Metrics are the task's official pair; any other numeric entry of `results` (retrieval
+    diagnostics) follows as a plain column. A closing line names the differences from the reference
+    that are significant.
     """
     spec = get_task(task)
     metrics = metric_names(spec.name)

@@ -1,11 +1,12 @@
-"""LLM-feedback labels (CFRAG §4.2.2 Eq. 6, §4.3.2): m·k candidates per example, each alone in a prompt, scored.
-With `metric="teacher"` the labels are a trained reranker's scores of the same candidates instead (no LLM): what a
-smaller reranker is distilled from (configs/cfrag_reranker_distilled.yaml).
+"""LLM-feedback labels (CFRAG §4.2.2 Eq. 6, §4.3.2): m·k candidates per example, each alone in a
+prompt, scored. With `metric="teacher"` the labels are a trained reranker's scores of the same
+candidates instead (no LLM): what a smaller reranker is distilled from
+(configs/cfrag_reranker_distilled.yaml).
 
-The labels are cached content-addressed: one folder per fingerprint of everything that changes them, one JSONL
-file per chunk of examples written atomically. A killed build resumes from its finished chunks, and
-`--shard i --num_shards n` builds the chunks c with c % n == i (Slurm arrays), so any sharding merges into
-exactly the single-process result.
+The labels are cached content-addressed: one folder per fingerprint of everything that changes them,
+one JSONL file per chunk of examples written atomically. A killed build resumes from its finished
+chunks, and `--shard i --num_shards n` builds the chunks c with c % n == i (Slurm arrays), so any
+sharding merges into exactly the single-process result.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class FeedbackBuilder:
 
     def __init__(self, dataset: LampDataset, corpus: Corpus, retriever: CorpusRetriever,
                  candidates: CandidateSettings, feedback: FeedbackSettings, cache_dir: str | Path) -> None:
-        """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export (stage 3's bundle)
-        whose scores are the labels when feedback.metric is "teacher"; it replaces the LLM in the cache key."""
+        """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export
+        (stage 3's bundle) whose scores are the labels when feedback.metric is "teacher"; it
+        replaces the LLM in the cache key."""
         self.dataset, self.corpus, self.retriever = dataset, corpus, retriever
         self.candidates, self.feedback = candidates, feedback.resolved()
         self.llm_config = self.feedback.llm
@@ -81,8 +83,8 @@ class FeedbackBuilder:
         self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
 
     def settings(self) -> dict[str, int | str]:
-        """What of the two groups changes the labels besides the LLM, the teacher and the retriever (in the cache
-        key and its config.json, as the cache has always named them)."""
+        """What of the two groups changes the labels besides the LLM, the teacher and the retriever
+        (in the cache key and its config.json, as the cache has always named them)."""
         return {"m": self.candidates.m, "k": self.candidates.k, "metric": self.feedback.metric,
                 "chunk_size": self.feedback.chunk_size}
 
@@ -93,7 +95,7 @@ class FeedbackBuilder:
                 h.update(json.dumps([split, ex.example_id, ex.user_id, ex.input, ex.target, ex.profile]).encode())
         return h.hexdigest()
 
-    # ---- layout ------------------------------------------------------------------------------------------------
+    # ---- layout ----------------------------------------------------------------------------------
 
     def examples(self, split: str) -> list[Example]:
         """A split's labelled examples in a stable order (by id), the basis of chunking."""
@@ -108,10 +110,11 @@ class FeedbackBuilder:
     def missing_chunks(self, split: str, limit: int | None = None) -> list[int]:
         return self.cache.missing_chunks(split, self.num_examples(split, limit))
 
-    # ---- build ---------------------------------------------------------------------------------------------------
+    # ---- build -----------------------------------------------------------------------------------
 
     def build(self, split: str, shard: int = 0, num_shards: int = 1, limit: int | None = None) -> int:
-        """Build this shard's missing chunks of `split` (first `limit` examples); returns chunks written."""
+        """Build this shard's missing chunks of `split` (first `limit` examples); returns chunks
+        written."""
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         todo = [c for c in self.missing_chunks(split, limit) if c % num_shards == shard]
@@ -147,8 +150,8 @@ class FeedbackBuilder:
 
     @torch.inference_mode()
     def teacher_scores(self, flat: list[tuple[Example, RetrievedDoc]]) -> list[float]:
-        """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's rerank computes
-        them at inference."""
+        """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's
+        rerank computes them at inference."""
         users = torch.stack([self.e_u(ex.user_id) for ex, _ in flat]) if self.teacher.config.use_user else None
         return self.teacher.score_pairs([ex.query for ex, _ in flat], [self.store.text(d.row) for _, d in flat],
                                         users).float().tolist()
@@ -163,7 +166,8 @@ class FeedbackBuilder:
         return self.user_encoder.user_embeddings[self._user_row[user_id]]
 
     def candidate_source(self) -> CandidateSource:
-        """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
+        """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs
+        of each."""
         ue = self.user_encoder
         m, hidden = self.candidates.m, len(self.store.dataset.private)
 
@@ -173,8 +177,9 @@ class FeedbackBuilder:
         return CandidateSource(self.store, self.retriever, similar, self.e_u, self.candidates.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
-        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt any earlier
-        build, shard, stage or run sent to this LLM is read from the shared prompt store, not sent again."""
+        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt
+        any earlier build, shard, stage or run sent to this LLM is read from the shared prompt
+        store, not sent again."""
         proposals = self.candidate_source().propose(
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
@@ -204,7 +209,7 @@ class FeedbackBuilder:
         return [FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target,
                                 tuple(by_example[ex.example_id])) for ex in examples]
 
-    # ---- load ----------------------------------------------------------------------------------------------------
+    # ---- load ------------------------------------------------------------------------------------
 
     def load(self, split: str, limit: int | None = None, command_hint: str = "") -> list[FeedbackExample]:
         """Merge the split's chunks (all must exist) into FeedbackExamples in example-id order."""

@@ -1,12 +1,15 @@
-"""`backend: auto`: the backend that computes exact labels fastest *on this machine*, measured once and remembered.
+"""`backend: auto`: the backend that computes exact labels fastest *on this machine*, measured once
+and remembered.
 
-On a CPU the winner depends on the processor, not on the code: on one 2-core Xeon llama.cpp (f16 weights)
-labelled SmolLM2's feedback prompts faster than float32 transformers, on another (the same instruction set,
-another host) transformers was the faster (docs/training/feedback.md, docs/performance/llm-feedback.md). Both
-compute the exact model (labels within 0.1 nat). So on a CPU-only machine where both could run, `auto` times both on a few
-feedback-sized prompts and keeps the faster; the decision is written once per processor, software and model
-(`<cache>/llm/auto-backend-<key>.json`, under a lock, so DDP ranks and concurrent jobs on a machine agree) and read
-by every later run. Delete the file to measure again; name `hf` or `llamacpp` to skip the measurement.
+On a CPU the winner depends on the processor, not on the code: on one 2-core Xeon llama.cpp (f16
+weights) labelled SmolLM2's feedback prompts faster than float32 transformers, on another (the same
+instruction set, another host) transformers was the faster (docs/training/feedback.md,
+docs/performance/llm-feedback.md). Both compute the exact model (labels within 0.1 nat). So on a
+CPU-only machine where both could run, `auto` times both on a few feedback-sized prompts and keeps
+the faster; the decision is written once per processor, software and model
+(`<cache>/llm/auto-backend-<key>.json`, under a lock, so DDP ranks and concurrent jobs on a machine
+agree) and read by every later run. Delete the file to measure again; name `hf` or `llamacpp` to
+skip the measurement.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ _WORDS = (  # noqa: SIM905 -- a sentence of common words reads better than a 75-
 
 
 def auto_backend(model: str, options: dict | None = None) -> str:
-    """`hf` on a CUDA machine (it labels at ~350-460 per s there; this llama-cpp-python is a CPU build), for an HF
-    folder, without llama-cpp-python, or with an option only hf takes (`dtype`: the bf16 fast path); `llamacpp`
-    with an option only it takes (`weights`, `n_threads`, ...); otherwise, on a CPU with a GGUF model, the one
-    `measured_winner` finds faster on this machine."""
+    """`hf` on a CUDA machine (it labels at ~350-460 per s there; this llama-cpp-python is a CPU
+    build), for an HF folder, without llama-cpp-python, or with an option only hf takes (`dtype`:
+    the bf16 fast path); `llamacpp` with an option only it takes (`weights`, `n_threads`, ...);
+    otherwise, on a CPU with a GGUF model, the one `measured_winner` finds faster on this
+    machine."""
     if torch.cuda.is_available() or not _llama_cpp_installed():
         return "hf"
     try:
@@ -62,7 +66,8 @@ def auto_backend(model: str, options: dict | None = None) -> str:
 
 
 def measured_winner(model: str, options: dict) -> str:
-    """The backend whose recorded (or, the first time, measured) label rate on this machine is higher."""
+    """The backend whose recorded (or, the first time, measured) label rate on this machine is
+    higher."""
     source = resolve_model(model)
     record = cache_root() / "llm" / f"auto-backend-{machine_key(source, options)}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
@@ -86,9 +91,10 @@ def measured_winner(model: str, options: dict) -> str:
 
 
 def label_rate(backend: str, model: str, options: dict) -> float:
-    """Feedback labels per second of `backend` (float32 transformers or llama.cpp's default weights) on
-    PROBE_PROMPTS feedback-sized pairs; 0 when the backend cannot load the model here. `model` as the run names it
-    (an alias keeps the backends' converted copies under the names the run itself uses)."""
+    """Feedback labels per second of `backend` (float32 transformers or llama.cpp's default weights)
+    on PROBE_PROMPTS feedback-sized pairs; 0 when the backend cannot load the model here. `model` as
+    the run names it (an alias keeps the backends' converted copies under the names the run itself
+    uses)."""
     prompts, targets = probe_pairs()
     defaults = {"batch_size": PROBE_PROMPTS, "dtype": "float32"} if backend == "hf" else {}
     try:
@@ -106,7 +112,8 @@ def label_rate(backend: str, model: str, options: dict) -> float:
 
 
 def probe_pairs() -> tuple[list[str], list[str]]:
-    """PROBE_PROMPTS (prompt, target) pairs of a feedback label's size: a ~180-word abstract and a ~10-word title."""
+    """PROBE_PROMPTS (prompt, target) pairs of a feedback label's size: a ~180-word abstract and a
+    ~10-word title."""
     rng = random.Random(0)
 
     def words(n: int) -> str:
@@ -118,8 +125,8 @@ def probe_pairs() -> tuple[list[str], list[str]]:
 
 
 def machine_facts() -> dict[str, object]:
-    """What decides the winner: the processor (model and instruction set), the cores this process may use, torch's
-    threads and both libraries' versions."""
+    """What decides the winner: the processor (model and instruction set), the cores this process
+    may use, torch's threads and both libraries' versions."""
     cpu, flags = platform.processor(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -136,16 +143,17 @@ def machine_facts() -> dict[str, object]:
 
 
 def machine_key(source: ModelSource, options: dict) -> str:
-    """Processor, software, model and options: machines alike share a record (not the host name: a Slurm array's
-    nodes of one type agree on one backend, hence one feedback cache)."""
+    """Processor, software, model and options: machines alike share a record (not the host name: a
+    Slurm array's nodes of one type agree on one backend, hence one feedback cache)."""
     facts = {k: v for k, v in machine_facts().items() if k != "node"}
     blob = json.dumps([facts, source.digest, options], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _backend_classes() -> dict[str, type]:
-    """The two exact CPU backends, imported on use (transformers is slow to import); a GGUF is a causal LM, so no
-    seq2seq case as in `load_llm` (which this module cannot import: registry imports it)."""
+    """The two exact CPU backends, imported on use (transformers is slow to import); a GGUF is a
+    causal LM, so no seq2seq case as in `load_llm` (which this module cannot import: registry
+    imports it)."""
     from persrag_lightning.llm.hf import HFLLM
     from persrag_lightning.llm.llamacpp import LlamaCppLLM
 

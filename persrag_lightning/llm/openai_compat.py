@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP backend (vLLM, llama.cpp server, TGI) over plain urllib, with a thread pool."""
+"""OpenAI-compatible HTTP backend (vLLM, llama.cpp server, TGI) over plain urllib, with a thread
+pool."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 
 class OpenAICompatLLM(LLM):
-    """Sends each prompt as one chat request (temperature 0); `batch_size` requests are in flight at once."""
+    """Sends each prompt as one chat request (temperature 0); `batch_size` requests are in flight at
+    once."""
 
     backend = "openai"
 
@@ -24,7 +26,8 @@ class OpenAICompatLLM(LLM):
                  tokenizer: str | None = None, cache_dir: str | os.PathLike | None = None,
                  score_max_tokens: int = 1, seed: int | None = 0) -> None:
         """`model` names the weights (for the chat template used by `score` and the token budget);
-        `served_model` is the name sent to the server (default: `model`, or the server's only model for aliases)."""
+        `served_model` is the name sent to the server (default: `model`, or the server's only model
+        for aliases)."""
         super().__init__(batch_size)
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         self.model = model
@@ -38,7 +41,7 @@ class OpenAICompatLLM(LLM):
         self.score_max_tokens = score_max_tokens  # llama.cpp's server reads max_tokens=0 as "until n_ctx"
         self.seed = seed
 
-    # -- HTTP -------------------------------------------------------------------------------------------------
+    # -- HTTP --------------------------------------------------------------------------------------
     def _request(self, path: str, payload: dict | None = None) -> dict:
         url = f"{self.base_url}{path}"
         data = None if payload is None else json.dumps(payload).encode()
@@ -65,7 +68,8 @@ class OpenAICompatLLM(LLM):
 
     @property
     def served_model(self) -> str:
-        """Name sent in requests: explicit, else the server's single model when `model` is a local alias/path."""
+        """Name sent in requests: explicit, else the server's single model when `model` is a local
+        alias/path."""
         if self._served_model is None:
             served = self.list_models() if "/" not in self.model or os.path.exists(self.model) else []
             self._served_model = served[0] if len(served) == 1 else self.model
@@ -77,14 +81,15 @@ class OpenAICompatLLM(LLM):
         with ThreadPoolExecutor(max_workers=min(self.batch_size, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    # -- interface --------------------------------------------------------------------------------------------
+    # -- interface ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
         return self.model
 
     @property
     def settings(self) -> dict[str, object]:
-        # The URL is where, not what: the same weights behind another host keep the same fingerprint.
+        # The URL is where, not what: the same weights behind another host keep the same
+        # fingerprint.
         return {"served_model": self._served_model_arg}
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -105,7 +110,8 @@ class OpenAICompatLLM(LLM):
 
     @property
     def tokenizer(self) -> Any:
-        """Local tokenizer of `model` (or `tokenizer`): the chat template for `score`, exact counts for budgets."""
+        """Local tokenizer of `model` (or `tokenizer`): the chat template for `score`, exact counts
+        for budgets."""
         if self._tokenizer is None:
             from persrag_lightning.llm.gguf import load_tokenizer
 
@@ -161,8 +167,9 @@ class OpenAICompatLLM(LLM):
 
 
 def _target_logprob(out: dict, text: str, target: str, n_target: int, base_url: str) -> float:
-    """Sum of the echoed logprobs of the target, located by character offsets when they index the prompt we
-    sent (OpenAI, vLLM), else as the last `n_target` echoed prompt tokens (llama.cpp drops special tokens)."""
+    """Sum of the echoed logprobs of the target, located by character offsets when they index the
+    prompt we sent (OpenAI, vLLM), else as the last `n_target` echoed prompt tokens (llama.cpp drops
+    special tokens)."""
     try:
         choice = out["choices"][0]
         lp = choice["logprobs"]

@@ -10,7 +10,8 @@ from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
 
 class VLLMLLM(LLM):
-    """Offline vLLM engine: greedy chat generation and prompt-logprob scoring, batches scheduled by vLLM."""
+    """Offline vLLM engine: greedy chat generation and prompt-logprob scoring, batches scheduled by
+    vLLM."""
 
     backend = "vllm"
 
@@ -48,7 +49,8 @@ class VLLMLLM(LLM):
         return self.source.digest
 
     def close(self) -> None:
-        """Stop the engine (its core process and KV cache), so another engine or model gets the GPU's memory."""
+        """Stop the engine (its core process and KV cache), so another engine or model gets the
+        GPU's memory."""
         engine = self.__dict__.pop("engine", None)
         if engine is None:
             return

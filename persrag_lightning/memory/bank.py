@@ -1,4 +1,5 @@
-"""`MemoryBank`: the one object the service and the evaluation use — sign-up, remember, recall, list, delete."""
+"""`MemoryBank`: the one object the service and the evaluation use — sign-up, remember, recall,
+list, delete."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from persrag_lightning.memory.store import MemoryStore, NewMemory, StoreSettings
 
 @dataclass(frozen=True)
 class ChatMemory:
-    """What one chat turn did to the bank: the memory stored (None: nothing to remember), the memories
-    recalled for the prompt, and the extraction behind both."""
+    """What one chat turn did to the bank: the memory stored (None: nothing to remember), the
+    memories recalled for the prompt, and the extraction behind both."""
 
     memory: Memory | None
     recalled: list[Recalled]
@@ -27,7 +28,8 @@ class ChatMemory:
 
 
 class UserExistsError(ValueError):
-    """Sign-up of a user who already has memories or turns (a second questionnaire would duplicate them)."""
+    """Sign-up of a user who already has memories or turns (a second questionnaire would duplicate
+    them)."""
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,14 @@ class MemorySettings:
     max_message_chars: int = 8000
     max_turns_per_user: int = 1000  # session turns kept per user, all sessions together (oldest dropped first)
     extract_query_tags: bool = True  # recall asks the LLM for the query's tags when none are given (seed)
-    # what recall embeds: "summary", the LLM's one-sentence summary of the query (the seed; the extraction's
-    # sentence, from the same call as the tags), or "raw", the query itself; without an LLM, or when the LLM's
-    # answer is unusable or empty, the raw query (counted in `recall_inputs`)
+    # what recall embeds: "summary", the LLM's one-sentence summary of the query (the seed; the
+    # extraction's sentence, from the same call as the tags), or "raw", the query itself; without an
+    # LLM, or when the LLM's answer is unusable or empty, the raw query (counted in `recall_inputs`)
     recall_query: str = "summary"
-    # True: constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp; hf with
-    # lm-format-enforcer). False (default): free decoding parsed afterwards, as the seed does; with SmolLM2-135M
-    # the schema cut the fallbacks to a few but its forced sentences lost the facts, and recall with them
-    # (docs/methods/memory.md)
+    # True: constrain the extraction answer to its JSON schema where the LLM backend can (llamacpp;
+    # hf with lm-format-enforcer). False (default): free decoding parsed afterwards, as the seed
+    # does; with SmolLM2-135M the schema cut the fallbacks to a few but its forced sentences lost
+    # the facts, and recall with them (docs/methods/memory.md)
     constrained_extraction: bool = False
 
     def __post_init__(self) -> None:
@@ -57,7 +59,8 @@ class MemorySettings:
 
 
 def check_text(text: object, what: str, max_chars: int) -> str:
-    """Reject what must never be stored: non-strings, empty text, oversized text, unencodable (lone surrogates)."""
+    """Reject what must never be stored: non-strings, empty text, oversized text, unencodable (lone
+    surrogates)."""
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a string, got {type(text).__name__}")
     if not text.strip():
@@ -72,10 +75,11 @@ def check_text(text: object, what: str, max_chars: int) -> str:
 
 
 class MemoryBank:
-    """Per-user memories on LanceDB: LLM extraction on write, tag-re-ranked recall, usage-aware eviction.
+    """Per-user memories on LanceDB: LLM extraction on write, tag-re-ranked recall, usage-aware
+    eviction.
 
-    Without an LLM, messages are stored verbatim, queries are embedded raw and carry no tags (recall is then the
-    vector top-3 of N = 20, since the kept score must be >= N - 2)."""
+    Without an LLM, messages are stored verbatim, queries are embedded raw and carry no tags (recall
+    is then the vector top-3 of N = 20, since the kept score must be >= N - 2)."""
 
     def __init__(self, path: str | Path, encoder: Encoder, llm: LLM | None = None,
                  settings: MemorySettings | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -94,7 +98,8 @@ class MemoryBank:
     @classmethod
     def open(cls, path: str | Path, encoder: str | Encoder = "minilm", llm: LLM | None = None,
              settings: MemorySettings | None = None) -> MemoryBank:
-        """Open (or create) a bank; `encoder` may be a model name/alias loaded with our TextEncoder."""
+        """Open (or create) a bank; `encoder` may be a model name/alias loaded with our
+        TextEncoder."""
         if isinstance(encoder, str):
             from persrag_lightning.models.text_encoder import TextEncoder
 
@@ -102,7 +107,8 @@ class MemoryBank:
         return cls(path, encoder, llm, settings)
 
     def _user_lock(self, user_id: str) -> threading.Lock:
-        """Eviction reads then deletes; one lock per user keeps two concurrent turns from evicting twice."""
+        """Eviction reads then deletes; one lock per user keeps two concurrent turns from evicting
+        twice."""
         with self._locks_guard:
             return self._user_locks.setdefault(user_id, threading.Lock())
 
@@ -119,10 +125,11 @@ class MemoryBank:
         """Extractions recovered from a cut-off JSON answer."""
         return self.extractor.repaired if self.extractor else 0
 
-    # ---- writes ---------------------------------------------------------------------------------------------
+    # ---- writes ----------------------------------------------------------------------------------
 
     def add_user(self, user_id: str, answers: Mapping[str, str]) -> list[Memory]:
-        """Sign-up: each answered questionnaire category becomes a memory tagged with its category."""
+        """Sign-up: each answered questionnaire category becomes a memory tagged with its
+        category."""
         validate_id(user_id)
         pairs = questionnaire_turns(answers)
         for q, a in pairs:
@@ -148,7 +155,8 @@ class MemoryBank:
         return stored
 
     def log_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
-        """Log one turn of either role (the assistant's answers are logged by the caller after generation)."""
+        """Log one turn of either role (the assistant's answers are logged by the caller after
+        generation)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         turn = self.store.add_turn(user_id, session_id, role,
@@ -157,13 +165,15 @@ class MemoryBank:
         return turn
 
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:
-        """A user's chat message: log the turn, extract a memory with the session's recent turns, store it,
-        evict past capacity. None when the LLM judged that the message tells nothing about the user."""
+        """A user's chat message: log the turn, extract a memory with the session's recent turns,
+        store it, evict past capacity. None when the LLM judged that the message tells nothing about
+        the user."""
         return self._store(user_id, self._observe(user_id, message, session_id))
 
     def remember_and_recall(self, user_id: str, message: str, session_id: str) -> ChatMemory:
-        """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as the seed
-        does) before storing it, so the message never recalls itself; then store and evict."""
+        """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as
+        the seed does) before storing it, so the message never recalls itself; then store and
+        evict."""
         extraction = self._observe(user_id, message, session_id)
         recalled = self.recall(user_id, message, tags=extraction.tags,
                                summary=extraction.memory if extraction.parsed else "")
@@ -211,8 +221,9 @@ class MemoryBank:
             return self.store.delete_user(user_id)
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
-        """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps them); the
-        user's lock goes with them (the caller makes sure no request of the user is in flight)."""
+        """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps
+        them); the user's lock goes with them (the caller makes sure no request of the user is in
+        flight)."""
         with self._user_lock(user_id):
             counts = self.store.purge_user(user_id)
         with self._locks_guard:
@@ -223,14 +234,15 @@ class MemoryBank:
         """Every user the bank holds rows of."""
         return self.store.user_ids()
 
-    # ---- reads ----------------------------------------------------------------------------------------------
+    # ---- reads -----------------------------------------------------------------------------------
 
     def recall(self, user_id: str, query: str, tags: Tags | None = None,
                session_id: str | None = None, summary: str | None = None) -> list[Recalled]:
-        """Memories of this user for a query (seed §3.5); recalled rows get usage + 1 and last_used_at = now.
-        The vector search embeds the LLM's summary of the query (`summary`, else one LLM call with the session's
-        recent turns, which also gives the tags) unless `recall_query` is "raw"; query tags come from `tags`,
-        else from that LLM call, else none. `summary=""` means: the LLM gave none (the raw query is used)."""
+        """Memories of this user for a query (seed §3.5); recalled rows get usage + 1 and
+        last_used_at = now. The vector search embeds the LLM's summary of the query (`summary`, else
+        one LLM call with the session's recent turns, which also gives the tags) unless
+        `recall_query` is "raw"; query tags come from `tags`, else from that LLM call, else none.
+        `summary=""` means: the LLM gave none (the raw query is used)."""
         check_text(query, "query", self.settings.max_message_chars)
         validate_id(user_id)
         want_summary = self.settings.recall_query == "summary"

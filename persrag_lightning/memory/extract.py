@@ -1,5 +1,6 @@
-"""LLM extraction of a one-sentence memory and five-dimension tags from a user message (seed §3.3/§3.5), the
-defensive parser of its answer, and the sign-up questionnaire of the seed's five categories (§3.6)."""
+"""LLM extraction of a one-sentence memory and five-dimension tags from a user message (seed
+§3.3/§3.5), the defensive parser of its answer, and the sign-up questionnaire of the seed's five
+categories (§3.6)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ MAX_MEMORY_CHARS = 500
 
 @dataclass(frozen=True)
 class Extraction:
-    """What the LLM made of a message; `parsed` is False when its answer was unusable and the message itself
-    became the memory (the fallback). An empty `memory` with parsed=True means: nothing worth remembering."""
+    """What the LLM made of a message; `parsed` is False when its answer was unusable and the
+    message itself became the memory (the fallback). An empty `memory` with parsed=True means:
+    nothing worth remembering."""
 
     memory: str
     tags: Tags
@@ -31,7 +33,8 @@ class Extraction:
 
 @dataclass(frozen=True)
 class Question:
-    """One sign-up question: the category key (as sent by clients) and the text shown to the user."""
+    """One sign-up question: the category key (as sent by clients) and the text shown to the
+    user."""
 
     category: str
     text: str
@@ -63,9 +66,10 @@ JSON:"""
 
 
 def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int = 32) -> dict:
-    """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits the token
-    budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then always
-    returns parseable JSON instead of a cut-off tag list."""
+    """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits
+    the token
+    budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then
+    always returns parseable JSON instead of a cut-off tag list."""
     tags = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": tag_chars},
             "maxItems": max_tags}
     return {"type": "object",
@@ -80,7 +84,8 @@ def build_prompt(message: str, history: Sequence[Turn] = ()) -> str:
 
 
 def _tag_list(value: object) -> tuple[str, ...]:
-    """A dimension's value as a tuple of short strings; accepts a list or one comma-separated string."""
+    """A dimension's value as a tuple of short strings; accepts a list or one comma-separated
+    string."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
@@ -99,8 +104,9 @@ def _string(body: str) -> str | None:
 
 
 def _salvage(text: str) -> dict | None:
-    """Recover a cut-off answer (the usual failure of a 135M model: a tag list repeated until the token limit):
-    the complete `memory` string and the complete strings of each dimension's list; None without a memory."""
+    """Recover a cut-off answer (the usual failure of a 135M model: a tag list repeated until the
+    token limit): the complete `memory` string and the complete strings of each dimension's list;
+    None without a memory."""
     m = re.search(r'"memory"\s*:\s*' + _JSON_STRING, text)
     memory = _string(m.group(1)) if m else None
     if memory is None:
@@ -121,7 +127,8 @@ def fallback(message: str) -> Extraction:
 
 
 def parse_extraction(answer: str, message: str) -> Extraction:
-    """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives `fallback`."""
+    """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives
+    `fallback`."""
     obj, repaired = first_json_object(answer), False
     if obj is None:
         obj, repaired = _salvage(answer), True
@@ -133,12 +140,14 @@ def parse_extraction(answer: str, message: str) -> Extraction:
 
 
 class Extractor:
-    """Turns messages into memories with any `LLM` backend; counts the answers that needed the fallback."""
+    """Turns messages into memories with any `LLM` backend; counts the answers that needed the
+    fallback."""
 
     def __init__(self, llm: LLM, max_new_tokens: int = 160, history_turns: int = 6,
                  json_schema: bool = False) -> None:
-        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can; off by default, as
-        the seed parses a free answer (`MemorySettings.constrained_extraction` says what each gave here)."""
+        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can; off
+        by default, as the seed parses a free answer (`MemorySettings.constrained_extraction` says
+        what each gave here)."""
         self.llm = llm
         self.max_new_tokens = max_new_tokens
         self.history_turns = history_turns
@@ -170,8 +179,8 @@ class Extractor:
 
 
 def questionnaire_turns(answers: Mapping[str, str]) -> list[tuple[Question, str]]:
-    """Validate sign-up answers (known categories, string values) and keep the non-empty ones, in the
-    questionnaire's order."""
+    """Validate sign-up answers (known categories, string values) and keep the non-empty ones, in
+    the questionnaire's order."""
     unknown = sorted(set(answers) - set(CATEGORIES))
     if unknown:
         raise ValueError(f"unknown questionnaire categories {unknown}; known: {list(CATEGORIES)}")

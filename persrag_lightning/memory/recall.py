@@ -1,5 +1,5 @@
-"""Recall (seed §3.5, Fig. 2): vector top N of one user, rank score N..1, +1 per query tag whose best cosine to
-a row's tags reaches a threshold, keep score >= N - 2, at most k."""
+"""Recall (seed §3.5, Fig. 2): vector top N of one user, rank score N..1, +1 per query tag whose
+best cosine to a row's tags reaches a threshold, keep score >= N - 2, at most k."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ class RecallSettings:
 
 
 class TagEmbeddings:
-    """LRU cache of tag embeddings: tags repeat across rows and queries, and the seed embeds them per query."""
+    """LRU cache of tag embeddings: tags repeat across rows and queries, and the seed embeds them
+    per query."""
 
     def __init__(self, encoder: Encoder, max_size: int = 50_000) -> None:
         self.encoder = encoder
@@ -89,7 +90,8 @@ def tag_bonus(query_tags: np.ndarray, row_tags: np.ndarray, threshold: float) ->
 
 def rerank(candidates: Sequence[MemoryCandidate], query_tags: Sequence[str], embed: TagEmbeddings | None,
            settings: RecallSettings) -> list[Recalled]:
-    """Score the vector-search candidates, keep those at or above the minimum, best first (ties: nearer first)."""
+    """Score the vector-search candidates, keep those at or above the minimum, best first (ties:
+    nearer first)."""
     q = embed(list(query_tags)) if (embed is not None and query_tags) else np.zeros((0, 0), dtype=np.float32)
     scored = []
     for c in candidates:

@@ -1,6 +1,7 @@
-"""Simulated conversations with planted facts and later questions about them, and recall@k of the planted
-memory: the seed evaluated its memory with three anecdotes; this counts, over many users who all share the same
-kinds of facts (so another user's memory is the most tempting wrong answer)."""
+"""Simulated conversations with planted facts and later questions about them, and recall@k of the
+planted
+memory: the seed evaluated its memory with three anecdotes; this counts, over many users who all
+share the same kinds of facts (so another user's memory is the most tempting wrong answer)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ FILLERS: tuple[str, ...] = (
 )
 
 
-# More unrelated requests for long conversations: every (request, subject) pair is a distinct message.
+# More unrelated requests for long conversations: every (request, subject) pair is a distinct
+# message.
 FILLER_REQUESTS: tuple[str, ...] = (
     "Can you explain {s} in simple terms?", "Give me three facts about {s}.", "Write a short poem about {s}.",
     "What are common misconceptions about {s}?", "Summarise the history of {s} in two lines.",
@@ -52,7 +54,8 @@ FILLER_SUBJECTS: tuple[str, ...] = (
     "the immune system", "origami", "desert ecosystems", "the Cold War", "recursion", "coffee roasting",
     "earthquakes", "the violin",
 )
-# Sign-up answers of the seed's five questionnaire categories (memory/extract.py QUESTIONNAIRE), one drawn each.
+# Sign-up answers of the seed's five questionnaire categories (memory/extract.py QUESTIONNAIRE), one
+# drawn each.
 QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
     "interaction_style": ("Be brief and direct, like a colleague.", "Explain patiently, like a tutor.",
                           "Challenge my ideas like a critic would."),
@@ -68,7 +71,8 @@ QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
 
 
 def filler_messages(n: int, rng: random.Random) -> list[str]:
-    """`n` distinct unrelated requests (the short list first, then request x subject pairs), in random order."""
+    """`n` distinct unrelated requests (the short list first, then request x subject pairs), in
+    random order."""
     pool = list(FILLERS) + [r.format(s=s) for r in FILLER_REQUESTS for s in FILLER_SUBJECTS]
     if n > len(pool):
         raise ValueError(f"at most {len(pool)} distinct filler messages, asked for {n}")
@@ -76,7 +80,8 @@ def filler_messages(n: int, rng: random.Random) -> list[str]:
 
 
 def questionnaire_answers(rng: random.Random) -> dict[str, str]:
-    """One seeded answer per questionnaire category (the sign-up memories the seed starts a user with)."""
+    """One seeded answer per questionnaire category (the sign-up memories the seed starts a user
+    with)."""
     return {category: rng.choice(answers) for category, answers in QUESTIONNAIRE_ANSWERS.items()}
 
 
@@ -92,7 +97,8 @@ class PlantedFact:
 
 @dataclass(frozen=True)
 class SimulatedConversation:
-    """One user's session: facts interleaved with unrelated requests, then questions about every fact."""
+    """One user's session: facts interleaved with unrelated requests, then questions about every
+    fact."""
 
     user_id: str
     session_id: str
@@ -102,8 +108,8 @@ class SimulatedConversation:
 
 @dataclass(frozen=True)
 class RecallReport:
-    """recall@k: share of questions whose planted memory is among the recalled ones; MRR over the same;
-    `foreign`: recalled memories of another user (must be 0)."""
+    """recall@k: share of questions whose planted memory is among the recalled ones; MRR over the
+    same; `foreign`: recalled memories of another user (must be 0)."""
 
     k: int
     questions: int
@@ -140,8 +146,9 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
 
 def feed_conversations(bank: MemoryBank, conversations: list[SimulatedConversation],
                        signup: dict[str, dict[str, str]] | None = None) -> None:
-    """Each user's questionnaire sign-up (when `signup` has it), then every message through `remember` (one LLM
-    extraction each on the seed's path: a progress line with an ETA every 10 s)."""
+    """Each user's questionnaire sign-up (when `signup` has it), then every message through
+    `remember` (one LLM extraction each on the seed's path: a progress line with an ETA every 10
+    s)."""
     bar = Progress("remember messages", sum(len(c.messages) for c in conversations), "messages", final="if_long")
     for conv in conversations:
         if signup and conv.user_id in signup:
@@ -153,9 +160,9 @@ def feed_conversations(bank: MemoryBank, conversations: list[SimulatedConversati
 
 def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
                    signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
-    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
-    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
-    planted value."""
+    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when
+    `signup` has it), then ask every question through `recall`; a hit is a recalled memory of the
+    same user that contains the planted value."""
     feed_conversations(bank, conversations, signup)
     hits = foreign = questions = 0
     rr = 0.0

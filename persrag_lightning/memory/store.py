@@ -1,9 +1,10 @@
 """The memory bank's storage: one embedded LanceDB folder with a `memories` and a `sessions` table.
 
-Every read, write and delete is scoped to one user through `user_filter`, the single place where a user id
-becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`), which LanceDB
-renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter string. Each LanceDB
-write commits a new table version atomically, so a process killed mid-write leaves the previous version.
+Every read, write and delete is scoped to one user through `user_filter`, the single place where a
+user id becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`),
+which LanceDB renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter
+string. Each LanceDB write commits a new table version atomically, so a process killed mid-write
+leaves the previous version.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ SOURCES = ("chat", "questionnaire", "manual")
 
 
 class InvalidIdError(ValueError):
-    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control characters)."""
+    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control
+    characters)."""
 
 
 def validate_id(value: object, what: str = "user_id") -> str:
-    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some parsers)."""
+    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some
+    parsers)."""
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value or len(value) > MAX_ID_CHARS:
@@ -58,10 +61,10 @@ def validate_id(value: object, what: str = "user_id") -> str:
 
 def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None,
                 others_in_fragments: Sequence[int] | None = None):
-    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a typed
-    LanceDB expression whose literals LanceDB escapes itself; every table access goes through it.
-    `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not* the user's
-    (row id = fragment << 32 | offset, LanceDB's default row ids)."""
+    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a
+    typed LanceDB expression whose literals LanceDB escapes itself; every table access goes through
+    it. `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not*
+    the user's (row id = fragment << 32 | offset, LanceDB's default row ids)."""
     expr = col("user_id") == lit(validate_id(user_id))
     if ids is not None:
         id_list = [validate_id(i, "memory id") for i in ids]
@@ -76,7 +79,8 @@ def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: s
 
 
 def memories_schema(dim: int) -> pa.Schema:
-    """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays queryable."""
+    """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays
+    queryable."""
     return pa.schema([
         ("id", pa.string()),
         ("user_id", pa.string()),
@@ -120,7 +124,8 @@ class StoreSettings:
 
 @dataclass(frozen=True)
 class NewMemory:
-    """What the caller supplies to store a memory; id, timestamps and usage are filled in by the store."""
+    """What the caller supplies to store a memory; id, timestamps and usage are filled in by the
+    store."""
 
     text: str
     vector: np.ndarray
@@ -141,7 +146,8 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._indexed = False
         self._commits = 0
-        # interval 0: every read checks for versions committed by other processes (strong consistency)
+        # interval 0: every read checks for versions committed by other processes (strong
+        # consistency)
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
         self.memories = self._open(MEMORIES, memories_schema(self.dim))
         self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
@@ -150,19 +156,21 @@ class MemoryStore:
             raise ValueError(f"memory bank {self.path} holds {stored_dim}-d vectors but the encoder gives {self.dim}-d")
 
     def _open(self, name: str, schema: pa.Schema):
-        """Open a table, creating it empty on first use (exist_ok: two processes may race to create it)."""
+        """Open a table, creating it empty on first use (exist_ok: two processes may race to create
+        it)."""
         try:
             return self.db.open_table(name)
         except ValueError:  # "Table ... was not found"
             return self.db.create_table(name, schema=schema, exist_ok=True)
 
     def now(self) -> float:
-        """Strictly increasing timestamps, so 'oldest' and turn order are total even within one clock tick."""
+        """Strictly increasing timestamps, so 'oldest' and turn order are total even within one
+        clock tick."""
         with self._lock:
             self._last_ts = max(float(self._clock()), self._last_ts + 1e-6)
             return self._last_ts
 
-    # ---- memories -------------------------------------------------------------------------------------------
+    # ---- memories --------------------------------------------------------------------------------
 
     def add_memories(self, user_id: str, items: Sequence[NewMemory]) -> list[Memory]:
         """Append memories of one user in ONE commit (all or nothing)."""
@@ -214,8 +222,9 @@ class MemoryStore:
         return self.memories.count_rows(user_filter(user_id).to_sql())
 
     def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[MemoryCandidate]:
-        """Nearest memories of one user by cosine distance; the user filter is applied before the search
-        (prefilter), so an index never returns fewer rows because of other users' neighbours."""
+        """Nearest memories of one user by cosine distance; the user filter is applied before the
+        search (prefilter), so an index never returns fewer rows because of other users'
+        neighbours."""
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         if vec.shape[0] != self.dim:
             raise ValueError(f"query vector must be {self.dim}-d, got {vec.shape[0]}")
@@ -225,7 +234,8 @@ class MemoryStore:
         return [MemoryCandidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
 
     def mark_used(self, user_id: str, ids: Sequence[str]) -> int:
-        """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows updated."""
+        """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows
+        updated."""
         if not ids:
             return 0
         now = self.now()
@@ -253,12 +263,13 @@ class MemoryStore:
         return n_mem, n_turn
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
-        """`delete_user`, then physically: a LanceDB delete only marks rows in deletion files (and compaction
-        rewrites a fragment only past 10 % deleted rows), so the other rows sharing a fragment with the user's
-        are rewritten elsewhere in the same commit (one merge_insert), which leaves those fragments empty, and
-        every older version — data, deletion and index files — is removed. Idempotent; returns (memories,
-        turns) deleted. Old versions go at once (`cleanup_older_than=0`), so this must be the only process
-        writing the bank (the service is)."""
+        """`delete_user`, then physically: a LanceDB delete only marks rows in deletion files (and
+        compaction rewrites a fragment only past 10 % deleted rows), so the other rows sharing a
+        fragment with the user's are rewritten elsewhere in the same commit (one merge_insert),
+        which leaves those fragments empty, and every older version — data, deletion and index files
+        — is removed. Idempotent; returns (memories, turns) deleted. Old versions go at once
+        (`cleanup_older_than=0`), so this must be the only process writing the bank (the service
+        is)."""
         with self._lock:
             counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
             with warnings.catch_warnings():  # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
@@ -275,7 +286,8 @@ class MemoryStore:
         found = table.search().where(pred).with_row_id(True).select(["id"]).limit(None).to_arrow()
         if not found.num_rows:
             return 0
-        # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's fragments
+        # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's
+        # fragments
         fragments = sorted({int(r) >> 32 for r in found.column("_rowid").to_pylist()})
         others_pred = user_filter(user_id, others_in_fragments=fragments)
         others = table.search().where(others_pred).limit(None).to_arrow()
@@ -284,7 +296,7 @@ class MemoryStore:
          .execute(others))
         return found.num_rows
 
-    # ---- vector index ---------------------------------------------------------------------------------------
+    # ---- vector index ----------------------------------------------------------------------------
 
     def has_vector_index(self) -> bool:
         if not self._indexed:  # once built it stays (nothing here drops it), so stop asking LanceDB
@@ -292,8 +304,9 @@ class MemoryStore:
         return self._indexed
 
     def maybe_index(self) -> bool:
-        """Build the ANN index once the table is large enough (flat search below it); True when built now.
-        Rows added later are searched flat by LanceDB until `optimize` folds them into the index."""
+        """Build the ANN index once the table is large enough (flat search below it); True when
+        built now. Rows added later are searched flat by LanceDB until `optimize` folds them into
+        the index."""
         with self._lock:
             if self.has_vector_index():
                 return False
@@ -320,7 +333,7 @@ class MemoryStore:
         if every and self._commits >= every:
             self.optimize()
 
-    # ---- sessions -------------------------------------------------------------------------------------------
+    # ---- sessions --------------------------------------------------------------------------------
 
     def add_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
         """Log one turn (user or assistant) in one commit."""
@@ -338,8 +351,8 @@ class MemoryStore:
         return turn
 
     def trim_turns(self, user_id: str, keep: int) -> int:
-        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit; returns rows
-        deleted. Sessions are bounded by this, not by a count of sessions."""
+        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit;
+        returns rows deleted. Sessions are bounded by this, not by a count of sessions."""
         with self._lock:
             if self.sessions.count_rows(user_filter(user_id).to_sql()) <= keep:
                 return 0
@@ -351,14 +364,16 @@ class MemoryStore:
             return int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
 
     def user_ids(self) -> set[str]:
-        """Every user with a memory or a turn (a scan of the user_id columns: used once, at start)."""
+        """Every user with a memory or a turn (a scan of the user_id columns: used once, at
+        start)."""
         out: set[str] = set()
         for table in (self.memories, self.sessions):
             out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
         return out
 
     def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
-        """A user's turns (of one session when given), oldest first; `last` keeps only the most recent ones."""
+        """A user's turns (of one session when given), oldest first; `last` keeps only the most
+        recent ones."""
         rows = self.sessions.search().where(user_filter(user_id, session_id=session_id)).limit(None).to_list()
         turns = sorted((Turn(r["id"], r["session_id"], r["user_id"], r["role"], r["text"], float(r["created_at"]))
                         for r in rows), key=lambda t: (t.created_at, t.id))

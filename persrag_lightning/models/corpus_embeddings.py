@@ -1,10 +1,12 @@
-"""Corpus-embedding cache: every history doc embedded once by the frozen encoder, stored under a fingerprint.
+"""Corpus-embedding cache: every history doc embedded once by the frozen encoder, stored under a
+fingerprint.
 
-Precision follows the machine (`embedding_precision`): on a CPU that computes bfloat16 natively (AVX512-BF16 or
-AMX) the encoder runs under bfloat16 autocast, elsewhere (an AVX2-only CPU, a GPU) in float32. On 2 cores of an AMX
-Xeon, bfloat16 embedded SynthLaMP docs with MiniLM clearly faster than float32, its vectors and top-5 neighbours
-nearly float32's (docs/fidelity.md; benchmarks/bench_inference_precision.py, raw output in
-benchmarks/results/cpu-2026-11-27b-mainjob/). The precision is part of the cache's key and of its meta.json.
+Precision follows the machine (`embedding_precision`): on a CPU that computes bfloat16 natively
+(AVX512-BF16 or AMX) the encoder runs under bfloat16 autocast, elsewhere (an AVX2-only CPU, a GPU)
+in float32. On 2 cores of an AMX Xeon, bfloat16 embedded SynthLaMP docs with MiniLM clearly faster
+than float32, its vectors and top-5 neighbours nearly float32's (docs/fidelity.md;
+benchmarks/bench_inference_precision.py, raw output in benchmarks/results/cpu-2026-11-27b-mainjob/).
+The precision is part of the cache's key and of its meta.json.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def resolve_device(device: str) -> str:
 
 
 def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
-    """fp32 or bf16. `auto`: bf16 where the encoder runs on a CPU that computes bfloat16 natively, fp32 elsewhere
-    (on a GPU the corpus takes seconds in float32; an AVX2-only CPU would emulate bfloat16)."""
+    """fp32 or bf16. `auto`: bf16 where the encoder runs on a CPU that computes bfloat16 natively,
+    fp32 elsewhere (on a GPU the corpus takes seconds in float32; an AVX2-only CPU would emulate
+    bfloat16)."""
     if precision not in PRECISIONS:
         raise ValueError(f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision != "auto":
@@ -47,14 +50,16 @@ def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
 
 
 def precision_autocast(precision: str, device: str = "cpu") -> torch.autocast:
-    """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision` resolves it)."""
+    """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision`
+    resolves it)."""
     return torch.autocast(resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def corpus_embedding_key(corpus: Corpus, encoder: str, max_length: int, pooling: Pooling,
                          precision: str = "auto") -> str:
-    """Fingerprint of (data content, model, max length, pooling, precision): a new value of any of them is a new
-    cache. `auto` is this machine's precision; float32 keys are those of caches made before precision was one."""
+    """Fingerprint of (data content, model, max length, pooling, precision): a new value of any of
+    them is a new cache. `auto` is this machine's precision; float32 keys are those of caches made
+    before precision was one."""
     parts = ["corpus-embeddings/v1", corpus.digest(), model_identity(encoder), max_length, pooling]
     if embedding_precision(precision) == "bf16":
         parts.append("bf16")
@@ -68,8 +73,9 @@ def corpus_embedding_dir(cache_dir: str | Path, key: str) -> Path:
 def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str = "minilm", max_length: int = 256,
                             pooling: Pooling = "mean", batch_size: int = 64, device: str = "auto",
                             precision: str = "auto") -> Path:
-    """Embed the corpus unless its cache exists; identical texts are embedded once; a killed run resumes per shard.
-    `precision`: fp32, bf16 (autocast) or auto (`embedding_precision`: by what this machine computes natively)."""
+    """Embed the corpus unless its cache exists; identical texts are embedded once; a killed run
+    resumes per shard. `precision`: fp32, bf16 (autocast) or auto (`embedding_precision`: by what
+    this machine computes natively)."""
     precision = embedding_precision(precision, device)
     key = corpus_embedding_key(corpus, encoder, max_length, pooling, precision)
     out = corpus_embedding_dir(cache_dir, key)
@@ -123,9 +129,9 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
 
 def load_corpus_embeddings(cache_dir: str | Path, corpus: Corpus, encoder: str = "minilm", max_length: int = 256,
                            pooling: Pooling = "mean", precision: str = "auto") -> torch.Tensor:
-    """The [rows, dim] table for this corpus; a missing cache names the step that builds it. `auto` reads the table
-    of this machine's precision, else the other one (a table built by a `build_corpus_embeddings` on another
-    device: the same vectors to within bfloat16's rounding)."""
+    """The [rows, dim] table for this corpus; a missing cache names the step that builds it. `auto`
+    reads the table of this machine's precision, else the other one (a table built by a
+    `build_corpus_embeddings` on another device: the same vectors to within bfloat16's rounding)."""
     tried = [embedding_precision(precision)]
     if precision == "auto":
         tried.append("fp32" if tried[0] == "bf16" else "bf16")

@@ -1,6 +1,6 @@
-"""The generator stage's model side (plain torch + transformers, no Lightning): which LoRA targets an LLM has, the
-loss mask of a (prompt, target) pair, and the export of a tuned LLM as a plain Hugging Face folder (LoRA merged,
-tokenizer included) that every backend loads without peft."""
+"""The generator stage's model side (plain torch + transformers, no Lightning): which LoRA targets
+an LLM has, the loss mask of a (prompt, target) pair, and the export of a tuned LLM as a plain
+Hugging Face folder (LoRA merged, tokenizer included) that every backend loads without peft."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from persrag_lightning.utils import atomic_directory, file_digest
 GENERATOR_META = "persrag_generator.json"  # what was tuned, how, and the weights' digest (part of the folder digest)
 IGNORE_INDEX = -100  # label of a token that carries no loss (prompt and padding)
 
-# LoRA targets by the projection names a model family uses (attention query and value, as the LoRA paper)
+# LoRA targets by the projection names a model family uses (attention query and value, as the LoRA
+# paper)
 LORA_TARGETS: tuple[tuple[str, ...], ...] = (("q_proj", "v_proj"), ("q", "v"), ("query", "value"), ("c_attn",))
 
 
 def default_lora_targets(model: nn.Module) -> tuple[str, ...]:
-    """The attention query/value projections of a causal or seq2seq LLM (llama-style, T5, BERT-style, GPT-2)."""
+    """The attention query/value projections of a causal or seq2seq LLM (llama-style, T5,
+    BERT-style, GPT-2)."""
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     for targets in LORA_TARGETS:
         if set(targets) <= names:
@@ -31,12 +33,13 @@ def default_lora_targets(model: nn.Module) -> tuple[str, ...]:
 
 
 def causal_lm_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Left-padded [prompt; target] rows whose labels are the target tokens only (prompt and padding are
-    IGNORE_INDEX), so the causal-LM loss is -log p(target | prompt), as the feedback and `choose` score it.
+    """Left-padded [prompt; target] rows whose labels are the target tokens only (prompt and padding
+    are IGNORE_INDEX), so the causal-LM loss is -log p(target | prompt), as the feedback and
+    `choose` score it.
 
-    Left padding (with explicit positions, as the hf backend scores) puts every target at the end, so the model
-    computes logits for the last `logits_to_keep` positions only: a 49k-word vocabulary over 500-token prompts
-    would otherwise cost ~100 MB of logits per example."""
+    Left padding (with explicit positions, as the hf backend scores) puts every target at the end,
+    so the model computes logits for the last `logits_to_keep` positions only: a 49k-word vocabulary
+    over 500-token prompts would otherwise cost ~100 MB of logits per example."""
     width = max(len(p) + len(t) for p, t in pairs)
     ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
     labels = torch.full((len(pairs), width), IGNORE_INDEX, dtype=torch.long)
@@ -53,7 +56,8 @@ def causal_lm_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -
 
 
 def seq2seq_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Encoder inputs and decoder labels (the model shifts labels right itself); padding is IGNORE_INDEX."""
+    """Encoder inputs and decoder labels (the model shifts labels right itself); padding is
+    IGNORE_INDEX."""
     enc_w = max(len(p) for p, _ in pairs)
     dec_w = max(len(t) for _, t in pairs)
     ids = torch.full((len(pairs), enc_w), pad_id, dtype=torch.long)
@@ -67,8 +71,9 @@ def seq2seq_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> 
 
 
 def target_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the target tokens of a causal batch: position i predicts token i + 1. `logits` may
-    cover only the last positions (logits_to_keep); they are aligned with the end of `labels`."""
+    """Mean cross-entropy over the target tokens of a causal batch: position i predicts token i + 1.
+    `logits` may cover only the last positions (logits_to_keep); they are aligned with the end of
+    `labels`."""
     labels = labels[:, labels.shape[1] - logits.shape[1]:]
     shift_logits = logits[:, :-1].float()
     shift_labels = labels[:, 1:]
@@ -77,10 +82,11 @@ def target_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 
 
 def export_generator(model: nn.Module, tokenizer, path: str | Path, meta: dict) -> Path:
-    """Write the tuned LLM as a plain transformers folder: LoRA merged into a copy (training can go on), weights as
-    safetensors, tokenizer and generation config beside them, and `persrag_generator.json` with the weights'
-    digest, so a retrained generator under the same path never reuses another's cached answers. Atomic: a
-    failed export keeps the previous folder whole."""
+    """Write the tuned LLM as a plain transformers folder: LoRA merged into a copy (training can go
+    on), weights as safetensors, tokenizer and generation config beside them, and
+    `persrag_generator.json` with the weights' digest, so a retrained generator under the same path
+    never reuses another's cached answers. Atomic: a failed export keeps the previous folder
+    whole."""
     path = Path(path)
     plain = merged_copy(model)
     with atomic_directory(path) as tmp:

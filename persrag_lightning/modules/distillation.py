@@ -1,5 +1,5 @@
-"""What stages 2 and 3 share: distil LLM feedback into a ranking model (KL over candidate lists, Eq. 8 / 12),
-rank metrics against the feedback, the optimiser and its schedule, and the export."""
+"""What stages 2 and 3 share: distil LLM feedback into a ranking model (KL over candidate lists, Eq.
+8 / 12), rank metrics against the feedback, the optimiser and its schedule, and the export."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from persrag_lightning.utils import as_settings
 
 
 class FeedbackDistillationModule(L.LightningModule):
-    """KL to LLM feedback (Eq. 8 / 12) over candidate lists, ranking metrics against the feedback, AdamW, export.
+    """KL to LLM feedback (Eq. 8 / 12) over candidate lists, ranking metrics against the feedback,
+    AdamW, export.
 
-    Subclasses take `config` (their model's `settings_class`) and `training: DistillationSettings`, and name their
-    `model_class` and its `config_class` (the settings plus the user table's width). The data module must expose
-    `user_embeddings` [U, du] whose rows match CandidateBatch.users (and, when the user table is trained and
-    exported, `user_ids`, one id per row).
+    Subclasses take `config` (their model's `settings_class`) and `training: DistillationSettings`,
+    and name their `model_class` and its `config_class` (the settings plus the user table's width).
+    The data module must expose `user_embeddings` [U, du] whose rows match CandidateBatch.users
+    (and, when the user table is trained and exported, `user_ids`, one id per row).
     """
 
     bundle_name = ""
@@ -32,7 +33,8 @@ class FeedbackDistillationModule(L.LightningModule):
     settings_class: type
 
     def _init_state(self, config: object, training: object) -> None:
-        """The typed settings (hyperparameters may hold them as dicts: utils.as_settings), metrics, no model yet."""
+        """The typed settings (hyperparameters may hold them as dicts: utils.as_settings), metrics,
+        no model yet."""
         self.config = as_settings(self.settings_class, config)
         self.settings: DistillationSettings = as_settings(DistillationSettings, training)
         self.model: nn.Module | None = None
@@ -44,7 +46,8 @@ class FeedbackDistillationModule(L.LightningModule):
         self._first_stage_logged = False
 
 
-    # ---- model construction (needs the user table's width, so it happens in setup or from a checkpoint) -----
+    # ---- model construction (needs the user table's width, so it happens in setup or from a
+    # checkpoint) -----
 
     def _build_model(self, user_dim: int) -> nn.Module:
         return self.model_class.from_config(self.config_class(**asdict(self.config), user_dim=user_dim))
@@ -55,7 +58,8 @@ class FeedbackDistillationModule(L.LightningModule):
 
     @property
     def train_user_embeddings(self) -> bool:
-        """Whether the user table is fine-tuned (and exported); only a retriever setting may say so."""
+        """Whether the user table is fine-tuned (and exported); only a retriever setting may say
+        so."""
         return False
 
     def _set_user_table(self, num_users: int, dim: int, weights: torch.Tensor | None = None) -> None:
@@ -66,7 +70,8 @@ class FeedbackDistillationModule(L.LightningModule):
         self.user_table.weight.requires_grad_(self.train_user_embeddings)
 
     def attach_datamodule(self, datamodule) -> None:
-        """Build the model and the user table from the data (skipped for what a checkpoint already restored)."""
+        """Build the model and the user table from the data (skipped for what a checkpoint already
+        restored)."""
         table = getattr(datamodule, "user_embeddings", None)
         if table is None:
             raise TypeError(f"{type(self).__name__} needs a datamodule exposing `user_embeddings` [U, du] "
@@ -75,13 +80,15 @@ class FeedbackDistillationModule(L.LightningModule):
         if table.dim() != 2:
             raise ValueError(f"datamodule.user_embeddings must be [U, du], got {tuple(table.shape)}")
         if self.model is None:
-            # seeded from the run's seed, not from the RNG state prepare_data left (which depends on whether the
-            # feedback labels were cached), so a run starts from the same weights either way
+            # seeded from the run's seed, not from the RNG state prepare_data left (which depends on
+            # whether the feedback labels were cached), so a run starts from the same weights either
+            # way
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(torch.initial_seed())
                 self.model = self._build_model(table.shape[1])
-            # from_pretrained leaves encoders in eval mode and Lightning keeps submodule modes: without this the
-            # encoders' dropout would be off while fine-tuning (the official code, under HF Trainer, trains with it)
+            # from_pretrained leaves encoders in eval mode and Lightning keeps submodule modes:
+            # without this the encoders' dropout would be off while fine-tuning (the official code,
+            # under HF Trainer, trains with it)
             self.model.train(self.training)
         if self.user_table is None:
             self._set_user_table(*table.shape, weights=table)
@@ -101,8 +108,8 @@ class FeedbackDistillationModule(L.LightningModule):
         checkpoint["user_ids"] = self.user_ids
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Rebuild model and user table from the checkpoint, so load_from_checkpoint needs no datamodule (the
-        table's values, like the weights, come from the state dict right after)."""
+        """Rebuild model and user table from the checkpoint, so load_from_checkpoint needs no
+        datamodule (the table's values, like the weights, come from the state dict right after)."""
         if self.model is None:
             self.model = self._model_from_config(checkpoint[f"{self.bundle_name}_config"])
         if self.user_table is None:
@@ -110,10 +117,11 @@ class FeedbackDistillationModule(L.LightningModule):
         if not self.user_ids:
             self.user_ids = list(checkpoint.get("user_ids", []))
 
-    # ---- training --------------------------------------------------------------------------------------------
+    # ---- training --------------------------------------------------------------------------------
 
     def forward(self, batch: CandidateBatch) -> torch.Tensor:
-        """[B, C] scores of the batch's candidates for its query users (padding arbitrary, masked downstream)."""
+        """[B, C] scores of the batch's candidates for its query users (padding arbitrary, masked
+        downstream)."""
         return self.model(batch, self.user_table(batch.users.to(self.user_table.weight.device)))
 
     def loss(self, scores: torch.Tensor, batch: CandidateBatch) -> torch.Tensor:
@@ -130,7 +138,8 @@ class FeedbackDistillationModule(L.LightningModule):
         self.log(f"{prefix}/kl", self.loss(scores, batch), sync_dist=True, batch_size=len(batch))
         self.ndcg.update(scores, batch.labels, batch.mask)
         self.recall.update(scores, batch.labels, batch.mask)
-        # the ranking the candidates came with, once per run (and on every test): the baseline to beat
+        # the ranking the candidates came with, once per run (and on every test): the baseline to
+        # beat
         if prefix == "test" or not (self._first_stage_logged or self.trainer.sanity_checking):
             self.first_stage_ndcg.update(batch.first_stage, batch.labels, batch.mask)
             self.first_stage_recall.update(batch.first_stage, batch.labels, batch.mask)
@@ -165,15 +174,16 @@ class FeedbackDistillationModule(L.LightningModule):
         return self(batch)
 
     def configure_optimizers(self):
-        """AdamW over trainable parameters (no decay on biases, norms and the user table); optional linear warmup
-        and linear decay, stepped per optimizer step."""
+        """AdamW over trainable parameters (no decay on biases, norms and the user table); optional
+        linear warmup and linear decay, stepped per optimizer step."""
         return adamw(self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches,
                      no_decay=lambda name, p: p.ndim < 2 or name.startswith("user_table."))
 
-    # ---- export ----------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     def export(self, path: str | Path, datamodule=None) -> Path:
-        """Write the serving bundle (models/ reloads it without Lightning); the CLI calls this on rank 0 after fit."""
+        """Write the serving bundle (models/ reloads it without Lightning); the CLI calls this on
+        rank 0 after fit."""
         if not self.train_user_embeddings:
             return self.model.save_pretrained(path)
         ids = self.user_ids or list(getattr(datamodule, "user_ids", None) or [])

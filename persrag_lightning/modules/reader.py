@@ -1,11 +1,11 @@
-"""The reader stage: a `LabelReader` (models/reader.py) trained on the task's train questions to give the label
-distribution that the evaluation, the feedback labels and serving read answers from.
+"""The reader stage: a `LabelReader` (models/reader.py) trained on the task's train questions to
+give the label distribution that the evaluation, the feedback labels and serving read answers from.
 
-The loss is the negative log-likelihood of the gold label under the reader's distribution: cross-entropy under the
-softmax head, the cumulative-link likelihood under the ordinal head (ordered labels). Validation answers dev
-questions as the evaluation does (the decision rule of the task's metric: arg max for accuracy, median for MAE) and
-scores them with the task's LaMP metric; the best epoch is exported (configs/reader.yaml stops when dev stops
-improving).
+The loss is the negative log-likelihood of the gold label under the reader's distribution:
+cross-entropy under the softmax head, the cumulative-link likelihood under the ordinal head (ordered
+labels). Validation answers dev questions as the evaluation does (the decision rule of the task's
+metric: arg max for accuracy, median for MAE) and scores them with the task's LaMP metric; the best
+epoch is exported (configs/reader.yaml stops when dev stops improving).
 """
 
 from __future__ import annotations
@@ -21,19 +21,22 @@ from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSet
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.utils import as_settings
 
-# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
+# them
 torch.serialization.add_safe_globals([ReaderSettings, OptimizerSettings])
 
 
 class ReaderModule(L.LightningModule):
-    """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the DataModule's).
+    """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the
+    DataModule's).
 
     Args:
         config: the reader's model settings (encoder, docs read, fusion width and depth, head).
-        training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from scratch).
-        cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the process's. The fusion
-            network's ops are too small to share out: on busy cores one thread steps many times faster than two
-            (docs/methods/reader.md).
+        training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from
+            scratch).
+        cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the
+            process's. The fusion network's ops are too small to share out: on busy cores one thread
+            steps many times faster than two (docs/methods/reader.md).
     """
 
     bundle_name = "reader"
@@ -100,7 +103,8 @@ class ReaderModule(L.LightningModule):
         return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches)
 
     def export(self, path, datamodule=None):
-        """The reader as models/reader.py loads it (config.json + weights; the encoder named and checked)."""
+        """The reader as models/reader.py loads it (config.json + weights; the encoder named and
+        checked)."""
         was_training = self.model.training
         self.model.eval()
         try:

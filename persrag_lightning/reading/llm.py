@@ -1,9 +1,11 @@
-"""The LLM reader: the Table 4 prompt of each question with its docs, read by the LLM of an `LLMConfig`.
+"""The LLM reader: the Table 4 prompt of each question with its docs, read by the LLM of an
+`LLMConfig`.
 
-Label tasks under `answer_mode: choose`: every allowed label is scored by its log-probability, calibrated against
-the label prior (llm/calibration.py) and decided by the task metric's rule. Otherwise the LLM generates the answer
-(the paper's setting), post-processed as the official evaluation or leniently. Every LLM output goes through a
-prompt store when one is given, so a prompt read once (by any build, stage or run) is never sent again.
+Label tasks under `answer_mode: choose`: every allowed label is scored by its log-probability,
+calibrated against the label prior (llm/calibration.py) and decided by the task metric's rule.
+Otherwise the LLM generates the answer (the paper's setting), post-processed as the official
+evaluation or leniently. Every LLM output goes through a prompt store when one is given, so a prompt
+read once (by any build, stage or run) is never sent again.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from persrag_lightning.llm.registry import PROGRESS_BLOCKS, LLMConfig
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 
-# label scores of the calibration prompts by (model fingerprint, task, prompts), for readers without a prompt store
-# (serving): a handful per task, the same for every request
+# label scores of the calibration prompts by (model fingerprint, task, prompts), for readers without
+# a prompt store (serving): a handful per task, the same for every request
 _TERM_SCORES: dict[tuple, list[list[float]]] = {}
 
 
 class LLMReader(Reader):
-    """An `LLMConfig`'s LLM reading Table 4 prompts; `llm` is loaded from the config when not given."""
+    """An `LLMConfig`'s LLM reading Table 4 prompts; `llm` is loaded from the config when not
+    given."""
 
     kind = "llm"
 
@@ -40,11 +43,13 @@ class LLMReader(Reader):
                  remember_terms: bool = True) -> None:
         """Args:
             config: which LLM reads, with its prompt budget, answer mode, calibration and decision.
-            llm: the loaded LLM (e.g. a generator module's model under training); None = `config.load()` on first use.
+            llm: the loaded LLM (e.g. a generator module's model under training); None =
+                `config.load()` on first use.
             store: the prompt store every output goes through; None reads every prompt (serving).
-            remember_terms: without a store, remember the calibration prompts' scores per model fingerprint and
-                task (serving: the same few prompts for every request); False scores them anew each time, for an
-                LLM whose weights change between calls (a generator under training).
+            remember_terms: without a store, remember the calibration prompts' scores per model
+                fingerprint and task (serving: the same few prompts for every request); False scores
+                them anew each time, for an LLM whose weights change between calls (a generator
+                under training).
         """
         self.config, self.store, self._llm, self.remember_terms = config, store, llm, remember_terms
 
@@ -74,12 +79,12 @@ class LLMReader(Reader):
         if self._llm is not None:
             self._llm.close()
 
-    # ---- questions → prompts -------------------------------------------------------------------------------------
+    # ---- questions → prompts ---------------------------------------------------------------------
 
     def prompts(self, task: str, inputs: Sequence[str], docs: Docs, *,
                 prompt_gamma: float | None = None) -> list[str]:
-        """Table 4 prompts fitted to the config's budget with the LLM's tokenizer (`prompt_gamma`: ClusterRAG's
-        Eq. 3 split of the budget; None: CFRAG's even split)."""
+        """Table 4 prompts fitted to the config's budget with the LLM's tokenizer (`prompt_gamma`:
+        ClusterRAG's Eq. 3 split of the budget; None: CFRAG's even split)."""
         return build_prompts(task, self.llm, list(inputs), [list(ds) for ds in docs], self.config.max_prompt_tokens,
                              prompt_gamma)
 
@@ -96,14 +101,14 @@ class LLMReader(Reader):
                       phase: str | None = None) -> list[float]:
         return self.score_prompts(self.prompts(task, inputs, docs), list(targets), phase=phase)
 
-    # ---- prompts → scores and answers (callers that built their prompts: the generator stage) ----------------------
+    # ---- prompts → scores and answers (callers that built their prompts: the generator stage) ----
 
     def read_prompts(self, task: str, prompts: Sequence[str], *, phase: str | None = None,
                      every_calibration: bool = False) -> LabelReading:
-        """Every allowed label's log p for every prompt (through the store: a calibration or decision changed later
-        costs no LLM call), the calibration's terms (every calibration's with `every_calibration`) and the answers
-        under the config's calibration and decision. Without a store the terms' few prompts are remembered per
-        model and task."""
+        """Every allowed label's log p for every prompt (through the store: a calibration or
+        decision changed later costs no LLM call), the calibration's terms (every calibration's with
+        `every_calibration`) and the answers under the config's calibration and decision. Without a
+        store the terms' few prompts are remembered per model and task."""
         config = self.config
         check_reading(config.calibration, config.decision)
         decision = resolve_decision(task, config.decision)
@@ -116,8 +121,8 @@ class LLMReader(Reader):
         return LabelReading(task, tuple(labels), rows, config.calibration, decision, terms_by)
 
     def answer_prompts(self, task: str, prompts: Sequence[str], *, phase: str | None = None) -> list[str]:
-        """The answers to built prompts: the decided label under `choose`, else greedy text post-processed (the
-        task's token budget unless `max_new_tokens` is set)."""
+        """The answers to built prompts: the decided label under `choose`, else greedy text
+        post-processed (the task's token budget unless `max_new_tokens` is set)."""
         if self.reads_labels:
             return self.read_prompts(task, prompts, phase=phase).answers
         config, prompts = self.config, list(prompts)
@@ -141,7 +146,7 @@ class LLMReader(Reader):
 
         return self._cached("loglik", prompts, compute, targets)
 
-    # ---- the store ------------------------------------------------------------------------------------------------
+    # ---- the store -------------------------------------------------------------------------------
 
     def _label_scores(self, task: str, labels: list[str], prompts: list[str], phase: str | None) -> list[list[float]]:
         def compute(todo: list[int]) -> list[list[float]]:

@@ -1,6 +1,7 @@
-"""CFRAG's first stage (Fig. 2), written once: the top-m users of the query user, then the top-k docs of each by
-the retriever (Eq. 3 untuned, Eq. 5 trained). The feedback builder labels exactly these candidates and the CFRAG
-strategy reranks exactly these, so training and inference can never disagree on what the candidates are."""
+"""CFRAG's first stage (Fig. 2), written once: the top-m users of the query user, then the top-k
+docs of each by the retriever (Eq. 3 untuned, Eq. 5 trained). The feedback builder labels exactly
+these candidates and the CFRAG strategy reranks exactly these, so training and inference can never
+disagree on what the candidates are."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ class CandidateSource:
 
     @torch.no_grad()
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
-        """Users by similarity (the query user first, as the official code), each user's docs best first; the
-        query user's docs are its own question's profile, other users' their pools (data/histories.py)."""
+        """Users by similarity (the query user first, as the official code), each user's docs best
+        first; the query user's docs are its own question's profile, other users' their pools
+        (data/histories.py)."""
         vectors = self.retriever.query_vectors([q.query for q in queries])  # in the retriever's query runtime
         if self.query_transform is not None:
             vectors = self.query_transform(queries, vectors)

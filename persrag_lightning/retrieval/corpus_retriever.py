@@ -1,7 +1,7 @@
 """Dense first-stage retrieval over the whole corpus with cached doc vectors, in two named kinds:
-`EncoderRetriever` (an untuned sentence encoder, Eq. 3) and `TrainedRetriever` (a stage-2 export, Eq. 5).
-`open_corpus_retriever(spec)` picks the kind from what `spec` names. Used to propose feedback candidates, by the
-CFRAG strategy and by the dense baseline."""
+`EncoderRetriever` (an untuned sentence encoder, Eq. 3) and `TrainedRetriever` (a stage-2 export,
+Eq. 5). `open_corpus_retriever(spec)` picks the kind from what `spec` names. Used to propose
+feedback candidates, by the CFRAG strategy and by the dense baseline."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, 
 from persrag_lightning.utils import bundle_digest, fingerprint
 
 # How the query encoder runs at serving (retrieval/cfrag.py's `query_runtime`; docs are embedded as
-# models/corpus_embeddings.py's `embedding_precision` says: bf16 on a CPU that computes it natively, else fp32):
-# torch fp32 as trained, torch's bf16 autocast, or its ONNX export in ONNX Runtime or OpenVINO (models/exported.py).
+# models/corpus_embeddings.py's `embedding_precision` says: bf16 on a CPU that computes it natively,
+# else fp32): torch fp32 as trained, torch's bf16 autocast, or its ONNX export in ONNX Runtime or
+# OpenVINO (models/exported.py).
 QUERY_RUNTIMES = ("fp32", "bf16", *EXPORTED_RUNTIMES)
 
 
 class CorpusRetriever(ABC):
-    """Scores a user's corpus rows for a query vector; doc vectors come from the shared corpus-embedding cache."""
+    """Scores a user's corpus rows for a query vector; doc vectors come from the shared
+    corpus-embedding cache."""
 
     def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, doc_encoder: str, max_length: int,
                  pooling: str) -> None:
@@ -57,15 +59,17 @@ class CorpusRetriever(ABC):
 
     @abstractmethod
     def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
-        """Scores of corpus `rows` for one query vector (e_u: the query user's embedding, if used)."""
+        """Scores of corpus `rows` for one query vector (e_u: the query user's embedding, if
+        used)."""
 
     @abstractmethod
     def encode_docs(self, texts: list[str]) -> torch.Tensor:
         """Doc vectors of new texts, as the cache holds them."""
 
     def use_query_runtime(self, runtime: str, cache_dir: str | Path | None = None) -> None:
-        """Embed queries in `runtime` (QUERY_RUNTIMES) from now on; an exported runtime reads the query encoder's
-        ONNX export under `cache_dir` (made once per encoder content; a temp file without one)."""
+        """Embed queries in `runtime` (QUERY_RUNTIMES) from now on; an exported runtime reads the
+        query encoder's ONNX export under `cache_dir` (made once per encoder content; a temp file
+        without one)."""
         if runtime not in QUERY_RUNTIMES:
             raise ValueError(f"query runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {runtime!r}")
         self.load()
@@ -84,14 +88,16 @@ class CorpusRetriever(ABC):
             return self.query_encoder().encode(queries, session=self._query_session)
 
     def tuned_user_embedding(self, user_id: str, e_u: torch.Tensor) -> torch.Tensor:
-        """e_u for this retriever's user term: the stage-1 embedding, unless the retriever tuned its own."""
+        """e_u for this retriever's user term: the stage-1 embedding, unless the retriever tuned its
+        own."""
         return e_u
 
     def _embedding_args(self) -> dict:
         return {"encoder": self.doc_encoder, "max_length": self.max_length, "pooling": self.pooling}
 
     def prepare(self) -> None:
-        """Embed the corpus with the doc encoder (cached, shared with stage 1 when it is the same encoder)."""
+        """Embed the corpus with the doc encoder (cached, shared with stage 1 when it is the same
+        encoder)."""
         build_corpus_embeddings(self.corpus, self.cache_dir, **self._embedding_args())
 
     def load(self) -> None:
@@ -102,8 +108,8 @@ class CorpusRetriever(ABC):
 
     @torch.no_grad()
     def add_docs(self, texts: list[str]) -> None:
-        """Embed new docs (a user added at serving time) and append them as the next corpus rows, in the precision
-        this machine embeds the corpus in (`embedding_precision`)."""
+        """Embed new docs (a user added at serving time) and append them as the next corpus rows, in
+        the precision this machine embeds the corpus in (`embedding_precision`)."""
         self.load()
         with precision_autocast(embedding_precision()):
             vectors = self.encode_docs(texts)
@@ -111,8 +117,8 @@ class CorpusRetriever(ABC):
 
 
 class EncoderRetriever(CorpusRetriever):
-    """The untuned encoder, cos(E(q), E(d)) (Eq. 3): the retriever stage's candidate proposer and the dense
-    baseline. `spec` is an embedded alias, a model folder or a Hugging Face name."""
+    """The untuned encoder, cos(E(q), E(d)) (Eq. 3): the retriever stage's candidate proposer and
+    the dense baseline. `spec` is an embedded alias, a model folder or a Hugging Face name."""
 
     def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
                  pooling: str = "mean") -> None:
@@ -137,7 +143,8 @@ class EncoderRetriever(CorpusRetriever):
 
 
 class TrainedRetriever(CorpusRetriever):
-    """A stage-2 export (`checkpoints/<run>/retriever`): the tuned encoder and user map, Eq. 5 with e_u."""
+    """A stage-2 export (`checkpoints/<run>/retriever`): the tuned encoder and user map, Eq. 5 with
+    e_u."""
 
     def __init__(self, spec: str, corpus: Corpus, cache_dir: str | Path) -> None:
         config = json.loads((Path(spec) / "config.json").read_text())
@@ -153,8 +160,9 @@ class TrainedRetriever(CorpusRetriever):
         return model
 
     def tuned_user_embedding(self, user_id: str, e_u: torch.Tensor) -> torch.Tensor:
-        """A retriever trained with `train_user_embeddings: true` exports its fine-tuned user table: its row is
-        the e_u this retriever was trained with (users it never saw keep the stage-1 embedding)."""
+        """A retriever trained with `train_user_embeddings: true` exports its fine-tuned user table:
+        its row is the e_u this retriever was trained with (users it never saw keep the stage-1
+        embedding)."""
         self.load()
         row = self._tuned_row.get(user_id)
         return e_u if row is None else self.model.user_embeddings[row].to(e_u)
@@ -179,8 +187,9 @@ def is_retriever_export(spec: str | Path) -> bool:
 
 def open_corpus_retriever(spec: str, corpus: Corpus, cache_dir: str | Path, max_length: int = 256,
                           pooling: str = "mean") -> CorpusRetriever:
-    """A retriever export → TrainedRetriever; an embedded alias, model folder or `owner/name` Hugging Face name →
-    EncoderRetriever. A path that is neither (e.g. the export of a stage not trained yet) is a clear error."""
+    """A retriever export → TrainedRetriever; an embedded alias, model folder or `owner/name`
+    Hugging Face name → EncoderRetriever. A path that is neither (e.g. the export of a stage not
+    trained yet) is a clear error."""
     if is_retriever_export(spec):
         return TrainedRetriever(spec, corpus, cache_dir)
     path = Path(spec).expanduser()

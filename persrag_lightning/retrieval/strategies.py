@@ -1,8 +1,9 @@
-"""The strategies of an evaluate config, built by name, bound and run in a reranker runtime, and their
-content-addressed retrieval cache: what evaluation, the generator stage's training prompts and the pipeline share.
+"""The strategies of an evaluate config, built by name, bound and run in a reranker runtime, and
+their content-addressed retrieval cache: what evaluation, the generator stage's training prompts and
+the pipeline share.
 
-In `retrieval/` (below `evaluation/` and `generator/` in the layers) so the generator stage reads a strategy's
-retrievals without importing the evaluation."""
+In `retrieval/` (below `evaluation/` and `generator/` in the layers) so the generator stage reads a
+strategy's retrievals without importing the evaluation."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ def file_name(name: str) -> str:
 
 
 def strategy_config(strategy: Strategy) -> dict:
-    """What identifies a strategy's retrievals: its class and its `cache_config`, or else its constructor's
-    settings (its public attributes), every setting that names an exported bundle replaced by the digest of its
-    files (`cache_value`)."""
+    """What identifies a strategy's retrievals: its class and its `cache_config`, or else its
+    constructor's settings (its public attributes), every setting that names an exported bundle
+    replaced by the digest of its files (`cache_value`)."""
     out: dict = {"class": type(strategy).__qualname__}
     if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
         out["prompt_gamma"] = strategy.prompt_gamma
@@ -51,9 +52,10 @@ RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strateg
 
 def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
                      cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
-    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
-    of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
-    prompts and every "+ tuned generator" row read one strategy's retrievals once."""
+    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under
+    a fingerprint of the strategy's content (bundles by digest), the examples and k: evaluation, the
+    generator stage's training prompts and every "+ tuned generator" row read one strategy's
+    retrievals once."""
     strategy = strategy.wrapped or strategy  # a wrapper retrieves as the strategy it wraps
     key = fingerprint("retrieve/v1", strategy_config(strategy), k,
                       [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
@@ -72,7 +74,8 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
 
 
 def substitute_run_dir(obj, run_dir: str):
-    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
+    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data
+    paths)."""
     from jsonargparse import Namespace
 
     if isinstance(obj, str):
@@ -86,7 +89,8 @@ def substitute_run_dir(obj, run_dir: str):
 
 
 def strategies_parser():
-    """The parser of an evaluate config's `strategies` list alone (the rest of the file is the evaluator's)."""
+    """The parser of an evaluate config's `strategies` list alone (the rest of the file is the
+    evaluator's)."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser()
@@ -95,7 +99,8 @@ def strategies_parser():
 
 
 def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
-    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing is loaded)."""
+    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing
+    is loaded)."""
     import yaml
 
     path = Path(config)
@@ -108,15 +113,16 @@ def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
 
 
 def bind_strategies(strategies: list[Strategy]) -> None:
-    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
+    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that
+    object."""
     by_name = {s.name: s for s in strategies}
     for s in strategies:
         s.bind(by_name)
 
 
 def resolve_reranker_runtime(runtime: str) -> str:
-    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
-    natively, else fp32."""
+    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes
+    bfloat16 natively, else fp32."""
     from persrag_lightning.hardware import native_runtime
     from persrag_lightning.models.reranker import RUNTIMES
 
@@ -127,9 +133,10 @@ def resolve_reranker_runtime(runtime: str) -> str:
 
 
 def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
-    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
-    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
-    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime`
+    (models/reranker.py's RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes
+    bfloat16 natively, else fp32); a row that names its own runtime keeps it. Call before the
+    strategies retrieve: the runtime is part of a row's cache key."""
     runtime = resolve_reranker_runtime(runtime)
     if runtime == "fp32":
         return
@@ -144,7 +151,8 @@ def strategy_names(config: str | Path) -> list[str]:
 
 
 def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
-    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
+    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared
+    yet)."""
     strategies = config_strategies(config, run_dir)
     set_reranker_runtime(strategies, reranker_runtime)
     bind_strategies(strategies)

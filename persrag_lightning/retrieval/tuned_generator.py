@@ -1,6 +1,6 @@
-"""A "strategy + tuned generator" row of the evaluation: the docs another strategy of the config retrieves, answered
-by the generator stage's export instead of the evaluation's LLM, so the table shows what retrieval adds once the
-generator has learned to use it."""
+"""A "strategy + tuned generator" row of the evaluation: the docs another strategy of the config
+retrieves, answered by the generator stage's export instead of the evaluation's LLM, so the table
+shows what retrieval adds once the generator has learned to use it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from persrag_lightning.utils import ConfigError
 
 
 class TunedGenerator(Strategy):
-    """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an exported
-    generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings with it as the model."""
+    """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an
+    exported generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings
+    with it as the model."""
 
     def __init__(self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None) -> None:
         """Args are names and paths; the evaluation binds the strategy and loads the generator.

@@ -1,15 +1,17 @@
-"""`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and checked here —
-Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — then parsed by the service with the
-body's pydantic model (serving/requests.py), so every bad request is a 4xx with a one-line `error` message, never
-a 500, and nothing is stored before the whole request is valid. The raw checks come first, and the caller's token
-before them, which FastAPI's own body parameters would not keep. Around every
-request: the Host header checked against the bind address (DNS rebinding), per-client rate limits, and security
-headers (a CSP that admits exactly the page's own inline script and style, no framing, no sniffing, no caching).
+"""`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and
+checked here — Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — then parsed
+by the service with the body's pydantic model (serving/requests.py), so every bad request is a 4xx
+with a one-line `error` message, never a 500, and nothing is stored before the whole request is
+valid. The raw checks come first, and the caller's token before them, which FastAPI's own body
+parameters would not keep. Around every request: the Host header checked against the bind address
+(DNS rebinding), per-client rate limits, and security headers (a CSP that admits exactly the page's
+own inline script and style, no framing, no sniffing, no caching).
 
-Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible + provenance),
-GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST /v1/users/{id}/history,
-DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()` describes every body with the
-schemas of those models (the schema the fuzzing tests generate requests from); it is not served.
+Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible +
+provenance), GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST
+/v1/users/{id}/history, DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()`
+describes every body with the schemas of those models (the schema the fuzzing tests generate
+requests from); it is not served.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ async def read_json(request: Request) -> dict:
     """The body as a JSON object, or a ServiceError naming what is wrong with it."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in JSON_TYPES:
-        # a cross-site form or text/plain POST needs no preflight: refusing it is what keeps a page elsewhere
-        # from signing users up (or chatting) through a visitor's browser
+        # a cross-site form or text/plain POST needs no preflight: refusing it is what keeps a page
+        # elsewhere from signing users up (or chatting) through a visitor's browser
         raise ServiceError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
@@ -91,8 +93,9 @@ async def read_json(request: Request) -> dict:
 
 
 def allowed_hosts_for(bind_host: str, configured: Sequence[str] | None = None) -> list[str] | None:
-    """The Host header values a server bound to `bind_host` answers: the configured names, else the bind address
-    (with the loopback names when it is loopback); None (any) for a wildcard bind without configured names."""
+    """The Host header values a server bound to `bind_host` answers: the configured names, else the
+    bind address (with the loopback names when it is loopback); None (any) for a wildcard bind
+    without configured names."""
     if configured:
         return list(configured)
     host = bind_host.strip("[]")
@@ -114,7 +117,8 @@ def host_name(header: str) -> str:
 
 
 def page_and_csp() -> tuple[str, str]:
-    """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style by hash."""
+    """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style
+    by hash."""
     questions = json.dumps([{"category": q.category, "text": q.text} for q in QUESTIONNAIRE])
     html = PAGE.read_text(encoding="utf-8").replace("/*QUESTIONNAIRE*/[]", questions)
 
@@ -128,7 +132,7 @@ def page_and_csp() -> tuple[str, str]:
     return html, csp
 
 
-# ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) --------------
+# ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) ----
 
 BODIES = (SignUp, Chat, History)
 REFUSALS = (400, 401, 403, 404, 409, 413, 415, 422, 429)
@@ -142,7 +146,8 @@ def body_schemas() -> dict:
 
 
 def _body(model: type[BaseModel]) -> dict:
-    """A path operation's body and refusals; the body is read by hand (read_json), then parsed with `model`."""
+    """A path operation's body and refusals; the body is read by hand (read_json), then parsed with
+    `model`."""
     errors = {str(s): {"description": "refused", "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/Error"}}}} for s in REFUSALS}
     return {"requestBody": {"required": True, "content": {"application/json": {
@@ -151,8 +156,8 @@ def _body(model: type[BaseModel]) -> dict:
 
 def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: Limits | None = None,
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
-    """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
-    `persrag serve` passes allowed_hosts_for(--host, --allowed_host))."""
+    """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered
+    (None: any; `persrag serve` passes allowed_hosts_for(--host, --allowed_host))."""
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
@@ -164,7 +169,8 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
 
 
 def openapi_schema(app: FastAPI) -> dict:
-    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer scheme."""
+    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer
+    scheme."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
         schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas())
@@ -174,8 +180,8 @@ def openapi_schema(app: FastAPI) -> dict:
 
 
 def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
-    """Around every request: the Host header, the rate limits (a sign-up counts once it created an account) and
-    the security headers."""
+    """Around every request: the Host header, the rate limits (a sign-up counts once it created an
+    account) and the security headers."""
     signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
     requests_ = RateLimiter(limits.requests_per_minute, limits.max_clients)
     hosts = {h.lower().strip("[]") for h in allowed_hosts} if allowed_hosts is not None else None
@@ -202,8 +208,8 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's (404, 405) and
-    FastAPI's own validation (of nothing the routes declare today)."""
+    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's
+    (404, 405) and FastAPI's own validation (of nothing the routes declare today)."""
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -219,7 +225,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
 
 def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
-    """The endpoints: the token first, then the body (read_json), then the service in a worker thread."""
+    """The endpoints: the token first, then the body (read_json), then the service in a worker
+    thread."""
     page_html, page_csp = page_and_csp()
 
     def caller(request: Request):

@@ -1,8 +1,9 @@
-"""The chat service's prompt: `llm/prompts.build_chat_prompt`'s layout (memories, docs, recent turns, the message,
-its token budget), with every retrieved text marked as data. Other users' shared docs reach this prompt, so a doc
-planted with instructions is stored prompt injection: here each memory and doc is one line (no line breaks, so it
-cannot fake a turn), capped at MAX_DOC_CHARS, inside a block the text cannot close, after a rule that what the
-block holds is quoted data and never instructions. The memory evaluation keeps `build_chat_prompt` unchanged."""
+"""The chat service's prompt: `llm/prompts.build_chat_prompt`'s layout (memories, docs, recent
+turns, the message, its token budget), with every retrieved text marked as data. Other users' shared
+docs reach this prompt, so a doc planted with instructions is stored prompt injection: here each
+memory and doc is one line (no line breaks, so it cannot fake a turn), capped at MAX_DOC_CHARS,
+inside a block the text cannot close, after a rule that what the block holds is quoted data and
+never instructions. The memory evaluation keeps `build_chat_prompt` unchanged."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ _MARKERS = re.compile(r"<<<|>>>|DATA\s*>>>|<<<\s*DATA", re.IGNORECASE)
 
 
 def as_data(text: str, max_chars: int = MAX_DOC_CHARS) -> str:
-    """One retrieved text as a single capped line that cannot close the data block or start a turn."""
+    """One retrieved text as a single capped line that cannot close the data block or start a
+    turn."""
     line = " ".join(_MARKERS.sub(" ", text).split())
     return line if len(line) <= max_chars else line[: max_chars - 1].rstrip() + "…"
 
@@ -33,8 +35,9 @@ def as_data(text: str, max_chars: int = MAX_DOC_CHARS) -> str:
 def build_serving_prompt(message: str, memories: Sequence[str], docs: Sequence[str],
                          history: Sequence[tuple[str, str]], tokenizer_len: Callable[[str], int],
                          max_prompt_tokens: int) -> str:
-    """The rule, then one data block (memories, then docs), then recent turns, then the message; the message keeps
-    at most half the budget, the other lines share the rest as in build_chat_prompt (the markers are never cut)."""
+    """The rule, then one data block (memories, then docs), then recent turns, then the message; the
+    message keeps at most half the budget, the other lines share the rest as in build_chat_prompt
+    (the markers are never cut)."""
     msg = truncate_to_tokens(message, max_prompt_tokens // 2, tokenizer_len)
     lines: list[str] = []
     if memories:

@@ -1,20 +1,27 @@
-"""Deleting users from an exported run for real: the run's files are rewritten without them, through a journal.
+"""Deleting users from an exported run for real: the run's files are rewritten without them, through
+a journal.
 
-What a deletion rewrites (each file staged beside its target as `<name>.purge-new`, then renamed over it):
+What a deletion rewrites (each file staged beside its target as `<name>.purge-new`, then renamed
+over it):
 - `docstore/users.jsonl`: their lines;
-- every bundle's user table (`user_ids.json`, `user_embeddings.safetensors`, and `users.faiss`, rebuilt as the
-  same kind of index with the same parameters): the user encoder's, a retriever's fine-tuned one;
-- the user encoder's doc table (`model.safetensors`, `config.json`'s num_docs): the rows of their docs (row r + 2
-  is docstore corpus row r, so the remaining rows keep matching the rewritten docstore);
-- the cohort export (`clusters/`): their assignment and vector; their cohort's centroid and radius recomputed;
-- the corpus-embedding caches of the docstore's corpus (`<cache>/embeddings/<key>/`, every encoder): a cache of
-  the new corpus is written from the kept rows (no re-embedding) and the old folder is removed.
+- every bundle's user table (`user_ids.json`, `user_embeddings.safetensors`, and `users.faiss`,
+  rebuilt as the same kind of index with the same parameters): the user encoder's, a retriever's
+  fine-tuned one;
+- the user encoder's doc table (`model.safetensors`, `config.json`'s num_docs): the rows of their
+  docs (row r + 2 is docstore corpus row r, so the remaining rows keep matching the rewritten
+  docstore);
+- the cohort export (`clusters/`): their assignment and vector; their cohort's centroid and radius
+  recomputed;
+- the corpus-embedding caches of the docstore's corpus (`<cache>/embeddings/<key>/`, every encoder):
+  a cache of the new corpus is written from the kept rows (no re-embedding) and the old folder is
+  removed.
 
-The journal (`purge.json` in the service state) makes it all-or-nothing as the service sees it: phase `begin`
-(the users, written first) → the files are staged → phase `commit` (the list of renames) → the renames → phase
-`exported` → the caller's own state (memory bank, accounts) → the journal is removed. A crash before `commit`
-leaves the old export untouched (staged files are dropped and the purge is redone at the next start); a crash
-after it is rolled forward at the next start, before the run is loaded. Every step is idempotent.
+The journal (`purge.json` in the service state) makes it all-or-nothing as the service sees it:
+phase `begin` (the users, written first) → the files are staged → phase `commit` (the list of
+renames) → the renames → phase `exported` → the caller's own state (memory bank, accounts) → the
+journal is removed. A crash before `commit` leaves the old export untouched (staged files are
+dropped and the purge is redone at the next start); a crash after it is rolled forward at the next
+start, before the run is loaded. Every step is idempotent.
 """
 
 from __future__ import annotations
@@ -69,8 +76,8 @@ def done(state_dir: str | Path) -> None:
 
 
 def purge_export(run_dir: str | Path, state_dir: str | Path, cache_dir: str | Path) -> None:
-    """Take the pending purge to phase `exported`: (re)stage and commit it if it was not committed, then do the
-    renames and removals. Nothing to do without a pending purge."""
+    """Take the pending purge to phase `exported`: (re)stage and commit it if it was not committed,
+    then do the renames and removals. Nothing to do without a pending purge."""
     state_dir = Path(state_dir)
     journal = pending(state_dir)
     if journal is None or journal["phase"] == "exported":
@@ -109,8 +116,8 @@ def _stage_path(target: Path) -> Path:
 
 
 def stage(run_dir: str | Path, users: Iterable[str], cache_dir: str | Path) -> tuple[list, list]:
-    """Write every rewritten file beside its target; returns (renames, folders to remove). Changes nothing the
-    run's readers see."""
+    """Write every rewritten file beside its target; returns (renames, folders to remove). Changes
+    nothing the run's readers see."""
     run_dir, users = Path(run_dir), set(users)
     moves: list[tuple[str, str]] = []
 
@@ -181,8 +188,9 @@ def _stage_doc_table(encoder: Path, corpus: Corpus, keep_rows: np.ndarray, stage
 
 
 def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir: Path) -> list[str]:
-    """Each embedding cache of the old corpus (any encoder) → a cache of the new one from the kept rows (written
-    now under the new corpus' key, which nothing reads yet); the old folders are returned for removal."""
+    """Each embedding cache of the old corpus (any encoder) → a cache of the new one from the kept
+    rows (written now under the new corpus' key, which nothing reads yet); the old folders are
+    returned for removal."""
     removes = []
     root = cache_dir / "embeddings"
     if not root.is_dir():

@@ -1,9 +1,10 @@
-"""The bodies `persrag serve` accepts, one pydantic model each: their limits are the ones the service enforces
-(serving/validation.py parses every body with them) and the OpenAPI schema is generated from them
-(serving/app.py), so the two cannot disagree.
+"""The bodies `persrag serve` accepts, one pydantic model each: their limits are the ones the
+service enforces (serving/validation.py parses every body with them) and the OpenAPI schema is
+generated from them (serving/app.py), so the two cannot disagree.
 
-Texts and ids refuse lone surrogates (JSON's "\\ud800" decodes to one, and no file or LanceDB literal can hold
-it); pydantic does that for every `str`. Unknown fields are ignored, as OpenAI clients send more than we read.
+Texts and ids refuse lone surrogates (JSON's "\\ud800" decodes to one, and no file or LanceDB
+literal can hold it); pydantic does that for every `str`. Unknown fields are ignored, as OpenAI
+clients send more than we read.
 """
 
 from __future__ import annotations
