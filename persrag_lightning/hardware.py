@@ -138,8 +138,10 @@ class Precision(Enum):
     rerankers, the query encoder, the corpus embeddings, serving); a config spells it
     `bf16_if_native` (NATIVE) or a preset `cpu_native`."""
 
-    NATIVE = "native"          # wherever bfloat16 is native where the work runs: a CUDA device, or such a CPU
-    CPU_NATIVE = "cpu_native"  # only on such a CPU; float32 on a GPU machine (work that gains nothing there)
+    # wherever bfloat16 is native where the work runs: a CUDA device, or such a CPU
+    NATIVE = "native"
+    # only on such a CPU; float32 on a GPU machine (work that gains nothing there)
+    CPU_NATIVE = "cpu_native"
     FLOAT32 = "float32"        # never
 
 

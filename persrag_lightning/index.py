@@ -29,7 +29,8 @@ IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
 #   recall; efSearch is a search-time setting of the loaded index.
 AUTO_EXACT_MAX_USERS = 20_000   # index "auto": exact (flat) up to this many users, HNSW above
 HNSW_M = 32                     # links per node
-HNSW_EF_CONSTRUCTION = 100      # candidate list while linking (faiss's default, 40, loses recall at scale)
+# candidate list while linking (faiss's default, 40, loses recall at scale)
+HNSW_EF_CONSTRUCTION = 100
 HNSW_EF_SEARCH = 64             # candidate list per query
 IVF_NPROBE = 16                 # lists scanned per query
 
@@ -84,7 +85,8 @@ def build_index(vectors: np.ndarray, kind: IndexKind = "flat", nlist: int | None
         index.nprobe = min(nprobe, nlist)
     else:
         index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = ef_construction  # before adding: it applies to each vector as it is linked
+        # before adding: it applies to each vector as it is linked
+        index.hnsw.efConstruction = ef_construction
         index.hnsw.efSearch = ef_search
     index.add(x)
     return index
@@ -107,7 +109,8 @@ def index_params(index: faiss.Index) -> dict:
     searches as the original did."""
     kind = index_kind(index)
     if kind == "hnsw":
-        return {"kind": kind, "hnsw_m": int(index.hnsw.nb_neighbors(1)),  # level ≥ 1 holds M links, level 0 2·M
+        # level ≥ 1 holds M links, level 0 2·M
+        return {"kind": kind, "hnsw_m": int(index.hnsw.nb_neighbors(1)),
                 "ef_construction": int(index.hnsw.efConstruction), "ef_search": int(index.hnsw.efSearch)}
     if kind == "ivf":
         return {"kind": kind, "nlist": int(index.nlist), "nprobe": int(index.nprobe)}
@@ -127,13 +130,15 @@ class TorchFlatIndex:
     same up to float rounding. Duck-types the part of faiss.Index that UserIndex and save_index use
     (d, ntotal, add, search)."""
 
-    QUERY_CHUNK = 256  # queries per matmul: a score per query and user, 1 GiB of float32 scratch at 1M users
+    # queries per matmul: a score per query and user, 1 GiB of float32 scratch at 1M users
+    QUERY_CHUNK = 256
 
     def __init__(self, index: faiss.IndexFlat, device: str | torch.device = "cuda") -> None:
         if index.metric_type != faiss.METRIC_INNER_PRODUCT:
             raise ValueError("TorchFlatIndex holds cosine (inner-product) indexes only")
         self.d = int(index.d)
-        self._rows = torch.from_numpy(index.reconstruct_n(0, index.ntotal)).to(device)  # capacity ≥ ntotal
+        # capacity ≥ ntotal
+        self._rows = torch.from_numpy(index.reconstruct_n(0, index.ntotal)).to(device)
         self._n = int(index.ntotal)
 
     @property

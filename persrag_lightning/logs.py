@@ -28,7 +28,8 @@ _NOT_ACTIONABLE = (
     r"LightningCLI's args parameter is intended to run from within Python",
     r"The `srun` command is available on your system but is not used",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-    r"`is_gradient_checkpointing` is deprecated",  # transformers 5, read by peft when it wraps a model
+    # transformers 5, read by peft when it wraps a model
+    r"`is_gradient_checkpointing` is deprecated",
 )
 
 
@@ -54,7 +55,8 @@ def configure_logs(verbose: bool) -> None:
     if verbose:
         os.environ["PERSRAG_VERBOSE"] = "1"
         return
-    for module in ("lightning.fabric", "lightning.pytorch"):  # importing them installs the handlers filtered below
+    # importing them installs the handlers filtered below
+    for module in ("lightning.fabric", "lightning.pytorch"):
         importlib.import_module(module)
 
     for name in ("", "lightning.pytorch", "lightning.fabric"):
@@ -69,5 +71,6 @@ def configure_logs(verbose: bool) -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:  # transformers is a dependency; this only guards a broken install's error message
+    # transformers is a dependency; this only guards a broken install's error message
+    except ImportError:
         pass

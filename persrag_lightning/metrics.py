@@ -470,5 +470,6 @@ class UserRetrievalQuality(Metric):
             labels = self.communities.to(users.device)[users[keep]]
             if (labels >= 0).all():
                 out[f"community_p@{self.m}"] = torch.tensor(community_precision_at_m(full, labels, self.m))
-                out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))  # random neighbours
+                # random neighbours
+                out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))
         return out

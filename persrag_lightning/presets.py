@@ -17,7 +17,8 @@ from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
 PRESET_DIR = "presets"
-READERS = ("trained", "llm")  # the trained reader (the reader stage's export) and the LLM (reading/)
+# the trained reader (the reader stage's export) and the LLM (reading/)
+READERS = ("trained", "llm")
 
 
 @dataclass
@@ -39,16 +40,21 @@ class Preset:
     base: str | None = None
     data: dict[str, Any] = field(default_factory=dict)          # every stage
     user_encoder: dict[str, Any] = field(default_factory=dict)
-    reader: dict[str, Any] = field(default_factory=dict)        # the reader stage (configs/reader.yaml)
-    feedback: dict[str, Any] = field(default_factory=dict)      # the retriever's and reranker's stages
+    # the reader stage (configs/reader.yaml)
+    reader: dict[str, Any] = field(default_factory=dict)
+    # the retriever's and reranker's stages
+    feedback: dict[str, Any] = field(default_factory=dict)
     generator: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     precision: Precisions = field(default_factory=Precisions)
     judgments: str = "none"
-    paper_chain: bool = False          # train the paper's exact chain beside a run whose stage 1 reads judgments
+    # train the paper's exact chain beside a run whose stage 1 reads judgments
+    paper_chain: bool = False
     select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
-    readers: list[str] | None = None  # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
-    calibrations: list[str] | None = None  # the LLM reader's label calibrations the dev choices compare
+    # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
+    readers: list[str] | None = None
+    # the LLM reader's label calibrations the dev choices compare
+    calibrations: list[str] | None = None
     stages: list[str] | None = None   # None: every stage of stages.py
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
 

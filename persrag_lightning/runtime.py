@@ -40,7 +40,8 @@ GEMM_SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
 # noise must not flip the choice, and a converted layer keeps a second copy of its weights in the
 # path's layout.
 MIN_GAIN = 1.1
-ROUNDS = 3  # timed calls per shape, after one warm-up; the best counts (noise on a shared machine only slows)
+# timed calls per shape, after one warm-up; the best counts (noise on a shared machine only slows)
+ROUNDS = 3
 # Fewer rows than this (a decoding step's) stay on torch: the policy measured batch shapes, and at a
 # handful of rows a call's fixed cost outside the kernel decides.
 MIN_ROWS = 32
@@ -372,7 +373,8 @@ def announce(choice: GemmChoice, prefix: str = "[runtime]", again: bool = False)
 
 # ---- applying a path to a model ------------------------------------------------------------------
 
-_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (weights' version key, function)
+# layer -> (weights' version key, function)
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class GemmLinear(nn.Linear):

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
-RUN_DIR = "{run_dir}"  # what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+# what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+RUN_DIR = "{run_dir}"
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,13 @@ class Stage:
 
     name: str
     config: str          # a file of configs/
-    kind: StageKind      # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
-    overrides: dict[str, Any] = field(default_factory=dict)  # what makes it this stage, as typed values
+    # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
+    kind: StageKind
+    # what makes it this stage, as typed values
+    overrides: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)     # config key → the bundle it reads
-    paper: bool = False  # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
+    # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
+    paper: bool = False
     named: bool = False  # exported under its own name, not the config's default bundle name
 
     def override_values(self, run_dir: str = RUN_DIR) -> dict[str, Any]:

@@ -36,7 +36,8 @@ class ClusterArgumentError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error on two lines; the house rule is one
+    # argparse prints usage + error on two lines; the house rule is one
+    def error(self, message: str) -> None:
         raise ClusterArgumentError(message)
 
 
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     encoder_dir = run_dir / "user_encoder"
     has_encoder = (encoder_dir / "config.json").is_file()
     if settings.user_vectors == "encoder":
-        require_bundle(encoder_dir)  # FileNotFoundError naming the command that makes it → one line, exit 2
+        # FileNotFoundError naming the command that makes it → one line, exit 2
+        require_bundle(encoder_dir)
     source = LampSource(args.task, args.data_dir, SynthConfig(num_users=args.num_users, seed=args.synth_seed),
                         args.cache_dir)
     source.prepare()
@@ -123,7 +125,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
 
     model, said = fit(settings.user_vectors)
     if settings.user_vectors == "mean":
-        model.encoder = args.encoder  # serving computes a new user's MEAN vector with the same encoder
+        # serving computes a new user's MEAN vector with the same encoder
+        model.encoder = args.encoder
     communities = load_communities(source.data_dir)
     diagnostics: dict = {"data_dir": str(source.data_dir), "settings": asdict(settings), "users": len(model),
                          "cohorts": model.n_cohorts, "noise": model.noise_count, "warnings": said, "ari": {}}

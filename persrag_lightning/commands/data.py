@@ -26,7 +26,8 @@ FIELDS = {"description": "LaMP-2's text", "tag": "LaMP-2's label", "score": "LaM
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error on two lines; the house rule is one
+    # argparse prints usage + error on two lines; the house rule is one
+    def error(self, message: str) -> None:
         raise LogFormatError(f"{self.prog}: {message}")
 
 

@@ -93,15 +93,18 @@ def run_evaluation(cfg: Namespace) -> EvaluationReport:
     from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names, rename_strategies
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
-    cfg = substitute_run_dir(cfg.clone(), str(Path(cfg.export_root) / cfg.run_name))  # the caller keeps its own
+    # the caller keeps its own
+    cfg = substitute_run_dir(cfg.clone(), str(Path(cfg.export_root) / cfg.run_name))
     settings = cfg.evaluation.init_args
-    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":  # the LaMP default follows --run_name
+    # the LaMP default follows --run_name
+    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":
         settings.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
     check_task(getattr(settings, "task", None), getattr(settings, "data_dir", None))
     init = evaluate_parser().instantiate_classes(cfg)
     evaluator: Evaluator = init.evaluation
     strategies = init.strategies
-    bind_strategies(strategies)  # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
+    # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
+    bind_strategies(strategies)
     names = rename_strategies(strategies, cfg.names or {})
     evaluator.rename(names)
     if cfg.only is not None:

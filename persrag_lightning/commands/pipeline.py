@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EvaluationRun", "Job", "StageRun", "main"]
 
-TRAINED_READER = "{run_dir}/reader"  # the reader stage's export, as the evaluation and the feedback stages name it
+# the reader stage's export, as the evaluation and the feedback stages name it
+TRAINED_READER = "{run_dir}/reader"
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
 
@@ -226,10 +227,13 @@ class Job:
     export_root: str
     backend: str | None
     paper_chain: bool
-    names: dict[str, str]               # the table's names of the dev choice's candidates (chain_names)
+    # the table's names of the dev choice's candidates (chain_names)
+    names: dict[str, str]
     data: dict[str, Any]                # every stage: the task and the data folder
-    kinds: dict[str, dict[str, Any]]    # what each kind of stage adds: precision, judgments, backend, the task
-    evaluate: dict[str, Any]            # every evaluation: the preset's and the task's, the split, --questions
+    # what each kind of stage adds: precision, judgments, backend, the task
+    kinds: dict[str, dict[str, Any]]
+    # every evaluation: the preset's and the task's, the split, --questions
+    evaluate: dict[str, Any]
     extra: list[str] = field(default_factory=list)
     stages: list[StageRun] = field(default_factory=list)
     evaluations: list[EvaluationRun] = field(default_factory=list)
@@ -333,7 +337,8 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     if opts.data_dir is not None:
         data["data.init_args.data_dir"] = opts.data_dir
         evaluate["evaluation.data_dir"] = opts.data_dir
-    if opts.questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: this one wins
+    # after the preset's own (smoke's 6) and the dev choice's cap: this one wins
+    if opts.questions is not None:
         evaluate["evaluation.max_examples"] = opts.questions
     if opts.llm_backend:
         evaluate["evaluation.llm.backend"] = opts.llm_backend
@@ -349,7 +354,8 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
              "reader": {},
              "generator": {**precision_overrides(rules.generator), **overrides.generator}}
     return Job(preset, task, judgments, opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}",
-               opts.export_root, backend, preset.paper_chain and judgments != "none",  # else the main chain is it
+               # else the main chain is it
+               opts.export_root, backend, preset.paper_chain and judgments != "none",
                chain_names(judgments), data, kinds, evaluate, extra)
 
 
@@ -410,7 +416,8 @@ def main(argv: list[str]) -> None:
     labels = get_task(job.task).labels is not None
     calibrations = preset.calibrations if labels else None
     wanted = job.wanted()
-    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
+    # need no reader's feedback
+    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]
     for stage in first:
         job.fit(stage)
     reader, dev_scores, reader_chosen = choose_reader(job, preset.readers if labels else None, wanted, calibrations)
@@ -419,7 +426,8 @@ def main(argv: list[str]) -> None:
         if stage not in first and stage != "generator":
             job.fit(stage)
     chosen, calibration = "CFRAG", None
-    if preset.select_order_on_dev:  # choose the configuration (and the LLM reader's calibration) on dev
+    # choose the configuration (and the LLM reader's calibration) on dev
+    if preset.select_order_on_dev:
         chosen, calibration, chosen_dev = job.choose("choose on dev", list(CANDIDATES),
                                                      calibrations if reader == LLM_READER else None)
         dev_scores.update(chosen_dev)
@@ -428,7 +436,8 @@ def main(argv: list[str]) -> None:
     generator_calibration = None
     if "generator" in wanted:  # the generator learns the chosen configuration's prompts
         job.fit("generator", {"data.init_args.strategy": chosen} if chosen != "CFRAG" else {})
-        if calibrations and preset.select_order_on_dev:  # its label scores are read under its own calibration
+        # its label scores are read under its own calibration
+        if calibrations and preset.select_order_on_dev:
             _, generator_calibration, generator_dev = job.choose(
                 "generator's calibration on dev", [f"{chosen}{TUNED}"], calibrations, "select-on-dev/generator")
             dev_scores.update(generator_dev)
@@ -464,7 +473,8 @@ def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions:
         "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_overrides(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
-        **decisions,  # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
+        # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
+        **decisions,
         "feedback_labels": label_overrides(rules.labels, job.backend),
         "corpus_embeddings": embedding_precision(),
         "evaluation_reranker": resolve_reranker_runtime(job.preset.evaluate.get("evaluation.reranker_runtime")

@@ -62,13 +62,17 @@ class Plan:
     skip: list[str]
     rows: list[str] | None
     training: float = 0.0              # the stages' non-reading work, in LLM-answer equivalents
-    labels: int = 0                    # feedback labels the feedback stages compute (by the chosen reader)
+    # feedback labels the feedback stages compute (by the chosen reader)
+    labels: int = 0
     answers: dict[str, int] = field(default_factory=dict)  # phase → answers the chosen reader reads
     llm_answers: dict[str, int] = field(default_factory=dict)  # phase → answers only the LLM reads
-    readers: list[str] = field(default_factory=lambda: ["llm"])  # the readers the dev choice may take
-    rates: dict[str, float] = field(default_factory=dict)  # per second here: LLM answers / labels, trained ones
+    # the readers the dev choice may take
+    readers: list[str] = field(default_factory=lambda: ["llm"])
+    # per second here: LLM answers / labels, trained ones
+    rates: dict[str, float] = field(default_factory=dict)
     reason: str = ""                   # why there is no estimate
-    budget: int | None = None          # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
+    # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
+    budget: int | None = None
 
     def minutes_for(self, reader: str) -> float | None:
         """The whole job's minutes if `reader` reads the label task (`llm` or `trained`)."""
@@ -193,7 +197,8 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
     answer_prompts, label_prompts = probe_prompts(task, PROBE_DOCS), probe_prompts(task, 1)
     llm = load_llm("hf", model, batch_size=batch_size, dtype=dtype)
     try:
-        llm.score_options(answer_prompts[:1], labels)  # warm-up: first-call allocations and kernel choices
+        # warm-up: first-call allocations and kernel choices
+        llm.score_options(answer_prompts[:1], labels)
         started = time.perf_counter()
         llm.score_options(answer_prompts, labels)
         answers = len(answer_prompts) / (time.perf_counter() - started)
@@ -272,7 +277,8 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     test = min(n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None)
     dev_questions = min(n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None)
     n_rows = len(table.strategies) if rows is None else len(rows)
-    tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))  # read by the tuned LLM whatever reads
+    # read by the tuned LLM whatever reads
+    tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))
     reads_labels = get_task(task).labels is not None
     readers = [r for r in preset.readers or [] if r != "trained" or "reader" in stages] if reads_labels else []
     answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev,
@@ -280,7 +286,8 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     llm_answers = {"tuned generator's rows": test * tuned}
     if preset.select_order_on_dev and "generator" in stages and preset.calibrations and reads_labels:
         llm_answers["tuned generator's calibration"] = dev_questions
-    if len(readers) > 1:  # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
+    # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
+    if len(readers) > 1:
         llm_answers["the reader's dev choice"] = dev_questions
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),

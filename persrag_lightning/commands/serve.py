@@ -57,7 +57,8 @@ def serve_command(argv: list[str]) -> None:
         parser.error("--cohorts is read only with --users cluster")
 
     missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
-    if missing:  # the main job's install leaves the web stack out: one line naming the extra, exit code 2
+    # the main job's install leaves the web stack out: one line naming the extra, exit code 2
+    if missing:
         raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
     import uvicorn
 

@@ -105,7 +105,8 @@ class PersragCLI(LightningCLI):
         for args in (cfg.data.init_args, cfg.model.init_args):
             fill_run_dir(args, run_dir)
         root = Path("runs") / cfg.run_name / self._stage_name()
-        if cfg.trainer.get("enable_model_summary") is None and not is_verbose():  # quiet logs (logs.py)
+        # quiet logs (logs.py)
+        if cfg.trainer.get("enable_model_summary") is None and not is_verbose():
             cfg.trainer.enable_model_summary = False
         job = slurm_version()
         if cfg.trainer.get("logger") in (None, True):
@@ -137,7 +138,8 @@ class PersragCLI(LightningCLI):
         go): Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job
         (requeued) finds it."""
         logger = cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
-        if not isinstance(logger, Namespace):  # no logger (False) or an instance: the job's own folder
+        # no logger (False) or an instance: the job's own folder
+        if not isinstance(logger, Namespace):
             return root / job
         args = logger.get("init_args") or Namespace()
         name = args.get("project") if logger.get("class_path", "").endswith("WandbLogger") else args.get("name")

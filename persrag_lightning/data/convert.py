@@ -89,14 +89,18 @@ class ConvertOptions:
     text: str
     label: str
     item: str | None = None
-    min_items: int = 5            # the k-core convention of review data: a user needs a history to personalize
-    train_per_user: int = 2       # train questions per user, before the dev and test items (SynthLaMP has 2)
-    max_test_users: int | None = None  # a seeded random subset of test users (a 2-core main job reads 300)
+    # the k-core convention of review data: a user needs a history to personalize
+    min_items: int = 5
+    # train questions per user, before the dev and test items (SynthLaMP has 2)
+    train_per_user: int = 2
+    # a seeded random subset of test users (a 2-core main job reads 300)
+    max_test_users: int | None = None
     max_dev_users: int | None = None
     seed: int = 0
     template: str | None = None   # the question's input; `{text}` is replaced by the item's text
     strict: bool = False          # refuse the log at its first bad row instead of skipping bad rows
-    user_sep: str | None = None   # several users in one cell (co-authors "A, B"): each named user gets the item
+    # several users in one cell (co-authors "A, B"): each named user gets the item
+    user_sep: str | None = None
     dedupe: bool = False          # keep one of a user's items with the same text (the oldest)
 
     @property
@@ -115,7 +119,8 @@ class ConvertOptions:
                                  f"{', '.join(LAYOUTS)}")
         if self.train_per_user < 1:
             raise LogFormatError(f"--train_per_user: must be at least 1, got {self.train_per_user}")
-        need = self.train_per_user + 3  # test, dev, the train questions, and one item in the oldest profile
+        # test, dev, the train questions, and one item in the oldest profile
+        need = self.train_per_user + 3
         if self.min_items < need:
             raise LogFormatError(f"--min_items: {self.min_items} is too few for --train_per_user "
                                  f"{self.train_per_user}: a user needs {need} items (test, dev, "
@@ -166,14 +171,17 @@ class Conversion:
     questions: dict[str, int]
     items_per_user: dict[str, float]
     labels: dict[str, int] = field(default_factory=dict)  # label → items (label tasks)
-    baseline: dict[str, Any] = field(default_factory=dict)  # the majority label of train, scored on test
+    # the majority label of train, scored on test
+    baseline: dict[str, Any] = field(default_factory=dict)
     skipped_rows: int = 0
     skipped: dict[str, dict[str, Any]] = field(default_factory=dict)  # reason → {rows, first_rows}
     repeated_texts: int = 0  # items whose (user, text) an older item of the user has
     deduplicated: int = 0    # of those, dropped by `dedupe`
-    not_asked: dict[str, int] = field(default_factory=dict)  # why planned questions were not asked → how many
+    # why planned questions were not asked → how many
+    not_asked: dict[str, int] = field(default_factory=dict)
     label_set: list[str] = field(default_factory=list)  # a label task's labels (the train split's)
-    users_without_questions: int = 0  # of the dropped users: every question would have had no older item
+    # of the dropped users: every question would have had no older item
+    users_without_questions: int = 0
 
     def summary(self) -> str:
         """The lines a researcher checks first."""
@@ -245,7 +253,8 @@ def _conversion(table: LogTable, plan: QuestionPlan, spec: TaskSpec, questions: 
 # ------------------------------------------------------------------------------------ the questions
 
 NO_OLDER_ITEM = "no older item"  # every earlier item of the user has the question's time
-UNSEEN_LABEL = "label not in the train split"  # a label task's dev or test gold that train never shows
+# a label task's dev or test gold that train never shows
+UNSEEN_LABEL = "label not in the train split"
 
 
 @dataclass

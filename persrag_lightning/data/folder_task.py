@@ -12,7 +12,8 @@ from persrag_lightning.data.lamp import LampFormatError
 from persrag_lightning.data.tasks import define_task, get_task
 
 MANIFEST = "convert.json"  # what `persrag data convert` writes beside the LaMP files
-DEFAULT_TASK = "LaMP-2"  # a folder without a manifest, or no folder (SynthLaMP): the main job's task
+# a folder without a manifest, or no folder (SynthLaMP): the main job's task
+DEFAULT_TASK = "LaMP-2"
 
 
 def folder_task(data_dir: str | Path) -> str | None:
@@ -26,7 +27,8 @@ def folder_task(data_dir: str | Path) -> str | None:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LampFormatError(f"{path}: not a readable convert.json: {e}") from None
     record = manifest.get("task") if isinstance(manifest, dict) else None
-    if record is None and isinstance(manifest, dict):  # written before convert.json named its task on its own
+    # written before convert.json named its task on its own
+    if record is None and isinstance(manifest, dict):
         record = {"name": (manifest.get("conversion") or {}).get("task")}
     try:
         return define_task(record)

@@ -34,16 +34,19 @@ def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
 # ---- which docs a query may see (docs/data/history-rules.md) -------------------------------------
 
 MAX_HISTORY = 100  # the official code keeps a user's 100 most recent docs
-POOL_SPLITS = ("train", "dev")  # the official code builds the collaborative pool from these, never from test
+# the official code builds the collaborative pool from these, never from test
+POOL_SPLITS = ("train", "dev")
 
 
 @dataclass(frozen=True)
 class VisibleHistories:
     """Corpus rows a query may retrieve, by the rules of `visible_histories`."""
 
-    own: dict[str, np.ndarray]   # example id → rows of its own question's profile (own item dropped), last 100
+    # example id → rows of its own question's profile (own item dropped), last 100
+    own: dict[str, np.ndarray]
     pool: dict[str, np.ndarray]  # user id → rows of the user's collaborative pool, last 100
-    pool_source: dict[str, str]  # user id → id of the question whose profile is the pool ("" = all the user's docs)
+    # user id → id of the question whose profile is the pool ("" = all the user's docs)
+    pool_source: dict[str, str]
 
 
 def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY) -> VisibleHistories:

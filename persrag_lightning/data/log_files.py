@@ -50,7 +50,8 @@ def log_format(path: Path) -> str:
         if s in FORMATS and FORMATS[s] not in ("json", "jsonl"):
             return FORMATS[s]
     if any(FORMATS.get(s) in ("json", "jsonl") for s in suffixes):
-        return "json"  # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
+        # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
+        return "json"
     raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
                          "by its content), optionally gzipped")
 
@@ -69,7 +70,8 @@ def _sniff_json(path: Path) -> str | None:
         try:
             return "jsonl" if isinstance(json.loads(first), dict) else "json"
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return "json"  # an object over several lines: the JSON reader says it is not a list of rows
+            # an object over several lines: the JSON reader says it is not a list of rows
+            return "json"
     return None
 
 

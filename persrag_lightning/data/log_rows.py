@@ -152,7 +152,8 @@ def _arrow_timestamps(values: list[Any]) -> np.ndarray | None:
         return None
     if column.null_count:
         return None
-    for kind in (pa.timestamp("s"), pa.timestamp("s", tz="UTC")):  # naive values are UTC, as parse_timestamp reads
+    # naive values are UTC, as parse_timestamp reads
+    for kind in (pa.timestamp("s"), pa.timestamp("s", tz="UTC")):
         try:
             return column.cast(kind).cast(pa.int64()).to_numpy()
         except pa.ArrowInvalid:

@@ -123,7 +123,8 @@ def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | 
     return [i for i in rows for _ in names[i]], [u for i in rows for u in names[i]]
 
 
-_MIX = np.int64(-7046029254386353131)  # an odd 64-bit constant: spreads user codes over the hash bits
+# an odd 64-bit constant: spreads user codes over the hash bits
+_MIX = np.int64(-7046029254386353131)
 
 
 @dataclass

@@ -294,7 +294,8 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
     for i, row in enumerate(eval_rows):
         name = _get(row, "Name", eval_path, str(i), str)
         if name not in names_with_data:
-            continue  # people without private data have no documents to search (the benchmark skips them too)
+            # people without private data have no documents to search (the benchmark skips them too)
+            continue
         if name in seen:
             raise _fail(eval_path, f"person {name!r} appears twice", f"{i} (Name {name!r})", "Name")
         seen.add(name)

@@ -77,7 +77,8 @@ from persrag_lightning.utils import atomic_open, atomic_write_json, one_flag_sty
 GENERATOR_VERSION = "synthlamp/2"
 CONFIG_FILE = "synth_config.json"
 COMMUNITIES_FILE = "communities.json"
-CHUNK_USERS = 1024  # users per seeded rng chunk; fixed, so the bytes never depend on memory settings
+# users per seeded rng chunk; fixed, so the bytes never depend on memory settings
+CHUNK_USERS = 1024
 EPOCH = np.datetime64("2005-01-01")
 MAX_GAP_DAYS = 45
 
@@ -148,7 +149,8 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     q = sum(per_split.values())
     free = k_count - n_seen
     unseen = (rng.random((n, q)) < config.unseen_fraction) & (free > 0)[:, None]
-    rank = np.cumsum(unseen, axis=1) - 1  # the j-th unseen question of a user takes the j-th unseen kind
+    # the j-th unseen question of a user takes the j-th unseen kind
+    rank = np.cumsum(unseen, axis=1) - 1
     col = np.where(unseen, n_seen[:, None] + rank % np.maximum(free, 1)[:, None],
                    (rng.random((n, q)) * n_seen[:, None]).astype(np.int64))
     q_kind = np.take_along_axis(order, col, axis=1)
@@ -228,7 +230,8 @@ def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) 
         raise FileExistsError(f"{out} holds LaMP files not made by SynthLaMP ({', '.join(lamp_files)}); "
                               f"refusing to overwrite them")
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).unlink(missing_ok=True)  # from here until the end the directory reads as incomplete
+    # from here until the end the directory reads as incomplete
+    (out / CONFIG_FILE).unlink(missing_ok=True)
     for s, count in config.questions_per_split().items():
         if not count:
             questions_path(out, s).unlink(missing_ok=True)

@@ -110,7 +110,8 @@ class ScaledSynthUsers:
         for user in iter_synth_users(config, self.world):
             for doc in user.docs:
                 r = row_of.get(doc.doc_id)
-                if r is not None and pooled[r]:  # docs the encoder trained on (never a test profile's)
+                # docs the encoder trained on (never a test profile's)
+                if r is not None and pooled[r]:
                     rows.append(r)
                     kinds.append(doc.kind)
                     styles.append(doc.style)

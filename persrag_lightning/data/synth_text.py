@@ -79,7 +79,8 @@ class TweetTopic:
     hashtags: tuple[str, ...]
 
 
-VOCAB_FILE = "synth_vocab.json"  # package data next to this module: the phrase tables texts are built from
+# package data next to this module: the phrase tables texts are built from
+VOCAB_FILE = "synth_vocab.json"
 
 
 def _load_vocab() -> dict:

@@ -29,8 +29,10 @@ from persrag_lightning.data.synth_text import (
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
 
 SYNTH_TASKS = ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")
-QUESTION_SHARE = 4  # one slot tuple in QUESTION_SHARE (by hash) may only be a question, the rest only history
-MAX_REDRAWS = 256  # rejection rounds; a question row fails a round with p ~ 3/4, so 256 never run out in practice
+# one slot tuple in QUESTION_SHARE (by hash) may only be a question, the rest only history
+QUESTION_SHARE = 4
+# rejection rounds; a question row fails a round with p ~ 3/4, so 256 never run out in practice
+MAX_REDRAWS = 256
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -110,7 +112,8 @@ class SynthWorld:
     # (communities, kinds): LaMP-2 label index, LaMP-3 score - 1, LaMP-1 school (jargon index),
     # LaMP-7 style index, or template * n_jargon + jargon (LaMP-4/5)
     styles: np.ndarray
-    kind_pref: np.ndarray  # (communities, kinds): how often a community's users have items of each kind
+    # (communities, kinds): how often a community's users have items of each kind
+    kind_pref: np.ndarray
     slot_sizes: tuple[int, ...]  # sizes of the random text slots (template first)
 
     def style_name(self, style: int) -> str:
@@ -179,7 +182,8 @@ def build_world(config: SynthConfig) -> SynthWorld:
                  len(t0.findings))
         names = tuple(t.name for t in TOPICS)
     k = len(names)
-    kind_pref = 0.5 * rng.dirichlet(np.ones(k), size=c) + 0.5 / k  # a taste, with every kind still possible
+    # a taste, with every kind still possible
+    kind_pref = 0.5 * rng.dirichlet(np.ones(k), size=c) + 0.5 / k
     return SynthWorld(config.task, names, num_styles, styles.astype(np.int64), kind_pref, slots)
 
 

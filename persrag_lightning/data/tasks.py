@@ -95,8 +95,10 @@ TASKS: dict[str, TaskSpec] = {
 
 # ---- label tasks of converted folders ------------------------------------------------------------
 
-LABEL_TASK = "labels"  # a classification task whose label set is a converted folder's (its convert.json)
-LABEL_MARKER = "text:"  # the words of a label task's question after which its query (the item's text) starts
+# a classification task whose label set is a converted folder's (its convert.json)
+LABEL_TASK = "labels"
+# the words of a label task's question after which its query (the item's text) starts
+LABEL_MARKER = "text:"
 _FOLDER_TASKS: dict[str, TaskSpec] = {}  # label tasks of the folders this process has read
 
 

@@ -138,7 +138,8 @@ class GeneratorDataModule(L.LightningDataModule):
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.splits = as_settings(SplitSettings, splits)  # typed, as hyperparameters may hold a dict
+        # typed, as hyperparameters may hold a dict
+        self.splits = as_settings(SplitSettings, splits)
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.train_examples: list[GeneratorExample] = []
@@ -200,7 +201,8 @@ class GeneratorDataModule(L.LightningDataModule):
         if not todo:
             return
         source = resolve_model(self.prompt_model)
-        local_model_path(source)  # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
+        # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
+        local_model_path(source)
         counter = TokenCounter(load_tokenizer(source))
         store = DocStore(dataset)
         for split, examples, path in todo:

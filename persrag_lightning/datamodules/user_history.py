@@ -90,12 +90,14 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.augment = augment or AugmentConfig()
         self.dataset: LampDataset | None = None
         self.corpus: Corpus | None = None
-        self.user_ids: list[str] = []  # users with a collaborative pool (data/histories.py), in corpus order
+        # users with a collaborative pool (data/histories.py), in corpus order
+        self.user_ids: list[str] = []
         self.pools: dict[str, np.ndarray] = {}
         self.doc_embeddings: torch.Tensor | None = None
         self.mask_embedding: torch.Tensor | None = None
         self.communities: np.ndarray | None = None
-        self.doc_labels: np.ndarray | None = None  # corpus row -> the doc's judgment (label id, 0 = none)
+        # corpus row -> the doc's judgment (label id, 0 = none)
+        self.doc_labels: np.ndarray | None = None
 
     def _embedding_args(self) -> dict:
         h = self.hparams

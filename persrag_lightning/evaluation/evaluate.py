@@ -136,7 +136,8 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
         out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
-    if get_task(task).label_field is not None:  # a doc "holds the answer" when its label is the target
+    # a doc "holds the answer" when its label is the target
+    if get_task(task).label_field is not None:
         spec = get_task(task)
         labels = [doc_labels(spec, store, [d.row for d in ds]) for ds in retrieved]  # rank order
         out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
@@ -251,7 +252,8 @@ class Evaluation(Evaluator):
             return self.reader
         from persrag_lightning.retrieval.cfrag import require_bundle
 
-        require_bundle(generator)  # not trained yet: the row is skipped with the command that makes it
+        # not trained yet: the row is skipped with the command that makes it
+        require_bundle(generator)
         if generator not in self._generators:
             config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
                              or self.llm_config.calibration)
@@ -301,7 +303,8 @@ class Evaluation(Evaluator):
                      + eta(started, i, len(strategies)))
             try:
                 outcome = self.run_strategy(strategy, store, examples, communities)
-            except FileNotFoundError as err:  # a bundle its stage has not exported yet: a row says so
+            # a bundle its stage has not exported yet: a row says so
+            except FileNotFoundError as err:
                 log.warning("%s skipped: %s", strategy.name, err)
                 skipped[strategy.name] = str(err)
                 continue
@@ -326,7 +329,8 @@ class Evaluation(Evaluator):
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
         self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
-        for name, (_, share) in self.top_answers.items():  # how constant each row is (a reader answering by prior)
+        # how constant each row is (a reader answering by prior)
+        for name, (_, share) in self.top_answers.items():
             summary.results[name]["top_answer_share"] = share
         self.write_reports(summary, skipped)
         return summary
@@ -350,11 +354,13 @@ class Evaluation(Evaluator):
                           self.source.data_dir.name, *([reading] if reading else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         labels_file = self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json"
-        if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
+        # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
+        if cached.exists():
             outcome = json.loads(cached.read_text())
             retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
             if "labels" not in outcome and reader.reads_labels and labels_file.is_file():
-                outcome["labels"] = json.loads(labels_file.read_text())  # an entry cached before it kept them
+                # an entry cached before it kept them
+                outcome["labels"] = json.loads(labels_file.read_text())
         else:
             retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
                                                        self.source.data_dir.name)

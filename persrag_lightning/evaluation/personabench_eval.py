@@ -98,7 +98,8 @@ class QuestionResult:
     num_utterances: int
     reasoning_chars: int
     utterances_json: bool
-    feedback_digest: str  # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
+    # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
+    feedback_digest: str
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,13 @@ class VariantSummary:
     warm_llm_calls: int | None
     pagerank_ms_per_user: float | None
     prf_json_rate: float | None = None  # share of utterance answers that were JSON candidates
-    prf_distinct_rate: float | None = None  # distinct pseudo-feedback texts / questions (1.0 = all different)
-    prf_json_constrained: bool | None = None  # utterances decoded under the JSON schema (None: no P-PRF)
+    # distinct pseudo-feedback texts / questions (1.0 = all different)
+    prf_distinct_rate: float | None = None
+    # utterances decoded under the JSON schema (None: no P-PRF)
+    prf_json_constrained: bool | None = None
     pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
-    pagerank_max_residual: float | None = None  # the largest last-step L1 change over the anchors built
+    # the largest last-step L1 change over the anchors built
+    pagerank_max_residual: float | None = None
 
 
 @dataclass
@@ -317,7 +321,8 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
         warm_seconds = warm_calls = None
         if config.warm_rerun:
             warm = _fresh(shared, settings)
-            warm._anchors = cold._anchors  # warm = every cache filled: LLM answers on disk, anchors in memory
+            # warm = every cache filled: LLM answers on disk, anchors in memory
+            warm._anchors = cold._anchors
             t0 = time.perf_counter()
             run_variant(community, warm, questions)
             warm_seconds, warm_calls = time.perf_counter() - t0, warm.stats.llm_calls

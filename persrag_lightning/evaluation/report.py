@@ -45,7 +45,8 @@ class Summary:
     n_resamples: int
     confidence: float
     metrics: tuple[str, ...]
-    pairs: list[dict[str, Comparison]] = field(default_factory=list)  # further tests, one {metric: test} per pair
+    # further tests, one {metric: test} per pair
+    pairs: list[dict[str, Comparison]] = field(default_factory=list)
 
 
 def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequence[str], reference: str = "CFRAG",

@@ -109,7 +109,8 @@ class LampMetricFn:
             if self.name == "rmse":
                 return np.sqrt((values * values).mean(axis=1))
             return -mae if self.name == "neg_mae" else mae
-        same = values == golds  # the official code compares indices: two unlisted strings count as equal
+        # the official code compares indices: two unlisted strings count as equal
+        same = values == golds
         if self.name == "accuracy":
             return same.mean(axis=1)
         labels = get_task(self.task).labels

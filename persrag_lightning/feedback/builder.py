@@ -66,7 +66,8 @@ class FeedbackBuilder:
         if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
             raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
                                     "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
-        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
+        # shared with every build and evaluation
+        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.reader: Reader = open_reader(self.feedback.reader, self.llm_config, self.prompts)
         labeller = ({"teacher": bundle_digest(self.teacher_path)} if teacher is not None
                     else self.llm_config.identity() if self.feedback.reader == LLM_READER
@@ -79,8 +80,10 @@ class FeedbackBuilder:
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
         self._teacher: PersonalizedReranker | None = None
-        self._user_row: dict[str, int] | None = None  # user id → row of the user-encoder export's table
-        self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
+        # user id → row of the user-encoder export's table
+        self._user_row: dict[str, int] | None = None
+        # prompts actually sent to the LLM by this builder (after the store and de-duplication)
+        self.llm_calls = 0
 
     def settings(self) -> dict[str, int | str]:
         """What of the two groups changes the labels besides the LLM, the teacher and the retriever
@@ -127,7 +130,8 @@ class FeedbackBuilder:
             "settings": self.settings(), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
-        bar = Progress(f"feedback {split}", len(todo), "chunks")  # the whole build's ETA (chunks take alike)
+        # the whole build's ETA (chunks take alike)
+        bar = Progress(f"feedback {split}", len(todo), "chunks")
         for c in todo:
             chunk = examples[c * self.feedback.chunk_size:(c + 1) * self.feedback.chunk_size]
             records = self.label_chunk(chunk)
@@ -193,7 +197,8 @@ class FeedbackBuilder:
             scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
                                                phase="feedback labels")
             labels = [("", float(s)) for s in scores]
-        else:  # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
+        # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
+        else:
             answers = self.reader.answer(task, inputs, docs, phase="feedback labels")
             labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
         self.llm_calls += self.prompts.misses - misses
@@ -228,7 +233,8 @@ class FeedbackStats:
     mean_label: float
     best_label: float
     informative_fraction: float  # examples whose candidates disagree: the labels carry signal
-    other_user_fraction: float   # candidates from users other than the query user (collaborative share)
+    # candidates from users other than the query user (collaborative share)
+    other_user_fraction: float
 
     def table(self) -> str:
         rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(self).items()]

@@ -33,8 +33,10 @@ from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_
 from persrag_lightning.utils import atomic_write_json
 
 log = logging.getLogger(__name__)
-PROBE_PROMPTS = 8  # feedback-sized pairs timed per backend (one batch for hf), after one untimed warm-up pair
-PROBE_WORDS = 180  # ~250 tokens with the chat template: a feedback prompt (one history doc + the query)
+# feedback-sized pairs timed per backend (one batch for hf), after one untimed warm-up pair
+PROBE_PROMPTS = 8
+# ~250 tokens with the chat template: a feedback prompt (one history doc + the query)
+PROBE_WORDS = 180
 _WORDS = (  # noqa: SIM905 -- a sentence of common words reads better than a 75-item list literal
     "the of and to in is was for that with as on by at from their this which be are an or it have has not "
     "were but they one all new more first after time two when been who years also other into people its "

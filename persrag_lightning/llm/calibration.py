@@ -29,7 +29,8 @@ Calibration = Literal["none", "contextual", "pmi"]
 Decision = Literal["auto", "argmax", "median", "mean"]
 CALIBRATIONS: tuple[str, ...] = get_args(Calibration)
 DECISIONS: tuple[str, ...] = get_args(Decision)
-CONTENT_FREE_INPUTS = ("N/A", "", "[MASK]")  # Zhao et al. (2021), section 5: averaged over these three
+# Zhao et al. (2021), section 5: averaged over these three
+CONTENT_FREE_INPUTS = ("N/A", "", "[MASK]")
 
 
 def check_reading(calibration: str, decision: str) -> None:
@@ -106,7 +107,8 @@ def decide(labels: Sequence[str], probs: Sequence[float], decision: str) -> str:
     if decision == "mean":
         values = [float(label) for label in labels]
         mean = sum(v * p for v, p in zip(values, probs)) / max(sum(probs), 1e-300)
-        return labels[min(range(len(values)), key=lambda i: (abs(values[i] - mean), -values[i]))]  # .5 rounds up
+        # .5 rounds up
+        return labels[min(range(len(values)), key=lambda i: (abs(values[i] - mean), -values[i]))]
     raise ValueError(f"unknown decision {decision!r}; use argmax, median or mean")
 
 

@@ -202,7 +202,8 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     @property
     def settings(self) -> dict[str, object]:
-        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}  # greedy keeps its old fingerprint
+        # greedy keeps its old fingerprint
+        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}
         return {"dtype": str(self.dtype), "chat_template": self.use_chat_template, **beams}
 
     def _digest(self) -> str:
@@ -221,7 +222,8 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     def _encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         texts = [self.chat_text(p) for p in prompts]
-        add_special = not self.use_chat_template  # the template already writes BOS where the model wants one
+        # the template already writes BOS where the model wants one
+        add_special = not self.use_chat_template
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
 
     def encode_pairs(self, prompts: list[str], targets: list[str]) -> list[tuple[list[int], list[int]]]:

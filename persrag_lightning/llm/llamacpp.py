@@ -252,8 +252,10 @@ class LlamaCppLLM(LLM):
             ctx_params = type(params).from_buffer_copy(params)
             ctx_params.flash_attn_type = (self._llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                           else self._llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-            ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx  # a pack (or one long pair) in one call
-            ctx_params.n_seq_max = max(self.score_seqs, self.option_seqs)  # score's pack, score_options' options
+            # a pack (or one long pair) in one call
+            ctx_params.n_ctx = ctx_params.n_batch = self.n_ctx
+            # score's pack, score_options' options
+            ctx_params.n_seq_max = max(self.score_seqs, self.option_seqs)
             ctx_params.kv_unified = True  # the pack's sequences share one KV buffer of n_ctx cells
             self._packer = (_internals.LlamaContext(model=self.engine._model, params=ctx_params, verbose=self.verbose),
                             _internals.LlamaBatch(n_tokens=self.n_ctx, embd=0, n_seq_max=1, verbose=self.verbose))
@@ -340,7 +342,8 @@ def reencoded_gguf(source: ModelSource, weights: str, cache_dir: str | os.PathLi
     try:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, WEIGHT_TYPES[weights])
-        params.allow_requantize = True  # the source is already quantised; f32/f16/bf16 hold its values
+        # the source is already quantised; f32/f16/bf16 hold its values
+        params.allow_requantize = True
         params.nthread = 1
         from llama_cpp._utils import suppress_stdout_stderr
 

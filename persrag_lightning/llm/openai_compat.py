@@ -34,11 +34,13 @@ class OpenAICompatLLM(LLM):
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout = timeout
         self._served_model = served_model
-        self._served_model_arg = served_model  # the fingerprint uses what was asked for, not what was found
+        # the fingerprint uses what was asked for, not what was found
+        self._served_model_arg = served_model
         self._tokenizer_name = tokenizer
         self._cache_dir = cache_dir
         self._tokenizer: Any = None
-        self.score_max_tokens = score_max_tokens  # llama.cpp's server reads max_tokens=0 as "until n_ctx"
+        # llama.cpp's server reads max_tokens=0 as "until n_ctx"
+        self.score_max_tokens = score_max_tokens
         self.seed = seed
 
     # -- HTTP --------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from persrag_lightning.data.tasks import get_task
 
 # Short budgets for label tasks keep feedback cheap; titles and tweets need a sentence.
 MAX_NEW_TOKENS: dict[str, int] = {"LaMP-1": 8, "LaMP-2": 8, "LaMP-3": 8, "LaMP-4": 40, "LaMP-5": 40, "LaMP-7": 64}
-LABEL_TASK_TOKENS = 16  # a folder's own labels ("STYLE & BEAUTY") may take more tokens than LaMP-2's tags
+# a folder's own labels ("STYLE & BEAUTY") may take more tokens than LaMP-2's tags
+LABEL_TASK_TOKENS = 16
 JSON_KEYS: dict[str, str] = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "tweet"}
 _STRIP = " \t\r\n\"'`“”‘’[](){}<>.,;:!?*"
 
@@ -63,7 +64,8 @@ def extract_json_field(text: str, key: str) -> str:
             return json.loads(f'"{quoted.group(1)}"').strip()
         except json.JSONDecodeError:
             return quoted.group(1).strip()
-    bare = re.search(rf"""["']?{key}["']?\s*:\s*([^\n}}]+)""", text, flags=re.IGNORECASE)  # {"title": Unquoted words}
+    # {"title": Unquoted words}
+    bare = re.search(rf"""["']?{key}["']?\s*:\s*([^\n}}]+)""", text, flags=re.IGNORECASE)
     if bare:
         return bare.group(1).strip().strip("\"'").strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

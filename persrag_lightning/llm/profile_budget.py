@@ -33,7 +33,8 @@ def truncate_to_tokens(text: str, budget: int, tokenizer_len: Callable[[str], in
     if tokenizer_len(text) <= budget:
         return text
     ends = [m.end() for m in re.finditer(r"\S+", text)]
-    lo, hi = 0, len(ends)  # invariant: prefix of `lo` words fits, of `hi` words does not (hi == all words)
+    # invariant: prefix of `lo` words fits, of `hi` words does not (hi == all words)
+    lo, hi = 0, len(ends)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if tokenizer_len(text[:ends[mid - 1]]) <= budget:

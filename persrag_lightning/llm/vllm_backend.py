@@ -26,7 +26,8 @@ class VLLMLLM(LLM):
         from persrag_lightning.llm.gguf import local_model_path
 
         self.source = resolve_model(model)
-        path = local_model_path(self.source, cache_dir)  # GGUF sources go through the safetensors copy
+        # GGUF sources go through the safetensors copy
+        path = local_model_path(self.source, cache_dir)
         self.dtype = dtype
         self._vllm = vllm
         try:

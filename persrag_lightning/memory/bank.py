@@ -41,8 +41,10 @@ class MemorySettings:
     store: StoreSettings = field(default_factory=StoreSettings)
     history_turns: int = 6  # recent turns of the session given to the extraction prompt
     max_message_chars: int = 8000
-    max_turns_per_user: int = 1000  # session turns kept per user, all sessions together (oldest dropped first)
-    extract_query_tags: bool = True  # recall asks the LLM for the query's tags when none are given (seed)
+    # session turns kept per user, all sessions together (oldest dropped first)
+    max_turns_per_user: int = 1000
+    # recall asks the LLM for the query's tags when none are given (seed)
+    extract_query_tags: bool = True
     # what recall embeds: "summary", the LLM's one-sentence summary of the query (the seed; the
     # extraction's sentence, from the same call as the tags), or "raw", the query itself; without an
     # LLM, or when the LLM's answer is unusable or empty, the raw query (counted in `recall_inputs`)

@@ -28,7 +28,8 @@ class EvictionSettings:
     capacity: int = 200
     fraction: float = 0.2
     seed: int = 0
-    fallback: Fallback = "random"  # the seed's: too few rarely used rows -> remove a fifth of capacity at random
+    # the seed's: too few rarely used rows -> remove a fifth of capacity at random
+    fallback: Fallback = "random"
 
     def __post_init__(self) -> None:
         if self.fallback not in ("random", "least_used"):

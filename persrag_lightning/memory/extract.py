@@ -28,7 +28,8 @@ class Extraction:
     memory: str
     tags: Tags
     parsed: bool
-    repaired: bool = False  # parsed from a cut-off JSON answer (small models loop until max_new_tokens)
+    # parsed from a cut-off JSON answer (small models loop until max_new_tokens)
+    repaired: bool = False
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def validate_id(value: object, what: str = "user_id") -> str:
         raise InvalidIdError(f"{what} {value!r} contains control characters")
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
+    # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
+    except UnicodeEncodeError:
         raise InvalidIdError(f"{what} {value!r} is not valid Unicode text (a lone surrogate)") from None
     return value
 
@@ -112,10 +113,12 @@ VECTOR_INDEXES = {"hnsw_sq": HnswSq, "hnsw_flat": HnswFlat, "ivf_flat": IvfFlat}
 class StoreSettings:
     """Storage knobs: when the vector index is built, and which kind (the seed uses HNSW)."""
 
-    index_min_rows: int = 5000  # below this many memories (all users), exact flat search is fast and exact
+    # below this many memories (all users), exact flat search is fast and exact
+    index_min_rows: int = 5000
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
-    optimize_every: int = 500  # commits between compactions (each recall's usage update is a commit); 0: never
+    # commits between compactions (each recall's usage update is a commit); 0: never
+    optimize_every: int = 500
 
     def __post_init__(self) -> None:
         if self.index_type not in VECTOR_INDEXES:
@@ -272,9 +275,11 @@ class MemoryStore:
         is)."""
         with self._lock:
             counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
-            with warnings.catch_warnings():  # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
+            # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for _ in range(2):  # the 2nd pass drops the index files the 1st pass's index update replaced
+                # the 2nd pass drops the index files the 1st pass's index update replaced
+                for _ in range(2):
                     for table in (self.memories, self.sessions):
                         table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
             self._commits = 0

@@ -83,7 +83,8 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
         log.info("corpus embeddings cached at %s", out)
         return out
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as lock:  # concurrent builders (Slurm array tasks) wait for the first one
+    # concurrent builders (Slurm array tasks) wait for the first one
+    with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / EMBEDDINGS_FILE).exists():
             _embed_corpus(corpus, out, encoder, max_length, pooling, batch_size, device, precision)

@@ -28,7 +28,8 @@ Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 # docs/serving/pipeline.md).
 WIDTH_STEP = 16
 MAX_SHAPES = 64
-EXPORT_FORMAT = 2  # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
+# 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
+EXPORT_FORMAT = 2
 
 
 def export_path(cache_dir: str | Path, kind: str, digest: str) -> Path:
@@ -82,7 +83,8 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
     path.parent.mkdir(parents=True, exist_ok=True)
     names = list(sample)
     axes = {n: {0: "rows", 1: "tokens"} for n in names}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes exporting at once each write their own
+    # processes exporting at once each write their own
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with warnings.catch_warnings(), torch.no_grad(), eager_attention(model if eager else None):
         warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
         torch.onnx.export(_Positional(fn, names, output).eval(), tuple(sample[n] for n in names), str(tmp),

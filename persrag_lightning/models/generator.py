@@ -14,7 +14,8 @@ from torch import nn
 from persrag_lightning.models.common import merged_copy
 from persrag_lightning.utils import atomic_directory, file_digest
 
-GENERATOR_META = "persrag_generator.json"  # what was tuned, how, and the weights' digest (part of the folder digest)
+# what was tuned, how, and the weights' digest (part of the folder digest)
+GENERATOR_META = "persrag_generator.json"
 IGNORE_INDEX = -100  # label of a token that carries no loss (prompt and padding)
 
 # LoRA targets by the projection names a model family uses (attention query and value, as the LoRA
@@ -50,7 +51,8 @@ def causal_lm_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -
         mask[i, width - len(row):] = 1
         labels[i, width - len(t):] = torch.tensor(t, dtype=torch.long)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    keep = max(len(t) for _, t in pairs) + 1  # the last prompt token predicts the first target token
+    # the last prompt token predicts the first target token
+    keep = max(len(t) for _, t in pairs) + 1
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "labels": labels,
             "logits_to_keep": torch.tensor(keep)}
 
@@ -92,7 +94,8 @@ def export_generator(model: nn.Module, tokenizer, path: str | Path, meta: dict) 
     with atomic_directory(path) as tmp:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for f in tmp.iterdir():  # transformers writes the weights 0600; an export is read by other users' jobs
+        # transformers writes the weights 0600; an export is read by other users' jobs
+        for f in tmp.iterdir():
             f.chmod(0o644)
         weights = sorted(tmp.glob("*.safetensors"))
         digest = {w.name: file_digest(w) for w in weights}

@@ -34,7 +34,8 @@ from persrag_lightning.utils import atomic_directory
 
 READER_WEIGHTS = "reader.safetensors"
 Head = Literal["auto", "softmax", "ordinal"]
-TEXT_CACHE = 50_000  # text vectors remembered by a loaded reader (a doc is read by many questions and rows)
+# text vectors remembered by a loaded reader (a doc is read by many questions and rows)
+TEXT_CACHE = 50_000
 
 
 @dataclass
@@ -152,7 +153,8 @@ class LabelReader(nn.Module):
         if config.ordinal:
             self.score = nn.Linear(d, 1)
             self.first_threshold = nn.Parameter(torch.zeros(()))
-            self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))  # thresholds stay ordered: softplus gaps
+            # thresholds stay ordered: softplus gaps
+            self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))
         else:
             self.score = nn.Linear(d, n)
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()

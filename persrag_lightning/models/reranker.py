@@ -129,11 +129,13 @@ class PersonalizedReranker(nn.Module):
         self.encoder = apply_lora(encoder, config.lora)
         self.tokenizer = tokenizer
         self._pair_tokenizer = None
-        self._doc_tokens: dict[str, object] | None = None  # doc text → its encoding (cache_doc_tokens)
+        # doc text → its encoding (cache_doc_tokens)
+        self._doc_tokens: dict[str, object] | None = None
         self.runtime: Runtime = "fp32"
         self._session: Session | None = None  # onnx, openvino: → CLS
         dim = self.dim
-        self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
+        # MLP2 of Eq. 10
+        self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None
         self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
 
     @classmethod
@@ -182,7 +184,8 @@ class PersonalizedReranker(nn.Module):
         right-padded tensors."""
         cfg = self.config
         backend = self._backend()
-        if backend is None:  # slow tokenizer: truncate per side through decode, then let it build the pair
+        # slow tokenizer: truncate per side through decode, then let it build the pair
+        if backend is None:
             q = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
                                                       max_length=cfg.max_query_length)["input_ids"]) for t in queries]
             d = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
@@ -191,7 +194,8 @@ class PersonalizedReranker(nn.Module):
                                        return_tensors="pt"))
         budget = cfg.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
         encoded = []
-        unique = list(dict.fromkeys(queries))  # a query is paired with each of its m·k docs: tokenised once
+        # a query is paired with each of its m·k docs: tokenised once
+        unique = list(dict.fromkeys(queries))
         by_text = dict(zip(unique, backend.encode_batch(unique, add_special_tokens=False)))
         for query, d, text in zip(queries, self._encode_docs(backend, list(docs)), docs):
             q = by_text[query]
@@ -205,7 +209,8 @@ class PersonalizedReranker(nn.Module):
                 q = backend.encode(query, add_special_tokens=False)
                 q.truncate(nq)
             if nd < len(d.ids):
-                if self._doc_tokens is not None:  # never cut a cached encoding: a fresh one for this pair
+                # never cut a cached encoding: a fresh one for this pair
+                if self._doc_tokens is not None:
                     d = backend.encode(text, add_special_tokens=False)
                 d.truncate(nd)
             encoded.append(backend.post_process(q, d, add_special_tokens=True))
@@ -292,12 +297,14 @@ class PersonalizedReranker(nn.Module):
         if runtime == "int8":
             import warnings
 
-            with warnings.catch_warnings():  # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+            # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
         elif runtime in EXPORTED_RUNTIMES:
             self._session = exported.session(runtime, export_onnx(self, onnx_path))
-        elif runtime == "fp32":  # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
+        # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
+        elif runtime == "fp32":
             use_fastest_gemm(self.encoder, "encoders")
         self.runtime = runtime
         return self

@@ -118,7 +118,8 @@ class TextEncoder(nn.Module):
             self.eval()
         device = next(self.parameters()).device
         if session is None and device.type == "cpu" and not getattr(self, "_gemm", None):
-            self._gemm = use_fastest_gemm(self.model, "encoders")  # runtime.py: training calls stay torch's
+            # runtime.py: training calls stay torch's
+            self._gemm = use_fastest_gemm(self.model, "encoders")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty(len(texts), self.dim)
         for start in range(0, len(order), batch_size):

@@ -193,7 +193,8 @@ class UserEncoder(nn.Module):
             raise ValueError(f"history length {length} exceeds max_history {self.config.max_history}")
         hidden = self.transformer(doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask)
         keep = (~pad_mask).unsqueeze(-1).to(hidden.dtype)
-        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # Eq. 1: MEAN over non-pad positions
+        # Eq. 1: MEAN over non-pad positions
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
     def judged_inputs(self, doc_vectors: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The transformer's input per doc: d + g_l (`label`), d + g_l + A_l d (`paired`); label 0

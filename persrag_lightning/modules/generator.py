@@ -85,7 +85,8 @@ class GeneratorModule(L.LightningModule):
                  dtype: Literal["float32", "bfloat16"] = "float32") -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.settings = as_settings(OptimizerSettings, training)  # typed, as hyperparameters may hold a dict
+        # typed, as hyperparameters may hold a dict
+        self.settings = as_settings(OptimizerSettings, training)
         from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -130,7 +131,8 @@ class GeneratorModule(L.LightningModule):
             raise ConfigError(f"data.init_args.tokenizer ({data.hparams.tokenizer}) must be the module's model "
                              f"({self.hparams.model}) or null (then it is): it fits the prompts to the budget")
         self.task = data.task
-        if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:  # before any training
+        # before any training
+        if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:
             raise ConfigError(f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "
                               f"{self.task} is a generation task: pass --model.init_args.answer_mode=generate")
         readings = CALIBRATIONS if self.reader.reads_labels else ("none",)
@@ -191,7 +193,8 @@ class GeneratorModule(L.LightningModule):
         computed = {c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()}
         best = max(computed, key=lambda c: primary.ascending(float(computed[c][primary.name])))
         values = {f"val/{k}": v for k, v in computed[best].items()}
-        values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])  # the checkpoint monitors it
+        # the checkpoint monitors it
+        values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])
         if len(computed) > 1:
             values.update({f"val/{c}/{k}": v for c, by in computed.items() for k, v in by.items()})
         for name, value in values.items():  # compute() already summed over DDP ranks

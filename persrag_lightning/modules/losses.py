@@ -118,7 +118,8 @@ def kl_to_llm_feedback(student_scores: torch.Tensor, teacher_labels: torch.Tenso
                          f"{tuple(mask.shape)} must share one [B, C] shape")
     mask = mask.to(device=student_scores.device, dtype=torch.bool)
     dtype = torch.promote_types(student_scores.dtype, torch.float32)
-    fill = torch.finfo(dtype).min / 4  # finite: exp() underflows to 0, and subtracting a row max cannot overflow
+    # finite: exp() underflows to 0, and subtracting a row max cannot overflow
+    fill = torch.finfo(dtype).min / 4
     student = (student_scores.to(dtype) / student_temperature).masked_fill(~mask, fill)
     teacher = (teacher_labels.detach().to(device=student.device, dtype=dtype) / teacher_temperature)
     teacher = teacher.masked_fill(~mask, fill)
@@ -127,4 +128,5 @@ def kl_to_llm_feedback(student_scores: torch.Tensor, teacher_labels: torch.Tenso
     terms = log_p_teacher.exp() * (log_p_teacher - log_p_student)
     per_row = torch.where(mask, terms, torch.zeros_like(terms)).sum(dim=-1)
     rows = (mask.sum(dim=-1) >= 2).to(dtype)
-    return (per_row * rows).sum() / rows.sum().clamp(min=1.0)  # no host sync; 0 when no row qualifies
+    # no host sync; 0 when no row qualifies
+    return (per_row * rows).sum() / rows.sum().clamp(min=1.0)

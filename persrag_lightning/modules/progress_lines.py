@@ -18,7 +18,8 @@ class ProgressLines(L.Callback):
 
     def __init__(self, stage: str, every: float = 10.0) -> None:
         self.stage, self.every = stage, every
-        self.bars: dict[str, Progress | None] = {}  # "train" and "val": a validation inside an epoch keeps both
+        # "train" and "val": a validation inside an epoch keeps both
+        self.bars: dict[str, Progress | None] = {}
 
     def _start(self, trainer: L.Trainer, key: str, phase: str, total: float, final: str = "always") -> None:
         total = int(total) if total not in (None, float("inf")) else 0

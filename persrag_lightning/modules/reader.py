@@ -61,7 +61,8 @@ class ReaderModule(L.LightningModule):
             width = data.vectors.shape[1] if getattr(data, "vectors", None) is not None else 384
             config = ReaderConfig(**vars(self.settings), task=data.task, labels=tuple(data.labels),
                                   embedding_dim=width, encoder_digest=encoder_digest(self.settings.encoder))
-            with torch.random.fork_rng(devices=[]):  # seeded by the run, not by what data preparation drew
+            # seeded by the run, not by what data preparation drew
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(torch.initial_seed())
                 self.model = LabelReader(config)
         self.metric = lamp_metric(self.task)

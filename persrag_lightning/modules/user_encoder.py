@@ -134,7 +134,8 @@ class UserEncoderModule(L.LightningModule):
         view_a, view_b = self(batch.view_a), self(batch.view_b)
         t = self.settings
         loss = info_nce(view_a, view_b, t.temperature, t.negatives,
-                        gather_negatives=t.gather_negatives)  # the same figure for any number of ranks
+                        # the same figure for any number of ranks
+                        gather_negatives=t.gather_negatives)
         self.log(f"{prefix}/loss", loss, sync_dist=True, batch_size=len(batch.users))
         self.val_quality.update(batch.users, self(batch.history), view_a, view_b)
 
@@ -185,6 +186,7 @@ class UserEncoderModule(L.LightningModule):
                                  self.hparams.index)
         with atomic_directory(Path(path).parent / "docstore") as tmp:
             write_docstore(tmp, datamodule.dataset)
-        with atomic_directory(path) as tmp:  # a killed export leaves the previous bundle, never half of one
+        # a killed export leaves the previous bundle, never half of one
+        with atomic_directory(path) as tmp:
             self.encoder.save_pretrained(tmp)
         return Path(path)

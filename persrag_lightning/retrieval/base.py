@@ -37,7 +37,8 @@ class RetrievedDoc:
     retriever_score: float = math.nan
     reranker_score: float = math.nan
     text: str = ""
-    source: str = "doc"  # "doc": a corpus row; "memory": a memory of the bank (row -1, doc_id = memory id)
+    # "doc": a corpus row; "memory": a memory of the bank (row -1, doc_id = memory id)
+    source: str = "doc"
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)

@@ -12,9 +12,12 @@ import torch
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
-SimilarUsers = Callable[[str], list[tuple[str, float]]]      # user id → [(user id, cosine)], best first
-UserEmbedding = Callable[[str], "torch.Tensor | None"]        # user id → e_u for the retriever's user term
-QueryTransform = Callable[[list[Query], torch.Tensor], torch.Tensor]  # (queries, q vectors) → the vectors to search
+# user id → [(user id, cosine)], best first
+SimilarUsers = Callable[[str], list[tuple[str, float]]]
+# user id → e_u for the retriever's user term
+UserEmbedding = Callable[[str], "torch.Tensor | None"]
+# (queries, q vectors) → the vectors to search
+QueryTransform = Callable[[list[Query], torch.Tensor], torch.Tensor]
 
 
 class CandidateSource:
@@ -26,7 +29,8 @@ class CandidateSource:
         self.store, self.retriever = store, retriever
         self.similar_users, self.user_embedding = similar_users, user_embedding
         self.k_per_user = k_per_user
-        self.query_transform = query_transform  # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
+        # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
+        self.query_transform = query_transform
 
     @torch.no_grad()
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
@@ -44,7 +48,9 @@ class CandidateSource:
             docs: list[RetrievedDoc] = []
             for owner, sim in self.similar_users(query.user_id):
                 if owner != query.user_id and not self.store.shares(owner):
-                    continue  # `share: false`: never a neighbour (similar_users already filters; kept as a guard)
+                    # `share: false`: never a neighbour (similar_users already filters; kept as a
+                    # guard)
+                    continue
                 rows = self.store.rows(owner, query=query)
                 scores = self.retriever.score(vector, rows, e_u)
                 top = torch.topk(scores, min(self.k_per_user, len(rows)))

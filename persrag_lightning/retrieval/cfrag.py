@@ -172,7 +172,8 @@ class CFRAG(Strategy):
         if first_cut is not None and (rerank_top is None or reranker is None):
             raise ValueError("first_cut chooses the rerank_top candidates the reranker scores: it needs a reranker "
                              f"and rerank_top (got reranker={reranker!r}, rerank_top={rerank_top!r})")
-        self._cohort_model: CohortModel | None = None  # fitted by prepare when users="cluster" (runtime state)
+        # fitted by prepare when users="cluster" (runtime state)
+        self._cohort_model: CohortModel | None = None
         self._reranker = self._first_cut = None  # loaded by prepare (runtime state)
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
@@ -215,7 +216,8 @@ class CFRAG(Strategy):
                         "user_encoder_path": self.user_encoder_path, "retriever_spec": self.retriever_spec,
                         "reranker_path": self.reranker_path, "m": self.m, "k_per_user": self.k_per_user,
                         "users": self.users, "retriever_user_term": self.retriever_user_term}
-        if self.cohort_export is not None:  # its own settings apply (prepare reads them into cohort_settings)
+        # its own settings apply (prepare reads them into cohort_settings)
+        if self.cohort_export is not None:
             values["cohort_export"] = self.cohort_export
         elif self.users == "cluster":
             values["cohort_settings"] = self.cohort_settings
@@ -280,7 +282,8 @@ class CFRAG(Strategy):
             args = (c.text_encoder, c.text_max_length, c.text_pooling)
             build_corpus_embeddings(store.corpus, self.cache_dir, *args)
             docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
-            ids = store.pool_users() + sorted(u for u in store.dataset.private if u in store)  # private: own only
+            # private: own only
+            ids = store.pool_users() + sorted(u for u in store.dataset.private if u in store)
             vectors = torch.stack([docs[store.rows(u, c.max_history) if store.shares(u)
                                         else store.corpus.rows_of(u, c.max_history)].mean(0) for u in ids])
         return ids, vectors
@@ -296,8 +299,10 @@ class CFRAG(Strategy):
             return [(user_id, 1.0)]
         known = self._cohort_model if self._cohort_model is not None else self.user_index
         hidden = len(self.store.dataset.private) + max(0, len(known or ()) - self.store.corpus.num_users)
-        if self._cohort_model is not None:  # the user, then the m − 1 most similar members of its cohort
-            if user_id not in self._cohort_model:  # no pool (MEAN) or no trained vector: the user alone
+        # the user, then the m − 1 most similar members of its cohort
+        if self._cohort_model is not None:
+            # no pool (MEAN) or no trained vector: the user alone
+            if user_id not in self._cohort_model:
                 return [(user_id, 1.0)]
             ranked = [(user_id, 1.0)] + [(n.user_id, n.similarity)
                                          for n in self._cohort_model.neighbours(user_id, self.m - 1 + hidden)]

@@ -122,7 +122,8 @@ class ClusterIndex:
     """A persisted IVF index over docs plus each doc's cluster; rows are the caller's row ids
     (0..N-1)."""
 
-    builds: ClassVar[int] = 0  # how many indexes this process has trained (tests assert a reload trains none)
+    # how many indexes this process has trained (tests assert a reload trains none)
+    builds: ClassVar[int] = 0
 
     def __init__(self, index: faiss.IndexIVFFlat, lists: np.ndarray, settings: ClusterIndexSettings,
                  data_fingerprint: str = "", path: Path | None = None, loaded: bool = False) -> None:
@@ -159,7 +160,8 @@ class ClusterIndex:
             index = faiss.IndexIVFFlat(quantizer, dim, k, faiss.METRIC_INNER_PRODUCT)
             index.cp.niter = settings.kmeans_iter
             index.cp.seed = settings.seed
-            index.cp.min_points_per_centroid = 1  # small corpora: no faiss warning, k is already capped
+            # small corpora: no faiss warning, k is already capped
+            index.cp.min_points_per_centroid = 1
             index.cp.spherical = True
             index.train(x)
         index.add(x)
@@ -174,7 +176,8 @@ class ClusterIndex:
         """Fingerprint of (doc vectors or the caller's key for them, build settings): changed data
         rebuilds."""
         data = data_key or hashlib.sha256(np.ascontiguousarray(vectors, dtype=np.float32).tobytes()).hexdigest()
-        shape = {k: v for k, v in asdict(settings.build_key()).items() if k != "fill"}  # keys of older indexes
+        # keys of older indexes
+        shape = {k: v for k, v in asdict(settings.build_key()).items() if k != "fill"}
         return fingerprint(FORMAT, data, np.shape(vectors), shape)
 
     @classmethod

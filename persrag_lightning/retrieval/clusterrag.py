@@ -107,10 +107,12 @@ class RetrievalNotes:
     users_without_docs: int = 0
     no_neighbours: int = 0  # collab fell back to user-only retrieval
     no_vector: int = 0  # the user is not in the cohort model (no docs under MEAN vectors)
-    skipped_neighbours: int = 0  # a neighbour without docs in the store (private, removed): the next one taken
+    # a neighbour without docs in the store (private, removed): the next one taken
+    skipped_neighbours: int = 0
     queries: int = 0
     docs: int = 0  # docs returned over all queries
-    short_queries: int = 0  # queries that got fewer than k docs (the top-B clusters held fewer, or few candidates)
+    # queries that got fewer than k docs (the top-B clusters held fewer, or few candidates)
+    short_queries: int = 0
 
     @property
     def docs_per_query(self) -> float:

@@ -135,7 +135,8 @@ class EncoderRetriever(CorpusRetriever):
 
     @torch.no_grad()
     def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
-        return self.doc_vectors[torch.as_tensor(rows)] @ query  # Eq. 3: cosine of L2-normalised vectors
+        # Eq. 3: cosine of L2-normalised vectors
+        return self.doc_vectors[torch.as_tensor(rows)] @ query
 
     @torch.no_grad()
     def encode_docs(self, texts: list[str]) -> torch.Tensor:

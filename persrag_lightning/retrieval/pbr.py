@@ -243,7 +243,8 @@ class PBRStats:
     pagerank_seconds: list[float] = field(default_factory=list)
     pagerank_steps: list[int] = field(default_factory=list)
     pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
-    pagerank_residuals: list[float] = field(default_factory=list)  # the last L1 change of each built anchor
+    # the last L1 change of each built anchor
+    pagerank_residuals: list[float] = field(default_factory=list)
 
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -401,7 +402,8 @@ class PBRRetriever:
         _, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens,
                                   phase="PBR pseudo-reasoning")
         self.stats.llm_calls += s1.calls + s2.calls
-        self.stats.llm_hits -= s1.calls + s2.calls  # the per-user pass finds them in the store: not hits
+        # the per-user pass finds them in the store: not hits
+        self.stats.llm_hits -= s1.calls + s2.calls
 
     def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:
         """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's

@@ -37,7 +37,8 @@ Context
 
 Output: step-by-step explanation that maintains user-specific tone and reasoning patterns."""
 
-CHARS_PER_TOKEN = 3  # a conservative English rate (SmolLM2's tokenizer gives ~4): sizes the schema's strings
+# a conservative English rate (SmolLM2's tokenizer gives ~4): sizes the schema's strings
+CHARS_PER_TOKEN = 3
 
 
 def utterance_schema(max_items: int | None, max_new_tokens: int) -> dict:

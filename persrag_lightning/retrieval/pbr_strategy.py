@@ -129,7 +129,8 @@ class PBRStrategy(Strategy):
             return out
         groups = self.profiles.group(queries)
         texts = {key: [queries[i].query for i in idx] for key, idx in groups.items()}
-        vectors = self.retriever.encode([q.query for q in queries])  # one batched encoding for every group
+        # one batched encoding for every group
+        vectors = self.retriever.encode([q.query for q in queries])
         embs = {key: vectors[idx] for key, idx in groups.items()}
         self.retriever.prefetch([(key, texts[key], embs[key]) for key in groups])
         for key, idx in groups.items():

@@ -33,21 +33,27 @@ def strategy_config(strategy: Strategy) -> dict:
     constructor's settings (its public attributes), every setting that names an exported bundle
     replaced by the digest of its files (`cache_value`)."""
     out: dict = {"class": type(strategy).__qualname__}
-    if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
+    # only when set: the keys of strategies without it stay as they were
+    if strategy.prompt_gamma is not None:
         out["prompt_gamma"] = strategy.prompt_gamma
-    if (own := strategy.cache_config()) is not None:  # a strategy that says what identifies its retrievals
+    # a strategy that says what identifies its retrievals
+    if (own := strategy.cache_config()) is not None:
         return {**out, **own}
     for key, value in vars(strategy).items():
-        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
-            continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
-        if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
+        # labels, where caches live and
+        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):
+            # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
+            continue
+        # a wrapped strategy (a tuned generator over a retrieval method)
+        if isinstance(value, Strategy):
             out[key] = strategy_config(value)
         elif (held := cache_value(value)) is not None or value is None:
             out[key] = held
     return out
 
 
-RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+# folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+RETRIEVALS = "retrievals"
 
 
 def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,

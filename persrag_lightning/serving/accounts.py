@@ -22,7 +22,8 @@ __all__ = ["ACCOUNTS", "Account", "AccountStore", "Caller", "hash_token", "priva
 log = logging.getLogger(__name__)
 
 ACCOUNTS = "accounts.jsonl"
-LEGACY_ACCOUNTS = "accounts.json"  # written whole by earlier versions: turned into accounts.jsonl at start
+# written whole by earlier versions: turned into accounts.jsonl at start
+LEGACY_ACCOUNTS = "accounts.json"
 
 
 def hash_token(token: str) -> str:
@@ -124,7 +125,8 @@ class AccountStore:
             try:
                 a = json.loads(line)
             except ValueError:
-                if i == len(lines) - 1:  # a sign-up killed mid-append: never committed; drop the torn line
+                # a sign-up killed mid-append: never committed; drop the torn line
+                if i == len(lines) - 1:
                     log.warning("%s: dropping a torn last line (a sign-up cut short)", self.path)
                     self.save()
                     return

@@ -41,7 +41,8 @@ from persrag_lightning.serving.validation import ServiceError
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20  # 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits
+# 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits
+MAX_BODY_BYTES = 1 << 20
 PAGE = Path(__file__).with_name("static") / "chat.html"
 JSON_TYPES = ("application/json",)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")

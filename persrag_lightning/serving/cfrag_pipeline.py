@@ -27,7 +27,8 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
 
-COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
+# the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
+COHORTS = "clusters"
 
 
 def serving_runtime(part: str = "reranker") -> str:
@@ -171,7 +172,8 @@ class CFRAGPipeline:
     def reader(self) -> Reader:
         """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
         if self._reader is None:
-            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER  # chat's LLM
+            # chat's LLM
+            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER
                             else open_reader(self.reader_spec, self.llm_config))
         return self._reader
 
@@ -270,7 +272,8 @@ class CFRAGPipeline:
         ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)])
         s.user_row[user.user_id] = len(ue.user_ids) - 1
         if self.cohorts is not None:
-            self.cohorts.remove([user.user_id])  # a replaced history: assigned again from its new vector
+            # a replaced history: assigned again from its new vector
+            self.cohorts.remove([user.user_id])
             given = None
             if cohort is not None and cohort.get("fingerprint") == self.cohorts.data_fingerprint:
                 given = Assignment(int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"]))

@@ -26,7 +26,8 @@ class UserGate:
         """One request acting on `user_id`; `check` (run under the gate's lock) raises when it may
         not start."""
         with self._cond:
-            check()  # first: a user whose token the deletion revoked gets the 401 every later request gets
+            # first: a user whose token the deletion revoked gets the 401 every later request gets
+            check()
             if user_id in self.deleting:
                 raise ServiceError(409, f"user {user_id!r} is being deleted")
             self.active[user_id] = self.active.get(user_id, 0) + 1

@@ -19,7 +19,8 @@ class Limits:
 
     signup_per_minute: int = 10
     requests_per_minute: int = 600
-    max_clients: int = 100_000  # buckets kept (least recently seen dropped first: a dropped one starts full)
+    # buckets kept (least recently seen dropped first: a dropped one starts full)
+    max_clients: int = 100_000
 
 
 class RateLimiter:

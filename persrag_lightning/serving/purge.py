@@ -148,7 +148,8 @@ def stage(run_dir: str | Path, users: Iterable[str], cache_dir: str | Path) -> t
             tmp = clusters / COHORT_STAGING
             model.save(tmp)
             names = sorted(p.name for p in tmp.iterdir())
-            for name in sorted(names, key=lambda n: n == "cohorts.json"):  # cohorts.json last: the export's seal
+            # cohorts.json last: the export's seal
+            for name in sorted(names, key=lambda n: n == "cohorts.json"):
                 moves.append((str(tmp / name), str(clusters / name)))
             removes.append(str(tmp))
     if present:
@@ -171,7 +172,8 @@ def _stage_user_table(bundle: Path, users: set[str], staged) -> None:
         index = build_index(table.float().numpy(), **index_params(load_index(bundle / "users.faiss")))
         with atomic_replace(staged(bundle / "users.faiss")) as tmp:
             faiss.write_index(index, str(tmp))
-    atomic_write_json(staged(bundle / "user_ids.json"), [ids[i] for i in keep])  # ids last, as save_pretrained
+    # ids last, as save_pretrained
+    atomic_write_json(staged(bundle / "user_ids.json"), [ids[i] for i in keep])
 
 
 def _stage_doc_table(encoder: Path, corpus: Corpus, keep_rows: np.ndarray, staged) -> None:
@@ -212,5 +214,6 @@ def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir
         table = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"][torch.as_tensor(keep_rows)].contiguous()
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "meta.json", {**meta, "rows": len(new), "unique_texts": len(set(new.texts))})
-        atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)  # last: its presence means complete
+        # last: its presence means complete
+        atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)
     return removes

@@ -32,16 +32,20 @@ __all__ = [
     "Text",
 ]
 
-MAX_MESSAGE_CHARS = 8000  # a message, an answer or a doc field (memory/bank.py's MemorySettings default)
+# a message, an answer or a doc field (memory/bank.py's MemorySettings default)
+MAX_MESSAGE_CHARS = 8000
 MAX_HISTORY_DOCS = 200  # docs of one history (sign-up or replacement): more is a 413, encoded never
 MAX_FIELD_NAME_CHARS = 64
 MAX_DATE_CHARS = 64
 MAX_MODEL_CHARS = 256
-MAX_MESSAGES = 1000  # turns of one request (OpenAI clients resend the conversation; the body's 1 MiB bounds it too)
+# turns of one request (OpenAI clients resend the conversation; the body's 1 MiB bounds it too)
+MAX_MESSAGES = 1000
 
 NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
-ADDRESSABLE = r"^[^/\x00-\x1f\x7f]+$"  # the router matches the decoded path: `a/b` could never be addressed
-NOT_BLANK = r"[^\s\x1c-\x1f]"  # pydantic's regex (Rust) \s lacks \x1c-\x1f, which Python's str.strip() removes
+# the router matches the decoded path: `a/b` could never be addressed
+ADDRESSABLE = r"^[^/\x00-\x1f\x7f]+$"
+# pydantic's regex (Rust) \s lacks \x1c-\x1f, which Python's str.strip() removes
+NOT_BLANK = r"[^\s\x1c-\x1f]"
 DATE = f"^{DATE_PATTERN}$"  # what data/lamp.py's parse_date reads
 PATTERN_MEANINGS = {
     NO_CONTROL: "contains control characters",

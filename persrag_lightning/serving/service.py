@@ -137,14 +137,17 @@ class ChatService:
         if not (run_dir / "docstore").is_dir():
             raise FileNotFoundError(f"{run_dir}: no exported run (docstore missing); train one first with "
                                     "`python train.py pipeline --preset quick`")
-        cache_dir = str(Path(cache_dir).resolve())  # once: the deletion purges this cache, wherever it runs from
+        # once: the deletion purges this cache, wherever it runs from
+        cache_dir = str(Path(cache_dir).resolve())
         state = private_dir(Path(state_dir).resolve() if state_dir else run_dir / "serve")
         llm = llm or LLMConfig(max_new_tokens=64)
-        legacy = state / "deleted.json"  # deletions recorded (not done) by earlier versions: done now
+        # deletions recorded (not done) by earlier versions: done now
+        legacy = state / "deleted.json"
         if legacy.is_file():
             purge.begin(state, json.loads(legacy.read_text()))
             legacy.unlink()
-        purge.purge_export(run_dir, state, cache_dir)  # a deletion cut short: the export part, before loading it
+        # a deletion cut short: the export part, before loading it
+        purge.purge_export(run_dir, state, cache_dir)
         pipeline = CFRAGPipeline.from_pretrained(run_dir, llm=llm, cache_dir=cache_dir, **pipeline_args)
         if extraction not in ("llm", "verbatim"):
             raise ValueError(f"extraction must be llm or verbatim, got {extraction!r}")
@@ -185,7 +188,8 @@ class ChatService:
             if exported:  # an exported user given a new history (by themselves or by the admin)
                 self.pipeline.remove_user(uid)
             self.pipeline.attach_user(user, doc_vectors, user_vectors, cohort, share=share)
-        for uid in sorted(self.bank.user_ids() - set(self.accounts)):  # a sign-up cut short before its line
+        # a sign-up cut short before its line
+        for uid in sorted(self.bank.user_ids() - set(self.accounts)):
             log.warning("removing the memories of an unfinished sign-up")
             self.bank.purge_user(uid)
         for uid, account in self.accounts.items():
@@ -244,7 +248,8 @@ class ChatService:
         # meanwhile)
         encoded = self._encode_history(user_id, history) if history is not None else None
         with self._state_lock:
-            self._refuse_taken(user_id, admin, history is not None)  # a concurrent sign-up may have won meanwhile
+            # a concurrent sign-up may have won meanwhile
+            self._refuse_taken(user_id, admin, history is not None)
             try:
                 self.bank.add_user(user_id, request.answer_texts())
             except UserExistsError:
@@ -253,7 +258,8 @@ class ChatService:
                 if encoded is not None:
                     cohort = self.pipeline.cohort_assignment(encoded[2])
                     write_user_file(self.state, encoded[0], history, encoded[1], encoded[2], cohort)
-                    with self._model_lock:  # private before visible: one step under the lock retrieval takes
+                    # private before visible: one step under the lock retrieval takes
+                    with self._model_lock:
                         self.pipeline.attach_user(*encoded, cohort, share=share)
                 token = secrets.token_urlsafe(32)
                 account = Account(user_id, hash_token(token), share)
@@ -386,7 +392,8 @@ class ChatService:
         with self._acting_on(caller, user_id):
             with self._model_lock:
                 docs = self.pipeline.retrieve(user_id, message, self.k) if user_id in self.pipeline.store else []
-                docs = self._shareable(user_id, docs)  # the privacy guard, before anything is generated or stored
+                # the privacy guard, before anything is generated or stored
+                docs = self._shareable(user_id, docs)
             turn = self.bank.remember_and_recall(user_id, message, session_id)
             memories = [memory_doc(r) for r in turn.recalled]
             foreign = [m for m in memories if m.owner != user_id]

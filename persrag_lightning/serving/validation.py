@@ -96,7 +96,8 @@ def refusal(errors: list[ErrorDetails]) -> ServiceError:
         message = PHRASES[kind]
         if kind.endswith("_type"):
             message += f", got {type(error['input']).__name__}"
-    else:  # the models' own checks (a rule across fields, a known category): their message says it all
+    # the models' own checks (a rule across fields, a known category): their message says it all
+    else:
         return bad_request(f"{subject}: {error['msg']}" if path else error["msg"])
     return bad_request(f"{subject} {message}")
 
