@@ -196,8 +196,9 @@ def to_gpu_if_available(index: faiss.Index) -> faiss.Index | TorchFlatIndex:
 def save_index(index: faiss.Index | TorchFlatIndex, path: str | Path) -> None:
     if isinstance(index, TorchFlatIndex):
         index = index.to_faiss()
-    if hasattr(faiss, "index_gpu_to_cpu") and not isinstance(index, (faiss.IndexFlat, faiss.IndexIVF,
-                                                                        faiss.IndexHNSW)):
+    if hasattr(faiss, "index_gpu_to_cpu") and not isinstance(
+        index, (faiss.IndexFlat, faiss.IndexIVF, faiss.IndexHNSW)
+    ):
         index = faiss.index_gpu_to_cpu(index)
     with atomic_replace(path) as tmp:
         faiss.write_index(index, str(tmp))

@@ -122,7 +122,9 @@ class LampClassificationMetric(Metric):
         _check_lengths(preds, targets)
         n = len(self.labels)
         p = torch.tensor([self.label_index(x) for x in preds], dtype=torch.long, device=self.device)
-        g = torch.tensor([self.label_index(x) for x in targets], dtype=torch.long, device=self.device)
+        g = torch.tensor(
+            [self.label_index(x) for x in targets], dtype=torch.long, device=self.device
+        )
         same = p == g
         self.correct += same.sum()
         self.total += p.numel()
@@ -148,8 +150,12 @@ class LampRegressionMetric(Metric):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state("abs_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("sq_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "abs_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state(
+            "sq_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, preds: Sequence[str], targets: Sequence[str]) -> None:
@@ -181,8 +187,12 @@ class LampGenerationMetric(Metric):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state("rouge1_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("rougeL_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "rouge1_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state(
+            "rougeL_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, preds: Sequence[str], targets: Sequence[str]) -> None:
@@ -295,7 +305,9 @@ def _order(keys: Tensor, mask: Tensor) -> Tensor:
     key)."""
     keys = torch.where(mask, keys, torch.zeros_like(keys))
     order = torch.sort(keys, dim=1, descending=True, stable=True).indices
-    valid_first = torch.sort(mask.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True).indices
+    valid_first = torch.sort(
+        mask.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True
+    ).indices
     return order.gather(1, valid_first)
 
 
@@ -338,7 +350,9 @@ def ndcg_at_k(scores: Tensor, labels: Tensor, mask: Tensor, k: int) -> tuple[Ten
     dcg = (gains.gather(1, top_scored) * discount).sum(dim=1)
     idcg = (gains.gather(1, top_ideal) * discount).sum(dim=1)
     informative = informative_rows(labels, mask)
-    ndcg = torch.where(informative, dcg / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(dcg))
+    ndcg = torch.where(
+        informative, dcg / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(dcg)
+    )
     return ndcg, informative
 
 
@@ -374,7 +388,9 @@ class _RankingMetric(Metric):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.k = k
-        self.add_state("value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("rows", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def _per_row(self, scores: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -450,7 +466,9 @@ class UserRetrievalQuality(Metric):
         for name in ("users", "full", "view_a", "view_b"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
-    def update(self, users: torch.Tensor, full: torch.Tensor, view_a: torch.Tensor, view_b: torch.Tensor) -> None:
+    def update(
+        self, users: torch.Tensor, full: torch.Tensor, view_a: torch.Tensor, view_b: torch.Tensor
+    ) -> None:
         self.users.append(users)
         self.full.append(full.detach().float())
         self.view_a.append(view_a.detach().float())
@@ -469,7 +487,9 @@ class UserRetrievalQuality(Metric):
         if self.communities is not None:
             labels = self.communities.to(users.device)[users[keep]]
             if (labels >= 0).all():
-                out[f"community_p@{self.m}"] = torch.tensor(community_precision_at_m(full, labels, self.m))
+                out[f"community_p@{self.m}"] = torch.tensor(
+                    community_precision_at_m(full, labels, self.m)
+                )
                 # random neighbours
                 out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))
         return out

@@ -85,7 +85,9 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
 
     path = preset_path(name).resolve()
     if path in _seen:
-        raise ConfigError(f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle")
+        raise ConfigError(
+            f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle"
+        )
     try:
         raw = OmegaConf.load(path)
         schema = OmegaConf.structured(Preset)
@@ -106,14 +108,18 @@ def check_preset(preset: Preset, path: Path) -> None:
     """What the schema cannot say: known stages, judgments, readers and calibrations."""
     for stage in preset.stages or []:
         if stage not in STAGES:
-            raise ConfigError(f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}")
+            raise ConfigError(
+                f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}"
+            )
     if preset.judgments not in get_args(Judgments):
         raise ConfigError(f"{path.name}: judgments: {preset.judgments!r} is not one of "
                           f"{', '.join(get_args(Judgments))}")
     for reader in preset.readers or []:
         if reader not in READERS:
-            raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
-                              "calibrations are `calibrations`)")
+            raise ConfigError(
+                f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
+                "calibrations are `calibrations`)"
+            )
     for calibration in preset.calibrations or []:
         if calibration not in get_args(Calibration):
             raise ConfigError(f"{path.name}: calibrations: {calibration!r} is not one of "

@@ -140,7 +140,9 @@ def _onnxruntime(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> Linea
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = threads, 3
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = session.run(None, {"x": x.reshape(-1, x.shape[-1]).numpy()})[0]
@@ -183,7 +185,9 @@ def time_call(name: str, fn: LinearFn, x: torch.Tensor) -> float:
     return time.perf_counter() - started
 
 
-def gemm_seconds(name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS, timer: Timer = time_call) -> float:
+def gemm_seconds(
+    name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS, timer: Timer = time_call
+) -> float:
     """Seconds of one call of `fn(x)`: the best of `rounds` after a warm-up (which pays first-call
     allocations and kernel choices); noise on a shared machine only slows, so the best call is the
     machine's rate."""
@@ -198,7 +202,9 @@ def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
     return sum(2 * r * i * o for r, i, o in shapes) / seconds / 1e9
 
 
-def shape_data(shape: tuple[int, int, int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def shape_data(
+    shape: tuple[int, int, int], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An input, a weight and a bias of a Linear of `shape` (rows, in, out), random (scaled as an
     initialised layer)."""
     rows, d_in, d_out = shape
@@ -241,8 +247,10 @@ class GemmChoice:
             rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if choosable(p))
             beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not choosable(p))
             beside = f"; beside torch's threads, chosen only when named: {beside}" if beside else ""
-            out.append(f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
-                       f"{rates}{beside})")
+            out.append(
+                f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
+                f"{rates}{beside})"
+            )
         return out
 
     def record(self) -> dict:
@@ -299,7 +307,9 @@ def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] |
     rates: dict[str, dict[str, float]] = {consumer: {} for consumer in shapes}
     for name in dict.fromkeys(key[0] for key in calls):
         for consumer, dims in shapes.items():
-            rates[consumer][name] = gflops(dims, sum(best[(name, consumer, shape)] for shape in dims))
+            rates[consumer][name] = gflops(
+                dims, sum(best[(name, consumer, shape)] for shape in dims)
+            )
     return GemmChoice(threads, rates, {c: choose_path(r) for c, r in rates.items()}, skipped)
 
 
@@ -352,7 +362,9 @@ def gemm_choice() -> GemmChoice:
             choice = measure_gemm(threads=threads)
         elif wanted in PATHS:
             loads(wanted)
-            choice = GemmChoice(key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True)
+            choice = GemmChoice(
+                key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True
+            )
         else:
             raise ValueError(f"{ENV}={wanted!r}: use auto or one of {', '.join(PATHS)}")
         _CHOICES[key] = _CHOICES[(wanted, choice.threads)] = choice
@@ -419,7 +431,9 @@ def apply_gemm_path(model: nn.Module, path: str) -> int:
         if kind is GemmLinear and path == "torch":
             module.__class__ = nn.Linear
             module.__dict__.pop("gemm_path", None)
-        elif kind is nn.Linear and path != "torch" or kind is GemmLinear and module.gemm_path != path:
+        elif (
+            kind is nn.Linear and path != "torch" or kind is GemmLinear and module.gemm_path != path
+        ):
             module.__class__ = GemmLinear
             module.gemm_path = path
         else:

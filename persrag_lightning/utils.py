@@ -77,10 +77,14 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Pat
     return atomic_write_text(path, text)
 
 
-def atomic_save_tensors(tensors: Mapping[str, Any], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+def atomic_save_tensors(
+    tensors: Mapping[str, Any], path: str | Path, metadata: dict[str, str] | None = None
+) -> Path:
     """safetensors' save_file through a temp file, so a killed job never leaves a truncated
     checkpoint."""
-    from safetensors.torch import save_file  # imported lazily: utils must stay importable without torch
+    from safetensors.torch import (
+        save_file,
+    )  # imported lazily: utils must stay importable without torch
 
     with atomic_replace(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=metadata)
@@ -101,7 +105,9 @@ def _canonical(obj: Any) -> Any:
 def fingerprint(*parts: Any) -> str:
     """First 16 hex chars of sha256 over the canonical JSON of `parts`: equal inputs give equal
     cache keys."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_canonical)
+    text = json.dumps(
+        parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_canonical
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -204,7 +210,9 @@ def as_settings(cls: type, value: object) -> Any:
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
-        raise TypeError(f"expected {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+        raise TypeError(
+            f"expected {cls.__name__} or a mapping of its fields, got {type(value).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     fields = {}
     for key, v in value.items():

@@ -44,20 +44,28 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     d = CohortSettings()
     p = _Parser(prog="persrag cluster", description=__doc__.splitlines()[0])
-    p.add_argument("--run_name", default="synthlamp", help="exports go to <export_root>/<run_name>/clusters")
+    p.add_argument(
+        "--run_name", default="synthlamp", help="exports go to <export_root>/<run_name>/clusters"
+    )
     p.add_argument("--export_root", default="checkpoints")
     p.add_argument("--task", default="LaMP-2")
-    p.add_argument("--data_dir", default=None, help="a LaMP folder; default: the embedded SynthLaMP")
+    p.add_argument(
+        "--data_dir", default=None, help="a LaMP folder; default: the embedded SynthLaMP"
+    )
     p.add_argument("--num_users", type=int, default=300, help="SynthLaMP users (as the stages' synth.num_users)")
     p.add_argument("--synth_seed", type=int, default=0)
     p.add_argument("--cache_dir", default=".cache/persrag")
-    p.add_argument("--encoder", default="minilm", help="frozen text encoder of the MEAN user vectors (Eq. 1)")
+    p.add_argument(
+        "--encoder", default="minilm", help="frozen text encoder of the MEAN user vectors (Eq. 1)"
+    )
     p.add_argument("--vectors", choices=["mean", "encoder"], default=d.user_vectors,
                    help="user vectors of the export: MEAN (the seed) or CFRAG's trained user embeddings")
     p.add_argument("--method", choices=["hdbscan", "kmeans"], default=d.method)
     p.add_argument("--min_cluster_size", type=int, default=d.min_cluster_size)
     p.add_argument("--min_samples", type=int, default=d.min_samples)
-    p.add_argument("--n_clusters", type=int, default=d.n_clusters, help="k-means K (default ⌈√users⌉)")
+    p.add_argument(
+        "--n_clusters", type=int, default=d.n_clusters, help="k-means K (default ⌈√users⌉)"
+    )
     p.add_argument("--noise", choices=["nearest", "own"], default=d.noise)
     p.add_argument("--fit_sample", type=int, default=d.fit_sample,
                    help="cluster a random sample of this many users, assign the others to the nearest cohort")
@@ -154,7 +162,9 @@ def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
     lines = [model.summary()]
     lines += [f"warning: {w}" for w in diagnostics["warnings"]]
     if synth:
-        lines.append("agreement with the true SynthLaMP communities (adjusted Rand index; diagnostics only):")
+        lines.append(
+            "agreement with the true SynthLaMP communities (adjusted Rand index; diagnostics only):"
+        )
         lines.append("| user vectors | cohorts | noise | ARI (noise as singletons) | ARI (after the noise policy) |")
         lines.append("|---|---|---|---|---|")
         for vectors, name in (("mean", "MEAN (Eq. 1)"), ("encoder", "contrastive (CFRAG stage 1)")):
@@ -163,8 +173,10 @@ def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
                 lines.append(f"| {name} | - | - | not exported: `python train.py fit --config "
                              "cfrag_user_encoder.yaml` (same --run_name) | - |")
             else:
-                lines.append(f"| {name} | {got['n_cohorts']} | {got['noise']} | {got['clusters']:.3f} | "
-                             f"{got['cohorts']:.3f} |")
+                lines.append(
+                    f"| {name} | {got['n_cohorts']} | {got['noise']} | {got['clusters']:.3f} | "
+                    f"{got['cohorts']:.3f} |"
+                )
     else:
         lines.append("no communities.json beside the data: no ARI (SynthLaMP only)")
     lines.append(f"cohorts exported to {out}")

@@ -37,10 +37,18 @@ def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[
     before the plan and kept in pipeline.json."""
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
-    out = {k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()}
-    out["feedback labels"] = "bfloat16" if label_overrides(rules.labels, backend) else "the configs' backend (exact)"
-    out["reader"] = reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
-    out["rerankers"] = resolve_reranker_runtime(preset.evaluate.get("evaluation.reranker_runtime") or "fp32")
+    out = {
+        k: "config's" if rule is None else auto_precision(policy=rule) for k, rule in stages.items()
+    }
+    out["feedback labels"] = (
+        "bfloat16" if label_overrides(rules.labels, backend) else "the configs' backend (exact)"
+    )
+    out["reader"] = (
+        reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
+    )
+    out["rerankers"] = resolve_reranker_runtime(
+        preset.evaluate.get("evaluation.reranker_runtime") or "fp32"
+    )
     out["corpus embeddings"] = embedding_precision()
     return out
 
@@ -48,9 +56,11 @@ def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[
 # Said before the plan where the preset asks for a bfloat16 reader and the CPU cannot give one:
 # float32 reading is compute-bound and most of such a job, and reading fewer questions buys time
 # only by losing the table's power.
-FLOAT32_READER_NOTE = ("[pipeline] no native bfloat16 here, so the reader answers in float32, which is most of this "
-                       "job's time: the estimate below says how long; --questions reads fewer questions but rarely "
-                       "shows the table's differences (docs/getting-started.md#the-main-job)")
+FLOAT32_READER_NOTE = (
+    "[pipeline] no native bfloat16 here, so the reader answers in float32, which is most of this "
+    "job's time: the estimate below says how long; --questions reads fewer questions but rarely "
+    "shows the table's differences (docs/getting-started.md#the-main-job)"
+)
 
 
 def float32_reader_note(llm: dict) -> str | None:
@@ -64,7 +74,9 @@ def float32_reader_note(llm: dict) -> str | None:
 
 
 
-def announce_decisions(preset: Preset, backend: str | None, llm: dict) -> tuple[dict[str, str], GemmChoice]:
+def announce_decisions(
+    preset: Preset, backend: str | None, llm: dict
+) -> tuple[dict[str, str], GemmChoice]:
     """The run's first lines: the machine and whether bfloat16 is native, the note on float32
     reading where it applies, the precision of each kind of work, then the float32 GEMM path of the
     reader and of the encoders with the rates measured here (runtime.gemm_choice, once per process).

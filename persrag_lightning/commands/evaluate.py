@@ -47,7 +47,9 @@ def evaluate_command(args: list[str]) -> EvaluationReport:
     """
     from persrag_lightning.evaluation.evaluate import evaluate_parser
 
-    return run_evaluation(evaluate_parser(description=evaluate_command.__doc__).parse_args(evaluate_args(args)))
+    return run_evaluation(
+        evaluate_parser(description=evaluate_command.__doc__).parse_args(evaluate_args(args))
+    )
 
 
 @lru_cache(maxsize=8)
@@ -111,7 +113,9 @@ def run_evaluation(cfg: Namespace) -> EvaluationReport:
         only = [names.get(n, n) for n in only_names(cfg.only)]
         unknown = set(only) - {s.name for s in strategies}
         if unknown:
-            raise SystemExit(f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}")
+            raise SystemExit(
+                f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}"
+            )
         strategies = [s for s in strategies if s.name in only]
     report = evaluator.evaluate(strategies)
     print(report.table)

@@ -16,9 +16,13 @@ from persrag_lightning.utils import one_flag_style
 def feedback_parser() -> argparse.ArgumentParser:
     """The feedback command's own flags; every other argument configures the stage as for `fit`."""
     parser = argparse.ArgumentParser(prog="persrag feedback", add_help=False)
-    parser.add_argument("--shard", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", "0")))
+    parser.add_argument(
+        "--shard", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
+    )
     parser.add_argument("--num_shards", type=int, default=None)
-    parser.add_argument("--stats", action="store_true", help="print label statistics of the finished cache")
+    parser.add_argument(
+        "--stats", action="store_true", help="print label statistics of the finished cache"
+    )
     return one_flag_style(parser)
 
 
@@ -32,7 +36,9 @@ def feedback_command(args: list[str]) -> None:
                      args=rest, run=False)
     dm = cli.datamodule
     if not hasattr(dm, "build_feedback"):
-        raise SystemExit(f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)")
+        raise SystemExit(
+            f"{type(dm).__name__} has no LLM-feedback labels (use a retriever or reranker config)"
+        )
     # The trainer `fit` would run: with `--trainer.limit_val_batches=0` it validates nothing, so no
     # dev labels are built or read here either (an array job labels exactly what the stage will
     # read).

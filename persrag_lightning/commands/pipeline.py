@@ -120,8 +120,9 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
                                       f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
 
 
-def choose_on_dev(report: EvaluationReport, run: EvaluationRun,
-                  calibrations: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
+def choose_on_dev(
+    report: EvaluationReport, run: EvaluationRun, calibrations: list[str] | None = None
+) -> tuple[str, str | None, dict[str, float]]:
     """The best of `run`'s rows (a `dev_choice`) by the report's primary metric, with the dev
     numbers: the main job's recipe is chosen here, never on test. With `calibrations` (label
     calibrations), each row read as label scores is re-read under each calibration from the report
@@ -251,7 +252,9 @@ class Job:
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
                 and (reads or STAGES[n].kind != "reader")]
 
-    def choose_reader(self, readers: list[str], calibrations: list[str] | None) -> tuple[str, dict[str, float]]:
+    def choose_reader(
+        self, readers: list[str], calibrations: list[str] | None
+    ) -> tuple[str, dict[str, float]]:
         """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage
         needed, so the feedback stages can be labelled by the chosen reader): each reader's best dev
         score (the LLM's under its best calibration), then the same selection among the readers; the
@@ -265,7 +268,9 @@ class Job:
                     "evaluation.reader": TRAINED_READER if reader == "trained" else LLM_READER}
             run = dev_choice(base, READER_ROWS, self.run_name, {}, f"select-on-dev/reader-{reader}")
             report = run_evaluation(run.resolve())
-            _, calibration, dev = choose_on_dev(report, run, calibrations if reader == "llm" else None)
+            _, calibration, dev = choose_on_dev(
+                report, run, calibrations if reader == "llm" else None
+            )
             self.evaluations.append(run)
             label = READER_ROWS[0] + (f" [calibration {calibration}]" if calibration else "")
             best.append(Option(reader, reader, dev[label]))
@@ -309,7 +314,9 @@ class Job:
                folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
         """A dev choice among `candidates` (`choose_on_dev`, under each of `calibrations`), timed as
         `step`."""
-        run = dev_choice({**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder)
+        run = dev_choice(
+            {**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder
+        )
         t0 = time.perf_counter()
         chosen = choose_on_dev(run_evaluation(run.resolve()), run, calibrations)
         self.evaluations.append(run)
@@ -325,7 +332,9 @@ class Job:
             tests["evaluation.votes"] = [r for r in ("bm25", chosen) if r in rows]
         if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
             tests["evaluation.pairs"] = [[f"{chosen}{TUNED}", f"bm25{TUNED}"]]
-        return EvaluationRun("test table", {**self.common, **self.evaluate, **tests}, rows, self.names)
+        return EvaluationRun(
+            "test table", {**self.common, **self.evaluate, **tests}, rows, self.names
+        )
 
 
 def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> Job:
@@ -359,15 +368,21 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
                chain_names(judgments), data, kinds, evaluate, extra)
 
 
-def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, Any], object]:
+def announce(
+    job: Job, questions: int | None, data_dir: str | None
+) -> tuple[dict[str, Any], object]:
     """The lines before training: the machine, the precision and runtime decisions, the plan and its
     estimate, all read from the job's resolved stages and evaluations; the decisions as
     pipeline.json keeps them."""
     table = job.report("CFRAG").resolve()
     precision, gemm = announce_decisions(job.preset, job.backend, reader_settings(table))
     stages = {s: job.stage_run(s).resolve() for s in job.wanted()}
-    rows = [shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []] or None
-    dev = dev_choice({**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names).resolve()
+    rows = [
+        shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []
+    ] or None
+    dev = dev_choice(
+        {**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names
+    ).resolve()
     users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
     plan = build_plan(stages, [s for s in stages if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
                       job.task, question_counts(data_dir, users), (len(CANDIDATES), dev), table)

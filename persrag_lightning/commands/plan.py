@@ -101,8 +101,10 @@ class Plan:
             return out
         reads = ", ".join([f"{self.labels} feedback labels"] * bool(self.labels)
                           + [f"{n} answers ({phase})" for phase, n in {**self.answers, **self.llm_answers}.items() if n])
-        by_reader = ", ".join(f"{self.minutes_for(r):.0f} if dev chooses the {'LLM' if r == 'llm' else r + ' reader'}"
-                              for r in self.readers)
+        by_reader = ", ".join(
+            f"{self.minutes_for(r):.0f} if dev chooses the {'LLM' if r == 'llm' else r + ' reader'}"
+            for r in self.readers
+        )
         rates = f"the LLM here: {self.rates['answers']:.1f} answers/s, {self.rates['labels']:.1f} labels/s"
         if "trained" in self.readers:
             rates += f"; the trained reader: {self.rates['trained_answers']:.0f} answers/s"
@@ -139,7 +141,9 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> fl
         if kind == "user_encoder":
             size = int(config.fit.trainer.max_epochs) * users
         else:
-            size = min(int(_data(config).splits.max_train_examples or counts["train"]), counts["train"])
+            size = min(
+                int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
+            )
         total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
     return total
 
@@ -166,7 +170,9 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
             continue
         data = _data(config)
         examples = data.splits.max_train_examples or train_questions
-        total += int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
+        total += (
+            int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
+        )
     return total
 
 
@@ -274,8 +280,12 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     """
     candidates, dev_config = dev
     train = [s for s in stages if s not in skip]
-    test = min(n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None)
-    dev_questions = min(n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None)
+    test = min(
+        n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None
+    )
+    dev_questions = min(
+        n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None
+    )
     n_rows = len(table.strategies) if rows is None else len(rows)
     # read by the tuned LLM whatever reads
     tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))
@@ -296,9 +306,13 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":
-        plan.reason = f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+        plan.reason = (
+            f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+        )
     else:
-        plan.rates = dict(reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))))
+        plan.rates = dict(
+            reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8)))
+        )
         if "trained" in plan.readers:
             texts = encoder_rate()
             plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})

@@ -14,11 +14,15 @@ from persrag_lightning.utils import ConfigError, one_flag_style
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
-    parser.add_argument("--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick")
+    parser.add_argument(
+        "--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--state", default=None, help="service state folder (default: <run>/serve)")
-    parser.add_argument("--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    parser.add_argument(
+        "--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm"
+    )
     parser.add_argument("--llm_model", default="smollm2")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--no_llm", action="store_true",
@@ -68,7 +72,9 @@ def serve_command(argv: list[str]) -> None:
     from persrag_lightning.serving.service import ChatService
 
     logging.basicConfig(level=logging.WARNING)
-    llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens)
+    llm = LLMConfig(
+        backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
+    )
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
                                           use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
@@ -83,5 +89,7 @@ def serve_command(argv: list[str]) -> None:
     if hosts is None:
         print("persrag serve: bound to every address with no --allowed_host: the Host header is not checked",
               file=sys.stderr)
-    app = create_app(service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts)
+    app = create_app(
+        service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

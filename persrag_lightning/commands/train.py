@@ -110,13 +110,21 @@ class PersragCLI(LightningCLI):
             cfg.trainer.enable_model_summary = False
         job = slurm_version()
         if cfg.trainer.get("logger") in (None, True):
-            cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
-                                           init_args=Namespace(save_dir=str(root), name="logs", version=job))
-        for logger in cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]:
-            if isinstance(logger, Namespace) and logger.get("class_path", "").endswith("WandbLogger"):
+            cfg.trainer.logger = Namespace(
+                class_path="lightning.pytorch.loggers.CSVLogger",
+                init_args=Namespace(save_dir=str(root), name="logs", version=job),
+            )
+        for logger in (
+            cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
+        ):
+            if isinstance(logger, Namespace) and logger.get("class_path", "").endswith(
+                "WandbLogger"
+            ):
                 self._configure_wandb(logger.init_args, root, job)
         if not cfg.trainer.get("default_root_dir"):
-            cfg.trainer.default_root_dir = str(root if job is None else self._job_dir(cfg, root, job))
+            cfg.trainer.default_root_dir = str(
+                root if job is None else self._job_dir(cfg, root, job)
+            )
             if job is not None and self.subcommand == "fit" and not cfg.get("ckpt_path"):
                 self._resume_requeued_job(cfg)
 
@@ -137,7 +145,9 @@ class PersragCLI(LightningCLI):
         """This Slurm job's own folder (the first logger's version folder, where its checkpoints/
         go): Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job
         (requeued) finds it."""
-        logger = cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
+        logger = (
+            cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
+        )
         # no logger (False) or an instance: the job's own folder
         if not isinstance(logger, Namespace):
             return root / job
@@ -204,7 +214,9 @@ class PersragCLI(LightningCLI):
         self.keep_last_without_validation()
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
-                config = self._parser(self.subcommand).dump(self._cfg(), format="json", skip_check=True)
+                config = self._parser(self.subcommand).dump(
+                    self._cfg(), format="json", skip_check=True
+                )
                 logger.log_hyperparams({"cli": json.loads(config)})
 
     def after_fit(self) -> None:

@@ -30,7 +30,9 @@ def document_crop(seq: np.ndarray, ratio: float, rng: np.random.Generator) -> np
     return seq[start:start + length].copy()
 
 
-def document_mask(seq: np.ndarray, ratio: float, rng: np.random.Generator, mask_id: int) -> np.ndarray:
+def document_mask(
+    seq: np.ndarray, ratio: float, rng: np.random.Generator, mask_id: int
+) -> np.ndarray:
     """H^mask: floor(η_m·N) random positions replaced by the [mask] row."""
     out = seq.copy()
     count = int(np.floor(ratio * len(seq)))
@@ -48,7 +50,9 @@ def document_reorder(seq: np.ndarray, ratio: float, rng: np.random.Generator) ->
     return out
 
 
-def augment_view(seq: np.ndarray, config: AugmentConfig, rng: np.random.Generator, mask_id: int) -> np.ndarray:
+def augment_view(
+    seq: np.ndarray, config: AugmentConfig, rng: np.random.Generator, mask_id: int
+) -> np.ndarray:
     """One view: the augmentation is picked uniformly per view; histories of length ≤ 1 stay
     unchanged."""
     if len(seq) <= 1:

@@ -52,8 +52,10 @@ from persrag_lightning.data.tasks import LABEL_MARKER, LABEL_TASK, TaskSpec, lab
 from persrag_lightning.utils import atomic_directory, atomic_write_json
 
 TEXT = "{text}"  # where a question's template puts the item's text
-LABELS_PROMPT = ("Which label does the following text belong to? Just answer with the label without further "
-                 f"explanation. {LABEL_MARKER} ")
+LABELS_PROMPT = (
+    "Which label does the following text belong to? Just answer with the label without further "
+    f"explanation. {LABEL_MARKER} "
+)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ class ConvertOptions:
         """The task's layout, with the options' combination checked (one line each, exit code 2)."""
         spec = self.spec()
         if spec.name not in LAYOUTS:
-            raise LogFormatError(f"--task: {spec.name} cannot be made from a log of single items; convert to one of "
-                                 f"{', '.join(LAYOUTS)}")
+            raise LogFormatError(
+                f"--task: {spec.name} cannot be made from a log of single items; convert to one of "
+                f"{', '.join(LAYOUTS)}"
+            )
         if self.train_per_user < 1:
             raise LogFormatError(f"--train_per_user: must be at least 1, got {self.train_per_user}")
         # test, dev, the train questions, and one item in the oldest profile
@@ -130,20 +134,28 @@ class ConvertOptions:
             if value is not None and value < 1:
                 raise LogFormatError(f"--{name}: must be at least 1, got {value}")
         if self.user_sep is not None and not self.user_sep:
-            raise LogFormatError("--user_sep: an empty separator; give the text between two users, e.g. ','")
+            raise LogFormatError(
+                "--user_sep: an empty separator; give the text between two users, e.g. ','"
+            )
         if not all(self.text_columns()):
-            raise LogFormatError(f"--text: an empty column name in {self.text!r}; name columns as a,b")
+            raise LogFormatError(
+                f"--text: an empty column name in {self.text!r}; name columns as a,b"
+            )
         return self._layout(spec, LAYOUTS[spec.name])
 
     def _layout(self, spec: TaskSpec, layout: TaskLayout) -> TaskLayout:
         if self.template is None:
             return layout
         if self.template.count(TEXT) != 1:
-            raise LogFormatError(f"--template: must hold {TEXT} exactly once, got {self.template!r}")
+            raise LogFormatError(
+                f"--template: must hold {TEXT} exactly once, got {self.template!r}"
+            )
         probe = "an item's own words"
         if spec.extract_query(self.template.replace(TEXT, probe)) != probe:
-            raise LogFormatError(f"--template: {spec.name} reads the query after {layout.marker!r}; end the "
-                                 f"template with {layout.marker} {TEXT}, got {self.template!r}")
+            raise LogFormatError(
+                f"--template: {spec.name} reads the query after {layout.marker!r}; end the "
+                f"template with {layout.marker} {TEXT}, got {self.template!r}"
+            )
         return TaskLayout(layout.text_field, layout.label_field, self.template, layout.marker)
 
     def text_columns(self) -> list[str]:
@@ -192,16 +204,22 @@ class Conversion:
                   + (f" and {self.users_without_questions} whose items fall on too few dates"
                      if self.users_without_questions else "") + f": {self.dropped_rows} items)")]
         if self.skipped_rows:
-            lines.append(f"skipped {self.skipped_rows} of {self.rows} rows: {describe(self.skipped)}")
+            lines.append(
+                f"skipped {self.skipped_rows} of {self.rows} rows: {describe(self.skipped)}"
+            )
         if self.repeated_texts:
-            lines.append(f"repeated texts: {self.repeated_texts} items repeat an older item's text of the same user; "
-                         + ("dropped (--dedupe)" if self.deduplicated else "kept (--dedupe keeps one)"))
+            lines.append(
+                f"repeated texts: {self.repeated_texts} items repeat an older item's text of the same user; "
+                + ("dropped (--dedupe)" if self.deduplicated else "kept (--dedupe keeps one)")
+            )
         lines += [("items per user: min {min:.0f}, 25 % {p25:.0f}, median {p50:.0f}, 75 % {p75:.0f}, "
                    "max {max:.0f}").format(**q),
                   "questions: " + ", ".join(f"{s} {n}" for s, n in self.questions.items())
                   + "".join(f"; not asked, {why}: {n}" for why, n in self.not_asked.items() if n)]
         if self.label_set:
-            lines.append(f"label set ({len(self.label_set)}, the train split's): {', '.join(self.label_set)}")
+            lines.append(
+                f"label set ({len(self.label_set)}, the train split's): {', '.join(self.label_set)}"
+            )
         if self.labels:
             total = sum(self.labels.values())
             lines.append("labels: " + ", ".join(f"{k!r} {100 * n / total:.1f} %" for k, n in
@@ -213,19 +231,25 @@ class Conversion:
         return "\n".join(lines)
 
 
-def convert_log(log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False) -> Conversion:
+def convert_log(
+    log: str | Path, out: str | Path, options: ConvertOptions, overwrite: bool = False
+) -> Conversion:
     """Check the whole log, then write the LaMP folder `out` (atomically) with its manifest
     convert.json."""
     path, out = Path(log), Path(out)
     layout = options.check()
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise LogFormatError(f"--out: {out} exists and is not empty; pass --overwrite to replace it")
+        raise LogFormatError(
+            f"--out: {out} exists and is not empty; pass --overwrite to replace it"
+        )
     table = check_log(path, options, options.spec())
     plan = plan_questions(table, options)
     spec = label_task(tuple(plan.label_set)) if options.labels_from_log else options.spec()
     with atomic_directory(out) as tmp, gc_paused():
         questions, train_labels, test_golds = write_questions(tmp, table, plan, spec, layout)
-        conversion = _conversion(table, plan, spec, questions, _majority_baseline(spec, train_labels, test_golds))
+        conversion = _conversion(
+            table, plan, spec, questions, _majority_baseline(spec, train_labels, test_golds)
+        )
         task = {"name": spec.name, **({"labels": list(spec.labels or ())} if options.labels_from_log else {})}
         atomic_write_json(tmp / MANIFEST, {"source": path.name, "sha256": _digest(path), "task": task,
                                            "options": asdict(options), "conversion": asdict(conversion)})
@@ -288,18 +312,26 @@ def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
         label_set = _train_labels(table, positions, cuts, asked[:, :-2])
         known = set(label_set)
         golds = table.order[table.starts[:, None] + positions[:, -2:]]
-        seen = np.array([[table.labels[e] in known for e in row] for row in golds.tolist()], dtype=bool)
+        seen = np.array(
+            [[table.labels[e] in known for e in row] for row in golds.tolist()], dtype=bool
+        )
         unseen = asked[:, -2:] & ~seen.reshape(golds.shape)
         not_asked[UNSEEN_LABEL] = int(unseen.sum())
         asked[:, -2:] &= ~unseen
-    return QuestionPlan(splits, positions, cuts, asked, {k: v for k, v in not_asked.items() if v}, label_set)
+    return QuestionPlan(
+        splits, positions, cuts, asked, {k: v for k, v in not_asked.items() if v}, label_set
+    )
 
 
-def _train_labels(table: LogTable, positions: np.ndarray, cuts: np.ndarray, train: np.ndarray) -> list[str]:
+def _train_labels(
+    table: LogTable, positions: np.ndarray, cuts: np.ndarray, train: np.ndarray
+) -> list[str]:
     """The labels of the asked train questions (`train`: users × train slots) and of their profiles,
     sorted: a label task's label set."""
     found: set[str] = set()
-    for user, ps, cs, ok in zip(table.user_rows(), positions.tolist(), cuts.tolist(), train.tolist()):
+    for user, ps, cs, ok in zip(
+        table.user_rows(), positions.tolist(), cuts.tolist(), train.tolist()
+    ):
         asked = [(p, c) for p, c, a in zip(ps, cs, ok) if a]
         if asked:
             found.update(table.labels[r] for r in user[:max(c for _, c in asked)])
@@ -317,7 +349,9 @@ def write_questions(folder: Path, table: LogTable, plan: QuestionPlan, spec: Tas
     grid = zip(table.user_rows(), plan.positions.tolist(), plan.cuts.tolist(), plan.asked.tolist())
     with ExitStack() as stack:
         qw = {s: stack.enter_context(QuestionsWriter(questions_path(folder, s), spec)) for s in questions}
-        ow = {s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions}
+        ow = {
+            s: stack.enter_context(OutputsWriter(outputs_path(folder, s), spec)) for s in questions
+        }
         for user, positions, cuts, asked in grid:
             if not any(asked):
                 continue

@@ -60,6 +60,8 @@ class FeedbackCache:
                 try:
                     out.append(FeedbackExample.from_json(json.loads(line)))
                 except (json.JSONDecodeError, TypeError, KeyError) as err:
-                    raise ValueError(f"{path}: line {line_no}: corrupt feedback record ({err}); delete the file "
-                                     "and rebuild") from err
+                    raise ValueError(
+                        f"{path}: line {line_no}: corrupt feedback record ({err}); delete the file "
+                        "and rebuild"
+                    ) from err
         return out[:num_examples]

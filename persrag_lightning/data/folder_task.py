@@ -47,6 +47,8 @@ def resolve_task(task: str | None, data_dir: str | Path | None) -> str:
     except ValueError as e:
         raise LampFormatError(f"task: {e}") from None
     if found is not None and found != name:
-        raise LampFormatError(f"task: {task!r}, but {data_dir} was converted for {found} (its {MANIFEST}); name "
-                              f"{found} as the task (--task {found}, or the config's task)")
+        raise LampFormatError(
+            f"task: {task!r}, but {data_dir} was converted for {found} (its {MANIFEST}); name "
+            f"{found} as the task (--task {found}, or the config's task)"
+        )
     return name

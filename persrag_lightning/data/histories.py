@@ -49,7 +49,9 @@ class VisibleHistories:
     pool_source: dict[str, str]
 
 
-def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY) -> VisibleHistories:
+def visible_histories(
+    dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY
+) -> VisibleHistories:
     """The history rules, in one place (docs/data/history-rules.md):
 
     1. an example's own-user docs are exactly its question's profile, at most the `max_history` most
@@ -74,7 +76,9 @@ def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = M
             if not ex.profile or ex.user_id not in corpus:
                 continue
             rows = _profile_rows(corpus, ex.user_id, ex.profile)
-            own[ex.example_id] = _recent(rows[corpus_doc_ids(corpus, rows) != ex.example_id], max_history)
+            own[ex.example_id] = _recent(
+                rows[corpus_doc_ids(corpus, rows) != ex.example_id], max_history
+            )
             if split in POOL_SPLITS:
                 dates = [corpus.docs[r].date for r in rows]
                 key = (POOL_SPLITS.index(split), max(dates, default=()), len(rows), ex.example_id)

@@ -52,8 +52,10 @@ def log_format(path: Path) -> str:
     if any(FORMATS.get(s) in ("json", "jsonl") for s in suffixes):
         # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
         return "json"
-    raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
-                         "by its content), optionally gzipped")
+    raise LogFormatError(
+        f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
+        "by its content), optionally gzipped"
+    )
 
 
 def _sniff_json(path: Path) -> str | None:
@@ -96,7 +98,9 @@ def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
 def _missing(path: Path, have: Sequence[str], wanted: Sequence[str]) -> None:
     absent = [c for c in wanted if c not in have]
     if absent:
-        raise LogFormatError(f"{path.name}: no column {absent[0]!r}; the file has {', '.join(map(repr, have))}")
+        raise LogFormatError(
+            f"{path.name}: no column {absent[0]!r}; the file has {', '.join(map(repr, have))}"
+        )
 
 
 def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[Any]]:
@@ -106,7 +110,9 @@ def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[A
     parse = csv.ParseOptions(delimiter=delimiter)
     compression = "gzip" if is_gzip(path) else None
     try:
-        with csv.open_csv(pa.input_stream(path, compression=compression), parse_options=parse) as reader:
+        with csv.open_csv(
+            pa.input_stream(path, compression=compression), parse_options=parse
+        ) as reader:
             _missing(path, reader.schema.names, wanted)
         # every column as text: user ids like "007" stay themselves, and each value is checked below
         table = csv.read_csv(pa.input_stream(path, compression=compression), parse_options=parse,
@@ -149,7 +155,9 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     from pyarrow import json as pa_json
 
     try:
-        table = pa_json.read_json(pa.input_stream(path, compression="gzip" if is_gzip(path) else None))
+        table = pa_json.read_json(
+            pa.input_stream(path, compression="gzip" if is_gzip(path) else None)
+        )
         _missing(path, table.column_names, wanted)
         return {c: _values(table.column(c)) for c in wanted}
     except pa.ArrowInvalid:
@@ -158,11 +166,15 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     with _open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
-                raise LogFormatError(f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)")
+                raise LogFormatError(
+                    f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)"
+                )
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise LogFormatError(f"{path.name}: row {n}: malformed JSON at column {e.colno}: {e.msg}") from None
+                raise LogFormatError(
+                    f"{path.name}: row {n}: malformed JSON at column {e.colno}: {e.msg}"
+                ) from None
             _add_record(path, n, record, columns)
     return _checked_columns(path, columns)
 
@@ -172,7 +184,9 @@ def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
         with _open_text(path) as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
-        raise LogFormatError(f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise LogFormatError(
+            f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
     if not isinstance(data, list):
         raise LogFormatError(f"{path.name}: top level: expected a JSON list of row objects, got "
                              f"{type(data).__name__}")
@@ -191,7 +205,9 @@ def _open_text(path: Path) -> IO[str]:
 
 def _add_record(path: Path, n: int, record: Any, columns: dict[str, list[Any]]) -> None:
     if not isinstance(record, dict):
-        raise LogFormatError(f"{path.name}: row {n}: expected an object, got {type(record).__name__}")
+        raise LogFormatError(
+            f"{path.name}: row {n}: expected an object, got {type(record).__name__}"
+        )
     for c, values in columns.items():
         values.append(record.get(c, _ABSENT))
 

@@ -70,9 +70,11 @@ class RowChecks:
             raise LogFormatError(min(self.reasons.values(), key=lambda r: r.first[0]).message)
         total = len(self.ok)
         if self.skipped > MOST * total:
-            raise LogFormatError(f"{self.path.name}: {self.skipped} of {total} rows would be skipped "
-                                 f"({describe(self.report())}); nothing was written: check the column options "
-                                 f"against the file, e.g. the first bad row: {self.first_message()}")
+            raise LogFormatError(
+                f"{self.path.name}: {self.skipped} of {total} rows would be skipped "
+                f"({describe(self.report())}); nothing was written: check the column options "
+                f"against the file, e.g. the first bad row: {self.first_message()}"
+            )
 
     def first_message(self) -> str:
         return min(self.reasons.values(), key=lambda r: r.first[0]).message.split(": ", 1)[1]
@@ -82,7 +84,9 @@ def describe(report: dict[str, dict[str, Any]]) -> str:
     """`missing text 7 (rows 6, 11, …)`, reasons joined by `; `."""
     parts = []
     for reason, r in report.items():
-        rows = ", ".join(map(str, r["first_rows"])) + (", …" if r["rows"] > len(r["first_rows"]) else "")
+        rows = ", ".join(map(str, r["first_rows"])) + (
+            ", …" if r["rows"] > len(r["first_rows"]) else ""
+        )
         parts.append(f"{reason} {r['rows']} (row{'s' if r['rows'] > 1 else ''} {rows})")
     return "; ".join(parts)
 
@@ -110,8 +114,10 @@ def parse_timestamp(value: Any) -> int:
     try:
         moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
     except ValueError:
-        raise ValueError(f"cannot read {value!r} as an ISO date (2016-03-27, 2016-03-27T10:05:00Z) or Unix "
-                         "seconds") from None
+        raise ValueError(
+            f"cannot read {value!r} as an ISO date (2016-03-27, 2016-03-27T10:05:00Z) or Unix "
+            "seconds"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return math.floor(moment.timestamp())
@@ -128,7 +134,9 @@ def timestamps(checks: RowChecks, values: list[Any], column: str) -> np.ndarray:
     out = np.zeros(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         if v is None or (isinstance(v, str) and not v.strip()):
-            checks.bad(i, "missing date", "date", column, "missing value" if v is None else "empty date")
+            checks.bad(
+                i, "missing date", "date", column, "missing value" if v is None else "empty date"
+            )
             continue
         ts = seen.get(v) if isinstance(v, str) else None
         if ts is None:
@@ -220,7 +228,9 @@ def texts(checks: RowChecks, columns: Sequence[tuple[str, list[Any]]]) -> list[s
 def join_parts(parts: Sequence[str]) -> str:
     """Texts of several columns as one: a headline and its description read as two sentences ("A
     headline. Its description."), so a part that ends without punctuation gets a period."""
-    return " ".join(p if i == len(parts) - 1 or p[-1] in ".!?;:…" else p + "." for i, p in enumerate(parts))
+    return " ".join(
+        p if i == len(parts) - 1 or p[-1] in ".!?;:…" else p + "." for i, p in enumerate(parts)
+    )
 
 
 def _bad_text(checks: RowChecks, row: int, column: str, value: Any) -> None:
@@ -229,10 +239,14 @@ def _bad_text(checks: RowChecks, row: int, column: str, value: Any) -> None:
     elif isinstance(value, str):
         checks.bad(row, "missing text", "text", column, "empty text")
     else:
-        checks.bad(row, "text not text", "text", column, f"expected text, got {type(value).__name__}")
+        checks.bad(
+            row, "text not text", "text", column, f"expected text, got {type(value).__name__}"
+        )
 
 
-def labels(checks: RowChecks, values: list[Any], column: str, spec: TaskSpec, open_set: bool) -> list[str]:
+def labels(
+    checks: RowChecks, values: list[Any], column: str, spec: TaskSpec, open_set: bool
+) -> list[str]:
     """Each row's label in the task's own spelling: LaMP-3's scores 1–5 ("4", 4, 4.0 → "4"),
     LaMP-2's tags, a label task's values as they are (`open_set`: any non-empty text or integer,
     trimmed); the generation tasks' labels are texts."""

@@ -113,7 +113,9 @@ def _repeated_items(checks: RowChecks, single: list[str] | None, names: list[lis
             first.update((k, i) for k in keys)
 
 
-def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | None) -> tuple[list[int], list[str]]:
+def _entries(
+    ok: np.ndarray, single: list[str] | None, names: list[list[str]] | None
+) -> tuple[list[int], list[str]]:
     """The kept rows as entries: (source row, user) each, a row with co-authors once per named
     user."""
     rows = np.flatnonzero(ok).tolist()
@@ -141,7 +143,9 @@ class Entries:
         """Ordered per user (oldest first, same times by content), repeated texts counted (`dedupe`:
         dropped), users with fewer than `min_items` dropped."""
         codes_of = {u: k for k, u in enumerate(sorted(set(self.users)))}
-        codes = np.fromiter((codes_of[u] for u in self.users), dtype=np.int64, count=len(self.users))
+        codes = np.fromiter(
+            (codes_of[u] for u in self.users), dtype=np.int64, count=len(self.users)
+        )
         order = self._by_content(np.lexsort((np.arange(len(codes)), self.ts, codes)), codes)
         first = self._first_texts(order, codes)
         repeated = int((~first).sum())
@@ -151,8 +155,10 @@ class Entries:
         starts_all = np.concatenate([[0], np.cumsum(counts_all)[:-1]])
         keep = counts_all >= options.min_items
         if not keep.any():
-            raise LogFormatError(f"{checks.path.name}: no user has {options.min_items} items (--min_items); the "
-                                 f"most any user has is {int(counts_all.max())}")
+            raise LogFormatError(
+                f"{checks.path.name}: no user has {options.min_items} items (--min_items); the "
+                f"most any user has is {int(counts_all.max())}"
+            )
         cuts = _cuts(order, codes, self.ts, starts_all)
         starts, counts = starts_all[keep], counts_all[keep]
         return LogTable(rows, checks, self.users, self.texts, self.labels, self._doc_ids(order, starts, counts),
@@ -182,7 +188,9 @@ class Entries:
         text."""
         n = len(order)
         c = codes[order]
-        keys = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self.texts))[order] ^ (c * _MIX)
+        keys = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self.texts))[order] ^ (
+            c * _MIX
+        )
         by = np.argsort(keys, kind="stable")  # a group's positions stay oldest first
         sorted_keys = keys[by]
         starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))

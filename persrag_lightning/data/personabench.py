@@ -108,7 +108,9 @@ def _where(path: Path, record: str | None, field: str | None) -> str:
     return out
 
 
-def _fail(path: Path, msg: str, record: str | None = None, field: str | None = None) -> PersonaBenchFormatError:
+def _fail(
+    path: Path, msg: str, record: str | None = None, field: str | None = None
+) -> PersonaBenchFormatError:
     return PersonaBenchFormatError(f"{_where(path, record, field)}: {msg}")
 
 
@@ -275,7 +277,9 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
     """
     root = Path(data_dir)
     if not root.is_dir():
-        raise PersonaBenchFormatError(f"{root}: not a folder (expected a PersonaBench community folder)")
+        raise PersonaBenchFormatError(
+            f"{root}: not a folder (expected a PersonaBench community folder)"
+        )
     eval_path = root / "eval_info" / "eval_info_all.json"
     gt_path = root / "eval_info" / f"qa_gt_context_all_noise_{noise}.json"
     private = root / "private_data" / f"noise_{noise}"
@@ -287,7 +291,9 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
 
     gt = _ground_truth(gt_rows, gt_path)
 
-    names_with_data = set(data["conversation"]) | set(data["user_ai_interaction"]) | set(data["purchase_history"])
+    names_with_data = (
+        set(data["conversation"]) | set(data["user_ai_interaction"]) | set(data["purchase_history"])
+    )
     people: list[Person] = []
     skipped = 0
     seen: set[str] = set()
@@ -308,8 +314,9 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
                 + list(_flat_docs(data["purchase_history"][name], paths["purchase_history"], name,
                                   "purchase_history")))
         own_ids = {d.segment_id for d in docs}
-        questions, subjective = _questions(row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path,
-                                           check_ground_truth)
+        questions, subjective = _questions(
+            row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path, check_ground_truth
+        )
         skipped += subjective
         people.append(Person(name, tuple(docs), tuple(questions)))
     if not people:

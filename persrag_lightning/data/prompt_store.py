@@ -59,9 +59,13 @@ class PromptStore:
             return
         if self._own is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._own = self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            self._own = (
+                self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            )
         with open(self._own, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps([key, value], ensure_ascii=False) + "\n" for key, value in items.items())
+            f.writelines(
+                json.dumps([key, value], ensure_ascii=False) + "\n" for key, value in items.items()
+            )
             f.flush()
             os.fsync(f.fileno())
         self.values.update(items)

@@ -179,7 +179,9 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
             user.docs.append(SynthDoc(f"{uid}-{i - int(starts[u]):03d}", dates[i], kind_l[i], style_l[i],
                                       noisy_l[i], fields))
         for j, split in enumerate(splits):
-            _, text, target = render_item(task, q_kind_l[u][j], q_slots_l[u][j], q_style_l[u][j], variant_l[u][j])
+            _, text, target = render_item(
+                task, q_kind_l[u][j], q_slots_l[u][j], q_style_l[u][j], variant_l[u][j]
+            )
             user.questions.append(SynthQuestion(f"{uid}-{split}{split_rank[j]}", split, q_dates[u][j],
                                                 q_kind_l[u][j], q_style_l[u][j], unseen_l[u][j], text, target))
         users.append(user)
@@ -215,7 +217,9 @@ def is_complete(out_dir: str | Path, config: SynthConfig) -> bool:
         recorded = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return recorded == _config_record(config) and all((out / f).is_file() for f in _expected_files(config))
+    return recorded == _config_record(config) and all(
+        (out / f).is_file() for f in _expected_files(config)
+    )
 
 
 def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) -> Path:
@@ -225,10 +229,14 @@ def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) 
     out = Path(out_dir)
     if is_complete(out, config):
         return out
-    lamp_files = [p.name for s in SPLITS for p in (questions_path(out, s), outputs_path(out, s)) if p.exists()]
+    lamp_files = [
+        p.name for s in SPLITS for p in (questions_path(out, s), outputs_path(out, s)) if p.exists()
+    ]
     if lamp_files and not ((out / CONFIG_FILE).exists() or (out / COMMUNITIES_FILE).exists()):
-        raise FileExistsError(f"{out} holds LaMP files not made by SynthLaMP ({', '.join(lamp_files)}); "
-                              f"refusing to overwrite them")
+        raise FileExistsError(
+            f"{out} holds LaMP files not made by SynthLaMP ({', '.join(lamp_files)}); "
+            f"refusing to overwrite them"
+        )
     out.mkdir(parents=True, exist_ok=True)
     # from here until the end the directory reads as incomplete
     (out / CONFIG_FILE).unlink(missing_ok=True)
@@ -250,7 +258,9 @@ def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) 
             for q in user.questions:
                 qw[q.split].write_record(q.example_id, q.input, user.user_id, profile)
                 ow[q.split].write(q.example_id, q.target)
-            comm_file.write(("\n" if n == 0 else ",\n") + json.dumps(user.user_id) + f": {user.community}")
+            comm_file.write(
+                ("\n" if n == 0 else ",\n") + json.dumps(user.user_id) + f": {user.community}"
+            )
         comm_file.write("\n}\n")
     atomic_write_json(out / CONFIG_FILE, _config_record(config))
     return out
@@ -271,13 +281,19 @@ def load_communities(data_dir: str | Path) -> dict[str, int] | None:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`python -m persrag_lightning.data.synth OUT_DIR --task LaMP-2 --num_users 300 --seed 0`."""
     d = SynthConfig()
-    p = argparse.ArgumentParser(prog="python -m persrag_lightning.data.synth", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m persrag_lightning.data.synth", description=__doc__.splitlines()[0]
+    )
     p.add_argument("out_dir")
     p.add_argument("--task", default=d.task, help=f"one of {', '.join(SYNTH_TASKS)}")
     p.add_argument("--num_users", type=int, default=d.num_users)
     p.add_argument("--num_communities", type=int, default=d.num_communities)
-    p.add_argument("--docs_per_user", type=int, nargs=2, default=d.docs_per_user, metavar=("MIN", "MAX"))
-    p.add_argument("--kinds_per_user", type=int, nargs=2, default=d.kinds_per_user, metavar=("MIN", "MAX"))
+    p.add_argument(
+        "--docs_per_user", type=int, nargs=2, default=d.docs_per_user, metavar=("MIN", "MAX")
+    )
+    p.add_argument(
+        "--kinds_per_user", type=int, nargs=2, default=d.kinds_per_user, metavar=("MIN", "MAX")
+    )
     p.add_argument("--train_questions", type=int, default=d.train_questions_per_user)
     p.add_argument("--dev_questions", type=int, default=d.dev_questions_per_user)
     p.add_argument("--test_questions", type=int, default=d.test_questions_per_user)

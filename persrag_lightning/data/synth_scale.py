@@ -72,14 +72,18 @@ class DocsByKindStyle:
         kind_start = np.searchsorted(kind[by_kind], np.arange(num_kinds + 1))
         return cls(rows[by_key], key_start, rows[by_kind], kind_start, num_styles)
 
-    def sample(self, kind: np.ndarray, style: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    def sample(
+        self, kind: np.ndarray, style: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, int]:
         """One corpus row per item with the item's kind and style (uniform among them); (rows, items
         that fell back to a doc of the same kind in another style)."""
         key = kind * self.num_styles + style
         lo, count = self.key_start[key], self.key_start[key + 1] - self.key_start[key]
         missing = count == 0
         if (self.kind_start[kind + 1] - self.kind_start[kind] == 0).any():
-            raise ValueError("a drawn kind has no doc in the corpus: not the world the corpus was generated from")
+            raise ValueError(
+                "a drawn kind has no doc in the corpus: not the world the corpus was generated from"
+            )
         u = rng.random(len(key))
         out = self.rows[np.minimum(lo + (u * count).astype(np.int64), len(self.rows) - 1)]
         k = kind[missing]
@@ -98,8 +102,10 @@ class ScaledSynthUsers:
         self.world = build_world(config)
         corpus = Corpus.from_dataset(dataset)
         if encoder.config.num_docs != len(corpus.doc_ids):
-            raise ValueError(f"the user encoder's doc table has {encoder.config.num_docs} rows but {config} makes a "
-                             f"corpus of {len(corpus.doc_ids)} docs: not the data it was trained on")
+            raise ValueError(
+                f"the user encoder's doc table has {encoder.config.num_docs} rows but {config} makes a "
+                f"corpus of {len(corpus.doc_ids)} docs: not the data it was trained on"
+            )
         self.pools = visible_histories(dataset, corpus, encoder.config.max_history).pool
         self.pool_users = [u for u in corpus.user_ids if len(self.pools.get(u, ()))]
         row_of = {d: r for r, d in enumerate(corpus.doc_ids)}

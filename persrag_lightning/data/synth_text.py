@@ -12,15 +12,19 @@ from importlib import resources
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 
-LAMP2_PROMPT = ("Which tag does this movie relate to among the following tags? Just answer with the tag name "
-                "without further explanation. tags: [" + ", ".join(LAMP2_LABELS) + "] description: ")
+LAMP2_PROMPT = (
+    "Which tag does this movie relate to among the following tags? Just answer with the tag name "
+    "without further explanation. tags: [" + ", ".join(LAMP2_LABELS) + "] description: "
+)
 LAMP3_PROMPT = ("What is the score of the following review on a scale of 1 to 5? just answer with 1, 2, 3, 4, or 5 "
                 "without further explanation. review: ")
 LAMP3_SCORES = ("1", "2", "3", "4", "5")
 LAMP4_PROMPT = "Generate a headline for the following article: "
 LAMP5_PROMPT = "Generate a title for the following abstract of a paper: "
-LAMP1_PROMPT = ('For an author who has written the paper with the title "{title}", which reference is related? Just '
-                'answer with [1] or [2] without explanation. [1]: "{reference1}" [2]: "{reference2}"')
+LAMP1_PROMPT = (
+    'For an author who has written the paper with the title "{title}", which reference is related? Just '
+    'answer with [1] or [2] without explanation. [1]: "{reference1}" [2]: "{reference2}"'
+)
 LAMP1_LABELS = ("[1]", "[2]")
 LAMP7_PROMPT = "Paraphrase the following tweet without any explanation before or after it: "
 
@@ -86,7 +90,9 @@ VOCAB_FILE = "synth_vocab.json"
 def _load_vocab() -> dict:
     """The vocabulary tables, read once at import from the package (a wheel ships the file, see
     pyproject)."""
-    text = resources.files("persrag_lightning.data").joinpath(VOCAB_FILE).read_text(encoding="utf-8")
+    text = (
+        resources.files("persrag_lightning.data").joinpath(VOCAB_FILE).read_text(encoding="utf-8")
+    )
     return json.loads(text)
 
 
@@ -104,7 +110,9 @@ PAPER_TITLE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["paper_title_templates"])
 HEADLINE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["headline_templates"])
 TOPICS: tuple[Topic, ...] = tuple(Topic(**_tuples(t)) for t in _VOCAB["topics"])
 REVIEW_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["review_templates"])
-PRODUCT_KINDS: tuple[ProductKind, ...] = tuple(ProductKind(**_tuples(k)) for k in _VOCAB["product_kinds"])
+PRODUCT_KINDS: tuple[ProductKind, ...] = tuple(
+    ProductKind(**_tuples(k)) for k in _VOCAB["product_kinds"]
+)
 CITATION_QUERY_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["citation_query_title_templates"])
 CITATION_TITLE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["citation_title_templates"])
 CITATION_ABSTRACT_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["citation_abstract_templates"])
@@ -112,7 +120,9 @@ CITATION_REFERENCE_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["citation_reference
 TWEET_TEMPLATES: tuple[str, ...] = tuple(_VOCAB["tweet_templates"])
 TWEET_OPENERS: tuple[str, ...] = tuple(_VOCAB["tweet_openers"])
 TWEET_CLOSERS: tuple[str, ...] = tuple(_VOCAB["tweet_closers"])
-TWEET_TOPICS: tuple[TweetTopic, ...] = tuple(TweetTopic(**_tuples(t)) for t in _VOCAB["tweet_topics"])
+TWEET_TOPICS: tuple[TweetTopic, ...] = tuple(
+    TweetTopic(**_tuples(t)) for t in _VOCAB["tweet_topics"]
+)
 del _VOCAB
 
 _SMALL_WORDS = {"a", "an", "and", "at", "by", "for", "from", "in", "is", "of", "on", "the", "to", "via", "with"}
@@ -132,16 +142,20 @@ def _title_case(phrase: str) -> str:
 def _check_vocabularies() -> None:
     """Every kind must have equally long phrase lists, so slot indices can be drawn for all kinds at
     once."""
-    for kinds, attrs in ((FILM_KINDS, ("heroes", "goals", "settings", "twists")),
-                         (TOPICS, ("problems", "jargon", "contexts", "contributions", "data", "findings")),
-                         (PRODUCT_KINDS, ("products", "reasons", "details", "usages")),
-                         (TWEET_TOPICS, ("subjects", "events", "details", "hashtags"))):
+    for kinds, attrs in (
+        (FILM_KINDS, ("heroes", "goals", "settings", "twists")),
+        (TOPICS, ("problems", "jargon", "contexts", "contributions", "data", "findings")),
+        (PRODUCT_KINDS, ("products", "reasons", "details", "usages")),
+        (TWEET_TOPICS, ("subjects", "events", "details", "hashtags")),
+    ):
         for a in attrs:
             sizes = {len(getattr(k, a)) for k in kinds}
             assert len(sizes) == 1, f"{a}: unequal list lengths {sizes}"
     for kind in FILM_KINDS:
         assert set(kind.tags) <= set(LAMP2_LABELS), kind.name
-    assert set().union(*(k.tags for k in FILM_KINDS)) == set(LAMP2_LABELS), "every LaMP-2 label must be reachable"
+    assert set().union(*(k.tags for k in FILM_KINDS)) == set(LAMP2_LABELS), (
+        "every LaMP-2 label must be reachable"
+    )
     # LaMP-1: a question title holds the problem, data and contribution; the history abstract one
     # finding per contribution; a tweet style is an opener, a closer and a hashtag of the same index
     assert len(CITATION_TITLE_TEMPLATES) == len(CITATION_ABSTRACT_TEMPLATES) == len(CITATION_QUERY_TEMPLATES)
@@ -159,8 +173,9 @@ def _film_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str]
     """(description, tag) of a film of `kind`; the tag is the style."""
     k = FILM_KINDS[kind]
     hero, goal, setting, twist = k.heroes[slots[1]], k.goals[slots[2]], k.settings[slots[3]], k.twists[slots[4]]
-    text = FILM_TEMPLATES[slots[0]].format(Hero=_cap(hero), hero=hero, goal=goal, Setting=_cap(setting),
-                                           setting=setting, twist=twist)
+    text = FILM_TEMPLATES[slots[0]].format(
+        Hero=_cap(hero), hero=hero, goal=goal, Setting=_cap(setting), setting=setting, twist=twist
+    )
     return text, LAMP2_LABELS[style]
 
 
@@ -175,7 +190,9 @@ def _paper_fields(task: str, kind: int, slots: Sequence[int], style: int) -> tup
                                    contribution=t.contributions[slots[3]], data=t.data[slots[4]],
                                    finding=t.findings[slots[5]])
     n_jargon = len(t.jargon)
-    title = titles[style // n_jargon].format(J=_title_case(t.jargon[style % n_jargon]), P=_title_case(problem))
+    title = titles[style // n_jargon].format(
+        J=_title_case(t.jargon[style % n_jargon]), P=_title_case(problem)
+    )
     return body, title
 
 
@@ -194,7 +211,9 @@ def lamp1_variants() -> int:
     return 2 * (len(TOPICS[0].jargon) - 1) * len(CITATION_REFERENCE_TEMPLATES)
 
 
-def _citation_fields(kind: int, slots: Sequence[int], style: int, variant: int) -> tuple[dict[str, str], str, str]:
+def _citation_fields(
+    kind: int, slots: Sequence[int], style: int, variant: int
+) -> tuple[dict[str, str], str, str]:
     """LaMP-1: (the paper as a profile item, the question about it, the gold choice). A paper is
     (topic, slots): as a history item its title and abstract are written in `style`'s school; as a
     question its title names no school (the query), and the two references are on the paper's
@@ -212,8 +231,12 @@ def _citation_fields(kind: int, slots: Sequence[int], style: int, variant: int) 
     n_schools = len(t.jargon)
     gold_first, rest = variant % 2 == 0, variant // 2
     other = (style + 1 + rest % (n_schools - 1)) % n_schools
-    reference = CITATION_REFERENCE_TEMPLATES[rest // (n_schools - 1) % len(CITATION_REFERENCE_TEMPLATES)]
-    gold, wrong = (reference.format(J=_title_case(t.jargon[s]), P=_title_case(problem)) for s in (style, other))
+    reference = CITATION_REFERENCE_TEMPLATES[
+        rest // (n_schools - 1) % len(CITATION_REFERENCE_TEMPLATES)
+    ]
+    gold, wrong = (
+        reference.format(J=_title_case(t.jargon[s]), P=_title_case(problem)) for s in (style, other)
+    )
     first, second = (gold, wrong) if gold_first else (wrong, gold)
     text = LAMP1_PROMPT.format(title=title, reference1=first, reference2=second)
     return fields, text, LAMP1_LABELS[0 if gold_first else 1]
@@ -224,8 +247,9 @@ def _tweet_fields(kind: int, slots: Sequence[int], style: int) -> tuple[str, str
     hashtag)."""
     t = TWEET_TOPICS[kind]
     subject = t.subjects[slots[1]]
-    neutral = TWEET_TEMPLATES[slots[0]].format(Subject=_cap(subject), subject=subject, event=t.events[slots[2]],
-                                               detail=t.details[slots[3]])
+    neutral = TWEET_TEMPLATES[slots[0]].format(
+        Subject=_cap(subject), subject=subject, event=t.events[slots[2]], detail=t.details[slots[3]]
+    )
     styled = f"{TWEET_OPENERS[style]} {neutral[:1].lower()}{neutral[1:]} {TWEET_CLOSERS[style]} {t.hashtags[style]}"
     return neutral, styled
 

@@ -76,7 +76,9 @@ class SynthConfig:
         impossible sizes."""
         self.task = get_task(self.task).name
         if self.task not in SYNTH_TASKS:
-            raise ValueError(f"SynthLaMP generates {', '.join(SYNTH_TASKS)}; got task {self.task!r}")
+            raise ValueError(
+                f"SynthLaMP generates {', '.join(SYNTH_TASKS)}; got task {self.task!r}"
+            )
         self.docs_per_user = (int(self.docs_per_user[0]), int(self.docs_per_user[1]))
         self.kinds_per_user = (int(self.kinds_per_user[0]), int(self.kinds_per_user[1]))
         num_kinds = {"LaMP-2": len(FILM_KINDS), "LaMP-3": len(PRODUCT_KINDS),
@@ -84,10 +86,14 @@ class SynthConfig:
         if self.num_users < 1 or self.num_communities < 1:
             raise ValueError("num_users and num_communities must be >= 1")
         if not 1 <= self.docs_per_user[0] <= self.docs_per_user[1]:
-            raise ValueError(f"docs_per_user must be (lo, hi) with 1 <= lo <= hi, got {self.docs_per_user}")
+            raise ValueError(
+                f"docs_per_user must be (lo, hi) with 1 <= lo <= hi, got {self.docs_per_user}"
+            )
         if not 1 <= self.kinds_per_user[0] <= self.kinds_per_user[1] < num_kinds:
-            raise ValueError(f"kinds_per_user must be (lo, hi) with 1 <= lo <= hi < {num_kinds} (the number of "
-                             f"kinds of {self.task}), got {self.kinds_per_user}")
+            raise ValueError(
+                f"kinds_per_user must be (lo, hi) with 1 <= lo <= hi < {num_kinds} (the number of "
+                f"kinds of {self.task}), got {self.kinds_per_user}"
+            )
         if self.train_questions_per_user < 1 or min(self.dev_questions_per_user, self.test_questions_per_user) < 0:
             raise ValueError("need train_questions_per_user >= 1 and non-negative dev/test counts")
         if not (0.0 <= self.unseen_fraction <= 1.0 and 0.0 <= self.noise <= 1.0):
@@ -137,7 +143,9 @@ def build_world(config: SynthConfig) -> SynthWorld:
     if config.task == "LaMP-2":
         kinds = FILM_KINDS
         label_index = {label: i for i, label in enumerate(LAMP2_LABELS)}
-        styles = np.array([[label_index[k.tags[rng.integers(len(k.tags))]] for k in kinds] for _ in range(c)])
+        styles = np.array(
+            [[label_index[k.tags[rng.integers(len(k.tags))]] for k in kinds] for _ in range(c)]
+        )
         num_styles = len(LAMP2_LABELS)
         slots = (len(FILM_TEMPLATES), len(kinds[0].heroes), len(kinds[0].goals), len(kinds[0].settings),
                  len(kinds[0].twists))
@@ -174,8 +182,9 @@ def build_world(config: SynthConfig) -> SynthWorld:
         templates = PAPER_TITLE_TEMPLATES if config.task == "LaMP-5" else HEADLINE_TEMPLATES
         t0 = TOPICS[0]
         n_jargon = len(t0.jargon)
-        styles = rng.integers(0, len(templates), (c, len(TOPICS))) * n_jargon + rng.integers(0, n_jargon,
-                                                                                             (c, len(TOPICS)))
+        styles = rng.integers(0, len(templates), (c, len(TOPICS))) * n_jargon + rng.integers(
+            0, n_jargon, (c, len(TOPICS))
+        )
         num_styles = len(templates) * n_jargon
         body = ABSTRACT_TEMPLATES if config.task == "LaMP-5" else ARTICLE_TEMPLATES
         slots = (len(body), len(t0.problems), len(t0.contexts), len(t0.contributions), len(t0.data),
@@ -222,7 +231,9 @@ def draw_slots(rng: np.random.Generator, redraw_rng: np.random.Generator, slot_s
             return slots
         slots[redraw] = redraw_rng.integers(0, slot_sizes, size=(len(redraw), len(slot_sizes)))
         redraw = redraw[is_question_tuple(kind[redraw], slots[redraw], slot_sizes) != question]
-    raise RuntimeError("slot redraws did not converge; is one side of the slot partition empty for some kind?")
+    raise RuntimeError(
+        "slot redraws did not converge; is one side of the slot partition empty for some kind?"
+    )
 
 
 @dataclass
@@ -242,17 +253,23 @@ class HistoryDraws:
     noisy: np.ndarray
 
 
-def draw_histories(rng: np.random.Generator, config: SynthConfig, world: SynthWorld, n: int) -> HistoryDraws:
+def draw_histories(
+    rng: np.random.Generator, config: SynthConfig, world: SynthWorld, n: int
+) -> HistoryDraws:
     """The first draws of a chunk: each user's community, history length, kinds and each item's kind
     and style (benchmarks/bench_retrieval.py draws a million users' histories this way without
     rendering any text)."""
     c_count, k_count = world.styles.shape
     comm = rng.integers(0, c_count, n)
     n_docs = rng.integers(config.docs_per_user[0], config.docs_per_user[1] + 1, n)
-    n_seen = np.minimum(rng.integers(config.kinds_per_user[0], config.kinds_per_user[1] + 1, n), n_docs)
+    n_seen = np.minimum(
+        rng.integers(config.kinds_per_user[0], config.kinds_per_user[1] + 1, n), n_docs
+    )
     # Gumbel-top-k: each row is the kinds in an order drawn from the community's taste; the first
     # n_seen are seen.
-    order = np.argsort(-(np.log(world.kind_pref[comm]) + rng.gumbel(size=(n, k_count))), axis=1, kind="stable")
+    order = np.argsort(
+        -(np.log(world.kind_pref[comm]) + rng.gumbel(size=(n, k_count))), axis=1, kind="stable"
+    )
 
     # History items: the first n_seen cover each seen kind once, the rest pick a seen kind at
     # random.

@@ -141,11 +141,15 @@ def get_task(name: str) -> TaskSpec:
     if folder_task is not None:
         return folder_task
     if str(name).strip().lower() == LABEL_TASK:
-        raise ValueError(f"task {LABEL_TASK!r} takes its labels from a converted folder: name the folder with "
-                         "--data_dir (written by `persrag data convert --task labels`; its convert.json lists them)")
+        raise ValueError(
+            f"task {LABEL_TASK!r} takes its labels from a converted folder: name the folder with "
+            "--data_dir (written by `persrag data convert --task labels`; its convert.json lists them)"
+        )
     key = re.sub(r"[^0-9]", "", str(name))
     spec = TASKS.get(f"LaMP-{key}")
     if spec is None:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, {LABEL_TASK} (a converted "
-                         "folder's own labels)")
+        raise ValueError(
+            f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, {LABEL_TASK} (a converted "
+            "folder's own labels)"
+        )
     return spec

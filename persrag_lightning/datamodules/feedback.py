@@ -107,7 +107,9 @@ class FeedbackDataModule(L.LightningDataModule):
         corpus = Corpus.from_dataset(dataset)
         retriever = open_corpus_retriever(self.candidates.retriever, corpus, self.hparams.cache_dir,
                                           self.candidates.encoder_max_length)
-        return FeedbackBuilder(dataset, corpus, retriever, self.candidates, self.feedback, self.hparams.cache_dir)
+        return FeedbackBuilder(
+            dataset, corpus, retriever, self.candidates, self.feedback, self.hparams.cache_dir
+        )
 
     def build_feedback(self, shard: int = 0, num_shards: int = 1) -> FeedbackBuilder:
         """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs).
@@ -141,9 +143,13 @@ class FeedbackDataModule(L.LightningDataModule):
         s = self.splits
         if stage == "test":
             if not self.test_examples:
-                self.test_examples = self.select(builder.load(s.test_split, s.max_test_examples, hint))
+                self.test_examples = self.select(
+                    builder.load(s.test_split, s.max_test_examples, hint)
+                )
         elif not self.train_examples:
-            self.train_examples = self.select(builder.load(s.train_split, s.max_train_examples, hint))
+            self.train_examples = self.select(
+                builder.load(s.train_split, s.max_train_examples, hint)
+            )
             warn_if_uninformative(self.train_examples, s.train_split, self.feedback.metric)
             if trainer_validates(self):
                 self.val_examples = self.select(builder.load(s.val_split, s.max_val_examples, hint))

@@ -149,7 +149,9 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def _strategy(self):
         h = self.hparams
-        return strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime)
+        return strategy_by_name(
+            resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime
+        )
 
     def _splits(self) -> dict[str, int | None]:
         """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or
@@ -160,8 +162,12 @@ class GeneratorDataModule(L.LightningDataModule):
         """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback
         stage)."""
         if split not in dataset.examples:
-            raise KeyError(f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})")
-        out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
+            raise KeyError(
+                f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})"
+            )
+        out = sorted(
+            (e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id
+        )
         return out[:limit] if limit else out
 
     @property
@@ -172,8 +178,10 @@ class GeneratorDataModule(L.LightningDataModule):
             return self.hparams.tokenizer
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         if module is None or "model" not in module.hparams:
-            raise ConfigError("GeneratorDataModule: with no trainer's generator module to read it from, set "
-                              "`tokenizer` (the LLM whose tokenizer fits the prompts)")
+            raise ConfigError(
+                "GeneratorDataModule: with no trainer's generator module to read it from, set "
+                "`tokenizer` (the LLM whose tokenizer fits the prompts)"
+            )
         return module.hparams["model"]
 
     def cache_path(self, strategy, split: str, examples: list[Example]) -> Path:
@@ -225,10 +233,14 @@ class GeneratorDataModule(L.LightningDataModule):
         for split, limit in self._splits().items():
             path = self.cache_path(strategy, split, self.examples(dataset, split, limit))
             if not path.exists():
-                raise FileNotFoundError(f"generator prompts of split {split!r} are not built ({path}); run `fit`, "
-                                        "whose prepare_data builds them")
-            loaded[split] = [GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
-                             for r in json.loads(path.read_text())["examples"]]
+                raise FileNotFoundError(
+                    f"generator prompts of split {split!r} are not built ({path}); run `fit`, "
+                    "whose prepare_data builds them"
+                )
+            loaded[split] = [
+                GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
+                for r in json.loads(path.read_text())["examples"]
+            ]
         s = self.splits
         self.train_examples, self.val_examples = loaded[s.train_split], loaded.get(s.val_split, [])
 

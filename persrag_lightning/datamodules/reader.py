@@ -136,8 +136,10 @@ class ReaderDataModule(L.LightningDataModule):
         self.task = self.source.task
         spec = get_task(self.task)
         if not spec.labels:
-            raise ConfigError(f"the reader stage reads label tasks (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
-                              "generation task, whose reader is the LLM")
+            raise ConfigError(
+                f"the reader stage reads label tasks (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
+                "generation task, whose reader is the LLM"
+            )
         self.labels = spec.labels
         self.train_examples: list[ReaderExample] = []
         self.val_examples: list[ReaderExample] = []
@@ -158,20 +160,30 @@ class ReaderDataModule(L.LightningDataModule):
 
     def questions(self, dataset, split: str, limit: int | None) -> list[Example]:
         if split not in dataset.examples:
-            raise KeyError(f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})")
-        out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
+            raise KeyError(
+                f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})"
+            )
+        out = sorted(
+            (e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id
+        )
         return out[:limit] if limit else out
 
-    def build_split(self, dataset, store: DocStore, split: str, limit: int | None, vectors) -> list[ReaderExample]:
+    def build_split(
+        self, dataset, store: DocStore, split: str, limit: int | None, vectors
+    ) -> list[ReaderExample]:
         """A split's questions read with the strategy's docs; for train, the profile items as
         well."""
         h, spec = self.hparams, get_task(self.task)
         examples = self.questions(dataset, split, limit)
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
-        retrieved, _ = cached_retrieval(strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name)
+        retrieved, _ = cached_retrieval(
+            strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name
+        )
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
         out = []
-        for ex, (text, read) in zip(examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)):
+        for ex, (text, read) in zip(
+            examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)
+        ):
             target = spec.label_index(ex.target)
             if target is not None:
                 out.append(ReaderExample(ex.example_id, text, tuple(read), target))
@@ -227,7 +239,9 @@ class ReaderDataModule(L.LightningDataModule):
 
         splits = {split: self.build_split(dataset, store, split, limit, vectors)
                   for split, limit in self.splits.fit_limits(trainer_validates(self)).items()}
-        texts = sorted({t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]})
+        texts = sorted(
+            {t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]}
+        )
         table = vectors(texts) if texts else torch.zeros(0, encoder.dim)
         atomic_save_tensors({"vectors": table.contiguous()}, path / "vectors.safetensors")
         atomic_write_json(path / "examples.json", {
@@ -240,8 +254,9 @@ class ReaderDataModule(L.LightningDataModule):
             return
         path = self.cache_path()
         if not (path / "examples.json").exists():
-            raise FileNotFoundError(f"reader examples are not built ({path}); run `fit`, whose prepare_data builds "
-                                    "them")
+            raise FileNotFoundError(
+                f"reader examples are not built ({path}); run `fit`, whose prepare_data builds them"
+            )
         stored = json.loads((path / "examples.json").read_text())
         self.vectors = load_file(str(path / "vectors.safetensors"))["vectors"]
         self.index = {t: i for i, t in enumerate(stored["texts"])}

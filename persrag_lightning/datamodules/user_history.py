@@ -118,7 +118,9 @@ class UserHistoryDataModule(L.LightningDataModule):
             return
         self.dataset = self.source.load()
         self.corpus = Corpus.from_dataset(self.dataset)
-        self.doc_embeddings = load_corpus_embeddings(self.hparams.cache_dir, self.corpus, **self._embedding_args())
+        self.doc_embeddings = load_corpus_embeddings(
+            self.hparams.cache_dir, self.corpus, **self._embedding_args()
+        )
         self.mask_embedding = load_corpus_embeddings(self.hparams.cache_dir, MASK_TEXT_CORPUS,
                                                      **self._embedding_args())[0]
         # the encoder trains on the collaborative pools (never a test profile), users without one
@@ -129,7 +131,9 @@ class UserHistoryDataModule(L.LightningDataModule):
         self.user_ids = [u for u in self.corpus.user_ids if len(self.pools.get(u, ()))]
         communities = load_communities(self.source.data_dir)
         if communities is not None:
-            self.communities = np.array([communities.get(u, -1) for u in self.user_ids], dtype=np.int64)
+            self.communities = np.array(
+                [communities.get(u, -1) for u in self.user_ids], dtype=np.int64
+            )
 
     @property
     def num_users(self) -> int:
@@ -167,7 +171,9 @@ class UserHistoryDataModule(L.LightningDataModule):
         return UserHistoryBatch(users.long(), pad_histories(histories), pad_histories(views[0]),
                                 pad_histories(views[1]))
 
-    def on_before_batch_transfer(self, batch: torch.Tensor, dataloader_idx: int) -> UserHistoryBatch:
+    def on_before_batch_transfer(
+        self, batch: torch.Tensor, dataloader_idx: int
+    ) -> UserHistoryBatch:
         trainer = self.trainer
         training = trainer is not None and trainer.training
         epoch = trainer.current_epoch if training else 0

@@ -71,5 +71,7 @@ class Evaluator(ABC):
         """An evaluator whose rows are its own settings (`own`) rejects a config's `strategies`
         list."""
         if strategies:
-            raise ConfigError(f"strategies: {type(self).__name__} evaluates its own rows ({own}), not a "
-                              "`strategies` list")
+            raise ConfigError(
+                f"strategies: {type(self).__name__} evaluates its own rows ({own}), not a "
+                "`strategies` list"
+            )

@@ -114,7 +114,9 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
     kept = {s.name for s in strategies} - set(made)
     clash = kept & set(made.values())
     if clash:
-        raise ConfigError(f"--names: {sorted(clash)} is already the name of another strategy of the config")
+        raise ConfigError(
+            f"--names: {sorted(clash)} is already the name of another strategy of the config"
+        )
     for s in strategies:
         s.name = made.get(s.name, s.name)
     return made
@@ -131,7 +133,9 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
     out["docs_per_query"] = float(np.mean([len(ds) for ds in retrieved])) if retrieved else 0.0
     if not docs:
         return out
-    out["own_docs"] = float(np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds]))
+    out["own_docs"] = float(
+        np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds])
+    )
     if communities:
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
@@ -140,9 +144,13 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
     if get_task(task).label_field is not None:
         spec = get_task(task)
         labels = [doc_labels(spec, store, [d.row for d in ds]) for ds in retrieved]  # rank order
-        out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
+        out["answer_in_docs"] = float(
+            np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)])
+        )
         # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
-        out["label_vote"] = float(np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)]))
+        out["label_vote"] = float(
+            np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)])
+        )
     elif task in TITLE_FIELDS:
         scorer, field = rouge_scorer(), TITLE_FIELDS[task]
         out["best_doc_rouge1"] = float(np.mean([
@@ -264,7 +272,9 @@ class Evaluation(Evaluator):
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
                           key=lambda e: e.example_id)
         if not examples:
-            raise LampFormatError(f"split {self.split!r} of {self.source.data_dir} has no labelled examples")
+            raise LampFormatError(
+                f"split {self.split!r} of {self.source.data_dir} has no labelled examples"
+            )
         return examples[: self.max_examples] if self.max_examples else examples
 
     @property
@@ -319,8 +329,12 @@ class Evaluation(Evaluator):
         # by design
         self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         if self.reader_free:
-            train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
-            for name, answers in reader_free_rows(self.task, store, examples, train_golds, retrieved).items():
+            train_golds = [
+                e.target for e in dataset.examples.get("train", []) if e.target is not None
+            ]
+            for name, answers in reader_free_rows(
+                self.task, store, examples, train_golds, retrieved
+            ).items():
                 predictions[name] = answers
                 write_predictions(self.out_dir / "predictions" / f"{file_name(name)}.json", self.task,
                                   {e.example_id: a for e, a in zip(examples, answers)})
@@ -362,8 +376,9 @@ class Evaluation(Evaluator):
                 # an entry cached before it kept them
                 outcome["labels"] = json.loads(labels_file.read_text())
         else:
-            retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
-                                                       self.source.data_dir.name)
+            retrieved, ms_per_query = cached_retrieval(
+                strategy, store, examples, self.k, self.source.cache_dir, self.source.data_dir.name
+            )
             predictions, reading, labels = self.answers(strategy, store, examples, retrieved)
             outcome = {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
                        "retrieve_ms_per_query": ms_per_query, "reading": reading,
@@ -436,5 +451,7 @@ class Evaluation(Evaluator):
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:
-            text += "\nNot trained (skipped):\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
+            text += "\nNot trained (skipped):\n" + "".join(
+                f"- {n}: {why}\n" for n, why in skipped.items()
+            )
         return text

@@ -159,7 +159,9 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
                                              [d.text for d in corpus_docs], [], llm.count_tokens,
                                              cfg.llm.max_prompt_tokens))
         answers = cfg.llm.chat(llm, prompts, prompts_store, phase=f"memory evaluation {name}")
-        hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
+        hits = np.array(
+            [f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float
+        )
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
@@ -192,7 +194,9 @@ def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict
     rows = "".join(
         f"| {r.name} | {r.questions} | {'-' if r.recall_at_k is None else f'{r.recall_at_k:.3f}'} | "
         f"{r.answer_hits:.3f} [{r.answer_ci[0]:.3f}, {r.answer_ci[1]:.3f}] | {r.foreign_memories} | "
-        f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n" for r in results)
+        f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n"
+        for r in results
+    )
     return head + rows
 
 

@@ -151,14 +151,18 @@ class PersonaBenchReport:
         for s in self.summaries:
             warm = "-" if s.warm_seconds is None else f"{s.warm_seconds:.1f}"
             pr = "-" if s.pagerank_ms_per_user is None else f"{s.pagerank_ms_per_user:.2f}"
-            lines.append(f"| {s.variant} | {s.recall:.4f} | {s.recall_ci[0]:.3f}–{s.recall_ci[1]:.3f} | "
-                         f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
-                         f"{s.cold_seconds:.1f} | {warm} | {pr} |")
+            lines.append(
+                f"| {s.variant} | {s.recall:.4f} | {s.recall_ci[0]:.3f}–{s.recall_ci[1]:.3f} | "
+                f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
+                f"{s.cold_seconds:.1f} | {warm} | {pr} |"
+            )
         st = self.settings
         notes = []
         for s in self.summaries:
             if s.prf_json_rate is not None:
-                how = "constrained to the JSON schema" if s.prf_json_constrained else "decoded freely"
+                how = (
+                    "constrained to the JSON schema" if s.prf_json_constrained else "decoded freely"
+                )
                 notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers parsed as JSON "
                              f"candidates ({how}; else raw-text fallback); distinct pseudo-feedback per question "
                              f"{100 * (s.prf_distinct_rate or 0):.0f} %.")
@@ -166,12 +170,14 @@ class PersonaBenchReport:
                 notes.append(f"- {s.variant}: PageRank did not converge for {s.pagerank_not_converged} anchor(s) "
                              f"within max_iter={self.settings.max_iter} (largest residual "
                              f"{s.pagerank_max_residual:.3g} > tol {self.settings.tol:g}).")
-        settings = (f"Settings: k1={st.k1}, m={st.max_utterances}, θ={st.theta}, k2={st.k2} "
-                    f"(self {'in' if st.self_in_top_k2 else 'besides'} top-k2), α={st.damping}, "
-                    f"max_iter={st.max_iter}, tol={st.tol}, top_k={st.top_k}, json_schema={st.json_schema}, "
-                    f"history_chars={st.history_chars}, "
-                    f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
-                    f"embedding all documents took {self.index_seconds:.1f} s.")
+        settings = (
+            f"Settings: k1={st.k1}, m={st.max_utterances}, θ={st.theta}, k2={st.k2} "
+            f"(self {'in' if st.self_in_top_k2 else 'besides'} top-k2), α={st.damping}, "
+            f"max_iter={st.max_iter}, tol={st.tol}, top_k={st.top_k}, json_schema={st.json_schema}, "
+            f"history_chars={st.history_chars}, "
+            f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
+            f"embedding all documents took {self.index_seconds:.1f} s."
+        )
         notes += self.paired_lines()
         lines += ["", *notes, "", settings] if notes else ["", settings]
         return "\n".join(lines) + "\n"
@@ -249,7 +255,9 @@ def _interval(values: list[float], config: PersonaBenchEvalConfig) -> tuple[floa
     return bootstrap_interval(values, config.bootstrap_samples, seed=config.seed) if values else (math.nan, math.nan)
 
 
-def select_questions(community: PersonaBenchCommunity, per_person: int | None) -> dict[str, list[PersonaQuestion]]:
+def select_questions(
+    community: PersonaBenchCommunity, per_person: int | None
+) -> dict[str, list[PersonaQuestion]]:
     """Each person's questions in file order, the first `per_person` of them when capped."""
     return {p.name: list(p.questions if per_person is None else p.questions[:per_person])
             for p in community.people}
@@ -340,8 +348,9 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
             cold.stats.pagerank_not_converged,
             max(cold.stats.pagerank_residuals) if cold.stats.pagerank_residuals else None))
         results.extend(rows)
-    return PersonaBenchReport(str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries,
-                              results)
+    return PersonaBenchReport(
+        str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries, results
+    )
 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
@@ -374,7 +383,9 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
 
         kwargs: dict[str, object] = {"batch_size": config.llm_batch_size}
         if config.llm_threads is not None and config.llm_backend in ("hf", "llamacpp"):
-            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = config.llm_threads
+            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = (
+                config.llm_threads
+            )
         if config.llm_context is not None and config.llm_backend == "llamacpp":
             kwargs["n_ctx"] = config.llm_context
         if config.llm_weights is not None and config.llm_backend == "llamacpp":

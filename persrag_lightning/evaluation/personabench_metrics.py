@@ -66,10 +66,14 @@ class _PersonaBenchMetric(Metric):
     def __init__(self, k: int = 5, **kwargs) -> None:
         super().__init__(**kwargs)
         self.k = k
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, retrieved: Sequence[Sequence[str]], alternatives: Sequence[Sequence[Sequence[str]]]) -> None:
+    def update(
+        self, retrieved: Sequence[Sequence[str]], alternatives: Sequence[Sequence[Sequence[str]]]
+    ) -> None:
         if len(retrieved) != len(alternatives):
             raise ValueError(f"{len(retrieved)} rankings but {len(alternatives)} ground truths")
         for ranking, gt in zip(retrieved, alternatives):

@@ -60,7 +60,9 @@ def doc_labels(spec: TaskSpec, store: DocStore, rows: Sequence[int]) -> list[str
     """The labels (the task's label field, normalised to the label list) of corpus rows; unlabelled
     docs drop."""
     labels = spec.labels or ()
-    return [labels[i - 1] for i in (spec.doc_label(store.history_doc(int(r))) for r in rows) if i > 0]
+    return [
+        labels[i - 1] for i in (spec.doc_label(store.history_doc(int(r))) for r in rows) if i > 0
+    ]
 
 
 def vote(spec: TaskSpec, labels: Sequence[str]) -> str:
@@ -87,8 +89,10 @@ def reader_free_rows(task: str, store: DocStore, examples: list[Example], train_
         if spec.kind == "regression":
             rows[OWN_MEDIAN] = [median_label(ls, spec.labels) or fallback for ls in own]
         for name, docs in retrieved.items():
-            rows[name + VOTE_SUFFIX] = [vote(spec, doc_labels(spec, store, [d.row for d in ds if d.row >= 0]))
-                                        or fallback for ds in docs]
+            rows[name + VOTE_SUFFIX] = [
+                vote(spec, doc_labels(spec, store, [d.row for d in ds if d.row >= 0])) or fallback
+                for ds in docs
+            ]
     return rows
 
 

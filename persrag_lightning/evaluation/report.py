@@ -136,14 +136,17 @@ def results_table(task: str, results: Mapping[str, Mapping[str, float]],
     return "\n".join(lines) + "\n"
 
 
-def _significance_sentence(metrics: Sequence[str], comparisons: Mapping[str, Mapping[str, Comparison]],
-                           reference: str) -> str:
+def _significance_sentence(
+    metrics: Sequence[str], comparisons: Mapping[str, Mapping[str, Comparison]], reference: str
+) -> str:
     found = []
     for name, by_metric in comparisons.items():
         for m in metrics:
             c = by_metric.get(m)
             if c is not None and c.significant(ALPHA):
-                found.append(f"{name} {m} ({'better' if c.better else 'worse'}, p = {c.p_value:.3f})")
+                found.append(
+                    f"{name} {m} ({'better' if c.better else 'worse'}, p = {c.p_value:.3f})"
+                )
     if not found:
         return f"No difference from {reference} is significant at p < {ALPHA}."
     return f"Significantly different from {reference} at p < {ALPHA}: " + "; ".join(found) + "."

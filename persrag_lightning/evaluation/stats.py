@@ -58,7 +58,9 @@ class LampMetricFn:
         spec = get_task(self.task)
         allowed = (*METRIC_NAMES[spec.kind], "neg_mae") if spec.kind == "regression" else METRIC_NAMES[spec.kind]
         if self.name not in allowed:
-            raise ValueError(f"{spec.name} has no metric {self.name!r}; use one of {', '.join(allowed)}")
+            raise ValueError(
+                f"{spec.name} has no metric {self.name!r}; use one of {', '.join(allowed)}"
+            )
         object.__setattr__(self, "task", spec.name)
 
     @property
@@ -72,7 +74,9 @@ class LampMetricFn:
         metric.update(list(predictions), list(golds))
         return float(metric.compute()[self.name])
 
-    def encode(self, predictions: Sequence[str], golds: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(
+        self, predictions: Sequence[str], golds: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per-example (value, gold) arrays that `aggregate` turns into the metric for any selection
         of rows."""
         if len(predictions) != len(golds):
@@ -90,7 +94,9 @@ class LampMetricFn:
             from persrag_lightning.metrics import _parse_gold, parse_rating
 
             gold = np.array([_parse_gold(t) for t in golds], dtype=np.float64)
-            value = np.array([parse_rating(p, g) for p, g in zip(predictions, gold)], dtype=np.float64)
+            value = np.array(
+                [parse_rating(p, g) for p, g in zip(predictions, gold)], dtype=np.float64
+            )
             return value - gold, np.zeros_like(gold)
         from persrag_lightning.metrics import rouge_scorer
 
@@ -176,7 +182,9 @@ class VectorisedMetric(Protocol):
 
     def __call__(self, predictions: Sequence[str], golds: Sequence[str]) -> float: ...
 
-    def encode(self, predictions: Sequence[str], golds: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
+    def encode(
+        self, predictions: Sequence[str], golds: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def aggregate(self, values: np.ndarray, golds: np.ndarray) -> np.ndarray: ...
 
@@ -270,7 +278,9 @@ def paired_test(metric_fn: MetricFn, preds_a: Sequence[str], preds_b: Sequence[s
         for size in _chunks(n_resamples, n):
             swap = rng.random((size, n)) < 0.5
             g = np.broadcast_to(gold, (size, n))
-            diff = metric_fn.aggregate(np.where(swap, xb, xa), g) - metric_fn.aggregate(np.where(swap, xa, xb), g)
+            diff = metric_fn.aggregate(np.where(swap, xb, xa), g) - metric_fn.aggregate(
+                np.where(swap, xa, xb), g
+            )
             hits += int(np.count_nonzero(np.abs(diff) >= observed - _tolerance(observed)))
     else:
         a, b, gl = list(preds_a), list(preds_b), list(golds)
@@ -281,11 +291,15 @@ def paired_test(metric_fn: MetricFn, preds_a: Sequence[str], preds_b: Sequence[s
             for swap in rng.random((size, n)) < 0.5:
                 a2 = [y if s else x for x, y, s in zip(a, b, swap)]
                 b2 = [x if s else y for x, y, s in zip(a, b, swap)]
-                hits += abs(metric_fn(a2, gl) - metric_fn(b2, gl)) >= observed - _tolerance(observed)
+                hits += abs(metric_fn(a2, gl) - metric_fn(b2, gl)) >= observed - _tolerance(
+                    observed
+                )
     return (1 + hits) / (1 + n_resamples)
 
 
-def sign_flip_test(differences: Sequence[float] | np.ndarray, n_resamples: int = 10_000, seed: int = 0) -> float:
+def sign_flip_test(
+    differences: Sequence[float] | np.ndarray, n_resamples: int = 10_000, seed: int = 0
+) -> float:
     """`paired_test` for the mean of per-question differences (A - B): flipping a difference's sign
     is swapping A and B on that question. Two-sided, with the +1 correction (never 0); 1.0 when
     every difference is 0. Draws random signs rather than `paired_test`'s swap mask, so

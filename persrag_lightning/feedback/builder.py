@@ -64,8 +64,10 @@ class FeedbackBuilder:
                              f"{feedback.metric!r} with teacher {teacher!r}")
         self.teacher_path = None if teacher is None else Path(teacher)
         if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
-            raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
-                                    "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
+            raise FileNotFoundError(
+                f"no reranker export at {self.teacher_path} to distil from; make it with "
+                "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)"
+            )
         # shared with every build and evaluation
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.reader: Reader = open_reader(self.feedback.reader, self.llm_config, self.prompts)
@@ -103,7 +105,9 @@ class FeedbackBuilder:
     def examples(self, split: str) -> list[Example]:
         """A split's labelled examples in a stable order (by id), the basis of chunking."""
         if split not in self.dataset.examples:
-            raise KeyError(f"split {split!r} not in the data (have {sorted(self.dataset.examples)})")
+            raise KeyError(
+                f"split {split!r} not in the data (have {sorted(self.dataset.examples)})"
+            )
         return sorted((e for e in self.dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
 
     def num_examples(self, split: str, limit: int | None = None) -> int:
@@ -115,7 +119,9 @@ class FeedbackBuilder:
 
     # ---- build -----------------------------------------------------------------------------------
 
-    def build(self, split: str, shard: int = 0, num_shards: int = 1, limit: int | None = None) -> int:
+    def build(
+        self, split: str, shard: int = 0, num_shards: int = 1, limit: int | None = None
+    ) -> int:
         """Build this shard's missing chunks of `split` (first `limit` examples); returns chunks
         written."""
         if not 0 <= shard < num_shards:
@@ -165,8 +171,10 @@ class FeedbackBuilder:
         if self._user_row is None:
             self._user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if user_id not in self._user_row:
-            raise KeyError(f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
-                           "retrain it on this data")
+            raise KeyError(
+                f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
+                "retrain it on this data"
+            )
         return self.user_encoder.user_embeddings[self._user_row[user_id]]
 
     def candidate_source(self) -> CandidateSource:
@@ -200,7 +208,9 @@ class FeedbackBuilder:
         # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
         else:
             answers = self.reader.answer(task, inputs, docs, phase="feedback labels")
-            labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
+            labels = [
+                (a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)
+            ]
         self.llm_calls += self.prompts.misses - misses
         return self._records(examples, flat, labels)
 
@@ -209,14 +219,17 @@ class FeedbackBuilder:
                  labels: list[tuple[str, float]]) -> list[FeedbackExample]:
         by_example: dict[str, list[Candidate]] = {ex.example_id: [] for ex in examples}
         for (ex, d), (output, label) in zip(flat, labels):
-            by_example[ex.example_id].append(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score,
-                                                       output, label))
+            by_example[ex.example_id].append(
+                Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score, output, label)
+            )
         return [FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target,
                                 tuple(by_example[ex.example_id])) for ex in examples]
 
     # ---- load ------------------------------------------------------------------------------------
 
-    def load(self, split: str, limit: int | None = None, command_hint: str = "") -> list[FeedbackExample]:
+    def load(
+        self, split: str, limit: int | None = None, command_hint: str = ""
+    ) -> list[FeedbackExample]:
         """Merge the split's chunks (all must exist) into FeedbackExamples in example-id order."""
         missing = self.missing_chunks(split, limit)
         if missing:
@@ -237,8 +250,12 @@ class FeedbackStats:
     other_user_fraction: float
 
     def table(self) -> str:
-        rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(self).items()]
-        return "\n".join(f"| {k} | {v} |" for k, v in [("statistic", "value"), ("---", "---"), *rows])
+        rows = [
+            (k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(self).items()
+        ]
+        return "\n".join(
+            f"| {k} | {v} |" for k, v in [("statistic", "value"), ("---", "---"), *rows]
+        )
 
 
 def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
@@ -251,7 +268,9 @@ def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
         candidates_per_example=n_cand / max(1, len(examples)),
         mean_label=float(np.mean(flat)) if flat else float("nan"),
         best_label=float(np.mean([max(r) for r in labels if r])) if flat else float("nan"),
-        informative_fraction=float(np.mean([len(set(r)) > 1 for r in labels])) if labels else float("nan"),
+        informative_fraction=float(np.mean([len(set(r)) > 1 for r in labels]))
+        if labels
+        else float("nan"),
         other_user_fraction=other / max(1, n_cand),
     )
 

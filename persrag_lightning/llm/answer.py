@@ -39,8 +39,10 @@ def allowed_labels(task: str) -> tuple[str, ...]:
     ValueError otherwise."""
     spec = get_task(task)
     if not spec.labels:
-        raise ValueError(f"answer_mode 'choose' needs a label task (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
-                         "generation task, use answer_mode 'generate'")
+        raise ValueError(
+            f"answer_mode 'choose' needs a label task (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
+            "generation task, use answer_mode 'generate'"
+        )
     return spec.labels
 
 

@@ -41,7 +41,8 @@ _WORDS = (  # noqa: SIM905 -- a sentence of common words reads better than a 75-
     "the of and to in is was for that with as on by at from their this which be are an or it have has not "
     "were but they one all new more first after time two when been who years also other into people its "
     "model learning method results paper study approach performance graph user retrieval language network "
-    "data system energy routing sensor wireless science space planet robot future novel music film").split()
+    "data system energy routing sensor wireless science space planet robot future novel music film"
+).split()
 
 
 def auto_backend(model: str, options: dict | None = None) -> str:

@@ -77,25 +77,39 @@ def resolve_model(model: str) -> ModelSource:
         package, filename, hint = alias
         spec = importlib.util.find_spec(package)  # locates the package without importing it
         if spec is None or not spec.submodule_search_locations:
-            raise LLMBackendError(f"model alias {model!r} needs the package {package!r}; install it with `{hint}`")
+            raise LLMBackendError(
+                f"model alias {model!r} needs the package {package!r}; install it with `{hint}`"
+            )
         path = Path(next(iter(spec.submodule_search_locations))) / filename
         if not path.is_file():
-            raise LLMBackendError(f"model alias {model!r}: {path} is missing; reinstall with `{hint}`")
+            raise LLMBackendError(
+                f"model alias {model!r}: {path} is missing; reinstall with `{hint}`"
+            )
         return ModelSource(model.lower(), str(path), "gguf", _file_digest(path))
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
-            raise LLMBackendError(f"model file {path} is not a .gguf file; pass a model folder or a GGUF file")
+            raise LLMBackendError(
+                f"model file {path} is not a .gguf file; pass a model folder or a GGUF file"
+            )
         return ModelSource(path.stem, str(path.resolve()), "gguf", _file_digest(path))
     if path.is_dir():
         if (path / "config.json").is_file():
-            return ModelSource(path.resolve().name, str(path.resolve()), "folder", _folder_digest(path))
+            return ModelSource(
+                path.resolve().name, str(path.resolve()), "folder", _folder_digest(path)
+            )
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ModelSource(ggufs[0].stem, str(ggufs[0].resolve()), "gguf", _file_digest(ggufs[0]))
-        raise LLMBackendError(f"model folder {path} has no config.json and not exactly one .gguf file")
+            return ModelSource(
+                ggufs[0].stem, str(ggufs[0].resolve()), "gguf", _file_digest(ggufs[0])
+            )
+        raise LLMBackendError(
+            f"model folder {path} has no config.json and not exactly one .gguf file"
+        )
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
-        return ModelSource(model.replace("/", "--"), model, "hub", hashlib.sha256(model.encode()).hexdigest()[:16])
+        return ModelSource(
+            model.replace("/", "--"), model, "hub", hashlib.sha256(model.encode()).hexdigest()[:16]
+        )
     raise LLMBackendError(
         f"cannot resolve model {model!r}: not an alias ({', '.join(ALIASES)}), not a local file or folder, "
         "not a Hugging Face name (owner/name)"
@@ -194,4 +208,6 @@ class LLM(ABC):
     @staticmethod
     def _check_options(options: list[str]) -> None:
         if isinstance(options, str) or not options:
-            raise ValueError(f"score_options() needs a non-empty list of option strings, got {options!r}")
+            raise ValueError(
+                f"score_options() needs a non-empty list of option strings, got {options!r}"
+            )

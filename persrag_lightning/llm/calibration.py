@@ -36,7 +36,9 @@ CONTENT_FREE_INPUTS = ("N/A", "", "[MASK]")
 def check_reading(calibration: str, decision: str) -> None:
     """A misspelt calibration or decision fails before any LLM call, naming the known ones."""
     if calibration not in CALIBRATIONS:
-        raise ValueError(f"unknown calibration {calibration!r}; use one of {', '.join(CALIBRATIONS)}")
+        raise ValueError(
+            f"unknown calibration {calibration!r}; use one of {', '.join(CALIBRATIONS)}"
+        )
     if decision not in DECISIONS:
         raise ValueError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
 
@@ -48,8 +50,10 @@ def resolve_decision(task: str, decision: str = "auto") -> str:
     if decision == "auto":
         return "median" if spec.kind == "regression" else "argmax"
     if decision in ("median", "mean") and spec.kind != "regression":
-        raise ValueError(f"decision {decision!r} needs ordered labels (LaMP-3); {spec.name}'s labels are not: "
-                         "use argmax")
+        raise ValueError(
+            f"decision {decision!r} needs ordered labels (LaMP-3); {spec.name}'s labels are not: "
+            "use argmax"
+        )
     check_reading("none", decision)
     return decision
 

@@ -61,7 +61,9 @@ def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, LLMBackendError):
             raise
-        raise LLMBackendError(f"could not convert GGUF {source.path} to safetensors in {target}: {err}") from err
+        raise LLMBackendError(
+            f"could not convert GGUF {source.path} to safetensors in {target}: {err}"
+        ) from err
     return target
 
 
@@ -84,7 +86,9 @@ def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = No
             return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         return AutoTokenizer.from_pretrained(source.path, local_files_only=True)
     except OSError as err:
-        raise LLMBackendError(f"cannot load the tokenizer of {source.path!r} from local files: {err}") from err
+        raise LLMBackendError(
+            f"cannot load the tokenizer of {source.path!r} from local files: {err}"
+        ) from err
 
 
 def dtype_kw(dtype: torch.dtype) -> dict[str, torch.dtype]:

@@ -411,7 +411,9 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
             self.model = AutoModelForSeq2SeqLM.from_pretrained(self.source.path, local_files_only=True,
                                                                **dtype_kw(self.dtype))
         except OSError as err:
-            raise LLMBackendError(f"cannot load seq2seq model {model!r} from local files: {err}") from err
+            raise LLMBackendError(
+                f"cannot load seq2seq model {model!r} from local files: {err}"
+            ) from err
         self.model.to(self._device).eval()
 
     @classmethod
@@ -441,7 +443,9 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def encode_pairs(self, prompts: list[str], targets: list[str]) -> list[tuple[list[int], list[int]]]:
+    def encode_pairs(
+        self, prompts: list[str], targets: list[str]
+    ) -> list[tuple[list[int], list[int]]]:
         """(encoder ids, decoder labels): the tokenizer's own special tokens on both (T5 ends each
         with </s>)."""
         self._check_pairs(prompts, targets)
@@ -476,7 +480,9 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:
         self._check_pairs(prompts, targets)
         enc = [list(r) for r in self.tokenizer(list(prompts))["input_ids"]]
-        dec = [list(r) for r in self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]]
+        dec = [
+            list(r) for r in self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]
+        ]
         pad = self.tokenizer.pad_token_id or 0
         scores = [0.0] * len(prompts)
         for start in range(0, len(prompts), self.batch_size):

@@ -58,14 +58,20 @@ class LlamaCppLLM(LLM):
         unfused kernel's; off reproduces the labels of caches made before it. Generation keeps the
         unfused kernel: with the fused one a greedy LaMP-5 title left the exact model's
         (docs/performance/llm-feedback.md)."""
-        super().__init__(batch_size)  # llama.cpp evaluates one sequence at a time; kept for the interface
+        super().__init__(
+            batch_size
+        )  # llama.cpp evaluates one sequence at a time; kept for the interface
         self._llama_cpp = _import_llama()
         self.source = resolve_model(model)
         if not self.source.is_gguf:
-            raise LLMBackendError(f"the llamacpp backend needs a GGUF file; {model!r} resolved to {self.source.path}")
+            raise LLMBackendError(
+                f"the llamacpp backend needs a GGUF file; {model!r} resolved to {self.source.path}"
+            )
         if weights not in ("auto", "gguf") and weights not in WEIGHT_TYPES:
-            raise LLMBackendError(f"llamacpp weights must be auto, gguf or one of {', '.join(WEIGHT_TYPES)}, "
-                                  f"got {weights!r}")
+            raise LLMBackendError(
+                f"llamacpp weights must be auto, gguf or one of {', '.join(WEIGHT_TYPES)}, "
+                f"got {weights!r}"
+            )
         self.weights = weights = auto_weights(self.source.path) if weights == "auto" else weights
         self.model_path = self.source.path if weights == "gguf" else str(
             reencoded_gguf(self.source, weights, cache_dir))
@@ -115,7 +121,9 @@ class LlamaCppLLM(LLM):
 
     supports_json_schema = True
 
-    def generate(self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None) -> list[str]:
+    def generate(
+        self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None
+    ) -> list[str]:
         """Greedy answers; with `json_schema`, decoding follows llama.cpp's grammar built from the
         schema (`LlamaGrammar.from_json_schema`), so the answer is JSON of that shape unless the
         token budget cuts it."""
@@ -127,7 +135,9 @@ class LlamaCppLLM(LLM):
                     messages=[{"role": "user", "content": prompt}], temperature=0.0, top_k=1,
                     max_tokens=max_new_tokens, seed=self.seed, **grammar)
             except ValueError as err:  # e.g. prompt longer than n_ctx
-                raise LLMBackendError(f"llama.cpp generate failed on {self.name} (n_ctx={self.n_ctx}): {err}") from err
+                raise LLMBackendError(
+                    f"llama.cpp generate failed on {self.name} (n_ctx={self.n_ctx}): {err}"
+                ) from err
             outputs.append((out["choices"][0]["message"]["content"] or "").strip())
         return outputs
 
@@ -149,7 +159,9 @@ class LlamaCppLLM(LLM):
 
             template = self.engine.metadata.get("tokenizer.chat_template")
             if not template:
-                raise NotImplementedError(f"{self.source.path} has no chat template; llamacpp score() needs one")
+                raise NotImplementedError(
+                    f"{self.source.path} has no chat template; llamacpp score() needs one"
+                )
             vocab = self.engine._model
             self._formatter = Jinja2ChatFormatter(
                 template=template, eos_token=vocab.token_get_text(self.engine.token_eos()),
@@ -176,7 +188,9 @@ class LlamaCppLLM(LLM):
                 continue
             tokens = head + tail
             if len(tokens) > self.n_ctx:
-                raise LLMBackendError(f"llama.cpp score: {len(tokens)} tokens exceed n_ctx={self.n_ctx}")
+                raise LLMBackendError(
+                    f"llama.cpp score: {len(tokens)} tokens exceed n_ctx={self.n_ctx}"
+                )
             if pack and (len(pack) == self.score_seqs or used + len(tokens) > self.n_ctx):
                 self._score_pack(pack, scores)
                 pack, used = [], 0
@@ -217,8 +231,10 @@ class LlamaCppLLM(LLM):
         for prompt in prompts:
             head = self.engine.tokenize(self.chat_text(prompt).encode(), add_bos=True, special=True)
             if len(head) + max(len(t) for t in tails) > self.n_ctx:
-                raise LLMBackendError(f"llama.cpp score_options: {len(head)} prompt tokens plus the longest option "
-                                      f"exceed n_ctx={self.n_ctx}")
+                raise LLMBackendError(
+                    f"llama.cpp score_options: {len(head)} prompt tokens plus the longest option "
+                    f"exceed n_ctx={self.n_ctx}"
+                )
             ctx.kv_cache_clear()
             (base,) = self._decode([(head, 0, 0, len(head) - 1, len(head))])
             first = self._log_probs(base + len(head) - 1, 1)[0]
@@ -298,7 +314,9 @@ class LlamaCppLLM(LLM):
         self.engine = self._packer = None
 
 
-def _option_groups(indices: list[int], tails: list[list[int]], room: int, max_seqs: int) -> list[list[int]]:
+def _option_groups(
+    indices: list[int], tails: list[list[int]], room: int, max_seqs: int
+) -> list[list[int]]:
     """`indices` cut, in order, into groups of at most `max_seqs` options whose tokens fit in `room`
     cells."""
     groups: list[list[int]] = []
@@ -328,7 +346,9 @@ def auto_weights(path: str, max_bytes: int = 1 << 30) -> str:
     return "f16" if file_type == _import_llama().LLAMA_FTYPE_MOSTLY_Q4_1 else "gguf"
 
 
-def reencoded_gguf(source: ModelSource, weights: str, cache_dir: str | os.PathLike | None = None) -> Path:
+def reencoded_gguf(
+    source: ModelSource, weights: str, cache_dir: str | os.PathLike | None = None
+) -> Path:
     """`source` re-encoded as `weights` by llama.cpp's quantizer, once:
     <cache>/llm/<name>-<digest>.<weights>.gguf, written to a temporary file and renamed (a killed
     conversion leaves nothing behind; two processes race harmlessly to the same bytes)."""
@@ -350,7 +370,9 @@ def reencoded_gguf(source: ModelSource, weights: str, cache_dir: str | os.PathLi
         with suppress_stdout_stderr(disable=False):  # the quantizer prints every tensor
             failed = llama_cpp.llama_model_quantize(source.path.encode(), tmp.encode(), params)
         if failed:
-            raise LLMBackendError(f"llama.cpp could not re-encode {source.path} as {weights} (code {failed})")
+            raise LLMBackendError(
+                f"llama.cpp could not re-encode {source.path} as {weights} (code {failed})"
+            )
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -29,7 +29,9 @@ class OpenAICompatLLM(LLM):
         `served_model` is the name sent to the server (default: `model`, or the server's only model
         for aliases)."""
         super().__init__(batch_size)
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout = timeout
@@ -50,7 +52,9 @@ class OpenAICompatLLM(LLM):
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
+        req = urllib.request.Request(
+            url, data=data, headers=headers, method="GET" if data is None else "POST"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read().decode())
@@ -58,7 +62,9 @@ class OpenAICompatLLM(LLM):
             body = err.read().decode(errors="replace")[:500]
             raise LLMBackendError(f"{url} answered HTTP {err.code}: {body}") from err
         except urllib.error.URLError as err:
-            raise LLMBackendError(f"cannot reach the OpenAI-compatible server at {url}: {err.reason}") from err
+            raise LLMBackendError(
+                f"cannot reach the OpenAI-compatible server at {url}: {err.reason}"
+            ) from err
         except (TimeoutError, ConnectionError, OSError) as err:
             raise LLMBackendError(f"request to {url} failed: {err}") from err
         except json.JSONDecodeError as err:
@@ -73,7 +79,9 @@ class OpenAICompatLLM(LLM):
         """Name sent in requests: explicit, else the server's single model when `model` is a local
         alias/path."""
         if self._served_model is None:
-            served = self.list_models() if "/" not in self.model or os.path.exists(self.model) else []
+            served = (
+                self.list_models() if "/" not in self.model or os.path.exists(self.model) else []
+            )
             self._served_model = served[0] if len(served) == 1 else self.model
         return self._served_model
 
@@ -106,7 +114,9 @@ class OpenAICompatLLM(LLM):
             try:
                 return (out["choices"][0]["message"]["content"] or "").strip()
             except (KeyError, IndexError, TypeError) as err:
-                raise LLMBackendError(f"{self.base_url}/chat/completions: unexpected answer {str(out)[:300]}") from err
+                raise LLMBackendError(
+                    f"{self.base_url}/chat/completions: unexpected answer {str(out)[:300]}"
+                ) from err
 
         return self._map(one, prompts)
 
@@ -117,7 +127,9 @@ class OpenAICompatLLM(LLM):
         if self._tokenizer is None:
             from persrag_lightning.llm.gguf import load_tokenizer
 
-            self._tokenizer = load_tokenizer(resolve_model(self._tokenizer_name or self.model), self._cache_dir)
+            self._tokenizer = load_tokenizer(
+                resolve_model(self._tokenizer_name or self.model), self._cache_dir
+            )
         return self._tokenizer
 
     def count_tokens(self, text: str) -> int:
@@ -129,8 +141,9 @@ class OpenAICompatLLM(LLM):
     def chat_text(self, prompt: str) -> str:
         """The chat-formatted prompt, as the server would build it for a chat request."""
         try:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
         except LLMBackendError as err:
             raise NotImplementedError(
                 f"openai backend: score() needs the chat template of {self.model!r} locally (pass tokenizer=...): "
@@ -177,7 +190,9 @@ def _target_logprob(out: dict, text: str, target: str, n_target: int, base_url: 
         lp = choice["logprobs"]
         tokens, logprobs, offsets = lp["tokens"], lp["token_logprobs"], lp["text_offset"]
     except (KeyError, IndexError, TypeError) as err:
-        raise NotImplementedError(f"{base_url}/completions returned no echoed logprobs, which score() needs") from err
+        raise NotImplementedError(
+            f"{base_url}/completions returned no echoed logprobs, which score() needs"
+        ) from err
     start, end = len(text), len(text) + len(target)
     picked: list[float | None]
     if offsets and "".join(tokens) == choice.get("text") and choice["text"].startswith(text + target):
@@ -191,5 +206,7 @@ def _target_logprob(out: dict, text: str, target: str, n_target: int, base_url: 
         echoed = logprobs[: len(logprobs) - generated]
         picked = echoed[len(echoed) - n_target:] if 0 < n_target <= len(echoed) else []
     if not picked or any(v is None for v in picked):
-        raise NotImplementedError(f"{base_url}/completions gave no usable logprobs for the target tokens")
+        raise NotImplementedError(
+            f"{base_url}/completions gave no usable logprobs for the target tokens"
+        )
     return float(sum(picked))  # type: ignore[arg-type]

@@ -58,7 +58,9 @@ def extract_json_field(text: str, key: str) -> str:
         for k, v in obj.items():
             if str(k).strip().lower() == key and isinstance(v, (str, int, float)):
                 return str(v).strip()
-    quoted = re.search(rf"""["']?{key}["']?\s*:\s*"((?:[^"\\]|\\.)*)\"""", text, flags=re.IGNORECASE)
+    quoted = re.search(
+        rf"""["']?{key}["']?\s*:\s*"((?:[^"\\]|\\.)*)\"""", text, flags=re.IGNORECASE
+    )
     if quoted:
         try:
             return json.loads(f'"{quoted.group(1)}"').strip()

@@ -60,7 +60,9 @@ def query_length(query_tokens: int, max_prompt_tokens: int = 512, gamma: float =
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if max_prompt_tokens < 0 or query_tokens < 0:
-        raise ValueError(f"token counts must be ≥ 0 (L_max={max_prompt_tokens}, |q|={query_tokens})")
+        raise ValueError(
+            f"token counts must be ≥ 0 (L_max={max_prompt_tokens}, |q|={query_tokens})"
+        )
     # ⌊γ·L_max⌋ with a tolerance, so 0.55·200 = 110.00000000000001 or 109.99999999999999 floors to
     # 110
     return min(query_tokens, int(gamma * max_prompt_tokens + 1e-9))
@@ -71,7 +73,9 @@ def profile_length(query_tokens: int, max_prompt_tokens: int = 512, gamma: float
     return max_prompt_tokens - query_length(query_tokens, max_prompt_tokens, gamma)
 
 
-def profile_budget(query: str, count_tokens: CountTokens, settings: BudgetSettings = BudgetSettings()) -> int:
+def profile_budget(
+    query: str, count_tokens: CountTokens, settings: BudgetSettings = BudgetSettings()
+) -> int:
     """|U_p| of Eq. 3 for a query text, |q| counted by the LLM's tokenizer (`count_tokens`)."""
     return profile_length(count_tokens(query), settings.max_prompt_tokens, settings.gamma)
 

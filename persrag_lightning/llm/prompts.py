@@ -45,8 +45,10 @@ class TaskPrompt:
 
 
 _PROFILES_LEAD = "Based on the historical profiles provided, "
-_JSON_TITLE = ('Please generate it in the following format: {"title": "generated title"} without explanation, '
-               "and use only English.")
+_JSON_TITLE = (
+    'Please generate it in the following format: {"title": "generated title"} without explanation, '
+    "and use only English."
+)
 
 TABLE4: dict[str, TaskPrompt] = {
     "LaMP-1": TaskPrompt(
@@ -123,7 +125,9 @@ def lamp1_references(raw_input: str) -> tuple[str, str]:
     """The two candidate references of a LaMP-1 input (`... [1]: "ref one" [2]: "ref two"`)."""
     m = re.search(r'\[1\]\s*:?\s*"(.*?)"\s*\[2\]\s*:?\s*"(.*)"', raw_input, flags=re.DOTALL)
     if m is None:
-        raise ValueError(f'LaMP-1 input has no references `[1]: "..." [2]: "..."`: {raw_input[:200]!r}')
+        raise ValueError(
+            f'LaMP-1 input has no references `[1]: "..." [2]: "..."`: {raw_input[:200]!r}'
+        )
     return m.group(1).strip(), m.group(2).strip()
 
 
@@ -189,9 +193,9 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
     fixed = tokenizer_len(_render(tp, ["" for _ in docs], "", refs))
     available = max(0, max_prompt_tokens - fixed)
     if profile_gamma is not None and docs:
-
-        query = truncate_to_tokens(query, query_length(tokenizer_len(query), available, profile_gamma),
-                                   tokenizer_len)
+        query = truncate_to_tokens(
+            query, query_length(tokenizer_len(query), available, profile_gamma), tokenizer_len
+        )
         history_budget = profile_length(tokenizer_len(query), available, profile_gamma)  # Eq. 3
         allocate: Callable[[int, Sequence[int]], list[int]] = allocate_budget
     else:
@@ -218,7 +222,9 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
 CHAT_PROMPT_VERSION = "chat-memory-v1"
 CHAT_MEMORY_HEADER = "What you remember about the user:"
 CHAT_DOCS_HEADER = "Items from the user's history and from similar users' histories:"
-CHAT_INSTRUCTION = "Answer the user's last message briefly, using what you remember about them when it helps."
+CHAT_INSTRUCTION = (
+    "Answer the user's last message briefly, using what you remember about them when it helps."
+)
 
 
 def build_chat_prompt(message: str, memories: Sequence[str], docs: Sequence[str],
@@ -248,7 +254,9 @@ def content_free_prompt(task: str, filler: str) -> str:
     "", "[MASK]"); LaMP-1's two references are the filler too, so nothing in the prompt favours
     either."""
     spec = get_task(task)
-    return _render(task_prompt(spec.name), [], filler, (filler, filler) if spec.name == "LaMP-1" else None)
+    return _render(
+        task_prompt(spec.name), [], filler, (filler, filler) if spec.name == "LaMP-1" else None
+    )
 
 
 def domain_premise(task: str) -> str:

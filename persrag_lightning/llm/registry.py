@@ -42,7 +42,9 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
         from persrag_lightning.llm.vllm_backend import VLLMLLM
 
         return VLLMLLM(model, **kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto")
+    raise ValueError(
+        f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto"
+    )
 
 
 def hf_dtype_identity(options: dict) -> dict:
@@ -52,7 +54,9 @@ def hf_dtype_identity(options: dict) -> dict:
     from persrag_lightning.llm.hf import resolve_device_dtype
 
     options = dict(options)
-    dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[1]
+    dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[
+        1
+    ]
     if dtype != torch.float32:
         options["dtype"] = str(dtype).removeprefix("torch.")
     return options
@@ -99,7 +103,9 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
-            raise ValueError(f"unknown answer mode {self.answer_mode!r}; use one of {', '.join(ANSWER_MODES)}")
+            raise ValueError(
+                f"unknown answer mode {self.answer_mode!r}; use one of {', '.join(ANSWER_MODES)}"
+            )
         if self.postprocessing not in POSTPROCESSING:
             raise ValueError(f"unknown post-processing {self.postprocessing!r}; use one of {', '.join(POSTPROCESSING)}")
         check_reading(self.calibration, self.decision)
@@ -113,7 +119,9 @@ class LLMConfig:
             digest = resolve_model(self.model).digest
         except LLMBackendError:
             digest = ""  # a served model (openai backend) is named by the server
-        output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
+        output_options = {
+            k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")
+        }
         if self.backend == "hf":
             output_options = hf_dtype_identity(output_options)
         return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,

@@ -22,7 +22,9 @@ class VLLMLLM(LLM):
         try:
             import vllm
         except ImportError as err:
-            raise LLMBackendError("the vllm backend needs vLLM on a CUDA machine: `pip install vllm`") from err
+            raise LLMBackendError(
+                "the vllm backend needs vLLM on a CUDA machine: `pip install vllm`"
+            ) from err
         from persrag_lightning.llm.gguf import local_model_path
 
         self.source = resolve_model(model)
@@ -71,8 +73,9 @@ class VLLMLLM(LLM):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _chat_ids(self, prompt: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:

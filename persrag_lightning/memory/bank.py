@@ -147,7 +147,9 @@ class MemoryBank:
         texts = [e.memory or a for e, (_, a) in zip(extractions, pairs, strict=True)]
         vectors = self._embed(texts) if texts else []
         for (q, _), e, text, vec in zip(pairs, extractions, texts, vectors, strict=True):
-            items.append(NewMemory(text, vec, e.tags.with_topic(q.category), source="questionnaire"))
+            items.append(
+                NewMemory(text, vec, e.tags.with_topic(q.category), source="questionnaire")
+            )
         with self._user_lock(user_id):
             if self.store.count(user_id):  # a concurrent sign-up of the same id won the race
                 raise UserExistsError(f"user {user_id!r} already exists")
@@ -195,7 +197,9 @@ class MemoryBank:
             return None
         vec = self._embed([extraction.memory])[0]
         with self._user_lock(user_id):
-            (memory,) = self.store.add_memories(user_id, [NewMemory(extraction.memory, vec, extraction.tags)])
+            (memory,) = self.store.add_memories(
+                user_id, [NewMemory(extraction.memory, vec, extraction.tags)]
+            )
             self._evict(user_id)
         self.store.maintain()
         return memory
@@ -203,7 +207,9 @@ class MemoryBank:
     def _evict(self, user_id: str) -> list[str]:
         if self.store.count(user_id) <= self.settings.eviction.capacity:
             return []
-        rows = [UsageRow(m.id, m.usage_count, m.created_at) for m in self.store.list_memories(user_id)]
+        rows = [
+            UsageRow(m.id, m.usage_count, m.created_at) for m in self.store.list_memories(user_id)
+        ]
         ids = select_evictions(rows, self.settings.eviction, rng_key=user_id)
         self.store.delete_memories(user_id, ids)
         return ids
@@ -276,5 +282,7 @@ class MemoryBank:
         """All memories of a user, oldest first."""
         return self.store.list_memories(user_id)
 
-    def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
+    def turns(
+        self, user_id: str, session_id: str | None = None, last: int | None = None
+    ) -> list[Turn]:
         return self.store.turns(user_id, session_id, last)

@@ -58,7 +58,9 @@ def eviction_size(n_rows: int, settings: EvictionSettings) -> int:
     return min(n_rows, max(batch, n_rows - settings.capacity))
 
 
-def select_evictions(rows: Sequence[UsageRow], settings: EvictionSettings, rng_key: str = "") -> list[str]:
+def select_evictions(
+    rows: Sequence[UsageRow], settings: EvictionSettings, rng_key: str = ""
+) -> list[str]:
     """Ids to delete (empty when within capacity). `rng_key` (the user id) makes the random fill
     stable per user and across restarts."""
     n = eviction_size(len(rows), settings)
@@ -77,7 +79,9 @@ def select_evictions(rows: Sequence[UsageRow], settings: EvictionSettings, rng_k
     # rest.
     chosen = [r.id for r in low]
     taken = set(chosen)
-    rest = sorted((r for r in rows if r.id not in taken), key=lambda r: (r.usage_count, r.created_at, r.id))
+    rest = sorted(
+        (r for r in rows if r.id not in taken), key=lambda r: (r.usage_count, r.created_at, r.id)
+    )
     need = n - len(chosen)
     boundary = rest[need - 1].usage_count  # usage level where the cut falls
     sure = [r.id for r in rest if r.usage_count < boundary]

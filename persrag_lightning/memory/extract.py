@@ -137,7 +137,9 @@ def parse_extraction(answer: str, message: str) -> Extraction:
         return fallback(message)
     tag_src = obj.get("tags") if isinstance(obj.get("tags"), dict) else obj
     tags = Tags(**{d: _tag_list(tag_src.get(d)) for d in DIMENSIONS})
-    return Extraction(" ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True, repaired=repaired)
+    return Extraction(
+        " ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True, repaired=repaired
+    )
 
 
 class Extractor:
@@ -161,7 +163,9 @@ class Extractor:
     def extract(self, message: str, history: Sequence[Turn] = ()) -> Extraction:
         return self.extract_many([message], [history])[0]
 
-    def extract_many(self, messages: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Extraction]:
+    def extract_many(
+        self, messages: Sequence[str], histories: Sequence[Sequence[Turn]]
+    ) -> list[Extraction]:
         """One batched LLM call for several messages (the questionnaire's answers)."""
         prompts = [build_prompt(m, list(h)[-self.history_turns:] if self.history_turns else [])
                    for m, h in zip(messages, histories, strict=True)]
@@ -191,7 +195,9 @@ def questionnaire_turns(answers: Mapping[str, str]) -> list[tuple[Question, str]
         if value is None:
             continue
         if not isinstance(value, str):
-            raise TypeError(f"answer to {q.category!r} must be a string, got {type(value).__name__}")
+            raise TypeError(
+                f"answer to {q.category!r} must be a string, got {type(value).__name__}"
+            )
         if value.strip():
             out.append((q, value.strip()))
     return out

@@ -125,7 +125,9 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
                            seed: int = 0) -> list[SimulatedConversation]:
     """Seeded conversations; each user gets `facts_per_user` distinct slots with random values."""
     if not 1 <= facts_per_user <= len(FACT_TEMPLATES):
-        raise ValueError(f"facts_per_user must be in 1..{len(FACT_TEMPLATES)}, got {facts_per_user}")
+        raise ValueError(
+            f"facts_per_user must be in 1..{len(FACT_TEMPLATES)}, got {facts_per_user}"
+        )
     rng = random.Random(seed)
     out = []
     for u in range(n_users):

@@ -28,7 +28,9 @@ try:
     from lancedb.expr import col, lit
     from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 except ImportError as err:  # the main job's install leaves it out
-    raise ImportError(f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"') from None
+    raise ImportError(
+        f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"'
+    ) from None
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
 
@@ -56,7 +58,9 @@ def validate_id(value: object, what: str = "user_id") -> str:
         value.encode("utf-8")
     # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
     except UnicodeEncodeError:
-        raise InvalidIdError(f"{what} {value!r} is not valid Unicode text (a lone surrogate)") from None
+        raise InvalidIdError(
+            f"{what} {value!r} is not valid Unicode text (a lone surrogate)"
+        ) from None
     return value
 
 
@@ -122,7 +126,9 @@ class StoreSettings:
 
     def __post_init__(self) -> None:
         if self.index_type not in VECTOR_INDEXES:
-            raise ValueError(f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}")
+            raise ValueError(
+                f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -188,7 +194,9 @@ class MemoryStore:
                 raise ValueError("memory text is empty")
             vec = np.asarray(item.vector, dtype=np.float32).reshape(-1)
             if vec.shape[0] != self.dim or not np.isfinite(vec).all():
-                raise ValueError(f"memory vector must be {self.dim} finite floats, got shape {vec.shape}")
+                raise ValueError(
+                    f"memory vector must be {self.dim} finite floats, got shape {vec.shape}"
+                )
             ts = self.now()
             out.append(Memory(id=uuid.uuid4().hex, user_id=user_id, text=item.text.strip(), tags=item.tags,
                               usage_count=0, created_at=ts, last_used_at=ts, source=item.source, vector=vec))
@@ -319,7 +327,8 @@ class MemoryStore:
             if n < self.settings.index_min_rows:
                 return False
             config = VECTOR_INDEXES[self.settings.index_type](
-                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition))
+                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition)
+            )
             self.memories.create_index("vector", config=config)
             self.memories.create_index("user_id", config=BTree())  # the prefilter on user_id
             return True
@@ -376,7 +385,9 @@ class MemoryStore:
             out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
         return out
 
-    def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
+    def turns(
+        self, user_id: str, session_id: str | None = None, last: int | None = None
+    ) -> list[Turn]:
         """A user's turns (of one session when given), oldest first; `last` keeps only the most
         recent ones."""
         rows = self.sessions.search().where(user_filter(user_id, session_id=session_id)).limit(None).to_list()

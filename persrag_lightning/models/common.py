@@ -43,7 +43,9 @@ def encode_by_length(inputs: dict[str, torch.Tensor], encode: Callable[[torch.Te
     for start in range(0, len(order), step):
         rows = order[start:start + step]
         width = int(lengths[rows].max())
-        out.append(encode(rows, {k: v[rows, :width].contiguous().to(device) for k, v in inputs.items()}))
+        out.append(
+            encode(rows, {k: v[rows, :width].contiguous().to(device) for k, v in inputs.items()})
+        )
     return torch.cat(out)[torch.argsort(order).to(out[0].device)]
 
 
@@ -75,7 +77,9 @@ class LoraFields:
 
     @property
     def lora(self) -> LoraSettings:
-        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
+        return LoraSettings(
+            self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules)
+        )
 
 
 def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
@@ -110,8 +114,10 @@ def config_from_json(cls: type, path: Path) -> object:
     """Read a config dataclass from config.json, ignoring unknown keys and turning JSON lists back
     into tuples."""
     if not path.exists():
-        raise FileNotFoundError(f"{path.parent}: not an export of {cls.__name__.removesuffix('Config')} "
-                                f"(no config.json)")
+        raise FileNotFoundError(
+            f"{path.parent}: not an export of {cls.__name__.removesuffix('Config')} "
+            f"(no config.json)"
+        )
     raw = json.loads(path.read_text())
     known = {f.name for f in fields(cls)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}

@@ -43,7 +43,9 @@ def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
     fp32 elsewhere (on a GPU the corpus takes seconds in float32; an AVX2-only CPU would emulate
     bfloat16)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ValueError(
+            f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        )
     if precision != "auto":
         return precision
     return native_runtime("bf16_if_native") if resolve_device(device) == "cpu" else "fp32"
@@ -94,7 +96,9 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
 def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pooling: Pooling, batch_size: int,
                   device: str, precision: str) -> None:
     unique: dict[str, int] = {}
-    inverse = torch.tensor([unique.setdefault(t, len(unique)) for t in corpus.texts], dtype=torch.long)
+    inverse = torch.tensor(
+        [unique.setdefault(t, len(unique)) for t in corpus.texts], dtype=torch.long
+    )
     texts = list(unique)
     parts = out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -141,10 +145,14 @@ def load_corpus_embeddings(cache_dir: str | Path, corpus: Corpus, encoder: str =
     out = next((d for d in dirs if (d / EMBEDDINGS_FILE).exists()), dirs[0])
     path = out / EMBEDDINGS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"no corpus embeddings at {path}; they are built by the DataModule's prepare_data "
-                                "(run `fit`, or build_corpus_embeddings)")
+        raise FileNotFoundError(
+            f"no corpus embeddings at {path}; they are built by the DataModule's prepare_data "
+            "(run `fit`, or build_corpus_embeddings)"
+        )
     table = load_file(str(path))["embeddings"]
     if table.shape[0] != len(corpus):
         meta = json.loads((out / "meta.json").read_text())
-        raise ValueError(f"{path}: {table.shape[0]} rows but the corpus has {len(corpus)} docs (meta {meta})")
+        raise ValueError(
+            f"{path}: {table.shape[0]} rows but the corpus has {len(corpus)} docs (meta {meta})"
+        )
     return table

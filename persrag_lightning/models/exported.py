@@ -41,7 +41,9 @@ def export_path(cache_dir: str | Path, kind: str, digest: str) -> Path:
 class _Positional(nn.Module):
     """`fn(**inputs)` as a function of tensors in input-name order (what torch.onnx exports)."""
 
-    def __init__(self, fn: nn.Module, names: list[str], output: Callable[[object], torch.Tensor]) -> None:
+    def __init__(
+        self, fn: nn.Module, names: list[str], output: Callable[[object], torch.Tensor]
+    ) -> None:
         super().__init__()
         self.fn, self.names, self.output = fn, names, output
 
@@ -78,8 +80,9 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
     try:
         import onnx  # noqa: F401  (torch.onnx.export writes through it)
     except ImportError:
-        raise ImportError('exporting an encoder to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
-                          ) from None
+        raise ImportError(
+            'exporting an encoder to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
+        ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     names = list(sample)
     axes = {n: {0: "rows", 1: "tokens"} for n in names}
@@ -101,7 +104,9 @@ def session(runtime: str, path: Path) -> Session:
         return onnx_session(path)
     if runtime == "openvino":
         return openvino_session(path)
-    raise ValueError(f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}")
+    raise ValueError(
+        f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}"
+    )
 
 
 def onnx_session(path: Path) -> Session:
@@ -109,7 +114,9 @@ def onnx_session(path: Path) -> Session:
     try:
         import onnxruntime as ort
     except ImportError:
-        raise ImportError('runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"') from None
+        raise ImportError(
+            'runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"'
+        ) from None
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.log_severity_level = 3
@@ -125,7 +132,9 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
     try:
         import openvino as ov
     except ImportError:
-        raise ImportError('runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"') from None
+        raise ImportError(
+            'runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"'
+        ) from None
     core = ov.Core()
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
     model = core.read_model(str(path))
@@ -133,7 +142,9 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
         return StaticShapes(core, model, config, width_step)
     request = core.compile_model(model, "CPU", config).create_infer_request()
     names = {i.get_any_name() for i in model.inputs}
-    return lambda inputs: torch.from_numpy(request.infer(_numpy_feed(inputs, names))[0].copy()).float()
+    return lambda inputs: torch.from_numpy(
+        request.infer(_numpy_feed(inputs, names))[0].copy()
+    ).float()
 
 
 class StaticShapes:
@@ -167,7 +178,9 @@ class StaticShapes:
         rows, width = inputs["input_ids"].shape
         padded = -(-width // self.width_step) * self.width_step
         feed = {k: torch.nn.functional.pad(v, (0, padded - width)) for k, v in inputs.items() if k in self.names}
-        return torch.from_numpy(self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()).float()
+        return torch.from_numpy(
+            self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()
+        ).float()
 
 
 def _numpy_feed(inputs: dict[str, torch.Tensor], names: set[str]) -> dict:

@@ -30,10 +30,14 @@ def default_lora_targets(model: nn.Module) -> tuple[str, ...]:
     for targets in LORA_TARGETS:
         if set(targets) <= names:
             return targets
-    raise ValueError(f"{type(model).__name__}: no known attention projections for LoRA; set lora_target_modules")
+    raise ValueError(
+        f"{type(model).__name__}: no known attention projections for LoRA; set lora_target_modules"
+    )
 
 
-def causal_lm_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def causal_lm_batch(
+    pairs: Sequence[tuple[list[int], list[int]]], pad_id: int
+) -> dict[str, torch.Tensor]:
     """Left-padded [prompt; target] rows whose labels are the target tokens only (prompt and padding
     are IGNORE_INDEX), so the causal-LM loss is -log p(target | prompt), as the feedback and
     `choose` score it.
@@ -57,7 +61,9 @@ def causal_lm_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -
             "logits_to_keep": torch.tensor(keep)}
 
 
-def seq2seq_batch(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def seq2seq_batch(
+    pairs: Sequence[tuple[list[int], list[int]]], pad_id: int
+) -> dict[str, torch.Tensor]:
     """Encoder inputs and decoder labels (the model shifts labels right itself); padding is
     IGNORE_INDEX."""
     enc_w = max(len(p) for p, _ in pairs)
@@ -99,6 +105,7 @@ def export_generator(model: nn.Module, tokenizer, path: str | Path, meta: dict) 
             f.chmod(0o644)
         weights = sorted(tmp.glob("*.safetensors"))
         digest = {w.name: file_digest(w) for w in weights}
-        (tmp / GENERATOR_META).write_text(json.dumps({**meta, "weights_sha256": digest}, indent=2, default=str)
-                                          + "\n")
+        (tmp / GENERATOR_META).write_text(
+            json.dumps({**meta, "weights_sha256": digest}, indent=2, default=str) + "\n"
+        )
     return path

@@ -85,7 +85,9 @@ class ReaderConfig(ReaderSettings):
 
     @property
     def ordinal(self) -> bool:
-        return self.head == "ordinal" or (self.head == "auto" and get_task(self.task).kind == "regression")
+        return self.head == "ordinal" or (
+            self.head == "auto" and get_task(self.task).kind == "regression"
+        )
 
 
 def question_text(spec: TaskSpec, text: str) -> str:
@@ -138,7 +140,9 @@ class LabelReader(nn.Module):
     def __init__(self, config: ReaderConfig, encoder: TextEncoder | None = None) -> None:
         super().__init__()
         if not config.labels:
-            raise ValueError(f"a reader needs the task's labels; {config.task} has none (a generation task)")
+            raise ValueError(
+                f"a reader needs the task's labels; {config.task} has none (a generation task)"
+            )
         self.config = config
         self.encoder = encoder
         n, d, e = len(config.labels), config.dim, config.embedding_dim
@@ -163,7 +167,9 @@ class LabelReader(nn.Module):
 
     def thresholds(self) -> torch.Tensor:
         gaps = F.softplus(self.threshold_gaps) + 1e-3
-        return torch.cat([self.first_threshold.view(1), self.first_threshold + torch.cumsum(gaps, 0)])
+        return torch.cat(
+            [self.first_threshold.view(1), self.first_threshold + torch.cumsum(gaps, 0)]
+        )
 
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
         """log p(label) per question, [B, labels]."""
@@ -172,7 +178,9 @@ class LabelReader(nn.Module):
         docs = (self.doc_map(batch.docs) + self.label_embedding(batch.labels)
                 + self.rank_embedding.weight[:k][None] + self.part_embedding.weight[1])
         tokens = torch.cat([question[:, None], docs], dim=1)
-        present = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1)
+        present = torch.cat(
+            [torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1
+        )
         h = self.norm(self.fusion(tokens, src_key_padding_mask=~present)[:, 0])
         if self.config.ordinal:
             return cumulative_link_log_probs(self.score(h).squeeze(-1), self.thresholds())
@@ -184,7 +192,9 @@ class LabelReader(nn.Module):
         """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader
         (LRU)."""
         if self.encoder is None:
-            raise RuntimeError("this reader was built without its text encoder; load it with from_pretrained")
+            raise RuntimeError(
+                "this reader was built without its text encoder; load it with from_pretrained"
+            )
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         if todo:
             for text, vector in zip(todo, self.encoder.encode(todo)):
@@ -202,7 +212,9 @@ class LabelReader(nn.Module):
         return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim)
 
     @torch.inference_mode()
-    def log_probs(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> torch.Tensor:
+    def log_probs(
+        self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]
+    ) -> torch.Tensor:
         return self(self.batch(inputs, docs)).float()
 
     # ---- export ----------------------------------------------------------------------------------
@@ -228,24 +240,32 @@ class LabelReader(nn.Module):
         encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
         digest = encoder_digest(config.encoder)
         if config.encoder_digest and digest != config.encoder_digest:
-            raise ValueError(f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
-                             f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder")
+            raise ValueError(
+                f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
+                f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder"
+            )
         model = cls(config, encoder)
         try:  # torch refuses a shape that differs (width, docs, head) without naming the file
-            missing, unexpected = model.load_state_dict(load_file(str(path / READER_WEIGHTS)), strict=False)
+            missing, unexpected = model.load_state_dict(
+                load_file(str(path / READER_WEIGHTS)), strict=False
+            )
         except RuntimeError as e:
             raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json ({str(e).splitlines()[-1].strip()})"
                              ) from None
         missing = [k for k in missing if not k.startswith("encoder.")]
         if missing or unexpected:
-            raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
         return model
 
 
 def encoder_digest(name: str) -> str:
     """A digest of a text encoder's config and weights (models/text_encoder.model_identity)."""
-    return hashlib.sha256(json.dumps(model_identity(name), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(model_identity(name), sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
 
 
 def batch_from_vectors(read: list[tuple[str, list[tuple[str, int]]]], embed, max_docs: int,

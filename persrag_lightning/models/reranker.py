@@ -100,7 +100,9 @@ def cls_state(hidden: torch.Tensor) -> torch.Tensor:
     return hidden[:, 0]
 
 
-def personalized_rerank_score(head: nn.Module, h: torch.Tensor, user: torch.Tensor | None) -> torch.Tensor:
+def personalized_rerank_score(
+    head: nn.Module, h: torch.Tensor, user: torch.Tensor | None
+) -> torch.Tensor:
     # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation
     # (6) -> [P]
     x = h if user is None else torch.cat([h, user], dim=-1)
@@ -111,7 +113,9 @@ def score_head(dim: int, use_user: bool) -> nn.Sequential:
     """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone
     without users."""
     if use_user:
-        return nn.Sequential(nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
+        return nn.Sequential(
+            nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1)
+        )
     return nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
 
 
@@ -149,7 +153,9 @@ class PersonalizedReranker(nn.Module):
                    AutoTokenizer.from_pretrained(path))
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
+    def from_encoder(
+        cls, name: str = "minilm", user_dim: int = 384, **config
+    ) -> PersonalizedReranker:
         """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings'
         fields)."""
         return cls.from_config(RerankerConfig(user_dim=user_dim, encoder=name, **config))
@@ -222,8 +228,9 @@ class PersonalizedReranker(nn.Module):
                                            dtype=torch.long),
         }
         if "token_type_ids" in self.tokenizer.model_input_names:
-            out["token_type_ids"] = torch.tensor([e.type_ids + [0] * (width - len(e.ids)) for e in encoded],
-                                                 dtype=torch.long)
+            out["token_type_ids"] = torch.tensor(
+                [e.type_ids + [0] * (width - len(e.ids)) for e in encoded], dtype=torch.long
+            )
         return out
 
     def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
@@ -239,7 +246,9 @@ class PersonalizedReranker(nn.Module):
             return backend.encode_batch(docs, add_special_tokens=False)
         cache = self._doc_tokens
         new = list(dict.fromkeys(d for d in docs if d not in cache))
-        for text, enc in zip(new, backend.encode_batch(new, add_special_tokens=False) if new else []):
+        for text, enc in zip(
+            new, backend.encode_batch(new, add_special_tokens=False) if new else []
+        ):
             enc.truncate(self.config.max_doc_length)
             cache[text] = enc
         return [cache[d] for d in docs]
@@ -250,7 +259,9 @@ class PersonalizedReranker(nn.Module):
         """MLP2(e_u), not normalised (as the official code), [P, du] -> [P, d]."""
         if e_u.shape[-1] != self.config.user_dim:
             raise ValueError(f"user embeddings are {e_u.shape[-1]}-d, the reranker expects {self.config.user_dim}")
-        return self.user_map(e_u.to(device=self.user_map.weight.device, dtype=self.user_map.weight.dtype))
+        return self.user_map(
+            e_u.to(device=self.user_map.weight.device, dtype=self.user_map.weight.dtype)
+        )
 
     def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
                     batch_size: int | None = None) -> torch.Tensor:
@@ -283,16 +294,22 @@ class PersonalizedReranker(nn.Module):
                 return cls_state(self.encoder(**inputs).last_hidden_state).float()
         return cls_state(self.encoder(**inputs).last_hidden_state)
 
-    def for_inference(self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None) -> PersonalizedReranker:
+    def for_inference(
+        self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None
+    ) -> PersonalizedReranker:
         """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as
         trained. int8 quantises the encoder's Linear layers dynamically (torch.ao, weights int8,
         activations quantised per batch); bf16 autocasts the encoder; onnx and openvino export the
         encoder to `onnx_path` (reused when it exists: a persistent file made once per bundle) and
         run it in ONNX Runtime or OpenVINO. The user MLPs stay fp32 torch in every runtime."""
         if runtime not in RUNTIMES:
-            raise ValueError(f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+            raise ValueError(
+                f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}"
+            )
         if runtime != "fp32" and self.device.type != "cpu":
-            raise ValueError(f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}")
+            raise ValueError(
+                f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}"
+            )
         self.eval()
         if runtime == "int8":
             import warnings
@@ -300,7 +317,9 @@ class PersonalizedReranker(nn.Module):
             # torch.ao's deprecation notes (torchao is its successor; not a dependency)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
+                self.encoder = torch.ao.quantization.quantize_dynamic(
+                    self.encoder, {nn.Linear}, dtype=torch.qint8
+                )
         elif runtime in EXPORTED_RUNTIMES:
             self._session = exported.session(runtime, export_onnx(self, onnx_path))
         # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
@@ -314,7 +333,9 @@ class PersonalizedReranker(nn.Module):
         masked by the loss."""
         queries, docs, pos = batch.pair_texts()
         pos = pos.to(user_embeddings.device)
-        scores = self.score_pairs(queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None)
+        scores = self.score_pairs(
+            queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None
+        )
         out = scores.new_zeros(tuple(batch.mask.shape))
         return out.index_put((pos[:, 0].to(out.device), pos[:, 1].to(out.device)), scores)
 
@@ -330,7 +351,9 @@ class PersonalizedReranker(nn.Module):
             heads = {f"head.{k}": v for k, v in self.head.state_dict().items()}
             if self.user_map is not None:
                 heads.update({f"user_map.{k}": v for k, v in self.user_map.state_dict().items()})
-            atomic_save_tensors({k: v.detach().cpu().contiguous() for k, v in heads.items()}, tmp / USER_HEADS)
+            atomic_save_tensors(
+                {k: v.detach().cpu().contiguous() for k, v in heads.items()}, tmp / USER_HEADS
+            )
             atomic_write_json(tmp / "config.json", {**asdict(self.config), "lora_merged": self.config.lora_r > 0,
                                                     "concat_order": "h,user"})
         return path
@@ -346,7 +369,9 @@ class PersonalizedReranker(nn.Module):
         model = cls(config, AutoModel.from_pretrained(str(path / "encoder")),
                     AutoTokenizer.from_pretrained(str(path / "encoder")))
         heads = load_file(str(path / USER_HEADS), device=map_location)
-        model.head.load_state_dict({k.removeprefix("head."): v for k, v in heads.items() if k.startswith("head.")})
+        model.head.load_state_dict(
+            {k.removeprefix("head."): v for k, v in heads.items() if k.startswith("head.")}
+        )
         if model.user_map is not None:
             model.user_map.load_state_dict({k.removeprefix("user_map."): v for k, v in heads.items()
                                             if k.startswith("user_map.")})

@@ -37,8 +37,12 @@ def save_user_table(path: Path, user_embeddings: torch.Tensor, user_ids: Sequenc
     """Fine-tuned user table (train_user_embeddings) with its ids, so serving uses the table it was
     trained with."""
     if len(user_ids) != user_embeddings.shape[0]:
-        raise ValueError(f"{len(user_ids)} user ids for {user_embeddings.shape[0]} user-embedding rows")
-    atomic_save_tensors({"embeddings": user_embeddings.detach().float().cpu().contiguous()}, path / USER_TABLE)
+        raise ValueError(
+            f"{len(user_ids)} user ids for {user_embeddings.shape[0]} user-embedding rows"
+        )
+    atomic_save_tensors(
+        {"embeddings": user_embeddings.detach().float().cpu().contiguous()}, path / USER_TABLE
+    )
     atomic_write_json(path / "user_ids.json", list(user_ids))
 
 
@@ -55,7 +59,9 @@ def user_doc_score(u: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bd,bcd->bc", F.normalize(u, dim=-1), F.normalize(docs, dim=-1))
 
 
-def personalized_retrieval_score(s_qd: torch.Tensor, s_ud: torch.Tensor, alpha: float) -> torch.Tensor:
+def personalized_retrieval_score(
+    s_qd: torch.Tensor, s_ud: torch.Tensor, alpha: float
+) -> torch.Tensor:
     # Eq. 5: S_{u,q,d} = (1 - α) S_{q,d} + α S_{u,d}
     return (1.0 - alpha) * s_qd + alpha * s_ud
 
@@ -156,7 +162,9 @@ class PersonalizedRetriever(nn.Module):
             doc_encoder.model = apply_lora(doc_encoder.model, config.lora)
             self.separate_doc_encoder = doc_encoder
             if doc_encoder.dim != query_encoder.dim:
-                raise ValueError(f"query encoder is {query_encoder.dim}-d, doc encoder {doc_encoder.dim}-d")
+                raise ValueError(
+                    f"query encoder is {query_encoder.dim}-d, doc encoder {doc_encoder.dim}-d"
+                )
         self.user_map = user_map(config.user_dim, query_encoder.dim, config.user_map_layers)
         # serving state: the fine-tuned user table, present only when train_user_embeddings
         self.user_ids: list[str] = []
@@ -165,7 +173,9 @@ class PersonalizedRetriever(nn.Module):
     @classmethod
     def from_config(cls, config: RetrieverConfig) -> PersonalizedRetriever:
         """A fresh retriever on the config's pre-trained encoder(s); the user map is untrained."""
-        query = TextEncoder.from_pretrained(config.encoder, config.pooling, config.max_length, normalize=True)
+        query = TextEncoder.from_pretrained(
+            config.encoder, config.pooling, config.max_length, normalize=True
+        )
         doc = None
         if not config.shared_encoder:
             doc = TextEncoder.from_pretrained(config.doc_encoder or config.encoder, config.pooling,
@@ -173,14 +183,18 @@ class PersonalizedRetriever(nn.Module):
         return cls(config, query, doc)
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedRetriever:
+    def from_encoder(
+        cls, name: str = "minilm", user_dim: int = 384, **config
+    ) -> PersonalizedRetriever:
         """A fresh retriever on a pre-trained encoder (any TextEncoder name or folder); the user map
         is untrained."""
         return cls.from_config(RetrieverConfig(user_dim=user_dim, encoder=name, **config))
 
     @property
     def doc_encoder(self) -> TextEncoder:
-        return self.query_encoder if self.separate_doc_encoder is None else self.separate_doc_encoder
+        return (
+            self.query_encoder if self.separate_doc_encoder is None else self.separate_doc_encoder
+        )
 
     @property
     def dim(self) -> int:
@@ -218,7 +232,9 @@ class PersonalizedRetriever(nn.Module):
         weight = self.user_map[0].weight
         return F.normalize(self.user_map(e_u.to(device=weight.device, dtype=weight.dtype)), dim=-1)
 
-    def score(self, q: torch.Tensor, docs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+    def score(
+        self, q: torch.Tensor, docs: torch.Tensor, u: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Eq. 5 on vectors: q [B, d], docs [B, C, d], u = user_vectors(e_u) [B, d] or None for Eq.
         3 alone."""
         s_qd = query_doc_score(q, docs)
@@ -231,7 +247,9 @@ class PersonalizedRetriever(nn.Module):
     def _embed(self, encoder: TextEncoder, texts: list[str]) -> torch.Tensor:
         """Differentiable embeddings in input order, encoded in chunks of similar token length
         (models/common.py)."""
-        return encode_by_length(encoder.tokenize(texts), lambda _, chunk: encoder(**chunk), self.device)
+        return encode_by_length(
+            encoder.tokenize(texts), lambda _, chunk: encoder(**chunk), self.device
+        )
 
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
         """Differentiable [B, C] scores; each distinct doc of the batch is encoded once. Padded
@@ -255,7 +273,9 @@ class PersonalizedRetriever(nn.Module):
         table = user_embeddings if user_embeddings is not None else self.user_embeddings
         ids = list(user_ids) if user_ids is not None else self.user_ids
         if self.config.train_user_embeddings and table is None:
-            raise ValueError("train_user_embeddings=True: pass the fine-tuned user table to save_pretrained")
+            raise ValueError(
+                "train_user_embeddings=True: pass the fine-tuned user table to save_pretrained"
+            )
         with atomic_directory(path) as tmp:
             for name, enc in self._encoders().items():
                 TextEncoder(merged_copy(enc.model), enc.tokenizer, enc.pooling, enc.max_length,
@@ -264,7 +284,9 @@ class PersonalizedRetriever(nn.Module):
                                  for k, v in self.user_map.state_dict().items()}, tmp / USER_HEADS)
             if self.config.train_user_embeddings:
                 save_user_table(tmp, table, ids)
-            atomic_write_json(tmp / "config.json", {**asdict(self.config), "lora_merged": self.config.lora_r > 0})
+            atomic_write_json(
+                tmp / "config.json", {**asdict(self.config), "lora_merged": self.config.lora_r > 0}
+            )
         return path
 
     def _encoders(self) -> dict[str, TextEncoder]:
@@ -278,16 +300,21 @@ class PersonalizedRetriever(nn.Module):
         comes back 0."""
         path = Path(path)
         config = replace(config_from_json(RetrieverConfig, path / "config.json"), lora_r=0)
-        query = TextEncoder.from_pretrained(str(path / "encoder"), config.pooling, config.max_length, normalize=True)
+        query = TextEncoder.from_pretrained(
+            str(path / "encoder"), config.pooling, config.max_length, normalize=True
+        )
         doc = None
         if not config.shared_encoder:
-            doc = TextEncoder.from_pretrained(str(path / "doc_encoder"), config.pooling, config.max_length,
-                                              normalize=True)
+            doc = TextEncoder.from_pretrained(
+                str(path / "doc_encoder"), config.pooling, config.max_length, normalize=True
+            )
         model = cls(config, query, doc)
         heads = load_file(str(path / USER_HEADS), device=map_location)
         model.user_map.load_state_dict({k.removeprefix("user_map."): v for k, v in heads.items()})
         if (path / USER_TABLE).exists():
-            model.user_embeddings = load_file(str(path / USER_TABLE), device=map_location)["embeddings"]
+            model.user_embeddings = load_file(str(path / USER_TABLE), device=map_location)[
+                "embeddings"
+            ]
             model.user_ids = json.loads((path / "user_ids.json").read_text())
         model.to(map_location)
         return model.eval()

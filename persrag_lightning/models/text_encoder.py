@@ -61,8 +61,10 @@ def model_identity(name: str) -> dict[str, str]:
     return {
         "model": Path(name).name if path.exists() else name,
         "config": config.read_text() if config.exists() else "",
-        "weights": ",".join(f"{w.name}:{_weights_digest(str(w), w.stat().st_size, w.stat().st_mtime)}"
-                            for w in weights),
+        "weights": ",".join(
+            f"{w.name}:{_weights_digest(str(w), w.stat().st_size, w.stat().st_mtime)}"
+            for w in weights
+        ),
     }
 
 
@@ -104,13 +106,17 @@ class TextEncoder(nn.Module):
         return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                               return_tensors="pt")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs
+    ) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         emb = pool(out.last_hidden_state, attention_mask, self.pooling)
         return F.normalize(emb, dim=-1) if self.normalize else emb
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int = 64, session: Session | None = None) -> torch.Tensor:
+    def encode(
+        self, texts: list[str], batch_size: int = 64, session: Session | None = None
+    ) -> torch.Tensor:
         """Embed texts in length-sorted batches (less padding) and return them in input order,
         float32 on CPU; `session`: this encoder's export in an inference runtime (`export_onnx`)
         computes instead of torch."""

@@ -78,11 +78,15 @@ def judgment_labels(task: str | None) -> tuple[str, ...]:
     its history docs carry no judgment (LaMP-1's profile holds the user's papers, not their citation
     choices; LaMP-4/5/7)."""
     if task is None:
-        raise ValueError("judgments: label needs the task whose labels it embeds (UserEncoderConfig.task)")
+        raise ValueError(
+            "judgments: label needs the task whose labels it embeds (UserEncoderConfig.task)"
+        )
     spec = get_task(task)
     if spec.label_field is None or spec.labels is None:
-        raise ValueError(f"judgments: label needs a task whose history docs carry the user's judgment (LaMP-2's "
-                         f"tag, LaMP-3's score); {spec.name}'s profile items have no label field")
+        raise ValueError(
+            f"judgments: label needs a task whose history docs carry the user's judgment (LaMP-2's "
+            f"tag, LaMP-3's score); {spec.name}'s profile items have no label field"
+        )
     return spec.labels
 
 
@@ -100,7 +104,9 @@ class UserEncoder(nn.Module):
         nn.init.xavier_normal_(self.positions)
         layer = nn.TransformerEncoderLayer(d, config.num_heads, config.ffn_dim or d, config.dropout,
                                            batch_first=True)
-        self.transformer = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+        self.transformer = nn.TransformerEncoder(
+            layer, config.num_layers, enable_nested_tensor=False
+        )
         if config.judgments in ("label", "paired"):
             # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the
             # transformer keeps width d and the doc table keeps the frozen encoder's space (a
@@ -117,7 +123,9 @@ class UserEncoder(nn.Module):
                 self.label_table.weight[0].zero_()
             # doc-table id -> label id (0 = none); saved with the weights, so an export embeds the
             # same judgments
-            self.register_buffer("doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long))
+            self.register_buffer(
+                "doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long)
+            )
         if config.judgments == "paired":
             # `paired`: x = d + g_l + A_l d, a d × d map per label (row 0 unused: label 0 — none,
             # [mask], [pad] — keeps d). A sum alone, averaged by MEAN pooling, keeps the mean text
@@ -130,7 +138,9 @@ class UserEncoder(nn.Module):
             # sum does.
             self.label_maps = nn.Parameter(torch.randn(len(labels) + 1, d, d) * d ** -0.5)
         elif config.judgments not in ("none", "label"):
-            raise ValueError(f"judgments must be 'none', 'label' or 'paired', got {config.judgments!r}")
+            raise ValueError(
+                f"judgments must be 'none', 'label' or 'paired', got {config.judgments!r}"
+            )
         if doc_embeddings is not None:
             self.load_doc_embeddings(doc_embeddings, mask_embedding)
         # serving state, filled by `index_users` or `from_pretrained`
@@ -139,7 +149,9 @@ class UserEncoder(nn.Module):
         self._index = None
 
     @torch.no_grad()
-    def load_doc_embeddings(self, doc_embeddings: torch.Tensor, mask_embedding: torch.Tensor | None = None) -> None:
+    def load_doc_embeddings(
+        self, doc_embeddings: torch.Tensor, mask_embedding: torch.Tensor | None = None
+    ) -> None:
         """Initialise the doc table from the frozen encoder's vectors; pad row zero; the [mask] row
         is the normalised embedding of the text "<mask>" as in the official code (given by the
         caller, who has the text encoder), else it keeps nn.Embedding's N(0, 1) init — norm ≈ √d,
@@ -150,8 +162,9 @@ class UserEncoder(nn.Module):
         self.doc_table.weight[PAD_ID].zero_()
         self.doc_table.weight[FIRST_DOC_ID:] = doc_embeddings.to(self.doc_table.weight)
         if mask_embedding is not None:
-            self.doc_table.weight[MASK_ID] = F.normalize(mask_embedding.reshape(-1).float(), dim=0).to(
-                self.doc_table.weight)
+            self.doc_table.weight[MASK_ID] = F.normalize(
+                mask_embedding.reshape(-1).float(), dim=0
+            ).to(self.doc_table.weight)
 
     @property
     def uses_judgments(self) -> bool:
@@ -161,7 +174,9 @@ class UserEncoder(nn.Module):
         """Label ids (0 = none) of history docs as this encoder embeds them; a ValueError on a
         text-only encoder."""
         if not self.uses_judgments:
-            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+            raise ValueError(
+                "this user encoder was trained with judgments: none; it embeds no labels"
+            )
         spec = get_task(self.config.task or "")
         return torch.tensor([spec.doc_label(d) for d in docs], dtype=torch.long)
 
@@ -169,9 +184,13 @@ class UserEncoder(nn.Module):
     def set_doc_labels(self, label_ids: torch.Tensor) -> None:
         """The judgment of every corpus row (label ids, 0 = none), in corpus order."""
         if not self.uses_judgments:
-            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+            raise ValueError(
+                "this user encoder was trained with judgments: none; it embeds no labels"
+            )
         if label_ids.shape != (self.config.num_docs,):
-            raise ValueError(f"doc labels {tuple(label_ids.shape)} do not match ({self.config.num_docs},)")
+            raise ValueError(
+                f"doc labels {tuple(label_ids.shape)} do not match ({self.config.num_docs},)"
+            )
         self.doc_labels.zero_()
         self.doc_labels[FIRST_DOC_ID:] = label_ids.to(self.doc_labels)
 
@@ -182,16 +201,24 @@ class UserEncoder(nn.Module):
         `judgments: label` or `paired` encoder (serving's new users, whose docs are not in the doc
         table)."""
         if self.uses_judgments and labels is None:
-            raise ValueError(f"this user encoder was trained with judgments: {self.config.judgments}; pass the "
-                             "docs' label ids (doc_label_ids)")
+            raise ValueError(
+                f"this user encoder was trained with judgments: {self.config.judgments}; pass the "
+                "docs' label ids (doc_label_ids)"
+            )
         if not self.uses_judgments and labels is not None:
-            raise ValueError("this user encoder was trained with judgments: none; it embeds no labels")
+            raise ValueError(
+                "this user encoder was trained with judgments: none; it embeds no labels"
+            )
         if labels is not None:
             doc_vectors = self.judged_inputs(doc_vectors, labels)
         length = doc_vectors.shape[1]
         if length > self.config.max_history:
-            raise ValueError(f"history length {length} exceeds max_history {self.config.max_history}")
-        hidden = self.transformer(doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask)
+            raise ValueError(
+                f"history length {length} exceeds max_history {self.config.max_history}"
+            )
+        hidden = self.transformer(
+            doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask
+        )
         keep = (~pad_mask).unsqueeze(-1).to(hidden.dtype)
         # Eq. 1: MEAN over non-pad positions
         return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)
@@ -208,7 +235,9 @@ class UserEncoder(nn.Module):
                 if label:
                     rows = labels == label
                     # under autocast the matmul computes in bf16; the sum stays in the input's dtype
-                    mapped[rows] = (doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)).to(mapped.dtype)
+                    mapped[rows] = (
+                        doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)
+                    ).to(mapped.dtype)
             judged = judged + mapped
         return judged
 
@@ -220,7 +249,9 @@ class UserEncoder(nn.Module):
 
     # ---- serving ---------------------------------------------------------------------------------
 
-    def index_users(self, user_ids: list[str], embeddings: torch.Tensor, kind: IndexKind = "auto") -> None:
+    def index_users(
+        self, user_ids: list[str], embeddings: torch.Tensor, kind: IndexKind = "auto"
+    ) -> None:
         """Attach the user table and a cosine index so `similar_users` works; saved as users.faiss,
         which serving and evaluation load instead of rebuilding ("auto": exact up to
         index.AUTO_EXACT_MAX_USERS, HNSW above)."""
@@ -233,7 +264,9 @@ class UserEncoder(nn.Module):
         """Top-m users by cosine to `user_id`'s embedding; the user itself is kept, as the official
         code does."""
         if self._index is None or self.user_embeddings is None:
-            raise RuntimeError("no user table attached: export with user embeddings or call index_users")
+            raise RuntimeError(
+                "no user table attached: export with user embeddings or call index_users"
+            )
         if user_id not in self._row:
             raise KeyError(f"unknown user {user_id!r}")
         scores, ids = search(self._index, self.user_embeddings[self._row[user_id]].numpy(), m)
@@ -244,8 +277,10 @@ class UserEncoder(nn.Module):
         user_embeddings.safetensors, index."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        atomic_save_tensors({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
-                            path / "model.safetensors")
+        atomic_save_tensors(
+            {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
+            path / "model.safetensors",
+        )
         if self.user_embeddings is not None:
             atomic_save_tensors({"embeddings": self.user_embeddings.contiguous()}, path / "user_embeddings.safetensors")
             atomic_write_json(path / "user_ids.json", self.user_ids)
@@ -257,14 +292,18 @@ class UserEncoder(nn.Module):
     def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> UserEncoder:
         path = Path(path)
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"{path}: not a user-encoder export (no config.json); "
-                                    "train one with `python train.py fit --config cfrag_user_encoder.yaml`")
+            raise FileNotFoundError(
+                f"{path}: not a user-encoder export (no config.json); "
+                "train one with `python train.py fit --config cfrag_user_encoder.yaml`"
+            )
         model = cls(UserEncoderConfig(**json.loads((path / "config.json").read_text())))
         model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location))
         model.eval()
         if (path / "user_embeddings.safetensors").exists():
             model.user_ids = json.loads((path / "user_ids.json").read_text())
-            model.user_embeddings = load_file(str(path / "user_embeddings.safetensors"))["embeddings"]
+            model.user_embeddings = load_file(str(path / "user_embeddings.safetensors"))[
+                "embeddings"
+            ]
             model._row = {u: i for i, u in enumerate(model.user_ids)}
             model._index = load_index(path / "users.faiss")
         return model

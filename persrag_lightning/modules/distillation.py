@@ -50,7 +50,9 @@ class FeedbackDistillationModule(L.LightningModule):
     # checkpoint) -----
 
     def _build_model(self, user_dim: int) -> nn.Module:
-        return self.model_class.from_config(self.config_class(**asdict(self.config), user_dim=user_dim))
+        return self.model_class.from_config(
+            self.config_class(**asdict(self.config), user_dim=user_dim)
+        )
 
     def _model_from_config(self, config: dict) -> nn.Module:
         values = {key: tuple(v) if isinstance(v, list) else v for key, v in config.items()}
@@ -62,7 +64,9 @@ class FeedbackDistillationModule(L.LightningModule):
         so."""
         return False
 
-    def _set_user_table(self, num_users: int, dim: int, weights: torch.Tensor | None = None) -> None:
+    def _set_user_table(
+        self, num_users: int, dim: int, weights: torch.Tensor | None = None
+    ) -> None:
         self.user_table = nn.Embedding(num_users, dim)
         if weights is not None:
             with torch.no_grad():
@@ -74,11 +78,15 @@ class FeedbackDistillationModule(L.LightningModule):
         restored)."""
         table = getattr(datamodule, "user_embeddings", None)
         if table is None:
-            raise TypeError(f"{type(self).__name__} needs a datamodule exposing `user_embeddings` [U, du] "
-                            f"(rows = CandidateBatch.users); got {type(datamodule).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs a datamodule exposing `user_embeddings` [U, du] "
+                f"(rows = CandidateBatch.users); got {type(datamodule).__name__}"
+            )
         table = torch.as_tensor(table).detach().float().cpu()
         if table.dim() != 2:
-            raise ValueError(f"datamodule.user_embeddings must be [U, du], got {tuple(table.shape)}")
+            raise ValueError(
+                f"datamodule.user_embeddings must be [U, du], got {tuple(table.shape)}"
+            )
         if self.model is None:
             # seeded from the run's seed, not from the RNG state prepare_data left (which depends on
             # whether the feedback labels were cached), so a run starts from the same weights either
@@ -93,8 +101,10 @@ class FeedbackDistillationModule(L.LightningModule):
         if self.user_table is None:
             self._set_user_table(*table.shape, weights=table)
         elif tuple(self.user_table.weight.shape) != tuple(table.shape):
-            raise ValueError(f"the checkpoint's user table is {tuple(self.user_table.weight.shape)}, the "
-                             f"datamodule's {tuple(table.shape)}: they must describe the same users")
+            raise ValueError(
+                f"the checkpoint's user table is {tuple(self.user_table.weight.shape)}, the "
+                f"datamodule's {tuple(table.shape)}: they must describe the same users"
+            )
         ids = getattr(datamodule, "user_ids", None)
         if ids is not None and not self.user_ids:
             self.user_ids = list(ids)
@@ -188,7 +198,11 @@ class FeedbackDistillationModule(L.LightningModule):
             return self.model.save_pretrained(path)
         ids = self.user_ids or list(getattr(datamodule, "user_ids", None) or [])
         if len(ids) != self.user_table.num_embeddings:
-            raise ValueError(f"train_user_embeddings=True exports the user table with its ids: the datamodule must "
-                             f"expose `user_ids` ({self.user_table.num_embeddings} of them), got {len(ids)}")
-        return self.model.save_pretrained(path, user_embeddings=self.user_table.weight.detach(), user_ids=ids)
+            raise ValueError(
+                f"train_user_embeddings=True exports the user table with its ids: the datamodule must "
+                f"expose `user_ids` ({self.user_table.num_embeddings} of them), got {len(ids)}"
+            )
+        return self.model.save_pretrained(
+            path, user_embeddings=self.user_table.weight.detach(), user_ids=ids
+        )
 

@@ -128,13 +128,17 @@ class GeneratorModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         data = self.trainer.datamodule
         if getattr(data, "hparams", {}).get("tokenizer") not in (None, self.hparams.model):
-            raise ConfigError(f"data.init_args.tokenizer ({data.hparams.tokenizer}) must be the module's model "
-                             f"({self.hparams.model}) or null (then it is): it fits the prompts to the budget")
+            raise ConfigError(
+                f"data.init_args.tokenizer ({data.hparams.tokenizer}) must be the module's model "
+                f"({self.hparams.model}) or null (then it is): it fits the prompts to the budget"
+            )
         self.task = data.task
         # before any training
         if self.hparams.answer_mode == "choose" and get_task(self.task).labels is None:
-            raise ConfigError(f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "
-                              f"{self.task} is a generation task: pass --model.init_args.answer_mode=generate")
+            raise ConfigError(
+                f"model.init_args.answer_mode=choose needs a label task (LaMP-1, LaMP-2, LaMP-3); "
+                f"{self.task} is a generation task: pass --model.init_args.answer_mode=generate"
+            )
         readings = CALIBRATIONS if self.reader.reads_labels else ("none",)
         self.metrics = {calibration: lamp_metric(self.task) for calibration in readings}
 
@@ -179,7 +183,9 @@ class GeneratorModule(L.LightningModule):
     def validation_step(self, batch: GeneratorBatch, batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), sync_dist=True, batch_size=len(batch))
         if not self.reader.reads_labels:
-            self.metrics["none"].update(self.reader.answer_prompts(self.task, batch.prompts), batch.targets)
+            self.metrics["none"].update(
+                self.reader.answer_prompts(self.task, batch.prompts), batch.targets
+            )
             return
         reading = self.reader.read_prompts(self.task, batch.prompts, every_calibration=True)
         for calibration, metric in self.metrics.items():
@@ -190,7 +196,9 @@ class GeneratorModule(L.LightningModule):
         best one), as the table reads a tuned generator; every calibration's values are logged under
         its name."""
         primary = primary_metric(self.task)
-        computed = {c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()}
+        computed = {
+            c: {k: v.float() for k, v in m.compute().items()} for c, m in self.metrics.items()
+        }
         best = max(computed, key=lambda c: primary.ascending(float(computed[c][primary.name])))
         values = {f"val/{k}": v for k, v in computed[best].items()}
         # the checkpoint monitors it
@@ -198,7 +206,9 @@ class GeneratorModule(L.LightningModule):
         if len(computed) > 1:
             values.update({f"val/{c}/{k}": v for c, by in computed.items() for k, v in by.items()})
         for name, value in values.items():  # compute() already summed over DDP ranks
-            self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
+            self.log(
+                name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False
+            )
         for metric in self.metrics.values():
             metric.reset()
 
@@ -207,7 +217,9 @@ class GeneratorModule(L.LightningModule):
     def configure_optimizers(self):
         """AdamW over the trainable weights (no decay on biases and norms); warm-up then linear
         decay per step."""
-        return adamw(self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches)
+        return adamw(
+            self.named_parameters(), self.settings, self.trainer.estimated_stepping_batches
+        )
 
     # ---- checkpoints: trainable weights only under LoRA ------------------------------------------
 
@@ -215,13 +227,17 @@ class GeneratorModule(L.LightningModule):
         checkpoint["generator_source_digest"] = self.source.digest
         if self.hparams.lora_r > 0:
             trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+            checkpoint["state_dict"] = {
+                k: v for k, v in checkpoint["state_dict"].items() if k in trainable
+            }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = checkpoint.get("generator_source_digest")
         if saved is not None and saved != self.source.digest:
-            raise ValueError(f"this checkpoint tuned a different {self.hparams.model!r} (weights digest {saved}, "
-                             f"now {self.source.digest}): its adapters do not apply to these weights")
+            raise ValueError(
+                f"this checkpoint tuned a different {self.hparams.model!r} (weights digest {saved}, "
+                f"now {self.source.digest}): its adapters do not apply to these weights"
+            )
 
     # ---- export ----------------------------------------------------------------------------------
 

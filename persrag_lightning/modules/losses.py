@@ -114,8 +114,10 @@ def kl_to_llm_feedback(student_scores: torch.Tensor, teacher_labels: torch.Tenso
     """
     # Eq. 6–8 / 11–12: KL(p_LLM || p_model), the official code's direction
     if student_scores.shape != teacher_labels.shape or student_scores.shape != mask.shape:
-        raise ValueError(f"scores {tuple(student_scores.shape)}, labels {tuple(teacher_labels.shape)} and mask "
-                         f"{tuple(mask.shape)} must share one [B, C] shape")
+        raise ValueError(
+            f"scores {tuple(student_scores.shape)}, labels {tuple(teacher_labels.shape)} and mask "
+            f"{tuple(mask.shape)} must share one [B, C] shape"
+        )
     mask = mask.to(device=student_scores.device, dtype=torch.bool)
     dtype = torch.promote_types(student_scores.dtype, torch.float32)
     # finite: exp() underflows to 0, and subtracting a row max cannot overflow

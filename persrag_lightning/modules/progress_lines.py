@@ -21,7 +21,9 @@ class ProgressLines(L.Callback):
         # "train" and "val": a validation inside an epoch keeps both
         self.bars: dict[str, Progress | None] = {}
 
-    def _start(self, trainer: L.Trainer, key: str, phase: str, total: float, final: str = "always") -> None:
+    def _start(
+        self, trainer: L.Trainer, key: str, phase: str, total: float, final: str = "always"
+    ) -> None:
         total = int(total) if total not in (None, float("inf")) else 0
         self.bars[key] = Progress(f"{phase} {self.stage}", total, "batches", self.every, final) \
             if trainer.is_global_zero and total > 0 else None
@@ -56,5 +58,7 @@ class ProgressLines(L.Callback):
         final = "if_long" if trainer.state.fn == "fit" else "always"
         self._start(trainer, "val", "validate", sum(trainer.num_val_batches), final)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
         self._advance("val")

@@ -87,7 +87,9 @@ class ReaderModule(L.LightningModule):
 
     def validation_step(self, batch: ReaderTrainBatch, batch_idx: int) -> None:
         log_probs = self.model(batch.batch)
-        self.log("val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch))
+        self.log(
+            "val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch)
+        )
         labels, rule = self.model.config.labels, resolve_decision(self.task, "auto")
         answers = [decide(labels, row, rule) for row in log_probs.exp().tolist()]
         self.metric.update(answers, [labels[i] for i in batch.targets.tolist()])
@@ -97,7 +99,9 @@ class ReaderModule(L.LightningModule):
         primary = primary_metric(self.task)  # the checkpoint monitors val/metric, larger is better
         values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])
         for name, value in values.items():
-            self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
+            self.log(
+                name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False
+            )
         self.metric.reset()
 
     def configure_optimizers(self):

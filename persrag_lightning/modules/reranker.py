@@ -75,5 +75,7 @@ class RerankerModule(FeedbackDistillationModule):
             raise ValueError(f"init_from {path}: its pairs are cut to (max_length, max_query_length, max_doc_length) "
                              f"= {lengths}, this stage's settings say {(s.max_length, s.max_query_length, s.max_doc_length)}")
         keep_layers(model.encoder, s.num_layers)
-        model.config = replace(c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers)
+        model.config = replace(
+            c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers
+        )
         return model

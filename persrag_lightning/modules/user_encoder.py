@@ -141,7 +141,9 @@ class UserEncoderModule(L.LightningModule):
 
     def _evaluation_epoch_end(self, prefix: str) -> None:
         for name, value in self.val_quality.compute().items():
-            self.log(f"{prefix}/{name}", value, prog_bar=True, sync_dist=False, rank_zero_only=False)
+            self.log(
+                f"{prefix}/{name}", value, prog_bar=True, sync_dist=False, rank_zero_only=False
+            )
         self.val_quality.reset()
 
     def validation_step(self, batch: UserHistoryBatch, batch_idx: int) -> None:
@@ -161,12 +163,16 @@ class UserEncoderModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.Adam(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        return torch.optim.Adam(
+            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
+        )
 
     # ---- export ----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def user_embeddings(self, datamodule: UserHistoryDataModule, batch_size: int = 256) -> torch.Tensor:
+    def user_embeddings(
+        self, datamodule: UserHistoryDataModule, batch_size: int = 256
+    ) -> torch.Tensor:
         """Every pooled user's embedding from their pool (recent-100 docs), in datamodule user
         order."""
         was_training = self.encoder.training

@@ -95,7 +95,9 @@ class LLMReader(Reader):
 
     def answer(self, task: str, inputs: Sequence[str], docs: Docs, *, prompt_gamma: float | None = None,
                phase: str | None = None) -> list[str]:
-        return self.answer_prompts(task, self.prompts(task, inputs, docs, prompt_gamma=prompt_gamma), phase=phase)
+        return self.answer_prompts(
+            task, self.prompts(task, inputs, docs, prompt_gamma=prompt_gamma), phase=phase
+        )
 
     def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
                       phase: str | None = None) -> list[float]:
@@ -117,10 +119,14 @@ class LLMReader(Reader):
         terms_by: dict[str, list[float] | None] = {}
         for method in CALIBRATIONS if every_calibration else (config.calibration,):
             extra = calibration_prompts(task, method)
-            terms_by[method] = calibration_terms(method, self._term_scores(task, labels, extra)) if extra else None
+            terms_by[method] = (
+                calibration_terms(method, self._term_scores(task, labels, extra)) if extra else None
+            )
         return LabelReading(task, tuple(labels), rows, config.calibration, decision, terms_by)
 
-    def answer_prompts(self, task: str, prompts: Sequence[str], *, phase: str | None = None) -> list[str]:
+    def answer_prompts(
+        self, task: str, prompts: Sequence[str], *, phase: str | None = None
+    ) -> list[str]:
         """The answers to built prompts: the decided label under `choose`, else greedy text
         post-processed (the task's token budget unless `max_new_tokens` is set)."""
         if self.reads_labels:
@@ -148,9 +154,13 @@ class LLMReader(Reader):
 
     # ---- the store -------------------------------------------------------------------------------
 
-    def _label_scores(self, task: str, labels: list[str], prompts: list[str], phase: str | None) -> list[list[float]]:
+    def _label_scores(
+        self, task: str, labels: list[str], prompts: list[str], phase: str | None
+    ) -> list[list[float]]:
         def compute(todo: list[int]) -> list[list[float]]:
-            return self._blocks(todo, lambda part: self.llm.score_options([prompts[i] for i in part], labels), phase)
+            return self._blocks(
+                todo, lambda part: self.llm.score_options([prompts[i] for i in part], labels), phase
+            )
 
         return self._cached(f"label_scores:{task}", prompts, compute)
 
@@ -165,11 +175,15 @@ class LLMReader(Reader):
     def _blocks(self, todo: list[int], compute, phase: str | None) -> list:
         return in_blocks(todo, compute, phase, PROGRESS_BLOCKS * self.config.batch_size)
 
-    def _cached(self, kind: str, prompts: list[str], compute, targets: list[str] | None = None) -> list:
+    def _cached(
+        self, kind: str, prompts: list[str], compute, targets: list[str] | None = None
+    ) -> list:
         if not prompts:
             return []
         if self.store is None:
             return compute(list(range(len(prompts))))
         identity = self.identity()
         targets = targets if targets is not None else [""] * len(prompts)
-        return self.store.cached([prompt_key(identity, kind, p, t) for p, t in zip(prompts, targets)], compute)
+        return self.store.cached(
+            [prompt_key(identity, kind, p, t) for p, t in zip(prompts, targets)], compute
+        )

@@ -10,7 +10,9 @@ from persrag_lightning.reading.base import Reader
 LLM_READER = "llm"
 
 
-def open_reader(reader: str, llm: LLMConfig | None = None, store: PromptStore | None = None) -> Reader:
+def open_reader(
+    reader: str, llm: LLMConfig | None = None, store: PromptStore | None = None
+) -> Reader:
     """`reader`: `llm` (the LLM of `llm`, read through `store`) or the path of a trained reader's
     export (its decision is the LLM config's, so both answer by the same rule)."""
     if reader == LLM_READER:

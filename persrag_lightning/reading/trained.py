@@ -35,8 +35,10 @@ class TrainedReader(Reader):
         """
         self.path, self.decision, self.batch_size = Path(path), decision, batch_size
         if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(f"{self.path}: no trained reader export (config.json); make it with `python "
-                                    "train.py fit --config reader.yaml` (same --run_name)")
+            raise FileNotFoundError(
+                f"{self.path}: no trained reader export (config.json); make it with `python "
+                "train.py fit --config reader.yaml` (same --run_name)"
+            )
         self._model: LabelReader | None = None
         self._digest: str | None = None
 
@@ -62,14 +64,20 @@ class TrainedReader(Reader):
         `--task labels` folder is named `labels`), is refused."""
         spec, config = get_task(task), self.model.config
         if spec.name != config.task:
-            raise ConfigError(f"{self.path}: this reader was trained on {config.task}, not {spec.name}")
+            raise ConfigError(
+                f"{self.path}: this reader was trained on {config.task}, not {spec.name}"
+            )
         if tuple(spec.labels or ()) != tuple(config.labels):
-            raise ConfigError(f"{self.path}: this reader was trained on the labels {list(config.labels)}, not "
-                              f"{list(spec.labels or ())}; train it on this folder")
+            raise ConfigError(
+                f"{self.path}: this reader was trained on the labels {list(config.labels)}, not "
+                f"{list(spec.labels or ())}; train it on this folder"
+            )
         return spec.name
 
     @torch.inference_mode()
-    def log_scores(self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None) -> list[list[float]]:
+    def log_scores(
+        self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None
+    ) -> list[list[float]]:
         """log p(label | question, docs) for every label of the task, one row per question."""
         self._check_task(task)
         inputs, docs = list(inputs), [list(ds) for ds in docs]

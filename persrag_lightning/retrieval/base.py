@@ -57,7 +57,9 @@ class DocStore:
     def __contains__(self, user_id: str) -> bool:
         return user_id in self.corpus
 
-    def rows(self, user_id: str, max_history: int | None = None, query: Query | None = None) -> np.ndarray:
+    def rows(
+        self, user_id: str, max_history: int | None = None, query: Query | None = None
+    ) -> np.ndarray:
         """Rows of `user_id`'s docs that `query` may see (data/histories.py): its own question's
         profile when the user is the query's, the user's collaborative pool otherwise; never a doc
         whose id is the query's example id. Without a query: the pool (what the user encoder and
@@ -75,7 +77,9 @@ class DocStore:
         prompt."""
         return user_id not in self.dataset.private
 
-    def shared_neighbours(self, user_id: str, ranked: list[tuple[str, float]], m: int) -> list[tuple[str, float]]:
+    def shared_neighbours(
+        self, user_id: str, ranked: list[tuple[str, float]], m: int
+    ) -> list[tuple[str, float]]:
         """The first m of a similarity ranking without private users (the query user itself always
         stays) and without users removed from the store: the one filter every neighbour list goes
         through."""
@@ -116,8 +120,10 @@ class DocStore:
         """The corpus doc of `row`; a negative row (a memory, `source="memory"`, has none) is an
         error, never Python's wrap-around to the last doc."""
         if row < 0:
-            raise ValueError(f"row {row} is not a corpus row (memories have no history doc; render them with "
-                             "their text, as retrieval/memory.py does)")
+            raise ValueError(
+                f"row {row} is not a corpus row (memories have no history doc; render them with "
+                "their text, as retrieval/memory.py does)"
+            )
         return self.corpus.docs[row]
 
     def text(self, row: int) -> str:
@@ -133,7 +139,9 @@ class DocStore:
         return rows
 
     def doc(self, row: int, **scores: float) -> RetrievedDoc:
-        return RetrievedDoc(row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row])
+        return RetrievedDoc(
+            row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row]
+        )
 
 
 class Strategy(ABC):
@@ -196,7 +204,9 @@ def cache_value(value: object) -> object:
     export by the digest of its files, a settings object by its fields, a plain value as it is; None
     for anything else (models and indexes a strategy loaded: what they hold is named by the settings
     that loaded them)."""
-    if isinstance(value, str) and any((Path(value) / name).is_file() for name in ("config.json", "cohorts.json")):
+    if isinstance(value, str) and any(
+        (Path(value) / name).is_file() for name in ("config.json", "cohorts.json")
+    ):
         return {"bundle": bundle_digest(value)}
     if isinstance(value, (str, int, float, bool, type(None))):
         return value

@@ -43,8 +43,10 @@ class OwnHistoryStrategy(Strategy):
         if store is None:
             raise RuntimeError(f"{type(self).__name__}.prepare(store) must run before retrieve")
         if query.user_id not in store:
-            raise KeyError(f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
-                           "store")
+            raise KeyError(
+                f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
+                "store"
+            )
         return store.rows(query.user_id, self.max_history, query)
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
@@ -82,7 +84,9 @@ class RandomDocs(OwnHistoryStrategy):
 
     def rng(self, query: Query) -> np.random.Generator:
         key = f"{query.example_id or query.user_id}\x00{query.query}".encode()
-        return np.random.default_rng([self.seed, int.from_bytes(hashlib.sha256(key).digest()[:8], "little")])
+        return np.random.default_rng(
+            [self.seed, int.from_bytes(hashlib.sha256(key).digest()[:8], "little")]
+        )
 
     def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
         chosen = self.rng(query).permutation(len(rows))[:k]
@@ -199,8 +203,9 @@ class Dense(OwnHistoryStrategy):
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
-        self.retriever = EncoderRetriever(self.encoder_name, store.corpus, self.cache_dir, self.max_length,
-                                         self.pooling)
+        self.retriever = EncoderRetriever(
+            self.encoder_name, store.corpus, self.cache_dir, self.max_length, self.pooling
+        )
         self.retriever.prepare()
         self.retriever.load()
 

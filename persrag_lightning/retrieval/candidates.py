@@ -37,7 +37,9 @@ class CandidateSource:
         """Users by similarity (the query user first, as the official code), each user's docs best
         first; the query user's docs are its own question's profile, other users' their pools
         (data/histories.py)."""
-        vectors = self.retriever.query_vectors([q.query for q in queries])  # in the retriever's query runtime
+        vectors = self.retriever.query_vectors(
+            [q.query for q in queries]
+        )  # in the retriever's query runtime
         if self.query_transform is not None:
             vectors = self.query_transform(queries, vectors)
         out = []

@@ -64,8 +64,10 @@ class InferenceSettings:
 
     def __post_init__(self) -> None:
         if self.rerank_top is not None and self.rerank_top < 1:
-            raise ValueError(f"rerank_top must be a positive number of candidates or None (all), got "
-                             f"{self.rerank_top}")
+            raise ValueError(
+                f"rerank_top must be a positive number of candidates or None (all), got "
+                f"{self.rerank_top}"
+            )
         if self.reranker_runtime not in RUNTIMES:
             raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {self.reranker_runtime!r}")
         if self.query_runtime not in QUERY_RUNTIMES:
@@ -156,7 +158,9 @@ class CFRAG(Strategy):
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
         if cohorts is not None and users != "cluster":
-            raise ValueError(f"cohorts settings apply only to users='cluster' (got users={users!r})")
+            raise ValueError(
+                f"cohorts settings apply only to users='cluster' (got users={users!r})"
+            )
         if cohort_export is not None and (users != "cluster" or cohorts is not None):
             raise ValueError("cohort_export applies only to users='cluster', without cohorts settings (the export "
                              f"carries its own); got users={users!r}, cohorts={cohorts!r}")
@@ -168,10 +172,14 @@ class CFRAG(Strategy):
         self.m, self.k_per_user, self.users = m, k_per_user, users
         self.cohort_settings = cohorts or CohortSettings()  # read only with users="cluster"
         self.cohort_export = None if cohort_export is None else str(cohort_export)
-        self.inference = InferenceSettings(rerank_top, first_cut, reranker_runtime, query_runtime, cache_doc_tokens)
+        self.inference = InferenceSettings(
+            rerank_top, first_cut, reranker_runtime, query_runtime, cache_doc_tokens
+        )
         if first_cut is not None and (rerank_top is None or reranker is None):
-            raise ValueError("first_cut chooses the rerank_top candidates the reranker scores: it needs a reranker "
-                             f"and rerank_top (got reranker={reranker!r}, rerank_top={rerank_top!r})")
+            raise ValueError(
+                "first_cut chooses the rerank_top candidates the reranker scores: it needs a reranker "
+                f"and rerank_top (got reranker={reranker!r}, rerank_top={rerank_top!r})"
+            )
         # fitted by prepare when users="cluster" (runtime state)
         self._cohort_model: CohortModel | None = None
         self._reranker = self._first_cut = None  # loaded by prepare (runtime state)
@@ -184,15 +192,21 @@ class CFRAG(Strategy):
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if self.users == "cluster":
-            self._cohort_model = self._load_cohorts(store) if self.cohort_export is not None else None
+            self._cohort_model = (
+                self._load_cohorts(store) if self.cohort_export is not None else None
+            )
             if self._cohort_model is None:
                 ids, vectors = self._user_vectors(store, self.cohort_settings.user_vectors)
-                self._cohort_model = CohortModel(self.cohort_settings).fit(ids, vectors.float().numpy())
+                self._cohort_model = CohortModel(self.cohort_settings).fit(
+                    ids, vectors.float().numpy()
+                )
             self.user_index = None
         else:
             self.user_index = self._build_user_index(store)
         try:
-            self.retriever = open_corpus_retriever(self.retriever_spec, store.corpus, self.cache_dir)
+            self.retriever = open_corpus_retriever(
+                self.retriever_spec, store.corpus, self.cache_dir
+            )
         except FileNotFoundError:
             raise missing_bundle(self.retriever_spec) from None
         self.retriever.prepare()
@@ -201,7 +215,9 @@ class CFRAG(Strategy):
         e_u = self.e_u if self.retriever_user_term else lambda _: None
         expansion = (PBRQueryExpansion(store, self.retriever, self.pbr)
                      if self.query_expansion == "pbr" else None)
-        self.source = CandidateSource(store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion)
+        self.source = CandidateSource(
+            store, self.retriever, self.similar_users, e_u, self.k_per_user, expansion
+        )
         self._reranker = self._load_reranker(self.reranker_path) if self.reranker_path else None
         first_cut = self.inference.first_cut
         self._first_cut = self._load_reranker(first_cut) if first_cut is not None else None
@@ -244,9 +260,11 @@ class CFRAG(Strategy):
         self.cohort_settings = model.settings
         c = self.user_encoder.config
         if model.settings.user_vectors == "mean" and model.encoder and model.encoder != c.text_encoder:
-            raise ConfigError(f"{self.cohort_export}: cohorts of MEAN vectors by {model.encoder!r}, but this run's "
-                             f"text encoder is {c.text_encoder!r}; re-run `persrag cluster --encoder "
-                             f"{c.text_encoder}` (same --run_name)")
+            raise ConfigError(
+                f"{self.cohort_export}: cohorts of MEAN vectors by {model.encoder!r}, but this run's "
+                f"text encoder is {c.text_encoder!r}; re-run `persrag cluster --encoder "
+                f"{c.text_encoder}` (same --run_name)"
+            )
         missing = [u for u in store.corpus.user_ids if u in store and u not in model]
         if missing:
             ids, vectors = self._user_vectors(store, model.settings.user_vectors)
@@ -298,16 +316,22 @@ class CFRAG(Strategy):
         if self.m == 1:
             return [(user_id, 1.0)]
         known = self._cohort_model if self._cohort_model is not None else self.user_index
-        hidden = len(self.store.dataset.private) + max(0, len(known or ()) - self.store.corpus.num_users)
+        hidden = len(self.store.dataset.private) + max(
+            0, len(known or ()) - self.store.corpus.num_users
+        )
         # the user, then the m − 1 most similar members of its cohort
         if self._cohort_model is not None:
             # no pool (MEAN) or no trained vector: the user alone
             if user_id not in self._cohort_model:
                 return [(user_id, 1.0)]
-            ranked = [(user_id, 1.0)] + [(n.user_id, n.similarity)
-                                         for n in self._cohort_model.neighbours(user_id, self.m - 1 + hidden)]
+            ranked = [(user_id, 1.0)] + [
+                (n.user_id, n.similarity)
+                for n in self._cohort_model.neighbours(user_id, self.m - 1 + hidden)
+            ]
         else:
-            scores, ids = self.user_index.search(self.user_vectors[user_id].unsqueeze(0), self.m + hidden)
+            scores, ids = self.user_index.search(
+                self.user_vectors[user_id].unsqueeze(0), self.m + hidden
+            )
             ranked = list(zip(ids[0], (float(s) for s in scores[0])))
         return self.store.shared_neighbours(user_id, ranked, self.m)
 
@@ -317,7 +341,9 @@ class CFRAG(Strategy):
         return self.source.propose(queries)
 
     @torch.inference_mode()
-    def rerank(self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
+    def rerank(
+        self, queries: list[Query], candidates: list[list[RetrievedDoc]], k: int
+    ) -> list[list[RetrievedDoc]]:
         """The final k of each query's m·k candidates: the reranker's order (Eq. 10), every pair of
         the batch of queries scored in one call; without a reranker, the first-stage order (Table 3,
         w/o reranker tuning). With `rerank_top` = N only the N best candidates by the first cut are
@@ -339,11 +365,14 @@ class CFRAG(Strategy):
                          for s in self._score(self._first_cut, queries, candidates, every)]
             chosen = [sorted(o[:top]) for o in order]
         out = []
-        for docs, idx, ranked_by_cut, own in zip(candidates, chosen, order,
-                                                 self._score(self._reranker, queries, candidates, chosen)):
+        for docs, idx, ranked_by_cut, own in zip(
+            candidates, chosen, order, self._score(self._reranker, queries, candidates, chosen)
+        ):
             best = [idx[i] for i in torch.argsort(own, descending=True, stable=True)[:k].tolist()]
             score = dict(zip(idx, own.tolist()))
-            ranked = [RetrievedDoc(**{**docs[i].__dict__, "reranker_score": score[i]}) for i in best]
+            ranked = [
+                RetrievedDoc(**{**docs[i].__dict__, "reranker_score": score[i]}) for i in best
+            ]
             if len(ranked) < k:  # fewer reranked than k: the best of the rest by the first cut
                 kept = set(idx)
                 ranked += [docs[i] for i in ranked_by_cut if i not in kept][:k - len(ranked)]
@@ -359,7 +388,9 @@ class CFRAG(Strategy):
         if not pairs:
             return [torch.zeros(0) for _ in queries]
         texts = [self.store.text(d.row) for _, d in pairs]
-        users = torch.stack([self.e_u(q.user_id) for q, _ in pairs]) if model.config.use_user else None
+        users = (
+            torch.stack([self.e_u(q.user_id) for q, _ in pairs]) if model.config.use_user else None
+        )
         scores = model.score_pairs([q.query for q, _ in pairs], texts, users).float().cpu()
         return list(torch.split(scores, [len(idx) for idx in chosen]))
 

@@ -172,7 +172,9 @@ class ClusterIndex:
         return cls(index, lists[:, 0].astype(np.int64), settings, data_fingerprint)
 
     @staticmethod
-    def key(vectors: np.ndarray, settings: ClusterIndexSettings, data_key: str | None = None) -> str:
+    def key(
+        vectors: np.ndarray, settings: ClusterIndexSettings, data_key: str | None = None
+    ) -> str:
         """Fingerprint of (doc vectors or the caller's key for them, build settings): changed data
         rebuilds."""
         data = data_key or hashlib.sha256(np.ascontiguousarray(vectors, dtype=np.float32).tobytes()).hexdigest()
@@ -226,8 +228,12 @@ class ClusterIndex:
         index = faiss.read_index(str(base.with_suffix(".faiss")))
         lists = np.load(base.with_suffix(".lists.npy"))
         if index.ntotal != meta.docs or len(lists) != meta.docs:
-            raise ValueError(f"{base}: index holds {index.ntotal} docs, lists {len(lists)}, meta {meta.docs}")
-        log.info("cluster index loaded from %s (%d docs, %d clusters)", base, meta.docs, meta.clusters)
+            raise ValueError(
+                f"{base}: index holds {index.ntotal} docs, lists {len(lists)}, meta {meta.docs}"
+            )
+        log.info(
+            "cluster index loaded from %s (%d docs, %d clusters)", base, meta.docs, meta.clusters
+        )
         return cls(index, lists, meta.settings, meta.fingerprint, base, loaded=True)
 
     def add(self, vectors: np.ndarray) -> np.ndarray:
@@ -283,7 +289,9 @@ class ClusterIndex:
         if k <= 0:
             return SearchResult(np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64))
         scores, rows = self.index.search(q, min(k, self.ntotal))
-        return SearchResult(np.where(rows < 0, -np.inf, scores).astype(np.float32), rows.astype(np.int64))
+        return SearchResult(
+            np.where(rows < 0, -np.inf, scores).astype(np.float32), rows.astype(np.int64)
+        )
 
     def search_within(self, query: np.ndarray, rows: np.ndarray, k: int,
                       top_b: int | None = None, fill: FillRule | None = None) -> SearchResult:
@@ -305,7 +313,9 @@ class ClusterIndex:
         if k <= 0 or len(rows) == 0:
             return SearchResult(np.zeros((1, 0), np.float32), np.zeros((1, 0), np.int64))
         if rows[0] < 0 or rows[-1] >= self.ntotal:
-            raise IndexError(f"rows outside the index of {self.ntotal} docs: {rows[rows >= self.ntotal][:5]}")
+            raise IndexError(
+                f"rows outside the index of {self.ntotal} docs: {rows[rows >= self.ntotal][:5]}"
+            )
         q = _normalized(query)[0]
         vecs = self.index.reconstruct_batch(rows)
         groups, inverse = np.unique(self.lists[rows], return_inverse=True)

@@ -59,10 +59,14 @@ class CorpusEmbedder:
         from persrag_lightning.models.corpus_embeddings import corpus_embedding_key
         from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
-        self.retriever = EncoderRetriever(self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling)
+        self.retriever = EncoderRetriever(
+            self.encoder, store.corpus, self.cache_dir, self.max_length, self.pooling
+        )
         self.retriever.prepare()
         self.retriever.load()
-        self.data_key = corpus_embedding_key(store.corpus, self.encoder, self.max_length, self.pooling)
+        self.data_key = corpus_embedding_key(
+            store.corpus, self.encoder, self.max_length, self.pooling
+        )
         return self.retriever.doc_vectors.float().numpy()
 
     def query_vectors(self, texts: list[str]) -> np.ndarray:
@@ -119,7 +123,9 @@ class RetrievalNotes:
         return self.docs / self.queries if self.queries else 0.0
 
     def summary(self) -> str:
-        counts = ", ".join(f"{f.name.replace('_', ' ')}: {getattr(self, f.name)}" for f in fields(self))
+        counts = ", ".join(
+            f"{f.name.replace('_', ' ')}: {getattr(self, f.name)}" for f in fields(self)
+        )
         return f"{counts}, docs per query: {self.docs_per_query:.2f}"
 
 
@@ -160,9 +166,11 @@ class ClusterRAG(Strategy):
             raise ValueError(f"mode must be one of {MODES}, got {self.settings.mode!r}")
         if (self.settings.cohorts.user_vectors == "encoder" and user_vectors is None and cohorts is None
                 and user_encoder is None):
-            raise ValueError("user_vectors='encoder' needs the trained user embeddings: pass user_encoder=<the "
-                             "stage-1 export>, user_vectors=(ids, vectors) (CFRAG's user table) or a fitted "
-                             "CohortModel")
+            raise ValueError(
+                "user_vectors='encoder' needs the trained user embeddings: pass user_encoder=<the "
+                "stage-1 export>, user_vectors=(ids, vectors) (CFRAG's user table) or a fitted "
+                "CohortModel"
+            )
         if prompt_gamma is not None and not 0.0 <= prompt_gamma <= 1.0:
             raise ValueError(f"prompt_gamma (Eq. 3's γ) must be in [0, 1], got {prompt_gamma}")
         self.name = name or f"ClusterRAG ({self.settings.mode})"
@@ -222,7 +230,9 @@ class ClusterRAG(Strategy):
         else:
             # Eq. 1 over each user's collaborative pool (data/histories.py), never over test
             # profiles
-            ids, vectors, empty = mean_user_vectors(doc_vectors, {u: store.rows(u) for u in store.corpus.user_ids})
+            ids, vectors, empty = mean_user_vectors(
+                doc_vectors, {u: store.rows(u) for u in store.corpus.user_ids}
+            )
             if empty:
                 log.warning("%d user(s) have no docs, hence no MEAN vector and no cohort (e.g. %s); they get no "
                             "neighbours", len(empty), ", ".join(map(repr, empty[:3])))
@@ -235,7 +245,9 @@ class ClusterRAG(Strategy):
         setattr(self.notes, kind, getattr(self.notes, kind) + 1)
         if kind not in self._said:
             self._said.add(kind)
-            log.warning("%s: %s (further cases are counted in `notes`, not logged)", self.name, message)
+            log.warning(
+                "%s: %s (further cases are counted in `notes`, not logged)", self.name, message
+            )
 
     def usable_neighbours(self, uid: str, query: Query) -> list[tuple[Neighbour, np.ndarray]]:
         """The top-k cohort neighbours that have docs in the store, with their rows: a neighbour who
@@ -278,7 +290,9 @@ class ClusterRAG(Strategy):
         own = store.rows(uid, self.settings.max_history, query) if known else np.zeros(0, np.int64)
         if len(own) == 0 and mode != "collab":
             self._say("users_without_docs", f"user {uid!r} has no docs of their own")
-        parts, sims = ([own], [np.ones(len(own), np.float32)]) if mode in ("user", "hybrid") else ([], [])
+        parts, sims = (
+            ([own], [np.ones(len(own), np.float32)]) if mode in ("user", "hybrid") else ([], [])
+        )
         if mode != "user":
             neighbours = []
             if in_cohorts:
@@ -302,7 +316,9 @@ class ClusterRAG(Strategy):
             raise RuntimeError("ClusterRAG.prepare(store) must run before retrieve")
         if k <= 0 or not queries:
             return [[] for _ in queries]
-        vectors = np.asarray(self.embedder.query_vectors([q.query for q in queries]), dtype=np.float32)
+        vectors = np.asarray(
+            self.embedder.query_vectors([q.query for q in queries]), dtype=np.float32
+        )
         out = []
         for query, vector in zip(queries, vectors):
             rows, user_sims = self.candidates(query)
@@ -322,7 +338,9 @@ class ClusterRAG(Strategy):
         return out
 
     # ---- serving ---------------------------------------------------------------------------------
-    def add_user(self, user_id: str, doc_vectors: np.ndarray, user_vector: np.ndarray | None = None) -> None:
+    def add_user(
+        self, user_id: str, doc_vectors: np.ndarray, user_vector: np.ndarray | None = None
+    ) -> None:
         """A user already appended to the store (`DocStore.add_user`) with its docs' vectors: its
         docs are filed under the index's centroids and it joins the nearest cohort, nothing rebuilt.
         `user_vector` defaults to the MEAN of `doc_vectors` (Eq. 1)."""
@@ -330,14 +348,18 @@ class ClusterRAG(Strategy):
             raise RuntimeError("ClusterRAG.prepare(store) must run before add_user")
         rows = self.store.rows(user_id)
         if len(rows) != len(doc_vectors) or (len(rows) and rows[0] != self.index.ntotal):
-            raise ValueError(f"user {user_id!r}: the store holds rows {rows[:1]}..{rows[-1:]} but the index has "
-                             f"{self.index.ntotal} docs and {len(doc_vectors)} vectors were given")
+            raise ValueError(
+                f"user {user_id!r}: the store holds rows {rows[:1]}..{rows[-1:]} but the index has "
+                f"{self.index.ntotal} docs and {len(doc_vectors)} vectors were given"
+            )
         if len(doc_vectors):
             self.index.add(doc_vectors)
         if self.cohorts is not None:
             vector = user_vector if user_vector is not None else (
                 np.asarray(doc_vectors, np.float32).mean(axis=0) if len(doc_vectors) else None)
             if vector is None:
-                log.warning("user %r has no docs and no user vector: not assigned to a cohort", user_id)
+                log.warning(
+                    "user %r has no docs and no user vector: not assigned to a cohort", user_id
+                )
             else:
                 self.cohorts.add(user_id, vector)

@@ -58,7 +58,9 @@ class CorpusRetriever(ABC):
         """The loaded model's query encoder."""
 
     @abstractmethod
-    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+    def score(
+        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
+    ) -> torch.Tensor:
         """Scores of corpus `rows` for one query vector (e_u: the query user's embedding, if
         used)."""
 
@@ -71,7 +73,9 @@ class CorpusRetriever(ABC):
         query encoder's ONNX export under `cache_dir` (made once per encoder content; a temp file
         without one)."""
         if runtime not in QUERY_RUNTIMES:
-            raise ValueError(f"query runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {runtime!r}")
+            raise ValueError(
+                f"query runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {runtime!r}"
+            )
         self.load()
         self._query_session = None
         if runtime in EXPORTED_RUNTIMES:
@@ -103,7 +107,9 @@ class CorpusRetriever(ABC):
     def load(self) -> None:
         if self.doc_vectors is not None:
             return
-        self.doc_vectors = load_corpus_embeddings(self.cache_dir, self.corpus, **self._embedding_args())
+        self.doc_vectors = load_corpus_embeddings(
+            self.cache_dir, self.corpus, **self._embedding_args()
+        )
         self.model = self._load_model()
 
     @torch.no_grad()
@@ -128,13 +134,17 @@ class EncoderRetriever(CorpusRetriever):
         return {"encoder": model_identity(self.spec), "max_length": self.max_length, "pooling": self.pooling}
 
     def _load_model(self) -> TextEncoder:
-        return TextEncoder.from_pretrained(self.spec, pooling=self.pooling, max_length=self.max_length)
+        return TextEncoder.from_pretrained(
+            self.spec, pooling=self.pooling, max_length=self.max_length
+        )
 
     def query_encoder(self) -> TextEncoder:
         return self.model
 
     @torch.no_grad()
-    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+    def score(
+        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
+    ) -> torch.Tensor:
         # Eq. 3: cosine of L2-normalised vectors
         return self.doc_vectors[torch.as_tensor(rows)] @ query
 
@@ -172,7 +182,9 @@ class TrainedRetriever(CorpusRetriever):
         return self.model.query_encoder
 
     @torch.no_grad()
-    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+    def score(
+        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
+    ) -> torch.Tensor:
         docs = self.doc_vectors[torch.as_tensor(rows)]
         u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
         return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]  # Eq. 5
@@ -197,5 +209,7 @@ def open_corpus_retriever(spec: str, corpus: Corpus, cache_dir: str | Path, max_
     hub_name = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
     if spec in EMBEDDED_MODELS or path.is_dir() or (hub_name and not path.parent.is_dir()):
         return EncoderRetriever(spec, corpus, cache_dir, max_length, pooling)
-    raise FileNotFoundError(f"no retriever export or encoder at {spec}; a retriever export is made by "
-                            "`python train.py fit --config cfrag_retriever.yaml` (same --run_name)")
+    raise FileNotFoundError(
+        f"no retriever export or encoder at {spec}; a retriever export is made by "
+        "`python train.py fit --config cfrag_retriever.yaml` (same --run_name)"
+    )

@@ -94,7 +94,9 @@ class CachedLLM:
                 missing.setdefault(prompt, []).append(i)
                 keys[prompt] = key
         todo = list(missing)
-        bar = Progress(phase, len(todo), "prompts") if phase and len(todo) > self.batch_size else None
+        bar = (
+            Progress(phase, len(todo), "prompts") if phase and len(todo) > self.batch_size else None
+        )
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
             answers = self.llm.generate(batch, max_new_tokens)

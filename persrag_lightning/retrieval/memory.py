@@ -25,7 +25,9 @@ class MemoryRecall(Strategy):
     bonus, keep >= N - 2); `bank` is a LanceDB folder opened with `encoder`, or a MemoryBank given
     with `attach`."""
 
-    def __init__(self, bank: str = "{run_dir}/memory", encoder: str = "minilm", name: str = "Memory") -> None:
+    def __init__(
+        self, bank: str = "{run_dir}/memory", encoder: str = "minilm", name: str = "Memory"
+    ) -> None:
         self.name = name
         self.bank_path = bank
         self.encoder = encoder

@@ -98,7 +98,9 @@ class PBRSettings:
 
     def __post_init__(self) -> None:
         if self.k1 < 1 or self.k2 < 1 or self.top_k < 1:
-            raise ValueError(f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}")
+            raise ValueError(
+                f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}"
+            )
         if not 0.0 <= self.damping <= 1.0:
             raise ValueError(f"damping must be in [0, 1], got {self.damping}")
         if self.max_utterances is not None and self.max_utterances < 1:
@@ -145,7 +147,9 @@ def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarr
     """Eqs. 7-10 for one user: graph, PageRank, anchor."""
     adjacency = sparse_adjacency(cosine_similarity_matrix(chunk_embs), settings.theta, settings.k2,
                                  settings.self_in_top_k2)
-    result = pagerank(transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol)
+    result = pagerank(
+        transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol
+    )
     return anchor_embedding(result.pi, chunk_embs), result
 
 
@@ -273,7 +277,9 @@ class PBRRetriever:
         self.encode = encode
         self.settings = settings or PBRSettings()
         if self.settings.use_prf and llm is None:
-            raise ValueError(f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)")
+            raise ValueError(
+                f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)"
+            )
         self.llm = llm
         self.anchor_dir = Path(anchor_dir) if anchor_dir is not None else None
         self.users: dict[str, PBRUserIndex] = {}
@@ -313,7 +319,9 @@ class PBRRetriever:
         other.users, other._anchors, other.stats = self.users, self._anchors, self.stats
         return other
 
-    def add_user(self, user_id: str, texts: list[str], embeddings: np.ndarray | None = None) -> None:
+    def add_user(
+        self, user_id: str, texts: list[str], embeddings: np.ndarray | None = None
+    ) -> None:
         """Index a user's chunks (embedded now unless given)."""
         if not texts:
             raise ValueError(f"user {user_id!r} has no chunks to search")
@@ -352,7 +360,9 @@ class PBRRetriever:
         self._anchors[key] = anchor
         return anchor
 
-    def prompts(self, user_id: str, queries: list[str], query_embs: np.ndarray) -> list[tuple[str, str, tuple]]:
+    def prompts(
+        self, user_id: str, queries: list[str], query_embs: np.ndarray
+    ) -> list[tuple[str, str, tuple]]:
         """(utterance prompt, reasoning prompt, H_q indices) per query."""
         user = self.users[user_id]
         out = []
@@ -394,7 +404,9 @@ class PBRRetriever:
         once, as calls."""
         if self.llm is None or not self.settings.use_prf:
             return
-        prompts = [p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)]
+        prompts = [
+            p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)
+        ]
         utt_llm = self.utterance_llm
         assert utt_llm is not None
         _, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens,
@@ -405,15 +417,20 @@ class PBRRetriever:
         # the per-user pass finds them in the store: not hits
         self.stats.llm_hits -= s1.calls + s2.calls
 
-    def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:
+    def fill_cache(
+        self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1
+    ) -> None:
         """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's
         whole job)."""
         self.pseudo_feedback(user_id, queries, self.encode(queries), shard, num_shards)
 
-    def expanded_queries(self, user_id: str, queries: list[str], query_embs: np.ndarray | None = None
-                         ) -> tuple[np.ndarray, list[tuple[float, float]], list[PseudoFeedback | None]]:
+    def expanded_queries(
+        self, user_id: str, queries: list[str], query_embs: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list[tuple[float, float]], list[PseudoFeedback | None]]:
         """q* per query (rows), with (w1, w2) and the pseudo-feedback used."""
-        q_embs = self.encode(queries) if query_embs is None else np.asarray(query_embs, dtype=np.float32)
+        q_embs = (
+            self.encode(queries) if query_embs is None else np.asarray(query_embs, dtype=np.float32)
+        )
         dim = q_embs.shape[1]
         anchor = self.anchor(user_id) if self.settings.use_anchor else None
         feedback: list[PseudoFeedback | None] = [None] * len(queries)

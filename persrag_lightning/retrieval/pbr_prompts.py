@@ -61,8 +61,10 @@ class JSONSchemaLLM:
 
     def __init__(self, llm: object, schema: dict) -> None:
         if not getattr(llm, "supports_json_schema", False):
-            raise ValueError(f"LLM backend {getattr(llm, 'backend', type(llm).__name__)!r} cannot constrain its "
-                             "decoding to a JSON schema (hf and llamacpp can)")
+            raise ValueError(
+                f"LLM backend {getattr(llm, 'backend', type(llm).__name__)!r} cannot constrain its "
+                "decoding to a JSON schema (hf and llamacpp can)"
+            )
         self.llm, self.schema = llm, schema
         digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:10]
         self._fingerprint = f"{llm.fingerprint}+json-schema:{digest}"  # type: ignore[attr-defined]

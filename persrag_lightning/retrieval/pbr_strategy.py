@@ -26,7 +26,9 @@ def cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> Ca
     """The P-PRF LLM behind its on-disk answer cache (loaded now)."""
     from persrag_lightning.llm.registry import load_llm
 
-    return CachedLLM(load_llm(backend, model, batch_size=batch_size), cache_dir / "llm", batch_size=batch_size)
+    return CachedLLM(
+        load_llm(backend, model, batch_size=batch_size), cache_dir / "llm", batch_size=batch_size
+    )
 
 
 class ProfileIndex:
@@ -173,7 +175,9 @@ class PBRQueryExpansion:
     its doc-vector table, texts through its doc encoder), so a tuned retriever keeps its geometry.
     Every m user's docs are scored with q*."""
 
-    def __init__(self, store: DocStore, retriever, config: PBRExpansion, max_history: int | None = None) -> None:
+    def __init__(
+        self, store: DocStore, retriever, config: PBRExpansion, max_history: int | None = None
+    ) -> None:
         settings = config.settings.for_variant(config.variant)
         cache = Path(config.cache_dir)
         llm = (cached_llm(config.llm_backend, config.llm_model, config.llm_batch_size, cache)

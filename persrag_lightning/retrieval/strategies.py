@@ -71,7 +71,9 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
         return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
     t0 = time.perf_counter()
     strategy.prepare(store)
-    retrieved = strategy.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k)
+    retrieved = strategy.retrieve(
+        [Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k
+    )
     ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
     atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
                              "example_ids": [e.example_id for e in examples],
@@ -156,7 +158,9 @@ def strategy_names(config: str | Path) -> list[str]:
     return [s.name for s in config_strategies(resolve_config_path(str(config)), "{run_dir}")]
 
 
-def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
+def strategy_by_name(
+    config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32"
+) -> Strategy:
     """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared
     yet)."""
     strategies = config_strategies(config, run_dir)
@@ -165,4 +169,6 @@ def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runti
     for s in strategies:
         if s.name == name:
             return s
-    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
+    raise ConfigError(
+        f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}"
+    )

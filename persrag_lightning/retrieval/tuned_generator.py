@@ -13,7 +13,9 @@ class TunedGenerator(Strategy):
     exported generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings
     with it as the model."""
 
-    def __init__(self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None) -> None:
+    def __init__(
+        self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None
+    ) -> None:
         """Args are names and paths; the evaluation binds the strategy and loads the generator.
 
         Args:
@@ -41,13 +43,17 @@ class TunedGenerator(Strategy):
     def bind(self, by_name: dict[str, Strategy]) -> None:
         if self.retrieval is None:
             if self.retrieval_name not in by_name:
-                raise ConfigError(f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
-                                 f"(have {sorted(by_name)})")
+                raise ConfigError(
+                    f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
+                    f"(have {sorted(by_name)})"
+                )
             self.retrieval = by_name[self.retrieval_name]
 
     def _wrapped(self) -> Strategy:
         if self.retrieval is None:
-            raise RuntimeError(f"{self.name}: bind() the strategies of the config before retrieving")
+            raise RuntimeError(
+                f"{self.name}: bind() the strategies of the config before retrieving"
+            )
         return self.retrieval
 
     def prepare(self, store: DocStore) -> None:

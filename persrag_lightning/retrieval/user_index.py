@@ -36,9 +36,13 @@ class UserIndex:
     GPU when faiss has GPUs (flat and IVF; faiss has no GPU HNSW). `add` makes new users retrievable
     at once."""
 
-    def __init__(self, index: faiss.Index, user_ids: Sequence[str] = (), kind: IndexKind = "flat") -> None:
+    def __init__(
+        self, index: faiss.Index, user_ids: Sequence[str] = (), kind: IndexKind = "flat"
+    ) -> None:
         if index.ntotal != len(user_ids):
-            raise ValueError(f"index holds {index.ntotal} vectors but {len(user_ids)} user ids were given")
+            raise ValueError(
+                f"index holds {index.ntotal} vectors but {len(user_ids)} user ids were given"
+            )
         self.index = index
         self.kind = kind
         self.user_ids: list[str] = list(user_ids)
@@ -81,13 +85,17 @@ class UserIndex:
             raise ValueError(f"{len(user_ids)} user ids for {x.shape[0]} vectors")
         dup = [u for u in user_ids if u in self._row]
         if dup or len(set(user_ids)) != len(user_ids):
-            raise ValueError(f"users already indexed or repeated: {dup[:5] or 'repeated ids in the batch'}")
+            raise ValueError(
+                f"users already indexed or repeated: {dup[:5] or 'repeated ids in the batch'}"
+            )
         self.index.add(normalized(x))
         for u in user_ids:
             self._row[u] = len(self.user_ids)
             self.user_ids.append(u)
 
-    def search_rows(self, vectors: np.ndarray | torch.Tensor, m: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_rows(
+        self, vectors: np.ndarray | torch.Tensor, m: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-m (cosine scores, table rows) per query; rows -1 (scores -inf) where fewer than m are
         found."""
         x = _numpy(vectors)
@@ -97,7 +105,9 @@ class UserIndex:
         scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
         return scores, rows.astype(np.int64)
 
-    def search(self, vectors: np.ndarray | torch.Tensor, m: int) -> tuple[np.ndarray, list[list[str]]]:
+    def search(
+        self, vectors: np.ndarray | torch.Tensor, m: int
+    ) -> tuple[np.ndarray, list[list[str]]]:
         """Top-m (cosine scores [n, m'], user ids) per query, best first; m' = min(m, users)."""
         scores, rows = self.search_rows(vectors, m)
         return scores, [[self.user_ids[r] for r in row if r >= 0] for row in rows]

@@ -130,7 +130,9 @@ class AccountStore:
                     log.warning("%s: dropping a torn last line (a sign-up cut short)", self.path)
                     self.save()
                     return
-                raise ValueError(f"{self.path}: line {i + 1} is not JSON; the account store is damaged") from None
+                raise ValueError(
+                    f"{self.path}: line {i + 1} is not JSON; the account store is damaged"
+                ) from None
             self.accounts[a["user_id"]] = Account(a["user_id"], a["token_sha256"], bool(a.get("share", True)),
                                                   float(a.get("created_at", 0.0)))
 

@@ -56,7 +56,9 @@ API_HEADERS = {
 
 
 def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "status": status}}, status_code=status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "status": status}}, status_code=status, headers=headers
+    )
 
 
 async def read_json(request: Request) -> dict:
@@ -68,7 +70,9 @@ async def read_json(request: Request) -> dict:
         raise ServiceError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ServiceError(413, f"body has {int(length)} bytes, more than the limit of {MAX_BODY_BYTES}")
+        raise ServiceError(
+            413, f"body has {int(length)} bytes, more than the limit of {MAX_BODY_BYTES}"
+        )
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -83,11 +87,15 @@ async def read_json(request: Request) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ServiceError(400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise ServiceError(
+            400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     except RecursionError:
         raise ServiceError(400, "malformed JSON body: nested too deeply") from None
     except ValueError as e:  # an integer of more than 4,300 digits (int_max_str_digits)
-        raise ServiceError(400, f"malformed JSON body: a number with too many digits ({e})") from None
+        raise ServiceError(
+            400, f"malformed JSON body: a number with too many digits ({e})"
+        ) from None
     if not isinstance(obj, dict):
         raise ServiceError(400, f"body must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -195,7 +203,9 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
         else:
             client = request.client.host if request.client else "unknown"
             signing_up = request.method == "POST" and request.url.path == "/v1/users"
-            wait = requests_.take(client) or (signups.take(client, spend=False) if signing_up else 0)
+            wait = requests_.take(client) or (
+                signups.take(client, spend=False) if signing_up else 0
+            )
             if wait:
                 response = error(429, f"rate limit of this client reached; retry after {wait} s",
                                  {"Retry-After": str(wait)})
@@ -222,7 +232,9 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        return error(
+            422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        )
 
 
 def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:

@@ -85,7 +85,9 @@ class CFRAGPipeline:
         self._text_encoder: TextEncoder | None = None
         with self._torch_threads(threads):
             strategy.prepare(store)
-        self.retrieve_threads = threads if threads is not None else (1 if all_exported(strategy) else None)
+        self.retrieve_threads = (
+            threads if threads is not None else (1 if all_exported(strategy) else None)
+        )
 
     @contextmanager
     def _torch_threads(self, n: int | None):
@@ -182,7 +184,9 @@ class CFRAGPipeline:
         scores."""
         return self.retrieve_batch([user_id], [query], k)[0]
 
-    def retrieve_batch(self, user_ids: list[str], queries: list[str], k: int | None = None) -> list[list[RetrievedDoc]]:
+    def retrieve_batch(
+        self, user_ids: list[str], queries: list[str], k: int | None = None
+    ) -> list[list[RetrievedDoc]]:
         """Batched retrieval: queries are embedded together, which is where the throughput comes
         from."""
         missing = [u for u in user_ids if u not in self.store]
@@ -234,7 +238,9 @@ class CFRAGPipeline:
         # its text: the new user's judgments enter their embedding as the training users' did
         labels = ue.doc_label_ids(user.docs[-ue.config.max_history:]).unsqueeze(0) if ue.uses_judgments else None
         ue.eval()
-        e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels).squeeze(0)
+        e_u = ue.encode_embeddings(
+            vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels
+        ).squeeze(0)
         user_vector = e_u if s.user_vector_source() == "encoder" else vectors[0].mean(0)
         return user, doc_vectors, torch.stack([e_u, user_vector])
 
@@ -261,22 +267,30 @@ class CFRAGPipeline:
         user shared (one step for the caller's lock, not attach-then-hide)."""
         s, ue = self.strategy, self.strategy.user_encoder
         if len(doc_vectors) != len(user.docs):
-            raise ValueError(f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs")
+            raise ValueError(
+                f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs"
+            )
         if not share:
             self.store.set_share(user.user_id, False)
         self.store.add_user(user)
         s.retriever.load()
-        s.retriever.doc_vectors = torch.cat([s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)])
+        s.retriever.doc_vectors = torch.cat(
+            [s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)]
+        )
         e_u, user_vector = user_vectors[0], user_vectors[1]
         ue.user_ids.append(user.user_id)
-        ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)])
+        ue.user_embeddings = torch.cat(
+            [ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)]
+        )
         s.user_row[user.user_id] = len(ue.user_ids) - 1
         if self.cohorts is not None:
             # a replaced history: assigned again from its new vector
             self.cohorts.remove([user.user_id])
             given = None
             if cohort is not None and cohort.get("fingerprint") == self.cohorts.data_fingerprint:
-                given = Assignment(int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"]))
+                given = Assignment(
+                    int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"])
+                )
             self.cohorts.add(user.user_id, user_vector.float().numpy(), given)
             return
         s.user_vectors[user.user_id] = user_vector
@@ -320,5 +334,7 @@ class CFRAGPipeline:
         """The frozen encoder the user encoder's doc table was initialised from."""
         if self._text_encoder is None:
             c = self.strategy.user_encoder.config
-            self._text_encoder = TextEncoder.from_pretrained(c.text_encoder, c.text_pooling, c.text_max_length)
+            self._text_encoder = TextEncoder.from_pretrained(
+                c.text_encoder, c.text_pooling, c.text_max_length
+            )
         return self._text_encoder

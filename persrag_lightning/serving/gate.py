@@ -41,7 +41,9 @@ class UserGate:
                 self._cond.notify_all()
 
     @contextmanager
-    def deletion(self, user_id: str, check: Callable[[], None], revoke: Callable[[], None]) -> Iterator[None]:
+    def deletion(
+        self, user_id: str, check: Callable[[], None], revoke: Callable[[], None]
+    ) -> Iterator[None]:
         """The deletion of `user_id`: `revoke` runs at once (new requests refused), then the
         requests in flight are waited for; one deletion of a user at a time."""
         with self._cond:

@@ -27,7 +27,9 @@ class RateLimiter:
     """Token buckets per key; `take(key)` returns 0 when a request may go, else the seconds to
     wait."""
 
-    def __init__(self, per_minute: int, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, per_minute: int, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ):
         self.capacity = float(per_minute)
         self.rate = per_minute / 60.0
         self.max_keys = max_keys

@@ -169,7 +169,9 @@ def _stage_user_table(bundle: Path, users: set[str], staged) -> None:
     table = load_file(str(bundle / "user_embeddings.safetensors"))["embeddings"][keep].contiguous()
     atomic_save_tensors({"embeddings": table}, staged(bundle / "user_embeddings.safetensors"))
     if (bundle / "users.faiss").is_file():
-        index = build_index(table.float().numpy(), **index_params(load_index(bundle / "users.faiss")))
+        index = build_index(
+            table.float().numpy(), **index_params(load_index(bundle / "users.faiss"))
+        )
         with atomic_replace(staged(bundle / "users.faiss")) as tmp:
             faiss.write_index(index, str(tmp))
     # ids last, as save_pretrained
@@ -189,7 +191,9 @@ def _stage_doc_table(encoder: Path, corpus: Corpus, keep_rows: np.ndarray, stage
     atomic_write_json(staged(encoder / "config.json"), {**config, "num_docs": len(keep_rows)})
 
 
-def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir: Path) -> list[str]:
+def _stage_embeddings(
+    old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir: Path
+) -> list[str]:
     """Each embedding cache of the old corpus (any encoder) → a cache of the new one from the kept
     rows (written now under the new corpus' key, which nothing reads yet); the old folders are
     returned for removal."""
@@ -211,9 +215,13 @@ def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir
         out = corpus_embedding_dir(cache_dir, corpus_embedding_key(new, *args))
         if (out / EMBEDDINGS_FILE).is_file():
             continue
-        table = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"][torch.as_tensor(keep_rows)].contiguous()
+        table = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"][
+            torch.as_tensor(keep_rows)
+        ].contiguous()
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "meta.json", {**meta, "rows": len(new), "unique_texts": len(set(new.texts))})
+        atomic_write_json(
+            out / "meta.json", {**meta, "rows": len(new), "unique_texts": len(set(new.texts))}
+        )
         # last: its presence means complete
         atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)
     return removes

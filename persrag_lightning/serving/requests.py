@@ -91,7 +91,9 @@ class HistoryDocBody(BaseModel):
     """
 
     id: Annotated[Id, BeforeValidator(int_as_text)]
-    date: Annotated[str, Field(min_length=1, max_length=MAX_DATE_CHARS, pattern=DATE, examples=["2024-01-02"])]
+    date: Annotated[
+        str, Field(min_length=1, max_length=MAX_DATE_CHARS, pattern=DATE, examples=["2024-01-02"])
+    ]
     fields: Annotated[dict[FieldName, Text], Field(min_length=1)]
 
 
@@ -134,8 +136,9 @@ class SignUp(BaseModel):
     @model_validator(mode="after")
     def _something_to_remember(self) -> SignUp:
         if not self.answers.model_fields_set and self.history is None:
-            raise PydanticCustomError("no_answers", "field `answers` must answer at least one questionnaire "
-                                      "category")
+            raise PydanticCustomError(
+                "no_answers", "field `answers` must answer at least one questionnaire category"
+            )
         return self
 
     def answer_texts(self) -> dict[str, str]:

@@ -425,7 +425,9 @@ class ChatService:
         dropped (and
         logged: the retrieval's own filter should never let it through)."""
         store = self.pipeline.store
-        kept = [d for d in docs if d.owner == user_id or (d.owner in store and store.shares(d.owner))]
+        kept = [
+            d for d in docs if d.owner == user_id or (d.owner in store and store.shares(d.owner))
+        ]
         if len(kept) != len(docs):
             log.error("privacy guard: %d docs of users who do not share dropped before the prompt",
                       len(docs) - len(kept))

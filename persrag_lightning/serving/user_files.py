@@ -29,7 +29,9 @@ def write_user_file(state: Path, user: User, history: list[dict], doc_vectors: t
     """`cohort`: the cohort the user was assigned to (users="cluster"), kept so a restart reuses
     it."""
     buf = io.BytesIO()
-    meta = json.dumps({"user_id": user.user_id, "docs": history, "cohort": cohort}, ensure_ascii=False)
+    meta = json.dumps(
+        {"user_id": user.user_id, "docs": history, "cohort": cohort}, ensure_ascii=False
+    )
     np.savez(buf, meta=np.array(meta), doc_vectors=doc_vectors.float().numpy(),
              user_vectors=user_vectors.float().numpy())
     with atomic_replace(user_file(state, user.user_id)) as tmp, open(tmp, "wb") as f:
