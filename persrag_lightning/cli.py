@@ -8,6 +8,8 @@ import sys
 from persrag_lightning.commands.train import lightning_command, resolve_config_args
 from persrag_lightning.logs import configure_logs, pop_verbose
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `train.py` and the `persrag` console script: bad input ends with one clear

@@ -24,6 +24,10 @@ from pathlib import Path
 
 import torch
 
+__all__ = ["Precision", "auto_precision", "bf16_is_native", "bf16_verdict",
+           "cpu_bf16_instructions", "cpu_flags", "cpu_has_native_bf16", "describe_cpu",
+           "linear_seconds", "native_runtime", "uses_bf16"]
+
 # the /proc/cpuinfo flags that name the instruction sets a table of machines cares about, in display
 # order
 ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI",

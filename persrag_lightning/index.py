@@ -15,6 +15,10 @@ import torch
 
 from persrag_lightning.utils import atomic_replace
 
+__all__ = ["BLAS_MIN_QUERIES", "FAISS_DEFAULT_BLAS_THRESHOLD", "IndexKind", "TorchFlatIndex",
+           "build_index", "faiss_has_gpus", "index_kind", "index_params", "load_index",
+           "normalized", "save_index", "search", "to_gpu_if_available"]
+
 IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
 
 # The index parameters, in one place (export, evaluation, serving and purge all build through

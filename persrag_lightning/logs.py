@@ -19,6 +19,8 @@ import logging
 import os
 import warnings
 
+__all__ = ["configure_logs", "is_verbose", "pop_verbose"]
+
 VERBOSE_FLAGS = ("--verbose", "-v")
 _BOILERPLATE = ("Seed set to", "GPU available", "TPU available", "HPU available", "💡 Tip", "Restoring states from",
                 "Loaded model weights from", "Using bfloat16 Automatic Mixed Precision",

@@ -16,6 +16,8 @@ from persrag_lightning.models.user_encoder import Judgments
 from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
+__all__ = ["Preset", "load_preset", "preset_names"]
+
 PRESET_DIR = "presets"
 # the trained reader (the reader stage's export) and the LLM (reading/)
 READERS = ("trained", "llm")

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+__all__ = ["Progress", "eta", "in_blocks", "progress"]
+
 T = TypeVar("T")
 
 

@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+__all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "gemm_choice", "gemm_seconds",
+           "gflops", "use_fastest_gemm"]
+
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 Timer = Callable[[str, LinearFn, torch.Tensor], float]
 

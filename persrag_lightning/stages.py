@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+__all__ = ["PAPER_STAGES", "STAGES", "Stage", "bundle_path", "cli_overrides"]
+
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
 # what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
 RUN_DIR = "{run_dir}"

@@ -16,6 +16,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
+__all__ = ["ConfigError", "as_settings", "atomic_directory", "atomic_open", "atomic_replace",
+           "atomic_save_tensors", "atomic_write_json", "atomic_write_text", "bundle_digest",
+           "file_digest", "fingerprint", "one_flag_style", "resolve_config_path",
+           "trainer_validates"]
+
 # The process umask, read once: mkstemp creates 0600 files, but a replaced file should get the usual
 # mode.
 _UMASK = os.umask(0)

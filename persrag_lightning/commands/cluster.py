@@ -27,6 +27,8 @@ from pathlib import Path
 from persrag_lightning.retrieval.cohorts import CohortSettings
 from persrag_lightning.utils import one_flag_style
 
+__all__ = ["cluster_command", "report"]
+
 EXPORT = "clusters"
 DIAGNOSTICS = "diagnostics.json"
 

@@ -21,6 +21,8 @@ from persrag_lightning.data.log_files import FORMATS, LogFormatError
 from persrag_lightning.data.tasks import LABEL_TASK
 from persrag_lightning.utils import one_flag_style
 
+__all__ = ["data_command"]
+
 FIELDS = {"description": "LaMP-2's text", "tag": "LaMP-2's label", "score": "LaMP-3's label",
           "title": "LaMP-4's and LaMP-5's label", "abstract": "LaMP-5's text"}
 

@@ -14,6 +14,8 @@ from persrag_lightning.presets import Preset
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.runtime import GemmChoice, announce, gemm_choice
 
+__all__ = ["announce_decisions", "label_overrides", "precision_overrides"]
+
 
 def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
     """`trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the

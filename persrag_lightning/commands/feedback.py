@@ -12,6 +12,8 @@ from persrag_lightning.commands.train import PersragCLI
 from persrag_lightning.feedback.builder import feedback_stats
 from persrag_lightning.utils import one_flag_style
 
+__all__ = ["feedback_command"]
+
 
 def feedback_parser() -> argparse.ArgumentParser:
     """The feedback command's own flags; every other argument configures the stage as for `fit`."""

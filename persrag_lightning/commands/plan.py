@@ -26,6 +26,8 @@ from persrag_lightning.llm.auto import _WORDS
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
+__all__ = ["build_plan", "question_counts", "reader_dtype", "reader_settings"]
+
 if TYPE_CHECKING:
     from jsonargparse import Namespace
 

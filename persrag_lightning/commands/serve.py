@@ -11,6 +11,8 @@ import sys
 
 from persrag_lightning.utils import ConfigError, one_flag_style
 
+__all__ = ["serve_command"]
+
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)

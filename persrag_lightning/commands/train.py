@@ -23,6 +23,9 @@ from persrag_lightning.logs import is_verbose
 from persrag_lightning.modules.progress_lines import ProgressLines
 from persrag_lightning.utils import resolve_config_path
 
+__all__ = ["PersragCLI", "check_task", "lightning_command", "resolve_config_args", "run_stage",
+           "stage_config"]
+
 
 def resolve_config_args(argv: list[str]) -> list[str]:
     out = []

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["AugmentConfig", "augment_view"]
+
 
 @dataclass(frozen=True)
 class AugmentConfig:

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+__all__ = ["Candidate", "CandidateBatch", "FeedbackExample", "collate_candidates"]
+
 
 @dataclass(frozen=True)
 class Candidate:

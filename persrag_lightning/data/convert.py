@@ -51,6 +51,8 @@ from persrag_lightning.data.synth_text import LAMP2_PROMPT, LAMP3_PROMPT, LAMP4_
 from persrag_lightning.data.tasks import LABEL_MARKER, LABEL_TASK, TaskSpec, label_task
 from persrag_lightning.utils import atomic_directory, atomic_write_json
 
+__all__ = ["LAYOUTS", "ConvertOptions", "convert_log"]
+
 TEXT = "{text}"  # where a question's template puts the item's text
 LABELS_PROMPT = (
     "Which label does the following text belong to? Just answer with the label without further "

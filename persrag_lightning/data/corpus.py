@@ -11,6 +11,8 @@ import numpy as np
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import get_task
 
+__all__ = ["Corpus"]
+
 
 @dataclass
 class Corpus:

@@ -11,6 +11,8 @@ from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import define_task, task_record
 from persrag_lightning.utils import atomic_open, atomic_write_json
 
+__all__ = ["USERS_FILE", "history_from_json", "read_docstore", "write_docstore"]
+
 USERS_FILE = "users.jsonl"
 
 

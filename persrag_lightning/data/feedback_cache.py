@@ -15,6 +15,8 @@ from pathlib import Path
 from persrag_lightning.data.candidates import FeedbackExample
 from persrag_lightning.utils import atomic_open, atomic_write_json
 
+__all__ = ["FeedbackCache"]
+
 
 class FeedbackCache:
     """Chunk layout of one configuration's labels; knows files, not how labels are made."""

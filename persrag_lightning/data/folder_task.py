@@ -11,6 +11,8 @@ from typing import Any
 from persrag_lightning.data.lamp import LampFormatError
 from persrag_lightning.data.tasks import define_task, get_task
 
+__all__ = ["MANIFEST", "resolve_task"]
+
 MANIFEST = "convert.json"  # what `persrag data convert` writes beside the LaMP files
 # a folder without a manifest, or no folder (SynthLaMP): the main job's task
 DEFAULT_TASK = "LaMP-2"

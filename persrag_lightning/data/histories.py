@@ -12,6 +12,9 @@ import torch
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.records import LampDataset
 
+__all__ = ["FIRST_DOC_ID", "MASK_ID", "MAX_HISTORY", "PAD_ID", "corpus_doc_ids", "history_ids",
+           "pad_histories", "visible_histories"]
+
 PAD_ID = 0
 MASK_ID = 1
 FIRST_DOC_ID = 2  # doc-table row of corpus row r is r + FIRST_DOC_ID

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 from persrag_lightning.data.lamp import LampFormatError, gc_paused
 
+__all__ = ["FORMATS", "LogFormatError", "read_log"]
+
 
 class LogFormatError(LampFormatError):
     """A bad log or bad conversion options: the message names the file, the row and the column (exit

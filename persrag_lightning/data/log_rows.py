@@ -18,6 +18,8 @@ import numpy as np
 from persrag_lightning.data.log_files import LogFormatError
 from persrag_lightning.data.tasks import TaskSpec
 
+__all__ = ["RowChecks", "describe", "identifiers", "labels", "texts", "timestamps", "user_names"]
+
 FIRST_ROWS = 5  # row numbers a skip reason lists
 MOST = 0.5  # a log that would lose more than this share of its rows is refused, not converted
 

@@ -20,6 +20,8 @@ from persrag_lightning.data.log_files import LogFormatError, read_log
 from persrag_lightning.data.log_rows import RowChecks, identifiers, labels, texts, timestamps, user_names
 from persrag_lightning.data.tasks import TaskSpec
 
+__all__ = ["LogTable", "check_log"]
+
 if TYPE_CHECKING:
     from persrag_lightning.data.convert import ConvertOptions
 

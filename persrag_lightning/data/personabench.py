@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = ["PersonaBenchCommunity", "PersonaBenchFormatError", "PersonaQuestion",
+           "load_personabench"]
+
 SOURCES = ("conversation", "user_ai_interaction", "purchase_history")
 EXCLUDED_KEYS = ("segment_id", "session")
 SUBJECTIVE = "Subjective"

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ["PROMPT_STORE", "PromptStore", "prompt_key"]
+
 PROMPT_STORE = "llm_outputs"  # folder under a cache_dir
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["Example", "HistoryDoc", "LampDataset", "User"]
+
 
 @dataclass(frozen=True)
 class HistoryDoc:

@@ -12,6 +12,8 @@ from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
 from persrag_lightning.utils import fingerprint
 
+__all__ = ["LampSource"]
+
 
 class LampSource:
     """`data_dir` with LaMP files, or (when None) the embedded SynthLaMP of `synth` under

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["SplitSettings", "SplitSettingsWithTest"]
+
 
 @dataclass(frozen=True)
 class SplitSettings:

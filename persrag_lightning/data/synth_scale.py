@@ -30,6 +30,8 @@ from persrag_lightning.data.synth import iter_synth_users
 from persrag_lightning.data.synth_world import SynthConfig, build_world, draw_histories
 from persrag_lightning.progress import Progress
 
+__all__ = ["ScaledSynthUsers"]
+
 
 class HistoryEncoderConfig(Protocol):
     num_docs: int

@@ -12,6 +12,12 @@ from importlib import resources
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 
+__all__ = ["ABSTRACT_TEMPLATES", "ARTICLE_TEMPLATES", "CITATION_QUERY_TEMPLATES", "FILM_KINDS",
+           "FILM_TEMPLATES", "HEADLINE_TEMPLATES", "LAMP2_PROMPT", "LAMP3_PROMPT", "LAMP3_SCORES",
+           "LAMP4_PROMPT", "LAMP5_PROMPT", "PAPER_TITLE_TEMPLATES", "PRODUCT_KINDS",
+           "REVIEW_TEMPLATES", "TOPICS", "TWEET_CLOSERS", "TWEET_OPENERS", "TWEET_TEMPLATES",
+           "TWEET_TOPICS", "lamp1_variants", "render_item"]
+
 LAMP2_PROMPT = (
     "Which tag does this movie relate to among the following tags? Just answer with the tag name "
     "without further explanation. tags: [" + ", ".join(LAMP2_LABELS) + "] description: "

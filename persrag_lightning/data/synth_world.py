@@ -28,6 +28,9 @@ from persrag_lightning.data.synth_text import (
 )
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
 
+__all__ = ["SYNTH_TASKS", "SynthConfig", "SynthWorld", "build_world", "draw_histories",
+           "draw_slots"]
+
 SYNTH_TASKS = ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")
 # one slot tuple in QUESTION_SHARE (by hash) may only be a question, the rest only history
 QUESTION_SHARE = 4

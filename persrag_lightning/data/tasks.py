@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from persrag_lightning.data.records import HistoryDoc
 
+__all__ = ["LABEL_MARKER", "LABEL_TASK", "LAMP2_LABELS", "TaskSpec", "define_task", "get_task",
+           "label_task", "task_record"]
+
 TaskKind = Literal["classification", "regression", "generation"]
 
 LAMP2_LABELS = (

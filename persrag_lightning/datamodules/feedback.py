@@ -21,6 +21,8 @@ from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSetti
 from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.utils import as_settings, trainer_validates
 
+__all__ = ["FeedbackDataModule", "UninformativeFeedbackWarning"]
+
 # Below this share of examples whose candidates got different labels, the stage is told: every other
 # example's KL target is uniform, so it trains the model towards equal scores. SmolLM2-135M's greedy
 # answers to LaMP-2 under the task metric gave none (docs/training/feedback.md).

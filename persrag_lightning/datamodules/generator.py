@@ -38,6 +38,8 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
+__all__ = ["EpochShuffle", "GeneratorBatch", "GeneratorDataModule", "collate_generator"]
+
 PROMPTS_VERSION = "generator-prompts/v1"
 
 

@@ -51,6 +51,8 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
+__all__ = ["ReaderDataModule", "ReaderTrainBatch"]
+
 READER_DATA_VERSION = "reader-data/v1"
 
 

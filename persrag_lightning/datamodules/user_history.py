@@ -20,6 +20,8 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.text_encoder import Pooling
 
+__all__ = ["UserHistoryBatch", "UserHistoryDataModule"]
+
 # The text "<mask>" as a one-doc corpus: its embedding (cached like any corpus) initialises the
 # [mask] row.
 MASK_TEXT_CORPUS = Corpus(["<mask>"], np.array([0, 1]), ["<mask>"], ["<mask>"])

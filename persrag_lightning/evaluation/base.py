@@ -15,6 +15,8 @@ from persrag_lightning.llm.calibration import LabelReading
 from persrag_lightning.retrieval.base import Strategy
 from persrag_lightning.utils import ConfigError
 
+__all__ = ["EvaluationReport", "Evaluator"]
+
 
 @dataclass(frozen=True)
 class EvaluationReport:

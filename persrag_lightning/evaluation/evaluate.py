@@ -60,6 +60,9 @@ from persrag_lightning.utils import (
     fingerprint,
 )
 
+__all__ = ["Evaluation", "evaluate_parser", "only_names", "rename_strategies",
+           "same_community_chance"]
+
 log = logging.getLogger(__name__)
 
 # generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one

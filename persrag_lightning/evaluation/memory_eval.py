@@ -40,6 +40,8 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
+__all__ = ["MemoryEvaluation", "table"]
+
 STRATEGIES = ("zero_shot", "Memory", "CFRAG", "CFRAG + memory")
 
 

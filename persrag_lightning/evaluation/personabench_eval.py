@@ -29,6 +29,9 @@ from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
+__all__ = ["PersonaBenchEvalConfig", "PersonaBenchEvaluation", "PersonaBenchReport",
+           "config_from_dict", "evaluate_variants", "run_personabench"]
+
 
 @dataclass
 class PersonaBenchEvalConfig:

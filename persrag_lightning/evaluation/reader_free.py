@@ -26,6 +26,9 @@ from persrag_lightning.data.tasks import TaskSpec, get_task
 from persrag_lightning.llm.calibration import LabelReading
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 
+__all__ = ["collapse_warnings", "doc_labels", "reader_free_rows", "reading_diagnostics",
+           "top_answer", "vote"]
+
 MAJORITY = "majority label (train)"
 OWN_MAJORITY = "user's own majority"
 OWN_MEDIAN = "user's own median"

@@ -27,6 +27,8 @@ from persrag_lightning.evaluation.stats import (
 )
 from persrag_lightning.utils import atomic_replace
 
+__all__ = ["Summary", "plot_results", "summarise", "summary_table"]
+
 ALPHA = 0.05
 MARKER = "*"
 

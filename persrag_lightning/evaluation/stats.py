@@ -28,6 +28,9 @@ import numpy as np
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.metrics import HIGHER_IS_BETTER, METRIC_NAMES
 
+__all__ = ["Comparison", "Interval", "LampMetricFn", "bootstrap_ci", "bootstrap_interval",
+           "compare", "metric_names", "paired_test", "sign_flip_test"]
+
 MetricFn = Callable[[Sequence[str], Sequence[str]], float]
 
 # Resample chunks hold at most this many (resample, example) cells, so 10^4 examples do not need GBs

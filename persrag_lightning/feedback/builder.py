@@ -37,6 +37,8 @@ from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 from persrag_lightning.utils import bundle_digest, fingerprint
 
+__all__ = ["FeedbackBuilder", "feedback_stats"]
+
 log = logging.getLogger(__name__)
 
 FEEDBACK_VERSION = "feedback/v2"  # v2: own docs = the question's profile, others' = their pools

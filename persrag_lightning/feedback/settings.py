@@ -10,6 +10,8 @@ from typing import Literal
 
 from persrag_lightning.llm.registry import LLMConfig
 
+__all__ = ["CandidateSettings", "FeedbackSettings"]
+
 FeedbackMetric = Literal["task", "loglik", "teacher"]
 
 

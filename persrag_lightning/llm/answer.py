@@ -19,6 +19,9 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import build_prompt
 
+__all__ = ["ANSWER_MODES", "POSTPROCESSING", "AnswerMode", "Postprocessing", "allowed_labels",
+           "build_prompts", "official_postprocess"]
+
 AnswerMode = Literal["generate", "choose"]
 Postprocessing = Literal["official", "lenient"]
 ANSWER_MODES: tuple[str, ...] = get_args(AnswerMode)

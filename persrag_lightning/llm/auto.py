@@ -32,6 +32,8 @@ import torch
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 from persrag_lightning.utils import atomic_write_json
 
+__all__ = ["auto_backend"]
+
 log = logging.getLogger(__name__)
 # feedback-sized pairs timed per backend (one batch for hf), after one untimed warm-up pair
 PROBE_PROMPTS = 8

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+__all__ = ["LLM", "LLMBackendError", "ModelSource", "cache_root", "resolve_model"]
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 

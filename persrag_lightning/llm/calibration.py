@@ -25,6 +25,10 @@ from typing import Literal, get_args
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.prompts import content_free_prompt, domain_premise
 
+__all__ = ["CALIBRATIONS", "CONTENT_FREE_INPUTS", "DECISIONS", "Calibration", "Decision",
+           "LabelReading", "calibration_prompts", "calibration_terms", "check_reading", "decide",
+           "resolve_decision"]
+
 Calibration = Literal["none", "contextual", "pmi"]
 Decision = Literal["auto", "argmax", "median", "mean"]
 CALIBRATIONS: tuple[str, ...] = get_args(Calibration)

@@ -12,6 +12,8 @@ import numpy as np
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 
+__all__ = ["LlamaCppLLM"]
+
 _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama-cpp-python`"
 # `weights`: the GGUF as shipped, or re-encoded once by llama.cpp's own quantizer into a type with a
 # fast CPU kernel. SmolLM2 ships as Q4_1, which this CPU backend has no batched kernel for without

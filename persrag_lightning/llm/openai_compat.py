@@ -12,6 +12,8 @@ from typing import Any
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
+__all__ = ["OpenAICompatLLM"]
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from persrag_lightning.data.tasks import get_task
 
+__all__ = ["default_max_new_tokens", "first_json_object", "postprocess"]
+
 # Short budgets for label tasks keep feedback cheap; titles and tweets need a sentence.
 MAX_NEW_TOKENS: dict[str, int] = {"LaMP-1": 8, "LaMP-2": 8, "LaMP-3": 8, "LaMP-4": 40, "LaMP-5": 40, "LaMP-7": 64}
 # a folder's own labels ("STYLE & BEAUTY") may take more tokens than LaMP-2's tags

@@ -14,6 +14,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+__all__ = ["BudgetSettings", "allocate_budget", "profile_length", "query_length",
+           "truncate_to_tokens"]
+
 CountTokens = Callable[[str], int]
 
 

@@ -23,6 +23,10 @@ from persrag_lightning.llm.profile_budget import (
     truncate_to_tokens,
 )
 
+__all__ = ["CHAT_MEMORY_HEADER", "DEFAULT_MAX_PROMPT_TOKENS", "PROMPT_VERSION",
+           "build_chat_prompt", "build_prompt", "content_free_prompt", "domain_premise",
+           "split_budget", "task_prompt", "truncate_to_tokens"]
+
 # Bump whenever a template or the budget rule changes: it is part of every feedback / prediction
 # cache key.
 PROMPT_VERSION = "cfrag-table4-v1"

@@ -14,6 +14,8 @@ from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 from persrag_lightning.llm.calibration import Calibration, Decision, check_reading, resolve_decision
 from persrag_lightning.progress import in_blocks
 
+__all__ = ["BACKENDS", "PROGRESS_BLOCKS", "LLMConfig", "load_llm"]
+
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
 PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
 

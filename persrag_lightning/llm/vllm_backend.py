@@ -8,6 +8,8 @@ from typing import Any
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
+__all__ = ["VLLMLLM"]
+
 
 class VLLMLLM(LLM):
     """Offline vLLM engine: greedy chat generation and prompt-logprob scoring, batches scheduled by

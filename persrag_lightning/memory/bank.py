@@ -16,6 +16,8 @@ from persrag_lightning.memory.recall import Encoder, RecallSettings, TagEmbeddin
 from persrag_lightning.memory.records import ROLES, Memory, Recalled, Tags, Turn
 from persrag_lightning.memory.store import MemoryStore, NewMemory, StoreSettings, validate_id
 
+__all__ = ["ChatMemory", "MemoryBank", "MemorySettings", "UserExistsError"]
+
 
 @dataclass(frozen=True)
 class ChatMemory:

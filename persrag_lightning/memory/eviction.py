@@ -18,6 +18,8 @@ from typing import Literal
 
 import numpy as np
 
+__all__ = ["EvictionSettings", "UsageRow", "select_evictions"]
+
 Fallback = Literal["random", "least_used"]
 
 

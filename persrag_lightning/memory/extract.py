@@ -14,6 +14,9 @@ from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.postprocess import first_json_object
 from persrag_lightning.memory.records import DIMENSIONS, Tags, Turn
 
+__all__ = ["CATEGORIES", "QUESTIONNAIRE", "Extraction", "Extractor", "parse_extraction",
+           "questionnaire_turns"]
+
 MAX_TAGS_PER_DIMENSION = 8
 MAX_TAG_CHARS = 64
 MAX_MEMORY_CHARS = 500

@@ -13,6 +13,8 @@ import numpy as np
 
 from persrag_lightning.memory.records import MemoryCandidate, Recalled
 
+__all__ = ["Encoder", "RecallSettings", "TagEmbeddings", "encode_numpy", "rerank"]
+
 
 class Encoder(Protocol):
     """Anything that embeds texts as L2-normalised rows (our TextEncoder, or a test fake)."""

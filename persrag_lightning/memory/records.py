@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+__all__ = ["DIMENSIONS", "ROLES", "Memory", "MemoryCandidate", "Recalled", "Tags", "Turn"]
+
 # The seed's five tag dimensions (§3.3/§3.5), in the order of the extraction prompt and of the table
 # columns.
 DIMENSIONS: tuple[str, ...] = ("topics", "entities", "query_type", "intent", "preferences")

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from persrag_lightning.memory.bank import MemoryBank
 from persrag_lightning.progress import Progress
 
+__all__ = ["SimulatedConversation", "feed_conversations", "measure_recall",
+           "questionnaire_answers", "simulate_conversations"]
+
 # (slot, statement, question, values): every user gets a different value of the same slots.
 FACT_TEMPLATES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("pet", "By the way, my dog is called {v}.", "What is my dog called?",

@@ -23,6 +23,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+__all__ = ["MAX_ID_CHARS", "InvalidIdError", "MemoryStore", "NewMemory", "StoreSettings",
+           "user_filter", "validate_id"]
+
 try:
     import lancedb
     from lancedb.expr import col, lit

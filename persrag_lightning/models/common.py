@@ -12,6 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+__all__ = ["ROWS_PER_FORWARD_BY_DEVICE", "USER_HEADS", "LoraFields", "LoraSettings", "apply_lora",
+           "config_from_json", "encode_by_length", "freeze_pooler", "merged_copy"]
+
 USER_HEADS = "user_heads.safetensors"
 
 # Texts (retriever) or (query, doc) pairs (reranker) per encoder forward, taken in order of token

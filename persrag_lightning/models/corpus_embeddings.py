@@ -26,6 +26,10 @@ from persrag_lightning.models.text_encoder import Pooling, TextEncoder, model_id
 from persrag_lightning.progress import Progress
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json, fingerprint
 
+__all__ = ["EMBEDDINGS_FILE", "build_corpus_embeddings", "corpus_embedding_dir",
+           "corpus_embedding_key", "embedding_precision", "load_corpus_embeddings",
+           "precision_autocast"]
+
 log = logging.getLogger(__name__)
 
 EMBEDDINGS_FILE = "embeddings.safetensors"

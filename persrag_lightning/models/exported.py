@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+__all__ = ["EXPORTED_RUNTIMES", "WIDTH_STEP", "Session", "StaticShapes", "export_onnx",
+           "export_path", "openvino_session", "session"]
+
 EXPORTED_RUNTIMES = ("onnx", "openvino")
 Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 

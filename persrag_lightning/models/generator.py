@@ -14,6 +14,9 @@ from torch import nn
 from persrag_lightning.models.common import merged_copy
 from persrag_lightning.utils import atomic_directory, file_digest
 
+__all__ = ["causal_lm_batch", "default_lora_targets", "export_generator", "seq2seq_batch",
+           "target_token_loss"]
+
 # what was tuned, how, and the weights' digest (part of the folder digest)
 GENERATOR_META = "persrag_generator.json"
 IGNORE_INDEX = -100  # label of a token that carries no loss (prompt and padding)

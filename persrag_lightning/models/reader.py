@@ -32,6 +32,9 @@ from persrag_lightning.models.common import config_from_json
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
 from persrag_lightning.utils import atomic_directory
 
+__all__ = ["LabelReader", "ReaderBatch", "ReaderConfig", "ReaderSettings", "batch_from_vectors",
+           "doc_text", "encoder_digest", "reader_inputs"]
+
 READER_WEIGHTS = "reader.safetensors"
 Head = Literal["auto", "softmax", "ordinal"]
 # text vectors remembered by a loaded reader (a doc is read by many questions and rows)

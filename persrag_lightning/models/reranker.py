@@ -27,6 +27,9 @@ from persrag_lightning.models.text_encoder import resolve_model_path
 from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
+__all__ = ["RUNTIMES", "PersonalizedReranker", "RerankerConfig", "RerankerSettings", "Runtime",
+           "cls_state", "export_onnx", "keep_layers", "personalized_rerank_score"]
+
 
 @dataclass
 class RerankerSettings(LoraFields):

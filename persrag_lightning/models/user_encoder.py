@@ -20,6 +20,9 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.index import IndexKind, build_index, load_index, save_index, search
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
+__all__ = ["Judgments", "UserEncoder", "UserEncoderConfig", "UserEncoderSettings",
+           "judgment_labels"]
+
 Judgments = Literal["none", "label", "paired"]
 
 

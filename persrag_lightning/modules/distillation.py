@@ -16,6 +16,8 @@ from persrag_lightning.modules.losses import kl_to_llm_feedback
 from persrag_lightning.modules.optim import DistillationSettings, adamw
 from persrag_lightning.utils import as_settings
 
+__all__ = ["FeedbackDistillationModule"]
+
 
 class FeedbackDistillationModule(L.LightningModule):
     """KL to LLM feedback (Eq. 8 / 12) over candidate lists, ranking metrics against the feedback,

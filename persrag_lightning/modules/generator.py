@@ -39,6 +39,8 @@ from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.utils import ConfigError, as_settings
 
+__all__ = ["GeneratorModule"]
+
 # a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
 # them
 torch.serialization.add_safe_globals([OptimizerSettings])

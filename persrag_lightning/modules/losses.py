@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+__all__ = ["Negatives", "info_nce", "kl_to_llm_feedback"]
+
 Negatives = Literal["all_views", "cross_view"]
 
 

@@ -11,6 +11,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+__all__ = ["DistillationSettings", "OptimizerSettings", "adamw"]
+
 LrSchedule = Literal["constant", "linear"]
 
 

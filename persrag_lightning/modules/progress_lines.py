@@ -11,6 +11,8 @@ import lightning as L
 
 from persrag_lightning.progress import Progress
 
+__all__ = ["ProgressLines"]
+
 
 class ProgressLines(L.Callback):
     """A line every `every` seconds (and the last) for the whole fit and for each validation pass,

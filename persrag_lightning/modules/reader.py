@@ -21,6 +21,8 @@ from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSet
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.utils import as_settings
 
+__all__ = ["ReaderModule"]
+
 # a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
 # them
 torch.serialization.add_safe_globals([ReaderSettings, OptimizerSettings])

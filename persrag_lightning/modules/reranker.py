@@ -16,6 +16,8 @@ from persrag_lightning.models.reranker import (
 from persrag_lightning.modules.distillation import FeedbackDistillationModule
 from persrag_lightning.modules.optim import DistillationSettings
 
+__all__ = ["RerankerModule"]
+
 # a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
 # them
 torch.serialization.add_safe_globals([RerankerSettings, DistillationSettings])

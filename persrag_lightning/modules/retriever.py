@@ -9,6 +9,8 @@ from persrag_lightning.models.retriever import PersonalizedRetriever, RetrieverC
 from persrag_lightning.modules.distillation import FeedbackDistillationModule
 from persrag_lightning.modules.optim import DistillationSettings
 
+__all__ = ["RetrieverModule"]
+
 # a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
 # them
 torch.serialization.add_safe_globals([RetrieverSettings, DistillationSettings])

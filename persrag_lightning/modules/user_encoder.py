@@ -22,6 +22,8 @@ from persrag_lightning.models.user_encoder import (
 from persrag_lightning.modules.losses import Negatives, info_nce
 from persrag_lightning.utils import ConfigError, as_settings, atomic_directory
 
+__all__ = ["ContrastiveSettings", "UserEncoderModule"]
+
 
 @dataclass
 class ContrastiveSettings:

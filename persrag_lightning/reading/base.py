@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.llm.calibration import LabelReading
 
+__all__ = ["Docs", "Reader"]
+
 Docs = Sequence[Sequence[HistoryDoc]]  # the docs of each question, in rank order
 
 

@@ -28,6 +28,8 @@ from persrag_lightning.llm.registry import PROGRESS_BLOCKS, LLMConfig
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 
+__all__ = ["LLMReader"]
+
 # label scores of the calibration prompts by (model fingerprint, task, prompts), for readers without
 # a prompt store (serving): a handful per task, the same for every request
 _TERM_SCORES: dict[tuple, list[list[float]]] = {}

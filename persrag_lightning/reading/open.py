@@ -7,6 +7,8 @@ from persrag_lightning.data.prompt_store import PromptStore
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading.base import Reader
 
+__all__ = ["LLM_READER", "open_reader"]
+
 LLM_READER = "llm"
 
 

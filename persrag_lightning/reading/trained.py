@@ -17,6 +17,8 @@ from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 from persrag_lightning.utils import ConfigError, bundle_digest
 
+__all__ = ["TrainedReader"]
+
 BATCH = 64  # questions per forward at inference
 
 

@@ -15,6 +15,8 @@ from persrag_lightning.data.histories import MAX_HISTORY, corpus_doc_ids, visibl
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.utils import bundle_digest
 
+__all__ = ["DocStore", "Query", "RetrievedDoc", "Strategy", "cache_value"]
+
 
 @dataclass(frozen=True)
 class Query:

@@ -14,6 +14,8 @@ from persrag_lightning.models.text_encoder import Pooling
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
+__all__ = ["BM25", "Dense", "RandomDocs", "Recency", "ZeroShot"]
+
 
 def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the top-k scores, best first; ties go to the more recent doc (higher row):

@@ -12,6 +12,8 @@ import torch
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
+__all__ = ["CandidateSource"]
+
 # user id → [(user id, cosine)], best first
 SimilarUsers = Callable[[str], list[tuple[str, float]]]
 # user id → e_u for the retriever's user term

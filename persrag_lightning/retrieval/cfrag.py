@@ -45,6 +45,8 @@ from persrag_lightning.retrieval.user_index import UserIndex
 from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, bundle_digest
 
+__all__ = ["CFRAG", "bundle", "first_stage_order", "missing_bundle", "require_bundle"]
+
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
 QueryRuntime = Literal["fp32", "bf16", "onnx", "openvino"]

@@ -25,6 +25,8 @@ import numpy as np
 
 from persrag_lightning.utils import atomic_replace, atomic_write_json, fingerprint
 
+__all__ = ["ClusterIndex", "ClusterIndexSettings"]
+
 log = logging.getLogger(__name__)
 
 FORMAT = "persrag-cluster-index/v1"

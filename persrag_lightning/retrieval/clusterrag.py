@@ -27,6 +27,8 @@ from persrag_lightning.retrieval.cfrag import require_bundle
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
 from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, Neighbour, mean_user_vectors
 
+__all__ = ["ClusterRAG", "ClusterRAGSettings", "CorpusEmbedder", "encoder_user_vectors"]
+
 log = logging.getLogger(__name__)
 
 Mode = Literal["user", "collab", "hybrid"]

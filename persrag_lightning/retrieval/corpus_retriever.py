@@ -25,6 +25,8 @@ from persrag_lightning.models.retriever import USER_HEADS, PersonalizedRetriever
 from persrag_lightning.models.text_encoder import EMBEDDED_MODELS, TextEncoder, model_identity
 from persrag_lightning.utils import bundle_digest, fingerprint
 
+__all__ = ["QUERY_RUNTIMES", "CorpusRetriever", "EncoderRetriever", "open_corpus_retriever"]
+
 # How the query encoder runs at serving (retrieval/cfrag.py's `query_runtime`; docs are embedded as
 # models/corpus_embeddings.py's `embedding_precision` says: bf16 on a CPU that computes it natively,
 # else fp32): torch fp32 as trained, torch's bf16 autocast, or its ONNX export in ONNX Runtime or

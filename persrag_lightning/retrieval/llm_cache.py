@@ -18,6 +18,8 @@ from typing import Protocol
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.progress import Progress
 
+__all__ = ["CachedLLM", "Generator"]
+
 
 class Generator(Protocol):
     """What the cache needs of an LLM: its fingerprint and greedy generation

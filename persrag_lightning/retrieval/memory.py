@@ -13,6 +13,8 @@ from persrag_lightning.memory.records import Recalled
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.cfrag import CFRAG
 
+__all__ = ["CFRAGMemory", "MemoryRecall", "memory_doc"]
+
 
 def memory_doc(r: Recalled) -> RetrievedDoc:
     """A recalled memory with its provenance, as the evaluation and the service report it."""

@@ -43,6 +43,8 @@ from persrag_lightning.retrieval.pbr_prompts import (
     utterance_schema,
 )
 
+__all__ = ["VARIANTS", "Encode", "PBRRetriever", "PBRSettings", "PseudoFeedback", "expand_query"]
+
 log = logging.getLogger(__name__)
 
 VARIANTS = ("PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base")

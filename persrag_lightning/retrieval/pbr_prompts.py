@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 from persrag_lightning.retrieval.llm_cache import CachedLLM
 
+__all__ = ["JSONSchemaLLM", "constrained_cache", "format_history", "json_candidates",
+           "parse_utterances", "reasoning_prompt", "utterance_prompt", "utterance_schema"]
+
 # Prompts copied from the seed's appendix ("Prompt Design for Our Method"); markdown emphasis
 # dropped.
 UTTERANCE_PROMPT = """You are to generate 10 natural candidate utterances the user might say, inspired by the dialogue \

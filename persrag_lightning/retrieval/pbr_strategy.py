@@ -21,6 +21,8 @@ from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Stra
 from persrag_lightning.retrieval.llm_cache import CachedLLM, Generator
 from persrag_lightning.retrieval.pbr import PBRRetriever, PBRSettings
 
+__all__ = ["PBRExpansion", "PBRQueryExpansion", "PBRStrategy"]
+
 
 def cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> CachedLLM:
     """The P-PRF LLM behind its on-disk answer cache (loaded now)."""

@@ -22,6 +22,10 @@ from persrag_lightning.utils import (
     resolve_config_path,
 )
 
+__all__ = ["bind_strategies", "cached_retrieval", "file_name", "resolve_reranker_runtime",
+           "set_reranker_runtime", "strategy_by_name", "strategy_config", "strategy_names",
+           "substitute_run_dir"]
+
 
 def file_name(name: str) -> str:
     """A strategy name as a file name ("w/o user retrieval" → "w_o_user_retrieval")."""

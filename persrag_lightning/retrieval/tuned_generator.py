@@ -7,6 +7,8 @@ from __future__ import annotations
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.utils import ConfigError
 
+__all__ = ["TunedGenerator"]
+
 
 class TunedGenerator(Strategy):
     """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an

@@ -20,6 +20,8 @@ from persrag_lightning.index import (
     to_gpu_if_available,
 )
 
+__all__ = ["UserIndex", "torch_topk_users"]
+
 
 def torch_topk_users(table: torch.Tensor, vectors: torch.Tensor, m: int,
                      normalize_table: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

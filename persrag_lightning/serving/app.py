@@ -39,6 +39,8 @@ from persrag_lightning.serving.requests import Chat, Error, History, SignUp
 from persrag_lightning.serving.service import ChatService
 from persrag_lightning.serving.validation import ServiceError
 
+__all__ = ["allowed_hosts_for", "create_app"]
+
 log = logging.getLogger(__name__)
 
 # 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits

@@ -27,6 +27,8 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
 
+__all__ = ["CFRAGPipeline", "Generation"]
+
 # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
 COHORTS = "clusters"
 

@@ -10,6 +10,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["Limits", "RateLimiter"]
+
 
 @dataclass(frozen=True)
 class Limits:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 from persrag_lightning.llm.prompts import CHAT_MEMORY_HEADER, split_budget, truncate_to_tokens
 
+__all__ = ["build_serving_prompt"]
+
 SERVING_PROMPT_VERSION = "chat-serving-v1"
 MAX_DOC_CHARS = 600  # one retrieved doc or memory in the prompt, after its line breaks are folded
 DATA_OPEN = "<<<DATA"

@@ -50,6 +50,8 @@ from persrag_lightning.models.corpus_embeddings import (
 from persrag_lightning.retrieval.cohorts import CohortModel
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
+__all__ = ["begin", "done", "pending", "purge_export"]
+
 log = logging.getLogger(__name__)
 
 JOURNAL = "purge.json"
