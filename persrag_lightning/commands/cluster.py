@@ -78,7 +78,12 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> CohortSettings:
     """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback
-    later."""
+    later.
+
+    Args:
+        args: the parsed `persrag cluster` arguments (method, cluster sizes, noise policy, fit
+            sample).
+    """
     for name, low in (("min_cluster_size", 2), ("n_clusters", 1), ("fit_sample", 2), ("min_samples", 1),
                       ("top_k_users", 0), ("num_users", 1)):
         value = getattr(args, name)
@@ -91,7 +96,11 @@ def settings_from(args: argparse.Namespace) -> CohortSettings:
 
 def cluster_command(argv: list[str]) -> dict:
     """Fit, export and summarise the cohorts; returns what diagnostics.json holds. Bad input → one
-    line, exit 2."""
+    line, exit 2.
+
+    Args:
+        argv: the command line after `persrag cluster`.
+    """
     try:
         args = parser().parse_args(argv)
         settings = settings_from(args)
@@ -160,7 +169,16 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
 
 def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
     """The cohort summary, any degenerate-case warning, the ARI table (SynthLaMP) and where the
-    export is."""
+    export is.
+
+    Args:
+        model: the fitted cohort model; its `summary()` opens the report.
+        diagnostics: what diagnostics.json holds: the degenerate-case warnings and, on SynthLaMP,
+            the ARI of each kind of user vectors.
+        synth: whether the data is the embedded SynthLaMP, whose true communities give the ARI
+            table.
+        out: the folder the cohorts were exported to, named on the last line.
+    """
     lines = [model.summary()]
     lines += [f"warning: {w}" for w in diagnostics["warnings"]]
     if synth:

@@ -91,7 +91,12 @@ def parser() -> argparse.ArgumentParser:
 def field_columns(opts: argparse.Namespace) -> tuple[str, str]:
     """The text and label columns, named generically (--text, --label) or by the task's LaMP fields
     (LaMP-2's --description and --tag, LaMP-3's --score, LaMP-4's and LaMP-5's --title, LaMP-5's
-    --abstract)."""
+    --abstract).
+
+    Args:
+        opts: the parsed `persrag data convert` arguments; the generic (--text, --label) or the
+            task's own field flags name the columns.
+    """
     layout = LAYOUTS[opts.task]
     for name in FIELDS:
         if getattr(opts, name) is not None and name not in (layout.text_field, layout.label_field):
@@ -116,7 +121,11 @@ def field_columns(opts: argparse.Namespace) -> tuple[str, str]:
 
 def data_command(args: list[str]) -> None:
     """`persrag data convert LOG --task T --user C --date C --text C[,C] --label C [--item C] --out
-    DIR`."""
+    DIR`.
+
+    Args:
+        args: the command line after `persrag data`.
+    """
     opts = parser().parse_args(args)
     text, label = field_columns(opts)
     options = ConvertOptions(task=opts.task, user=opts.user, date=opts.date, text=text, label=label,

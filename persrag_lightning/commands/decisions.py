@@ -19,7 +19,12 @@ __all__ = ["announce_decisions", "label_overrides", "precision_overrides"]
 
 def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
     """`trainer.precision` for a stage by a preset's policy (hardware.uses_bf16); None: the
-    config's."""
+    config's.
+
+    Args:
+        rule: the preset's precision policy for the stage's kind of work (a `Precision` or its
+            name); None keeps the config's precision.
+    """
     return {} if rule is None else {"trainer.precision": auto_precision(policy=rule)}
 
 
@@ -27,7 +32,13 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
     """The feedback LLM's dtype by a preset's rule: bfloat16 for hf where the rule says native
     (`cpu_native`: not on a GPU, where hf's `auto` dtype is bfloat16 already); nothing elsewhere, so
     the configs' `backend: auto` still picks the faster exact backend, nor under a backend without a
-    dtype option."""
+    dtype option.
+
+    Args:
+        rule: the preset's precision policy for the feedback labels; None adds nothing.
+        backend: the feedback LLM's backend as the config or command line names it (None or `auto`
+            as `hf`).
+    """
     if rule is None or backend not in (None, "auto", "hf") or not uses_bf16(rule):
         return {}
     return {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
@@ -36,7 +47,13 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
 def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[str, str]:
     """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the
     preset's policy; `llm`: the evaluation's resolved LLM settings, `plan.reader_settings`): printed
-    before the plan and kept in pipeline.json."""
+    before the plan and kept in pipeline.json.
+
+    Args:
+        preset: the run's preset, whose precision policies decide each kind of work.
+        backend: the evaluation LLM's backend (None or `auto`: the configs' choice).
+        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+    """
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
     out = {
@@ -68,7 +85,11 @@ FLOAT32_READER_NOTE = (
 def float32_reader_note(llm: dict) -> str | None:
     """FLOAT32_READER_NOTE where the evaluation's hf reader (`llm`: its resolved settings) would
     read in bfloat16 where native and this CPU has no native bfloat16 (on a GPU it reads in
-    bfloat16)."""
+    bfloat16).
+
+    Args:
+        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+    """
     wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
     if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
         return FLOAT32_READER_NOTE

@@ -31,7 +31,11 @@ SHORT_FLAGS = {"--max_examples": "--evaluation.max_examples", "--max-examples": 
 
 def evaluate_args(args: list[str]) -> list[str]:
     """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate
-    parser reads them."""
+    parser reads them.
+
+    Args:
+        args: the command line after `persrag evaluate`, as the user typed it.
+    """
     return resolve_config_args([next((a.replace(k, v, 1) for k, v in SHORT_FLAGS.items() if a.startswith(k)), a)
                                 for a in resolve_config_args(args)])
 

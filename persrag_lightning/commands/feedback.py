@@ -31,7 +31,11 @@ def feedback_parser() -> argparse.ArgumentParser:
 def feedback_command(args: list[str]) -> None:
     """`persrag feedback --config X [--shard i --num_shards n] [--stats]`: build (a shard of) the
     LLM-feedback labels of a stage's DataModule, or print their statistics; the rest of the
-    arguments configure as for `fit`."""
+    arguments configure as for `fit`.
+
+    Args:
+        args: the command line after `persrag feedback`.
+    """
     opts, rest = feedback_parser().parse_known_args(args)
     num_shards = opts.num_shards or int(os.environ.get("SLURM_ARRAY_TASK_COUNT", "1"))
     cli = PersragCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,

@@ -77,7 +77,11 @@ class Plan:
     budget: int | None = None
 
     def minutes_for(self, reader: str) -> float | None:
-        """The whole job's minutes if `reader` reads the label task (`llm` or `trained`)."""
+        """The whole job's minutes if `reader` reads the label task (`llm` or `trained`).
+
+        Args:
+            reader: `llm` or `trained`, the reader the estimate assumes.
+        """
         if not self.rates:
             return None
         llm = sum(self.llm_answers.values()) + self.training
@@ -133,7 +137,12 @@ def _data(config: Namespace) -> Namespace:
 def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> float:
     """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each
     stage's size: its epochs x users for stage 1, its train examples for the others), read from
-    their resolved configurations."""
+    their resolved configurations.
+
+    Args:
+        stages: each trained stage's resolved configuration, by stage name.
+        counts: questions per split (`question_counts`).
+    """
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
@@ -165,7 +174,12 @@ def budget_minutes() -> int | None:
 
 def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> int:
     """The LLM-feedback labels the feedback stages compute: m x k candidates per train question,
-    read from their resolved configurations."""
+    read from their resolved configurations.
+
+    Args:
+        stages: each trained stage's resolved configuration, by stage name.
+        train_questions: the train split's questions.
+    """
     total = 0
     for stage, config in stages.items():
         if STAGES[stage].kind != "feedback":
@@ -182,7 +196,12 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
 
 def probe_prompts(task: str, docs: int) -> list[str]:
     """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for
-    an answer, one for a feedback label), the question."""
+    an answer, one for a feedback label), the question.
+
+    Args:
+        task: the LaMP task whose instruction opens each prompt.
+        docs: history docs per prompt.
+    """
     rng = random.Random(0)
 
     def words(n: int) -> str:
@@ -198,7 +217,14 @@ def probe_prompts(task: str, docs: int) -> list[str]:
 def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
     """The reader's answers per second (a prompt with k docs, every label of the task scored) and
     labels per second (one doc, one target) on this machine now: measured at the start of each run,
-    so a loaded machine's estimate says so."""
+    so a loaded machine's estimate says so.
+
+    Args:
+        task: the LaMP task whose labels are scored.
+        model: the reader's LLM (a name or a local folder).
+        dtype: the dtype it reads in (`reader_dtype`).
+        batch_size: prompts per forward, as the evaluation's.
+    """
     from persrag_lightning.llm.registry import load_llm
 
     labels = list(get_task(task).labels or ("yes", "no"))
@@ -221,7 +247,11 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
 @lru_cache(maxsize=4)
 def encoder_rate(encoder: str = "minilm") -> float:
     """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS
-    question-sized texts)."""
+    question-sized texts).
+
+    Args:
+        encoder: the trained reader's frozen text encoder (a short name or a folder).
+    """
     from persrag_lightning.models.text_encoder import TextEncoder
 
     texts = [p[-300:] for p in probe_prompts("LaMP-2", 1)] * 4
@@ -236,7 +266,12 @@ def encoder_rate(encoder: str = "minilm") -> float:
 
 def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
     """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages
-    generate."""
+    generate.
+
+    Args:
+        data_dir: a LaMP folder; None counts the embedded SynthLaMP's.
+        users: SynthLaMP users the stages generate (None: its default).
+    """
     if data_dir is not None:
         from persrag_lightning.data.lamp import questions_path
 
@@ -250,14 +285,22 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
 
 def reader_settings(evaluation: Namespace) -> dict:
     """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the
-    config file's under the preset's and the command line's overrides)."""
+    config file's under the preset's and the command line's overrides).
+
+    Args:
+        evaluation: the evaluation's resolved configuration.
+    """
     llm = evaluation.evaluation.init_args.get("llm")
     return {} if llm is None else llm.as_dict()
 
 
 def reader_dtype(llm: dict) -> str:
     """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by
-    hardware.uses_bf16)."""
+    hardware.uses_bf16).
+
+    Args:
+        llm: the evaluation's resolved LLM settings (`reader_settings`).
+    """
     from persrag_lightning.llm.hf import resolve_device_dtype
 
     options = llm.get("options") or {}

@@ -42,7 +42,12 @@ def check_task(task: str | None, data_dir: str | None = None) -> None:
     """An unknown task, or one its folder's convert.json contradicts, is bad input like any other:
     one line naming it (exit code 2), raised here because the argument parser would wrap the
     constructor's error into a traceback. A converted folder's own label set is registered on the
-    way (data/folder_task.py)."""
+    way (data/folder_task.py).
+
+    Args:
+        task: the task a stage's config names; None is left to the config's default.
+        data_dir: the stage's LaMP folder, whose convert.json may fix the task; None for SynthLaMP.
+    """
     if task is not None or data_dir is not None:
         from persrag_lightning.data.folder_task import resolve_task
 
@@ -51,7 +56,12 @@ def check_task(task: str | None, data_dir: str | None = None) -> None:
 
 def fill_run_dir(args: Namespace, run_dir: str) -> None:
     """`{run_dir}` → run_dir in every string of `args`, a settings group's
-    (`data.init_args.candidates`) included."""
+    (`data.init_args.candidates`) included.
+
+    Args:
+        args: the parsed configuration, changed in place.
+        run_dir: the run's export folder, checkpoints/<run_name>.
+    """
     for key, value in vars(args).items():
         if isinstance(value, Namespace):
             fill_run_dir(value, run_dir)

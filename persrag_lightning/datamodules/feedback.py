@@ -36,7 +36,13 @@ class UninformativeFeedbackWarning(UserWarning):
 
 def warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: str) -> None:
     """One warning when fewer than UNINFORMATIVE_SHARE of `split`'s examples have candidates with
-    different labels."""
+    different labels.
+
+    Args:
+        examples: the split's feedback examples with their candidates' labels.
+        split: the split's name, for the warning.
+        metric: the feedback metric the labels were scored with, for the warning.
+    """
     if not examples:
         return
     share = feedback_stats(examples).informative_fraction
@@ -117,7 +123,12 @@ class FeedbackDataModule(L.LightningDataModule):
         """Build this shard's missing chunks of both splits (what `persrag feedback --shard` runs).
         Builders of the same shard of one cache (every node's prepare_data on a shared folder) take
         turns: the first labels, the others wait and find nothing missing; other shards go on in
-        parallel."""
+        parallel.
+
+        Args:
+            shard: which shard of the examples this process labels (0-based).
+            num_shards: how many shards the examples are cut into.
+        """
         self.source.prepare()
         builder = self.builder()
         with builder.cache.build_lock(shard, num_shards):
@@ -135,7 +146,12 @@ class FeedbackDataModule(L.LightningDataModule):
         self.build_feedback()
 
     def setup(self, stage: str | None = None) -> None:
-        """On every rank: read the cached labels and the frozen user table; never calls the LLM."""
+        """On every rank: read the cached labels and the frozen user table; never calls the LLM.
+
+        Args:
+            stage: Lightning's stage: `test` reads the test split's labels, any other the train
+                split's.
+        """
         builder = self.builder()
         if self.corpus is None:
             self.corpus = builder.corpus

@@ -162,7 +162,13 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def examples(self, dataset, split: str, limit: int | None) -> list[Example]:
         """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback
-        stage)."""
+        stage).
+
+        Args:
+            dataset: the loaded LaMP dataset.
+            split: the split to read.
+            limit: how many examples to keep; None keeps all.
+        """
         if split not in dataset.examples:
             raise KeyError(
                 f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})"

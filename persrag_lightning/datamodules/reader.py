@@ -82,7 +82,15 @@ def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k
                             ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
     """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k
     items of the same profile most similar to it (cosine of `vectors(text)`) among those dated
-    strictly before it; items in `skip` (questions of any split) are never questions here."""
+    strictly before it; items in `skip` (questions of any split) are never questions here.
+
+    Args:
+        spec: the task's spec (its label field and label list).
+        user_docs: one user's profile items, oldest first.
+        skip: ids of the items that are questions of a split.
+        k: docs read with each question.
+        vectors: the frozen encoder, text → unit vector.
+    """
     out = []
     texts = [doc_text(spec, d) for d in user_docs]
     matrix = vectors(texts) if texts else None
@@ -174,7 +182,15 @@ class ReaderDataModule(L.LightningDataModule):
         self, dataset, store: DocStore, split: str, limit: int | None, vectors
     ) -> list[ReaderExample]:
         """A split's questions read with the strategy's docs; for train, the profile items as
-        well."""
+        well.
+
+        Args:
+            dataset: the loaded LaMP dataset.
+            store: the doc store the strategy retrieves from.
+            split: the split to build.
+            limit: how many questions to keep; None keeps all.
+            vectors: the frozen encoder, text → unit vector.
+        """
         h, spec = self.hparams, get_task(self.task)
         examples = self.questions(dataset, split, limit)
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)

@@ -115,7 +115,11 @@ class UserHistoryDataModule(L.LightningDataModule):
         build_corpus_embeddings(MASK_TEXT_CORPUS, self.hparams.cache_dir, **self._embedding_args())
 
     def setup(self, stage: str | None = None) -> None:
-        """On every rank: load the records and the cached embeddings (never builds anything)."""
+        """On every rank: load the records and the cached embeddings (never builds anything).
+
+        Args:
+            stage: Lightning's stage; every stage reads the same records and embeddings.
+        """
         if self.corpus is not None:
             return
         self.dataset = self.source.load()
@@ -159,13 +163,23 @@ class UserHistoryDataModule(L.LightningDataModule):
 
     def user_history(self, user: int) -> np.ndarray:
         """Doc-table ids of user `user`'s pool (its `max_history` most recent docs), oldest
-        first."""
+        first.
+
+        Args:
+            user: the user's row in the user table.
+        """
         return history_ids(self.pools[self.user_ids[user]])
 
     def make_batch(self, users: torch.Tensor, epoch: int, stream: int) -> UserHistoryBatch:
         """Histories and two views; each view's rng is keyed by (seed, stream, epoch, user, view),
         so a user's views do not depend on batch composition or on how many processes share the
-        epoch."""
+        epoch.
+
+        Args:
+            users: the batch's user rows.
+            epoch: the current epoch, one key of the views' rng.
+            stream: the stream (train or val) the batch is drawn for, another key of the rng.
+        """
         histories = [self.user_history(int(u)) for u in users]
         views = [[augment_view(h, self.augment, np.random.default_rng(
             (self.hparams.seed, stream, epoch, int(u), v)), MASK_ID) for u, h in zip(users, histories)]

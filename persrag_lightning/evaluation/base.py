@@ -64,14 +64,28 @@ class Evaluator(ABC):
 
     @abstractmethod
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
-        """Run, write the reports under out_dir, return what was measured."""
+        """Run, write the reports under out_dir, return what was measured.
+
+        Args:
+            strategies: the config's `strategies` list; an evaluator whose rows are its own settings
+                refuses a non-empty one.
+        """
 
     def rename(self, names: dict[str, str]) -> None:
-        """Follow `--names`' renames in the evaluator's own settings (none by default)."""
+        """Follow `--names`' renames in the evaluator's own settings (none by default).
+
+        Args:
+            names: `--names`: config name → table name.
+        """
 
     def refuse_strategies(self, strategies: Sequence[Strategy], own: str) -> None:
         """An evaluator whose rows are its own settings (`own`) rejects a config's `strategies`
-        list."""
+        list.
+
+        Args:
+            strategies: the config's `strategies` list.
+            own: the setting that lists this evaluator's rows, named in the error.
+        """
         if strategies:
             raise ConfigError(
                 f"strategies: {type(self).__name__} evaluates its own rows ({own}), not a "

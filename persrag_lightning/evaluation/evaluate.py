@@ -72,7 +72,12 @@ TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
     """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`,
-    `only`, `names`)."""
+    `only`, `names`).
+
+    Args:
+        prog: the program name shown in usage and errors.
+        description: the help's description; None = the module's.
+    """
     from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
 
     parser = ArgumentParser(prog=prog, description=description)
@@ -96,14 +101,23 @@ def evaluate_parser(prog: str = "persrag evaluate", description: str | None = No
 
 
 def only_names(only: list[str | dict[str, str]]) -> list[str]:
-    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)"."""
+    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)".
+
+    Args:
+        only: `--only` as parsed: names, a name holding ": " arriving as a one-key mapping.
+    """
     return [n if isinstance(n, str) else ", ".join(f"{k}: {v}" for k, v in n.items()) for n in only]
 
 
 def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
     """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the
     old ones). A "+ tuned generator" row over a renamed strategy follows it. Returns every rename
-    made, old → new; a new name that another strategy already has is refused (one line, exit 2)."""
+    made, old → new; a new name that another strategy already has is refused (one line, exit 2).
+
+    Args:
+        strategies: the bound strategies, renamed in place.
+        names: config name → table name.
+    """
     made = {}
     for s in strategies:
         wrapped = s.wrapped_name
@@ -242,7 +256,11 @@ class Evaluation(Evaluator):
         self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
     def rename(self, names: dict[str, str]) -> None:
-        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests."""
+        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests.
+
+        Args:
+            names: config name → table name (`rename_strategies`' result).
+        """
         self.reference = names.get(self.reference, self.reference)
         self.votes = None if self.votes is None else [names.get(n, n) for n in self.votes]
         self.pairs = [[names.get(n, n) for n in pair] for pair in self.pairs]
@@ -257,7 +275,11 @@ class Evaluation(Evaluator):
     def reader_for(self, strategy: Strategy) -> Reader:
         """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row
         its generator's export, read as the LLM with the same settings and its own calibration; each
-        is opened once."""
+        is opened once.
+
+        Args:
+            strategy: the row whose prompts are read.
+        """
         generator = strategy.answering_model
         if generator is None:
             return self.reader
@@ -290,7 +312,11 @@ class Evaluation(Evaluator):
         return primary_metric(self.task).greater_is_better
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
-        """`run`, as the evaluator contract reports it."""
+        """`run`, as the evaluator contract reports it.
+
+        Args:
+            strategies: the rows to evaluate, bound to the run's exports.
+        """
         if not strategies:
             raise ConfigError("strategies: the LaMP evaluation needs at least one strategy")
         summary = self.run(list(strategies))
@@ -354,7 +380,11 @@ class Evaluation(Evaluator):
 
     def votes_for(self, strategy: Strategy) -> bool:
         """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every
-        row that retrieves for itself (a tuned generator's row reads another row's docs)."""
+        row that retrieves for itself (a tuned generator's row reads another row's docs).
+
+        Args:
+            strategy: the row.
+        """
         if self.votes is not None:
             return strategy.name in self.votes
         return strategy.wrapped_name is None
@@ -449,7 +479,12 @@ class Evaluation(Evaluator):
                      split=self.split, n_examples=summary.n_examples)
 
     def table(self, summary: Summary, skipped: dict[str, str]) -> str:
-        """results.md: the table with intervals, then one line per strategy that could not run."""
+        """results.md: the table with intervals, then one line per strategy that could not run.
+
+        Args:
+            summary: the rows' metrics with their intervals.
+            skipped: rows that could not run → why.
+        """
         text = summary_table(summary, self.answer_mode, self.split)
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)

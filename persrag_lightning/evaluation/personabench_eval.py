@@ -187,7 +187,11 @@ class PersonaBenchReport:
 
     def paired_lines(self, reference: str = "Base") -> list[str]:
         """Each variant against `reference` on the same questions: the mean R@5 difference, how many
-        questions went up and down, and a two-sided paired sign-flip randomisation p."""
+        questions went up and down, and a two-sided paired sign-flip randomisation p.
+
+        Args:
+            reference: the variant every other one is compared to.
+        """
         per: dict[str, dict[str, float]] = {}
         for r in self.results:
             per.setdefault(r.variant, {})[r.q_id] = r.recall
@@ -206,7 +210,11 @@ class PersonaBenchReport:
     @classmethod
     def load(cls, out_dir: str | Path) -> PersonaBenchReport:
         """The report `write` left in `out_dir` (summary.json, results.json), to write its table
-        again."""
+        again.
+
+        Args:
+            out_dir: the folder `write` wrote.
+        """
         out = Path(out_dir)
         summary = json.loads((out / "summary.json").read_text())
         results = [QuestionResult(**r) for r in json.loads((out / "results.json").read_text())]
@@ -216,7 +224,11 @@ class PersonaBenchReport:
                    summary["index_seconds"], variants, results)
 
     def plot(self, path: str | Path) -> Path:
-        """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars."""
+        """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars.
+
+        Args:
+            path: the PNG to write.
+        """
         import matplotlib
 
         matplotlib.use("Agg")
@@ -268,7 +280,16 @@ def select_questions(
 
 def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRSettings,
                 llm: CachedLLM | None) -> PBRRetriever:
-    """Embed every person's documents once; variants reuse the indexes via `with_settings`."""
+    """Embed every person's documents once; variants reuse the indexes via `with_settings`.
+
+    Args:
+        community: the PersonaBench community whose documents are indexed.
+        encode: the text encoder.
+        settings: the PBR settings the returned index takes (a variant swaps them by
+            `with_settings`).
+        llm: the cached LLM of the variants that rewrite or summarise; None when no variant needs
+            one.
+    """
     base = PBRRetriever(encode, PBRSettings(use_prf=False, use_anchor=False), None)
     for person in community.people:
         base.add_user(person.name, person.texts)
@@ -358,7 +379,11 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
     """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config;
-    unknown keys are errors."""
+    unknown keys are errors.
+
+    Args:
+        section: the `evaluation` section's init_args.
+    """
     values = dict(section)
     pbr = values.pop("pbr", None) or {}
     if not isinstance(pbr, dict):
@@ -368,7 +393,11 @@ def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
 
 def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
     """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate;
-    write; return."""
+    write; return.
+
+    Args:
+        config: the evaluation's settings (data, variants, encoder, LLM, out_dir).
+    """
     import torch
 
     from persrag_lightning.models.text_encoder import TextEncoder

@@ -27,7 +27,11 @@ __all__ = [
 
 def ground_truth_combinations(alternatives: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     """Cartesian product over the answer items' alternatives: each tuple is one full ground
-    truth."""
+    truth.
+
+    Args:
+        alternatives: per answer item, its accepted document ids.
+    """
     return list(itertools.product(*alternatives))
 
 
@@ -47,7 +51,13 @@ def recall_ndcg_for_combination(retrieved: Sequence[str], combination: Sequence[
 
 def personabench_scores(retrieved: Sequence[str], alternatives: Sequence[Sequence[str]], k: int = 5
                         ) -> tuple[float, float]:
-    """(best Recall@k, best NDCG@k) over all ground-truth combinations."""
+    """(best Recall@k, best NDCG@k) over all ground-truth combinations.
+
+    Args:
+        retrieved: the ranked document ids.
+        alternatives: per answer item, its accepted document ids.
+        k: the cut-off.
+    """
     best_recall, best_ndcg = 0.0, 0.0
     for combination in ground_truth_combinations(alternatives):
         recall, ndcg = recall_ndcg_for_combination(retrieved, combination, k)

@@ -41,7 +41,12 @@ COLLAPSE_MARGIN = 0.2
 
 def majority(labels: Sequence[str], order: Sequence[str]) -> str:
     """The most frequent label (ties: the earlier in `order`, the task's label list); "" for no
-    labels."""
+    labels.
+
+    Args:
+        labels: the labels to vote with.
+        order: the task's label list, which breaks ties.
+    """
     counts = Counter(label for label in labels if label)
     if not counts:
         return ""
@@ -50,7 +55,12 @@ def majority(labels: Sequence[str], order: Sequence[str]) -> str:
 
 def median_label(labels: Sequence[str], order: Sequence[str]) -> str:
     """The lower median of ordered labels (LaMP-3's scores): the label an MAE-minimising reader
-    would answer."""
+    would answer.
+
+    Args:
+        labels: the labels.
+        order: the task's ordered label list.
+    """
     ranked = sorted((label for label in labels if label), key=lambda label: _index(order, label))
     return ranked[(len(ranked) - 1) // 2] if ranked else ""
 
@@ -61,7 +71,13 @@ def _index(order: Sequence[str], label: str) -> int:
 
 def doc_labels(spec: TaskSpec, store: DocStore, rows: Sequence[int]) -> list[str]:
     """The labels (the task's label field, normalised to the label list) of corpus rows; unlabelled
-    docs drop."""
+    docs drop.
+
+    Args:
+        spec: the task's spec (label field, label list).
+        store: the corpus.
+        rows: the corpus rows.
+    """
     labels = spec.labels or ()
     return [
         labels[i - 1] for i in (spec.doc_label(store.history_doc(int(r))) for r in rows) if i > 0
@@ -70,7 +86,12 @@ def doc_labels(spec: TaskSpec, store: DocStore, rows: Sequence[int]) -> list[str
 
 def vote(spec: TaskSpec, labels: Sequence[str]) -> str:
     """What retrieved docs say, their labels in rank order: the median on an ordered task, else the
-    majority (ties: the better-ranked doc's label)."""
+    majority (ties: the better-ranked doc's label).
+
+    Args:
+        spec: the task's spec; an ordered task votes by median.
+        labels: the retrieved docs' labels, best-ranked first.
+    """
     if spec.kind == "regression":
         return median_label(labels, spec.labels or ())
     return majority(labels, labels)

@@ -64,7 +64,13 @@ class MemorySettings:
 
 def check_text(text: object, what: str, max_chars: int) -> str:
     """Reject what must never be stored: non-strings, empty text, oversized text, unencodable (lone
-    surrogates)."""
+    surrogates).
+
+    Args:
+        text: the value a request gave.
+        what: what the value is (`message`, `answer`), named in the error.
+        max_chars: the longest text accepted.
+    """
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a string, got {type(text).__name__}")
     if not text.strip():
@@ -103,7 +109,15 @@ class MemoryBank:
     def open(cls, path: str | Path, encoder: str | Encoder = "minilm", llm: LLM | None = None,
              settings: MemorySettings | None = None) -> MemoryBank:
         """Open (or create) a bank; `encoder` may be a model name/alias loaded with our
-        TextEncoder."""
+        TextEncoder.
+
+        Args:
+            path: the bank's folder (created if missing).
+            encoder: the text encoder of memories and tags: a model name or alias, or an object with
+                `encode(texts)`.
+            llm: the LLM that extracts memories from messages; None stores each message as it is.
+            settings: capacity, eviction, recall and limits; None = MemorySettings().
+        """
         if isinstance(encoder, str):
             from persrag_lightning.models.text_encoder import TextEncoder
 
@@ -133,7 +147,12 @@ class MemoryBank:
 
     def add_user(self, user_id: str, answers: Mapping[str, str]) -> list[Memory]:
         """Sign-up: each answered questionnaire category becomes a memory tagged with its
-        category."""
+        category.
+
+        Args:
+            user_id: the new user's id.
+            answers: questionnaire category → the user's answer; empty answers are skipped.
+        """
         validate_id(user_id)
         pairs = questionnaire_turns(answers)
         for q, a in pairs:
@@ -162,7 +181,14 @@ class MemoryBank:
 
     def log_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
         """Log one turn of either role (the assistant's answers are logged by the caller after
-        generation)."""
+        generation).
+
+        Args:
+            user_id: the user the session belongs to.
+            session_id: the chat session.
+            role: `user` or `assistant`.
+            text: what was said.
+        """
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         turn = self.store.add_turn(user_id, session_id, role,
@@ -173,13 +199,26 @@ class MemoryBank:
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:
         """A user's chat message: log the turn, extract a memory with the session's recent turns,
         store it, evict past capacity. None when the LLM judged that the message tells nothing about
-        the user."""
+        the user.
+
+        Args:
+            user_id: the user who wrote the message.
+            message: the chat message.
+            session_id: the chat session, whose recent turns the extraction reads.
+        """
         return self._store(user_id, self._observe(user_id, message, session_id))
 
     def remember_and_recall(self, user_id: str, message: str, session_id: str) -> ChatMemory:
         """One chat turn with ONE extraction: recall for the message (with the extraction's tags, as
         the seed does) before storing it, so the message never recalls itself; then store and
-        evict."""
+        evict.
+
+        Args:
+            user_id: the user who wrote the message.
+            message: the chat message, both the query of the recall and the source of the new
+                memory.
+            session_id: the chat session.
+        """
         extraction = self._observe(user_id, message, session_id)
         recalled = self.recall(user_id, message, tags=extraction.tags,
                                summary=extraction.memory if extraction.parsed else "")
@@ -217,23 +256,40 @@ class MemoryBank:
         return ids
 
     def evict(self, user_id: str) -> list[str]:
-        """Run eviction for one user now; returns the deleted ids."""
+        """Run eviction for one user now; returns the deleted ids.
+
+        Args:
+            user_id: the user whose memories are evicted.
+        """
         with self._user_lock(user_id):
             return self._evict(user_id)
 
     def delete_memory(self, user_id: str, memory_id: str) -> bool:
-        """Delete one memory of this user; False when the user has no memory with that id."""
+        """Delete one memory of this user; False when the user has no memory with that id.
+
+        Args:
+            user_id: the memory's owner.
+            memory_id: the memory's id.
+        """
         return self.store.delete_memories(user_id, [memory_id]) > 0
 
     def delete_user(self, user_id: str) -> tuple[int, int]:
-        """Forget a user entirely: memories and session turns; returns (memories, turns) deleted."""
+        """Forget a user entirely: memories and session turns; returns (memories, turns) deleted.
+
+        Args:
+            user_id: the user to forget.
+        """
         with self._user_lock(user_id):
             return self.store.delete_user(user_id)
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
         """`delete_user` with the rows physically gone from the LanceDB files (no old version keeps
         them); the user's lock goes with them (the caller makes sure no request of the user is in
-        flight)."""
+        flight).
+
+        Args:
+            user_id: the user to forget.
+        """
         with self._user_lock(user_id):
             counts = self.store.purge_user(user_id)
         with self._locks_guard:
@@ -281,7 +337,11 @@ class MemoryBank:
         return recalled
 
     def list(self, user_id: str) -> list[Memory]:
-        """All memories of a user, oldest first."""
+        """All memories of a user, oldest first.
+
+        Args:
+            user_id: the user whose memories are listed.
+        """
         return self.store.list_memories(user_id)
 
     def turns(

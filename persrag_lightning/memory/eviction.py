@@ -53,7 +53,12 @@ class UsageRow:
 
 def eviction_size(n_rows: int, settings: EvictionSettings) -> int:
     """How many rows to remove: 20 % of capacity (at least 1), and never fewer than the overflow, so
-    one round always brings the user back to at most `capacity` even after a bulk insert."""
+    one round always brings the user back to at most `capacity` even after a bulk insert.
+
+    Args:
+        n_rows: the user's memories now.
+        settings: the capacity and the eviction share.
+    """
     if n_rows <= settings.capacity:
         return 0
     batch = max(1, math.floor(settings.fraction * settings.capacity + 1e-9))

@@ -73,7 +73,13 @@ def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int
     """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits
     the token
     budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then
-    always returns parseable JSON instead of a cut-off tag list."""
+    always returns parseable JSON instead of a cut-off tag list.
+
+    Args:
+        max_tags: most tags per dimension.
+        memory_chars: the longest memory text.
+        tag_chars: the longest tag.
+    """
     tags = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": tag_chars},
             "maxItems": max_tags}
     return {"type": "object",
@@ -82,7 +88,12 @@ def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int
 
 
 def build_prompt(message: str, history: Sequence[Turn] = ()) -> str:
-    """The extraction prompt: recent turns of both roles as context, then the message."""
+    """The extraction prompt: recent turns of both roles as context, then the message.
+
+    Args:
+        message: the message a memory is extracted from.
+        history: the session's recent turns, oldest first.
+    """
     lines = "\n".join(f"{t.role}: {t.text}" for t in history) or "(none)"
     return PROMPT.format(history=lines, message=message)
 
@@ -126,13 +137,22 @@ def _salvage(text: str) -> dict | None:
 
 
 def fallback(message: str) -> Extraction:
-    """The one fallback: the message itself is the memory, no tags."""
+    """The one fallback: the message itself is the memory, no tags.
+
+    Args:
+        message: the chat message, stored as it is.
+    """
     return Extraction(" ".join(message.split())[:MAX_MEMORY_CHARS], Tags(), parsed=False)
 
 
 def parse_extraction(answer: str, message: str) -> Extraction:
     """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives
-    `fallback`."""
+    `fallback`.
+
+    Args:
+        answer: the LLM's answer.
+        message: the message it was asked about (the fallback's memory).
+    """
     obj, repaired = first_json_object(answer), False
     if obj is None:
         obj, repaired = _salvage(answer), True
@@ -188,7 +208,11 @@ class Extractor:
 
 def questionnaire_turns(answers: Mapping[str, str]) -> list[tuple[Question, str]]:
     """Validate sign-up answers (known categories, string values) and keep the non-empty ones, in
-    the questionnaire's order."""
+    the questionnaire's order.
+
+    Args:
+        answers: questionnaire category → the user's answer.
+    """
     unknown = sorted(set(answers) - set(CATEGORIES))
     if unknown:
         raise ValueError(f"unknown questionnaire categories {unknown}; known: {list(CATEGORIES)}")

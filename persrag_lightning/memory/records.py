@@ -48,7 +48,11 @@ class Tags:
         return _clean(t for dim in DIMENSIONS for t in getattr(self, dim))
 
     def with_topic(self, topic: str) -> Tags:
-        """A copy with one more topic (the questionnaire category of a sign-up answer)."""
+        """A copy with one more topic (the questionnaire category of a sign-up answer).
+
+        Args:
+            topic: the topic to add.
+        """
         return Tags(**{d: getattr(self, d) for d in DIMENSIONS if d != "topics"}, topics=(*self.topics, topic))
 
     def __bool__(self) -> bool:

@@ -75,7 +75,12 @@ QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
 
 def filler_messages(n: int, rng: random.Random) -> list[str]:
     """`n` distinct unrelated requests (the short list first, then request x subject pairs), in
-    random order."""
+    random order.
+
+    Args:
+        n: how many requests.
+        rng: the seeded generator of the order.
+    """
     pool = list(FILLERS) + [r.format(s=s) for r in FILLER_REQUESTS for s in FILLER_SUBJECTS]
     if n > len(pool):
         raise ValueError(f"at most {len(pool)} distinct filler messages, asked for {n}")
@@ -84,7 +89,11 @@ def filler_messages(n: int, rng: random.Random) -> list[str]:
 
 def questionnaire_answers(rng: random.Random) -> dict[str, str]:
     """One seeded answer per questionnaire category (the sign-up memories the seed starts a user
-    with)."""
+    with).
+
+    Args:
+        rng: the seeded generator of the answers.
+    """
     return {category: rng.choice(answers) for category, answers in QUESTIONNAIRE_ANSWERS.items()}
 
 

@@ -77,7 +77,12 @@ class FeedbackDistillationModule(L.LightningModule):
 
     def attach_datamodule(self, datamodule) -> None:
         """Build the model and the user table from the data (skipped for what a checkpoint already
-        restored)."""
+        restored).
+
+        Args:
+            datamodule: the data that exposes `user_embeddings` (and `user_ids` when the table is
+                exported).
+        """
         table = getattr(datamodule, "user_embeddings", None)
         if table is None:
             raise TypeError(
@@ -121,7 +126,12 @@ class FeedbackDistillationModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Rebuild model and user table from the checkpoint, so load_from_checkpoint needs no
-        datamodule (the table's values, like the weights, come from the state dict right after)."""
+        datamodule (the table's values, like the weights, come from the state dict right after).
+
+        Args:
+            checkpoint: the loaded checkpoint dict, holding the model's config beside its state
+                dict.
+        """
         if self.model is None:
             self.model = self._model_from_config(checkpoint[f"{self.bundle_name}_config"])
         if self.user_table is None:
@@ -133,7 +143,11 @@ class FeedbackDistillationModule(L.LightningModule):
 
     def forward(self, batch: CandidateBatch) -> torch.Tensor:
         """[B, C] scores of the batch's candidates for its query users (padding arbitrary, masked
-        downstream)."""
+        downstream).
+
+        Args:
+            batch: candidate lists with their query users.
+        """
         return self.model(batch, self.user_table(batch.users.to(self.user_table.weight.device)))
 
     def loss(self, scores: torch.Tensor, batch: CandidateBatch) -> torch.Tensor:
@@ -195,7 +209,13 @@ class FeedbackDistillationModule(L.LightningModule):
 
     def export(self, path: str | Path, datamodule=None) -> Path:
         """Write the serving bundle (models/ reloads it without Lightning); the CLI calls this on
-        rank 0 after fit."""
+        rank 0 after fit.
+
+        Args:
+            path: the bundle's folder.
+            datamodule: the data whose `user_ids` go with an exported user table when the module
+                holds none of its own.
+        """
         if not self.train_user_embeddings:
             return self.model.save_pretrained(path)
         ids = self.user_ids or list(getattr(datamodule, "user_ids", None) or [])

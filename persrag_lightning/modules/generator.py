@@ -147,7 +147,11 @@ class GeneratorModule(L.LightningModule):
     def encode(self, batch: GeneratorBatch) -> dict[str, torch.Tensor]:
         """Token ids and labels as the backend encodes prompts for evaluation; targets cut to
         max_target_tokens (the end-of-turn / </s> token kept last, so the model still learns to
-        stop)."""
+        stop).
+
+        Args:
+            batch: the prompts and their targets.
+        """
         pairs = self.backend.encode_pairs(batch.prompts, batch.targets)
         n = self.hparams.max_target_tokens
         pairs = [(p, t if len(t) <= n else [*t[:n - 1], t[-1]]) for p, t in pairs]
@@ -158,7 +162,11 @@ class GeneratorModule(L.LightningModule):
 
     def loss(self, batch: GeneratorBatch) -> torch.Tensor:
         """Mean cross-entropy of the target tokens given the prompt (prompt and padding carry no
-        loss)."""
+        loss).
+
+        Args:
+            batch: the prompts and their targets.
+        """
         inputs = self.encode(batch)
         if self.seq2seq:
             return self.lm(**inputs).loss
@@ -246,7 +254,13 @@ class GeneratorModule(L.LightningModule):
     def export(self, path, datamodule=None):
         """The merged model as a plain transformers folder (checkpoints/<run>/generator/): `hf`
         loads it as a model path (LLMConfig.model), in evaluation (`+ tuned generator` rows) and
-        serving."""
+        serving.
+
+        Args:
+            path: the folder to write the merged model to.
+            datamodule: the generator's DataModule, whose strategy, k and prompt budget the export's
+                metadata records; None records the task only.
+        """
         h = self.hparams
         meta = {"base_model": h.model, "base_digest": self.source.digest, "seq2seq": self.seq2seq,
                 "lora_r": h.lora_r, "lora_alpha": h.lora_alpha, "lora_targets": list(self.lora_targets),

@@ -22,6 +22,13 @@ def info_nce(view_a: torch.Tensor, view_b: torch.Tensor, temperature: float = 0.
     against e''_{u-} and the mirrored term, i.e. the mean of two cross-entropies over the N×N
     cross-view similarity matrix. `gather_negatives` (under torch.distributed): every rank's views
     are negatives of every other rank's, see `info_nce_gathered`.
+
+    Args:
+        view_a: [N, d] the first view's user embeddings.
+        view_b: [N, d] the second view's, row i the same user as in `view_a`.
+        temperature: τ of Eq. 2.
+        negatives: `all_views` (the official code's) or `cross_view` (Eq. 2 read literally).
+        gather_negatives: under torch.distributed, take every rank's views as negatives.
     """
     a = F.normalize(view_a, dim=-1)
     b = F.normalize(view_b, dim=-1)
@@ -66,7 +73,11 @@ class _GatherWithGrad(torch.autograd.Function):
 
 def gather_with_grad(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Rows of every rank concatenated in rank order (differentiable), and the offset of this rank's
-    rows."""
+    rows.
+
+    Args:
+        tensor: this rank's rows.
+    """
     if _world_size() == 1:
         return tensor, 0
     size = torch.tensor([tensor.shape[0]], device=tensor.device)
@@ -83,7 +94,14 @@ def info_nce_gathered(a: torch.Tensor, b: torch.Tensor, temperature: float = 0.1
     rank's views the candidates. Returns world_size × (this rank's share of the global mean), so
     that DDP's gradient average (with the summed gradients of the gather) is exactly the gradient of
     the single-process loss on the global batch; the mean of the returned values over ranks is that
-    loss."""
+    loss.
+
+    Args:
+        a: [N, d] this rank's first views.
+        b: [N, d] this rank's second views.
+        temperature: τ of Eq. 2.
+        negatives: `all_views` or `cross_view`, as `info_nce`.
+    """
     world = _world_size()
     both, offset = gather_with_grad(torch.cat([a, b], dim=-1))  # one collective for both views
     all_a, all_b = both.split(a.shape[-1], dim=-1)
@@ -113,6 +131,13 @@ def kl_to_llm_feedback(student_scores: torch.Tensor, teacher_labels: torch.Tenso
     negative *finite* logit before any arithmetic, so whatever they hold (even NaN/inf) never
     reaches the loss or its gradient; rows with fewer than 2 valid candidates carry no ranking
     signal and are left out of the mean (0 when no row is left).
+
+    Args:
+        student_scores: [B, C] the model's scores of each row's candidates.
+        teacher_labels: [B, C] the LLM feedback's scores of the same candidates.
+        mask: [B, C] True where a candidate is real, False on padding.
+        student_temperature: T of Eq. 7 / 11.
+        teacher_temperature: T_t of Eq. 6.
     """
     # Eq. 6–8 / 11–12: KL(p_LLM || p_model), the official code's direction
     if student_scores.shape != teacher_labels.shape or student_scores.shape != mask.shape:

@@ -52,7 +52,14 @@ class DistillationSettings(OptimizerSettings):
 
 def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
     """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at
-    `total`."""
+    `total`.
+
+    Args:
+        step: the optimizer step.
+        warmup: warm-up steps.
+        total: the run's optimizer steps.
+        schedule: `constant` or `linear` decay after the warm-up.
+    """
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "linear":
@@ -64,7 +71,15 @@ def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: Optimi
           no_decay: Callable[[str, nn.Parameter], bool] = lambda name, p: p.ndim < 2):
     """AdamW over the trainable parameters (`no_decay` ones without weight decay), with the
     settings' warm-up and schedule stepped per optimizer step; a bare optimizer when neither applies
-    (constant, no warm-up)."""
+    (constant, no warm-up).
+
+    Args:
+        named_parameters: the module's parameters by name; the frozen ones are left out.
+        settings: lr, weight decay, warm-up and schedule.
+        total_steps: the run's optimizer steps (the schedule's length).
+        no_decay: which parameters get no weight decay (default: biases and norms, anything under
+            2-D).
+    """
     groups: dict[bool, list[nn.Parameter]] = {True: [], False: []}
     for name, p in named_parameters:
         if p.requires_grad:

@@ -56,7 +56,11 @@ class ReaderModule(L.LightningModule):
         self.metric = None
 
     def setup(self, stage: str) -> None:
-        """The model takes the task's labels and the encoder's width from the data."""
+        """The model takes the task's labels and the encoder's width from the data.
+
+        Args:
+            stage: Lightning's stage; the model is built once, whatever the stage.
+        """
         data = self.trainer.datamodule
         self.task = data.task
         if self.model is None:
@@ -111,7 +115,12 @@ class ReaderModule(L.LightningModule):
 
     def export(self, path, datamodule=None):
         """The reader as models/reader.py loads it (config.json + weights; the encoder named and
-        checked)."""
+        checked).
+
+        Args:
+            path: the folder to write the reader to.
+            datamodule: unused; the export signature every stage module shares.
+        """
         was_training = self.model.training
         self.model.eval()
         try:
