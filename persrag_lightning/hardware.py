@@ -62,15 +62,15 @@ def onednn_has_bf16() -> bool:
         return False
 
 
-def onednn_cap() -> str | None:
+def _onednn_cap() -> str | None:
     """ONEDNN_MAX_CPU_ISA when it caps oneDNN at all (e.g. AVX2, AVX512_CORE_BF16), else None."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     return cap if cap and cap not in ("ALL", "DEFAULT") else None
 
 
-def onednn_isa_cap() -> str | None:
+def _onednn_isa_cap() -> str | None:
     """ONEDNN_MAX_CPU_ISA when it caps below AVX-512 (e.g. AVX2), else None."""
-    cap = onednn_cap()
+    cap = _onednn_cap()
     return cap if cap and not cap.startswith(("AVX512", "AVX10")) else None
 
 
@@ -79,7 +79,7 @@ def cpu_bf16_instructions() -> bool:
     yes on plain AVX-512 (emulated there); without x86 flags (another architecture) its answer
     stands."""
     flags = cpu_flags()
-    if onednn_isa_cap() is not None:
+    if _onednn_isa_cap() is not None:
         return False
     if flags is not None and not any(f in flags for f in BF16_FLAGS):
         return False
@@ -90,7 +90,7 @@ def bf16_matmul_speedup() -> float:
     """float32 time / bfloat16 time of one Linear at `PROBE_SHAPE` on this CPU, with torch's
     threads: measured once per process and oneDNN cap (best of 3 after a warm-up each), ~0.1-0.3
     s."""
-    return _bf16_matmul_speedup(onednn_cap(), torch.get_num_threads())
+    return _bf16_matmul_speedup(_onednn_cap(), torch.get_num_threads())
 
 
 @functools.cache
@@ -169,7 +169,7 @@ def native_runtime(runtime: str) -> str:
     return "bf16" if uses_bf16(Precision.NATIVE, "cpu") else "fp32"
 
 
-def cuda_has_bf16() -> bool:
+def _cuda_has_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
@@ -177,7 +177,7 @@ def bf16_is_native(device: str = "auto") -> bool:
     """bfloat16 is native where the work runs: CUDA when present (device auto / cuda), else this
     CPU."""
     if device in ("auto", "cuda", "gpu") and torch.cuda.is_available():
-        return cuda_has_bf16()
+        return _cuda_has_bf16()
     return cpu_has_native_bf16()
 
 
@@ -200,6 +200,6 @@ def describe_cpu() -> str:
         pass
     flags = cpu_flags() or frozenset()
     isa = [name for flag, name in ISA_FLAGS.items() if flag in flags]
-    cap = onednn_cap()
+    cap = _onednn_cap()
     capped = f" (oneDNN capped at {cap})" if cap else ""
     return f"{model}, {os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}{capped}"

@@ -48,14 +48,14 @@ FAISS_DEFAULT_BLAS_THRESHOLD = 128_000
 BLAS_MIN_QUERIES = 4
 
 
-def use_blas_for_batches(dim: int = 384, min_queries: int = BLAS_MIN_QUERIES) -> None:
+def _use_blas_for_batches(dim: int = 384, min_queries: int = BLAS_MIN_QUERIES) -> None:
     """Let faiss's exact search (flat indexes, IVF coarse quantizers, k-means assignment) use BLAS
     from `min_queries` queries of `dim` dimensions on (the threshold is global: larger dims switch a
     little earlier)."""
     faiss.cvar.distance_compute_blas_threshold = min_queries * dim
 
 
-use_blas_for_batches()
+_use_blas_for_batches()
 
 
 def normalized(vectors: np.ndarray) -> np.ndarray:

@@ -61,7 +61,7 @@ class Preset:
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
 
 
-def preset_path(name: str) -> Path:
+def _preset_path(name: str) -> Path:
     """A preset by name (configs/presets/<name>.yaml) or by the path of a YAML file."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         # a file; one of the repository's configs/ is found from any folder, as `--config` names are
@@ -85,7 +85,7 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    path = preset_path(name).resolve()
+    path = _preset_path(name).resolve()
     if path in _seen:
         raise ConfigError(
             f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle"
@@ -102,11 +102,11 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
         message = str(e).splitlines()[0]
         raise ConfigError(f"{path.name}: {key + ': ' if key else ''}{message}") from None
     preset.base = None
-    check_preset(preset, path)
+    _check_preset(preset, path)
     return preset
 
 
-def check_preset(preset: Preset, path: Path) -> None:
+def _check_preset(preset: Preset, path: Path) -> None:
     """What the schema cannot say: known stages, judgments, readers and calibrations."""
     for stage in preset.stages or []:
         if stage not in STAGES:

@@ -205,7 +205,7 @@ def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
     return sum(2 * r * i * o for r, i, o in shapes) / seconds / 1e9
 
 
-def shape_data(
+def _shape_data(
     shape: tuple[int, int, int], gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An input, a weight and a bias of a Linear of `shape` (rows, in, out), random (scaled as an
@@ -215,14 +215,14 @@ def shape_data(
             torch.randn(d_out, generator=gen))
 
 
-def measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
+def _measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
                  timer: Timer = time_call) -> float:
     """The rate of `path` over `shapes` on `threads` threads (`gflops`; random weights of each
     shape, seed 0)."""
     gen = torch.Generator().manual_seed(0)
     seconds = 0.0
     for shape in shapes:
-        x, w, b = shape_data(shape, gen)
+        x, w, b = _shape_data(shape, gen)
         seconds += gemm_seconds(path.name, path.prepare(w, b, threads), x, ROUNDS, timer)
     return gflops(shapes, seconds)
 
@@ -247,8 +247,8 @@ class GemmChoice:
             return [*out, f"float32 GEMM path: {next(iter(self.chosen.values()))} ({ENV}; not measured)"]
         for consumer, path in self.chosen.items():
             ranked = sorted(self.rates[consumer].items(), key=lambda kv: -kv[1])
-            rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if choosable(p))
-            beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not choosable(p))
+            rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if _choosable(p))
+            beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not _choosable(p))
             beside = f"; beside torch's threads, chosen only when named: {beside}" if beside else ""
             out.append(
                 f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
@@ -260,16 +260,16 @@ class GemmChoice:
         return asdict(self)
 
 
-def choosable(name: str) -> bool:
+def _choosable(name: str) -> bool:
     """A path the policy may choose by measurement: one in torch's own thread pool
     (`GemmPath.own_threads`)."""
     return name not in PATHS or not PATHS[name].own_threads
 
 
 def choose_path(rates: dict[str, float], min_gain: float = MIN_GAIN) -> str:
-    """The fastest measured path that `choosable` allows, unless it beats torch's by less than
+    """The fastest measured path that `_choosable` allows, unless it beats torch's by less than
     `min_gain` (then torch)."""
-    best = max([p for p in rates if choosable(p)] or rates, key=lambda p: rates[p])
+    best = max([p for p in rates if _choosable(p)] or rates, key=lambda p: rates[p])
     if "torch" in rates and best != "torch" and rates[best] < min_gain * rates["torch"]:
         return "torch"
     return best
@@ -289,7 +289,7 @@ def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] |
     shapes = GEMM_SHAPES if shapes is None else shapes
     threads = torch.get_num_threads() if threads is None else threads
     gen = torch.Generator().manual_seed(0)
-    data = {(c, shape): shape_data(shape, gen) for c, dims in shapes.items() for shape in dims}
+    data = {(c, shape): _shape_data(shape, gen) for c, dims in shapes.items() for shape in dims}
     calls: dict[tuple, LinearFn] = {}
     skipped: dict[str, str] = {}
     with torch.inference_mode():
@@ -316,7 +316,7 @@ def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] |
     return GemmChoice(threads, rates, {c: choose_path(r) for c, r in rates.items()}, skipped)
 
 
-def thread_counts() -> list[int]:
+def _thread_counts() -> list[int]:
     """torch's thread count, and the CPUs this process may run on where that differs (a machine
     whose torch counts physical cores but whose logical CPUs compute too): the thread settings the
     policy tries."""
@@ -334,7 +334,7 @@ def best_threads(counts: list[int], timer: Timer = gemm_seconds) -> int:
     try:
         for n in counts:
             torch.set_num_threads(n)
-            rates[str(n)] = measure_path(PATHS["torch"], GEMM_SHAPES["reader"], n, timer)
+            rates[str(n)] = _measure_path(PATHS["torch"], GEMM_SHAPES["reader"], n, timer)
     finally:
         torch.set_num_threads(current)
     best = max(rates, key=lambda n: rates[n])
@@ -360,7 +360,7 @@ def gemm_choice() -> GemmChoice:
     key = (wanted, torch.get_num_threads())
     if key not in _CHOICES:
         if wanted == "auto":
-            threads = best_threads(thread_counts())
+            threads = best_threads(_thread_counts())
             torch.set_num_threads(threads)
             choice = measure_gemm(threads=threads)
         elif wanted in PATHS:

@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     return one_flag_style(p)
 
 
-def settings_from(args: argparse.Namespace) -> CohortSettings:
+def _settings_from(args: argparse.Namespace) -> CohortSettings:
     """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback
     later.
 
@@ -103,7 +103,7 @@ def cluster_command(argv: list[str]) -> dict:
     """
     try:
         args = parser().parse_args(argv)
-        settings = settings_from(args)
+        settings = _settings_from(args)
     except ClusterArgumentError as err:
         print(f"persrag cluster: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err

@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     return one_flag_style(p)
 
 
-def field_columns(opts: argparse.Namespace) -> tuple[str, str]:
+def _field_columns(opts: argparse.Namespace) -> tuple[str, str]:
     """The text and label columns, named generically (--text, --label) or by the task's LaMP fields
     (LaMP-2's --description and --tag, LaMP-3's --score, LaMP-4's and LaMP-5's --title, LaMP-5's
     --abstract).
@@ -127,7 +127,7 @@ def data_command(args: list[str]) -> None:
         args: the command line after `persrag data`.
     """
     opts = parser().parse_args(args)
-    text, label = field_columns(opts)
+    text, label = _field_columns(opts)
     options = ConvertOptions(task=opts.task, user=opts.user, date=opts.date, text=text, label=label,
                              item=opts.item, min_items=opts.min_items, train_per_user=opts.train_per_user,
                              max_test_users=opts.max_test_users, max_dev_users=opts.max_dev_users, seed=opts.seed,

@@ -82,7 +82,7 @@ FLOAT32_READER_NOTE = (
 )
 
 
-def float32_reader_note(llm: dict) -> str | None:
+def _float32_reader_note(llm: dict) -> str | None:
     """FLOAT32_READER_NOTE where the evaluation's hf reader (`llm`: its resolved settings) would
     read in bfloat16 where native and this CPU has no native bfloat16 (on a GPU it reads in
     bfloat16).
@@ -110,7 +110,7 @@ def announce_decisions(
         llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
     """
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
-    if note := float32_reader_note(llm):
+    if note := _float32_reader_note(llm):
         print(note)
     decisions = precision_decisions(preset, backend, llm)
     print("[pipeline] precision: " + ", ".join(f"{k} {v}" for k, v in decisions.items()))

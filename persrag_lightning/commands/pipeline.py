@@ -50,7 +50,7 @@ def given(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in overrides.items() if v is not None}
 
 
-def stage_done(export_root: str, run_name: str, stage: str) -> bool:
+def _stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (bundle_path(Path(export_root) / run_name, stage) / "config.json").exists()
 
 
@@ -64,7 +64,7 @@ class TaskOverrides:
     evaluate: dict[str, Any]
 
 
-def task_overrides(task: str, preset: Preset) -> TaskOverrides:
+def _task_overrides(task: str, preset: Preset) -> TaskOverrides:
     """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
     `choose` among, so they generate, in the evaluation and in the generator stage's validation
     alike. LaMP-2 is the configs'."""
@@ -147,7 +147,7 @@ def choose_on_dev(
 ORDER_ROW = "w/o user retrieval{order}"  # the chosen order's "w/o user retrieval" row (CANDIDATES)
 
 
-def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
+def _report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
     """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled
     in (both candidates of the dev choice are rows: CFRAG and "w/o reranker tuning"); without the
     paper's chain trained, no row of it."""
@@ -160,7 +160,7 @@ def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[st
     return list(dict.fromkeys(rows))
 
 
-def check_rows(preset: Preset, name: str) -> None:
+def _check_rows(preset: Preset, name: str) -> None:
     """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one
     line, exit 2)."""
     from persrag_lightning.retrieval.strategies import strategy_names
@@ -300,7 +300,7 @@ class Job:
     def fit(self, stage: str, more: dict[str, Any] | None = None) -> None:
         """Train `stage` unless its bundle is exported already: from its resolved configuration, in
         this process; its command line is printed, as a user would run the stage alone."""
-        if stage_done(self.export_root, self.run_name, stage):
+        if _stage_done(self.export_root, self.run_name, stage):
             print(f"[pipeline] {stage}: exported already, skipped")
             return
         run = self.stage_run(stage, more)
@@ -326,7 +326,7 @@ class Job:
     def report(self, chosen: str) -> EvaluationRun:
         """The table on the reported split: the preset's rows (the chosen configuration the
         reference), the docs' vote of BM25's and its prompts, and the goal's third paired test."""
-        rows = report_strategies(self.preset, chosen, self.paper_chain)
+        rows = _report_strategies(self.preset, chosen, self.paper_chain)
         tests: dict[str, Any] = {"evaluation.reference": chosen} if chosen != "CFRAG" else {}
         if rows is not None:
             tests["evaluation.votes"] = [r for r in ("bm25", chosen) if r in rows]
@@ -341,7 +341,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     """The Job of parsed arguments: the run's name, and what each kind of stage and the evaluation
     add."""
     task, judgments = opts.task, opts.judgments or preset.judgments
-    overrides = task_overrides(task, preset)
+    overrides = _task_overrides(task, preset)
     data, evaluate = dict(overrides.data), {**overrides.evaluate, "evaluation.split": opts.split}
     if opts.data_dir is not None:
         data["data.init_args.data_dir"] = opts.data_dir
@@ -378,13 +378,13 @@ def announce(
     precision, gemm = announce_decisions(job.preset, job.backend, reader_settings(table))
     stages = {s: job.stage_run(s).resolve() for s in job.wanted()}
     rows = [
-        shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []
+        shown(r, job.names) for r in _report_strategies(job.preset, "CFRAG", job.paper_chain) or []
     ] or None
     dev = dev_choice(
         {**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names
     ).resolve()
     users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
-    plan = build_plan(stages, [s for s in stages if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
+    plan = build_plan(stages, [s for s in stages if _stage_done(job.export_root, job.run_name, s)], rows, job.preset,
                       job.task, question_counts(data_dir, users), (len(CANDIDATES), dev), table)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
@@ -420,7 +420,7 @@ def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
 def main(argv: list[str]) -> None:
     opts, extra = parse_args(argv)
     preset = load_preset(opts.preset)
-    check_rows(preset, opts.preset)
+    _check_rows(preset, opts.preset)
     if opts.data_dir is not None:
         check_data_dir(opts.data_dir, opts.task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     job = resolve_job(opts, extra, preset)

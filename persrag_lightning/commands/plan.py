@@ -194,7 +194,7 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
 
 # ---- the reader's rate ---------------------------------------------------------------------------
 
-def probe_prompts(task: str, docs: int) -> list[str]:
+def _probe_prompts(task: str, docs: int) -> list[str]:
     """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for
     an answer, one for a feedback label), the question.
 
@@ -228,7 +228,7 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
     from persrag_lightning.llm.registry import load_llm
 
     labels = list(get_task(task).labels or ("yes", "no"))
-    answer_prompts, label_prompts = probe_prompts(task, PROBE_DOCS), probe_prompts(task, 1)
+    answer_prompts, label_prompts = _probe_prompts(task, PROBE_DOCS), _probe_prompts(task, 1)
     llm = load_llm("hf", model, batch_size=batch_size, dtype=dtype)
     try:
         # warm-up: first-call allocations and kernel choices
@@ -254,7 +254,7 @@ def encoder_rate(encoder: str = "minilm") -> float:
     """
     from persrag_lightning.models.text_encoder import TextEncoder
 
-    texts = [p[-300:] for p in probe_prompts("LaMP-2", 1)] * 4
+    texts = [p[-300:] for p in _probe_prompts("LaMP-2", 1)] * 4
     model = TextEncoder.from_pretrained(encoder)
     model.encode(texts[:2])  # warm-up
     started = time.perf_counter()

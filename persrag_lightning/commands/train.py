@@ -69,7 +69,7 @@ def fill_run_dir(args: Namespace, run_dir: str) -> None:
             setattr(args, key, value.replace("{run_dir}", run_dir))
 
 
-def slurm_version() -> str | None:
+def _slurm_version() -> str | None:
     """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive
     one): the logger version of the job, stable across requeues, so a requeued job resumes its own
     run folder."""
@@ -121,7 +121,7 @@ class PersragCLI(LightningCLI):
         # quiet logs (logs.py)
         if cfg.trainer.get("enable_model_summary") is None and not is_verbose():
             cfg.trainer.enable_model_summary = False
-        job = slurm_version()
+        job = _slurm_version()
         if cfg.trainer.get("logger") in (None, True):
             cfg.trainer.logger = Namespace(
                 class_path="lightning.pytorch.loggers.CSVLogger",

@@ -245,7 +245,7 @@ def convert_log(
             f"--out: {out} exists and is not empty; pass --overwrite to replace it"
         )
     table = check_log(path, options, options.spec())
-    plan = plan_questions(table, options)
+    plan = _plan_questions(table, options)
     spec = label_task(tuple(plan.label_set)) if options.labels_from_log else options.spec()
     with atomic_directory(out) as tmp, gc_paused():
         questions, train_labels, test_golds = write_questions(tmp, table, plan, spec, layout)
@@ -297,7 +297,7 @@ class QuestionPlan:
     label_set: list[str]
 
 
-def plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
+def _plan_questions(table: LogTable, options: ConvertOptions) -> QuestionPlan:
     """Which of each user's items are asked, in which split, with which profile: every item dated
     strictly before the question. A label task's label set is the train questions' and their
     profiles' labels."""

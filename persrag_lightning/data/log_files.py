@@ -32,16 +32,16 @@ FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", 
 _GZIP = b"\x1f\x8b"  # the first two bytes of every gzip file
 
 
-def is_gzip(path: Path) -> bool:
+def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == _GZIP
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
+    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
 
 
-def log_format(path: Path) -> str:
+def _log_format(path: Path) -> str:
     """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line)
     whatever its name, else by the extension (a gzipped `.csv.gz` reads as CSV)."""
     sniffed = _sniff_json(path)
@@ -85,7 +85,7 @@ def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
     path = Path(path)
     if not path.is_file():
         raise LogFormatError(f"{path}: no such file")
-    kind = log_format(path)
+    kind = _log_format(path)
     wanted = list(dict.fromkeys(columns))
     with gc_paused():
         if kind in ("csv", "tsv"):
@@ -110,7 +110,7 @@ def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[A
     from pyarrow import csv
 
     parse = csv.ParseOptions(delimiter=delimiter)
-    compression = "gzip" if is_gzip(path) else None
+    compression = "gzip" if _is_gzip(path) else None
     try:
         with csv.open_csv(
             pa.input_stream(path, compression=compression), parse_options=parse
@@ -158,7 +158,7 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
     try:
         table = pa_json.read_json(
-            pa.input_stream(path, compression="gzip" if is_gzip(path) else None)
+            pa.input_stream(path, compression="gzip" if _is_gzip(path) else None)
         )
         _missing(path, table.column_names, wanted)
         return {c: _values(table.column(c)) for c in wanted}
@@ -200,7 +200,7 @@ def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
 def _open_text(path: Path) -> IO[str]:
     """UTF-8 text of a file, gzipped or not (a byte-order mark is skipped)."""
-    if is_gzip(path):
+    if _is_gzip(path):
         return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")  # type: ignore[return-value]
     return open(path, encoding="utf-8-sig", errors="strict")
 

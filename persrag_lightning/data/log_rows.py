@@ -208,7 +208,7 @@ def user_names(checks: RowChecks, values: list[Any], column: str, sep: str) -> l
 
 def texts(checks: RowChecks, columns: Sequence[tuple[str, list[Any]]]) -> list[str]:
     """Each row's text: one column's value as it is, or several columns' non-empty values joined as
-    sentences in the order named (`join_parts`); a row whose every named cell is empty is
+    sentences in the order named (`_join_parts`); a row whose every named cell is empty is
     skipped."""
     if len(columns) == 1:
         column, values = columns[0]
@@ -223,11 +223,11 @@ def texts(checks: RowChecks, columns: Sequence[tuple[str, list[Any]]]) -> list[s
         parts = [v.strip() for v in row if type(v) is str and v.strip()]
         if wrong is not None or not parts:
             _bad_text(checks, i, names, wrong if wrong is not None else next((v for v in row if v is not None), None))
-        out.append(join_parts(parts))
+        out.append(_join_parts(parts))
     return out
 
 
-def join_parts(parts: Sequence[str]) -> str:
+def _join_parts(parts: Sequence[str]) -> str:
     """Texts of several columns as one: a headline and its description read as two sentences ("A
     headline. Its description."), so a part that ends without punctuation gets a period."""
     return " ".join(

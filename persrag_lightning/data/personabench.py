@@ -154,13 +154,13 @@ def _list(value: Any, path: Path, what: str) -> list:
     return value
 
 
-def remove_key(obj: Any, key: str) -> Any:
+def _remove_key(obj: Any, key: str) -> Any:
     """Drop `key` from every dict at every depth (the benchmark removes ids recursively, not just at
     the top)."""
     if isinstance(obj, dict):
-        return {k: remove_key(v, key) for k, v in obj.items() if k != key}
+        return {k: _remove_key(v, key) for k, v in obj.items() if k != key}
     if isinstance(obj, list):
-        return [remove_key(v, key) for v in obj]
+        return [_remove_key(v, key) for v in obj]
     return obj
 
 
@@ -168,7 +168,7 @@ def document_text(entry: dict, exclude: tuple[str, ...] = EXCLUDED_KEYS) -> str:
     """A session entry as the benchmark embeds it: compact JSON (no spaces, ASCII escapes) without
     id keys."""
     for key in exclude:
-        entry = remove_key(entry, key)
+        entry = _remove_key(entry, key)
     return json.dumps(entry, separators=(",", ":"))
 
 

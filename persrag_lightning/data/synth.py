@@ -124,7 +124,7 @@ class SynthUser:
     questions: list[SynthQuestion] = field(default_factory=list)
 
 
-def user_id_width(num_users: int) -> int:
+def _user_id_width(num_users: int) -> int:
     return max(6, len(str(num_users - 1)))
 
 
@@ -170,7 +170,7 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     variant_l = variant.tolist()
     splits = [s for s, m in per_split.items() for _ in range(m)]
     split_rank = [sum(1 for t in splits[:j] if t == s) for j, s in enumerate(splits)]
-    width = user_id_width(config.num_users)
+    width = _user_id_width(config.num_users)
     task = config.task
     users: list[SynthUser] = []
     for u in range(n):

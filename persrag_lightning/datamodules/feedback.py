@@ -34,7 +34,7 @@ class UninformativeFeedbackWarning(UserWarning):
     nothing."""
 
 
-def warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: str) -> None:
+def _warn_if_uninformative(examples: list[FeedbackExample], split: str, metric: str) -> None:
     """One warning when fewer than UNINFORMATIVE_SHARE of `split`'s examples have candidates with
     different labels.
 
@@ -168,7 +168,7 @@ class FeedbackDataModule(L.LightningDataModule):
             self.train_examples = self.select(
                 builder.load(s.train_split, s.max_train_examples, hint)
             )
-            warn_if_uninformative(self.train_examples, s.train_split, self.feedback.metric)
+            _warn_if_uninformative(self.train_examples, s.train_split, self.feedback.metric)
             if trainer_validates(self):
                 self.val_examples = self.select(builder.load(s.val_split, s.max_val_examples, hint))
 

@@ -78,7 +78,7 @@ class ReaderTrainBatch:
         return len(self.targets)
 
 
-def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
+def _older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
                             ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
     """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k
     items of the same profile most similar to it (cosine of `vectors(text)`) among those dated
@@ -213,7 +213,7 @@ class ReaderDataModule(L.LightningDataModule):
             profile = set(ex.profile)
             user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile and d.doc_id not in seen]
             seen.update(d.doc_id for d in user_docs)
-            for doc, older in older_profile_questions(spec, user_docs, asked, h.k, vectors):
+            for doc, older in _older_profile_questions(spec, user_docs, asked, h.k, vectors):
                 (text, read), = reader_inputs(self.reader_config(), [doc_text(spec, doc)], [older])
                 out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", text, tuple(read),
                                          spec.doc_label(doc) - 1, "profile"))

@@ -139,7 +139,7 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
     return made
 
 
-def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
+def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int] | None) -> dict[str, float]:
     """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the
     answer."""
@@ -422,7 +422,7 @@ class Evaluation(Evaluator):
                           {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
         if "labels" in outcome:
             atomic_write_json(labels_file, outcome["labels"], indent=None)
-        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+        diagnostics = _retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
         diagnostics.update(outcome.get("reading") or {})
         return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved,

@@ -104,7 +104,7 @@ def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
     return bootstrap_interval(hits, seed=seed) if len(hits) else (0.0, 0.0)
 
 
-def make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
+def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
                   "retriever": bundle(run_dir, "retriever") or "minilm", "reranker": bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
@@ -144,7 +144,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     results = []
     for name in cfg.strategies:
         t0 = time.perf_counter()
-        strategy = make_strategy(name, run_dir, cfg)
+        strategy = _make_strategy(name, run_dir, cfg)
         if isinstance(strategy, (MemoryRecall, CFRAGMemory)):
             strategy.attach(bank)
         strategy.prepare(store)

@@ -270,7 +270,7 @@ def _interval(values: list[float], config: PersonaBenchEvalConfig) -> tuple[floa
     return bootstrap_interval(values, config.bootstrap_samples, seed=config.seed) if values else (math.nan, math.nan)
 
 
-def select_questions(
+def _select_questions(
     community: PersonaBenchCommunity, per_person: int | None
 ) -> dict[str, list[PersonaQuestion]]:
     """Each person's questions in file order, the first `per_person` of them when capped."""
@@ -297,7 +297,7 @@ def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRS
     return base.with_settings(settings)
 
 
-def run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
+def _run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
                 questions: dict[str, list[PersonaQuestion]]) -> list[QuestionResult]:
     """Retrieve top-k for every selected question of every person and score it by the benchmark's
     metric."""
@@ -338,7 +338,7 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
                       llm: CachedLLM | None = None, llm_name: str = "none") -> PersonaBenchReport:
     """The measurement loop, independent of how the encoder and the LLM were built (tests pass
     fakes)."""
-    questions = select_questions(community, config.max_questions_per_person)
+    questions = _select_questions(community, config.max_questions_per_person)
     n_questions = sum(len(v) for v in questions.values())
     t0 = time.perf_counter()
     shared = build_index(community, encode, config.pbr.for_variant("Base"), llm)
@@ -348,7 +348,7 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
         settings = config.pbr.for_variant(name)
         cold = _fresh(shared, settings)
         t0 = time.perf_counter()
-        rows = run_variant(community, cold, questions)
+        rows = _run_variant(community, cold, questions)
         cold_seconds = time.perf_counter() - t0
         warm_seconds = warm_calls = None
         if config.warm_rerun:
@@ -356,7 +356,7 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
             # warm = every cache filled: LLM answers on disk, anchors in memory
             warm._anchors = cold._anchors
             t0 = time.perf_counter()
-            run_variant(community, warm, questions)
+            _run_variant(community, warm, questions)
             warm_seconds, warm_calls = time.perf_counter() - t0, warm.stats.llm_calls
         recalls = [r.recall for r in rows]
         ndcgs = [r.ndcg for r in rows]

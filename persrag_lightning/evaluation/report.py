@@ -159,10 +159,10 @@ def summary_table(summary: Summary, answer_mode: str, split: str) -> str:
     table = results_table(summary.task, summary.results, summary.intervals, summary.comparisons,
                           summary.reference or "CFRAG", answer_mode, split=split, n_examples=summary.n_examples,
                           confidence=summary.confidence, n_resamples=summary.n_resamples)
-    return table + "".join(f"\n{pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
+    return table + "".join(f"\n{_pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
 
 
-def pair_sentence(by_metric: Mapping[str, Comparison]) -> str:
+def _pair_sentence(by_metric: Mapping[str, Comparison]) -> str:
     """`a` vs `b`: the difference and paired p per metric, in one line."""
     first = next(iter(by_metric.values()))
     cells = [f"{m} {c.difference:+.3f} (p = {c.p_value:.3f}{' ' + MARKER if c.significant(ALPHA) else ''})"

@@ -74,7 +74,7 @@ def measured_winner(model: str, options: dict) -> str:
     """The backend whose recorded (or, the first time, measured) label rate on this machine is
     higher."""
     source = resolve_model(model)
-    record = cache_root() / "llm" / f"auto-backend-{machine_key(source, options)}.json"
+    record = cache_root() / "llm" / f"auto-backend-{_machine_key(source, options)}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     with open(record.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one measurement per machine; the others wait and read it
@@ -87,7 +87,7 @@ def measured_winner(model: str, options: dict) -> str:
         rates = {backend: label_rate(backend, model, options) for backend in ("hf", "llamacpp")}
         winner = max(rates, key=lambda b: rates[b])
         atomic_write_json(record, {"backend": winner, "labels_per_s": rates, "model": source.name,
-                                   "digest": source.digest, "options": options, "machine": machine_facts(),
+                                   "digest": source.digest, "options": options, "machine": _machine_facts(),
                                    "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                    "seconds": round(time.perf_counter() - started, 1)})
     log.warning("backend auto: %s on this machine (exact labels per s: %s; measured once, kept in %s)", winner,
@@ -100,7 +100,7 @@ def label_rate(backend: str, model: str, options: dict) -> float:
     on PROBE_PROMPTS feedback-sized pairs; 0 when the backend cannot load the model here. `model` as
     the run names it (an alias keeps the backends' converted copies under the names the run itself
     uses)."""
-    prompts, targets = probe_pairs()
+    prompts, targets = _probe_pairs()
     defaults = {"batch_size": PROBE_PROMPTS, "dtype": "float32"} if backend == "hf" else {}
     try:
         llm: LLM = _backend_classes()[backend](model, **{**defaults, **options})
@@ -116,7 +116,7 @@ def label_rate(backend: str, model: str, options: dict) -> float:
         llm.close()
 
 
-def probe_pairs() -> tuple[list[str], list[str]]:
+def _probe_pairs() -> tuple[list[str], list[str]]:
     """PROBE_PROMPTS (prompt, target) pairs of a feedback label's size: a ~180-word abstract and a
     ~10-word title."""
     rng = random.Random(0)
@@ -129,7 +129,7 @@ def probe_pairs() -> tuple[list[str], list[str]]:
     return prompts, [words(10).capitalize() for _ in range(PROBE_PROMPTS)]
 
 
-def machine_facts() -> dict[str, object]:
+def _machine_facts() -> dict[str, object]:
     """What decides the winner: the processor (model and instruction set), the cores this process
     may use, torch's threads and both libraries' versions."""
     cpu, flags = platform.processor(), ""
@@ -147,10 +147,10 @@ def machine_facts() -> dict[str, object]:
             "llama_cpp_python": _llama_cpp_version(), "node": platform.node()}
 
 
-def machine_key(source: ModelSource, options: dict) -> str:
+def _machine_key(source: ModelSource, options: dict) -> str:
     """Processor, software, model and options: machines alike share a record (not the host name: a
     Slurm array's nodes of one type agree on one backend, hence one feedback cache)."""
-    facts = {k: v for k, v in machine_facts().items() if k != "node"}
+    facts = {k: v for k, v in _machine_facts().items() if k != "node"}
     blob = json.dumps([facts, source.digest, options], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -72,7 +72,7 @@ def _enforcer_tokenizer_data(tokenizer: Any, eos_ids: list[int]) -> Any:
     return TokenEnforcerTokenizerData(regular, decode, list(eos_ids), False, vocab_size)
 
 
-def json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
+def _json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
     """transformers' `prefix_allowed_tokens_fn` that lets through only tokens that continue JSON
     valid under `schema` (lm-format-enforcer's JsonSchemaParser and TokenEnforcer); the token table
     is built once per tokenizer."""
@@ -264,7 +264,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=self.num_beams,
                                   eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
         constrain = {} if json_schema is None else {
-            "prefix_allowed_tokens_fn": json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
+            "prefix_allowed_tokens_fn": _json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
         outputs = [""] * len(prompts)
         for idx in self._batches([len(e) for e in encoded]):
             ids, mask = self._left_pad([encoded[i] for i in idx])

@@ -106,13 +106,13 @@ TABLE4: dict[str, TaskPrompt] = {
 
 def task_prompt(task: str) -> TaskPrompt:
     """Table 4 row of a task (any spelling `get_task` accepts); a label task of a converted folder
-    gets LaMP-2's row over its own labels (`label_prompt`)."""
+    gets LaMP-2's row over its own labels (`_label_prompt`)."""
     spec = get_task(task)
-    return TABLE4[spec.name] if spec.name in TABLE4 else label_prompt(spec.labels or ())
+    return TABLE4[spec.name] if spec.name in TABLE4 else _label_prompt(spec.labels or ())
 
 
 @lru_cache(maxsize=16)
-def label_prompt(labels: tuple[str, ...]) -> TaskPrompt:
+def _label_prompt(labels: tuple[str, ...]) -> TaskPrompt:
     """LaMP-2's Table 4 row for a folder's own label set: the labels listed in the instruction, an
     item's text and label per history line."""
     return TaskPrompt(

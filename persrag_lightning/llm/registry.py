@@ -49,7 +49,7 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
     )
 
 
-def hf_dtype_identity(options: dict) -> dict:
+def _hf_dtype_identity(options: dict) -> dict:
     """hf options as caches key them: the dtype the model will *run* in here (`auto` and
     `bf16_if_native` differ by machine), left out when float32 (the exact model, the CPU default:
     earlier keys stay valid)."""
@@ -125,7 +125,7 @@ class LLMConfig:
             k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")
         }
         if self.backend == "hf":
-            output_options = hf_dtype_identity(output_options)
+            output_options = _hf_dtype_identity(output_options)
         return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}

@@ -62,7 +62,7 @@ class MemorySettings:
             raise ValueError(f"recall_query must be 'summary' or 'raw', got {self.recall_query!r}")
 
 
-def check_text(text: object, what: str, max_chars: int) -> str:
+def _check_text(text: object, what: str, max_chars: int) -> str:
     """Reject what must never be stored: non-strings, empty text, oversized text, unencodable (lone
     surrogates).
 
@@ -156,7 +156,7 @@ class MemoryBank:
         validate_id(user_id)
         pairs = questionnaire_turns(answers)
         for q, a in pairs:
-            check_text(a, f"answer to {q.category!r}", self.settings.max_message_chars)
+            _check_text(a, f"answer to {q.category!r}", self.settings.max_message_chars)
         if self.store.count(user_id) or self.store.turns(user_id, last=1):
             raise UserExistsError(f"user {user_id!r} already exists")
         if self.extractor is not None and pairs:
@@ -192,7 +192,7 @@ class MemoryBank:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         turn = self.store.add_turn(user_id, session_id, role,
-                                   check_text(text, f"{role} turn", self.settings.max_message_chars))
+                                   _check_text(text, f"{role} turn", self.settings.max_message_chars))
         self.store.trim_turns(user_id, self.settings.max_turns_per_user)
         return turn
 
@@ -226,7 +226,7 @@ class MemoryBank:
 
     def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
         """Validate, read the session's recent turns, log the user's turn, extract."""
-        check_text(message, "message", self.settings.max_message_chars)
+        _check_text(message, "message", self.settings.max_message_chars)
         history = self.store.turns(user_id, session_id, last=self.settings.history_turns)
         self.log_turn(user_id, session_id, "user", message)
         if self.extractor is not None:
@@ -309,7 +309,7 @@ class MemoryBank:
         one LLM call with the session's recent turns, which also gives the tags) unless
         `recall_query` is "raw"; query tags come from `tags`, else from that LLM call, else none.
         `summary=""` means: the LLM gave none (the raw query is used)."""
-        check_text(query, "query", self.settings.max_message_chars)
+        _check_text(query, "query", self.settings.max_message_chars)
         validate_id(user_id)
         want_summary = self.settings.recall_query == "summary"
         want_tags = tags is None and self.settings.extract_query_tags

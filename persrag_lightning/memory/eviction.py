@@ -51,7 +51,7 @@ class UsageRow:
     created_at: float
 
 
-def eviction_size(n_rows: int, settings: EvictionSettings) -> int:
+def _eviction_size(n_rows: int, settings: EvictionSettings) -> int:
     """How many rows to remove: 20 % of capacity (at least 1), and never fewer than the overflow, so
     one round always brings the user back to at most `capacity` even after a bulk insert.
 
@@ -70,7 +70,7 @@ def select_evictions(
 ) -> list[str]:
     """Ids to delete (empty when within capacity). `rng_key` (the user id) makes the random fill
     stable per user and across restarts."""
-    n = eviction_size(len(rows), settings)
+    n = _eviction_size(len(rows), settings)
     if n == 0:
         return []
     usage = np.array([r.usage_count for r in rows], dtype=np.float64)

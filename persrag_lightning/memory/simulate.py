@@ -73,7 +73,7 @@ QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def filler_messages(n: int, rng: random.Random) -> list[str]:
+def _filler_messages(n: int, rng: random.Random) -> list[str]:
     """`n` distinct unrelated requests (the short list first, then request x subject pairs), in
     random order.
 
@@ -148,7 +148,7 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
             v = rng.choice(values)
             facts.append(PlantedFact(slot, statement.format(v=v), question, v))
         messages: list[str] = []
-        fillers = filler_messages(fillers_per_fact * facts_per_user, rng) if fillers_per_fact > len(FILLERS) \
+        fillers = _filler_messages(fillers_per_fact * facts_per_user, rng) if fillers_per_fact > len(FILLERS) \
             else None
         for i, f in enumerate(facts):
             messages.append(f.statement)

@@ -86,7 +86,7 @@ def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: s
     return expr
 
 
-def memories_schema(dim: int) -> pa.Schema:
+def _memories_schema(dim: int) -> pa.Schema:
     """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays
     queryable."""
     return pa.schema([
@@ -161,7 +161,7 @@ class MemoryStore:
         # interval 0: every read checks for versions committed by other processes (strong
         # consistency)
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
-        self.memories = self._open(MEMORIES, memories_schema(self.dim))
+        self.memories = self._open(MEMORIES, _memories_schema(self.dim))
         self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
         stored_dim = self.memories.schema.field("vector").type.list_size
         if stored_dim != self.dim:
@@ -216,7 +216,7 @@ class MemoryStore:
             "usage_count": [m.usage_count for m in memories], "created_at": [m.created_at for m in memories],
             "last_used_at": [m.last_used_at for m in memories], "source": [m.source for m in memories],
         }
-        return pa.Table.from_pydict(cols, schema=memories_schema(self.dim))
+        return pa.Table.from_pydict(cols, schema=_memories_schema(self.dim))
 
     @staticmethod
     def _memory(row: dict) -> Memory:

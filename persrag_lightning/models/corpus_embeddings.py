@@ -38,7 +38,7 @@ PROGRESS_TEXTS = 1024  # texts per encode call inside a shard, between progress 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def resolve_device(device: str) -> str:
+def _resolve_device(device: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
@@ -52,13 +52,13 @@ def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
         )
     if precision != "auto":
         return precision
-    return native_runtime("bf16_if_native") if resolve_device(device) == "cpu" else "fp32"
+    return native_runtime("bf16_if_native") if _resolve_device(device) == "cpu" else "fp32"
 
 
 def precision_autocast(precision: str, device: str = "cpu") -> torch.autocast:
     """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision`
     resolves it)."""
-    return torch.autocast(resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
+    return torch.autocast(_resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def corpus_embedding_key(corpus: Corpus, encoder: str, max_length: int, pooling: Pooling,
@@ -115,7 +115,7 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
         if not shard.exists():
             if model is None:
                 model = TextEncoder.from_pretrained(encoder, pooling=pooling, max_length=max_length)
-                model.to(resolve_device(device))
+                model.to(_resolve_device(device))
             part, blocks = texts[start:start + SHARD_TEXTS], []
             for i in range(0, len(part), PROGRESS_TEXTS):
                 with precision_autocast(precision, device):

@@ -55,7 +55,7 @@ class _Positional(nn.Module):
 
 
 @contextmanager
-def eager_attention(model: nn.Module | None) -> Iterator[None]:
+def _eager_attention(model: nn.Module | None) -> Iterator[None]:
     """The transformers model's attention as explicit matmul + mask + softmax for the block
     (restored after): exported so, OpenVINO fuses each layer's attention into one kernel; torch's
     SDPA exports as a masked softmax with NaN guards that it runs op by op, slower on the reranker's
@@ -91,7 +91,7 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
     axes = {n: {0: "rows", 1: "tokens"} for n in names}
     # processes exporting at once each write their own
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with warnings.catch_warnings(), torch.no_grad(), eager_attention(model if eager else None):
+    with warnings.catch_warnings(), torch.no_grad(), _eager_attention(model if eager else None):
         warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
         torch.onnx.export(_Positional(fn, names, output).eval(), tuple(sample[n] for n in names), str(tmp),
                           input_names=names, output_names=["out"], dynamic_axes={**axes, "out": {0: "rows"}},
@@ -104,7 +104,7 @@ def session(runtime: str, path: Path) -> Session:
     """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread
     count."""
     if runtime == "onnx":
-        return onnx_session(path)
+        return _onnx_session(path)
     if runtime == "openvino":
         return openvino_session(path)
     raise ValueError(
@@ -112,7 +112,7 @@ def session(runtime: str, path: Path) -> Session:
     )
 
 
-def onnx_session(path: Path) -> Session:
+def _onnx_session(path: Path) -> Session:
     """ONNX Runtime on the CPU (float32). Needs the optional extra: pip install -e ".[onnx]"."""
     try:
         import onnxruntime as ort

@@ -112,7 +112,7 @@ def personalized_rerank_score(
     return head(x).squeeze(-1)
 
 
-def score_head(dim: int, use_user: bool) -> nn.Sequential:
+def _score_head(dim: int, use_user: bool) -> nn.Sequential:
     """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone
     without users."""
     if use_user:
@@ -143,7 +143,7 @@ class PersonalizedReranker(nn.Module):
         dim = self.dim
         # MLP2 of Eq. 10
         self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None
-        self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
+        self.head = _score_head(dim, config.use_user)                                # MLP3 of Eq. 10
 
     @classmethod
     def from_config(cls, config: RerankerConfig) -> PersonalizedReranker:

@@ -50,7 +50,7 @@ class DistillationSettings(OptimizerSettings):
     eval_k: int = 5
 
 
-def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
+def _warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
     """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at
     `total`.
 
@@ -92,5 +92,5 @@ def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: Optimi
     total = max(1, int(total_steps))
     warmup = math.ceil(settings.warmup_ratio * total)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_linear(s, warmup, total, settings.lr_schedule))
+        optimizer, lambda s: _warmup_linear(s, warmup, total, settings.lr_schedule))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -17,7 +17,7 @@ from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 __all__ = ["BM25", "Dense", "RandomDocs", "Recency", "ZeroShot"]
 
 
-def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+def _rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the top-k scores, best first; ties go to the more recent doc (higher row):
     deterministic."""
     order = np.lexsort((-rows, -scores))  # last key is primary: score desc, then row desc
@@ -173,7 +173,7 @@ class BM25(OwnHistoryStrategy):
             return []
         scores = self.scores(query, rows)
         return [self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
-                for i in rank_rows(rows, scores, k)]
+                for i in _rank_rows(rows, scores, k)]
 
 
 class Dense(OwnHistoryStrategy):
@@ -225,7 +225,7 @@ class Dense(OwnHistoryStrategy):
                 continue
             scores = self.retriever.score(vector, rows, None).numpy()  # Eq. 3: cosine
             out.append([self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
-                        for i in rank_rows(rows, scores, k)])
+                        for i in _rank_rows(rows, scores, k)])
         return out
 
 

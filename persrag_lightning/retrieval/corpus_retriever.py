@@ -196,7 +196,7 @@ class TrainedRetriever(CorpusRetriever):
         return self.model.encode_docs(texts)
 
 
-def is_retriever_export(spec: str | Path) -> bool:
+def _is_retriever_export(spec: str | Path) -> bool:
     return (Path(spec) / USER_HEADS).is_file() and (Path(spec) / "config.json").is_file()
 
 
@@ -205,7 +205,7 @@ def open_corpus_retriever(spec: str, corpus: Corpus, cache_dir: str | Path, max_
     """A retriever export → TrainedRetriever; an embedded alias, model folder or `owner/name`
     Hugging Face name → EncoderRetriever. A path that is neither (e.g. the export of a stage not
     trained yet) is a clear error."""
-    if is_retriever_export(spec):
+    if _is_retriever_export(spec):
         return TrainedRetriever(spec, corpus, cache_dir)
     path = Path(spec).expanduser()
     hub_name = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))

@@ -47,7 +47,7 @@ def cache_key(prompt: str, llm_fingerprint: str, max_new_tokens: int) -> str:
                       prompt)
 
 
-def shard_of(key: str, num_shards: int) -> int:
+def _shard_of(key: str, num_shards: int) -> int:
     """Shard owning a key: a residue of the key's hash, so shards are disjoint and balanced."""
     return int(key[:16], 16) % num_shards
 
@@ -90,7 +90,7 @@ class CachedLLM:
             if isinstance(cached, str):
                 out[i] = cached
                 hits += 1
-            elif shard_of(key, num_shards) != shard:
+            elif _shard_of(key, num_shards) != shard:
                 skipped += 1
             else:
                 missing.setdefault(prompt, []).append(i)

@@ -135,7 +135,7 @@ def personal_history(query_emb: np.ndarray, chunk_embs: np.ndarray, k1: int) -> 
     return order[:min(k1, len(order))]
 
 
-def mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
+def _mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
     """Eq. 5, f_avg = (1/m) Σ_i φ(f_i); zero when there is no utterance (the fusion then ignores
     it)."""
     if len(utterance_embs) == 0:
@@ -155,7 +155,7 @@ def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarr
     return anchor_embedding(result.pi, chunk_embs), result
 
 
-def anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
+def _anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
     """Cache key of an anchor: the user's chunk embeddings (bytes) and the graph/PageRank
     settings."""
     h = hashlib.sha256(np.ascontiguousarray(chunk_embs, dtype=np.float32).tobytes())
@@ -177,13 +177,13 @@ def fusion_weight(query_emb: np.ndarray, anchor: np.ndarray, feedback: np.ndarra
     return 1.0 + cosine((query_emb + anchor) / 2.0, feedback)
 
 
-def personalization_shift(anchor: np.ndarray, w1: float, f_avg: np.ndarray, w2: float, r: np.ndarray
+def _personalization_shift(anchor: np.ndarray, w1: float, f_avg: np.ndarray, w2: float, r: np.ndarray
                           ) -> np.ndarray:
     """Eq. 13, Δ_user = c_Anchor + w1 · f_avg + w2 · r."""
     return anchor + w1 * f_avg + w2 * r
 
 
-def personalized_query(query_emb: np.ndarray, shift: np.ndarray) -> np.ndarray:
+def _personalized_query(query_emb: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """Eq. 14, q* = q + Δ_user."""
     return query_emb + shift
 
@@ -201,7 +201,7 @@ def expand_query(query_emb: np.ndarray, anchor: np.ndarray | None = None, f_avg:
     rv = zero if r is None else np.asarray(r, dtype=np.float32)
     w1 = fusion_weight(q, c, f) if f_avg is not None else 0.0
     w2 = fusion_weight(q, c, rv) if r is not None else 0.0
-    return personalized_query(q, personalization_shift(c, w1, f, w2, rv)).astype(np.float32)
+    return _personalized_query(q, _personalization_shift(c, w1, f, w2, rv)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------- retriever
@@ -256,7 +256,7 @@ class PBRStats:
 Encode = Callable[[list[str]], np.ndarray]
 
 
-def faiss_index(embeddings: np.ndarray) -> object:
+def _faiss_index(embeddings: np.ndarray) -> object:
     import faiss
 
     index = faiss.IndexFlatIP(embeddings.shape[1])
@@ -270,7 +270,7 @@ class PBRRetriever:
 
     `encode` maps texts to L2-normalised float32 rows (e.g. `TextEncoder.encode(...).numpy()`);
     `llm` is needed only with P-PRF and is always used through the on-disk cache. Anchors are
-    memoised per user by `anchor_fingerprint`, so several variants or queries of one user build the
+    memoised per user by `_anchor_fingerprint`, so several variants or queries of one user build the
     graph once.
     """
 
@@ -329,12 +329,12 @@ class PBRRetriever:
             raise ValueError(f"user {user_id!r} has no chunks to search")
         embs = self.encode(texts) if embeddings is None else embeddings
         embs = np.ascontiguousarray(embs, dtype=np.float32)
-        self.users[user_id] = PBRUserIndex(list(texts), embs, faiss_index(embs))
+        self.users[user_id] = PBRUserIndex(list(texts), embs, _faiss_index(embs))
 
     def anchor(self, user_id: str) -> np.ndarray:
         """c_Anchor of a user, from memory, from `anchor_dir`, or built (and stored there)."""
         user = self.users[user_id]
-        key = anchor_fingerprint(user.embeddings, self.settings)
+        key = _anchor_fingerprint(user.embeddings, self.settings)
         if key in self._anchors:
             self.stats.anchor_hits += 1
             return self._anchors[key]
@@ -448,7 +448,7 @@ class PBRRetriever:
             start = 0
             for i, fb in enumerate(feedback):
                 m = len(fb.utterances)  # type: ignore[union-attr]
-                f_avgs[i] = mean_utterance_embedding(embs[start:start + m], dim)
+                f_avgs[i] = _mean_utterance_embedding(embs[start:start + m], dim)
                 start += m
                 rs[i] = embs[len(utts) + i] if fb.reasoning else np.zeros(dim, dtype=np.float32)  # type: ignore
         rows, weights = [], []

@@ -24,7 +24,7 @@ from persrag_lightning.retrieval.pbr import PBRRetriever, PBRSettings
 __all__ = ["PBRExpansion", "PBRQueryExpansion", "PBRStrategy"]
 
 
-def cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> CachedLLM:
+def _cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> CachedLLM:
     """The P-PRF LLM behind its on-disk answer cache (loaded now)."""
     from persrag_lightning.llm.registry import load_llm
 
@@ -121,7 +121,7 @@ class PBRStrategy(Strategy):
         if self.settings.use_prf:
             cached = (CachedLLM(self._llm, self.cache_dir / "llm", batch_size=self.llm_batch_size)
                       if self._llm is not None
-                      else cached_llm(self.llm_backend, self.llm_model, self.llm_batch_size, self.cache_dir))
+                      else _cached_llm(self.llm_backend, self.llm_model, self.llm_batch_size, self.cache_dir))
         self.retriever = PBRRetriever(encode, self.settings, cached, self.cache_dir / "anchors")
         self.profiles = ProfileIndex(store, self.retriever, self.max_history)
 
@@ -182,7 +182,7 @@ class PBRQueryExpansion:
     ) -> None:
         settings = config.settings.for_variant(config.variant)
         cache = Path(config.cache_dir)
-        llm = (cached_llm(config.llm_backend, config.llm_model, config.llm_batch_size, cache)
+        llm = (_cached_llm(config.llm_backend, config.llm_model, config.llm_batch_size, cache)
                if settings.use_prf else None)
 
         def encode(texts: list[str]) -> np.ndarray:

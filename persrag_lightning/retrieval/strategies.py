@@ -100,7 +100,7 @@ def substitute_run_dir(obj, run_dir: str):
     return obj
 
 
-def strategies_parser():
+def _strategies_parser():
     """The parser of an evaluate config's `strategies` list alone (the rest of the file is the
     evaluator's)."""
     from jsonargparse import ArgumentParser
@@ -110,7 +110,7 @@ def strategies_parser():
     return parser
 
 
-def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
+def _config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
     """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing
     is loaded)."""
     import yaml
@@ -119,7 +119,7 @@ def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
     rows = (yaml.safe_load(path.read_text()) or {}).get("strategies")
     if rows is None:
         raise ConfigError(f"{path}: no `strategies` list")
-    parser = strategies_parser()
+    parser = _strategies_parser()
     cfg = substitute_run_dir(parser.parse_object({"strategies": rows}), run_dir)
     return parser.instantiate_classes(cfg).strategies
 
@@ -159,7 +159,7 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
 @lru_cache(maxsize=8)
 def strategy_names(config: str | Path) -> list[str]:
     """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
-    return [s.name for s in config_strategies(resolve_config_path(str(config)), "{run_dir}")]
+    return [s.name for s in _config_strategies(resolve_config_path(str(config)), "{run_dir}")]
 
 
 def strategy_by_name(
@@ -167,7 +167,7 @@ def strategy_by_name(
 ) -> Strategy:
     """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared
     yet)."""
-    strategies = config_strategies(config, run_dir)
+    strategies = _config_strategies(config, run_dir)
     set_reranker_runtime(strategies, reranker_runtime)
     bind_strategies(strategies)
     for s in strategies:

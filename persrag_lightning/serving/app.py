@@ -119,7 +119,7 @@ def allowed_hosts_for(bind_host: str, configured: Sequence[str] | None = None) -
     return list(dict.fromkeys([host, *LOOPBACK_NAMES])) if loopback else [host]
 
 
-def host_name(header: str) -> str:
+def _host_name(header: str) -> str:
     """`example.org:8000` → `example.org`, `[::1]:8000` → `::1`."""
     header = header.strip().lower()
     if header.startswith("["):
@@ -127,7 +127,7 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def page_and_csp() -> tuple[str, str]:
+def _page_and_csp() -> tuple[str, str]:
     """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style
     by hash."""
     questions = json.dumps([{"category": q.category, "text": q.text} for q in QUESTIONNAIRE])
@@ -173,9 +173,9 @@ def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: 
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.openapi = lambda: openapi_schema(app)
-    add_guard(app, limits or Limits(), allowed_hosts)
-    add_error_handlers(app)
-    add_routes(app, service, model_name)
+    _add_guard(app, limits or Limits(), allowed_hosts)
+    _add_error_handlers(app)
+    _add_routes(app, service, model_name)
     return app
 
 
@@ -190,7 +190,7 @@ def openapi_schema(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
+def _add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
     """Around every request: the Host header, the rate limits (a sign-up counts once it created an
     account) and the security headers."""
     signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
@@ -199,7 +199,7 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
+        if hosts is not None and _host_name(request.headers.get("host", "")) not in hosts:
             response = error(400, "unexpected Host header; this server answers "
                                   f"{', '.join(sorted(hosts))} (persrag serve --allowed_host)")
         else:
@@ -220,7 +220,7 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
         return response
 
 
-def add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI) -> None:
     """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's
     (404, 405) and FastAPI's own validation (of nothing the routes declare today)."""
 
@@ -239,10 +239,10 @@ def add_error_handlers(app: FastAPI) -> None:
         )
 
 
-def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
+def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
     """The endpoints: the token first, then the body (read_json), then the service in a worker
     thread."""
-    page_html, page_csp = page_and_csp()
+    page_html, page_csp = _page_and_csp()
 
     def caller(request: Request):
         return service.authenticate(request.headers.get("authorization"))

@@ -29,7 +29,7 @@ SERVING_DOCS_HEADER = (
 _MARKERS = re.compile(r"<<<|>>>|DATA\s*>>>|<<<\s*DATA", re.IGNORECASE)
 
 
-def as_data(text: str, max_chars: int = MAX_DOC_CHARS) -> str:
+def _as_data(text: str, max_chars: int = MAX_DOC_CHARS) -> str:
     """One retrieved text as a single capped line that cannot close the data block or start a
     turn."""
     line = " ".join(_MARKERS.sub(" ", text).split())
@@ -45,9 +45,9 @@ def build_serving_prompt(message: str, memories: Sequence[str], docs: Sequence[s
     msg = truncate_to_tokens(message, max_prompt_tokens // 2, tokenizer_len)
     lines: list[str] = []
     if memories:
-        lines += [CHAT_MEMORY_HEADER, *(f"- {as_data(m)}" for m in memories)]
+        lines += [CHAT_MEMORY_HEADER, *(f"- {_as_data(m)}" for m in memories)]
     if docs:
-        lines += [SERVING_DOCS_HEADER, *(f"- {as_data(d)}" for d in docs)]
+        lines += [SERVING_DOCS_HEADER, *(f"- {_as_data(d)}" for d in docs)]
     turns = [f"{role}: {text}" for role, text in history]
     fixed = [SERVING_INSTRUCTION, *([DATA_OPEN, DATA_CLOSE] if lines else [])]
     budget = max(0, max_prompt_tokens - tokenizer_len(msg) - tokenizer_len("user: \nassistant:")

@@ -85,7 +85,7 @@ def purge_export(run_dir: str | Path, state_dir: str | Path, cache_dir: str | Pa
     if journal is None or journal["phase"] == "exported":
         return
     if journal["phase"] == "begin":
-        drop_staged(run_dir)
+        _drop_staged(run_dir)
         moves, removes = stage(run_dir, journal["users"], cache_dir)
         journal = {**journal, "phase": "commit", "moves": moves, "remove": removes}
         atomic_write_json(state_dir / JOURNAL, journal)  # the commit point
@@ -106,7 +106,7 @@ def _replace(src: str, dst: str) -> None:
     os.replace(src, dst)
 
 
-def drop_staged(run_dir: str | Path) -> None:
+def _drop_staged(run_dir: str | Path) -> None:
     """Staged files of a purge cut short before its commit: the old export stays as it was."""
     for path in Path(run_dir).rglob(f"*{STAGED}"):
         path.unlink()
