@@ -1,4 +1,5 @@
-"""persrag_lightning: train and serve personalized retrieval-augmented generation (CFRAG) with Lightning."""
+"""persrag_lightning: train and serve personalized retrieval-augmented generation (CFRAG) with
+Lightning."""
 
 __version__ = "0.1.0"
 

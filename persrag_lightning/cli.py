@@ -1,5 +1,5 @@
-"""`python train.py` / `persrag`: the entry point; it dispatches to the subcommands in commands/ and turns bad
-input into one clear line with exit code 2."""
+"""`python train.py` / `persrag`: the entry point; it dispatches to the subcommands in commands/ and
+turns bad input into one clear line with exit code 2."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import sys
 from persrag_lightning.commands.train import lightning_command, resolve_config_args
 from persrag_lightning.logs import configure_logs, pop_verbose
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `train.py` and the `persrag` console script: bad input ends with one clear line."""
+    """Entry point of `train.py` and the `persrag` console script: bad input ends with one clear
+    line."""
     from persrag_lightning.data.lamp import LampFormatError
     from persrag_lightning.data.personabench import PersonaBenchFormatError
     from persrag_lightning.llm.base import LLMBackendError
@@ -24,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """`--verbose` (anywhere on the line) keeps the libraries' logs and progress bars; see logs.py."""
+    """`--verbose` (anywhere on the line) keeps the libraries' logs and progress bars; see
+    logs.py."""
     args, verbose = pop_verbose(list(sys.argv[1:] if argv is None else argv))
     configure_logs(verbose)
     args = resolve_config_args(args)

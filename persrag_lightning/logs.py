@@ -1,12 +1,15 @@
-"""Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its errors.
+"""Quiet logs by default: what a run prints is its own progress (with ETAs), its metrics and its
+errors.
 
-Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading weights" and "Writing
-model shards" bars of transformers, Lightning's boilerplate info lines ("Seed set to 0", "GPU available", the
-litlogger tip, "Using bfloat16 Automatic Mixed Precision", "`Trainer.fit` stopped", the restore-best-checkpoint
-lines), its model summary table (unless `--trainer.enable_model_summary=true` asks for it) and warnings that are
-not actionable here (LightningCLI's args-and-argv notice when a command starts a stage from Python, the `srun` hint
-on machines that have Slurm installed, deprecations raised inside Lightning, torch and transformers). What is about
-the user's run still shows: warnings, DDP membership, Slurm requeue and resume lines, metrics.
+Without `--verbose` (or `PERSRAG_VERBOSE=1`) the libraries' chatter is silenced: the "Loading
+weights" and "Writing model shards" bars of transformers, Lightning's boilerplate info lines ("Seed
+set to 0", "GPU available", the litlogger tip, "Using bfloat16 Automatic Mixed Precision",
+"`Trainer.fit` stopped", the restore-best-checkpoint lines), its model summary table (unless
+`--trainer.enable_model_summary=true` asks for it) and warnings that are not actionable here
+(LightningCLI's args-and-argv notice when a command starts a stage from Python, the `srun` hint on
+machines that have Slurm installed, deprecations raised inside Lightning, torch and transformers).
+What is about the user's run still shows: warnings, DDP membership, Slurm requeue and resume lines,
+metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import importlib
 import logging
 import os
 import warnings
+
+__all__ = ["configure_logs", "is_verbose", "pop_verbose"]
 
 VERBOSE_FLAGS = ("--verbose", "-v")
 _BOILERPLATE = ("Seed set to", "GPU available", "TPU available", "HPU available", "💡 Tip", "Restoring states from",
@@ -25,7 +30,8 @@ _NOT_ACTIONABLE = (
     r"LightningCLI's args parameter is intended to run from within Python",
     r"The `srun` command is available on your system but is not used",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-    r"`is_gradient_checkpointing` is deprecated",  # transformers 5, read by peft when it wraps a model
+    # transformers 5, read by peft when it wraps a model
+    r"`is_gradient_checkpointing` is deprecated",
 )
 
 
@@ -35,7 +41,8 @@ def is_verbose() -> bool:
 
 
 def pop_verbose(args: list[str]) -> tuple[list[str], bool]:
-    """Remove the global `--verbose` / `-v` flag from a command line; the environment can set it too."""
+    """Remove the global `--verbose` / `-v` flag from a command line; the environment can set it
+    too."""
     kept = [a for a in args if a not in VERBOSE_FLAGS]
     return kept, is_verbose() or len(kept) < len(args)
 
@@ -45,11 +52,13 @@ def _drop_boilerplate(record: logging.LogRecord) -> bool:
 
 
 def configure_logs(verbose: bool) -> None:
-    """Set the libraries' verbosity for this process (and, through the environment, its DDP children)."""
+    """Set the libraries' verbosity for this process (and, through the environment, its DDP
+    children)."""
     if verbose:
         os.environ["PERSRAG_VERBOSE"] = "1"
         return
-    for module in ("lightning.fabric", "lightning.pytorch"):  # importing them installs the handlers filtered below
+    # importing them installs the handlers filtered below
+    for module in ("lightning.fabric", "lightning.pytorch"):
         importlib.import_module(module)
 
     for name in ("", "lightning.pytorch", "lightning.fabric"):
@@ -64,5 +73,6 @@ def configure_logs(verbose: bool) -> None:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:  # transformers is a dependency; this only guards a broken install's error message
+    # transformers is a dependency; this only guards a broken install's error message
+    except ImportError:
         pass

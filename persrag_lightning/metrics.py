@@ -1,6 +1,8 @@
-"""LaMP task metrics (reproducing the official LaMP evaluation) and IR metrics for rankings, as torchmetrics.
+"""LaMP task metrics (reproducing the official LaMP evaluation) and IR metrics for rankings, as
+torchmetrics.
 
-All states are sums and counts with `dist_reduce_fx="sum"`, so every metric is exact after a DDP sync.
+All states are sums and counts with `dist_reduce_fx="sum"`, so every metric is exact after a DDP
+sync.
 """
 
 from __future__ import annotations
@@ -42,15 +44,16 @@ __all__ = [
     "view_retrieval_accuracy",
 ]
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # LaMP metrics
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _ROUGE_SCORER: RougeScorer | None = None
 
 
 def rouge_scorer() -> RougeScorer:
-    """The one shared Google RougeScorer (rouge1, rougeL, no stemmer), built on first use: it is called per sample."""
+    """The one shared Google RougeScorer (rouge1, rougeL, no stemmer), built on first use: it is
+    called per sample."""
     global _ROUGE_SCORER
     if _ROUGE_SCORER is None:
         from rouge_score.rouge_scorer import RougeScorer
@@ -73,7 +76,8 @@ def _parse_gold(target: str) -> float:
 
 
 def parse_rating(pred: str, gold: float) -> float:
-    """Official LaMP-3 rule: float(pred), else 1.0 or 5.0, whichever is farther from the gold (5.0 on a tie)."""
+    """Official LaMP-3 rule: float(pred), else 1.0 or 5.0, whichever is farther from the gold (5.0
+    on a tie)."""
     try:
         return float(str(pred).strip())
     except ValueError:
@@ -81,12 +85,14 @@ def parse_rating(pred: str, gold: float) -> float:
 
 
 class LampClassificationMetric(Metric):
-    """LaMP-1/2 accuracy and macro-F1 over the label list, as the official sklearn call computes them.
+    """LaMP-1/2 accuracy and macro-F1 over the label list, as the official sklearn call computes
+    them.
 
-    Strings are stripped and mapped to their index in `labels`; anything else maps to -1. Accuracy compares
-    indices (so two different out-of-list strings count as equal, as in the official code). F1 per label is
-    2tp / (2tp + fp + fn), 0 when the label is neither present nor predicted (sklearn's zero_division default),
-    and the macro average runs over every label of the list, never over -1.
+    Strings are stripped and mapped to their index in `labels`; anything else maps to -1. Accuracy
+    compares indices (so two different out-of-list strings count as equal, as in the official code).
+    F1 per label is 2tp / (2tp + fp + fn), 0 when the label is neither present nor predicted
+    (sklearn's zero_division default), and the macro average runs over every label of the list,
+    never over -1.
     """
 
     is_differentiable = False
@@ -116,7 +122,9 @@ class LampClassificationMetric(Metric):
         _check_lengths(preds, targets)
         n = len(self.labels)
         p = torch.tensor([self.label_index(x) for x in preds], dtype=torch.long, device=self.device)
-        g = torch.tensor([self.label_index(x) for x in targets], dtype=torch.long, device=self.device)
+        g = torch.tensor(
+            [self.label_index(x) for x in targets], dtype=torch.long, device=self.device
+        )
         same = p == g
         self.correct += same.sum()
         self.total += p.numel()
@@ -133,7 +141,8 @@ class LampClassificationMetric(Metric):
 
 
 class LampRegressionMetric(Metric):
-    """LaMP-3 MAE and RMSE with the official rule for unparsable ratings; `neg_mae` is there for model selection."""
+    """LaMP-3 MAE and RMSE with the official rule for unparsable ratings; `neg_mae` is there for
+    model selection."""
 
     is_differentiable = False
     higher_is_better = False
@@ -141,8 +150,12 @@ class LampRegressionMetric(Metric):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state("abs_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("sq_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "abs_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state(
+            "sq_error", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, preds: Sequence[str], targets: Sequence[str]) -> None:
@@ -164,8 +177,8 @@ class LampRegressionMetric(Metric):
 class LampGenerationMetric(Metric):
     """LaMP-4/5/7 ROUGE-1 and ROUGE-L F-measure: arithmetic mean of exact per-example scores.
 
-    The official code reports the `mid` of evaluate's bootstrap aggregate, which equals this mean up to
-    bootstrap noise; the plain mean is exact, deterministic and sums across DDP ranks.
+    The official code reports the `mid` of evaluate's bootstrap aggregate, which equals this mean up
+    to bootstrap noise; the plain mean is exact, deterministic and sums across DDP ranks.
     """
 
     is_differentiable = False
@@ -174,8 +187,12 @@ class LampGenerationMetric(Metric):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state("rouge1_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("rougeL_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "rouge1_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state(
+            "rougeL_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, preds: Sequence[str], targets: Sequence[str]) -> None:
@@ -206,7 +223,8 @@ def lamp_metric(task_name: str) -> Metric:
     return LampGenerationMetric()
 
 
-# The metrics a table reports per task kind (the first is the primary one), and which way each is better.
+# The metrics a table reports per task kind (the first is the primary one), and which way each is
+# better.
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy", "f1"),
     "regression": ("mae", "rmse"),
@@ -218,8 +236,8 @@ HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "mae": False, "rmse": False, "
 
 @dataclass(frozen=True)
 class PrimaryMetric:
-    """The metric a task's rows are compared on and which way is better: one answer for the tables, the dev
-    choices and the checkpoints that monitor `val/metric`.
+    """The metric a task's rows are compared on and which way is better: one answer for the tables,
+    the dev choices and the checkpoints that monitor `val/metric`.
 
     Args:
         name: the metric's key in a LaMP metric's output (accuracy, mae or rouge-1).
@@ -230,7 +248,8 @@ class PrimaryMetric:
     greater_is_better: bool
 
     def ascending(self, value: float) -> float:
-        """`value` turned so that larger is better (an MAE negated): what a `max` or a `mode: max` compares."""
+        """`value` turned so that larger is better (an MAE negated): what a `max` or a `mode: max`
+        compares."""
         return value if self.greater_is_better else -value
 
 
@@ -245,11 +264,12 @@ def primary_metric(task_name: str) -> PrimaryMetric:
 
 
 def score_prediction(task_name: str, pred: str, target: str) -> float:
-    """Per-sample eval(y, O) of paper Eq. 6, higher is better: the LLM-feedback label of one candidate.
+    """Per-sample eval(y, O) of paper Eq. 6, higher is better: the LLM-feedback label of one
+    candidate.
 
-    Classification: 1.0 on exact match after strip, else 0.0. Regression: -|rating - gold| with the official
-    unparsable rule, where non-finite ratings ("nan", "inf") also count as unparsable so a label is never NaN.
-    Generation: ROUGE-1 F-measure.
+    Classification: 1.0 on exact match after strip, else 0.0. Regression: -|rating - gold| with the
+    official unparsable rule, where non-finite ratings ("nan", "inf") also count as unparsable so a
+    label is never NaN. Generation: ROUGE-1 F-measure.
     """
     kind = get_task(task_name).kind
     if kind == "classification":
@@ -263,9 +283,9 @@ def score_prediction(task_name: str, pred: str, target: str) -> float:
     return float(rouge_scorer().score(str(target).strip(), str(pred).strip())["rouge1"].fmeasure)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # IR metrics against LLM-feedback rankings
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def _check_ranking_inputs(scores: Tensor, labels: Tensor, mask: Tensor, k: int) -> None:
@@ -281,10 +301,13 @@ def _check_ranking_inputs(scores: Tensor, labels: Tensor, mask: Tensor, k: int) 
 
 
 def _order(keys: Tensor, mask: Tensor) -> Tensor:
-    """Column order by key descending, ties by index, padded columns always last (whatever their key)."""
+    """Column order by key descending, ties by index, padded columns always last (whatever their
+    key)."""
     keys = torch.where(mask, keys, torch.zeros_like(keys))
     order = torch.sort(keys, dim=1, descending=True, stable=True).indices
-    valid_first = torch.sort(mask.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True).indices
+    valid_first = torch.sort(
+        mask.gather(1, order).to(torch.int8), dim=1, descending=True, stable=True
+    ).indices
     return order.gather(1, valid_first)
 
 
@@ -302,7 +325,8 @@ def _float_labels(labels: Tensor) -> Tensor:
 
 
 def informative_rows(labels: Tensor, mask: Tensor) -> Tensor:
-    """Rows whose valid labels are not all equal: only there does a ranking have anything to get right."""
+    """Rows whose valid labels are not all equal: only there does a ranking have anything to get
+    right."""
     labels = _float_labels(labels)
     lo, hi = _valid_range(labels, mask)
     return mask.any(dim=1) & (hi > lo)
@@ -311,9 +335,9 @@ def informative_rows(labels: Tensor, mask: Tensor) -> Tensor:
 def ndcg_at_k(scores: Tensor, labels: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """NDCG@k of `scores` against graded `labels`; returns (ndcg [B], informative [B] bool).
 
-    Gains are labels minus the row's minimum valid label (feedback scores may be negative, e.g. -MAE);
-    discount 1/log2(rank + 1). Rows that are not informative (all valid labels equal, or no valid candidate)
-    have IDCG = 0; they get 0.0 and informative=False, and callers must drop them.
+    Gains are labels minus the row's minimum valid label (feedback scores may be negative, e.g.
+    -MAE); discount 1/log2(rank + 1). Rows that are not informative (all valid labels equal, or no
+    valid candidate) have IDCG = 0; they get 0.0 and informative=False, and callers must drop them.
     """
     _check_ranking_inputs(scores, labels, mask, k)
     labels = _float_labels(labels)
@@ -326,14 +350,18 @@ def ndcg_at_k(scores: Tensor, labels: Tensor, mask: Tensor, k: int) -> tuple[Ten
     dcg = (gains.gather(1, top_scored) * discount).sum(dim=1)
     idcg = (gains.gather(1, top_ideal) * discount).sum(dim=1)
     informative = informative_rows(labels, mask)
-    ndcg = torch.where(informative, dcg / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(dcg))
+    ndcg = torch.where(
+        informative, dcg / idcg.clamp_min(torch.finfo(idcg.dtype).tiny), torch.zeros_like(dcg)
+    )
     return ndcg, informative
 
 
 def recall_at_k(scores: Tensor, labels: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Share of the ideal top-k (by label, ties by index) found in the top-k by score; (recall [B], informative [B]).
+    """Share of the ideal top-k (by label, ties by index) found in the top-k by score; (recall [B],
+    informative [B]).
 
-    Both top-k sets hold valid candidates only, min(k, #valid) of them. Non-informative rows get 0.0.
+    Both top-k sets hold valid candidates only, min(k, #valid) of them. Non-informative rows get
+    0.0.
     """
     _check_ranking_inputs(scores, labels, mask, k)
     labels = _float_labels(labels)
@@ -360,7 +388,9 @@ class _RankingMetric(Metric):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.k = k
-        self.add_state("value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("rows", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def _per_row(self, scores: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -372,7 +402,8 @@ class _RankingMetric(Metric):
         self.rows += informative.sum().to(self.device)
 
     def compute(self) -> Tensor:
-        """NaN when no informative row was seen, so an empty validation is visible rather than a fake 0."""
+        """NaN when no informative row was seen, so an empty validation is visible rather than a
+        fake 0."""
         if self.rows == 0:
             return torch.tensor(math.nan, dtype=torch.float64, device=self.value_sum.device)
         return self.value_sum / self.rows
@@ -395,7 +426,8 @@ class RankingRecall(_RankingMetric):
 # ---- user retrieval (stage 1): same-community precision@m and view-retrieval accuracy ----
 
 def community_precision_at_m(embeddings: torch.Tensor, communities: torch.Tensor, m: int) -> float:
-    """Mean fraction of each user's m nearest other users (cosine) that share their true community."""
+    """Mean fraction of each user's m nearest other users (cosine) that share their true
+    community."""
     z = F.normalize(embeddings.float(), dim=-1)
     sim = z @ z.T
     sim.fill_diagonal_(float("-inf"))
@@ -407,8 +439,8 @@ def community_precision_at_m(embeddings: torch.Tensor, communities: torch.Tensor
 
 
 def community_chance(communities: torch.Tensor) -> float:
-    """What `community_precision_at_m` is for random neighbours: the mean over users of the share of the *other*
-    users that are in the user's community, (n_c − 1) / (N − 1)."""
+    """What `community_precision_at_m` is for random neighbours: the mean over users of the share of
+    the *other* users that are in the user's community, (n_c − 1) / (N − 1)."""
     if len(communities) < 2:
         return float("nan")
     sizes = torch.bincount(communities)
@@ -422,7 +454,8 @@ def view_retrieval_accuracy(view_a: torch.Tensor, view_b: torch.Tensor) -> float
 
 
 class UserRetrievalQuality(Metric):
-    """Collects every user's embedding and views over a (possibly distributed) epoch, then scores them."""
+    """Collects every user's embedding and views over a (possibly distributed) epoch, then scores
+    them."""
 
     full_state_update = False
 
@@ -433,7 +466,9 @@ class UserRetrievalQuality(Metric):
         for name in ("users", "full", "view_a", "view_b"):
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
-    def update(self, users: torch.Tensor, full: torch.Tensor, view_a: torch.Tensor, view_b: torch.Tensor) -> None:
+    def update(
+        self, users: torch.Tensor, full: torch.Tensor, view_a: torch.Tensor, view_b: torch.Tensor
+    ) -> None:
         self.users.append(users)
         self.full.append(full.detach().float())
         self.view_a.append(view_a.detach().float())
@@ -452,6 +487,9 @@ class UserRetrievalQuality(Metric):
         if self.communities is not None:
             labels = self.communities.to(users.device)[users[keep]]
             if (labels >= 0).all():
-                out[f"community_p@{self.m}"] = torch.tensor(community_precision_at_m(full, labels, self.m))
-                out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))  # random neighbours
+                out[f"community_p@{self.m}"] = torch.tensor(
+                    community_precision_at_m(full, labels, self.m)
+                )
+                # random neighbours
+                out[f"community_p@{self.m}_chance"] = torch.tensor(community_chance(labels))
         return out

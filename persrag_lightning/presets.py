@@ -1,7 +1,7 @@
-"""The pipeline's presets: YAML files in configs/presets/ (or a user's own file), read as OmegaConf structured
-configs over `Preset`, so a misspelt key, a wrong type or an unknown stage is refused in one line that names the
-file and the key. A preset with `base: quick` states only what differs from quick.yaml (an OmegaConf merge; null
-keeps the stage config's own value).
+"""The pipeline's presets: YAML files in configs/presets/ (or a user's own file), read as OmegaConf
+structured configs over `Preset`, so a misspelt key, a wrong type or an unknown stage is refused in
+one line that names the file and the key. A preset with `base: quick` states only what differs from
+quick.yaml (an OmegaConf merge; null keeps the stage config's own value).
 """
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ from persrag_lightning.models.user_encoder import Judgments
 from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
+__all__ = ["Preset", "load_preset", "preset_names"]
+
 PRESET_DIR = "presets"
-READERS = ("trained", "llm")  # the trained reader (the reader stage's export) and the LLM (reading/)
+# the trained reader (the reader stage's export) and the LLM (reading/)
+READERS = ("trained", "llm")
 
 
 @dataclass
 class Precisions:
-    """A preset's precision policy (hardware.Precision) per kind of work; None keeps the stage config's."""
+    """A preset's precision policy (hardware.Precision) per kind of work; None keeps the stage
+    config's."""
 
     user_encoder: Precision | None = None
     feedback: Precision | None = None
@@ -32,26 +36,32 @@ class Precisions:
 
 @dataclass
 class Preset:
-    """What a pipeline run trains and reports. Override keys are the stage configs' keys with typed values."""
+    """What a pipeline run trains and reports. Override keys are the stage configs' keys with typed
+    values."""
 
     base: str | None = None
     data: dict[str, Any] = field(default_factory=dict)          # every stage
     user_encoder: dict[str, Any] = field(default_factory=dict)
-    reader: dict[str, Any] = field(default_factory=dict)        # the reader stage (configs/reader.yaml)
-    feedback: dict[str, Any] = field(default_factory=dict)      # the retriever's and reranker's stages
+    # the reader stage (configs/reader.yaml)
+    reader: dict[str, Any] = field(default_factory=dict)
+    # the retriever's and reranker's stages
+    feedback: dict[str, Any] = field(default_factory=dict)
     generator: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     precision: Precisions = field(default_factory=Precisions)
     judgments: str = "none"
-    paper_chain: bool = False          # train the paper's exact chain beside a run whose stage 1 reads judgments
+    # train the paper's exact chain beside a run whose stage 1 reads judgments
+    paper_chain: bool = False
     select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
-    readers: list[str] | None = None  # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
-    calibrations: list[str] | None = None  # the LLM reader's label calibrations the dev choices compare
+    # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
+    readers: list[str] | None = None
+    # the LLM reader's label calibrations the dev choices compare
+    calibrations: list[str] | None = None
     stages: list[str] | None = None   # None: every stage of stages.py
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
 
 
-def preset_path(name: str) -> Path:
+def _preset_path(name: str) -> Path:
     """A preset by name (configs/presets/<name>.yaml) or by the path of a YAML file."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         # a file; one of the repository's configs/ is found from any folder, as `--config` names are
@@ -75,9 +85,11 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    path = preset_path(name).resolve()
+    path = _preset_path(name).resolve()
     if path in _seen:
-        raise ConfigError(f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle")
+        raise ConfigError(
+            f"{path.name}: base: {' → '.join(p.name for p in (*_seen, path))} is a cycle"
+        )
     try:
         raw = OmegaConf.load(path)
         schema = OmegaConf.structured(Preset)
@@ -90,22 +102,26 @@ def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
         message = str(e).splitlines()[0]
         raise ConfigError(f"{path.name}: {key + ': ' if key else ''}{message}") from None
     preset.base = None
-    check_preset(preset, path)
+    _check_preset(preset, path)
     return preset
 
 
-def check_preset(preset: Preset, path: Path) -> None:
+def _check_preset(preset: Preset, path: Path) -> None:
     """What the schema cannot say: known stages, judgments, readers and calibrations."""
     for stage in preset.stages or []:
         if stage not in STAGES:
-            raise ConfigError(f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}")
+            raise ConfigError(
+                f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}"
+            )
     if preset.judgments not in get_args(Judgments):
         raise ConfigError(f"{path.name}: judgments: {preset.judgments!r} is not one of "
                           f"{', '.join(get_args(Judgments))}")
     for reader in preset.readers or []:
         if reader not in READERS:
-            raise ConfigError(f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
-                              "calibrations are `calibrations`)")
+            raise ConfigError(
+                f"{path.name}: readers: {reader!r} is not one of {', '.join(READERS)} (the label "
+                "calibrations are `calibrations`)"
+            )
     for calibration in preset.calibrations or []:
         if calibration not in get_args(Calibration):
             raise ConfigError(f"{path.name}: calibrations: {calibration!r} is not one of "

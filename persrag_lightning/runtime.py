@@ -1,15 +1,17 @@
-"""The float32 GEMM path of this CPU, beside the precision policy of hardware.py: which library multiplies the
-reader's and the encoders' float32 matrices fastest here, measured once per process, and applied to a model's
-Linear layers at inference.
+"""The float32 GEMM path of this CPU, beside the precision policy of hardware.py: which library
+multiplies the reader's and the encoders' float32 matrices fastest here, measured once per process,
+and applied to a model's Linear layers at inference.
 
-torch's float32 matmul is MKL's; on some CPUs another library is faster at the same shapes (oneDNN's linear,
-OpenBLAS through numpy, OpenVINO, ONNX Runtime: docs/performance/runtime.md). The policy times each path at the
-shapes of the reader's MLP (SmolLM2-135M) and of the encoders' layers (MiniLM) and chooses among those in torch's
-own thread pool, keeping torch's unless another is clearly faster; the libraries with threads of their own are
-measured and shown, and used only where named. A path that cannot load (its package missing) is skipped with a
-line. `PERSRAG_GEMM` names a path instead of measuring (`torch`: every Linear stays as it is). Training never changes: a converted
-layer runs torch's own linear whenever autograd, autocast, training mode or a non-float32 or non-CPU input is
-involved, and its weights stay the module's parameters (state dicts and exports are unchanged).
+torch's float32 matmul is MKL's; on some CPUs another library is faster at the same shapes (oneDNN's
+linear, OpenBLAS through numpy, OpenVINO, ONNX Runtime: docs/performance/runtime.md). The policy
+times each path at the shapes of the reader's MLP (SmolLM2-135M) and of the encoders' layers
+(MiniLM) and chooses among those in torch's own thread pool, keeping torch's unless another is
+clearly faster; the libraries with threads of their own are measured and shown, and used only where
+named. A path that cannot load (its package missing) is skipped with a line. `PERSRAG_GEMM` names a
+path instead of measuring (`torch`: every Linear stays as it is). Training never changes: a
+converted layer runs torch's own linear whenever autograd, autocast, training mode or a non-float32
+or non-CPU input is involved, and its weights stay the module's parameters (state dicts and exports
+are unchanged).
 """
 
 from __future__ import annotations
@@ -23,27 +25,33 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+__all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "gemm_choice", "gemm_seconds",
+           "gflops", "use_fastest_gemm"]
+
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 Timer = Callable[[str, LinearFn, torch.Tensor], float]
 
-# (rows, in, out) of the Linear layers whose speed decides each consumer. The reader: SmolLM2-135M's MLP (hidden 576,
-# intermediate 1536) on a batch of 8 main-job prompts; the encoders: MiniLM's feed-forward and attention projections
-# (hidden 384, intermediate 1536) on a batch of 64 texts of 64 tokens.
+# (rows, in, out) of the Linear layers whose speed decides each consumer. The reader: SmolLM2-135M's
+# MLP (hidden 576, intermediate 1536) on a batch of 8 main-job prompts; the encoders: MiniLM's
+# feed-forward and attention projections (hidden 384, intermediate 1536) on a batch of 64 texts of
+# 64 tokens.
 GEMM_SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
     "reader": ((5728, 576, 1536), (5728, 1536, 576)),
     "encoders": ((4096, 384, 1536), (4096, 384, 384)),
 }
-# Another path replaces torch's only where it measures at least this much faster: a loaded machine's noise must not
-# flip the choice, and a converted layer keeps a second copy of its weights in the path's layout.
+# Another path replaces torch's only where it measures at least this much faster: a loaded machine's
+# noise must not flip the choice, and a converted layer keeps a second copy of its weights in the
+# path's layout.
 MIN_GAIN = 1.1
-ROUNDS = 3  # timed calls per shape, after one warm-up; the best counts (noise on a shared machine only slows)
-# Fewer rows than this (a decoding step's) stay on torch: the policy measured batch shapes, and at a handful of rows
-# a call's fixed cost outside the kernel decides.
+# timed calls per shape, after one warm-up; the best counts (noise on a shared machine only slows)
+ROUNDS = 3
+# Fewer rows than this (a decoding step's) stay on torch: the policy measured batch shapes, and at a
+# handful of rows a call's fixed cost outside the kernel decides.
 MIN_ROWS = 32
 ENV = "PERSRAG_GEMM"  # auto (measure) or a path's name
 
 
-# ---- the paths ---------------------------------------------------------------------------------------------------
+# ---- the paths -----------------------------------------------------------------------------------
 
 def _torch(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> LinearFn:
     return lambda x: torch.nn.functional.linear(x, w, b)
@@ -62,7 +70,8 @@ def _torch_kn(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> LinearFn
 
 
 def _onednn(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> LinearFn:
-    """oneDNN's linear on a weight packed once in its own layout (what torch.compile's CPU freezing uses)."""
+    """oneDNN's linear on a weight packed once in its own layout (what torch.compile's CPU freezing
+    uses)."""
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("this torch build has no oneDNN")
     packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
@@ -87,7 +96,8 @@ def _numpy(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> LinearFn:
 
 
 def _blas_threads(threads: int) -> None:
-    """numpy's BLAS on `threads` threads (threadpoolctl, where installed; else the BLAS's own default)."""
+    """numpy's BLAS on `threads` threads (threadpoolctl, where installed; else the BLAS's own
+    default)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
@@ -133,7 +143,9 @@ def _onnxruntime(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> Linea
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = threads, 3
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = session.run(None, {"x": x.reshape(-1, x.shape[-1]).numpy()})[0]
@@ -144,10 +156,11 @@ def _onnxruntime(w: torch.Tensor, b: torch.Tensor | None, threads: int) -> Linea
 
 @dataclass(frozen=True)
 class GemmPath:
-    """One way to compute a float32 Linear: `prepare(weight, bias, threads)` packs the weights once and returns the
-    function of the input; it raises where the path cannot load here (its package missing, no oneDNN).
-    `own_threads`: the library runs its own thread pool beside torch's, whose threads still spin from the model's
-    torch operations between two layers; the policy measures such a path but chooses it only where it is named."""
+    """One way to compute a float32 Linear: `prepare(weight, bias, threads)` packs the weights once
+    and returns the function of the input; it raises where the path cannot load here (its package
+    missing, no oneDNN). `own_threads`: the library runs its own thread pool beside torch's, whose
+    threads still spin from the model's torch operations between two layers; the policy measures
+    such a path but chooses it only where it is named."""
 
     name: str
     what: str
@@ -165,51 +178,60 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
 )}
 
 
-# ---- measuring and choosing ---------------------------------------------------------------------------------------
+# ---- measuring and choosing ----------------------------------------------------------------------
 
 def time_call(name: str, fn: LinearFn, x: torch.Tensor) -> float:
-    """Seconds of one call of `fn(x)`; `name` is the path's, for a timer that wants it (a test's fake clock)."""
+    """Seconds of one call of `fn(x)`; `name` is the path's, for a timer that wants it (a test's
+    fake clock)."""
     started = time.perf_counter()
     fn(x)
     return time.perf_counter() - started
 
 
-def gemm_seconds(name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS, timer: Timer = time_call) -> float:
-    """Seconds of one call of `fn(x)`: the best of `rounds` after a warm-up (which pays first-call allocations and
-    kernel choices); noise on a shared machine only slows, so the best call is the machine's rate."""
+def gemm_seconds(
+    name: str, fn: LinearFn, x: torch.Tensor, rounds: int = ROUNDS, timer: Timer = time_call
+) -> float:
+    """Seconds of one call of `fn(x)`: the best of `rounds` after a warm-up (which pays first-call
+    allocations and kernel choices); noise on a shared machine only slows, so the best call is the
+    machine's rate."""
     with torch.inference_mode():
         fn(x)
         return min(timer(name, fn, x) for _ in range(rounds))
 
 
 def gflops(shapes: tuple[tuple[int, int, int], ...], seconds: float) -> float:
-    """The rate, in billions of floating-point operations per second, of one pass over `shapes` (twice rows times in
-    times out operations each) in `seconds`."""
+    """The rate, in billions of floating-point operations per second, of one pass over `shapes`
+    (twice rows times in times out operations each) in `seconds`."""
     return sum(2 * r * i * o for r, i, o in shapes) / seconds / 1e9
 
 
-def shape_data(shape: tuple[int, int, int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An input, a weight and a bias of a Linear of `shape` (rows, in, out), random (scaled as an initialised layer)."""
+def _shape_data(
+    shape: tuple[int, int, int], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An input, a weight and a bias of a Linear of `shape` (rows, in, out), random (scaled as an
+    initialised layer)."""
     rows, d_in, d_out = shape
     return (torch.randn(rows, d_in, generator=gen), torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5,
             torch.randn(d_out, generator=gen))
 
 
-def measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
+def _measure_path(path: GemmPath, shapes: tuple[tuple[int, int, int], ...], threads: int,
                  timer: Timer = time_call) -> float:
-    """The rate of `path` over `shapes` on `threads` threads (`gflops`; random weights of each shape, seed 0)."""
+    """The rate of `path` over `shapes` on `threads` threads (`gflops`; random weights of each
+    shape, seed 0)."""
     gen = torch.Generator().manual_seed(0)
     seconds = 0.0
     for shape in shapes:
-        x, w, b = shape_data(shape, gen)
+        x, w, b = _shape_data(shape, gen)
         seconds += gemm_seconds(path.name, path.prepare(w, b, threads), x, ROUNDS, timer)
     return gflops(shapes, seconds)
 
 
 @dataclass
 class GemmChoice:
-    """What the policy measured and chose: the rate per consumer and path (`gflops`), the path each consumer uses,
-    the paths skipped (and why), torch's thread count; pipeline.json keeps `record()`."""
+    """What the policy measured and chose: the rate per consumer and path (`gflops`), the path each
+    consumer uses, the paths skipped (and why), torch's thread count; pipeline.json keeps
+    `record()`."""
 
     threads: int
     rates: dict[str, dict[str, float]]
@@ -218,32 +240,36 @@ class GemmChoice:
     forced: bool = False  # PERSRAG_GEMM named the path: nothing was measured
 
     def lines(self) -> list[str]:
-        """The run's lines: one per skipped path, then the choice of each consumer with every measured rate."""
+        """The run's lines: one per skipped path, then the choice of each consumer with every
+        measured rate."""
         out = [f"float32 GEMM path {name}: skipped ({why})" for name, why in self.skipped.items()]
         if self.forced:
             return [*out, f"float32 GEMM path: {next(iter(self.chosen.values()))} ({ENV}; not measured)"]
         for consumer, path in self.chosen.items():
             ranked = sorted(self.rates[consumer].items(), key=lambda kv: -kv[1])
-            rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if choosable(p))
-            beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not choosable(p))
+            rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if _choosable(p))
+            beside = ", ".join(f"{p} {r:.0f}" for p, r in ranked if not _choosable(p))
             beside = f"; beside torch's threads, chosen only when named: {beside}" if beside else ""
-            out.append(f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
-                       f"{rates}{beside})")
+            out.append(
+                f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
+                f"{rates}{beside})"
+            )
         return out
 
     def record(self) -> dict:
         return asdict(self)
 
 
-def choosable(name: str) -> bool:
-    """A path the policy may choose by measurement: one in torch's own thread pool (`GemmPath.own_threads`)."""
+def _choosable(name: str) -> bool:
+    """A path the policy may choose by measurement: one in torch's own thread pool
+    (`GemmPath.own_threads`)."""
     return name not in PATHS or not PATHS[name].own_threads
 
 
 def choose_path(rates: dict[str, float], min_gain: float = MIN_GAIN) -> str:
-    """The fastest measured path that `choosable` allows, unless it beats torch's by less than `min_gain` (then
-    torch)."""
-    best = max([p for p in rates if choosable(p)] or rates, key=lambda p: rates[p])
+    """The fastest measured path that `_choosable` allows, unless it beats torch's by less than
+    `min_gain` (then torch)."""
+    best = max([p for p in rates if _choosable(p)] or rates, key=lambda p: rates[p])
     if "torch" in rates and best != "torch" and rates[best] < min_gain * rates["torch"]:
         return "torch"
     return best
@@ -255,14 +281,15 @@ def first_line(err: Exception) -> str:
 
 def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] | None = None,
                  threads: int | None = None, timer: Timer = time_call, rounds: int = ROUNDS) -> GemmChoice:
-    """Time every path at each consumer's shapes and choose per consumer. The paths take turns, one call per shape
-    in each of `rounds` rounds after a warm-up, so a burst of load from other jobs falls on every path alike; each
-    keeps its best call. A path that fails to prepare or run is skipped, with the first line of its error."""
+    """Time every path at each consumer's shapes and choose per consumer. The paths take turns, one
+    call per shape in each of `rounds` rounds after a warm-up, so a burst of load from other jobs
+    falls on every path alike; each keeps its best call. A path that fails to prepare or run is
+    skipped, with the first line of its error."""
     paths = list(PATHS.values()) if paths is None else paths
     shapes = GEMM_SHAPES if shapes is None else shapes
     threads = torch.get_num_threads() if threads is None else threads
     gen = torch.Generator().manual_seed(0)
-    data = {(c, shape): shape_data(shape, gen) for c, dims in shapes.items() for shape in dims}
+    data = {(c, shape): _shape_data(shape, gen) for c, dims in shapes.items() for shape in dims}
     calls: dict[tuple, LinearFn] = {}
     skipped: dict[str, str] = {}
     with torch.inference_mode():
@@ -283,20 +310,23 @@ def measure_gemm(paths: list[GemmPath] | None = None, shapes: dict[str, tuple] |
     rates: dict[str, dict[str, float]] = {consumer: {} for consumer in shapes}
     for name in dict.fromkeys(key[0] for key in calls):
         for consumer, dims in shapes.items():
-            rates[consumer][name] = gflops(dims, sum(best[(name, consumer, shape)] for shape in dims))
+            rates[consumer][name] = gflops(
+                dims, sum(best[(name, consumer, shape)] for shape in dims)
+            )
     return GemmChoice(threads, rates, {c: choose_path(r) for c, r in rates.items()}, skipped)
 
 
-def thread_counts() -> list[int]:
-    """torch's thread count, and the CPUs this process may run on where that differs (a machine whose torch
-    counts physical cores but whose logical CPUs compute too): the thread settings the policy tries."""
+def _thread_counts() -> list[int]:
+    """torch's thread count, and the CPUs this process may run on where that differs (a machine
+    whose torch counts physical cores but whose logical CPUs compute too): the thread settings the
+    policy tries."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return sorted({torch.get_num_threads(), cpus})
 
 
 def best_threads(counts: list[int], timer: Timer = gemm_seconds) -> int:
-    """The thread count at which torch's own path runs the reader's shapes fastest (torch's count unless another
-    is faster by MIN_GAIN)."""
+    """The thread count at which torch's own path runs the reader's shapes fastest (torch's count
+    unless another is faster by MIN_GAIN)."""
     current = torch.get_num_threads()
     if len(counts) < 2:
         return current
@@ -304,7 +334,7 @@ def best_threads(counts: list[int], timer: Timer = gemm_seconds) -> int:
     try:
         for n in counts:
             torch.set_num_threads(n)
-            rates[str(n)] = measure_path(PATHS["torch"], GEMM_SHAPES["reader"], n, timer)
+            rates[str(n)] = _measure_path(PATHS["torch"], GEMM_SHAPES["reader"], n, timer)
     finally:
         torch.set_num_threads(current)
     best = max(rates, key=lambda n: rates[n])
@@ -312,7 +342,8 @@ def best_threads(counts: list[int], timer: Timer = gemm_seconds) -> int:
 
 
 def loads(name: str) -> None:
-    """Refuse, at once and in one line, a path named by `PERSRAG_GEMM` that cannot load here (its extra missing)."""
+    """Refuse, at once and in one line, a path named by `PERSRAG_GEMM` that cannot load here (its
+    extra missing)."""
     try:
         PATHS[name].prepare(torch.ones(2, 2), None, 1)
     except Exception as err:  # noqa: BLE001 - whatever stops it, the run would fail at its first layer
@@ -323,18 +354,20 @@ _CHOICES: dict[tuple[str, int], GemmChoice] = {}
 
 
 def gemm_choice() -> GemmChoice:
-    """This process's choice: `PERSRAG_GEMM` (a path's name) if set, else measured once per thread count; where
-    another thread count runs torch's matmul faster, torch is set to it first."""
+    """This process's choice: `PERSRAG_GEMM` (a path's name) if set, else measured once per thread
+    count; where another thread count runs torch's matmul faster, torch is set to it first."""
     wanted = os.environ.get(ENV, "auto").strip() or "auto"
     key = (wanted, torch.get_num_threads())
     if key not in _CHOICES:
         if wanted == "auto":
-            threads = best_threads(thread_counts())
+            threads = best_threads(_thread_counts())
             torch.set_num_threads(threads)
             choice = measure_gemm(threads=threads)
         elif wanted in PATHS:
             loads(wanted)
-            choice = GemmChoice(key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True)
+            choice = GemmChoice(
+                key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True
+            )
         else:
             raise ValueError(f"{ENV}={wanted!r}: use auto or one of {', '.join(PATHS)}")
         _CHOICES[key] = _CHOICES[(wanted, choice.threads)] = choice
@@ -345,21 +378,24 @@ _ANNOUNCED: set[int] = set()
 
 
 def announce(choice: GemmChoice, prefix: str = "[runtime]", again: bool = False) -> None:
-    """Print `choice.lines()` once per process, whoever asks first (the pipeline before its plan, or the first model
-    converted); `again`: print them even if they were (each pipeline run states its decisions)."""
+    """Print `choice.lines()` once per process, whoever asks first (the pipeline before its plan, or
+    the first model converted); `again`: print them even if they were (each pipeline run states its
+    decisions)."""
     if again or id(choice) not in _ANNOUNCED:
         _ANNOUNCED.add(id(choice))
         print("\n".join(f"{prefix} {line}" for line in choice.lines()), flush=True)
 
 
-# ---- applying a path to a model ------------------------------------------------------------------------------------
+# ---- applying a path to a model ------------------------------------------------------------------
 
-_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (weights' version key, function)
+# layer -> (weights' version key, function)
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class GemmLinear(nn.Linear):
-    """An nn.Linear whose float32 inference calls go through the GEMM path `gemm_path` (its weights packed on first
-    use, again after they change); every other call is nn.Linear's. Made by `apply_gemm_path`, never built."""
+    """An nn.Linear whose float32 inference calls go through the GEMM path `gemm_path` (its weights
+    packed on first use, again after they change); every other call is nn.Linear's. Made by
+    `apply_gemm_path`, never built."""
 
     gemm_path: str
 
@@ -369,8 +405,9 @@ class GemmLinear(nn.Linear):
         return self._prepared()(x.contiguous())
 
     def _torchs(self, x: torch.Tensor) -> bool:
-        """Whether this call is torch's: autograd, training mode, autocast, a non-float32 or non-CPU tensor, a
-        handful of rows, or a trace (an ONNX export, torch.compile) that must see torch's own operator."""
+        """Whether this call is torch's: autograd, training mode, autocast, a non-float32 or non-CPU
+        tensor, a handful of rows, or a trace (an ONNX export, torch.compile) that must see torch's
+        own operator."""
         return (torch.is_grad_enabled() or self.training or x.dtype != torch.float32 or x.device.type != "cpu"
                 or self.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
                 or x.numel() < MIN_ROWS * x.shape[-1] or torch.jit.is_tracing() or torch.compiler.is_compiling()
@@ -386,8 +423,9 @@ class GemmLinear(nn.Linear):
 
 
 def apply_gemm_path(model: nn.Module, path: str) -> int:
-    """Route `model`'s nn.Linear layers through `path` at float32 inference (`torch`: back to plain nn.Linear), in
-    place; the number of layers changed. Parameters, state dict and training are untouched."""
+    """Route `model`'s nn.Linear layers through `path` at float32 inference (`torch`: back to plain
+    nn.Linear), in place; the number of layers changed. Parameters, state dict and training are
+    untouched."""
     if path not in PATHS:
         raise ValueError(f"unknown GEMM path {path!r}; one of {', '.join(PATHS)}")
     changed = 0
@@ -396,7 +434,9 @@ def apply_gemm_path(model: nn.Module, path: str) -> int:
         if kind is GemmLinear and path == "torch":
             module.__class__ = nn.Linear
             module.__dict__.pop("gemm_path", None)
-        elif kind is nn.Linear and path != "torch" or kind is GemmLinear and module.gemm_path != path:
+        elif (
+            kind is nn.Linear and path != "torch" or kind is GemmLinear and module.gemm_path != path
+        ):
             module.__class__ = GemmLinear
             module.gemm_path = path
         else:
@@ -407,8 +447,8 @@ def apply_gemm_path(model: nn.Module, path: str) -> int:
 
 
 def use_fastest_gemm(model: nn.Module, consumer: str) -> str:
-    """Apply this process's choice for `consumer` (reader, encoders) to `model` at inference, announcing the choice
-    once; the path's name."""
+    """Apply this process's choice for `consumer` (reader, encoders) to `model` at inference,
+    announcing the choice once; the path's name."""
     choice = gemm_choice()
     announce(choice)
     path = choice.chosen[consumer]

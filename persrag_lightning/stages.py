@@ -1,9 +1,10 @@
-"""The stage graph: every bundle a run exports, the config that trains it, the overrides that make it this stage,
-and the bundles it reads. The pipeline trains from this table; a strategy's missing-bundle error names the command
-from it. It imports nothing from the package, so every layer may read it.
+"""The stage graph: every bundle a run exports, the config that trains it, the overrides that make
+it this stage, and the bundles it reads. The pipeline trains from this table; a strategy's
+missing-bundle error names the command from it. It imports nothing from the package, so every layer
+may read it.
 
-A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle names, resolved
-there, in one place.
+A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle
+names, resolved there, in one place.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+__all__ = ["PAPER_STAGES", "STAGES", "Stage", "bundle_path", "cli_overrides"]
+
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
-RUN_DIR = "{run_dir}"  # what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+# what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+RUN_DIR = "{run_dir}"
 
 
 @dataclass(frozen=True)
@@ -23,10 +27,13 @@ class Stage:
 
     name: str
     config: str          # a file of configs/
-    kind: StageKind      # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
-    overrides: dict[str, Any] = field(default_factory=dict)  # what makes it this stage, as typed values
+    # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
+    kind: StageKind
+    # what makes it this stage, as typed values
+    overrides: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)     # config key → the bundle it reads
-    paper: bool = False  # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
+    # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
+    paper: bool = False
     named: bool = False  # exported under its own name, not the config's default bundle name
 
     def override_values(self, run_dir: str = RUN_DIR) -> dict[str, Any]:
@@ -45,7 +52,8 @@ class Stage:
 
 
 def bundle_path(run_dir: str | Path, bundle: str) -> Path:
-    """Where a run's bundle lives: `<run_dir>/<bundle>`, run_dir being `<export_root>/<run_name>`."""
+    """Where a run's bundle lives: `<run_dir>/<bundle>`, run_dir being
+    `<export_root>/<run_name>`."""
     return Path(run_dir) / bundle
 
 
@@ -59,18 +67,20 @@ def cli_value(value: Any) -> str:
 
 
 def cli_overrides(overrides: dict[str, Any]) -> list[str]:
-    """`{"data.init_args.candidates.m": 3}` → `["--data.init_args.candidates.m=3"]`; a None value means the
-    config's own (no argument)."""
+    """`{"data.init_args.candidates.m": 3}` → `["--data.init_args.candidates.m=3"]`; a None value
+    means the config's own (no argument)."""
     return [f"--{key}={cli_value(value)}" for key, value in overrides.items() if value is not None]
 
 
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
-    # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the feedback stages
+    # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the
+    # feedback stages
     Stage("reader", "reader.yaml", "reader"),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
-    # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user term
+    # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user
+    # term
     Stage("retriever_ropg", "cfrag_retriever.yaml", "feedback", {"model.init_args.config.alpha": 0.0,
                                                                  "data.init_args.candidates.owners": "self"},
           named=True),

@@ -1,15 +1,19 @@
-"""`persrag cluster`: ClusterRAG's user cohorts (seed 002) built once and exported to `checkpoints/<run>/clusters/`.
+"""`persrag cluster`: ClusterRAG's user cohorts (seed 002) built once and exported to
+`checkpoints/<run>/clusters/`.
 
-The cohorts are fitted exactly as the ClusterRAG strategy fits them (`ClusterRAG.fit_cohorts`: MEAN of the frozen
-encoder's doc vectors over each user's collaborative pool, data/histories.py, or CFRAG's trained user table) and
-written with `CohortModel.save` (assignments.tsv, centroids.npy, vectors.npy, radii.npy, cohorts.json with the
-settings, sizes and noise count) into a temporary folder that replaces `clusters/` whole, so a killed run leaves
-the previous export or none, never a mix. On SynthLaMP (a `communities.json` beside the data) it also prints the
-adjusted Rand index of the cohorts against the latent communities for MEAN and for the trained contrastive user
-vectors (when `checkpoints/<run>/user_encoder` is exported) — diagnostics only, also written to diagnostics.json.
+The cohorts are fitted exactly as the ClusterRAG strategy fits them (`ClusterRAG.fit_cohorts`: MEAN
+of the frozen encoder's doc vectors over each user's collaborative pool, data/histories.py, or
+CFRAG's trained user table) and written with `CohortModel.save` (assignments.tsv, centroids.npy,
+vectors.npy, radii.npy, cohorts.json with the settings, sizes and noise count) into a temporary
+folder that replaces `clusters/` whole, so a killed run leaves the previous export or none, never a
+mix. On SynthLaMP (a `communities.json` beside the data) it also prints the adjusted Rand index of
+the cohorts against the latent communities for MEAN and for the trained contrastive user vectors
+(when `checkpoints/<run>/user_encoder` is exported) — diagnostics only, also written to
+diagnostics.json.
 
-    persrag cluster --run_name synthlamp-quick                 # HDBSCAN(min_cluster_size=2) over MEAN vectors
-    persrag cluster --run_name synthlamp-quick --vectors encoder --method kmeans --n_clusters 8
+    persrag cluster --run_name synthlamp-quick                 # HDBSCAN(min_cluster_size=2) over
+    MEAN vectors persrag cluster --run_name synthlamp-quick --vectors encoder --method kmeans
+    --n_clusters 8
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from pathlib import Path
 from persrag_lightning.retrieval.cohorts import CohortSettings
 from persrag_lightning.utils import one_flag_style
 
+__all__ = ["cluster_command", "report"]
+
 EXPORT = "clusters"
 DIAGNOSTICS = "diagnostics.json"
 
@@ -32,27 +38,36 @@ class ClusterArgumentError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error on two lines; the house rule is one
+    # argparse prints usage + error on two lines; the house rule is one
+    def error(self, message: str) -> None:
         raise ClusterArgumentError(message)
 
 
 def parser() -> argparse.ArgumentParser:
     d = CohortSettings()
     p = _Parser(prog="persrag cluster", description=__doc__.splitlines()[0])
-    p.add_argument("--run_name", default="synthlamp", help="exports go to <export_root>/<run_name>/clusters")
+    p.add_argument(
+        "--run_name", default="synthlamp", help="exports go to <export_root>/<run_name>/clusters"
+    )
     p.add_argument("--export_root", default="checkpoints")
     p.add_argument("--task", default="LaMP-2")
-    p.add_argument("--data_dir", default=None, help="a LaMP folder; default: the embedded SynthLaMP")
+    p.add_argument(
+        "--data_dir", default=None, help="a LaMP folder; default: the embedded SynthLaMP"
+    )
     p.add_argument("--num_users", type=int, default=300, help="SynthLaMP users (as the stages' synth.num_users)")
     p.add_argument("--synth_seed", type=int, default=0)
     p.add_argument("--cache_dir", default=".cache/persrag")
-    p.add_argument("--encoder", default="minilm", help="frozen text encoder of the MEAN user vectors (Eq. 1)")
+    p.add_argument(
+        "--encoder", default="minilm", help="frozen text encoder of the MEAN user vectors (Eq. 1)"
+    )
     p.add_argument("--vectors", choices=["mean", "encoder"], default=d.user_vectors,
                    help="user vectors of the export: MEAN (the seed) or CFRAG's trained user embeddings")
     p.add_argument("--method", choices=["hdbscan", "kmeans"], default=d.method)
     p.add_argument("--min_cluster_size", type=int, default=d.min_cluster_size)
     p.add_argument("--min_samples", type=int, default=d.min_samples)
-    p.add_argument("--n_clusters", type=int, default=d.n_clusters, help="k-means K (default ⌈√users⌉)")
+    p.add_argument(
+        "--n_clusters", type=int, default=d.n_clusters, help="k-means K (default ⌈√users⌉)"
+    )
     p.add_argument("--noise", choices=["nearest", "own"], default=d.noise)
     p.add_argument("--fit_sample", type=int, default=d.fit_sample,
                    help="cluster a random sample of this many users, assign the others to the nearest cohort")
@@ -61,8 +76,14 @@ def parser() -> argparse.ArgumentParser:
     return one_flag_style(p)
 
 
-def settings_from(args: argparse.Namespace) -> CohortSettings:
-    """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback later."""
+def _settings_from(args: argparse.Namespace) -> CohortSettings:
+    """CohortSettings of the arguments; impossible values are bad input (one line), not a traceback
+    later.
+
+    Args:
+        args: the parsed `persrag cluster` arguments (method, cluster sizes, noise policy, fit
+            sample).
+    """
     for name, low in (("min_cluster_size", 2), ("n_clusters", 1), ("fit_sample", 2), ("min_samples", 1),
                       ("top_k_users", 0), ("num_users", 1)):
         value = getattr(args, name)
@@ -74,10 +95,15 @@ def settings_from(args: argparse.Namespace) -> CohortSettings:
 
 
 def cluster_command(argv: list[str]) -> dict:
-    """Fit, export and summarise the cohorts; returns what diagnostics.json holds. Bad input → one line, exit 2."""
+    """Fit, export and summarise the cohorts; returns what diagnostics.json holds. Bad input → one
+    line, exit 2.
+
+    Args:
+        argv: the command line after `persrag cluster`.
+    """
     try:
         args = parser().parse_args(argv)
-        settings = settings_from(args)
+        settings = _settings_from(args)
     except ClusterArgumentError as err:
         print(f"persrag cluster: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
@@ -98,7 +124,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     encoder_dir = run_dir / "user_encoder"
     has_encoder = (encoder_dir / "config.json").is_file()
     if settings.user_vectors == "encoder":
-        require_bundle(encoder_dir)  # FileNotFoundError naming the command that makes it → one line, exit 2
+        # FileNotFoundError naming the command that makes it → one line, exit 2
+        require_bundle(encoder_dir)
     source = LampSource(args.task, args.data_dir, SynthConfig(num_users=args.num_users, seed=args.synth_seed),
                         args.cache_dir)
     source.prepare()
@@ -117,7 +144,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
 
     model, said = fit(settings.user_vectors)
     if settings.user_vectors == "mean":
-        model.encoder = args.encoder  # serving computes a new user's MEAN vector with the same encoder
+        # serving computes a new user's MEAN vector with the same encoder
+        model.encoder = args.encoder
     communities = load_communities(source.data_dir)
     diagnostics: dict = {"data_dir": str(source.data_dir), "settings": asdict(settings), "users": len(model),
                          "cohorts": model.n_cohorts, "noise": model.noise_count, "warnings": said, "ari": {}}
@@ -140,11 +168,23 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
 
 
 def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
-    """The cohort summary, any degenerate-case warning, the ARI table (SynthLaMP) and where the export is."""
+    """The cohort summary, any degenerate-case warning, the ARI table (SynthLaMP) and where the
+    export is.
+
+    Args:
+        model: the fitted cohort model; its `summary()` opens the report.
+        diagnostics: what diagnostics.json holds: the degenerate-case warnings and, on SynthLaMP,
+            the ARI of each kind of user vectors.
+        synth: whether the data is the embedded SynthLaMP, whose true communities give the ARI
+            table.
+        out: the folder the cohorts were exported to, named on the last line.
+    """
     lines = [model.summary()]
     lines += [f"warning: {w}" for w in diagnostics["warnings"]]
     if synth:
-        lines.append("agreement with the true SynthLaMP communities (adjusted Rand index; diagnostics only):")
+        lines.append(
+            "agreement with the true SynthLaMP communities (adjusted Rand index; diagnostics only):"
+        )
         lines.append("| user vectors | cohorts | noise | ARI (noise as singletons) | ARI (after the noise policy) |")
         lines.append("|---|---|---|---|---|")
         for vectors, name in (("mean", "MEAN (Eq. 1)"), ("encoder", "contrastive (CFRAG stage 1)")):
@@ -153,8 +193,10 @@ def report(model, diagnostics: dict, synth: bool, out: Path) -> str:
                 lines.append(f"| {name} | - | - | not exported: `python train.py fit --config "
                              "cfrag_user_encoder.yaml` (same --run_name) | - |")
             else:
-                lines.append(f"| {name} | {got['n_cohorts']} | {got['noise']} | {got['clusters']:.3f} | "
-                             f"{got['cohorts']:.3f} |")
+                lines.append(
+                    f"| {name} | {got['n_cohorts']} | {got['noise']} | {got['clusters']:.3f} | "
+                    f"{got['cohorts']:.3f} |"
+                )
     else:
         lines.append("no communities.json beside the data: no ARI (SynthLaMP only)")
     lines.append(f"cohorts exported to {out}")

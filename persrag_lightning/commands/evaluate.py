@@ -1,8 +1,9 @@
-"""`persrag evaluate`: the evaluator a config names (LaMP strategies × split, PersonaBench, memory) → its report.
+"""`persrag evaluate`: the evaluator a config names (LaMP strategies × split, PersonaBench, memory)
+→ its report.
 
-From a command line (`evaluate_command`) or, inside one process, from the resolved configuration object
-(`evaluation_config` → `run_evaluation`): the pipeline's evaluations take the object, and write a command line only
-to print it.
+From a command line (`evaluate_command`) or, inside one process, from the resolved configuration
+object (`evaluation_config` → `run_evaluation`): the pipeline's evaluations take the object, and
+write a command line only to print it.
 """
 
 from __future__ import annotations
@@ -29,23 +30,30 @@ SHORT_FLAGS = {"--max_examples": "--evaluation.max_examples", "--max-examples": 
 
 
 def evaluate_args(args: list[str]) -> list[str]:
-    """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate parser reads them."""
+    """The arguments with `--config` names resolved and SHORT_FLAGS spelled out, as the evaluate
+    parser reads them.
+
+    Args:
+        args: the command line after `persrag evaluate`, as the user typed it.
+    """
     return resolve_config_args([next((a.replace(k, v, 1) for k, v in SHORT_FLAGS.items() if a.startswith(k)), a)
                                 for a in resolve_config_args(args)])
 
 
 def evaluate_command(args: list[str]) -> EvaluationReport:
-    """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the config's evaluator
-    (`evaluation:`, by class_path; LaMP's by default: strategies × split, test by default → predictions,
-    metrics.json, results.md in Table 2's layout with intervals, results.png); prints the table and returns the
-    report.
+    """`persrag evaluate --config evaluate_cfrag.yaml [--max_examples N] [--split dev]`: runs the
+    config's evaluator (`evaluation:`, by class_path; LaMP's by default: strategies × split, test by
+    default → predictions, metrics.json, results.md in Table 2's layout with intervals,
+    results.png); prints the table and returns the report.
 
     Args:
         args: the command line after `persrag evaluate`.
     """
     from persrag_lightning.evaluation.evaluate import evaluate_parser
 
-    return run_evaluation(evaluate_parser(description=evaluate_command.__doc__).parse_args(evaluate_args(args)))
+    return run_evaluation(
+        evaluate_parser(description=evaluate_command.__doc__).parse_args(evaluate_args(args))
+    )
 
 
 @lru_cache(maxsize=8)
@@ -58,12 +66,13 @@ def _config_file(path: str, cwd: str) -> Namespace:
 
 def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None = None,
                       names: Mapping[str, str] | None = None, config: str = "evaluate_cfrag.yaml") -> Namespace:
-    """An evaluate configuration resolved as `persrag evaluate --config <config> --<key>=<value> ... --only ...
-    --names ...` resolves it, without writing the typed values as text: the object `run_evaluation` takes.
+    """An evaluate configuration resolved as `persrag evaluate --config <config> --<key>=<value> ...
+    --only ... --names ...` resolves it, without writing the typed values as text: the object
+    `run_evaluation` takes.
 
     Args:
-        overrides: dotted keys (`evaluation.split`, `run_name`) with typed values, applied after the file; None
-            values are left out (the config's own value).
+        overrides: dotted keys (`evaluation.split`, `run_name`) with typed values, applied after the
+            file; None values are left out (the config's own value).
         only: the config's strategies to evaluate, by name (None: every one).
         names: the table's names of strategies of the config.
         config: the evaluate config file (a name of configs/ or a path).
@@ -79,32 +88,38 @@ def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None =
 
 
 def run_evaluation(cfg: Namespace) -> EvaluationReport:
-    """Run a resolved evaluate configuration in this process: print the table and return the `EvaluationReport`
-    (results, the primary metric and its direction, each label row's reading).
+    """Run a resolved evaluate configuration in this process: print the table and return the
+    `EvaluationReport` (results, the primary metric and its direction, each label row's reading).
 
     Args:
-        cfg: the parsed configuration (`evaluation_config`, or the evaluate parser's parse of a command line).
+        cfg: the parsed configuration (`evaluation_config`, or the evaluate parser's parse of a
+            command line).
     """
     from persrag_lightning.evaluation.base import Evaluator
     from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names, rename_strategies
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
-    cfg = substitute_run_dir(cfg.clone(), str(Path(cfg.export_root) / cfg.run_name))  # the caller keeps its own
+    # the caller keeps its own
+    cfg = substitute_run_dir(cfg.clone(), str(Path(cfg.export_root) / cfg.run_name))
     settings = cfg.evaluation.init_args
-    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":  # the LaMP default follows --run_name
+    # the LaMP default follows --run_name
+    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":
         settings.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
     check_task(getattr(settings, "task", None), getattr(settings, "data_dir", None))
     init = evaluate_parser().instantiate_classes(cfg)
     evaluator: Evaluator = init.evaluation
     strategies = init.strategies
-    bind_strategies(strategies)  # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
+    # "+ tuned generator" rows retrieve as the strategy they name, even one not in --only
+    bind_strategies(strategies)
     names = rename_strategies(strategies, cfg.names or {})
     evaluator.rename(names)
     if cfg.only is not None:
         only = [names.get(n, n) for n in only_names(cfg.only)]
         unknown = set(only) - {s.name for s in strategies}
         if unknown:
-            raise SystemExit(f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}")
+            raise SystemExit(
+                f"persrag evaluate: --only names strategies not in the config: {sorted(unknown)}"
+            )
         strategies = [s for s in strategies if s.name in only]
     report = evaluator.evaluate(strategies)
     print(report.table)

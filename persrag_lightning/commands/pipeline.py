@@ -1,12 +1,14 @@
-"""`persrag pipeline`: every CFRAG stage on the embedded default, in order, skipping stages already exported.
+"""`persrag pipeline`: every CFRAG stage on the embedded default, in order, skipping stages already
+exported.
 
-user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback + reranker (and
-its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) → evaluation on the test split, ending
-with the results table (intervals, paired tests).
-A preset (configs/presets/*.yaml, read by presets.py) says what each kind of stage overrides, which stages of
-stages.py train and which rows the table reports. `--task` runs the same stages on another LaMP task (SynthLaMP
-generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2. With `--data_dir` the task defaults to the folder's
-(its convert.json), which is how a converted log's own label set (`labels`) reaches every stage.
+user encoder → feedback + retriever (and the ROPG-style baseline, on the same labels) → feedback +
+reranker (and its "w/o e_u" ablation) → the generator (the LLM tuned on CFRAG's prompts) →
+evaluation on the test split, ending with the results table (intervals, paired tests). A preset
+(configs/presets/*.yaml, read by presets.py) says what each kind of stage overrides, which stages of
+stages.py train and which rows the table reports. `--task` runs the same stages on another LaMP task
+(SynthLaMP generates LaMP-1, 2, 3, 4, 5 and 7); the main job is LaMP-2. With `--data_dir` the task
+defaults to the folder's (its convert.json), which is how a converted log's own label set (`labels`)
+reaches every stage.
 """
 
 from __future__ import annotations
@@ -37,31 +39,35 @@ if TYPE_CHECKING:
 
 __all__ = ["EvaluationRun", "Job", "StageRun", "main"]
 
-TRAINED_READER = "{run_dir}/reader"  # the reader stage's export, as the evaluation and the feedback stages name it
+# the reader stage's export, as the evaluation and the feedback stages name it
+TRAINED_READER = "{run_dir}/reader"
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
 
 def given(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A preset's overrides without its nulls (null: the config's own value, so no argument at all)."""
+    """A preset's overrides without its nulls (null: the config's own value, so no argument at
+    all)."""
     return {k: v for k, v in overrides.items() if v is not None}
 
 
-def stage_done(export_root: str, run_name: str, stage: str) -> bool:
+def _stage_done(export_root: str, run_name: str, stage: str) -> bool:
     return (bundle_path(Path(export_root) / run_name, stage) / "config.json").exists()
 
 
 @dataclass
 class TaskOverrides:
-    """What switches a preset to a task: every stage's data, the generator stage's and the evaluation's overrides."""
+    """What switches a preset to a task: every stage's data, the generator stage's and the
+    evaluation's overrides."""
 
     data: dict[str, Any]
     generator: dict[str, Any]
     evaluate: dict[str, Any]
 
 
-def task_overrides(task: str, preset: Preset) -> TaskOverrides:
-    """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to `choose` among,
-    so they generate, in the evaluation and in the generator stage's validation alike. LaMP-2 is the configs'."""
+def _task_overrides(task: str, preset: Preset) -> TaskOverrides:
+    """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
+    `choose` among, so they generate, in the evaluation and in the generator stage's validation
+    alike. LaMP-2 is the configs'."""
     spec = get_task(task)
     evaluate = given(preset.evaluate)
     if spec.name == "LaMP-2":
@@ -73,11 +79,12 @@ def task_overrides(task: str, preset: Preset) -> TaskOverrides:
     return TaskOverrides({"data.init_args.task": spec.name}, {}, {"evaluation.task": spec.name, **evaluate})
 
 
-# The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the main chain's
-# reranked order and its first stage's order, each with its "w/o user retrieval" row (the same chain and order
-# with m = 1). The stage-1 encoder is not chosen again in every run: on the dev questions of both measured seeds
-# the paired chain beat the paper's text-only chain in either order (docs/performance/main-job.md), so the paper's
-# chain is a reported row, not a candidate.
+# The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the
+# main chain's reranked order and its first stage's order, each with its "w/o user retrieval" row
+# (the same chain and order with m = 1). The stage-1 encoder is not chosen again in every run: on
+# the dev questions of both measured seeds the paired chain beat the paper's text-only chain in
+# either order (docs/performance/main-job.md), so the paper's chain is a reported row, not a
+# candidate.
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 TUNED = " + tuned generator"
@@ -85,22 +92,25 @@ STAGE_ONE_READS = {"paired": "judgments", "label": "label judgments", "none": "t
 
 
 def chain_names(judgments: str) -> dict[str, str]:
-    """The table's names of the dev choice's candidates: what stage 1 of the main chain reads and which order its
-    docs take. evaluate_cfrag.yaml names the first-stage order by its ablation ("w/o reranker tuning"), which
-    reads as a loss of the recipe when dev chooses it: in the pipeline's tables it is a configuration of CFRAG."""
+    """The table's names of the dev choice's candidates: what stage 1 of the main chain reads and
+    which order its docs take. evaluate_cfrag.yaml names the first-stage order by its ablation ("w/o
+    reranker tuning"), which reads as a loss of the recipe when dev chooses it: in the pipeline's
+    tables it is a configuration of CFRAG."""
     reads = STAGE_ONE_READS[judgments]
     return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)"}
 
 
 def shown(name: str, names: dict[str, str]) -> str:
-    """A config strategy's name in the tables (`--names`), a "+ tuned generator" row following its retrieval's."""
+    """A config strategy's name in the tables (`--names`), a "+ tuned generator" row following its
+    retrieval's."""
     if name.endswith(TUNED) and name.removesuffix(TUNED) in names:
         return names[name.removesuffix(TUNED)] + TUNED
     return names.get(name, name)
 
 
 def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
-    """Refuse, in one line, a LaMP folder that lacks a split the pipeline trains on or reports (exit 2)."""
+    """Refuse, in one line, a LaMP folder that lacks a split the pipeline trains on or reports (exit
+    2)."""
     from persrag_lightning.data.lamp import LampFormatError, outputs_path, questions_path
 
     for split in splits:
@@ -110,13 +120,15 @@ def check_data_dir(data_dir: str, task: str, splits: tuple[str, ...]) -> None:
                                       f"outputs for {task} (it trains on train, selects on dev, reports on --split)")
 
 
-def choose_on_dev(report: EvaluationReport, run: EvaluationRun,
-                  calibrations: list[str] | None = None) -> tuple[str, str | None, dict[str, float]]:
-    """The best of `run`'s rows (a `dev_choice`) by the report's primary metric, with the dev numbers: the main
-    job's recipe is chosen here, never on test. With `calibrations` (label calibrations), each row read as label
-    scores is re-read under each calibration from the report (no LLM pass, no file) and the best (configuration,
-    calibration) pair is chosen (`evaluation.selection`); a candidate whose dev answers equal an earlier one's is
-    no choice, and the lines say so. The choice is returned by its config name."""
+def choose_on_dev(
+    report: EvaluationReport, run: EvaluationRun, calibrations: list[str] | None = None
+) -> tuple[str, str | None, dict[str, float]]:
+    """The best of `run`'s rows (a `dev_choice`) by the report's primary metric, with the dev
+    numbers: the main job's recipe is chosen here, never on test. With `calibrations` (label
+    calibrations), each row read as label scores is re-read under each calibration from the report
+    (no LLM pass, no file) and the best (configuration, calibration) pair is chosen
+    (`evaluation.selection`); a candidate whose dev answers equal an earlier one's is no choice, and
+    the lines say so. The choice is returned by its config name."""
     from persrag_lightning.evaluation.selection import row_options, select
 
     options = row_options(report, {n: shown(n, run.names) for n in run.only or []}, calibrations)
@@ -135,10 +147,10 @@ def choose_on_dev(report: EvaluationReport, run: EvaluationRun,
 ORDER_ROW = "w/o user retrieval{order}"  # the chosen order's "w/o user retrieval" row (CANDIDATES)
 
 
-def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
-    """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled in (both
-    candidates of the dev choice are rows: CFRAG and "w/o reranker tuning"); without the paper's chain trained,
-    no row of it."""
+def _report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
+    """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled
+    in (both candidates of the dev choice are rows: CFRAG and "w/o reranker tuning"); without the
+    paper's chain trained, no row of it."""
     if preset.rows is None:
         return None
     rows = [r.replace("{chosen}", chosen) for r in preset.rows]
@@ -148,8 +160,9 @@ def report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[st
     return list(dict.fromkeys(rows))
 
 
-def check_rows(preset: Preset, name: str) -> None:
-    """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one line, exit 2)."""
+def _check_rows(preset: Preset, name: str) -> None:
+    """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one
+    line, exit 2)."""
     from persrag_lightning.retrieval.strategies import strategy_names
 
     known = set(strategy_names("evaluate_cfrag.yaml"))
@@ -204,8 +217,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 @dataclass
 class Job:
-    """One `persrag pipeline` call, resolved from its preset and arguments before anything trains: what every stage
-    and evaluation adds to its config, and what ran (`stages`, `evaluations`, `minutes`) for pipeline.json."""
+    """One `persrag pipeline` call, resolved from its preset and arguments before anything trains:
+    what every stage and evaluation adds to its config, and what ran (`stages`, `evaluations`,
+    `minutes`) for pipeline.json."""
 
     preset: Preset
     task: str
@@ -214,10 +228,13 @@ class Job:
     export_root: str
     backend: str | None
     paper_chain: bool
-    names: dict[str, str]               # the table's names of the dev choice's candidates (chain_names)
+    # the table's names of the dev choice's candidates (chain_names)
+    names: dict[str, str]
     data: dict[str, Any]                # every stage: the task and the data folder
-    kinds: dict[str, dict[str, Any]]    # what each kind of stage adds: precision, judgments, backend, the task
-    evaluate: dict[str, Any]            # every evaluation: the preset's and the task's, the split, --questions
+    # what each kind of stage adds: precision, judgments, backend, the task
+    kinds: dict[str, dict[str, Any]]
+    # every evaluation: the preset's and the task's, the split, --questions
+    evaluate: dict[str, Any]
     extra: list[str] = field(default_factory=list)
     stages: list[StageRun] = field(default_factory=list)
     evaluations: list[EvaluationRun] = field(default_factory=list)
@@ -228,17 +245,21 @@ class Job:
         return {"run_name": self.run_name, "export_root": self.export_root}
 
     def wanted(self) -> list[str]:
-        """The preset's stages, the paper's chain only where it trains beside the main one, the reader only where
-        the preset may read with it, on a label task (a generation task's reader is the LLM)."""
+        """The preset's stages, the paper's chain only where it trains beside the main one, the
+        reader only where the preset may read with it, on a label task (a generation task's reader
+        is the LLM)."""
         reads = get_task(self.task).labels is not None and "trained" in (self.preset.readers or [])
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
                 and (reads or STAGES[n].kind != "reader")]
 
-    def choose_reader(self, readers: list[str], calibrations: list[str] | None) -> tuple[str, dict[str, float]]:
-        """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage needed, so the
-        feedback stages can be labelled by the chosen reader): each reader's best dev score (the LLM's under its
-        best calibration), then the same selection among the readers; the earlier of `readers` wins a tie. The
-        dev questions only select: the trained reader learnt from train questions alone."""
+    def choose_reader(
+        self, readers: list[str], calibrations: list[str] | None
+    ) -> tuple[str, dict[str, float]]:
+        """Who reads the label task, chosen on dev on BM25's prompts (READER_ROWS: no trained stage
+        needed, so the feedback stages can be labelled by the chosen reader): each reader's best dev
+        score (the LLM's under its best calibration), then the same selection among the readers; the
+        earlier of `readers` wins a tie. The dev questions only select: the trained reader learnt
+        from train questions alone."""
         from persrag_lightning.evaluation.selection import Option, select
 
         t0, best, scores = time.perf_counter(), [], {}
@@ -247,7 +268,9 @@ class Job:
                     "evaluation.reader": TRAINED_READER if reader == "trained" else LLM_READER}
             run = dev_choice(base, READER_ROWS, self.run_name, {}, f"select-on-dev/reader-{reader}")
             report = run_evaluation(run.resolve())
-            _, calibration, dev = choose_on_dev(report, run, calibrations if reader == "llm" else None)
+            _, calibration, dev = choose_on_dev(
+                report, run, calibrations if reader == "llm" else None
+            )
             self.evaluations.append(run)
             label = READER_ROWS[0] + (f" [calibration {calibration}]" if calibration else "")
             best.append(Option(reader, reader, dev[label]))
@@ -259,15 +282,15 @@ class Job:
         return chosen, scores
 
     def read_with(self, reader: str) -> None:
-        """Every later stage's feedback and every evaluation read with `reader` (trained: the reader stage's
-        export; llm: the configs' LLM)."""
+        """Every later stage's feedback and every evaluation read with `reader` (trained: the reader
+        stage's export; llm: the configs' LLM)."""
         if reader == "trained":
             self.kinds["feedback"]["data.init_args.feedback.reader"] = TRAINED_READER
             self.evaluate["evaluation.reader"] = TRAINED_READER
 
     def stage_run(self, stage: str, more: dict[str, Any] | None = None) -> StageRun:
-        """`stage`'s fit in this job: its config and every override, typed, in the command line's order (the
-        preset's data and kind, the task's, the job's, the stage's own, then `more`)."""
+        """`stage`'s fit in this job: its config and every override, typed, in the command line's
+        order (the preset's data and kind, the task's, the job's, the stage's own, then `more`)."""
         spec: Stage = STAGES[stage]
         return StageRun(stage, spec.config, {**given(self.preset.data), **self.data,
                                              **given(getattr(self.preset, spec.kind)), **self.kinds[spec.kind],
@@ -275,9 +298,9 @@ class Job:
                                              "trainer.enable_progress_bar": False}, self.extra)
 
     def fit(self, stage: str, more: dict[str, Any] | None = None) -> None:
-        """Train `stage` unless its bundle is exported already: from its resolved configuration, in this
-        process; its command line is printed, as a user would run the stage alone."""
-        if stage_done(self.export_root, self.run_name, stage):
+        """Train `stage` unless its bundle is exported already: from its resolved configuration, in
+        this process; its command line is printed, as a user would run the stage alone."""
+        if _stage_done(self.export_root, self.run_name, stage):
             print(f"[pipeline] {stage}: exported already, skipped")
             return
         run = self.stage_run(stage, more)
@@ -289,8 +312,11 @@ class Job:
 
     def choose(self, step: str, candidates: list[str], calibrations: list[str] | None,
                folder: str = "select-on-dev") -> tuple[str, str | None, dict[str, float]]:
-        """A dev choice among `candidates` (`choose_on_dev`, under each of `calibrations`), timed as `step`."""
-        run = dev_choice({**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder)
+        """A dev choice among `candidates` (`choose_on_dev`, under each of `calibrations`), timed as
+        `step`."""
+        run = dev_choice(
+            {**self.common, **self.evaluate}, candidates, self.run_name, self.names, folder
+        )
         t0 = time.perf_counter()
         chosen = choose_on_dev(run_evaluation(run.resolve()), run, calibrations)
         self.evaluations.append(run)
@@ -298,26 +324,30 @@ class Job:
         return chosen
 
     def report(self, chosen: str) -> EvaluationRun:
-        """The table on the reported split: the preset's rows (the chosen configuration the reference), the docs'
-        vote of BM25's and its prompts, and the goal's third paired test."""
-        rows = report_strategies(self.preset, chosen, self.paper_chain)
+        """The table on the reported split: the preset's rows (the chosen configuration the
+        reference), the docs' vote of BM25's and its prompts, and the goal's third paired test."""
+        rows = _report_strategies(self.preset, chosen, self.paper_chain)
         tests: dict[str, Any] = {"evaluation.reference": chosen} if chosen != "CFRAG" else {}
         if rows is not None:
             tests["evaluation.votes"] = [r for r in ("bm25", chosen) if r in rows]
         if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
             tests["evaluation.pairs"] = [[f"{chosen}{TUNED}", f"bm25{TUNED}"]]
-        return EvaluationRun("test table", {**self.common, **self.evaluate, **tests}, rows, self.names)
+        return EvaluationRun(
+            "test table", {**self.common, **self.evaluate, **tests}, rows, self.names
+        )
 
 
 def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> Job:
-    """The Job of parsed arguments: the run's name, and what each kind of stage and the evaluation add."""
+    """The Job of parsed arguments: the run's name, and what each kind of stage and the evaluation
+    add."""
     task, judgments = opts.task, opts.judgments or preset.judgments
-    overrides = task_overrides(task, preset)
+    overrides = _task_overrides(task, preset)
     data, evaluate = dict(overrides.data), {**overrides.evaluate, "evaluation.split": opts.split}
     if opts.data_dir is not None:
         data["data.init_args.data_dir"] = opts.data_dir
         evaluate["evaluation.data_dir"] = opts.data_dir
-    if opts.questions is not None:  # after the preset's own (smoke's 6) and the dev choice's cap: this one wins
+    # after the preset's own (smoke's 6) and the dev choice's cap: this one wins
+    if opts.questions is not None:
         evaluate["evaluation.max_examples"] = opts.questions
     if opts.llm_backend:
         evaluate["evaluation.llm.backend"] = opts.llm_backend
@@ -333,20 +363,28 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
              "reader": {},
              "generator": {**precision_overrides(rules.generator), **overrides.generator}}
     return Job(preset, task, judgments, opts.run_name or f"{source}-{suffix}{Path(opts.preset).stem}{judged}",
-               opts.export_root, backend, preset.paper_chain and judgments != "none",  # else the main chain is it
+               # else the main chain is it
+               opts.export_root, backend, preset.paper_chain and judgments != "none",
                chain_names(judgments), data, kinds, evaluate, extra)
 
 
-def announce(job: Job, questions: int | None, data_dir: str | None) -> tuple[dict[str, Any], object]:
-    """The lines before training: the machine, the precision and runtime decisions, the plan and its estimate, all
-    read from the job's resolved stages and evaluations; the decisions as pipeline.json keeps them."""
+def announce(
+    job: Job, questions: int | None, data_dir: str | None
+) -> tuple[dict[str, Any], object]:
+    """The lines before training: the machine, the precision and runtime decisions, the plan and its
+    estimate, all read from the job's resolved stages and evaluations; the decisions as
+    pipeline.json keeps them."""
     table = job.report("CFRAG").resolve()
     precision, gemm = announce_decisions(job.preset, job.backend, reader_settings(table))
     stages = {s: job.stage_run(s).resolve() for s in job.wanted()}
-    rows = [shown(r, job.names) for r in report_strategies(job.preset, "CFRAG", job.paper_chain) or []] or None
-    dev = dev_choice({**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names).resolve()
+    rows = [
+        shown(r, job.names) for r in _report_strategies(job.preset, "CFRAG", job.paper_chain) or []
+    ] or None
+    dev = dev_choice(
+        {**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names
+    ).resolve()
     users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
-    plan = build_plan(stages, [s for s in stages if stage_done(job.export_root, job.run_name, s)], rows, job.preset,
+    plan = build_plan(stages, [s for s in stages if _stage_done(job.export_root, job.run_name, s)], rows, job.preset,
                       job.task, question_counts(data_dir, users), (len(CANDIDATES), dev), table)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
@@ -361,12 +399,14 @@ def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
 
     Args:
         job: the resolved job (its reader stage, if any, already fitted).
-        readers: the preset's reader candidates (`trained`, `llm`); None on a generation task (the LLM reads).
-        wanted: the stages this job trains; the trained reader is a candidate only where the reader stage is one.
+        readers: the preset's reader candidates (`trained`, `llm`); None on a generation task (the
+            LLM reads).
+        wanted: the stages this job trains; the trained reader is a candidate only where the reader
+            stage is one.
         calibrations: the LLM reader's calibrations the dev choice re-reads.
 
-    Returns:
-        The reader, its dev scores, and the reader again when dev chose it among several (None otherwise).
+    Returns: The reader, its dev scores, and the reader again when dev chose it among several (None
+        otherwise).
     """
     kept = [r for r in readers or [] if r != "trained" or "reader" in wanted]
     if len(kept) < len(readers or []):
@@ -380,7 +420,7 @@ def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
 def main(argv: list[str]) -> None:
     opts, extra = parse_args(argv)
     preset = load_preset(opts.preset)
-    check_rows(preset, opts.preset)
+    _check_rows(preset, opts.preset)
     if opts.data_dir is not None:
         check_data_dir(opts.data_dir, opts.task, ("train", "dev", opts.split) if opts.split != "dev" else ("train", "dev"))
     job = resolve_job(opts, extra, preset)
@@ -391,7 +431,8 @@ def main(argv: list[str]) -> None:
     labels = get_task(job.task).labels is not None
     calibrations = preset.calibrations if labels else None
     wanted = job.wanted()
-    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
+    # need no reader's feedback
+    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]
     for stage in first:
         job.fit(stage)
     reader, dev_scores, reader_chosen = choose_reader(job, preset.readers if labels else None, wanted, calibrations)
@@ -400,7 +441,8 @@ def main(argv: list[str]) -> None:
         if stage not in first and stage != "generator":
             job.fit(stage)
     chosen, calibration = "CFRAG", None
-    if preset.select_order_on_dev:  # choose the configuration (and the LLM reader's calibration) on dev
+    # choose the configuration (and the LLM reader's calibration) on dev
+    if preset.select_order_on_dev:
         chosen, calibration, chosen_dev = job.choose("choose on dev", list(CANDIDATES),
                                                      calibrations if reader == LLM_READER else None)
         dev_scores.update(chosen_dev)
@@ -409,7 +451,8 @@ def main(argv: list[str]) -> None:
     generator_calibration = None
     if "generator" in wanted:  # the generator learns the chosen configuration's prompts
         job.fit("generator", {"data.init_args.strategy": chosen} if chosen != "CFRAG" else {})
-        if calibrations and preset.select_order_on_dev:  # its label scores are read under its own calibration
+        # its label scores are read under its own calibration
+        if calibrations and preset.select_order_on_dev:
             _, generator_calibration, generator_dev = job.choose(
                 "generator's calibration on dev", [f"{chosen}{TUNED}"], calibrations, "select-on-dev/generator")
             dev_scores.update(generator_dev)
@@ -437,15 +480,16 @@ def main(argv: list[str]) -> None:
 
 def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions: dict[str, Any], plan,
                  choices: dict[str, Any]) -> None:
-    """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of main-job times and a
-    test of the recipe read."""
+    """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of
+    main-job times and a test of the recipe read."""
     rules = job.preset.precision
     atomic_write_json(Path(job.export_root) / job.run_name / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": job.task, "judgments": job.judgments, "split": opts.split,
         "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
         "precision": {k: precision_overrides(getattr(rules, k)) for k in ("user_encoder", "feedback", "generator")},
-        **decisions,  # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
+        # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
+        **decisions,
         "feedback_labels": label_overrides(rules.labels, job.backend),
         "corpus_embeddings": embedding_precision(),
         "evaluation_reranker": resolve_reranker_runtime(job.preset.evaluate.get("evaluation.reranker_runtime")

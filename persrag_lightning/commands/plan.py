@@ -1,12 +1,14 @@
-"""The pipeline's plan, printed before anything trains: the stages it trains and the exports it skips, the rows the
-table will report, and the whole job's minutes estimated on this machine.
+"""The pipeline's plan, printed before anything trains: the stages it trains and the exports it
+skips, the rows the table will report, and the whole job's minutes estimated on this machine.
 
-The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the answers of the
-dev choice and of the test table) and divides them by the rates of the evaluation's reader, measured at the start
-of the run on a few prompts of the main job's size: a label reads one doc and scores one target, an answer reads k
-docs and scores every label of the task. Training is compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
-prompt-equivalents per stage kind, taken from a stored main-job run (docs/getting-started.md#the-main-job).
-`pipeline.json` keeps the estimate beside the measured minutes, so each run checks it.
+The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the
+answers of the dev choice and of the test table) and divides them by the rates of the evaluation's
+reader, measured at the start of the run on a few prompts of the main job's size: a label reads one
+doc and scores one target, an answer reads k docs and scores every label of the task. Training is
+compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
+prompt-equivalents per stage kind, taken from a stored main-job run
+(docs/getting-started.md#the-main-job). `pipeline.json` keeps the estimate beside the measured
+minutes, so each run checks it.
 """
 
 from __future__ import annotations
@@ -24,51 +26,65 @@ from persrag_lightning.llm.auto import _WORDS
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
+__all__ = ["build_plan", "question_counts", "reader_dtype", "reader_settings"]
+
 if TYPE_CHECKING:
     from jsonargparse import Namespace
 
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
 PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage, in LLM-answer equivalents: training, model loading and the corpus
-# embedding run on the same cores as the reading, so they scale with it. From the quiet main job on an Intel Xeon
-# with AMX (raw outputs: benchmarks/results/cpu-2026-12-02d-mainjob-quiet/): each stage's minutes at that run's LLM
-# rate (7.5 answers/s), less the feedback labels its trained reader read. A stage of another size scales by its
-# epochs x users (stage 1) or its train examples (the others).
+# Non-reading work of a quick-preset stage, in LLM-answer equivalents: training, model loading and
+# the corpus embedding run on the same cores as the reading, so they scale with it. From the quiet
+# main job on an Intel Xeon with AMX (raw outputs: benchmarks/results/cpu-2026-12-02d-mainjob-quiet/):
+# each stage's minutes at that run's LLM rate (7.5 answers/s), less the feedback labels its trained
+# reader read. A stage of another size scales by its epochs x users (stage 1) or its train examples.
 TRAINING_PROMPTS = {"user_encoder": 440, "reader": 1280, "feedback": 150, "generator": 190}
-# Retrieval, reranking and loading per question a row reads, in the same unit: the same run's dev choice and test
-# table took 1.5 min more than their reading (the reranked rows retrieve at about 100 ms a question).
+# Retrieval, reranking and loading per question a row reads, in the same unit: the same run's dev
+# choice and test table took 1.5 min more than their reading (reranked rows: ~100 ms a question).
 RETRIEVAL_PER_ANSWER = 0.2
-# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train questions)
+# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
+# questions)
 QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
-# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16, float32 only.
+# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16,
+# float32 only.
 BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
 
 
-# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick preset's table
-# and feedback (a question's text is shared by its rows and candidates, a doc by many questions): what its rate is
-# measured in (`encoder_rate`). From the stored main job with the trained reader (docs/methods/reader.md).
+# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick
+# preset's table and feedback (a question's text is shared by its rows and candidates, a doc by many
+# questions): what its rate is measured in (`encoder_rate`). From the stored main job with the
+# trained reader (docs/methods/reader.md).
 TRAINED_TEXTS = {"answers": 1.5, "labels": 1.2}
 
 
 @dataclass
 class Plan:
-    """What a pipeline run will do and how long it should take here, for each reader the dev choice may take."""
+    """What a pipeline run will do and how long it should take here, for each reader the dev choice
+    may take."""
 
     train: list[str]
     skip: list[str]
     rows: list[str] | None
     training: float = 0.0              # the stages' non-reading work, in LLM-answer equivalents
-    labels: int = 0                    # feedback labels the feedback stages compute (by the chosen reader)
+    # feedback labels the feedback stages compute (by the chosen reader)
+    labels: int = 0
     answers: dict[str, int] = field(default_factory=dict)  # phase → answers the chosen reader reads
     llm_answers: dict[str, int] = field(default_factory=dict)  # phase → answers only the LLM reads
-    readers: list[str] = field(default_factory=lambda: ["llm"])  # the readers the dev choice may take
-    rates: dict[str, float] = field(default_factory=dict)  # per second here: LLM answers / labels, trained ones
+    # the readers the dev choice may take
+    readers: list[str] = field(default_factory=lambda: ["llm"])
+    # per second here: LLM answers / labels, trained ones
+    rates: dict[str, float] = field(default_factory=dict)
     reason: str = ""                   # why there is no estimate
-    budget: int | None = None          # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
+    # the main job's budget on this CPU class (BUDGET_MINUTES; None on a GPU)
+    budget: int | None = None
 
     def minutes_for(self, reader: str) -> float | None:
-        """The whole job's minutes if `reader` reads the label task (`llm` or `trained`)."""
+        """The whole job's minutes if `reader` reads the label task (`llm` or `trained`).
+
+        Args:
+            reader: `llm` or `trained`, the reader the estimate assumes.
+        """
         if not self.rates:
             return None
         llm = (sum(self.llm_answers.values()) + self.training
@@ -95,8 +111,10 @@ class Plan:
             return out
         reads = ", ".join([f"{self.labels} feedback labels"] * bool(self.labels)
                           + [f"{n} answers ({phase})" for phase, n in {**self.answers, **self.llm_answers}.items() if n])
-        by_reader = ", ".join(f"{self.minutes_for(r):.0f} if dev chooses the {'LLM' if r == 'llm' else r + ' reader'}"
-                              for r in self.readers)
+        by_reader = ", ".join(
+            f"{self.minutes_for(r):.0f} if dev chooses the {'LLM' if r == 'llm' else r + ' reader'}"
+            for r in self.readers
+        )
         rates = f"the LLM here: {self.rates['answers']:.1f} answers/s, {self.rates['labels']:.1f} labels/s"
         if "trained" in self.readers:
             rates += f"; the trained reader: {self.rates['trained_answers']:.0f} answers/s"
@@ -112,16 +130,23 @@ class Plan:
                 if self.rates else {}}
 
 
-# ---- prompt counts -----------------------------------------------------------------------------------------------
+# ---- prompt counts -------------------------------------------------------------------------------
 
 def _data(config: Namespace) -> Namespace:
-    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit` subcommand's)."""
+    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit`
+    subcommand's)."""
     return config.fit.data.init_args
 
 
 def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> float:
-    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each stage's size:
-    its epochs x users for stage 1, its train examples for the others), read from their resolved configurations."""
+    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each
+    stage's size: its epochs x users for stage 1, its train examples for the others), read from
+    their resolved configurations.
+
+    Args:
+        stages: each trained stage's resolved configuration, by stage name.
+        counts: questions per split (`question_counts`).
+    """
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
@@ -131,7 +156,9 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> fl
         if kind == "user_encoder":
             size = int(config.fit.trainer.max_epochs) * users
         else:
-            size = min(int(_data(config).splits.max_train_examples or counts["train"]), counts["train"])
+            size = min(
+                int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
+            )
         total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
     return total
 
@@ -150,23 +177,35 @@ def budget_minutes() -> int | None:
 
 
 def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> int:
-    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question, read from their
-    resolved configurations."""
+    """The LLM-feedback labels the feedback stages compute: m x k candidates per train question,
+    read from their resolved configurations.
+
+    Args:
+        stages: each trained stage's resolved configuration, by stage name.
+        train_questions: the train split's questions.
+    """
     total = 0
     for stage, config in stages.items():
         if STAGES[stage].kind != "feedback":
             continue
         data = _data(config)
         examples = data.splits.max_train_examples or train_questions
-        total += int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
+        total += (
+            int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
+        )
     return total
 
 
-# ---- the reader's rate -----------------------------------------------------------------------------------------
+# ---- the reader's rate ---------------------------------------------------------------------------
 
-def probe_prompts(task: str, docs: int) -> list[str]:
-    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for an answer, one for
-    a feedback label), the question."""
+def _probe_prompts(task: str, docs: int) -> list[str]:
+    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for
+    an answer, one for a feedback label), the question.
+
+    Args:
+        task: the LaMP task whose instruction opens each prompt.
+        docs: history docs per prompt.
+    """
     rng = random.Random(0)
 
     def words(n: int) -> str:
@@ -180,16 +219,24 @@ def probe_prompts(task: str, docs: int) -> list[str]:
 
 @lru_cache(maxsize=8)
 def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
-    """The reader's answers per second (a prompt with k docs, every label of the task scored) and labels per second
-    (one doc, one target) on this machine now: measured at the start of each run, so a loaded machine's estimate
-    says so."""
+    """The reader's answers per second (a prompt with k docs, every label of the task scored) and
+    labels per second (one doc, one target) on this machine now: measured at the start of each run,
+    so a loaded machine's estimate says so.
+
+    Args:
+        task: the LaMP task whose labels are scored.
+        model: the reader's LLM (a name or a local folder).
+        dtype: the dtype it reads in (`reader_dtype`).
+        batch_size: prompts per forward, as the evaluation's.
+    """
     from persrag_lightning.llm.registry import load_llm
 
     labels = list(get_task(task).labels or ("yes", "no"))
-    answer_prompts, label_prompts = probe_prompts(task, PROBE_DOCS), probe_prompts(task, 1)
+    answer_prompts, label_prompts = _probe_prompts(task, PROBE_DOCS), _probe_prompts(task, 1)
     llm = load_llm("hf", model, batch_size=batch_size, dtype=dtype)
     try:
-        llm.score_options(answer_prompts[:1], labels)  # warm-up: first-call allocations and kernel choices
+        # warm-up: first-call allocations and kernel choices
+        llm.score_options(answer_prompts[:1], labels)
         started = time.perf_counter()
         llm.score_options(answer_prompts, labels)
         answers = len(answer_prompts) / (time.perf_counter() - started)
@@ -203,10 +250,15 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
 
 @lru_cache(maxsize=4)
 def encoder_rate(encoder: str = "minilm") -> float:
-    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS question-sized texts)."""
+    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS
+    question-sized texts).
+
+    Args:
+        encoder: the trained reader's frozen text encoder (a short name or a folder).
+    """
     from persrag_lightning.models.text_encoder import TextEncoder
 
-    texts = [p[-300:] for p in probe_prompts("LaMP-2", 1)] * 4
+    texts = [p[-300:] for p in _probe_prompts("LaMP-2", 1)] * 4
     model = TextEncoder.from_pretrained(encoder)
     model.encode(texts[:2])  # warm-up
     started = time.perf_counter()
@@ -214,10 +266,16 @@ def encoder_rate(encoder: str = "minilm") -> float:
     return len(texts) / (time.perf_counter() - started)
 
 
-# ---- the plan of a run -----------------------------------------------------------------------------------------
+# ---- the plan of a run ---------------------------------------------------------------------------
 
 def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
-    """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages generate."""
+    """Questions per split: a LaMP folder's, or those of the SynthLaMP of `users` users the stages
+    generate.
+
+    Args:
+        data_dir: a LaMP folder; None counts the embedded SynthLaMP's.
+        users: SynthLaMP users the stages generate (None: its default).
+    """
     if data_dir is not None:
         from persrag_lightning.data.lamp import questions_path
 
@@ -230,14 +288,23 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
 
 
 def reader_settings(evaluation: Namespace) -> dict:
-    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the config file's
-    under the preset's and the command line's overrides)."""
+    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the
+    config file's under the preset's and the command line's overrides).
+
+    Args:
+        evaluation: the evaluation's resolved configuration.
+    """
     llm = evaluation.evaluation.init_args.get("llm")
     return {} if llm is None else llm.as_dict()
 
 
 def reader_dtype(llm: dict) -> str:
-    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by hardware.uses_bf16)."""
+    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by
+    hardware.uses_bf16).
+
+    Args:
+        llm: the evaluation's resolved LLM settings (`reader_settings`).
+    """
     from persrag_lightning.llm.hf import resolve_device_dtype
 
     options = llm.get("options") or {}
@@ -247,8 +314,8 @@ def reader_dtype(llm: dict) -> str:
 
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
                task: str, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
-    """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported already), with
-    the reader's rates measured when the estimate can be made.
+    """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported
+    already), with the reader's rates measured when the estimate can be made.
 
     Args:
         stages: stage name → its resolved `fit` configuration, every stage the run wants.
@@ -262,10 +329,15 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     """
     candidates, dev_config = dev
     train = [s for s in stages if s not in skip]
-    test = min(n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None)
-    dev_questions = min(n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None)
+    test = min(
+        n for n in (counts["test"], table.evaluation.init_args.max_examples) if n is not None
+    )
+    dev_questions = min(
+        n for n in (counts["dev"], dev_config.evaluation.init_args.max_examples) if n is not None
+    )
     n_rows = len(table.strategies) if rows is None else len(rows)
-    tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))  # read by the tuned LLM whatever reads
+    # read by the tuned LLM whatever reads
+    tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))
     reads_labels = get_task(task).labels is not None
     readers = [r for r in preset.readers or [] if r != "trained" or "reader" in stages] if reads_labels else []
     answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev,
@@ -273,7 +345,8 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     llm_answers = {"tuned generator's rows": test * tuned}
     if preset.select_order_on_dev and "generator" in stages and preset.calibrations and reads_labels:
         llm_answers["tuned generator's calibration"] = dev_questions
-    if len(readers) > 1:  # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
+    # each reader reads BM25's dev prompts once; only the trained one's cost is negligible
+    if len(readers) > 1:
         llm_answers["the reader's dev choice"] = dev_questions
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
@@ -282,9 +355,13 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":
-        plan.reason = f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+        plan.reason = (
+            f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+        )
     else:
-        plan.rates = dict(reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))))
+        plan.rates = dict(
+            reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8)))
+        )
         if "trained" in plan.readers:
             texts = encoder_rate()
             plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})

@@ -1,10 +1,10 @@
-"""A pipeline's stages and evaluations as objects: the config, every override as a typed value, and for an
-evaluation the rows it reads and the names the table gives them.
+"""A pipeline's stages and evaluations as objects: the config, every override as a typed value, and
+for an evaluation the rows it reads and the names the table gives them.
 
-Inside the pipeline's process each is resolved to the configuration object LightningCLI or the evaluate parser
-reads (`resolve`) and run from it; a command line (`argv`) is written only where one is printed, or where a
-subprocess or an `sbatch` needs it. Both come from the same overrides, so the printed command is what ran.
-pipeline.json keeps each as it ran.
+Inside the pipeline's process each is resolved to the configuration object LightningCLI or the
+evaluate parser reads (`resolve`) and run from it; a command line (`argv`) is written only where one
+is printed, or where a subprocess or an `sbatch` needs it. Both come from the same overrides, so the
+printed command is what ran. pipeline.json keeps each as it ran.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ EVALUATE_CONFIG = "evaluate_cfrag.yaml"
 
 @dataclass
 class StageRun:
-    """One `train.py fit` of the job: the stage, its config and every override as a typed value, merged in the
-    command line's order (a later source wins).
+    """One `train.py fit` of the job: the stage, its config and every override as a typed value,
+    merged in the command line's order (a later source wins).
 
     Args:
         stage: the stage's name in stages.py.
@@ -42,11 +42,13 @@ class StageRun:
     extra: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
-        """The command line after `train.py` (printed; a subprocess or an sbatch script would run it)."""
+        """The command line after `train.py` (printed; a subprocess or an sbatch script would run
+        it)."""
         return ["fit", "--config", self.config, *cli_overrides(self.overrides), *self.extra]
 
     def resolve(self) -> Namespace:
-        """The resolved `fit` configuration this run trains from in this process (what `argv` resolves to)."""
+        """The resolved `fit` configuration this run trains from in this process (what `argv`
+        resolves to)."""
         from persrag_lightning.commands.train import stage_config
 
         return stage_config(self.config, self.overrides, self.extra)
@@ -75,7 +77,8 @@ class EvaluationRun:
                 f"--names={json.dumps(self.names)}"]
 
     def resolve(self) -> Namespace:
-        """The resolved evaluate configuration this run evaluates from in this process (what `argv` resolves to)."""
+        """The resolved evaluate configuration this run evaluates from in this process (what `argv`
+        resolves to)."""
         from persrag_lightning.commands.evaluate import evaluation_config
 
         return evaluation_config(self.overrides, self.only, self.names, EVALUATE_CONFIG)
@@ -83,8 +86,9 @@ class EvaluationRun:
 
 def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
                folder: str = "select-on-dev") -> EvaluationRun:
-    """The evaluation a dev choice reads: `candidates` on at most DEV_SELECTION_EXAMPLES dev questions (or `base`'s
-    own count, e.g. from `--questions`), no reader-free rows, its tables in runs/<run_name>/<folder>/.
+    """The evaluation a dev choice reads: `candidates` on at most DEV_SELECTION_EXAMPLES dev
+    questions (or `base`'s own count, e.g. from `--questions`), no reader-free rows, its tables in
+    runs/<run_name>/<folder>/.
 
     Args:
         base: the job's overrides of every evaluation.

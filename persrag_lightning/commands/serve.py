@@ -1,4 +1,5 @@
-"""`persrag serve --run checkpoints/<run> [--host 127.0.0.1] [--port 8000]`: the personalized chat service."""
+"""`persrag serve --run checkpoints/<run> [--host 127.0.0.1] [--port 8000]`: the personalized chat
+service."""
 
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ import sys
 
 from persrag_lightning.utils import ConfigError, one_flag_style
 
+__all__ = ["serve_command"]
+
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
-    parser.add_argument("--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick")
+    parser.add_argument(
+        "--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--state", default=None, help="service state folder (default: <run>/serve)")
-    parser.add_argument("--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm")
+    parser.add_argument(
+        "--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm"
+    )
     parser.add_argument("--llm_model", default="smollm2")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--no_llm", action="store_true",
@@ -56,7 +63,8 @@ def serve_command(argv: list[str]) -> None:
         parser.error("--cohorts is read only with --users cluster")
 
     missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
-    if missing:  # the main job's install leaves the web stack out: one line naming the extra, exit code 2
+    # the main job's install leaves the web stack out: one line naming the extra, exit code 2
+    if missing:
         raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
     import uvicorn
 
@@ -66,7 +74,9 @@ def serve_command(argv: list[str]) -> None:
     from persrag_lightning.serving.service import ChatService
 
     logging.basicConfig(level=logging.WARNING)
-    llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens)
+    llm = LLMConfig(
+        backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
+    )
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
                                           use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
@@ -81,5 +91,7 @@ def serve_command(argv: list[str]) -> None:
     if hosts is None:
         print("persrag serve: bound to every address with no --allowed_host: the Host header is not checked",
               file=sys.stderr)
-    app = create_app(service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts)
+    app = create_app(
+        service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,5 +1,6 @@
-"""The Lightning side of the CLI: `fit`, `validate`, `test`, `predict` and `export` of every stage, with run
-names, Slurm-aware log folders and requeue, W&B configuration and the export of the best checkpoint."""
+"""The Lightning side of the CLI: `fit`, `validate`, `test`, `predict` and `export` of every stage,
+with run names, Slurm-aware log folders and requeue, W&B configuration and the export of the best
+checkpoint."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from persrag_lightning.logs import is_verbose
 from persrag_lightning.modules.progress_lines import ProgressLines
 from persrag_lightning.utils import resolve_config_path
 
+__all__ = ["PersragCLI", "check_task", "lightning_command", "resolve_config_args", "run_stage",
+           "stage_config"]
+
 
 def resolve_config_args(argv: list[str]) -> list[str]:
     out = []
@@ -35,9 +39,15 @@ def resolve_config_args(argv: list[str]) -> list[str]:
 
 
 def check_task(task: str | None, data_dir: str | None = None) -> None:
-    """An unknown task, or one its folder's convert.json contradicts, is bad input like any other: one line naming
-    it (exit code 2), raised here because the argument parser would wrap the constructor's error into a traceback.
-    A converted folder's own label set is registered on the way (data/folder_task.py)."""
+    """An unknown task, or one its folder's convert.json contradicts, is bad input like any other:
+    one line naming it (exit code 2), raised here because the argument parser would wrap the
+    constructor's error into a traceback. A converted folder's own label set is registered on the
+    way (data/folder_task.py).
+
+    Args:
+        task: the task a stage's config names; None is left to the config's default.
+        data_dir: the stage's LaMP folder, whose convert.json may fix the task; None for SynthLaMP.
+    """
     if task is not None or data_dir is not None:
         from persrag_lightning.data.folder_task import resolve_task
 
@@ -45,7 +55,13 @@ def check_task(task: str | None, data_dir: str | None = None) -> None:
 
 
 def fill_run_dir(args: Namespace, run_dir: str) -> None:
-    """`{run_dir}` → run_dir in every string of `args`, a settings group's (`data.init_args.candidates`) included."""
+    """`{run_dir}` → run_dir in every string of `args`, a settings group's
+    (`data.init_args.candidates`) included.
+
+    Args:
+        args: the parsed configuration, changed in place.
+        run_dir: the run's export folder, checkpoints/<run_name>.
+    """
     for key, value in vars(args).items():
         if isinstance(value, Namespace):
             fill_run_dir(value, run_dir)
@@ -53,9 +69,10 @@ def fill_run_dir(args: Namespace, run_dir: str) -> None:
             setattr(args, key, value.replace("{run_dir}", run_dir))
 
 
-def slurm_version() -> str | None:
-    """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive one): the
-    logger version of the job, stable across requeues, so a requeued job resumes its own run folder."""
+def _slurm_version() -> str | None:
+    """`slurm-<job id>[_<array task id>]` inside a Slurm job (None outside one, or in an interactive
+    one): the logger version of the job, stable across requeues, so a requeued job resumes its own
+    run folder."""
     if "SLURM_JOB_ID" not in os.environ or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return None
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
@@ -64,8 +81,8 @@ def slurm_version() -> str | None:
 
 
 class PersragCLI(LightningCLI):
-    """Adds a run name (runs/<run>/<stage> for logs, checkpoints/<run>/<stage> for the serving bundle),
-    validates the best checkpoint after fit and exports it."""
+    """Adds a run name (runs/<run>/<stage> for logs, checkpoints/<run>/<stage> for the serving
+    bundle), validates the best checkpoint after fit and exports it."""
 
     export_after_validate = False
 
@@ -82,7 +99,8 @@ class PersragCLI(LightningCLI):
         return self.config[self.subcommand] if self.subcommand else self.config
 
     def _stage_name(self) -> str:
-        """--stage_name, else the module's bundle name (user_encoder, retriever, reranker) read from its class."""
+        """--stage_name, else the module's bundle name (user_encoder, retriever, reranker) read from
+        its class."""
         if self._cfg().get("stage_name"):
             return self._cfg().stage_name
         path = self._cfg().model.class_path
@@ -91,31 +109,42 @@ class PersragCLI(LightningCLI):
         return getattr(cls, "bundle_name", name)
 
     def before_instantiate_classes(self) -> None:
-        """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is configured);
-        `{run_dir}` in the data's and the model's paths is checkpoints/<run_name>, where earlier stages exported."""
+        """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is
+        configured); `{run_dir}` in the data's and the model's paths is checkpoints/<run_name>,
+        where earlier stages exported."""
         cfg = self._cfg()
         check_task(cfg.data.init_args.get("task"), cfg.data.init_args.get("data_dir"))
         run_dir = str(Path(cfg.export_root) / cfg.run_name)
         for args in (cfg.data.init_args, cfg.model.init_args):
             fill_run_dir(args, run_dir)
         root = Path("runs") / cfg.run_name / self._stage_name()
-        if cfg.trainer.get("enable_model_summary") is None and not is_verbose():  # quiet logs (logs.py)
+        # quiet logs (logs.py)
+        if cfg.trainer.get("enable_model_summary") is None and not is_verbose():
             cfg.trainer.enable_model_summary = False
-        job = slurm_version()
+        job = _slurm_version()
         if cfg.trainer.get("logger") in (None, True):
-            cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
-                                           init_args=Namespace(save_dir=str(root), name="logs", version=job))
-        for logger in cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]:
-            if isinstance(logger, Namespace) and logger.get("class_path", "").endswith("WandbLogger"):
+            cfg.trainer.logger = Namespace(
+                class_path="lightning.pytorch.loggers.CSVLogger",
+                init_args=Namespace(save_dir=str(root), name="logs", version=job),
+            )
+        for logger in (
+            cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
+        ):
+            if isinstance(logger, Namespace) and logger.get("class_path", "").endswith(
+                "WandbLogger"
+            ):
                 self._configure_wandb(logger.init_args, root, job)
         if not cfg.trainer.get("default_root_dir"):
-            cfg.trainer.default_root_dir = str(root if job is None else self._job_dir(cfg, root, job))
+            cfg.trainer.default_root_dir = str(
+                root if job is None else self._job_dir(cfg, root, job)
+            )
             if job is not None and self.subcommand == "fit" and not cfg.get("ckpt_path"):
                 self._resume_requeued_job(cfg)
 
     def _configure_wandb(self, args: Namespace, root: Path, job: str | None) -> None:
-        """W&B runs are named <run_name>/<stage> and live in the stage's run folder (unless WANDB_DIR says
-        otherwise); under Slurm the run id follows the job id, so a requeued job resumes its W&B run."""
+        """W&B runs are named <run_name>/<stage> and live in the stage's run folder (unless
+        WANDB_DIR says otherwise); under Slurm the run id follows the job id, so a requeued job
+        resumes its W&B run."""
         cfg = self._cfg()
         if not args.get("name"):
             args.name = f"{cfg.run_name}/{self._stage_name()}"
@@ -126,10 +155,14 @@ class PersragCLI(LightningCLI):
 
     @staticmethod
     def _job_dir(cfg: Namespace, root: Path, job: str) -> Path:
-        """This Slurm job's own folder (the first logger's version folder, where its checkpoints/ go):
-        Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job (requeued) finds it."""
-        logger = cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
-        if not isinstance(logger, Namespace):  # no logger (False) or an instance: the job's own folder
+        """This Slurm job's own folder (the first logger's version folder, where its checkpoints/
+        go): Lightning's SIGUSR1 handler saves hpc_ckpt_<n>.ckpt into it, and only this job
+        (requeued) finds it."""
+        logger = (
+            cfg.trainer.logger[0] if isinstance(cfg.trainer.logger, list) else cfg.trainer.logger
+        )
+        # no logger (False) or an instance: the job's own folder
+        if not isinstance(logger, Namespace):
             return root / job
         args = logger.get("init_args") or Namespace()
         name = args.get("project") if logger.get("class_path", "").endswith("WandbLogger") else args.get("name")
@@ -140,9 +173,10 @@ class PersragCLI(LightningCLI):
 
     @staticmethod
     def _resume_requeued_job(cfg: Namespace) -> None:
-        """A requeued job resumes from the newest of its hpc checkpoint (saved on SIGUSR1) and its last.ckpt
-        (a job killed without the signal); the newest matters once a resumed job has saved further epochs.
-        The CSV of the earlier attempt is kept as metrics.<n>.csv (Lightning's CSV logger would delete it)."""
+        """A requeued job resumes from the newest of its hpc checkpoint (saved on SIGUSR1) and its
+        last.ckpt (a job killed without the signal); the newest matters once a resumed job has saved
+        further epochs. The CSV of the earlier attempt is kept as metrics.<n>.csv (Lightning's CSV
+        logger would delete it)."""
         job_dir = Path(cfg.trainer.default_root_dir)
         found = [*job_dir.glob("hpc_ckpt_*.ckpt"), *job_dir.glob("checkpoints/last.ckpt")]
         if not found:
@@ -171,37 +205,44 @@ class PersragCLI(LightningCLI):
         self.trainer.strategy.barrier("export")
 
     def add_progress_lines(self) -> None:
-        """Without a progress bar (the pipeline, Slurm jobs) training and validation print lines with an ETA."""
+        """Without a progress bar (the pipeline, Slurm jobs) training and validation print lines
+        with an ETA."""
         present = any(isinstance(c, ProgressLines) for c in self.trainer.callbacks)
         if self.trainer.progress_bar_callback is None and not present:
             self.trainer.callbacks.append(ProgressLines(self._stage_name()))
 
     def keep_last_without_validation(self) -> None:
-        """A fit that validates nothing (`--trainer.limit_val_batches=0`: the quick preset's feedback stages) keeps
-        its last weights: the checkpoint callbacks stop monitoring a validation metric that is never logged (Lightning
-        would warn that it cannot find it and keep no best checkpoint)."""
+        """A fit that validates nothing (`--trainer.limit_val_batches=0`: the quick preset's
+        feedback stages) keeps its last weights: the checkpoint callbacks stop monitoring a
+        validation metric that is never logged (Lightning would warn that it cannot find it and keep
+        no best checkpoint)."""
         if self.trainer.limit_val_batches == 0:
             for callback in self.trainer.checkpoint_callbacks:
                 callback.monitor = None
 
     def before_fit(self) -> None:
-        """Progress lines; W&B records the whole CLI config (Lightning logs only the model's and data's args)."""
+        """Progress lines; W&B records the whole CLI config (Lightning logs only the model's and
+        data's args)."""
         self.add_progress_lines()
         self.keep_last_without_validation()
         for logger in self.trainer.loggers:
             if isinstance(logger, WandbLogger):
-                config = self._parser(self.subcommand).dump(self._cfg(), format="json", skip_check=True)
+                config = self._parser(self.subcommand).dump(
+                    self._cfg(), format="json", skip_check=True
+                )
                 logger.log_hyperparams({"cli": json.loads(config)})
 
     def after_fit(self) -> None:
-        """Evaluate and export the best checkpoint (the last weights when no checkpoint was kept)."""
+        """Evaluate and export the best checkpoint (the last weights when no checkpoint was
+        kept)."""
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "") or None
         if self.trainer.fast_dev_run:
             return
         self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=True)
         if best:
             state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            # a LoRA generator's checkpoint holds its trainable weights only (the base is the model source's)
+            # a LoRA generator's checkpoint holds its trainable weights only (the base is the model
+            # source's)
             self.model.load_state_dict(state, strict=getattr(self.model, "strict_loading", True))
         self.export_bundle()
 
@@ -223,12 +264,14 @@ def _run_cli(cli_class: type[PersragCLI], args: list[str] | Namespace | None) ->
 
 
 def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
-    """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the bundle), from a
-    command line.
+    """fit / validate / test / predict, and `export` (validate the given checkpoint, then write the
+    bundle), from a command line.
 
     Args:
-        args: the command line after `train.py` (`fit --config cfrag_retriever.yaml --run_name=...`).
-        from_sys_argv: let LightningCLI read `sys.argv` itself (the console script), with `args` written there.
+        args: the command line after `train.py` (`fit --config cfrag_retriever.yaml
+            --run_name=...`).
+        from_sys_argv: let LightningCLI read `sys.argv` itself (the console script), with `args`
+            written there.
     """
     args = resolve_config_args(args)
     cli_class = PersragCLI
@@ -241,7 +284,8 @@ def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
 
 
 class _Parsed(Exception):
-    """Carries a parsed configuration out of `_ParseOnly`, which must stop before anything is instantiated."""
+    """Carries a parsed configuration out of `_ParseOnly`, which must stop before anything is
+    instantiated."""
 
     def __init__(self, parser: LightningArgumentParser, config: Namespace) -> None:
         super().__init__("parsed")
@@ -249,7 +293,8 @@ class _Parsed(Exception):
 
 
 class _ParseOnly(PersragCLI):
-    """The CLI's own parser and parse of a command line, stopped before seeding, logging set-up or instantiation."""
+    """The CLI's own parser and parse of a command line, stopped before seeding, logging set-up or
+    instantiation."""
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         config = parser.parse_args(args)
@@ -258,7 +303,8 @@ class _ParseOnly(PersragCLI):
 
 @lru_cache(maxsize=16)
 def _parsed_config_file(path: str, cwd: str) -> _Parsed:
-    """The `fit` parser and the values of one config file (cached per file and folder; used through clones)."""
+    """The `fit` parser and the values of one config file (cached per file and folder; used through
+    clones)."""
     try:
         _run_cli(_ParseOnly, ["fit", "--config", path])
     except _Parsed as parsed:
@@ -267,13 +313,14 @@ def _parsed_config_file(path: str, cwd: str) -> _Parsed:
 
 
 def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str] = ()) -> Namespace:
-    """A stage's `fit` configuration resolved as `train.py fit --config <config> --<key>=<value> ... <extra>`
-    resolves it, without writing the typed overrides as text: the object `run_stage` trains from and a plan reads.
+    """A stage's `fit` configuration resolved as `train.py fit --config <config> --<key>=<value> ...
+    <extra>` resolves it, without writing the typed overrides as text: the object `run_stage` trains
+    from and a plan reads.
 
     Args:
         config: the stage's config file (a name of configs/ or a path).
-        overrides: dotted keys (`data.init_args.candidates.m`) with typed values, applied in order after the file;
-            None values are left out (the config's own value).
+        overrides: dotted keys (`data.init_args.candidates.m`) with typed values, applied in order
+            after the file; None values are left out (the config's own value).
         extra: arguments of a user's command line, applied last as they were typed.
     """
     parsed = _parsed_config_file(resolve_config_path(config), os.getcwd())
@@ -288,8 +335,8 @@ def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str]
 
 
 def run_stage(config: Namespace) -> None:
-    """Train one stage in this process from its resolved configuration (`stage_config`): LightningCLI is given the
-    object, not a command line.
+    """Train one stage in this process from its resolved configuration (`stage_config`):
+    LightningCLI is given the object, not a command line.
 
     Args:
         config: the parsed configuration, its `subcommand` (fit) and that subcommand's settings.

@@ -1,4 +1,5 @@
-"""Data formats and sources: LaMP folders, log conversion, SynthLaMP, PersonaBench, corpora and the on-disk caches."""
+"""Data formats and sources: LaMP folders, log conversion, SynthLaMP, PersonaBench, corpora and the
+on-disk caches."""
 
 __all__ = ["augment", "candidates", "convert", "corpus", "docstore", "feedback_cache", "histories", "lamp",
            "log_files", "personabench", "prompt_store", "records", "source", "splits", "synth", "synth_scale",

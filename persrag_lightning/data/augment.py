@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["AugmentConfig", "augment_view"]
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -14,7 +16,8 @@ class AugmentConfig:
     Args:
         crop_ratio: η_c, the share of a history a crop keeps as one contiguous window.
         mask_ratio: η_m, the share of history docs replaced by the [mask] doc.
-        reorder_ratio: η_r, the length of the contiguous span that is shuffled, as a share of the history.
+        reorder_ratio: η_r, the length of the contiguous span that is shuffled, as a share of the
+            history.
     """
 
     crop_ratio: float = 0.7
@@ -29,7 +32,9 @@ def document_crop(seq: np.ndarray, ratio: float, rng: np.random.Generator) -> np
     return seq[start:start + length].copy()
 
 
-def document_mask(seq: np.ndarray, ratio: float, rng: np.random.Generator, mask_id: int) -> np.ndarray:
+def document_mask(
+    seq: np.ndarray, ratio: float, rng: np.random.Generator, mask_id: int
+) -> np.ndarray:
     """H^mask: floor(η_m·N) random positions replaced by the [mask] row."""
     out = seq.copy()
     count = int(np.floor(ratio * len(seq)))
@@ -47,8 +52,11 @@ def document_reorder(seq: np.ndarray, ratio: float, rng: np.random.Generator) ->
     return out
 
 
-def augment_view(seq: np.ndarray, config: AugmentConfig, rng: np.random.Generator, mask_id: int) -> np.ndarray:
-    """One view: the augmentation is picked uniformly per view; histories of length ≤ 1 stay unchanged."""
+def augment_view(
+    seq: np.ndarray, config: AugmentConfig, rng: np.random.Generator, mask_id: int
+) -> np.ndarray:
+    """One view: the augmentation is picked uniformly per view; histories of length ≤ 1 stay
+    unchanged."""
     if len(seq) <= 1:
         return seq.copy()
     choice = int(rng.integers(0, 3))

@@ -1,4 +1,5 @@
-"""Records of LLM feedback (one per training example, m·k scored candidates) and the typed batch built from them."""
+"""Records of LLM feedback (one per training example, m·k scored candidates) and the typed batch
+built from them."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+__all__ = ["Candidate", "CandidateBatch", "FeedbackExample", "collate_candidates"]
+
 
 @dataclass(frozen=True)
 class Candidate:
-    """A candidate doc of an example: where it came from, how stage 1/2 scored it, and what the LLM made of it."""
+    """A candidate doc of an example: where it came from, how stage 1/2 scored it, and what the LLM
+    made of it."""
 
     row: int              # corpus row (see data/corpus.py)
     doc_id: str
@@ -43,8 +47,8 @@ class FeedbackExample:
 class CandidateBatch:
     """B examples × C candidate slots (ragged lists padded; `mask` False on padding).
 
-    `docs` holds each distinct candidate text of the batch once and `doc_index` points into it (-1 on padding),
-    so a bi-encoder embeds a doc shared by several examples once.
+    `docs` holds each distinct candidate text of the batch once and `doc_index` points into it (-1
+    on padding), so a bi-encoder embeds a doc shared by several examples once.
     """
 
     example_ids: list[str]
@@ -62,8 +66,8 @@ class CandidateBatch:
         return len(self.example_ids)
 
     def pair_texts(self) -> tuple[list[str], list[str], torch.Tensor]:
-        """(query, doc) pairs of the valid slots in row-major order, with their [B, C] positions, for a
-        cross-encoder."""
+        """(query, doc) pairs of the valid slots in row-major order, with their [B, C] positions,
+        for a cross-encoder."""
         pos = self.mask.nonzero(as_tuple=False)
         queries = [self.queries[int(b)] for b in pos[:, 0]]
         docs = [self.docs[int(self.doc_index[b, c])] for b, c in pos.tolist()]
@@ -72,7 +76,8 @@ class CandidateBatch:
 
 def collate_candidates(examples: list[FeedbackExample], user_row: dict[str, int], corpus_texts: list[str],
                        corpus_owner_row: dict[str, int] | None = None) -> CandidateBatch:
-    """Pad the ragged candidate lists of `examples` into a CandidateBatch (texts come from the corpus rows)."""
+    """Pad the ragged candidate lists of `examples` into a CandidateBatch (texts come from the
+    corpus rows)."""
     owner_row = corpus_owner_row if corpus_owner_row is not None else user_row
     width = max(1, max(len(e.candidates) for e in examples))
     b = len(examples)

@@ -1,4 +1,5 @@
-"""The corpus of all history docs as rows of one table: row r is (owner user, doc id, rendered text, record)."""
+"""The corpus of all history docs as rows of one table: row r is (owner user, doc id, rendered text,
+record)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import numpy as np
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import get_task
 
+__all__ = ["Corpus"]
+
 
 @dataclass
 class Corpus:
-    """Users in sorted-id order, each user's docs oldest first; `offsets[i]:offsets[i+1]` are user i's rows.
+    """Users in sorted-id order, each user's docs oldest first; `offsets[i]:offsets[i+1]` are user
+    i's rows.
 
-    `docs[r]` is row r's record (what prompts render) and `texts[r]` its rendered text (what encoders embed);
-    `user_position(u)` is u's position i in `user_ids` (the row range's index, not a table row of any model).
+    `docs[r]` is row r's record (what prompts render) and `texts[r]` its rendered text (what
+    encoders embed); `user_position(u)` is u's position i in `user_ids` (the row range's index, not
+    a table row of any model).
     """
 
     user_ids: list[str]
@@ -49,7 +54,8 @@ class Corpus:
 
     @property
     def num_users(self) -> int:
-        """Users present (removed users excluded, unlike `user_ids`, which keeps their placeholders)."""
+        """Users present (removed users excluded, unlike `user_ids`, which keeps their
+        placeholders)."""
         return len(self._positions)
 
     def user_position(self, user_id: str) -> int:
@@ -87,8 +93,9 @@ class Corpus:
         return np.arange(start, len(self))
 
     def remove_user(self, user_id: str) -> np.ndarray:
-        """Drop a user from the id map (serving's deletion); their rows stay as blank placeholders so that every
-        other row number, and the vectors indexed by it, stay valid. Returns the user's rows."""
+        """Drop a user from the id map (serving's deletion); their rows stay as blank placeholders
+        so that every other row number, and the vectors indexed by it, stay valid. Returns the
+        user's rows."""
         i = self.user_position(user_id)
         rows = self.user_rows(i)
         del self._positions[user_id]
@@ -96,7 +103,8 @@ class Corpus:
         return rows
 
     def digest(self) -> str:
-        """Content hash of the corpus (owners, ids and texts in order): the data part of cache fingerprints."""
+        """Content hash of the corpus (owners, ids and texts in order): the data part of cache
+        fingerprints."""
         h = hashlib.sha256()
         for i, uid in enumerate(self.user_ids):
             h.update(f"\x00u{uid}\x00".encode())

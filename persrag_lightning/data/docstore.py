@@ -1,4 +1,5 @@
-"""The users' histories shipped next to the exported bundles, so serving renders prompts without the LaMP files."""
+"""The users' histories shipped next to the exported bundles, so serving renders prompts without the
+LaMP files."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import define_task, task_record
 from persrag_lightning.utils import atomic_open, atomic_write_json
 
+__all__ = ["USERS_FILE", "history_from_json", "read_docstore", "write_docstore"]
+
 USERS_FILE = "users.jsonl"
 
 
 def write_docstore(path: str | Path, dataset: LampDataset) -> Path:
-    """One JSON line per user ({user_id, docs: [{id, date, fields}], share: false only for private users}) plus
-    the task (a label task with its labels, so serving knows them without the folder); written atomically."""
+    """One JSON line per user ({user_id, docs: [{id, date, fields}], share: false only for private
+    users}) plus the task (a label task with its labels, so serving knows them without the folder);
+    written atomically."""
     path = Path(path)
     with atomic_open(path / USERS_FILE) as f:
         for uid in dataset.user_ids():

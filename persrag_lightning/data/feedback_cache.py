@@ -1,6 +1,7 @@
-"""On-disk format of an LLM-feedback cache: one folder per configuration fingerprint, `config.json`, and per split
-JSONL chunks of `chunk_size` examples (`<split>/chunk-00000.jsonl`), each written atomically, so a killed build
-resumes from its finished chunks and shards (chunk c of shard c mod n) merge into the single-process result."""
+"""On-disk format of an LLM-feedback cache: one folder per configuration fingerprint, `config.json`,
+and per split JSONL chunks of `chunk_size` examples (`<split>/chunk-00000.jsonl`), each written
+atomically, so a killed build resumes from its finished chunks and shards (chunk c of shard c mod n)
+merge into the single-process result."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from persrag_lightning.data.candidates import FeedbackExample
 from persrag_lightning.utils import atomic_open, atomic_write_json
+
+__all__ = ["FeedbackCache"]
 
 
 class FeedbackCache:
@@ -33,8 +36,9 @@ class FeedbackCache:
 
     @contextmanager
     def build_lock(self, shard: int = 0, num_shards: int = 1) -> Iterator[None]:
-        """An exclusive lock on building shard `shard` of `num_shards` of this cache (flock: released when its
-        holder dies, so a killed or requeued builder never blocks the next one)."""
+        """An exclusive lock on building shard `shard` of `num_shards` of this cache (flock:
+        released when its holder dies, so a killed or requeued builder never blocks the next
+        one)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f".build-{shard}-of-{num_shards}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -49,7 +53,8 @@ class FeedbackCache:
                 f.write(json.dumps(rec.to_json(), ensure_ascii=False) + "\n")
 
     def read(self, split: str, num_examples: int) -> list[FeedbackExample]:
-        """The first `num_examples` records of the split, in example-id order (every chunk must exist)."""
+        """The first `num_examples` records of the split, in example-id order (every chunk must
+        exist)."""
         out: list[FeedbackExample] = []
         for c in range(self.num_chunks(num_examples)):
             path = self.chunk_path(split, c)
@@ -57,6 +62,8 @@ class FeedbackCache:
                 try:
                     out.append(FeedbackExample.from_json(json.loads(line)))
                 except (json.JSONDecodeError, TypeError, KeyError) as err:
-                    raise ValueError(f"{path}: line {line_no}: corrupt feedback record ({err}); delete the file "
-                                     "and rebuild") from err
+                    raise ValueError(
+                        f"{path}: line {line_no}: corrupt feedback record ({err}); delete the file "
+                        "and rebuild"
+                    ) from err
         return out[:num_examples]

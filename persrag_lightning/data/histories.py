@@ -1,5 +1,6 @@
-"""Users' histories: which corpus rows a query may see (the history rules, `visible_histories`), and the user
-encoder's input format (doc-table id sequences: 0 pads, 1 is the [mask] token, corpus row r is id r + 2)."""
+"""Users' histories: which corpus rows a query may see (the history rules, `visible_histories`), and
+the user encoder's input format (doc-table id sequences: 0 pads, 1 is the [mask] token, corpus row r
+is id r + 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import torch
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.records import LampDataset
+
+__all__ = ["FIRST_DOC_ID", "MASK_ID", "MAX_HISTORY", "PAD_ID", "corpus_doc_ids", "history_ids",
+           "pad_histories", "visible_histories"]
 
 PAD_ID = 0
 MASK_ID = 1
@@ -30,33 +34,41 @@ def pad_histories(histories: list[np.ndarray]) -> torch.Tensor:
     return out
 
 
-# ---- which docs a query may see (docs/data/history-rules.md) ------------------------------------------------
+# ---- which docs a query may see (docs/data/history-rules.md) -------------------------------------
 
 MAX_HISTORY = 100  # the official code keeps a user's 100 most recent docs
-POOL_SPLITS = ("train", "dev")  # the official code builds the collaborative pool from these, never from test
+# the official code builds the collaborative pool from these, never from test
+POOL_SPLITS = ("train", "dev")
 
 
 @dataclass(frozen=True)
 class VisibleHistories:
     """Corpus rows a query may retrieve, by the rules of `visible_histories`."""
 
-    own: dict[str, np.ndarray]   # example id → rows of its own question's profile (own item dropped), last 100
+    # example id → rows of its own question's profile (own item dropped), last 100
+    own: dict[str, np.ndarray]
     pool: dict[str, np.ndarray]  # user id → rows of the user's collaborative pool, last 100
-    pool_source: dict[str, str]  # user id → id of the question whose profile is the pool ("" = all the user's docs)
+    # user id → id of the question whose profile is the pool ("" = all the user's docs)
+    pool_source: dict[str, str]
 
 
-def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY) -> VisibleHistories:
+def visible_histories(
+    dataset: LampDataset, corpus: Corpus, max_history: int = MAX_HISTORY
+) -> VisibleHistories:
     """The history rules, in one place (docs/data/history-rules.md):
 
-    1. an example's own-user docs are exactly its question's profile, at most the `max_history` most recent,
-       never the example's own item (a profile item whose id is the example's id) and never another question's
-       profile of the same user — a later question's profile can hold an earlier question's item with its label;
-    2. another user's docs (the collaborative pool, also what the user encoder trains on) are the profile of that
-       user's earliest train or dev question (train before dev, then the profile's latest date, then its size):
-       never a test profile, never a later profile; a user whose questions are all in test has no pool (no one
-       retrieves their docs; they still retrieve from others); a user without any question (a docstore or a user
-       added at serving time) pools all their docs; a user with `share: false` (`dataset.private`) has no pool.
-    A query never receives a doc whose id equals its example id, from anyone (DocStore.rows enforces it).
+    1. an example's own-user docs are exactly its question's profile, at most the `max_history` most
+       recent, never the example's own item (a profile item whose id is the example's id) and never
+       another question's profile of the same user — a later question's profile can hold an earlier
+       question's item with its label;
+    2. another user's docs (the collaborative pool, also what the user encoder trains on) are the
+       profile of that user's earliest train or dev question (train before dev, then the profile's
+       latest date, then its size): never a test profile, never a later profile; a user whose
+       questions are all in test has no pool (no one retrieves their docs; they still retrieve from
+       others); a user without any question (a docstore or a user added at serving time) pools all
+       their docs; a user with `share: false` (`dataset.private`) has no pool.
+    A query never receives a doc whose id equals its example id, from anyone (DocStore.rows enforces
+    it).
     """
     own: dict[str, np.ndarray] = {}
     earliest: dict[str, tuple] = {}
@@ -67,7 +79,9 @@ def visible_histories(dataset: LampDataset, corpus: Corpus, max_history: int = M
             if not ex.profile or ex.user_id not in corpus:
                 continue
             rows = _profile_rows(corpus, ex.user_id, ex.profile)
-            own[ex.example_id] = _recent(rows[corpus_doc_ids(corpus, rows) != ex.example_id], max_history)
+            own[ex.example_id] = _recent(
+                rows[corpus_doc_ids(corpus, rows) != ex.example_id], max_history
+            )
             if split in POOL_SPLITS:
                 dates = [corpus.docs[r].date for r in rows]
                 key = (POOL_SPLITS.index(split), max(dates, default=()), len(rows), ex.example_id)

@@ -63,7 +63,7 @@ def task_spec(task: str | TaskSpec) -> TaskSpec:
         raise LampFormatError(f"task: {e}") from None
 
 
-def task_code(task: str | TaskSpec) -> str:
+def _task_code(task: str | TaskSpec) -> str:
     """The spelling of the outputs file's `task` field: `LaMP_2` for LaMP-2."""
     return task_spec(task).name.replace("-", "_")
 
@@ -83,7 +83,7 @@ def format_date(date: tuple[int, ...]) -> str:
     return "-".join(f"{p:04d}" if i == 0 else f"{p:02d}" for i, p in enumerate(date))
 
 
-# ----------------------------------------------------------------------------------------------------- reading
+# ------------------------------------------------------------------------------------------ reading
 
 def _where(path: Path, index: int | None = None, rid: str | None = None, field: str | None = None) -> str:
     """Message prefix 'file: record i (id 'x'): field' for whatever of it is known."""
@@ -262,7 +262,7 @@ def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
     except ValueError:
         file_task = None
     if file_task != spec.name:
-        raise _fail(path, f"file is for {data['task']!r}, expected {task_code(spec)!r}", field="task")
+        raise _fail(path, f"file is for {data['task']!r}, expected {_task_code(spec)!r}", field="task")
     golds = data.get("golds")
     if golds is None:
         raise _fail(path, "missing field", field="golds")
@@ -299,8 +299,8 @@ def _check_ids(qpath: Path, opath: Path, question_ids: list[str], golds: Mapping
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building millions of acyclic objects (json.load, records): faster, as
-    its passes over them would free nothing."""
+    """Pause the cyclic GC while building millions of acyclic objects (json.load, records): faster,
+    as its passes over them would free nothing."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -311,8 +311,8 @@ def gc_paused() -> Iterator[None]:
 
 
 def load_lamp(data_dir: str | Path, task: str, splits: Iterable[str] = SPLITS) -> LampDataset:
-    """The requested splits present in `data_dir` (train required) as a LampDataset; a converted folder's task
-    comes from its convert.json (data/folder_task.py)."""
+    """The requested splits present in `data_dir` (train required) as a LampDataset; a converted
+    folder's task comes from its convert.json (data/folder_task.py)."""
     with gc_paused():
         return _load_lamp(Path(data_dir), task, splits)
 
@@ -370,7 +370,7 @@ def read_sharing(data_dir: Path) -> set[str]:
     return {str(u) for u, share in obj.items() if not share}
 
 
-# ----------------------------------------------------------------------------------------------------- writing
+# ------------------------------------------------------------------------------------------ writing
 
 _json_str = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without the dumps machinery
 
@@ -384,7 +384,7 @@ def profile_item_json(doc_id: str, date: str, fields: Mapping[str, str]) -> str:
     return json.dumps({"id": doc_id, "date": date, **fields}, ensure_ascii=False)
 
 
-def profile_json(docs: Iterable[HistoryDoc], spec: TaskSpec) -> str:
+def _profile_json(docs: Iterable[HistoryDoc], spec: TaskSpec) -> str:
     """A whole profile list as JSON text, computed once per user and reused by all their questions."""
     items = [profile_item_json(d.doc_id, format_date(d.date), {f: d.fields[f] for f in spec.profile_fields
                                                                 if f in d.fields}) for d in docs]
@@ -414,7 +414,7 @@ class QuestionsWriter:
         return self._cm.__exit__(*exc)
 
     def write_record(self, example_id: str, input: str, user_id: str, profile: str) -> None:
-        """Append one record whose profile is already JSON text (see profile_json)."""
+        """Append one record whose profile is already JSON text (see _profile_json)."""
         assert self._f is not None, "use QuestionsWriter as a context manager"
         self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + _json_str(example_id) + ', "input": '
                       + _json_str(input) + ', "user_id": ' + _json_str(user_id) + ', "profile": ' + profile + "}")
@@ -426,7 +426,7 @@ class QuestionsWriter:
             raise LampFormatError(f"{self.path.name}: record {self._count} (id {example.example_id!r}): profile: "
                                   f"user {user.user_id!r} has no history docs")
         if self._cache is None or self._cache[0] is not user:
-            self._cache = (user, profile_json(user.docs, self.spec))
+            self._cache = (user, _profile_json(user.docs, self.spec))
         self.write_record(example.example_id, example.input, user.user_id, self._cache[1])
 
 
@@ -435,7 +435,7 @@ class OutputsWriter:
 
     def __init__(self, path: str | Path, task: str | TaskSpec) -> None:
         self.path = Path(path)
-        self.code = task_code(task)
+        self.code = _task_code(task)
         self._cm = atomic_open(self.path)
         self._f: IO[str] | None = None
         self._count = 0

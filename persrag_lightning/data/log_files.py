@@ -1,11 +1,12 @@
-"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet; any of them gzipped) read into the columns a
-conversion names.
+"""A user's log file (CSV, TSV, JSON Lines, a JSON list, Parquet; any of them gzipped) read into the
+columns a conversion names.
 
-Files are taken as they are published: a gzipped file (`.json.gz`, `.csv.gz`, or any name) is read directly, and
-JSON is recognised by its content whatever the extension, so Amazon's `.json` files, which hold JSON Lines, read as
-JSON Lines. Rows are numbered from 1 in messages: data rows of a CSV (the header is not a row), lines of a JSON
-Lines file, elements of a JSON list, rows of a Parquet file. pyarrow reads every format fast; where it refuses a
-JSON Lines file, the file is read again line by line, so the message names the line.
+Files are taken as they are published: a gzipped file (`.json.gz`, `.csv.gz`, or any name) is read
+directly, and JSON is recognised by its content whatever the extension, so Amazon's `.json` files,
+which hold JSON Lines, read as JSON Lines. Rows are numbered from 1 in messages: data rows of a CSV
+(the header is not a row), lines of a JSON Lines file, elements of a JSON list, rows of a Parquet
+file. pyarrow reads every format fast; where it refuses a JSON Lines file, the file is read again
+line by line, so the message names the line.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import IO, Any
 
 from persrag_lightning.data.lamp import LampFormatError, gc_paused
 
+__all__ = ["FORMATS", "LogFormatError", "read_log"]
+
 
 class LogFormatError(LampFormatError):
-    """A bad log or bad conversion options: the message names the file, the row and the column (exit code 2)."""
+    """A bad log or bad conversion options: the message names the file, the row and the column (exit
+    code 2)."""
 
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json",
@@ -28,18 +32,18 @@ FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", 
 _GZIP = b"\x1f\x8b"  # the first two bytes of every gzip file
 
 
-def is_gzip(path: Path) -> bool:
+def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == _GZIP
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
+    return gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")  # type: ignore[return-value]
 
 
-def log_format(path: Path) -> str:
-    """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line) whatever its name,
-    else by the extension (a gzipped `.csv.gz` reads as CSV)."""
+def _log_format(path: Path) -> str:
+    """The format: a JSON list or JSON Lines by the file's content (`[` or one object per line)
+    whatever its name, else by the extension (a gzipped `.csv.gz` reads as CSV)."""
     sniffed = _sniff_json(path)
     if sniffed is not None:
         return sniffed
@@ -48,13 +52,17 @@ def log_format(path: Path) -> str:
         if s in FORMATS and FORMATS[s] not in ("json", "jsonl"):
             return FORMATS[s]
     if any(FORMATS.get(s) in ("json", "jsonl") for s in suffixes):
-        return "json"  # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
-    raise LogFormatError(f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
-                         "by its content), optionally gzipped")
+        # named JSON but neither a list nor JSON Lines: the JSON reader names what it found
+        return "json"
+    raise LogFormatError(
+        f"{path.name}: unknown log format; expected one of {', '.join(sorted(FORMATS))} (or JSON "
+        "by its content), optionally gzipped"
+    )
 
 
 def _sniff_json(path: Path) -> str | None:
-    """"json" for a file that starts with `[`, "jsonl" for one whose first line is a JSON object, else None."""
+    """"json" for a file that starts with `[`, "jsonl" for one whose first line is a JSON object,
+    else None."""
     try:
         with _open_binary(path) as f:
             first = f.readline().lstrip(b"\xef\xbb\xbf").strip()
@@ -66,16 +74,18 @@ def _sniff_json(path: Path) -> str | None:
         try:
             return "jsonl" if isinstance(json.loads(first), dict) else "json"
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return "json"  # an object over several lines: the JSON reader says it is not a list of rows
+            # an object over several lines: the JSON reader says it is not a list of rows
+            return "json"
     return None
 
 
 def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
-    """The named columns of a log, as Python lists of the file's values (None where a value is missing)."""
+    """The named columns of a log, as Python lists of the file's values (None where a value is
+    missing)."""
     path = Path(path)
     if not path.is_file():
         raise LogFormatError(f"{path}: no such file")
-    kind = log_format(path)
+    kind = _log_format(path)
     wanted = list(dict.fromkeys(columns))
     with gc_paused():
         if kind in ("csv", "tsv"):
@@ -90,7 +100,9 @@ def read_log(path: str | Path, columns: Sequence[str]) -> dict[str, list[Any]]:
 def _missing(path: Path, have: Sequence[str], wanted: Sequence[str]) -> None:
     absent = [c for c in wanted if c not in have]
     if absent:
-        raise LogFormatError(f"{path.name}: no column {absent[0]!r}; the file has {', '.join(map(repr, have))}")
+        raise LogFormatError(
+            f"{path.name}: no column {absent[0]!r}; the file has {', '.join(map(repr, have))}"
+        )
 
 
 def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[Any]]:
@@ -98,9 +110,11 @@ def _read_csv(path: Path, wanted: list[str], delimiter: str) -> dict[str, list[A
     from pyarrow import csv
 
     parse = csv.ParseOptions(delimiter=delimiter)
-    compression = "gzip" if is_gzip(path) else None
+    compression = "gzip" if _is_gzip(path) else None
     try:
-        with csv.open_csv(pa.input_stream(path, compression=compression), parse_options=parse) as reader:
+        with csv.open_csv(
+            pa.input_stream(path, compression=compression), parse_options=parse
+        ) as reader:
             _missing(path, reader.schema.names, wanted)
         # every column as text: user ids like "007" stay themselves, and each value is checked below
         table = csv.read_csv(pa.input_stream(path, compression=compression), parse_options=parse,
@@ -125,7 +139,8 @@ def _read_parquet(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
 
 def _values(column: Any) -> list[Any]:
-    """A pyarrow column as Python values; typed dates and timestamps become Unix seconds (naive ones are UTC)."""
+    """A pyarrow column as Python values; typed dates and timestamps become Unix seconds (naive ones
+    are UTC)."""
     import pyarrow as pa
 
     if pa.types.is_date(column.type):
@@ -136,13 +151,15 @@ def _values(column: Any) -> list[Any]:
 
 
 def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
-    """pyarrow's reader, fast; a line it refuses (or values whose type changes) is found again line by line, so
-    the message names it."""
+    """pyarrow's reader, fast; a line it refuses (or values whose type changes) is found again line
+    by line, so the message names it."""
     import pyarrow as pa
     from pyarrow import json as pa_json
 
     try:
-        table = pa_json.read_json(pa.input_stream(path, compression="gzip" if is_gzip(path) else None))
+        table = pa_json.read_json(
+            pa.input_stream(path, compression="gzip" if _is_gzip(path) else None)
+        )
         _missing(path, table.column_names, wanted)
         return {c: _values(table.column(c)) for c in wanted}
     except pa.ArrowInvalid:
@@ -151,11 +168,15 @@ def _read_jsonl(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
     with _open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
-                raise LogFormatError(f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)")
+                raise LogFormatError(
+                    f"{path.name}: row {n}: an empty line (JSON Lines holds one object per line)"
+                )
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise LogFormatError(f"{path.name}: row {n}: malformed JSON at column {e.colno}: {e.msg}") from None
+                raise LogFormatError(
+                    f"{path.name}: row {n}: malformed JSON at column {e.colno}: {e.msg}"
+                ) from None
             _add_record(path, n, record, columns)
     return _checked_columns(path, columns)
 
@@ -165,7 +186,9 @@ def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
         with _open_text(path) as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
-        raise LogFormatError(f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise LogFormatError(
+            f"{path.name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
     if not isinstance(data, list):
         raise LogFormatError(f"{path.name}: top level: expected a JSON list of row objects, got "
                              f"{type(data).__name__}")
@@ -177,14 +200,16 @@ def _read_json(path: Path, wanted: list[str]) -> dict[str, list[Any]]:
 
 def _open_text(path: Path) -> IO[str]:
     """UTF-8 text of a file, gzipped or not (a byte-order mark is skipped)."""
-    if is_gzip(path):
+    if _is_gzip(path):
         return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")  # type: ignore[return-value]
     return open(path, encoding="utf-8-sig", errors="strict")
 
 
 def _add_record(path: Path, n: int, record: Any, columns: dict[str, list[Any]]) -> None:
     if not isinstance(record, dict):
-        raise LogFormatError(f"{path.name}: row {n}: expected an object, got {type(record).__name__}")
+        raise LogFormatError(
+            f"{path.name}: row {n}: expected an object, got {type(record).__name__}"
+        )
     for c, values in columns.items():
         values.append(record.get(c, _ABSENT))
 

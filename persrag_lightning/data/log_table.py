@@ -1,10 +1,10 @@
 """A checked log as a table of items, each user's oldest first, with the profile cut of every item.
 
-One entry per (row, user): a row that names co-authors (`user_sep`) gives each of them the item. Items of one user
-and one time are ordered by their content (item id, then text, then label), so the order, the split and the doc ids
-do not depend on the file's row order; an item's profile cut is how many of its user's items are dated strictly
-before it, so items of the same time never see each other. A user's items with the same text are counted, and with
-`dedupe` only the oldest is kept.
+One entry per (row, user): a row that names co-authors (`user_sep`) gives each of them the item.
+Items of one user and one time are ordered by their content (item id, then text, then label), so the
+order, the split and the doc ids do not depend on the file's row order; an item's profile cut is how
+many of its user's items are dated strictly before it, so items of the same time never see each
+other. A user's items with the same text are counted, and with `dedupe` only the oldest is kept.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from persrag_lightning.data.log_files import LogFormatError, read_log
 from persrag_lightning.data.log_rows import RowChecks, identifiers, labels, texts, timestamps, user_names
 from persrag_lightning.data.tasks import TaskSpec
 
+__all__ = ["LogTable", "check_log"]
+
 if TYPE_CHECKING:
     from persrag_lightning.data.convert import ConvertOptions
 
 
 @dataclass
 class LogTable:
-    """The kept items (entries) of a log: one value per entry, and each kept user's entries (oldest first) as a
-    slice of `order`."""
+    """The kept items (entries) of a log: one value per entry, and each kept user's entries (oldest
+    first) as a slice of `order`."""
 
     rows: int              # the file's rows
     checks: RowChecks      # which rows were skipped, and why
@@ -65,8 +67,9 @@ class LogTable:
 
 
 def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogTable:
-    """Every value of the named columns checked (data/log_rows.py: bad rows skipped and counted, or under `strict`
-    the first one refused), rows made entries, users with too few items dropped, each user's items ordered."""
+    """Every value of the named columns checked (data/log_rows.py: bad rows skipped and counted, or
+    under `strict` the first one refused), rows made entries, users with too few items dropped, each
+    user's items ordered."""
     cols, text_columns = options.columns(), options.text_columns()
     item = [options.item] if options.item else []
     raw = read_log(path, [cols["user"], cols["date"], *text_columns, cols["label"], *item])
@@ -112,8 +115,11 @@ def _repeated_items(checks: RowChecks, single: list[str] | None, names: list[lis
             first.update((k, i) for k in keys)
 
 
-def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | None) -> tuple[list[int], list[str]]:
-    """The kept rows as entries: (source row, user) each, a row with co-authors once per named user."""
+def _entries(
+    ok: np.ndarray, single: list[str] | None, names: list[list[str]] | None
+) -> tuple[list[int], list[str]]:
+    """The kept rows as entries: (source row, user) each, a row with co-authors once per named
+    user."""
     rows = np.flatnonzero(ok).tolist()
     if names is None:
         assert single is not None
@@ -121,7 +127,8 @@ def _entries(ok: np.ndarray, single: list[str] | None, names: list[list[str]] | 
     return [i for i in rows for _ in names[i]], [u for i in rows for u in names[i]]
 
 
-_MIX = np.int64(-7046029254386353131)  # an odd 64-bit constant: spreads user codes over the hash bits
+# an odd 64-bit constant: spreads user codes over the hash bits
+_MIX = np.int64(-7046029254386353131)
 
 
 @dataclass
@@ -135,10 +142,12 @@ class Entries:
     items: list[str] | None
 
     def table(self, rows: int, checks: RowChecks, options: ConvertOptions) -> LogTable:
-        """Ordered per user (oldest first, same times by content), repeated texts counted (`dedupe`: dropped),
-        users with fewer than `min_items` dropped."""
+        """Ordered per user (oldest first, same times by content), repeated texts counted (`dedupe`:
+        dropped), users with fewer than `min_items` dropped."""
         codes_of = {u: k for k, u in enumerate(sorted(set(self.users)))}
-        codes = np.fromiter((codes_of[u] for u in self.users), dtype=np.int64, count=len(self.users))
+        codes = np.fromiter(
+            (codes_of[u] for u in self.users), dtype=np.int64, count=len(self.users)
+        )
         order = self._by_content(np.lexsort((np.arange(len(codes)), self.ts, codes)), codes)
         first = self._first_texts(order, codes)
         repeated = int((~first).sum())
@@ -148,8 +157,10 @@ class Entries:
         starts_all = np.concatenate([[0], np.cumsum(counts_all)[:-1]])
         keep = counts_all >= options.min_items
         if not keep.any():
-            raise LogFormatError(f"{checks.path.name}: no user has {options.min_items} items (--min_items); the "
-                                 f"most any user has is {int(counts_all.max())}")
+            raise LogFormatError(
+                f"{checks.path.name}: no user has {options.min_items} items (--min_items); the "
+                f"most any user has is {int(counts_all.max())}"
+            )
         cuts = _cuts(order, codes, self.ts, starts_all)
         starts, counts = starts_all[keep], counts_all[keep]
         return LogTable(rows, checks, self.users, self.texts, self.labels, self._doc_ids(order, starts, counts),
@@ -160,7 +171,8 @@ class Entries:
         return (self.items[e] if self.items is not None else "", self.texts[e], self.labels[e])
 
     def _by_content(self, order: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """`order` with each run of one user's same-time entries sorted by content (item, text, label)."""
+        """`order` with each run of one user's same-time entries sorted by content (item, text,
+        label)."""
         c, t = codes[order], self.ts[order]
         same = (c[1:] == c[:-1]) & (t[1:] == t[:-1])
         if not same.any():
@@ -173,11 +185,14 @@ class Entries:
         return order
 
     def _first_texts(self, order: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """Per position of `order`: whether no older entry of the user has the same text. Entries are grouped by a
-        hash of (user, text), and only groups of several are compared text by text."""
+        """Per position of `order`: whether no older entry of the user has the same text. Entries
+        are grouped by a hash of (user, text), and only groups of several are compared text by
+        text."""
         n = len(order)
         c = codes[order]
-        keys = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self.texts))[order] ^ (c * _MIX)
+        keys = np.fromiter(map(hash, self.texts), dtype=np.int64, count=len(self.texts))[order] ^ (
+            c * _MIX
+        )
         by = np.argsort(keys, kind="stable")  # a group's positions stay oldest first
         sorted_keys = keys[by]
         starts = np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))
@@ -192,8 +207,8 @@ class Entries:
         return first
 
     def _doc_ids(self, order: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> list[str]:
-        """Doc id of each kept entry: `{user}-{item}` with an item column, else `{user}-{position}` (oldest
-        first)."""
+        """Doc id of each kept entry: `{user}-{item}` with an item column, else `{user}-{position}`
+        (oldest first)."""
         ids = [""] * len(self.users)
         width = len(str(max(int(counts.max(initial=1)) - 1, 0)))
         for start, count in zip(starts.tolist(), counts.tolist()):
@@ -204,8 +219,8 @@ class Entries:
 
 
 def _cuts(order: np.ndarray, codes: np.ndarray, ts: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Per position of `order`: how many of the user's entries come before the first of its time (those dated
-    strictly before it)."""
+    """Per position of `order`: how many of the user's entries come before the first of its time
+    (those dated strictly before it)."""
     c, t = codes[order], ts[order]
     new = np.ones(len(order), dtype=bool)
     new[1:] = (c[1:] != c[:-1]) | (t[1:] != t[:-1])
@@ -214,8 +229,8 @@ def _cuts(order: np.ndarray, codes: np.ndarray, ts: np.ndarray, starts: np.ndarr
 
 
 def _date_strings(ts: np.ndarray) -> list[str]:
-    """LaMP dates ('-'-separated integers): YYYY-MM-DD when every item is at midnight UTC, else with the time of
-    day (YYYY-MM-DD-HH-MM-SS), so the file keeps the order the split was made in."""
+    """LaMP dates ('-'-separated integers): YYYY-MM-DD when every item is at midnight UTC, else with
+    the time of day (YYYY-MM-DD-HH-MM-SS), so the file keeps the order the split was made in."""
     iso = ts.astype("datetime64[s]").astype(str)
     if not (ts % 86400).any():
         return [s[:10] for s in iso.tolist()]

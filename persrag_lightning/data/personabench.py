@@ -1,11 +1,13 @@
-"""PersonaBench reader: one community folder -> people with their session documents and scored questions.
+"""PersonaBench reader: one community folder -> people with their session documents and scored
+questions.
 
 The document text and the ground truth follow the benchmark's own evaluation script
-(`scripts/evaluation/retrieval_and_generation.py` + `eval.py` of SalesforceAIResearch/personabench), because the
-reference figures (README of the data folder) are only reproducible with exactly that serialisation:
-each session entry, with its `segment_id` and `session` keys removed at every depth, dumped by `json.dumps` with
-`separators=(",", ":")` and ASCII escapes; documents in the order conversations (per target, per session),
-user-AI interactions, purchases (the order decides ties of the exact search).
+(`scripts/evaluation/retrieval_and_generation.py` + `eval.py` of SalesforceAIResearch/personabench),
+because the reference figures (README of the data folder) are only reproducible with exactly that
+serialisation: each session entry, with its `segment_id` and `session` keys removed at every depth,
+dumped by `json.dumps` with `separators=(",", ":")` and ASCII escapes; documents in the order
+conversations (per target, per session), user-AI interactions, purchases (the order decides ties of
+the exact search).
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = ["PersonaBenchCommunity", "PersonaBenchFormatError", "PersonaQuestion",
+           "load_personabench"]
+
 SOURCES = ("conversation", "user_ai_interaction", "purchase_history")
 EXCLUDED_KEYS = ("segment_id", "session")
 SUBJECTIVE = "Subjective"
 
 
 class PersonaBenchFormatError(ValueError):
-    """Incomplete or malformed PersonaBench folder; the message names the file, the record and the field."""
+    """Incomplete or malformed PersonaBench folder; the message names the file, the record and the
+    field."""
 
 
 @dataclass(frozen=True)
 class PersonaDoc:
-    """One retrievable document: a session entry as the benchmark serialises it, with its segment id."""
+    """One retrievable document: a session entry as the benchmark serialises it, with its segment
+    id."""
 
     segment_id: str
     source: str  # one of SOURCES
@@ -36,7 +43,8 @@ class PersonaDoc:
 
 @dataclass(frozen=True)
 class PersonaQuestion:
-    """A non-subjective question; `gt_alternatives[j]` lists the segment ids that each support answer item j."""
+    """A non-subjective question; `gt_alternatives[j]` lists the segment ids that each support
+    answer item j."""
 
     q_id: str
     person: str
@@ -55,7 +63,8 @@ class PersonaQuestion:
 
 @dataclass(frozen=True)
 class Person:
-    """Someone with private data: their own documents (the only ones they search) and their questions."""
+    """Someone with private data: their own documents (the only ones they search) and their
+    questions."""
 
     name: str
     docs: tuple[PersonaDoc, ...]
@@ -72,7 +81,8 @@ class Person:
 
 @dataclass(frozen=True)
 class PersonaBenchCommunity:
-    """A community folder at one noise level; `skipped_subjective` counts the questions the protocol drops."""
+    """A community folder at one noise level; `skipped_subjective` counts the questions the protocol
+    drops."""
 
     root: Path
     noise: str
@@ -90,7 +100,7 @@ class PersonaBenchCommunity:
         raise KeyError(name)
 
 
-# ----------------------------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------------------ helpers
 
 def _where(path: Path, record: str | None, field: str | None) -> str:
     out = str(path)
@@ -101,12 +111,15 @@ def _where(path: Path, record: str | None, field: str | None) -> str:
     return out
 
 
-def _fail(path: Path, msg: str, record: str | None = None, field: str | None = None) -> PersonaBenchFormatError:
+def _fail(
+    path: Path, msg: str, record: str | None = None, field: str | None = None
+) -> PersonaBenchFormatError:
     return PersonaBenchFormatError(f"{_where(path, record, field)}: {msg}")
 
 
 def _load(path: Path) -> Any:
-    """json.load with a missing file or bad JSON reported as PersonaBenchFormatError naming the file."""
+    """json.load with a missing file or bad JSON reported as PersonaBenchFormatError naming the
+    file."""
     if not path.is_file():
         raise _fail(path, "missing file (an incomplete PersonaBench community folder?)")
     try:
@@ -141,19 +154,21 @@ def _list(value: Any, path: Path, what: str) -> list:
     return value
 
 
-def remove_key(obj: Any, key: str) -> Any:
-    """Drop `key` from every dict at every depth (the benchmark removes ids recursively, not just at the top)."""
+def _remove_key(obj: Any, key: str) -> Any:
+    """Drop `key` from every dict at every depth (the benchmark removes ids recursively, not just at
+    the top)."""
     if isinstance(obj, dict):
-        return {k: remove_key(v, key) for k, v in obj.items() if k != key}
+        return {k: _remove_key(v, key) for k, v in obj.items() if k != key}
     if isinstance(obj, list):
-        return [remove_key(v, key) for v in obj]
+        return [_remove_key(v, key) for v in obj]
     return obj
 
 
 def document_text(entry: dict, exclude: tuple[str, ...] = EXCLUDED_KEYS) -> str:
-    """A session entry as the benchmark embeds it: compact JSON (no spaces, ASCII escapes) without id keys."""
+    """A session entry as the benchmark embeds it: compact JSON (no spaces, ASCII escapes) without
+    id keys."""
     for key in exclude:
-        entry = remove_key(entry, key)
+        entry = _remove_key(entry, key)
     return json.dumps(entry, separators=(",", ":"))
 
 
@@ -195,7 +210,8 @@ def _flat_docs(data: list, path: Path, name: str, source: str) -> Iterator[Perso
 
 
 def _alternatives(value: Any, path: Path, record: str) -> tuple[tuple[str, ...], ...]:
-    """`{answer_item: [segment ids]}` -> one tuple of alternatives per answer item (insertion order kept)."""
+    """`{answer_item: [segment ids]}` -> one tuple of alternatives per answer item (insertion order
+    kept)."""
     if not isinstance(value, dict) or not value:
         raise _fail(path, f"expected a non-empty object {{answer item: [segment ids]}}, got {_typename(value)}",
                     record, "segment_id")
@@ -208,7 +224,7 @@ def _alternatives(value: Any, path: Path, record: str) -> tuple[tuple[str, ...],
     return tuple(out)
 
 
-# ----------------------------------------------------------------------------------------------------- loading
+# ------------------------------------------------------------------------------------------ loading
 
 def _ground_truth(gt_rows: list, gt_path: Path) -> dict[str, tuple[tuple[str, ...], ...]]:
     """q_id → its alternatives of ground-truth segment ids; a duplicate q_id is an error."""
@@ -223,7 +239,8 @@ def _ground_truth(gt_rows: list, gt_path: Path) -> dict[str, tuple[tuple[str, ..
 
 def _questions(row: dict, where: str, name: str, own_ids: set[str], gt: dict, eval_path: Path, gt_path: Path,
                check_ground_truth: bool) -> tuple[list[PersonaQuestion], int]:
-    """A person's objective questions (with their ground truth) and how many subjective ones were skipped."""
+    """A person's objective questions (with their ground truth) and how many subjective ones were
+    skipped."""
     info = _get(row, "Eval_Info", eval_path, where, dict)
     qa = _get(info, "qa", eval_path, f"{where}.Eval_Info", list)
     questions: list[PersonaQuestion] = []
@@ -254,15 +271,18 @@ def _questions(row: dict, where: str, name: str, own_ids: set[str], gt: dict, ev
 
 def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_truth: bool = True
                       ) -> PersonaBenchCommunity:
-    """Read a community folder (layout in the data README); people are those with private data, in the order of
-    `eval_info_all.json`, as the benchmark evaluates them. Subjective questions are skipped (and counted).
+    """Read a community folder (layout in the data README); people are those with private data, in
+    the order of `eval_info_all.json`, as the benchmark evaluates them. Subjective questions are
+    skipped (and counted).
 
-    With `check_ground_truth`, a ground-truth segment id that is not one of the person's documents is an error:
-    the question could never be answered, and a silent zero would only lower the score.
+    With `check_ground_truth`, a ground-truth segment id that is not one of the person's documents
+    is an error: the question could never be answered, and a silent zero would only lower the score.
     """
     root = Path(data_dir)
     if not root.is_dir():
-        raise PersonaBenchFormatError(f"{root}: not a folder (expected a PersonaBench community folder)")
+        raise PersonaBenchFormatError(
+            f"{root}: not a folder (expected a PersonaBench community folder)"
+        )
     eval_path = root / "eval_info" / "eval_info_all.json"
     gt_path = root / "eval_info" / f"qa_gt_context_all_noise_{noise}.json"
     private = root / "private_data" / f"noise_{noise}"
@@ -274,14 +294,17 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
 
     gt = _ground_truth(gt_rows, gt_path)
 
-    names_with_data = set(data["conversation"]) | set(data["user_ai_interaction"]) | set(data["purchase_history"])
+    names_with_data = (
+        set(data["conversation"]) | set(data["user_ai_interaction"]) | set(data["purchase_history"])
+    )
     people: list[Person] = []
     skipped = 0
     seen: set[str] = set()
     for i, row in enumerate(eval_rows):
         name = _get(row, "Name", eval_path, str(i), str)
         if name not in names_with_data:
-            continue  # people without private data have no documents to search (the benchmark skips them too)
+            # people without private data have no documents to search (the benchmark skips them too)
+            continue
         if name in seen:
             raise _fail(eval_path, f"person {name!r} appears twice", f"{i} (Name {name!r})", "Name")
         seen.add(name)
@@ -294,8 +317,9 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
                 + list(_flat_docs(data["purchase_history"][name], paths["purchase_history"], name,
                                   "purchase_history")))
         own_ids = {d.segment_id for d in docs}
-        questions, subjective = _questions(row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path,
-                                           check_ground_truth)
+        questions, subjective = _questions(
+            row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path, check_ground_truth
+        )
         skipped += subjective
         people.append(Person(name, tuple(docs), tuple(questions)))
     if not people:

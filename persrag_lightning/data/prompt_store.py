@@ -1,10 +1,12 @@
-"""Content-addressed store of LLM outputs, shared by every build, shard, stage, strategy and run of a cache folder.
+"""Content-addressed store of LLM outputs, shared by every build, shard, stage, strategy and run of
+a cache folder.
 
-A key is the sha256 of (the LLM's identity and answer settings, the kind of call, the prompt and — for
-log-likelihoods — the target), so a prompt that any earlier feedback build, Slurm array task or evaluation has
-already sent is never sent again. Each process appends to its own JSONL file (one complete line per output,
-flushed per batch), so concurrent writers never interleave and a killed process loses at most its last,
-unflushed line; readers take the union of all files and skip a torn last line.
+A key is the sha256 of (the LLM's identity and answer settings, the kind of call, the prompt and —
+for log-likelihoods — the target), so a prompt that any earlier feedback build, Slurm array task or
+evaluation has already sent is never sent again. Each process appends to its own JSONL file (one
+complete line per output, flushed per batch), so concurrent writers never interleave and a killed
+process loses at most its last, unflushed line; readers take the union of all files and skip a torn
+last line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = ["PROMPT_STORE", "PromptStore", "prompt_key"]
+
 PROMPT_STORE = "llm_outputs"  # folder under a cache_dir
 
 
@@ -28,7 +32,8 @@ def prompt_key(identity: dict, kind: str, prompt: str, target: str = "") -> str:
 
 
 class PromptStore:
-    """Outputs by key under `root`; `hits`/`misses` count lookups since creation (reported by evaluate)."""
+    """Outputs by key under `root`; `hits`/`misses` count lookups since creation (reported by
+    evaluate)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -56,16 +61,20 @@ class PromptStore:
             return
         if self._own is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._own = self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            self._own = (
+                self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            )
         with open(self._own, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps([key, value], ensure_ascii=False) + "\n" for key, value in items.items())
+            f.writelines(
+                json.dumps([key, value], ensure_ascii=False) + "\n" for key, value in items.items()
+            )
             f.flush()
             os.fsync(f.fileno())
         self.values.update(items)
 
     def cached(self, keys: Sequence[str], compute: Callable[[list[int]], list[Any]]) -> list[Any]:
-        """Values of `keys`; `compute(indices)` is called once with the first index of each missing distinct key
-        and must return their values in that order."""
+        """Values of `keys`; `compute(indices)` is called once with the first index of each missing
+        distinct key and must return their values in that order."""
         missing: dict[str, int] = {}
         for i, key in enumerate(keys):
             if key in self.values or key in missing:

@@ -1,13 +1,17 @@
-"""Typed records of the LaMP world: dated history docs, users, and (user, query, target) examples."""
+"""Typed records of the LaMP world: dated history docs, users, and (user, query, target)
+examples."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["Example", "HistoryDoc", "LampDataset", "User"]
+
 
 @dataclass(frozen=True)
 class HistoryDoc:
-    """One profile item of a user; `fields` holds the task's profile fields (e.g. description, tag)."""
+    """One profile item of a user; `fields` holds the task's profile fields (e.g. description,
+    tag)."""
 
     doc_id: str
     date: tuple[int, ...]
@@ -28,8 +32,9 @@ class User:
 
 @dataclass(frozen=True)
 class Example:
-    """One question of a split: user u, raw input, extracted query q, target y (None on unlabeled test) and the doc
-    ids of its own question's profile (what this question may retrieve from its user; see data/histories.py)."""
+    """One question of a split: user u, raw input, extracted query q, target y (None on unlabeled
+    test) and the doc ids of its own question's profile (what this question may retrieve from its
+    user; see data/histories.py)."""
 
     example_id: str
     user_id: str
@@ -47,7 +52,8 @@ class LampDataset:
     task: str
     users: dict[str, User]
     examples: dict[str, list[Example]] = field(default_factory=dict)
-    # users with `share: false`: never a neighbour, their docs never in another user's prompt (histories.py)
+    # users with `share: false`: never a neighbour, their docs never in another user's prompt
+    # (histories.py)
     private: set[str] = field(default_factory=set)
 
     def user_ids(self) -> list[str]:

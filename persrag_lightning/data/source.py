@@ -1,4 +1,5 @@
-"""Where a stage's LaMP data comes from: a directory of LaMP files, or SynthLaMP generated into the cache."""
+"""Where a stage's LaMP data comes from: a directory of LaMP files, or SynthLaMP generated into the
+cache."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from persrag_lightning.data.records import LampDataset
 from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
 from persrag_lightning.utils import fingerprint
 
+__all__ = ["LampSource"]
+
 
 class LampSource:
-    """`data_dir` with LaMP files, or (when None) the embedded SynthLaMP of `synth` under `cache_dir`; a converted
-    folder's task (a label task's labels) is read from its convert.json and must agree with `task`."""
+    """`data_dir` with LaMP files, or (when None) the embedded SynthLaMP of `synth` under
+    `cache_dir`; a converted folder's task (a label task's labels) is read from its convert.json and
+    must agree with `task`."""
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag") -> None:
@@ -25,7 +29,8 @@ class LampSource:
             self.cache_dir / "synthlamp" / f"{self.task}-{fingerprint(asdict(self.synth))}")
 
     def prepare(self) -> Path:
-        """Generate SynthLaMP if it is the source (idempotent); a user's data_dir must already exist."""
+        """Generate SynthLaMP if it is the source (idempotent); a user's data_dir must already
+        exist."""
         if self.synth is not None:
             generate_synth_lamp(self.data_dir, self.synth)
         elif not self.data_dir.is_dir():

@@ -1,39 +1,43 @@
-"""SynthLaMP: a seeded generator of LaMP-format data with the structure CFRAG exists for (paper Fig. 1).
+"""SynthLaMP: a seeded generator of LaMP-format data with the structure CFRAG exists for (paper Fig.
+1).
 
-Users belong to latent communities. Each community has its own *style* for every kind of item: the tag it gives a
-kind of film (LaMP-2), the score it gives a product category (LaMP-3), the title template and jargon it uses
-for a research topic (LaMP-4/5), the school (method family) it writes in and cites on a research topic (LaMP-1),
-or its opener, closer and hashtag when it tweets on a subject (LaMP-7). A user's history
-covers only a few kinds (drawn from the community's taste), and a question often (``unseen_fraction``) is about a
-kind the user never touched, so its answer is only recoverable from same-community users' histories. A fraction
-``noise`` of history items follow another community's or a random style. Texts are templated English built from
-per-kind vocabularies (the tables live in ``synth_vocab.json`` next to this module), so a sentence encoder
-sees topical similarity. LaMP-3 is the case where communities differ *only in their judgments*: review texts are
-built from a neutral vocabulary shared by every community (no phrase says whether the reviewer liked the product)
-and every community reviews every category equally often, so the words of a history do not reveal its community —
-only the scores, read together with the categories, do. LaMP-1 and LaMP-7 follow the same rule (uniform taste,
-topic words shared by all): the community shows only in the school a user's papers use per topic (LaMP-1; a
-question asks which of two references on the paper's problem, one of the user's community's school for that
-topic and one of another, the user cites, and its title names no school) or in the style wrapped around a
-tweet's shared content (LaMP-7; a question gives the neutral tweet, the gold is it in the community's style for
-that topic). Generation streams users in seeded chunks, so memory stays flat and 10k users take
-seconds.
+Users belong to latent communities. Each community has its own *style* for every kind of item: the
+tag it gives a kind of film (LaMP-2), the score it gives a product category (LaMP-3), the title
+template and jargon it uses for a research topic (LaMP-4/5), the school (method family) it writes in
+and cites on a research topic (LaMP-1), or its opener, closer and hashtag when it tweets on a
+subject (LaMP-7). A user's history covers only a few kinds (drawn from the community's taste), and a
+question often (``unseen_fraction``) is about a kind the user never touched, so its answer is only
+recoverable from same-community users' histories. A fraction ``noise`` of history items follow
+another community's or a random style. Texts are templated English built from per-kind vocabularies
+(the tables live in ``synth_vocab.json`` next to this module), so a sentence encoder sees topical
+similarity. LaMP-3 is the case where communities differ *only in their judgments*: review texts are
+built from a neutral vocabulary shared by every community (no phrase says whether the reviewer liked
+the product) and every community reviews every category equally often, so the words of a history do
+not reveal its community — only the scores, read together with the categories, do. LaMP-1 and LaMP-7
+follow the same rule (uniform taste, topic words shared by all): the community shows only in the
+school a user's papers use per topic (LaMP-1; a question asks which of two references on the paper's
+problem, one of the user's community's school for that topic and one of another, the user cites, and
+its title names no school) or in the style wrapped around a tweet's shared content (LaMP-7; a
+question gives the neutral tweet, the gold is it in the community's style for that topic).
+Generation streams users in seeded chunks, so memory stays flat and 10k users take seconds.
 
-Splits: every user has train, dev and test questions (2/1/1 by default), all dated after the user's history, so
-checkpoints are selected on dev and results reported on test. Each question's file record carries the user's whole
-history as its profile (the same profile for all of a user's questions, as the official CFRAG code asserts);
-profile ids (``u000042-007``) and question ids (``u000042-dev0``) never coincide.
+Splits: every user has train, dev and test questions (2/1/1 by default), all dated after the user's
+history, so checkpoints are selected on dev and results reported on test. Each question's file
+record carries the user's whole history as its profile (the same profile for all of a user's
+questions, as the official CFRAG code asserts); profile ids (``u000042-007``) and question ids
+(``u000042-dev0``) never coincide.
 
-No leakage by construction: a text is a function of (kind, slot tuple), and a fixed hash of that pair assigns every
-tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so no question's description /
-article / abstract equals any profile item's, of any user, in any rng chunk -- without any state shared between
-chunks. (Up to ``synthlamp/1`` both drew from one space, and many default LaMP-2 dev questions had their exact
-description in the corpus: docs/data/synthlamp.md.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a neutral tweet)
-is never a profile text anyway; there the partition keeps the question's *item* out of every profile: its paper,
-in any school, and its tweet's content, in any style.
+No leakage by construction: a text is a function of (kind, slot tuple), and a fixed hash of that
+pair assigns every tuple to either questions (about one in ``QUESTION_SHARE``) or history items, so
+no question's description / article / abstract equals any profile item's, of any user, in any rng
+chunk -- without any state shared between chunks. (Up to ``synthlamp/1`` both drew from one space,
+and many default LaMP-2 dev questions had their exact description in the corpus:
+docs/data/synthlamp.md.) For LaMP-1 and LaMP-7 the question's query (a title naming no school, a
+neutral tweet) is never a profile text anyway; there the partition keeps the question's *item* out
+of every profile: its paper, in any school, and its tweet's content, in any style.
 
-Three modules: synth_text.py renders texts, synth_world.py holds the config, the world and the draws, and this one
-makes the users and writes the files (`python -m persrag_lightning.data.synth`).
+Three modules: synth_text.py renders texts, synth_world.py holds the config, the world and the
+draws, and this one makes the users and writes the files (`python -m persrag_lightning.data.synth`).
 """
 
 from __future__ import annotations
@@ -67,22 +71,26 @@ from persrag_lightning.data.synth_world import (
 )
 from persrag_lightning.utils import atomic_open, atomic_write_json, one_flag_style
 
-# bump when the generated bytes change for a given config; adding a task (LaMP-3, then LaMP-1 and LaMP-7, in this
-# version) changes no other task's bytes, since every draw of the existing tasks is unchanged (tests/data/test_synth.py
-# pins a digest per task)
+__all__ = ["SynthConfig", "generate_synth_lamp", "iter_synth_users", "load_communities"]
+
+# bump when the generated bytes change for a given config; adding a task (LaMP-3, then LaMP-1 and
+# LaMP-7, in this version) changes no other task's bytes, since every draw of the existing tasks is
+# unchanged (tests/data/test_synth.py pins a digest per task)
 GENERATOR_VERSION = "synthlamp/2"
 CONFIG_FILE = "synth_config.json"
 COMMUNITIES_FILE = "communities.json"
-CHUNK_USERS = 1024  # users per seeded rng chunk; fixed, so the bytes never depend on memory settings
+# users per seeded rng chunk; fixed, so the bytes never depend on memory settings
+CHUNK_USERS = 1024
 EPOCH = np.datetime64("2005-01-01")
 MAX_GAP_DAYS = 45
 
 
-# ---------------------------------------------------------------------------------------------------- users
+# -------------------------------------------------------------------------------------------- users
 
 @dataclass(slots=True)
 class SynthDoc:
-    """A generated history item with its latent kind and style (diagnostics; the files hold only fields)."""
+    """A generated history item with its latent kind and style (diagnostics; the files hold only
+    fields)."""
 
     doc_id: str
     date: str
@@ -116,14 +124,14 @@ class SynthUser:
     questions: list[SynthQuestion] = field(default_factory=list)
 
 
-def user_id_width(num_users: int) -> int:
+def _user_id_width(num_users: int) -> int:
     return max(6, len(str(num_users - 1)))
 
 
 
 def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser]:
-    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk) and, for slot
-    redraws only, (seed, 2, chunk)."""
+    """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk)
+    and, for slot redraws only, (seed, 2, chunk)."""
     rng = np.random.default_rng([config.seed, 1, chunk])
     start = chunk * CHUNK_USERS
     n = min(CHUNK_USERS, config.num_users - start)
@@ -143,14 +151,16 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     q = sum(per_split.values())
     free = k_count - n_seen
     unseen = (rng.random((n, q)) < config.unseen_fraction) & (free > 0)[:, None]
-    rank = np.cumsum(unseen, axis=1) - 1  # the j-th unseen question of a user takes the j-th unseen kind
+    # the j-th unseen question of a user takes the j-th unseen kind
+    rank = np.cumsum(unseen, axis=1) - 1
     col = np.where(unseen, n_seen[:, None] + rank % np.maximum(free, 1)[:, None],
                    (rng.random((n, q)) * n_seen[:, None]).astype(np.int64))
     q_kind = np.take_along_axis(order, col, axis=1)
     q_style = world.styles[comm[:, None], q_kind]
     q_slots = draw_slots(rng, redraw_rng, world.slot_sizes, q_kind.ravel(), question=True).reshape(n, q, -1)
     q_day = last_day[:, None] + np.cumsum(rng.integers(1, MAX_GAP_DAYS, (n, q)), axis=1)
-    # LaMP-1 only, after every other draw (the other tasks' bytes are unchanged): how each question shows its refs
+    # LaMP-1 only, after every other draw (the other tasks' bytes are unchanged): how each question
+    # shows its refs
     variant = (rng.integers(0, lamp1_variants(), (n, q)) if config.task == "LaMP-1" else np.zeros((n, q), np.int64))
 
     dates = (EPOCH + day.astype("timedelta64[D]")).astype(str).tolist()
@@ -160,7 +170,7 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
     variant_l = variant.tolist()
     splits = [s for s, m in per_split.items() for _ in range(m)]
     split_rank = [sum(1 for t in splits[:j] if t == s) for j, s in enumerate(splits)]
-    width = user_id_width(config.num_users)
+    width = _user_id_width(config.num_users)
     task = config.task
     users: list[SynthUser] = []
     for u in range(n):
@@ -171,7 +181,9 @@ def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser
             user.docs.append(SynthDoc(f"{uid}-{i - int(starts[u]):03d}", dates[i], kind_l[i], style_l[i],
                                       noisy_l[i], fields))
         for j, split in enumerate(splits):
-            _, text, target = render_item(task, q_kind_l[u][j], q_slots_l[u][j], q_style_l[u][j], variant_l[u][j])
+            _, text, target = render_item(
+                task, q_kind_l[u][j], q_slots_l[u][j], q_style_l[u][j], variant_l[u][j]
+            )
             user.questions.append(SynthQuestion(f"{uid}-{split}{split_rank[j]}", split, q_dates[u][j],
                                                 q_kind_l[u][j], q_style_l[u][j], unseen_l[u][j], text, target))
         users.append(user)
@@ -184,7 +196,7 @@ def iter_synth_users(config: SynthConfig, world: SynthWorld | None = None) -> It
     for chunk in range((config.num_users + CHUNK_USERS - 1) // CHUNK_USERS):
         yield from _chunk(config, world, chunk)
 
-# ---------------------------------------------------------------------------------------------------- files
+# -------------------------------------------------------------------------------------------- files
 
 def _config_record(config: SynthConfig) -> dict:
     """What synth_config.json holds; comparing it to a new config's record decides idempotency."""
@@ -200,27 +212,36 @@ def _expected_files(config: SynthConfig) -> list[str]:
 
 
 def is_complete(out_dir: str | Path, config: SynthConfig) -> bool:
-    """True when `out_dir` holds a finished dataset of this exact config (synth_config.json is written last)."""
+    """True when `out_dir` holds a finished dataset of this exact config (synth_config.json is
+    written last)."""
     out = Path(out_dir)
     try:
         recorded = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return recorded == _config_record(config) and all((out / f).is_file() for f in _expected_files(config))
+    return recorded == _config_record(config) and all(
+        (out / f).is_file() for f in _expected_files(config)
+    )
 
 
 def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) -> Path:
-    """Write a SynthLaMP dataset into `out_dir` (atomically per file); does nothing if it is already there."""
+    """Write a SynthLaMP dataset into `out_dir` (atomically per file); does nothing if it is already
+    there."""
     config = config or SynthConfig()
     out = Path(out_dir)
     if is_complete(out, config):
         return out
-    lamp_files = [p.name for s in SPLITS for p in (questions_path(out, s), outputs_path(out, s)) if p.exists()]
+    lamp_files = [
+        p.name for s in SPLITS for p in (questions_path(out, s), outputs_path(out, s)) if p.exists()
+    ]
     if lamp_files and not ((out / CONFIG_FILE).exists() or (out / COMMUNITIES_FILE).exists()):
-        raise FileExistsError(f"{out} holds LaMP files not made by SynthLaMP ({', '.join(lamp_files)}); "
-                              f"refusing to overwrite them")
+        raise FileExistsError(
+            f"{out} holds LaMP files not made by SynthLaMP ({', '.join(lamp_files)}); "
+            f"refusing to overwrite them"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).unlink(missing_ok=True)  # from here until the end the directory reads as incomplete
+    # from here until the end the directory reads as incomplete
+    (out / CONFIG_FILE).unlink(missing_ok=True)
     for s, count in config.questions_per_split().items():
         if not count:
             questions_path(out, s).unlink(missing_ok=True)
@@ -239,14 +260,17 @@ def generate_synth_lamp(out_dir: str | Path, config: SynthConfig | None = None) 
             for q in user.questions:
                 qw[q.split].write_record(q.example_id, q.input, user.user_id, profile)
                 ow[q.split].write(q.example_id, q.target)
-            comm_file.write(("\n" if n == 0 else ",\n") + json.dumps(user.user_id) + f": {user.community}")
+            comm_file.write(
+                ("\n" if n == 0 else ",\n") + json.dumps(user.user_id) + f": {user.community}"
+            )
         comm_file.write("\n}\n")
     atomic_write_json(out / CONFIG_FILE, _config_record(config))
     return out
 
 
 def load_communities(data_dir: str | Path) -> dict[str, int] | None:
-    """user_id -> latent community of a SynthLaMP directory (diagnostics only), or None for other data."""
+    """user_id -> latent community of a SynthLaMP directory (diagnostics only), or None for other
+    data."""
     path = Path(data_dir) / COMMUNITIES_FILE
     if not path.is_file():
         return None
@@ -259,13 +283,19 @@ def load_communities(data_dir: str | Path) -> dict[str, int] | None:
 def main(argv: Sequence[str] | None = None) -> Path:
     """`python -m persrag_lightning.data.synth OUT_DIR --task LaMP-2 --num_users 300 --seed 0`."""
     d = SynthConfig()
-    p = argparse.ArgumentParser(prog="python -m persrag_lightning.data.synth", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m persrag_lightning.data.synth", description=__doc__.splitlines()[0]
+    )
     p.add_argument("out_dir")
     p.add_argument("--task", default=d.task, help=f"one of {', '.join(SYNTH_TASKS)}")
     p.add_argument("--num_users", type=int, default=d.num_users)
     p.add_argument("--num_communities", type=int, default=d.num_communities)
-    p.add_argument("--docs_per_user", type=int, nargs=2, default=d.docs_per_user, metavar=("MIN", "MAX"))
-    p.add_argument("--kinds_per_user", type=int, nargs=2, default=d.kinds_per_user, metavar=("MIN", "MAX"))
+    p.add_argument(
+        "--docs_per_user", type=int, nargs=2, default=d.docs_per_user, metavar=("MIN", "MAX")
+    )
+    p.add_argument(
+        "--kinds_per_user", type=int, nargs=2, default=d.kinds_per_user, metavar=("MIN", "MAX")
+    )
     p.add_argument("--train_questions", type=int, default=d.train_questions_per_user)
     p.add_argument("--dev_questions", type=int, default=d.dev_questions_per_user)
     p.add_argument("--test_questions", type=int, default=d.test_questions_per_user)

@@ -1,5 +1,6 @@
-"""Per-task facts of LaMP: profile fields, query extraction, doc rendering and label space; and the label tasks a
-converted folder defines (`persrag data convert --task labels`), known to `get_task` once the folder is read."""
+"""Per-task facts of LaMP: profile fields, query extraction, doc rendering and label space; and the
+label tasks a converted folder defines (`persrag data convert --task labels`), known to `get_task`
+once the folder is read."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from persrag_lightning.data.records import HistoryDoc
+
+__all__ = ["LABEL_MARKER", "LABEL_TASK", "LAMP2_LABELS", "TaskSpec", "define_task", "get_task",
+           "label_task", "task_record"]
 
 TaskKind = Literal["classification", "regression", "generation"]
 
@@ -44,14 +48,14 @@ class TaskSpec:
     profile_fields: tuple[str, ...]
     extract_query: Callable[[str], str]
     labels: tuple[str, ...] | None = None
-    # the profile field that holds the user's *judgment* of a history doc, one of `labels` (LaMP-2's tag, LaMP-3's
-    # score); None where profile items carry no label: LaMP-1's profile is the user's own papers (the citation
-    # choice exists only in the question), LaMP-4/5/7 are generation tasks
+    # the profile field that holds the user's *judgment* of a history doc, one of `labels` (LaMP-2's
+    # tag, LaMP-3's score); None where profile items carry no label: LaMP-1's profile is the user's
+    # own papers (the citation choice exists only in the question), LaMP-4/5/7 are generation tasks
     label_field: str | None = None
 
     def label_index(self, value: str | None) -> int | None:
-        """Index of `value` in `labels`; None when it is not a label (LaMP-3 scores written as numbers, "4.0",
-        count as "4")."""
+        """Index of `value` in `labels`; None when it is not a label (LaMP-3 scores written as
+        numbers, "4.0", count as "4")."""
         if self.labels is None or value is None:
             return None
         value = str(value).strip()
@@ -64,15 +68,16 @@ class TaskSpec:
         return self.labels.index(value) if value in self.labels else None
 
     def doc_label(self, doc: HistoryDoc) -> int:
-        """Index of a history doc's judgment in `labels`, + 1; 0 when the task has no label field or the doc's
-        value is missing or not a label."""
+        """Index of a history doc's judgment in `labels`, + 1; 0 when the task has no label field or
+        the doc's value is missing or not a label."""
         if self.label_field is None:
             return 0
         index = self.label_index(doc.fields.get(self.label_field))
         return 0 if index is None else index + 1
 
     def render_doc(self, doc: HistoryDoc) -> str:
-        """A history doc as the text the encoders and prompts see: its fields in the task's order."""
+        """A history doc as the text the encoders and prompts see: its fields in the task's
+        order."""
         return " ".join(doc.fields[f] for f in self.profile_fields if doc.fields.get(f))
 
 
@@ -91,23 +96,25 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-# ---- label tasks of converted folders ---------------------------------------------------------------------
+# ---- label tasks of converted folders ------------------------------------------------------------
 
-LABEL_TASK = "labels"  # a classification task whose label set is a converted folder's (its convert.json)
-LABEL_MARKER = "text:"  # the words of a label task's question after which its query (the item's text) starts
+# a classification task whose label set is a converted folder's (its convert.json)
+LABEL_TASK = "labels"
+# the words of a label task's question after which its query (the item's text) starts
+LABEL_MARKER = "text:"
 _FOLDER_TASKS: dict[str, TaskSpec] = {}  # label tasks of the folders this process has read
 
 
 @lru_cache(maxsize=64)
 def label_task(labels: tuple[str, ...]) -> TaskSpec:
-    """The task of a folder converted with `--task labels`: LaMP-2's shape (a text and its label per profile
-    item) over the folder's own labels; the same labels give the same object."""
+    """The task of a folder converted with `--task labels`: LaMP-2's shape (a text and its label per
+    profile item) over the folder's own labels; the same labels give the same object."""
     return TaskSpec(LABEL_TASK, "classification", ("text", "label"), _after(LABEL_MARKER), tuple(labels), "label")
 
 
 def register_task(spec: TaskSpec) -> TaskSpec:
-    """Make a folder's label task known to `get_task` in this process (data/folder_task.py does it when a folder
-    is read); a process holds one label set per task name, the last folder's."""
+    """Make a folder's label task known to `get_task` in this process (data/folder_task.py does it
+    when a folder is read); a process holds one label set per task name, the last folder's."""
     _FOLDER_TASKS[spec.name] = spec
     return spec
 
@@ -119,7 +126,8 @@ def task_record(name: str) -> dict[str, Any]:
 
 
 def define_task(record: dict[str, Any]) -> str:
-    """The task a `task_record` names, a label task registered with its labels; ValueError on a malformed one."""
+    """The task a `task_record` names, a label task registered with its labels; ValueError on a
+    malformed one."""
     name = record.get("name") if isinstance(record, dict) else None
     if name != LABEL_TASK:
         return get_task(str(name)).name
@@ -130,17 +138,21 @@ def define_task(record: dict[str, Any]) -> str:
 
 
 def get_task(name: str) -> TaskSpec:
-    """Look a task up by `LaMP-2`, `LaMP_2`, `lamp2` or `2`, or a label task of a folder this process has read
-    (`labels`); unknown names list the known ones."""
+    """Look a task up by `LaMP-2`, `LaMP_2`, `lamp2` or `2`, or a label task of a folder this
+    process has read (`labels`); unknown names list the known ones."""
     folder_task = _FOLDER_TASKS.get(str(name).strip().lower())
     if folder_task is not None:
         return folder_task
     if str(name).strip().lower() == LABEL_TASK:
-        raise ValueError(f"task {LABEL_TASK!r} takes its labels from a converted folder: name the folder with "
-                         "--data_dir (written by `persrag data convert --task labels`; its convert.json lists them)")
+        raise ValueError(
+            f"task {LABEL_TASK!r} takes its labels from a converted folder: name the folder with "
+            "--data_dir (written by `persrag data convert --task labels`; its convert.json lists them)"
+        )
     key = re.sub(r"[^0-9]", "", str(name))
     spec = TASKS.get(f"LaMP-{key}")
     if spec is None:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, {LABEL_TASK} (a converted "
-                         "folder's own labels)")
+        raise ValueError(
+            f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, {LABEL_TASK} (a converted "
+            "folder's own labels)"
+        )
     return spec

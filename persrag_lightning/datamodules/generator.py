@@ -1,11 +1,12 @@
-"""DataModule of the generator stage: for each training example, the Table 4 prompt that a strategy of the
-evaluation builds (CFRAG by default, any strategy of an evaluate config by name) and the target.
+"""DataModule of the generator stage: for each training example, the Table 4 prompt that a strategy
+of the evaluation builds (CFRAG by default, any strategy of an evaluate config by name) and the
+target.
 
-Retrievals go through the evaluation's content-addressed retrieval cache (`<cache_dir>/retrievals/`, keyed by the
-strategy's bundles' content, the examples and k), and the prompts built from them are cached as well, keyed by
-that and the tokenizer that fitted them to the budget; both are written in `prepare_data` (once per node) and only
-read in `setup`. The history rules are the strategies' own (data/histories.py): a train question never sees its
-own item.
+Retrievals go through the evaluation's content-addressed retrieval cache (`<cache_dir>/retrievals/`,
+keyed by the strategy's bundles' content, the examples and k), and the prompts built from them are
+cached as well, keyed by that and the tokenizer that fitted them to the budget; both are written in
+`prepare_data` (once per node) and only read in `setup`. The history rules are the strategies' own
+(data/histories.py): a train question never sees its own item.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
+__all__ = ["EpochShuffle", "GeneratorBatch", "GeneratorDataModule", "collate_generator"]
+
 PROMPTS_VERSION = "generator-prompts/v1"
 
 
 @dataclass(frozen=True)
 class GeneratorExample:
-    """One training pair: the prompt exactly as evaluation would build it, the target, and what it holds."""
+    """One training pair: the prompt exactly as evaluation would build it, the target, and what it
+    holds."""
 
     example_id: str
     prompt: str
@@ -68,8 +72,9 @@ def collate_generator(examples: list[GeneratorExample]) -> GeneratorBatch:
 
 
 class EpochShuffle(Sampler[int]):
-    """A permutation seeded by (seed, epoch): a fit resumed from an epoch's checkpoint sees the same order as an
-    uninterrupted one (Lightning calls set_epoch; under DDP its DistributedSampler does the same)."""
+    """A permutation seeded by (seed, epoch): a fit resumed from an epoch's checkpoint sees the same
+    order as an uninterrupted one (Lightning calls set_epoch; under DDP its DistributedSampler does
+    the same)."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.n, self.seed, self.epoch = n, seed, 0
@@ -85,7 +90,8 @@ class EpochShuffle(Sampler[int]):
 
 
 class TokenCounter:
-    """`count_tokens` of a tokenizer, as the hf backend counts (no special tokens): all `build_prompts` needs."""
+    """`count_tokens` of a tokenizer, as the hf backend counts (no special tokens): all
+    `build_prompts` needs."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -95,31 +101,35 @@ class TokenCounter:
 
 
 class GeneratorDataModule(L.LightningDataModule):
-    """Train on the train split's prompts, validate (select the checkpoint) on dev's with the task's LaMP metric.
+    """Train on the train split's prompts, validate (select the checkpoint) on dev's with the task's
+    LaMP metric.
 
     Args:
         task: the LaMP task (LaMP-1 ... LaMP-7); must match the other stages'.
-        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other stages).
-        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
+        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other
+            stages).
+        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None =
+            its defaults.
         cache_dir: where generated data and the retrieved prompts are cached, keyed by fingerprints.
         strategy: the strategy whose retrieved docs fill the training prompts, by its name in
             `strategies_config`.
-        strategies_config: an evaluate config that lists the strategies; its `{run_dir}` paths resolve to this
-            run's exports.
+        strategies_config: an evaluate config that lists the strategies; its `{run_dir}` paths
+            resolve to this run's exports.
         run_dir: the folder of the run's exported bundles the strategy reads; `{run_dir}` is
             checkpoints/<run_name>.
-        tokenizer: the LLM whose tokenizer fits the docs into `max_prompt_tokens`, as evaluation does with the
-            same budget; None = the generator module's `model` (read from the trainer's module: the LLM is the
-            module's knob); set it only to use this DataModule without a trainer.
+        tokenizer: the LLM whose tokenizer fits the docs into `max_prompt_tokens`, as evaluation
+            does with the same budget; None = the generator module's `model` (read from the
+            trainer's module: the LLM is the module's knob); set it only to use this DataModule
+            without a trainer.
         k: docs per prompt, as the evaluation's.
         max_prompt_tokens: token budget of a prompt, as the evaluation's `llm.max_prompt_tokens`.
-        splits: the splits trained and validated on (checkpoint selection by the task's LaMP metric), and how
-            many examples of each.
+        splits: the splits trained and validated on (checkpoint selection by the task's LaMP
+            metric), and how many examples of each.
         batch_size: prompts per step (ClusterRAG's 16).
         num_workers: DataLoader worker processes.
         seed: seed of the per-epoch shuffle of the train examples.
-        reranker_runtime: the evaluation's (`set_reranker_runtime`), so the prompts it trains on are retrieved
-            as the evaluation retrieves them.
+        reranker_runtime: the evaluation's (`set_reranker_runtime`), so the prompts it trains on are
+            retrieved as the evaluation retrieves them.
     """
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
@@ -130,38 +140,56 @@ class GeneratorDataModule(L.LightningDataModule):
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.splits = as_settings(SplitSettings, splits)  # typed, as hyperparameters may hold a dict
+        # typed, as hyperparameters may hold a dict
+        self.splits = as_settings(SplitSettings, splits)
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         self.train_examples: list[GeneratorExample] = []
         self.val_examples: list[GeneratorExample] = []
 
-    # ---- what the cache is keyed on --------------------------------------------------------------------------
+    # ---- what the cache is keyed on --------------------------------------------------------------
 
     def _strategy(self):
         h = self.hparams
-        return strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime)
+        return strategy_by_name(
+            resolve_config_path(h.strategies_config), h.strategy, h.run_dir, h.reranker_runtime
+        )
 
     def _splits(self) -> dict[str, int | None]:
-        """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or read)."""
+        """Train, and dev unless the trainer validates nothing (then no dev prompt is retrieved or
+        read)."""
         return self.splits.fit_limits(trainer_validates(self))
 
     def examples(self, dataset, split: str, limit: int | None) -> list[Example]:
-        """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback stage)."""
+        """A split's labelled examples by id, the first `limit` (a fixed subset, as the feedback
+        stage).
+
+        Args:
+            dataset: the loaded LaMP dataset.
+            split: the split to read.
+            limit: how many examples to keep; None keeps all.
+        """
         if split not in dataset.examples:
-            raise KeyError(f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})")
-        out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
+            raise KeyError(
+                f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})"
+            )
+        out = sorted(
+            (e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id
+        )
         return out[:limit] if limit else out
 
     @property
     def prompt_model(self) -> str:
-        """The LLM whose tokenizer fits the prompts: `tokenizer`, else the trainer's generator module's model."""
+        """The LLM whose tokenizer fits the prompts: `tokenizer`, else the trainer's generator
+        module's model."""
         if self.hparams.tokenizer is not None:
             return self.hparams.tokenizer
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         if module is None or "model" not in module.hparams:
-            raise ConfigError("GeneratorDataModule: with no trainer's generator module to read it from, set "
-                              "`tokenizer` (the LLM whose tokenizer fits the prompts)")
+            raise ConfigError(
+                "GeneratorDataModule: with no trainer's generator module to read it from, set "
+                "`tokenizer` (the LLM whose tokenizer fits the prompts)"
+            )
         return module.hparams["model"]
 
     def cache_path(self, strategy, split: str, examples: list[Example]) -> Path:
@@ -172,10 +200,11 @@ class GeneratorDataModule(L.LightningDataModule):
                           h.max_prompt_tokens, PROMPT_VERSION, self.task, self.source.data_dir.name)
         return Path(h.cache_dir) / "generator_prompts" / key / f"{split}.json"
 
-    # ---- build once per node, read on every rank ---------------------------------------------------------------
+    # ---- build once per node, read on every rank -------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Data, the strategy's retrievals for train and dev (cached), and the prompts built from them (cached)."""
+        """Data, the strategy's retrievals for train and dev (cached), and the prompts built from
+        them (cached)."""
         from persrag_lightning.llm.gguf import load_tokenizer, local_model_path
 
         self.source.prepare()
@@ -188,7 +217,8 @@ class GeneratorDataModule(L.LightningDataModule):
         if not todo:
             return
         source = resolve_model(self.prompt_model)
-        local_model_path(source)  # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
+        # a GGUF is de-quantised once, so the tokenizer is the one the module trains with
+        local_model_path(source)
         counter = TokenCounter(load_tokenizer(source))
         store = DocStore(dataset)
         for split, examples, path in todo:
@@ -211,14 +241,18 @@ class GeneratorDataModule(L.LightningDataModule):
         for split, limit in self._splits().items():
             path = self.cache_path(strategy, split, self.examples(dataset, split, limit))
             if not path.exists():
-                raise FileNotFoundError(f"generator prompts of split {split!r} are not built ({path}); run `fit`, "
-                                        "whose prepare_data builds them")
-            loaded[split] = [GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
-                             for r in json.loads(path.read_text())["examples"]]
+                raise FileNotFoundError(
+                    f"generator prompts of split {split!r} are not built ({path}); run `fit`, "
+                    "whose prepare_data builds them"
+                )
+            loaded[split] = [
+                GeneratorExample(r["example_id"], r["prompt"], r["target"], tuple(r["rows"]))
+                for r in json.loads(path.read_text())["examples"]
+            ]
         s = self.splits
         self.train_examples, self.val_examples = loaded[s.train_split], loaded.get(s.val_split, [])
 
-    # ---- loaders ------------------------------------------------------------------------------------------------
+    # ---- loaders ---------------------------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
         trainer = getattr(self, "trainer", None)

@@ -1,13 +1,15 @@
-"""DataModule of the reader stage: train questions read with the docs a strategy that needs no trained stage
-retrieves (BM25 over the user's own profile by default), and, beside them, the labelled items of those questions'
-profiles, each read as a question with the same user's strictly older items (LaMP's fine-tuned readers learn from
-the train questions alone; a profile item is a question the user answered before, so the 2 train questions per
-user of CFRAG's time-based split become every item the user labelled before them: docs/fidelity.md).
+"""DataModule of the reader stage: train questions read with the docs a strategy that needs no
+trained stage retrieves (BM25 over the user's own profile by default), and, beside them, the
+labelled items of those questions' profiles, each read as a question with the same user's strictly
+older items (LaMP's fine-tuned readers learn from the train questions alone; a profile item is a
+question the user answered before, so the 2 train questions per user of CFRAG's time-based split
+become every item the user labelled before them: docs/fidelity.md).
 
-Nothing here is a dev or test question, and no item the history rules hide from a train question is read: the
-profile items come from train questions' own profiles, each read with items dated strictly before it. Dev questions
-(read with the same strategy) only choose the checkpoint. Texts are embedded once by the reader's frozen encoder
-and cached under a fingerprint in `prepare_data`; `setup` only loads them.
+Nothing here is a dev or test question, and no item the history rules hide from a train question is
+read: the profile items come from train questions' own profiles, each read with items dated strictly
+before it. Dev questions (read with the same strategy) only choose the checkpoint. Texts are
+embedded once by the reader's frozen encoder and cached under a fingerprint in `prepare_data`;
+`setup` only loads them.
 """
 
 from __future__ import annotations
@@ -49,13 +51,16 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
+__all__ = ["ReaderDataModule", "ReaderTrainBatch"]
+
 READER_DATA_VERSION = "reader-data/v1"
 
 
 @dataclass(frozen=True)
 class ReaderExample:
-    """One question as the reader trains on it: its id, what it reads (text, docs as (text, label + 1)), the gold
-    label's index, and where it comes from (`question` of a split, or `profile` item)."""
+    """One question as the reader trains on it: its id, what it reads (text, docs as (text, label +
+    1)), the gold label's index, and where it comes from (`question` of a split, or `profile`
+    item)."""
 
     example_id: str
     text: str
@@ -73,11 +78,19 @@ class ReaderTrainBatch:
         return len(self.targets)
 
 
-def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
+def _older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
                             ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
-    """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k items of the same
-    profile most similar to it (cosine of `vectors(text)`) among those dated strictly before it; items in `skip`
-    (questions of any split) are never questions here."""
+    """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k
+    items of the same profile most similar to it (cosine of `vectors(text)`) among those dated
+    strictly before it; items in `skip` (questions of any split) are never questions here.
+
+    Args:
+        spec: the task's spec (its label field and label list).
+        user_docs: one user's profile items, oldest first.
+        skip: ids of the items that are questions of a split.
+        k: docs read with each question.
+        vectors: the frozen encoder, text → unit vector.
+    """
     out = []
     texts = [doc_text(spec, d) for d in user_docs]
     matrix = vectors(texts) if texts else None
@@ -95,20 +108,26 @@ def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k
 
 
 class ReaderDataModule(L.LightningDataModule):
-    """Train the reader on train questions (and their profiles' items), choose its checkpoint on dev.
+    """Train the reader on train questions (and their profiles' items), choose its checkpoint on
+    dev.
 
     Args:
         task: the LaMP task (a label task: LaMP-1, 2, 3); must match the other stages'.
-        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other stages).
-        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None = its defaults.
-        cache_dir: where generated data, retrievals and the embedded texts are cached, keyed by fingerprints.
-        strategy: the strategy whose docs the questions are read with, by its name in `strategies_config`: one that
-            needs no trained stage (`bm25`, the default: the user's own profile by BM25).
+        data_dir: a folder of LaMP files; None = the embedded SynthLaMP (must match the other
+            stages).
+        synth: size and seed of the SynthLaMP dataset (used only when `data_dir` is None); None =
+            its defaults.
+        cache_dir: where generated data, retrievals and the embedded texts are cached, keyed by
+            fingerprints.
+        strategy: the strategy whose docs the questions are read with, by its name in
+            `strategies_config`: one that needs no trained stage (`bm25`, the default: the user's
+            own profile by BM25).
         strategies_config: an evaluate config that lists the strategies.
         run_dir: the folder of the run's exported bundles; `{run_dir}` is checkpoints/<run_name>.
         k: docs per question, as the evaluation's.
-        profile_items: also train on the labelled items of the train questions' profiles, each read with the same
-            profile's items dated strictly before it (False: LaMP's protocol, the train questions alone).
+        profile_items: also train on the labelled items of the train questions' profiles, each read
+            with the same profile's items dated strictly before it (False: LaMP's protocol, the
+            train questions alone).
         splits: the splits trained and validated on, and how many questions of each.
         batch_size: questions per step.
         num_workers: DataLoader worker processes.
@@ -127,15 +146,17 @@ class ReaderDataModule(L.LightningDataModule):
         self.task = self.source.task
         spec = get_task(self.task)
         if not spec.labels:
-            raise ConfigError(f"the reader stage reads label tasks (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
-                              "generation task, whose reader is the LLM")
+            raise ConfigError(
+                f"the reader stage reads label tasks (LaMP-1, LaMP-2, LaMP-3); {spec.name} is a "
+                "generation task, whose reader is the LLM"
+            )
         self.labels = spec.labels
         self.train_examples: list[ReaderExample] = []
         self.val_examples: list[ReaderExample] = []
         self.vectors: torch.Tensor | None = None
         self.index: dict[str, int] = {}
 
-    # ---- the reader's settings come from the module (the encoder is the model's knob) -------------------------------
+    # ---- the reader's settings come from the module (the encoder is the model's knob) ------------
 
     @property
     def reader_settings(self) -> ReaderSettings:
@@ -145,23 +166,42 @@ class ReaderDataModule(L.LightningDataModule):
                               "use it with a trainer whose module is a ReaderModule")
         return module.settings
 
-    # ---- examples -----------------------------------------------------------------------------------------------
+    # ---- examples --------------------------------------------------------------------------------
 
     def questions(self, dataset, split: str, limit: int | None) -> list[Example]:
         if split not in dataset.examples:
-            raise KeyError(f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})")
-        out = sorted((e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
+            raise KeyError(
+                f"split {split!r} not in {self.source.data_dir} (have {sorted(dataset.examples)})"
+            )
+        out = sorted(
+            (e for e in dataset.examples[split] if e.target is not None), key=lambda e: e.example_id
+        )
         return out[:limit] if limit else out
 
-    def build_split(self, dataset, store: DocStore, split: str, limit: int | None, vectors) -> list[ReaderExample]:
-        """A split's questions read with the strategy's docs; for train, the profile items as well."""
+    def build_split(
+        self, dataset, store: DocStore, split: str, limit: int | None, vectors
+    ) -> list[ReaderExample]:
+        """A split's questions read with the strategy's docs; for train, the profile items as
+        well.
+
+        Args:
+            dataset: the loaded LaMP dataset.
+            store: the doc store the strategy retrieves from.
+            split: the split to build.
+            limit: how many questions to keep; None keeps all.
+            vectors: the frozen encoder, text → unit vector.
+        """
         h, spec = self.hparams, get_task(self.task)
         examples = self.questions(dataset, split, limit)
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
-        retrieved, _ = cached_retrieval(strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name)
+        retrieved, _ = cached_retrieval(
+            strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name
+        )
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
         out = []
-        for ex, (text, read) in zip(examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)):
+        for ex, (text, read) in zip(
+            examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)
+        ):
             target = spec.label_index(ex.target)
             if target is not None:
                 out.append(ReaderExample(ex.example_id, text, tuple(read), target))
@@ -173,7 +213,7 @@ class ReaderDataModule(L.LightningDataModule):
             profile = set(ex.profile)
             user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile and d.doc_id not in seen]
             seen.update(d.doc_id for d in user_docs)
-            for doc, older in older_profile_questions(spec, user_docs, asked, h.k, vectors):
+            for doc, older in _older_profile_questions(spec, user_docs, asked, h.k, vectors):
                 (text, read), = reader_inputs(self.reader_config(), [doc_text(spec, doc)], [older])
                 out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", text, tuple(read),
                                          spec.doc_label(doc) - 1, "profile"))
@@ -184,7 +224,7 @@ class ReaderDataModule(L.LightningDataModule):
 
         return ReaderConfig(**vars(self.reader_settings), task=self.task, labels=tuple(self.labels))
 
-    # ---- build once per node, read on every rank ---------------------------------------------------------------
+    # ---- build once per node, read on every rank -------------------------------------------------
 
     def cache_path(self) -> Path:
         h, settings = self.hparams, self.reader_settings
@@ -217,7 +257,9 @@ class ReaderDataModule(L.LightningDataModule):
 
         splits = {split: self.build_split(dataset, store, split, limit, vectors)
                   for split, limit in self.splits.fit_limits(trainer_validates(self)).items()}
-        texts = sorted({t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]})
+        texts = sorted(
+            {t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]}
+        )
         table = vectors(texts) if texts else torch.zeros(0, encoder.dim)
         atomic_save_tensors({"vectors": table.contiguous()}, path / "vectors.safetensors")
         atomic_write_json(path / "examples.json", {
@@ -230,8 +272,9 @@ class ReaderDataModule(L.LightningDataModule):
             return
         path = self.cache_path()
         if not (path / "examples.json").exists():
-            raise FileNotFoundError(f"reader examples are not built ({path}); run `fit`, whose prepare_data builds "
-                                    "them")
+            raise FileNotFoundError(
+                f"reader examples are not built ({path}); run `fit`, whose prepare_data builds them"
+            )
         stored = json.loads((path / "examples.json").read_text())
         self.vectors = load_file(str(path / "vectors.safetensors"))["vectors"]
         self.index = {t: i for i, t in enumerate(stored["texts"])}
@@ -240,7 +283,7 @@ class ReaderDataModule(L.LightningDataModule):
         self.train_examples = loaded[self.splits.train_split]
         self.val_examples = loaded.get(self.splits.val_split, [])
 
-    # ---- loaders ------------------------------------------------------------------------------------------------
+    # ---- loaders ---------------------------------------------------------------------------------
 
     def collate(self, examples: list[ReaderExample]) -> ReaderTrainBatch:
         assert self.vectors is not None

@@ -1,11 +1,13 @@
-"""`persrag evaluate`: run retrieval strategies on a split, prompt the LLM, and report like the paper's Table 2.
+"""`persrag evaluate`: run retrieval strategies on a split, prompt the LLM, and report like the
+paper's Table 2.
 
-Reports come from the **test** split (dev only when asked: dev is for selection). Writes, under `out_dir`:
-predictions/<strategy>.json in the official LaMP output format, metrics.json, results.md (methods × metrics with
-95 % bootstrap intervals and paired tests against CFRAG) and results.png (bars with the intervals). Each
-strategy's predictions are cached under a fingerprint of its configuration — exported bundles by their content,
-not their path —, the examples and the LLM, so a re-run evaluates only what changed, and a retrained model under
-the same run name gets new numbers. Every LLM output goes through the shared prompt store.
+Reports come from the **test** split (dev only when asked: dev is for selection). Writes, under
+`out_dir`: predictions/<strategy>.json in the official LaMP output format, metrics.json, results.md
+(methods × metrics with 95 % bootstrap intervals and paired tests against CFRAG) and results.png
+(bars with the intervals). Each strategy's predictions are cached under a fingerprint of its
+configuration — exported bundles by their content, not their path —, the examples and the LLM, so a
+re-run evaluates only what changed, and a retrained model under the same run name gets new numbers.
+Every LLM output goes through the shared prompt store.
 """
 
 from __future__ import annotations
@@ -58,26 +60,37 @@ from persrag_lightning.utils import (
     fingerprint,
 )
 
+__all__ = ["Evaluation", "evaluate_parser", "only_names", "rename_strategies",
+           "same_community_chance"]
+
 log = logging.getLogger(__name__)
 
-# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one against the
-# gold); a LaMP-7 tweet is written like the paraphrase the user would give
+# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one
+# against the gold); a LaMP-7 tweet is written like the paraphrase the user would give
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
 
 
 def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
-    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`, `only`, `names`)."""
+    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`,
+    `only`, `names`).
+
+    Args:
+        prog: the program name shown in usage and errors.
+        description: the help's description; None = the module's.
+    """
     from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
 
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_argument("--run_name", type=str, default="synthlamp")
     parser.add_argument("--export_root", type=str, default="checkpoints")
-    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP Evaluation
+    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP
+    # Evaluation
     parser.add_argument("--evaluation", type=Evaluator, default=lazy_instance(Evaluation))
     parser.add_argument("--strategies", type=list[Strategy], default=[])
-    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a one-key mapping;
-    # `only_names` turns it back into the name the user typed instead of failing with a type error
+    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a
+    # one-key mapping; `only_names` turns it back into the name the user typed instead of failing
+    # with a type error
     parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
                         help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
     parser.add_argument("--names", type=dict[str, str] | None, default=None,
@@ -88,14 +101,23 @@ def evaluate_parser(prog: str = "persrag evaluate", description: str | None = No
 
 
 def only_names(only: list[str | dict[str, str]]) -> list[str]:
-    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)"."""
+    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)".
+
+    Args:
+        only: `--only` as parsed: names, a name holding ": " arriving as a one-key mapping.
+    """
     return [n if isinstance(n, str) else ", ".join(f"{k}: {v}" for k, v in n.items()) for n in only]
 
 
 def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
-    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the old ones). A
-    "+ tuned generator" row over a renamed strategy follows it. Returns every rename made, old → new; a new name
-    that another strategy already has is refused (one line, exit 2)."""
+    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the
+    old ones). A "+ tuned generator" row over a renamed strategy follows it. Returns every rename
+    made, old → new; a new name that another strategy already has is refused (one line, exit 2).
+
+    Args:
+        strategies: the bound strategies, renamed in place.
+        names: config name → table name.
+    """
     made = {}
     for s in strategies:
         wrapped = s.wrapped_name
@@ -109,32 +131,43 @@ def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict
     kept = {s.name for s in strategies} - set(made)
     clash = kept & set(made.values())
     if clash:
-        raise ConfigError(f"--names: {sorted(clash)} is already the name of another strategy of the config")
+        raise ConfigError(
+            f"--names: {sorted(clash)} is already the name of another strategy of the config"
+        )
     for s in strategies:
         s.name = made.get(s.name, s.name)
     return made
 
 
-def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
+def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int] | None) -> dict[str, float]:
-    """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the answer."""
+    """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the
+    answer."""
     out: dict[str, float] = {}
     docs = [d for ds in retrieved for d in ds]
-    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than k)
+    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than
+    # k)
     out["docs_per_query"] = float(np.mean([len(ds) for ds in retrieved])) if retrieved else 0.0
     if not docs:
         return out
-    out["own_docs"] = float(np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds]))
+    out["own_docs"] = float(
+        np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds])
+    )
     if communities:
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
         out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
-    if get_task(task).label_field is not None:  # a doc "holds the answer" when its label is the target
+    # a doc "holds the answer" when its label is the target
+    if get_task(task).label_field is not None:
         spec = get_task(task)
         labels = [doc_labels(spec, store, [d.row for d in ds]) for ds in retrieved]  # rank order
-        out["answer_in_docs"] = float(np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)]))
+        out["answer_in_docs"] = float(
+            np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)])
+        )
         # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
-        out["label_vote"] = float(np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)]))
+        out["label_vote"] = float(
+            np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)])
+        )
     elif task in TITLE_FIELDS:
         scorer, field = rouge_scorer(), TITLE_FIELDS[task]
         out["best_doc_rouge1"] = float(np.mean([
@@ -145,8 +178,9 @@ def retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], r
 
 def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int]) -> float:
-    """What `same_community_docs` would be if the other users' docs came from random users: own share + other
-    users' share × the query user's community's share of the other users (per doc, averaged)."""
+    """What `same_community_docs` would be if the other users' docs came from random users: own
+    share + other users' share × the query user's community's share of the other users (per doc,
+    averaged)."""
     sizes = np.bincount(np.array(list(communities.values())))
     share = {c: (sizes[c] - 1) / max(1, len(communities) - 1) for c in range(len(sizes))}
     return float(np.mean([1.0 if d.owner == ex.user_id else share.get(communities.get(ex.user_id, -1), 0.0)
@@ -154,7 +188,8 @@ def same_community_chance(examples: list[Example], retrieved: list[list[Retrieve
 
 
 class Evaluation(Evaluator):
-    """Runs strategies over one split with one LLM and reports them with intervals and paired tests (LaMP)."""
+    """Runs strategies over one split with one LLM and reports them with intervals and paired tests
+    (LaMP)."""
 
     readings: dict[str, LabelReading]  # row → its label scores, as the last `run` read them
     golds: tuple[str, ...] = ()  # the last run's questions' golds, in order
@@ -221,7 +256,11 @@ class Evaluation(Evaluator):
         self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
     def rename(self, names: dict[str, str]) -> None:
-        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests."""
+        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests.
+
+        Args:
+            names: config name → table name (`rename_strategies`' result).
+        """
         self.reference = names.get(self.reference, self.reference)
         self.votes = None if self.votes is None else [names.get(n, n) for n in self.votes]
         self.pairs = [[names.get(n, n) for n in pair] for pair in self.pairs]
@@ -234,14 +273,20 @@ class Evaluation(Evaluator):
         return self._reader
 
     def reader_for(self, strategy: Strategy) -> Reader:
-        """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row its generator's
-        export, read as the LLM with the same settings and its own calibration; each is opened once."""
+        """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row
+        its generator's export, read as the LLM with the same settings and its own calibration; each
+        is opened once.
+
+        Args:
+            strategy: the row whose prompts are read.
+        """
         generator = strategy.answering_model
         if generator is None:
             return self.reader
         from persrag_lightning.retrieval.cfrag import require_bundle
 
-        require_bundle(generator)  # not trained yet: the row is skipped with the command that makes it
+        # not trained yet: the row is skipped with the command that makes it
+        require_bundle(generator)
         if generator not in self._generators:
             config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
                              or self.llm_config.calibration)
@@ -252,7 +297,9 @@ class Evaluation(Evaluator):
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
                           key=lambda e: e.example_id)
         if not examples:
-            raise LampFormatError(f"split {self.split!r} of {self.source.data_dir} has no labelled examples")
+            raise LampFormatError(
+                f"split {self.split!r} of {self.source.data_dir} has no labelled examples"
+            )
         return examples[: self.max_examples] if self.max_examples else examples
 
     @property
@@ -265,7 +312,11 @@ class Evaluation(Evaluator):
         return primary_metric(self.task).greater_is_better
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
-        """`run`, as the evaluator contract reports it."""
+        """`run`, as the evaluator contract reports it.
+
+        Args:
+            strategies: the rows to evaluate, bound to the run's exports.
+        """
         if not strategies:
             raise ConfigError("strategies: the LaMP evaluation needs at least one strategy")
         summary = self.run(list(strategies))
@@ -291,7 +342,8 @@ class Evaluation(Evaluator):
                      + eta(started, i, len(strategies)))
             try:
                 outcome = self.run_strategy(strategy, store, examples, communities)
-            except FileNotFoundError as err:  # a bundle its stage has not exported yet: a row says so
+            # a bundle its stage has not exported yet: a row says so
+            except FileNotFoundError as err:
                 log.warning("%s skipped: %s", strategy.name, err)
                 skipped[strategy.name] = str(err)
                 continue
@@ -302,11 +354,16 @@ class Evaluation(Evaluator):
                 retrieved[strategy.name] = outcome["retrieved"]
         golds = [e.target for e in examples]
         self.golds = tuple(golds)
-        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made by design
+        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made
+        # by design
         self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
         if self.reader_free:
-            train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
-            for name, answers in reader_free_rows(self.task, store, examples, train_golds, retrieved).items():
+            train_golds = [
+                e.target for e in dataset.examples.get("train", []) if e.target is not None
+            ]
+            for name, answers in reader_free_rows(
+                self.task, store, examples, train_golds, retrieved
+            ).items():
                 predictions[name] = answers
                 write_predictions(self.out_dir / "predictions" / f"{file_name(name)}.json", self.task,
                                   {e.example_id: a for e, a in zip(examples, answers)})
@@ -315,23 +372,28 @@ class Evaluation(Evaluator):
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
         self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
-        for name, (_, share) in self.top_answers.items():  # how constant each row is (a reader answering by prior)
+        # how constant each row is (a reader answering by prior)
+        for name, (_, share) in self.top_answers.items():
             summary.results[name]["top_answer_share"] = share
         self.write_reports(summary, skipped)
         return summary
 
     def votes_for(self, strategy: Strategy) -> bool:
-        """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every row that
-        retrieves for itself (a tuned generator's row reads another row's docs)."""
+        """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every
+        row that retrieves for itself (a tuned generator's row reads another row's docs).
+
+        Args:
+            strategy: the row.
+        """
         if self.votes is not None:
             return strategy.name in self.votes
         return strategy.wrapped_name is None
 
     def run_strategy(self, strategy: Strategy, store: DocStore, examples: list[Example],
                      communities: dict[str, int] | None) -> dict:
-        """Predictions (one per example, in order), the retrieved docs, retrieval diagnostics and, under `choose`,
-        the row's `LabelReading` (every label's score and the calibration terms, also written beside the answers
-        as predictions/<row>.labels.json); cached by content."""
+        """Predictions (one per example, in order), the retrieved docs, retrieval diagnostics and,
+        under `choose`, the row's `LabelReading` (every label's score and the calibration terms,
+        also written beside the answers as predictions/<row>.labels.json); cached by content."""
         reader = self.reader_for(strategy)
         reading = reader.reading(self.task)
         key = fingerprint("evaluate/v3", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
@@ -339,14 +401,17 @@ class Evaluation(Evaluator):
                           self.source.data_dir.name, *([reading] if reading else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
         labels_file = self.out_dir / "predictions" / f"{file_name(strategy.name)}.labels.json"
-        if cached.exists():  # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
+        # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
+        if cached.exists():
             outcome = json.loads(cached.read_text())
             retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
             if "labels" not in outcome and reader.reads_labels and labels_file.is_file():
-                outcome["labels"] = json.loads(labels_file.read_text())  # an entry cached before it kept them
+                # an entry cached before it kept them
+                outcome["labels"] = json.loads(labels_file.read_text())
         else:
-            retrieved, ms_per_query = cached_retrieval(strategy, store, examples, self.k, self.source.cache_dir,
-                                                       self.source.data_dir.name)
+            retrieved, ms_per_query = cached_retrieval(
+                strategy, store, examples, self.k, self.source.cache_dir, self.source.data_dir.name
+            )
             predictions, reading, labels = self.answers(strategy, store, examples, retrieved)
             outcome = {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
                        "retrieve_ms_per_query": ms_per_query, "reading": reading,
@@ -357,7 +422,7 @@ class Evaluation(Evaluator):
                           {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
         if "labels" in outcome:
             atomic_write_json(labels_file, outcome["labels"], indent=None)
-        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+        diagnostics = _retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
         diagnostics.update(outcome.get("reading") or {})
         return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved,
@@ -366,7 +431,8 @@ class Evaluation(Evaluator):
     def answers(self, strategy: Strategy, store: DocStore, examples: list[Example],
                 retrieved: list[list[RetrievedDoc]]) -> tuple[list[str], dict[str, float], LabelReading | None]:
         """The reader's answers to a row's questions, what its label distributions say of the golds
-        (`reading_diagnostics`) and, for a reader of labels, the reading itself (None for generated answers)."""
+        (`reading_diagnostics`) and, for a reader of labels, the reading itself (None for generated
+        answers)."""
         reader = self.reader_for(strategy)
         inputs = [e.input for e in examples]
         docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
@@ -379,8 +445,8 @@ class Evaluation(Evaluator):
 
     @property
     def answer_mode(self) -> str:
-        """How the rows are read, as the table's header names it, with the tuned generators' reading where it
-        differs from the other rows'."""
+        """How the rows are read, as the table's header names it, with the tuned generators' reading
+        where it differs from the other rows'."""
         text, reading = self.reader.describe(self.task), self.llm_config.reading(self.task)
         tuned = self.generator_calibration or (reading or {}).get("calibration")
         if self.reader_spec != LLM_READER and reading:
@@ -413,10 +479,17 @@ class Evaluation(Evaluator):
                      split=self.split, n_examples=summary.n_examples)
 
     def table(self, summary: Summary, skipped: dict[str, str]) -> str:
-        """results.md: the table with intervals, then one line per strategy that could not run."""
+        """results.md: the table with intervals, then one line per strategy that could not run.
+
+        Args:
+            summary: the rows' metrics with their intervals.
+            skipped: rows that could not run → why.
+        """
         text = summary_table(summary, self.answer_mode, self.split)
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:
-            text += "\nNot trained (skipped):\n" + "".join(f"- {n}: {why}\n" for n, why in skipped.items())
+            text += "\nNot trained (skipped):\n" + "".join(
+                f"- {n}: {why}\n" for n, why in skipped.items()
+            )
         return text

@@ -1,10 +1,12 @@
-"""What remembered facts add, counted: simulated conversations plant facts in the memory bank (memory/simulate.py),
-then each strategy answers the later questions about them (`MemoryEvaluation`, the evaluator a config names). Per strategy: recall@k of the planted memory, the share
-of answers that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must be
-0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py --end-to-end`.
+"""What remembered facts add, counted: simulated conversations plant facts in the memory bank
+(memory/simulate.py), then each strategy answers the later questions about them (`MemoryEvaluation`,
+the evaluator a config names). Per strategy: recall@k of the planted memory, the share of answers
+that contain the planted value (95 % bootstrap interval), and foreign memories (another user's: must
+be 0). Runs from `persrag evaluate --config evaluate_memory.yaml` or `benchmarks/bench_memory.py
+--end-to-end`.
 
-Simulated users are mapped onto the run's docstore users (conversation i ↔ the i-th user), so CFRAG retrieves
-their real histories and neighbours next to the memories.
+Simulated users are mapped onto the run's docstore users (conversation i ↔ the i-th user), so CFRAG
+retrieves their real histories and neighbours next to the memories.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
+__all__ = ["MemoryEvaluation", "table"]
+
 STRATEGIES = ("zero_shot", "Memory", "CFRAG", "CFRAG + memory")
 
 
@@ -53,11 +57,15 @@ class MemoryEvalConfig:
         seed: seed of the simulated conversations and of the bootstrap intervals.
         k: docs (CFRAG) and memories (the seed's k = 5) per prompt.
         encoder: the memory bank's text encoder (`minilm`, any Hugging Face name or folder).
-        extraction: `verbatim` (each message stored as is) or `llm` (the seed's extraction, slow on a CPU).
+        extraction: `verbatim` (each message stored as is) or `llm` (the seed's extraction, slow on
+            a CPU).
         questionnaire: sign each user up with the seed's five-category questionnaire first.
-        recall_query: what recall embeds: `summary` (the LLM's summary, the seed's; raw without an LLM) or `raw`.
-        strategies: the strategies compared, a subset of zero_shot, Memory, CFRAG and CFRAG + memory.
-        llm: the LLM that answers (and extracts, summarises); short answers, as a fact's value is a few words.
+        recall_query: what recall embeds: `summary` (the LLM's summary, the seed's; raw without an
+            LLM) or `raw`.
+        strategies: the strategies compared, a subset of zero_shot, Memory, CFRAG and CFRAG +
+            memory.
+        llm: the LLM that answers (and extracts, summarises); short answers, as a fact's value is a
+            few words.
         cache_dir: where corpus embeddings are cached, keyed by fingerprints.
         out_dir: where the report is written.
     """
@@ -91,11 +99,12 @@ class StrategyResult:
 
 
 def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
-    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no questions."""
+    """95 % bootstrap interval of the share of answers holding the fact; zeros when there were no
+    questions."""
     return bootstrap_interval(hits, seed=seed) if len(hits) else (0.0, 0.0)
 
 
-def make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
+def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
                   "retriever": bundle(run_dir, "retriever") or "minilm", "reranker": bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
@@ -135,7 +144,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     results = []
     for name in cfg.strategies:
         t0 = time.perf_counter()
-        strategy = make_strategy(name, run_dir, cfg)
+        strategy = _make_strategy(name, run_dir, cfg)
         if isinstance(strategy, (MemoryRecall, CFRAGMemory)):
             strategy.attach(bank)
         strategy.prepare(store)
@@ -152,7 +161,9 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
                                              [d.text for d in corpus_docs], [], llm.count_tokens,
                                              cfg.llm.max_prompt_tokens))
         answers = cfg.llm.chat(llm, prompts, prompts_store, phase=f"memory evaluation {name}")
-        hits = np.array([f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float)
+        hits = np.array(
+            [f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float
+        )
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
@@ -185,7 +196,9 @@ def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict
     rows = "".join(
         f"| {r.name} | {r.questions} | {'-' if r.recall_at_k is None else f'{r.recall_at_k:.3f}'} | "
         f"{r.answer_hits:.3f} [{r.answer_ci[0]:.3f}, {r.answer_ci[1]:.3f}] | {r.foreign_memories} | "
-        f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n" for r in results)
+        f"{'-' if r.own_docs is None else f'{r.own_docs:.3f}'} | {r.seconds:.1f} |\n"
+        for r in results
+    )
     return head + rows
 
 

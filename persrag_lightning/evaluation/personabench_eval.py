@@ -1,9 +1,11 @@
-"""Run PBR's variants on a PersonaBench community under the benchmark's protocol and write the table.
+"""Run PBR's variants on a PersonaBench community under the benchmark's protocol and write the
+table.
 
-Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5, fusion weights,
-pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per variant with 95 % bootstrap
-intervals over questions, LLM calls per query, wall time cold and warm). Function API, and the evaluator a config
-names by class_path (`PersonaBenchEvaluation`), which calls `run_personabench`.
+Outputs (in `out_dir`): `results.json` (per question and variant: retrieved segment ids, R@5, N@5,
+fusion weights, pseudo-feedback sizes), `summary.json`, `table.md` and `table.png` (R@5 / N@5 per
+variant with 95 % bootstrap intervals over questions, LLM calls per query, wall time cold and warm).
+Function API, and the evaluator a config names by class_path (`PersonaBenchEvaluation`), which calls
+`run_personabench`.
 """
 
 from __future__ import annotations
@@ -27,23 +29,31 @@ from persrag_lightning.retrieval.llm_cache import CachedLLM
 from persrag_lightning.retrieval.pbr import VARIANTS, Encode, PBRRetriever, PBRSettings, PseudoFeedback
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
+__all__ = ["PersonaBenchEvalConfig", "PersonaBenchEvaluation", "PersonaBenchReport",
+           "config_from_dict", "evaluate_variants", "run_personabench"]
+
 
 @dataclass
 class PersonaBenchEvalConfig:
-    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section `evaluation`'s init_args).
+    """What `persrag evaluate --config configs/evaluate_personabench.yaml` sets (section
+    `evaluation`'s init_args).
 
     Args:
         data_dir: a PersonaBench community folder (layout in the data README).
-        noise: the benchmark's noise level of the community's data, as its file names spell it (`0.0` = none).
+        noise: the benchmark's noise level of the community's data, as its file names spell it
+            (`0.0` = none).
         variants: PBR's variants to run (pbr.VARIANTS: PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base).
-        encoder: the text encoder of questions and history segments (`minilm`, any Hugging Face name or folder).
+        encoder: the text encoder of questions and history segments (`minilm`, any Hugging Face name
+            or folder).
         max_length: the encoder's token limit per text.
         llm_backend: the backend of P-PRF's LLM (`hf`, `llamacpp`, ...).
         llm_model: P-PRF's LLM (`smollm2`, any Hugging Face name or folder).
         llm_batch_size: prompts per LLM call.
-        llm_threads: CPU threads of a local backend (hf: num_threads, llamacpp: n_threads); None: its default.
+        llm_threads: CPU threads of a local backend (hf: num_threads, llamacpp: n_threads); None:
+            its default.
         llm_context: llamacpp's context window (n_ctx); None: the backend's default.
-        llm_weights: llamacpp's weights (gguf = the shipped file, f16, bf16, ...); None: the default.
+        llm_weights: llamacpp's weights (gguf = the shipped file, f16, bf16, ...); None: the
+            default.
         cache_dir: where the LLM's answers are cached.
         out_dir: where results.json, summary.json and the table are written.
         max_questions_per_person: cap on questions per person, the first in file order (None = all).
@@ -91,7 +101,8 @@ class QuestionResult:
     num_utterances: int
     reasoning_chars: int
     utterances_json: bool
-    feedback_digest: str  # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
+    # of the pseudo-utterances + reasoning: equal digests = query-independent feedback
+    feedback_digest: str
 
 
 @dataclass(frozen=True)
@@ -110,10 +121,13 @@ class VariantSummary:
     warm_llm_calls: int | None
     pagerank_ms_per_user: float | None
     prf_json_rate: float | None = None  # share of utterance answers that were JSON candidates
-    prf_distinct_rate: float | None = None  # distinct pseudo-feedback texts / questions (1.0 = all different)
-    prf_json_constrained: bool | None = None  # utterances decoded under the JSON schema (None: no P-PRF)
+    # distinct pseudo-feedback texts / questions (1.0 = all different)
+    prf_distinct_rate: float | None = None
+    # utterances decoded under the JSON schema (None: no P-PRF)
+    prf_json_constrained: bool | None = None
     pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
-    pagerank_max_residual: float | None = None  # the largest last-step L1 change over the anchors built
+    # the largest last-step L1 change over the anchors built
+    pagerank_max_residual: float | None = None
 
 
 @dataclass
@@ -140,14 +154,18 @@ class PersonaBenchReport:
         for s in self.summaries:
             warm = "-" if s.warm_seconds is None else f"{s.warm_seconds:.1f}"
             pr = "-" if s.pagerank_ms_per_user is None else f"{s.pagerank_ms_per_user:.2f}"
-            lines.append(f"| {s.variant} | {s.recall:.4f} | {s.recall_ci[0]:.3f}–{s.recall_ci[1]:.3f} | "
-                         f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
-                         f"{s.cold_seconds:.1f} | {warm} | {pr} |")
+            lines.append(
+                f"| {s.variant} | {s.recall:.4f} | {s.recall_ci[0]:.3f}–{s.recall_ci[1]:.3f} | "
+                f"{s.ndcg:.4f} | {s.ndcg_ci[0]:.3f}–{s.ndcg_ci[1]:.3f} | {s.llm_calls_per_query:.2f} | "
+                f"{s.cold_seconds:.1f} | {warm} | {pr} |"
+            )
         st = self.settings
         notes = []
         for s in self.summaries:
             if s.prf_json_rate is not None:
-                how = "constrained to the JSON schema" if s.prf_json_constrained else "decoded freely"
+                how = (
+                    "constrained to the JSON schema" if s.prf_json_constrained else "decoded freely"
+                )
                 notes.append(f"- {s.variant}: {100 * s.prf_json_rate:.0f} % of utterance answers parsed as JSON "
                              f"candidates ({how}; else raw-text fallback); distinct pseudo-feedback per question "
                              f"{100 * (s.prf_distinct_rate or 0):.0f} %.")
@@ -155,19 +173,25 @@ class PersonaBenchReport:
                 notes.append(f"- {s.variant}: PageRank did not converge for {s.pagerank_not_converged} anchor(s) "
                              f"within max_iter={self.settings.max_iter} (largest residual "
                              f"{s.pagerank_max_residual:.3g} > tol {self.settings.tol:g}).")
-        settings = (f"Settings: k1={st.k1}, m={st.max_utterances}, θ={st.theta}, k2={st.k2} "
-                    f"(self {'in' if st.self_in_top_k2 else 'besides'} top-k2), α={st.damping}, "
-                    f"max_iter={st.max_iter}, tol={st.tol}, top_k={st.top_k}, json_schema={st.json_schema}, "
-                    f"history_chars={st.history_chars}, "
-                    f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
-                    f"embedding all documents took {self.index_seconds:.1f} s.")
+        settings = (
+            f"Settings: k1={st.k1}, m={st.max_utterances}, θ={st.theta}, k2={st.k2} "
+            f"(self {'in' if st.self_in_top_k2 else 'besides'} top-k2), α={st.damping}, "
+            f"max_iter={st.max_iter}, tol={st.tol}, top_k={st.top_k}, json_schema={st.json_schema}, "
+            f"history_chars={st.history_chars}, "
+            f"utterance_tokens={st.utterance_tokens}, reasoning_tokens={st.reasoning_tokens}; "
+            f"embedding all documents took {self.index_seconds:.1f} s."
+        )
         notes += self.paired_lines()
         lines += ["", *notes, "", settings] if notes else ["", settings]
         return "\n".join(lines) + "\n"
 
     def paired_lines(self, reference: str = "Base") -> list[str]:
-        """Each variant against `reference` on the same questions: the mean R@5 difference, how many questions
-        went up and down, and a two-sided paired sign-flip randomisation p."""
+        """Each variant against `reference` on the same questions: the mean R@5 difference, how many
+        questions went up and down, and a two-sided paired sign-flip randomisation p.
+
+        Args:
+            reference: the variant every other one is compared to.
+        """
         per: dict[str, dict[str, float]] = {}
         for r in self.results:
             per.setdefault(r.variant, {})[r.q_id] = r.recall
@@ -185,7 +209,12 @@ class PersonaBenchReport:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> PersonaBenchReport:
-        """The report `write` left in `out_dir` (summary.json, results.json), to write its table again."""
+        """The report `write` left in `out_dir` (summary.json, results.json), to write its table
+        again.
+
+        Args:
+            out_dir: the folder `write` wrote.
+        """
         out = Path(out_dir)
         summary = json.loads((out / "summary.json").read_text())
         results = [QuestionResult(**r) for r in json.loads((out / "results.json").read_text())]
@@ -195,7 +224,11 @@ class PersonaBenchReport:
                    summary["index_seconds"], variants, results)
 
     def plot(self, path: str | Path) -> Path:
-        """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars."""
+        """Bar chart of R@5 and N@5 per variant with the bootstrap intervals as error bars.
+
+        Args:
+            path: the PNG to write.
+        """
         import matplotlib
 
         matplotlib.use("Agg")
@@ -237,7 +270,9 @@ def _interval(values: list[float], config: PersonaBenchEvalConfig) -> tuple[floa
     return bootstrap_interval(values, config.bootstrap_samples, seed=config.seed) if values else (math.nan, math.nan)
 
 
-def select_questions(community: PersonaBenchCommunity, per_person: int | None) -> dict[str, list[PersonaQuestion]]:
+def _select_questions(
+    community: PersonaBenchCommunity, per_person: int | None
+) -> dict[str, list[PersonaQuestion]]:
     """Each person's questions in file order, the first `per_person` of them when capped."""
     return {p.name: list(p.questions if per_person is None else p.questions[:per_person])
             for p in community.people}
@@ -245,7 +280,16 @@ def select_questions(community: PersonaBenchCommunity, per_person: int | None) -
 
 def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRSettings,
                 llm: CachedLLM | None) -> PBRRetriever:
-    """Embed every person's documents once; variants reuse the indexes via `with_settings`."""
+    """Embed every person's documents once; variants reuse the indexes via `with_settings`.
+
+    Args:
+        community: the PersonaBench community whose documents are indexed.
+        encode: the text encoder.
+        settings: the PBR settings the returned index takes (a variant swaps them by
+            `with_settings`).
+        llm: the cached LLM of the variants that rewrite or summarise; None when no variant needs
+            one.
+    """
     base = PBRRetriever(encode, PBRSettings(use_prf=False, use_anchor=False), None)
     for person in community.people:
         base.add_user(person.name, person.texts)
@@ -253,9 +297,10 @@ def build_index(community: PersonaBenchCommunity, encode: Encode, settings: PBRS
     return base.with_settings(settings)
 
 
-def run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
+def _run_variant(community: PersonaBenchCommunity, retriever: PBRRetriever,
                 questions: dict[str, list[PersonaQuestion]]) -> list[QuestionResult]:
-    """Retrieve top-k for every selected question of every person and score it by the benchmark's metric."""
+    """Retrieve top-k for every selected question of every person and score it by the benchmark's
+    metric."""
     out = []
     k = retriever.settings.top_k
     for person in community.people:
@@ -291,8 +336,9 @@ def _fresh(retriever: PBRRetriever, settings: PBRSettings) -> PBRRetriever:
 
 def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: PersonaBenchEvalConfig,
                       llm: CachedLLM | None = None, llm_name: str = "none") -> PersonaBenchReport:
-    """The measurement loop, independent of how the encoder and the LLM were built (tests pass fakes)."""
-    questions = select_questions(community, config.max_questions_per_person)
+    """The measurement loop, independent of how the encoder and the LLM were built (tests pass
+    fakes)."""
+    questions = _select_questions(community, config.max_questions_per_person)
     n_questions = sum(len(v) for v in questions.values())
     t0 = time.perf_counter()
     shared = build_index(community, encode, config.pbr.for_variant("Base"), llm)
@@ -302,14 +348,15 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
         settings = config.pbr.for_variant(name)
         cold = _fresh(shared, settings)
         t0 = time.perf_counter()
-        rows = run_variant(community, cold, questions)
+        rows = _run_variant(community, cold, questions)
         cold_seconds = time.perf_counter() - t0
         warm_seconds = warm_calls = None
         if config.warm_rerun:
             warm = _fresh(shared, settings)
-            warm._anchors = cold._anchors  # warm = every cache filled: LLM answers on disk, anchors in memory
+            # warm = every cache filled: LLM answers on disk, anchors in memory
+            warm._anchors = cold._anchors
             t0 = time.perf_counter()
-            run_variant(community, warm, questions)
+            _run_variant(community, warm, questions)
             warm_seconds, warm_calls = time.perf_counter() - t0, warm.stats.llm_calls
         recalls = [r.recall for r in rows]
         ndcgs = [r.ndcg for r in rows]
@@ -325,13 +372,18 @@ def evaluate_variants(community: PersonaBenchCommunity, encode: Encode, config: 
             cold.stats.pagerank_not_converged,
             max(cold.stats.pagerank_residuals) if cold.stats.pagerank_residuals else None))
         results.extend(rows)
-    return PersonaBenchReport(str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries,
-                              results)
+    return PersonaBenchReport(
+        str(community.root), config.encoder, llm_name, config.pbr, index_seconds, summaries, results
+    )
 
 
 def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
-    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config; unknown keys are
-    errors."""
+    """The YAML `evaluation` section's init_args (plain mapping, `pbr` nested) as a typed config;
+    unknown keys are errors.
+
+    Args:
+        section: the `evaluation` section's init_args.
+    """
     values = dict(section)
     pbr = values.pop("pbr", None) or {}
     if not isinstance(pbr, dict):
@@ -340,7 +392,12 @@ def config_from_dict(section: dict[str, object]) -> PersonaBenchEvalConfig:
 
 
 def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
-    """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate; write; return."""
+    """Load the community, the encoder and (when a variant needs it) the cached LLM; evaluate;
+    write; return.
+
+    Args:
+        config: the evaluation's settings (data, variants, encoder, LLM, out_dir).
+    """
     import torch
 
     from persrag_lightning.models.text_encoder import TextEncoder
@@ -358,7 +415,9 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
 
         kwargs: dict[str, object] = {"batch_size": config.llm_batch_size}
         if config.llm_threads is not None and config.llm_backend in ("hf", "llamacpp"):
-            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = config.llm_threads
+            kwargs["num_threads" if config.llm_backend == "hf" else "n_threads"] = (
+                config.llm_threads
+            )
         if config.llm_context is not None and config.llm_backend == "llamacpp":
             kwargs["n_ctx"] = config.llm_context
         if config.llm_weights is not None and config.llm_backend == "llamacpp":
@@ -374,7 +433,8 @@ def run_personabench(config: PersonaBenchEvalConfig) -> PersonaBenchReport:
 
 @dataclass
 class PersonaBenchEvaluation(PersonaBenchEvalConfig, Evaluator):
-    """PBR's variants on a PersonaBench community as an evaluator (configs/evaluate_personabench.yaml)."""
+    """PBR's variants on a PersonaBench community as an evaluator
+    (configs/evaluate_personabench.yaml)."""
 
     primary_metric = "recall@5"
 

@@ -1,8 +1,10 @@
-"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so docs/pbr_personabench.md's figures reproduce).
+"""PersonaBench retrieval metrics, as the benchmark's `eval.py` computes them (so
+docs/pbr_personabench.md's figures reproduce).
 
-A question's ground truth is one list of alternative segment ids per answer item; every combination (cartesian
-product, one id per item) is scored and the best Recall@k and the best NDCG@k are kept (each maximised on its own,
-as the benchmark does). Gains are binary, the ideal DCG runs over min(|set(combination)|, k).
+A question's ground truth is one list of alternative segment ids per answer item; every combination
+(cartesian product, one id per item) is scored and the best Recall@k and the best NDCG@k are kept
+(each maximised on its own, as the benchmark does). Gains are binary, the ideal DCG runs over
+min(|set(combination)|, k).
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ __all__ = [
 
 
 def ground_truth_combinations(alternatives: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
-    """Cartesian product over the answer items' alternatives: each tuple is one full ground truth."""
+    """Cartesian product over the answer items' alternatives: each tuple is one full ground
+    truth.
+
+    Args:
+        alternatives: per answer item, its accepted document ids.
+    """
     return list(itertools.product(*alternatives))
 
 
 def recall_ndcg_for_combination(retrieved: Sequence[str], combination: Sequence[str], k: int = 5
                                 ) -> tuple[float, float]:
-    """Recall@k and NDCG@k of a ranking against one ground-truth combination (duplicates count once)."""
+    """Recall@k and NDCG@k of a ranking against one ground-truth combination (duplicates count
+    once)."""
     top = list(retrieved)[:k]
     gt = set(combination)
     if not gt:
@@ -43,7 +51,13 @@ def recall_ndcg_for_combination(retrieved: Sequence[str], combination: Sequence[
 
 def personabench_scores(retrieved: Sequence[str], alternatives: Sequence[Sequence[str]], k: int = 5
                         ) -> tuple[float, float]:
-    """(best Recall@k, best NDCG@k) over all ground-truth combinations."""
+    """(best Recall@k, best NDCG@k) over all ground-truth combinations.
+
+    Args:
+        retrieved: the ranked document ids.
+        alternatives: per answer item, its accepted document ids.
+        k: the cut-off.
+    """
     best_recall, best_ndcg = 0.0, 0.0
     for combination in ground_truth_combinations(alternatives):
         recall, ndcg = recall_ndcg_for_combination(retrieved, combination, k)
@@ -62,10 +76,14 @@ class _PersonaBenchMetric(Metric):
     def __init__(self, k: int = 5, **kwargs) -> None:
         super().__init__(**kwargs)
         self.k = k
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, retrieved: Sequence[Sequence[str]], alternatives: Sequence[Sequence[Sequence[str]]]) -> None:
+    def update(
+        self, retrieved: Sequence[Sequence[str]], alternatives: Sequence[Sequence[Sequence[str]]]
+    ) -> None:
         if len(retrieved) != len(alternatives):
             raise ValueError(f"{len(retrieved)} rankings but {len(alternatives)} ground truths")
         for ranking, gt in zip(retrieved, alternatives):

@@ -1,8 +1,10 @@
-"""Results tables and plots that carry their uncertainty: 95 % intervals and paired tests against a reference.
+"""Results tables and plots that carry their uncertainty: 95 % intervals and paired tests against a
+reference.
 
-A reader of `results.md` must be able to tell which differences are real; every cell therefore shows the bootstrap
-interval next to the point estimate, each strategy has the p-value of a paired test against the reference
-(CFRAG by default), and the header says which split, how many examples and which answer mode produced it.
+A reader of `results.md` must be able to tell which differences are real; every cell therefore shows
+the bootstrap interval next to the point estimate, each strategy has the p-value of a paired test
+against the reference (CFRAG by default), and the header says which split, how many examples and
+which answer mode produced it.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from persrag_lightning.evaluation.stats import (
 )
 from persrag_lightning.utils import atomic_replace
 
+__all__ = ["Summary", "plot_results", "summarise", "summary_table"]
+
 ALPHA = 0.05
 MARKER = "*"
 
 
 @dataclass
 class Summary:
-    """Everything a results table needs: point metrics, intervals and paired comparisons per strategy."""
+    """Everything a results table needs: point metrics, intervals and paired comparisons per
+    strategy."""
 
     task: str
     results: dict[str, dict[str, float]]
@@ -42,16 +47,19 @@ class Summary:
     n_resamples: int
     confidence: float
     metrics: tuple[str, ...]
-    pairs: list[dict[str, Comparison]] = field(default_factory=list)  # further tests, one {metric: test} per pair
+    # further tests, one {metric: test} per pair
+    pairs: list[dict[str, Comparison]] = field(default_factory=list)
 
 
 def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequence[str], reference: str = "CFRAG",
               n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
               pairs: Sequence[Sequence[str]] = ()) -> Summary:
-    """Intervals for every strategy and metric, and paired tests against `reference` when it is present; `pairs`
-    ([a, b], ...) adds a paired test of a against b for each pair whose two strategies both ran.
+    """Intervals for every strategy and metric, and paired tests against `reference` when it is
+    present; `pairs` ([a, b], ...) adds a paired test of a against b for each pair whose two
+    strategies both ran.
 
-    All strategies use the same seed, so they share bootstrap resamples and swap patterns (common random numbers).
+    All strategies use the same seed, so they share bootstrap resamples and swap patterns (common
+    random numbers).
     """
     metrics = metric_names(task)
     fns = {m: LampMetricFn(task, m) for m in metrics}
@@ -92,10 +100,12 @@ def results_table(task: str, results: Mapping[str, Mapping[str, float]],
                   comparisons: Mapping[str, Mapping[str, Comparison]], reference: str = "CFRAG",
                   answer_mode: str = "generate", *, split: str, n_examples: int, confidence: float = 0.95,
                   n_resamples: int | None = None) -> str:
-    """Markdown: per strategy and metric `0.412 [0.356, 0.468]` and the paired p-value against `reference`.
+    """Markdown: per strategy and metric `0.412 [0.356, 0.468]` and the paired p-value against
+    `reference`.
 
-    Metrics are the task's official pair; any other numeric entry of `results` (retrieval diagnostics) follows
-    as a plain column. A closing line names the differences from the reference that are significant.
+    Metrics are the task's official pair; any other numeric entry of `results` (retrieval
+    diagnostics) follows as a plain column. A closing line names the differences from the reference
+    that are significant.
     """
     spec = get_task(task)
     metrics = metric_names(spec.name)
@@ -128,14 +138,17 @@ def results_table(task: str, results: Mapping[str, Mapping[str, float]],
     return "\n".join(lines) + "\n"
 
 
-def _significance_sentence(metrics: Sequence[str], comparisons: Mapping[str, Mapping[str, Comparison]],
-                           reference: str) -> str:
+def _significance_sentence(
+    metrics: Sequence[str], comparisons: Mapping[str, Mapping[str, Comparison]], reference: str
+) -> str:
     found = []
     for name, by_metric in comparisons.items():
         for m in metrics:
             c = by_metric.get(m)
             if c is not None and c.significant(ALPHA):
-                found.append(f"{name} {m} ({'better' if c.better else 'worse'}, p = {c.p_value:.3f})")
+                found.append(
+                    f"{name} {m} ({'better' if c.better else 'worse'}, p = {c.p_value:.3f})"
+                )
     if not found:
         return f"No difference from {reference} is significant at p < {ALPHA}."
     return f"Significantly different from {reference} at p < {ALPHA}: " + "; ".join(found) + "."
@@ -146,10 +159,10 @@ def summary_table(summary: Summary, answer_mode: str, split: str) -> str:
     table = results_table(summary.task, summary.results, summary.intervals, summary.comparisons,
                           summary.reference or "CFRAG", answer_mode, split=split, n_examples=summary.n_examples,
                           confidence=summary.confidence, n_resamples=summary.n_resamples)
-    return table + "".join(f"\n{pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
+    return table + "".join(f"\n{_pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
 
 
-def pair_sentence(by_metric: Mapping[str, Comparison]) -> str:
+def _pair_sentence(by_metric: Mapping[str, Comparison]) -> str:
     """`a` vs `b`: the difference and paired p per metric, in one line."""
     first = next(iter(by_metric.values()))
     cells = [f"{m} {c.difference:+.3f} (p = {c.p_value:.3f}{' ' + MARKER if c.significant(ALPHA) else ''})"

@@ -1,10 +1,11 @@
-"""Dev choices: which of several candidates a run takes (a CFRAG configuration, a label calibration, a reader),
-decided on the dev split by the evaluation's primary metric, never on test.
+"""Dev choices: which of several candidates a run takes (a CFRAG configuration, a label calibration,
+a reader), decided on the dev split by the evaluation's primary metric, never on test.
 
-A candidate whose dev answers equal an earlier one's is no choice: it is set aside and the earlier one stands
-(choosing between identical columns would be choosing on noise). Among the rest the best score wins, and a tie
-keeps the earlier candidate, so the order the candidates are listed in is the order of preference. A row read as
-label scores is re-read under each calibration from the report's `LabelReading`: no LLM call, no file.
+A candidate whose dev answers equal an earlier one's is no choice: it is set aside and the earlier
+one stands (choosing between identical columns would be choosing on noise). Among the rest the best
+score wins, and a tie keeps the earlier candidate, so the order the candidates are listed in is the
+order of preference. A row read as label scores is re-read under each calibration from the report's
+`LabelReading`: no LLM call, no file.
 """
 
 from __future__ import annotations
@@ -57,14 +58,16 @@ class Selection:
 
 def row_options(report: EvaluationReport, rows: Mapping[str, str],
                 calibrations: Sequence[str] | None = None) -> list[Option]:
-    """The options of a dev evaluation's rows: each row as it was evaluated, or, with `calibrations`, each row that
-    was read as label scores under each calibration (key: (name, calibration); calibration None: as evaluated).
+    """The options of a dev evaluation's rows: each row as it was evaluated, or, with
+    `calibrations`, each row that was read as label scores under each calibration (key: (name,
+    calibration); calibration None: as evaluated).
 
     Args:
         report: the dev evaluation's report.
-        rows: name → the row's name in the report (the table's), in the order of preference; a row the report
-            lacks (its bundle not trained) is no option.
-        calibrations: the label calibrations to re-read stored scores under (None: the evaluation's numbers).
+        rows: name → the row's name in the report (the table's), in the order of preference; a row
+            the report lacks (its bundle not trained) is no option.
+        calibrations: the label calibrations to re-read stored scores under (None: the evaluation's
+            numbers).
     """
     metric, out = report.primary_metric, []
     for name, row in rows.items():
@@ -83,7 +86,8 @@ def row_options(report: EvaluationReport, rows: Mapping[str, str],
 
 
 def select(options: Sequence[Option], greater_is_better: bool) -> Selection:
-    """The dev choice among `options`: twins set aside, then the best score, ties to the earlier option.
+    """The dev choice among `options`: twins set aside, then the best score, ties to the earlier
+    option.
 
     Args:
         options: the candidates, in the order of preference (at least one).

@@ -1,11 +1,12 @@
-"""LLM-feedback labels (CFRAG §4.2.2 Eq. 6, §4.3.2): m·k candidates per example, each alone in a prompt, scored.
-With `metric="teacher"` the labels are a trained reranker's scores of the same candidates instead (no LLM): what a
-smaller reranker is distilled from (configs/cfrag_reranker_distilled.yaml).
+"""LLM-feedback labels (CFRAG §4.2.2 Eq. 6, §4.3.2): m·k candidates per example, each alone in a
+prompt, scored. With `metric="teacher"` the labels are a trained reranker's scores of the same
+candidates instead (no LLM): what a smaller reranker is distilled from
+(configs/cfrag_reranker_distilled.yaml).
 
-The labels are cached content-addressed: one folder per fingerprint of everything that changes them, one JSONL
-file per chunk of examples written atomically. A killed build resumes from its finished chunks, and
-`--shard i --num_shards n` builds the chunks c with c % n == i (Slurm arrays), so any sharding merges into
-exactly the single-process result.
+The labels are cached content-addressed: one folder per fingerprint of everything that changes them,
+one JSONL file per chunk of examples written atomically. A killed build resumes from its finished
+chunks, and `--shard i --num_shards n` builds the chunks c with c % n == i (Slurm arrays), so any
+sharding merges into exactly the single-process result.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 from persrag_lightning.utils import bundle_digest, fingerprint
 
+__all__ = ["FeedbackBuilder", "feedback_stats"]
+
 log = logging.getLogger(__name__)
 
 FEEDBACK_VERSION = "feedback/v2"  # v2: own docs = the question's profile, others' = their pools
@@ -46,8 +49,9 @@ class FeedbackBuilder:
 
     def __init__(self, dataset: LampDataset, corpus: Corpus, retriever: CorpusRetriever,
                  candidates: CandidateSettings, feedback: FeedbackSettings, cache_dir: str | Path) -> None:
-        """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export (stage 3's bundle)
-        whose scores are the labels when feedback.metric is "teacher"; it replaces the LLM in the cache key."""
+        """`retriever`: the opened `candidates.retriever`. `feedback.teacher`: a reranker export
+        (stage 3's bundle) whose scores are the labels when feedback.metric is "teacher"; it
+        replaces the LLM in the cache key."""
         self.dataset, self.corpus, self.retriever = dataset, corpus, retriever
         self.candidates, self.feedback = candidates, feedback.resolved()
         self.llm_config = self.feedback.llm
@@ -62,9 +66,12 @@ class FeedbackBuilder:
                              f"{feedback.metric!r} with teacher {teacher!r}")
         self.teacher_path = None if teacher is None else Path(teacher)
         if self.teacher_path is not None and not (self.teacher_path / "config.json").is_file():
-            raise FileNotFoundError(f"no reranker export at {self.teacher_path} to distil from; make it with "
-                                    "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)")
-        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)  # shared with every build and evaluation
+            raise FileNotFoundError(
+                f"no reranker export at {self.teacher_path} to distil from; make it with "
+                "`python train.py fit --config cfrag_reranker.yaml` (same --run_name)"
+            )
+        # shared with every build and evaluation
+        self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.reader: Reader = open_reader(self.feedback.reader, self.llm_config, self.prompts)
         labeller = ({"teacher": bundle_digest(self.teacher_path)} if teacher is not None
                     else self.llm_config.identity() if self.feedback.reader == LLM_READER
@@ -77,12 +84,14 @@ class FeedbackBuilder:
         self.store = DocStore(dataset, corpus)
         self._user_encoder: UserEncoder | None = None
         self._teacher: PersonalizedReranker | None = None
-        self._user_row: dict[str, int] | None = None  # user id → row of the user-encoder export's table
-        self.llm_calls = 0  # prompts actually sent to the LLM by this builder (after the store and de-duplication)
+        # user id → row of the user-encoder export's table
+        self._user_row: dict[str, int] | None = None
+        # prompts actually sent to the LLM by this builder (after the store and de-duplication)
+        self.llm_calls = 0
 
     def settings(self) -> dict[str, int | str]:
-        """What of the two groups changes the labels besides the LLM, the teacher and the retriever (in the cache
-        key and its config.json, as the cache has always named them)."""
+        """What of the two groups changes the labels besides the LLM, the teacher and the retriever
+        (in the cache key and its config.json, as the cache has always named them)."""
         return {"m": self.candidates.m, "k": self.candidates.k, "metric": self.feedback.metric,
                 "chunk_size": self.feedback.chunk_size}
 
@@ -93,12 +102,14 @@ class FeedbackBuilder:
                 h.update(json.dumps([split, ex.example_id, ex.user_id, ex.input, ex.target, ex.profile]).encode())
         return h.hexdigest()
 
-    # ---- layout ------------------------------------------------------------------------------------------------
+    # ---- layout ----------------------------------------------------------------------------------
 
     def examples(self, split: str) -> list[Example]:
         """A split's labelled examples in a stable order (by id), the basis of chunking."""
         if split not in self.dataset.examples:
-            raise KeyError(f"split {split!r} not in the data (have {sorted(self.dataset.examples)})")
+            raise KeyError(
+                f"split {split!r} not in the data (have {sorted(self.dataset.examples)})"
+            )
         return sorted((e for e in self.dataset.examples[split] if e.target is not None), key=lambda e: e.example_id)
 
     def num_examples(self, split: str, limit: int | None = None) -> int:
@@ -108,10 +119,13 @@ class FeedbackBuilder:
     def missing_chunks(self, split: str, limit: int | None = None) -> list[int]:
         return self.cache.missing_chunks(split, self.num_examples(split, limit))
 
-    # ---- build ---------------------------------------------------------------------------------------------------
+    # ---- build -----------------------------------------------------------------------------------
 
-    def build(self, split: str, shard: int = 0, num_shards: int = 1, limit: int | None = None) -> int:
-        """Build this shard's missing chunks of `split` (first `limit` examples); returns chunks written."""
+    def build(
+        self, split: str, shard: int = 0, num_shards: int = 1, limit: int | None = None
+    ) -> int:
+        """Build this shard's missing chunks of `split` (first `limit` examples); returns chunks
+        written."""
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         todo = [c for c in self.missing_chunks(split, limit) if c % num_shards == shard]
@@ -124,7 +138,8 @@ class FeedbackBuilder:
             "settings": self.settings(), "prompt_version": PROMPT_VERSION})
         self.retriever.load()
         examples = self.examples(split)
-        bar = Progress(f"feedback {split}", len(todo), "chunks")  # the whole build's ETA (chunks take alike)
+        # the whole build's ETA (chunks take alike)
+        bar = Progress(f"feedback {split}", len(todo), "chunks")
         for c in todo:
             chunk = examples[c * self.feedback.chunk_size:(c + 1) * self.feedback.chunk_size]
             records = self.label_chunk(chunk)
@@ -147,8 +162,8 @@ class FeedbackBuilder:
 
     @torch.inference_mode()
     def teacher_scores(self, flat: list[tuple[Example, RetrievedDoc]]) -> list[float]:
-        """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's rerank computes
-        them at inference."""
+        """The teacher's fp32 scores of (query, candidate) with the query user's e_u, as CFRAG's
+        rerank computes them at inference."""
         users = torch.stack([self.e_u(ex.user_id) for ex, _ in flat]) if self.teacher.config.use_user else None
         return self.teacher.score_pairs([ex.query for ex, _ in flat], [self.store.text(d.row) for _, d in flat],
                                         users).float().tolist()
@@ -158,12 +173,15 @@ class FeedbackBuilder:
         if self._user_row is None:
             self._user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         if user_id not in self._user_row:
-            raise KeyError(f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
-                           "retrain it on this data")
+            raise KeyError(
+                f"user {user_id!r} is not in the user-encoder export {self.user_encoder_path}; "
+                "retrain it on this data"
+            )
         return self.user_encoder.user_embeddings[self._user_row[user_id]]
 
     def candidate_source(self) -> CandidateSource:
-        """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs of each."""
+        """The first stage CFRAG's inference runs too: top-m users by the stage-1 export, top-k docs
+        of each."""
         ue = self.user_encoder
         m, hidden = self.candidates.m, len(self.store.dataset.private)
 
@@ -173,8 +191,9 @@ class FeedbackBuilder:
         return CandidateSource(self.store, self.retriever, similar, self.e_u, self.candidates.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
-        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt any earlier
-        build, shard, stage or run sent to this LLM is read from the shared prompt store, not sent again."""
+        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt
+        any earlier build, shard, stage or run sent to this LLM is read from the shared prompt
+        store, not sent again."""
         proposals = self.candidate_source().propose(
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
@@ -188,9 +207,12 @@ class FeedbackBuilder:
             scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
                                                phase="feedback labels")
             labels = [("", float(s)) for s in scores]
-        else:  # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
+        # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
+        else:
             answers = self.reader.answer(task, inputs, docs, phase="feedback labels")
-            labels = [(a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)]
+            labels = [
+                (a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)
+            ]
         self.llm_calls += self.prompts.misses - misses
         return self._records(examples, flat, labels)
 
@@ -199,14 +221,17 @@ class FeedbackBuilder:
                  labels: list[tuple[str, float]]) -> list[FeedbackExample]:
         by_example: dict[str, list[Candidate]] = {ex.example_id: [] for ex in examples}
         for (ex, d), (output, label) in zip(flat, labels):
-            by_example[ex.example_id].append(Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score,
-                                                       output, label))
+            by_example[ex.example_id].append(
+                Candidate(d.row, d.doc_id, d.owner, d.user_sim, d.retriever_score, output, label)
+            )
         return [FeedbackExample(ex.example_id, ex.user_id, ex.input, ex.query, ex.target,
                                 tuple(by_example[ex.example_id])) for ex in examples]
 
-    # ---- load ----------------------------------------------------------------------------------------------------
+    # ---- load ------------------------------------------------------------------------------------
 
-    def load(self, split: str, limit: int | None = None, command_hint: str = "") -> list[FeedbackExample]:
+    def load(
+        self, split: str, limit: int | None = None, command_hint: str = ""
+    ) -> list[FeedbackExample]:
         """Merge the split's chunks (all must exist) into FeedbackExamples in example-id order."""
         missing = self.missing_chunks(split, limit)
         if missing:
@@ -223,11 +248,16 @@ class FeedbackStats:
     mean_label: float
     best_label: float
     informative_fraction: float  # examples whose candidates disagree: the labels carry signal
-    other_user_fraction: float   # candidates from users other than the query user (collaborative share)
+    # candidates from users other than the query user (collaborative share)
+    other_user_fraction: float
 
     def table(self) -> str:
-        rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(self).items()]
-        return "\n".join(f"| {k} | {v} |" for k, v in [("statistic", "value"), ("---", "---"), *rows])
+        rows = [
+            (k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in asdict(self).items()
+        ]
+        return "\n".join(
+            f"| {k} | {v} |" for k, v in [("statistic", "value"), ("---", "---"), *rows]
+        )
 
 
 def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
@@ -240,7 +270,9 @@ def feedback_stats(examples: list[FeedbackExample]) -> FeedbackStats:
         candidates_per_example=n_cand / max(1, len(examples)),
         mean_label=float(np.mean(flat)) if flat else float("nan"),
         best_label=float(np.mean([max(r) for r in labels if r])) if flat else float("nan"),
-        informative_fraction=float(np.mean([len(set(r)) > 1 for r in labels])) if labels else float("nan"),
+        informative_fraction=float(np.mean([len(set(r)) > 1 for r in labels]))
+        if labels
+        else float("nan"),
         other_user_fraction=other / max(1, n_cand),
     )
 

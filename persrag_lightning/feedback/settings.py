@@ -1,6 +1,7 @@
 """The feedback stages' two data groups, each set once: what proposes an example's m·k candidates
-(`CandidateSettings`, YAML `data.init_args.candidates`) and what labels them (`FeedbackSettings`, YAML
-`data.init_args.feedback`). FeedbackDataModule takes them whole and hands them to FeedbackBuilder."""
+(`CandidateSettings`, YAML `data.init_args.candidates`) and what labels them (`FeedbackSettings`,
+YAML `data.init_args.feedback`). FeedbackDataModule takes them whole and hands them to
+FeedbackBuilder."""
 
 from __future__ import annotations
 
@@ -9,24 +10,27 @@ from typing import Literal
 
 from persrag_lightning.llm.registry import LLMConfig
 
+__all__ = ["CandidateSettings", "FeedbackSettings"]
+
 FeedbackMetric = Literal["task", "loglik", "teacher"]
 
 
 @dataclass(frozen=True)
 class CandidateSettings:
-    """What proposes an example's m·k candidates: the query user's m most similar users (the user included, as the
-    official code), k docs of each.
+    """What proposes an example's m·k candidates: the query user's m most similar users (the user
+    included, as the official code), k docs of each.
 
     Args:
         user_encoder: stage 1's export, whose user table finds the m similar users; `{run_dir}` is
             checkpoints/<run_name>.
-        retriever: what ranks each user's docs: an encoder name for the retriever stage (the untuned encoder,
-            Eq. 3), the retriever export for the reranker stage (Eq. 5).
+        retriever: what ranks each user's docs: an encoder name for the retriever stage (the untuned
+            encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
         encoder_max_length: token limit of the candidate retriever's queries and docs.
         m: similar users, the query user included (the paper's m = 6 with the user; it tunes 2..6).
         k: docs per user, so m·k candidates per example (the paper's k = 5).
-        owners: `all` users' candidates, or `self`: only the query user's own, the ROPG-style baseline trained on
-            the same labels (no extra LLM calls), since the user ranks first among its m similar users.
+        owners: `all` users' candidates, or `self`: only the query user's own, the ROPG-style
+            baseline trained on the same labels (no extra LLM calls), since the user ranks first
+            among its m similar users.
     """
 
     user_encoder: str = "{run_dir}/user_encoder"
@@ -39,22 +43,22 @@ class CandidateSettings:
 
 @dataclass(frozen=True)
 class FeedbackSettings:
-    """What labels each candidate (Eq. 6): the LLM's answer with the candidate alone in the prompt, scored, or a
-    teacher reranker's score of it.
+    """What labels each candidate (Eq. 6): the LLM's answer with the candidate alone in the prompt,
+    scored, or a teacher reranker's score of it.
 
     Args:
-        llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget); None =
-            `backend: auto`.
-        metric: a candidate's label: `task` (the task metric of the LLM's answer against the target: accuracy,
-            -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the scores of the `teacher`
-            reranker instead of the LLM's feedback: the data of a distilled reranker,
-            configs/cfrag_reranker_distilled.yaml).
-        chunk_size: examples per feedback-cache chunk; labels are written, and a killed build resumes, chunk by
-            chunk.
+        llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget);
+            None = `backend: auto`.
+        metric: a candidate's label: `task` (the task metric of the LLM's answer against the target:
+            accuracy, -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the
+            scores of the `teacher` reranker instead of the LLM's feedback: the data of a distilled
+            reranker, configs/cfrag_reranker_distilled.yaml).
+        chunk_size: examples per feedback-cache chunk; labels are written, and a killed build
+            resumes, chunk by chunk.
         teacher: a reranker export whose scores are the labels when `metric` is `teacher`.
-        reader: who reads each candidate: `llm` (the `llm` setting's LLM, the paper's feedback) or a trained
-            reader's export (`{run_dir}/reader`: reading/trained.py), whose label distribution then gives the
-            `loglik` and `task` labels.
+        reader: who reads each candidate: `llm` (the `llm` setting's LLM, the paper's feedback) or a
+            trained reader's export (`{run_dir}/reader`: reading/trained.py), whose label
+            distribution then gives the `loglik` and `task` labels.
     """
 
     llm: LLMConfig | None = None
@@ -64,7 +68,8 @@ class FeedbackSettings:
     reader: str = "llm"
 
     def resolved(self) -> FeedbackSettings:
-        """These settings with the LLM the configs default to (`backend: auto`, docs/performance/llm-feedback.md)
-        in place of None: resolved where the settings are used, not at import, where the default instance is made
-        (`auto` may time the backends once per machine)."""
+        """These settings with the LLM the configs default to (`backend: auto`,
+        docs/performance/llm-feedback.md) in place of None: resolved where the settings are used,
+        not at import, where the default instance is made (`auto` may time the backends once per
+        machine)."""
         return self if self.llm is not None else replace(self, llm=LLMConfig(backend="auto"))

@@ -1,4 +1,5 @@
-"""LLM layer: one interface (generate / score), backends behind it, Table 4 prompts, answer post-processing."""
+"""LLM layer: one interface (generate / score), backends behind it, Table 4 prompts, answer
+post-processing."""
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, resolve_model
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess

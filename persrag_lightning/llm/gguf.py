@@ -1,5 +1,5 @@
-"""GGUF sources for the transformers and vLLM backends: de-quantised once to a safetensors folder in the project
-cache (`converted_dir`), written atomically and shared by concurrent processes."""
+"""GGUF sources for the transformers and vLLM backends: de-quantised once to a safetensors folder in
+the project cache (`converted_dir`), written atomically and shared by concurrent processes."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def converted_dir(source: ModelSource, cache_dir: str | os.PathLike | None = Non
 
 
 def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Path:
-    """De-quantise a GGUF once and save model + tokenizer as safetensors, atomically, so later loads are instant."""
+    """De-quantise a GGUF once and save model + tokenizer as safetensors, atomically, so later loads
+    are instant."""
     target = converted_dir(source, cache_dir)
     if (target / _DONE_MARKER).is_file():
         return target
@@ -41,7 +42,8 @@ def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                      **dtype_kw(torch.float32))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        # The de-quantised weights are plain float tensors; drop the GGUF quantizer so they can be serialised.
+        # The de-quantised weights are plain float tensors; drop the GGUF quantizer so they can be
+        # serialised.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -59,7 +61,9 @@ def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, LLMBackendError):
             raise
-        raise LLMBackendError(f"could not convert GGUF {source.path} to safetensors in {target}: {err}") from err
+        raise LLMBackendError(
+            f"could not convert GGUF {source.path} to safetensors in {target}: {err}"
+        ) from err
     return target
 
 
@@ -69,7 +73,8 @@ def local_model_path(source: ModelSource, cache_dir: str | os.PathLike | None = 
 
 
 def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Any:
-    """The source's tokenizer (chat template included), from the converted copy when there is one."""
+    """The source's tokenizer (chat template included), from the converted copy when there is
+    one."""
     from transformers import AutoTokenizer
 
     try:
@@ -81,7 +86,9 @@ def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = No
             return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         return AutoTokenizer.from_pretrained(source.path, local_files_only=True)
     except OSError as err:
-        raise LLMBackendError(f"cannot load the tokenizer of {source.path!r} from local files: {err}") from err
+        raise LLMBackendError(
+            f"cannot load the tokenizer of {source.path!r} from local files: {err}"
+        ) from err
 
 
 def dtype_kw(dtype: torch.dtype) -> dict[str, torch.dtype]:

@@ -1,4 +1,5 @@
-"""transformers backend: left-padded, length-sorted greedy batches (GGUF sources through llm/gguf.py)."""
+"""transformers backend: left-padded, length-sorted greedy batches (GGUF sources through
+llm/gguf.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from persrag_lightning.runtime import use_fastest_gemm
 
 
 def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.device, torch.dtype]:
-    """`auto` picks CUDA with bfloat16 when present, else CPU with float32. `bf16_if_native` is bfloat16 wherever
-    the hardware computes it natively (CUDA, or a CPU with AVX512-BF16/AMX whose bfloat16 matmul measures faster than
-    float32's: `hardware.cpu_has_native_bf16`) and float32 elsewhere: on our 2-core CPU
-    SmolLM2 scores `choose` answers several times faster in it, nearly always with the float32 answer
-    (docs/fidelity.md); greedy *generation* drifts more in bfloat16 on CPU, so `auto` stays float32 there."""
+    """`auto` picks CUDA with bfloat16 when present, else CPU with float32. `bf16_if_native` is
+    bfloat16 wherever the hardware computes it natively (CUDA, or a CPU with AVX512-BF16/AMX whose
+    bfloat16 matmul measures faster than float32's: `hardware.cpu_has_native_bf16`) and float32
+    elsewhere: on our 2-core CPU SmolLM2 scores `choose` answers several times faster in it, nearly
+    always with the float32 answer (docs/fidelity.md); greedy *generation* drifts more in bfloat16
+    on CPU, so `auto` stays float32 there."""
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        ("cpu" if device == "auto" else device))
     if isinstance(dtype, torch.dtype):
@@ -48,9 +50,10 @@ _TOKENIZER_DATA: dict[tuple[int, tuple[int, ...]], Any] = {}
 
 
 def _enforcer_tokenizer_data(tokenizer: Any, eos_ids: list[int]) -> Any:
-    """lm-format-enforcer's token table of a tokenizer (what its transformers integration builds; that module
-    imports names transformers 5 no longer has, so the table is built here with the library's own classes):
-    every non-special token's text, decoded after a digit so a word-initial space is kept."""
+    """lm-format-enforcer's token table of a tokenizer (what its transformers integration builds;
+    that module imports names transformers 5 no longer has, so the table is built here with the
+    library's own classes): every non-special token's text, decoded after a digit so a word-initial
+    space is kept."""
     from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
 
     vocab_size = len(tokenizer)
@@ -69,10 +72,10 @@ def _enforcer_tokenizer_data(tokenizer: Any, eos_ids: list[int]) -> Any:
     return TokenEnforcerTokenizerData(regular, decode, list(eos_ids), False, vocab_size)
 
 
-def json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
-    """transformers' `prefix_allowed_tokens_fn` that lets through only tokens that continue JSON valid under
-    `schema` (lm-format-enforcer's JsonSchemaParser and TokenEnforcer); the token table is built once per
-    tokenizer."""
+def _json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
+    """transformers' `prefix_allowed_tokens_fn` that lets through only tokens that continue JSON
+    valid under `schema` (lm-format-enforcer's JsonSchemaParser and TokenEnforcer); the token table
+    is built once per tokenizer."""
     try:
         from lmformatenforcer import JsonSchemaParser, TokenEnforcer
     except ImportError as err:
@@ -90,10 +93,10 @@ def json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> An
 
 
 class _FollowsModelDevice:
-    """`device` is where the model's weights are now, not where they were when the backend was built: the generator
-    stage wraps the model it trains (`from_model`) before Lightning moves it to the GPU, and its validation answers
-    must feed their tensors to wherever the weights went. Before a model is loaded (or after `close`), the device
-    the backend was asked for."""
+    """`device` is where the model's weights are now, not where they were when the backend was
+    built: the generator stage wraps the model it trains (`from_model`) before Lightning moves it to
+    the GPU, and its validation answers must feed their tensors to wherever the weights went. Before
+    a model is loaded (or after `close`), the device the backend was asked for."""
 
     _device: torch.device
     model: Any
@@ -110,7 +113,8 @@ class _FollowsModelDevice:
 
 
 class HFLLM(_FollowsModelDevice, LLM):
-    """transformers causal LM behind the LLM interface (default backend, also the training-time scorer)."""
+    """transformers causal LM behind the LLM interface (default backend, also the training-time
+    scorer)."""
 
     backend = "hf"
 
@@ -124,9 +128,10 @@ class HFLLM(_FollowsModelDevice, LLM):
     def __init__(self, model: str = "smollm2", batch_size: int = 8, device: str = "auto",
                  dtype: str | torch.dtype = "auto", cache_dir: str | os.PathLike | None = None,
                  use_chat_template: bool = True, num_threads: int | None = None, num_beams: int = 1) -> None:
-        """`num_threads` sets torch's (process-wide) CPU threads: 1 is much faster when other jobs share the cores.
-        `num_beams`: 1 is greedy decoding (CFRAG's and the default); ClusterRAG's paper generates with beam search,
-        4 beams, which `num_beams=4` reproduces (in the fingerprint: answers change)."""
+        """`num_threads` sets torch's (process-wide) CPU threads: 1 is much faster when other jobs
+        share the cores. `num_beams`: 1 is greedy decoding (CFRAG's and the default); ClusterRAG's
+        paper generates with beam search, 4 beams, which `num_beams=4` reproduces (in the
+        fingerprint: answers change)."""
         super().__init__(batch_size)
         self.num_beams = _check_beams(num_beams)
         if num_threads is not None:
@@ -146,7 +151,8 @@ class HFLLM(_FollowsModelDevice, LLM):
                 f"so fetch it beforehand or pass a local folder / GGUF file: {err}"
             ) from err
         self.model.to(self._device).eval()
-        # the reader's float32 Linear layers on this CPU's fastest GEMM path (runtime.py); torch's elsewhere
+        # the reader's float32 Linear layers on this CPU's fastest GEMM path (runtime.py); torch's
+        # elsewhere
         self.gemm = use_fastest_gemm(self.model, "reader") if self.dtype == torch.float32 and \
             self._device.type == "cpu" else "torch"
         self._attach(model)
@@ -154,8 +160,9 @@ class HFLLM(_FollowsModelDevice, LLM):
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, batch_size: int = 8, use_chat_template: bool = True,
                    name: str = "in-training") -> HFLLM:
-        """The backend around a model already in memory (the generator stage validates the model it trains with
-        the same prompt encoding and answer path as evaluation); a peft-wrapped model works too."""
+        """The backend around a model already in memory (the generator stage validates the model it
+        trains with the same prompt encoding and answer path as evaluation); a peft-wrapped model
+        works too."""
         self = cls.__new__(cls)
         LLM.__init__(self, batch_size)
         self.num_beams = 1
@@ -178,7 +185,8 @@ class HFLLM(_FollowsModelDevice, LLM):
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
 
     def _collect_eos_ids(self) -> list[int]:
-        """End-of-turn ids: the tokenizer's EOS plus the generation config's (chat models often list several)."""
+        """End-of-turn ids: the tokenizer's EOS plus the generation config's (chat models often list
+        several)."""
         ids: list[int] = []
         for value in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
             for i in value if isinstance(value, (list, tuple)) else [value]:
@@ -194,7 +202,8 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     @property
     def settings(self) -> dict[str, object]:
-        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}  # greedy keeps its old fingerprint
+        # greedy keeps its old fingerprint
+        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}
         return {"dtype": str(self.dtype), "chat_template": self.use_chat_template, **beams}
 
     def _digest(self) -> str:
@@ -204,7 +213,8 @@ class HFLLM(_FollowsModelDevice, LLM):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def chat_text(self, prompt: str) -> str:
-        """The prompt as one user turn followed by the assistant header (or raw when chat templates are off)."""
+        """The prompt as one user turn followed by the assistant header (or raw when chat templates
+        are off)."""
         if not self.use_chat_template:
             return prompt
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -212,13 +222,14 @@ class HFLLM(_FollowsModelDevice, LLM):
 
     def _encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         texts = [self.chat_text(p) for p in prompts]
-        add_special = not self.use_chat_template  # the template already writes BOS where the model wants one
+        # the template already writes BOS where the model wants one
+        add_special = not self.use_chat_template
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
 
     def encode_pairs(self, prompts: list[str], targets: list[str]) -> list[tuple[list[int], list[int]]]:
-        """(prompt ids, target ids) of training pairs, encoded exactly as `score` and `generate` see them: the
-        chat-formatted prompt, then the target as the assistant turn followed by the end-of-turn token (so a
-        tuned model also learns to stop)."""
+        """(prompt ids, target ids) of training pairs, encoded exactly as `score` and `generate` see
+        them: the chat-formatted prompt, then the target as the assistant turn followed by the
+        end-of-turn token (so a tuned model also learns to stop)."""
         self._check_pairs(prompts, targets)
         prompt_ids = self._encode_prompts(prompts)
         target_ids = self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]
@@ -235,14 +246,16 @@ class HFLLM(_FollowsModelDevice, LLM):
         return ids.to(self.device), mask.to(self.device)
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices sorted longest first (memory errors show up at once) and cut into batches of similar length."""
+        """Indices sorted longest first (memory errors show up at once) and cut into batches of
+        similar length."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         return [order[s:s + self.batch_size] for s in range(0, len(order), self.batch_size)]
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], max_new_tokens: int, json_schema: dict | None = None) -> list[str]:
-        """Greedy (or `num_beams`-beam) answers; with `json_schema`, decoding is constrained to JSON that
-        matches it by lm-format-enforcer's prefix function (`pip install lm-format-enforcer`)."""
+        """Greedy (or `num_beams`-beam) answers; with `json_schema`, decoding is constrained to JSON
+        that matches it by lm-format-enforcer's prefix function (`pip install
+        lm-format-enforcer`)."""
         from transformers import GenerationConfig
 
         if not prompts:
@@ -251,7 +264,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=self.num_beams,
                                   eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
         constrain = {} if json_schema is None else {
-            "prefix_allowed_tokens_fn": json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
+            "prefix_allowed_tokens_fn": _json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
         outputs = [""] * len(prompts)
         for idx in self._batches([len(e) for e in encoded]):
             ids, mask = self._left_pad([encoded[i] for i in idx])
@@ -362,7 +375,8 @@ class HFLLM(_FollowsModelDevice, LLM):
 
 
 def is_seq2seq_folder(path: str | os.PathLike) -> bool:
-    """Whether a local model folder holds an encoder-decoder (FlanT5 family): read from its config.json."""
+    """Whether a local model folder holds an encoder-decoder (FlanT5 family): read from its
+    config.json."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return False
@@ -373,15 +387,17 @@ def is_seq2seq_folder(path: str | os.PathLike) -> bool:
 
 
 class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
-    """transformers encoder-decoder (FlanT5 family) behind the LLM interface: the prompt is the encoder input as
-    written (no chat template), the answer the decoder's output; `score` sums the target tokens' log-probs."""
+    """transformers encoder-decoder (FlanT5 family) behind the LLM interface: the prompt is the
+    encoder input as written (no chat template), the answer the decoder's output; `score` sums the
+    target tokens' log-probs."""
 
     backend = "hf"
 
     def __init__(self, model: str, batch_size: int = 8, device: str = "auto", dtype: str | torch.dtype = "auto",
                  cache_dir: str | os.PathLike | None = None, num_threads: int | None = None,
                  use_chat_template: bool = False, num_beams: int = 1) -> None:
-        """`num_beams`: 1 = greedy (default); the ClusterRAG paper's FlanT5 generates with 4 beams."""
+        """`num_beams`: 1 = greedy (default); the ClusterRAG paper's FlanT5 generates with 4
+        beams."""
         super().__init__(batch_size)
         self.num_beams = _check_beams(num_beams)
         if num_threads is not None:
@@ -395,7 +411,9 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
             self.model = AutoModelForSeq2SeqLM.from_pretrained(self.source.path, local_files_only=True,
                                                                **dtype_kw(self.dtype))
         except OSError as err:
-            raise LLMBackendError(f"cannot load seq2seq model {model!r} from local files: {err}") from err
+            raise LLMBackendError(
+                f"cannot load seq2seq model {model!r} from local files: {err}"
+            ) from err
         self.model.to(self._device).eval()
 
     @classmethod
@@ -425,8 +443,11 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def encode_pairs(self, prompts: list[str], targets: list[str]) -> list[tuple[list[int], list[int]]]:
-        """(encoder ids, decoder labels): the tokenizer's own special tokens on both (T5 ends each with </s>)."""
+    def encode_pairs(
+        self, prompts: list[str], targets: list[str]
+    ) -> list[tuple[list[int], list[int]]]:
+        """(encoder ids, decoder labels): the tokenizer's own special tokens on both (T5 ends each
+        with </s>)."""
         self._check_pairs(prompts, targets)
         enc = self.tokenizer(list(prompts))["input_ids"]
         dec = self.tokenizer(list(targets))["input_ids"]
@@ -459,7 +480,9 @@ class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:
         self._check_pairs(prompts, targets)
         enc = [list(r) for r in self.tokenizer(list(prompts))["input_ids"]]
-        dec = [list(r) for r in self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]]
+        dec = [
+            list(r) for r in self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]
+        ]
         pad = self.tokenizer.pad_token_id or 0
         scores = [0.0] * len(prompts)
         for start in range(0, len(prompts), self.batch_size):

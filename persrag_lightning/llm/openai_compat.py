@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP backend (vLLM, llama.cpp server, TGI) over plain urllib, with a thread pool."""
+"""OpenAI-compatible HTTP backend (vLLM, llama.cpp server, TGI) over plain urllib, with a thread
+pool."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from typing import Any
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
+__all__ = ["OpenAICompatLLM"]
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 
 class OpenAICompatLLM(LLM):
-    """Sends each prompt as one chat request (temperature 0); `batch_size` requests are in flight at once."""
+    """Sends each prompt as one chat request (temperature 0); `batch_size` requests are in flight at
+    once."""
 
     backend = "openai"
 
@@ -24,28 +28,35 @@ class OpenAICompatLLM(LLM):
                  tokenizer: str | None = None, cache_dir: str | os.PathLike | None = None,
                  score_max_tokens: int = 1, seed: int | None = 0) -> None:
         """`model` names the weights (for the chat template used by `score` and the token budget);
-        `served_model` is the name sent to the server (default: `model`, or the server's only model for aliases)."""
+        `served_model` is the name sent to the server (default: `model`, or the server's only model
+        for aliases)."""
         super().__init__(batch_size)
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout = timeout
         self._served_model = served_model
-        self._served_model_arg = served_model  # the fingerprint uses what was asked for, not what was found
+        # the fingerprint uses what was asked for, not what was found
+        self._served_model_arg = served_model
         self._tokenizer_name = tokenizer
         self._cache_dir = cache_dir
         self._tokenizer: Any = None
-        self.score_max_tokens = score_max_tokens  # llama.cpp's server reads max_tokens=0 as "until n_ctx"
+        # llama.cpp's server reads max_tokens=0 as "until n_ctx"
+        self.score_max_tokens = score_max_tokens
         self.seed = seed
 
-    # -- HTTP -------------------------------------------------------------------------------------------------
+    # -- HTTP --------------------------------------------------------------------------------------
     def _request(self, path: str, payload: dict | None = None) -> dict:
         url = f"{self.base_url}{path}"
         data = None if payload is None else json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
+        req = urllib.request.Request(
+            url, data=data, headers=headers, method="GET" if data is None else "POST"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read().decode())
@@ -53,7 +64,9 @@ class OpenAICompatLLM(LLM):
             body = err.read().decode(errors="replace")[:500]
             raise LLMBackendError(f"{url} answered HTTP {err.code}: {body}") from err
         except urllib.error.URLError as err:
-            raise LLMBackendError(f"cannot reach the OpenAI-compatible server at {url}: {err.reason}") from err
+            raise LLMBackendError(
+                f"cannot reach the OpenAI-compatible server at {url}: {err.reason}"
+            ) from err
         except (TimeoutError, ConnectionError, OSError) as err:
             raise LLMBackendError(f"request to {url} failed: {err}") from err
         except json.JSONDecodeError as err:
@@ -65,9 +78,12 @@ class OpenAICompatLLM(LLM):
 
     @property
     def served_model(self) -> str:
-        """Name sent in requests: explicit, else the server's single model when `model` is a local alias/path."""
+        """Name sent in requests: explicit, else the server's single model when `model` is a local
+        alias/path."""
         if self._served_model is None:
-            served = self.list_models() if "/" not in self.model or os.path.exists(self.model) else []
+            served = (
+                self.list_models() if "/" not in self.model or os.path.exists(self.model) else []
+            )
             self._served_model = served[0] if len(served) == 1 else self.model
         return self._served_model
 
@@ -77,14 +93,15 @@ class OpenAICompatLLM(LLM):
         with ThreadPoolExecutor(max_workers=min(self.batch_size, len(items))) as pool:
             return list(pool.map(fn, items))
 
-    # -- interface --------------------------------------------------------------------------------------------
+    # -- interface ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
         return self.model
 
     @property
     def settings(self) -> dict[str, object]:
-        # The URL is where, not what: the same weights behind another host keep the same fingerprint.
+        # The URL is where, not what: the same weights behind another host keep the same
+        # fingerprint.
         return {"served_model": self._served_model_arg}
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
@@ -99,17 +116,22 @@ class OpenAICompatLLM(LLM):
             try:
                 return (out["choices"][0]["message"]["content"] or "").strip()
             except (KeyError, IndexError, TypeError) as err:
-                raise LLMBackendError(f"{self.base_url}/chat/completions: unexpected answer {str(out)[:300]}") from err
+                raise LLMBackendError(
+                    f"{self.base_url}/chat/completions: unexpected answer {str(out)[:300]}"
+                ) from err
 
         return self._map(one, prompts)
 
     @property
     def tokenizer(self) -> Any:
-        """Local tokenizer of `model` (or `tokenizer`): the chat template for `score`, exact counts for budgets."""
+        """Local tokenizer of `model` (or `tokenizer`): the chat template for `score`, exact counts
+        for budgets."""
         if self._tokenizer is None:
             from persrag_lightning.llm.gguf import load_tokenizer
 
-            self._tokenizer = load_tokenizer(resolve_model(self._tokenizer_name or self.model), self._cache_dir)
+            self._tokenizer = load_tokenizer(
+                resolve_model(self._tokenizer_name or self.model), self._cache_dir
+            )
         return self._tokenizer
 
     def count_tokens(self, text: str) -> int:
@@ -121,8 +143,9 @@ class OpenAICompatLLM(LLM):
     def chat_text(self, prompt: str) -> str:
         """The chat-formatted prompt, as the server would build it for a chat request."""
         try:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
         except LLMBackendError as err:
             raise NotImplementedError(
                 f"openai backend: score() needs the chat template of {self.model!r} locally (pass tokenizer=...): "
@@ -161,14 +184,17 @@ class OpenAICompatLLM(LLM):
 
 
 def _target_logprob(out: dict, text: str, target: str, n_target: int, base_url: str) -> float:
-    """Sum of the echoed logprobs of the target, located by character offsets when they index the prompt we
-    sent (OpenAI, vLLM), else as the last `n_target` echoed prompt tokens (llama.cpp drops special tokens)."""
+    """Sum of the echoed logprobs of the target, located by character offsets when they index the
+    prompt we sent (OpenAI, vLLM), else as the last `n_target` echoed prompt tokens (llama.cpp drops
+    special tokens)."""
     try:
         choice = out["choices"][0]
         lp = choice["logprobs"]
         tokens, logprobs, offsets = lp["tokens"], lp["token_logprobs"], lp["text_offset"]
     except (KeyError, IndexError, TypeError) as err:
-        raise NotImplementedError(f"{base_url}/completions returned no echoed logprobs, which score() needs") from err
+        raise NotImplementedError(
+            f"{base_url}/completions returned no echoed logprobs, which score() needs"
+        ) from err
     start, end = len(text), len(text) + len(target)
     picked: list[float | None]
     if offsets and "".join(tokens) == choice.get("text") and choice["text"].startswith(text + target):
@@ -182,5 +208,7 @@ def _target_logprob(out: dict, text: str, target: str, n_target: int, base_url: 
         echoed = logprobs[: len(logprobs) - generated]
         picked = echoed[len(echoed) - n_target:] if 0 < n_target <= len(echoed) else []
     if not picked or any(v is None for v in picked):
-        raise NotImplementedError(f"{base_url}/completions gave no usable logprobs for the target tokens")
+        raise NotImplementedError(
+            f"{base_url}/completions gave no usable logprobs for the target tokens"
+        )
     return float(sum(picked))  # type: ignore[arg-type]

@@ -1,8 +1,10 @@
-"""Prompt templates of the CFRAG paper (appendix, Table 4) and the token budget that fits k docs into them.
+"""Prompt templates of the CFRAG paper (appendix, Table 4) and the token budget that fits k docs
+into them.
 
-The wording, history-item format and input format of each task are Table 4's; typographic quotes are written as
-ASCII quotes and the three parts (history list, instruction, input) are separated by newlines, one history item
-per line. Feedback (one candidate doc) and final generation (k docs) share `build_prompt`.
+The wording, history-item format and input format of each task are Table 4's; typographic quotes are
+written as ASCII quotes and the three parts (history list, instruction, input) are separated by
+newlines, one history item per line. Feedback (one candidate doc) and final generation (k docs)
+share `build_prompt`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from persrag_lightning.llm.profile_budget import (
     truncate_to_tokens,
 )
 
-# Bump whenever a template or the budget rule changes: it is part of every feedback / prediction cache key.
+__all__ = ["CHAT_MEMORY_HEADER", "DEFAULT_MAX_PROMPT_TOKENS", "PROMPT_VERSION",
+           "build_chat_prompt", "build_prompt", "content_free_prompt", "domain_premise",
+           "split_budget", "task_prompt", "truncate_to_tokens"]
+
+# Bump whenever a template or the budget rule changes: it is part of every feedback / prediction
+# cache key.
 PROMPT_VERSION = "cfrag-table4-v1"
 # Our default prompt budget (the paper gives none); callers pass their own.
 DEFAULT_MAX_PROMPT_TOKENS = 512
@@ -31,7 +38,8 @@ HISTORY_HEADER = "The historical profiles are as follows:"
 
 @dataclass(frozen=True)
 class TaskPrompt:
-    """One row of Table 4: instruction (with its `Based on ...` lead), input format, history-item format."""
+    """One row of Table 4: instruction (with its `Based on ...` lead), input format, history-item
+    format."""
 
     lead: str  # dropped, with the header, when no history doc is given
     instruction: str  # may hold {reference1}/{reference2} (LaMP-1)
@@ -41,8 +49,10 @@ class TaskPrompt:
 
 
 _PROFILES_LEAD = "Based on the historical profiles provided, "
-_JSON_TITLE = ('Please generate it in the following format: {"title": "generated title"} without explanation, '
-               "and use only English.")
+_JSON_TITLE = (
+    'Please generate it in the following format: {"title": "generated title"} without explanation, '
+    "and use only English."
+)
 
 TABLE4: dict[str, TaskPrompt] = {
     "LaMP-1": TaskPrompt(
@@ -95,16 +105,16 @@ TABLE4: dict[str, TaskPrompt] = {
 
 
 def task_prompt(task: str) -> TaskPrompt:
-    """Table 4 row of a task (any spelling `get_task` accepts); a label task of a converted folder gets LaMP-2's
-    row over its own labels (`label_prompt`)."""
+    """Table 4 row of a task (any spelling `get_task` accepts); a label task of a converted folder
+    gets LaMP-2's row over its own labels (`_label_prompt`)."""
     spec = get_task(task)
-    return TABLE4[spec.name] if spec.name in TABLE4 else label_prompt(spec.labels or ())
+    return TABLE4[spec.name] if spec.name in TABLE4 else _label_prompt(spec.labels or ())
 
 
 @lru_cache(maxsize=16)
-def label_prompt(labels: tuple[str, ...]) -> TaskPrompt:
-    """LaMP-2's Table 4 row for a folder's own label set: the labels listed in the instruction, an item's text and
-    label per history line."""
+def _label_prompt(labels: tuple[str, ...]) -> TaskPrompt:
+    """LaMP-2's Table 4 row for a folder's own label set: the labels listed in the instruction, an
+    item's text and label per history line."""
     return TaskPrompt(
         _PROFILES_LEAD,
         f"please select the label from [{', '.join(labels)}] that is most relevant to the user's input text. "
@@ -119,12 +129,15 @@ def lamp1_references(raw_input: str) -> tuple[str, str]:
     """The two candidate references of a LaMP-1 input (`... [1]: "ref one" [2]: "ref two"`)."""
     m = re.search(r'\[1\]\s*:?\s*"(.*?)"\s*\[2\]\s*:?\s*"(.*)"', raw_input, flags=re.DOTALL)
     if m is None:
-        raise ValueError(f'LaMP-1 input has no references `[1]: "..." [2]: "..."`: {raw_input[:200]!r}')
+        raise ValueError(
+            f'LaMP-1 input has no references `[1]: "..." [2]: "..."`: {raw_input[:200]!r}'
+        )
     return m.group(1).strip(), m.group(2).strip()
 
 
 def split_budget(total: int, lengths: Sequence[int]) -> list[int]:
-    """Tokens granted to each of k items: an even share each, a share's unused part carried to the next item."""
+    """Tokens granted to each of k items: an even share each, a share's unused part carried to the
+    next item."""
     k = len(lengths)
     if k == 0:
         return []
@@ -151,7 +164,8 @@ def _render(tp: TaskPrompt, items: list[str], query: str, refs: tuple[str, str] 
 
 
 def render_item(tp: TaskPrompt, doc: HistoryDoc, body: str | None = None) -> str:
-    """One history doc in Table 4's item format; `body` replaces the long field (after truncation)."""
+    """One history doc in Table 4's item format; `body` replaces the long field (after
+    truncation)."""
     fields = {k: str(v) for k, v in doc.fields.items()}
     if body is not None:
         fields[tp.body_field] = body
@@ -161,15 +175,19 @@ def render_item(tp: TaskPrompt, doc: HistoryDoc, body: str | None = None) -> str
 def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_len: Callable[[str], int],
                  max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS, max_query_fraction: float = 0.5,
                  profile_gamma: float | None = None) -> str:
-    """Table 4 prompt for `query_input` (the raw LaMP input) with `docs` fitted into `max_prompt_tokens`.
+    """Table 4 prompt for `query_input` (the raw LaMP input) with `docs` fitted into
+    `max_prompt_tokens`.
 
-    The query keeps at most `max_query_fraction` of the tokens left after the fixed text (all of them without
-    docs); the rest is split evenly across the docs with carry-over, each doc's long field truncated to its share.
+    The query keeps at most `max_query_fraction` of the tokens left after the fixed text (all of
+    them without docs); the rest is split evenly across the docs with carry-over, each doc's long
+    field truncated to its share.
 
-    `profile_gamma` switches to ClusterRAG's budget (seed 002, Eq. 3, llm/profile_budget.py) over the same tokens
+    `profile_gamma` switches to ClusterRAG's budget (seed 002, Eq. 3, llm/profile_budget.py) over
+    the same tokens
     L_max (what the fixed text leaves): the query keeps min(|q|, ⌊γ·L_max⌋), the profile gets
     |U_p| = L_max − that, split as LaMP's code does (⌊|U_p| / n⌋ per doc in rank order, unused tokens carried on).
-    The fixed text is taken off first so the prompt never exceeds `max_prompt_tokens` of the LLM's tokens.
+    The fixed text is taken off first so the prompt never exceeds `max_prompt_tokens` of the LLM's
+    tokens.
     """
     spec = get_task(task)
     tp = task_prompt(spec.name)
@@ -179,9 +197,9 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
     fixed = tokenizer_len(_render(tp, ["" for _ in docs], "", refs))
     available = max(0, max_prompt_tokens - fixed)
     if profile_gamma is not None and docs:
-
-        query = truncate_to_tokens(query, query_length(tokenizer_len(query), available, profile_gamma),
-                                   tokenizer_len)
+        query = truncate_to_tokens(
+            query, query_length(tokenizer_len(query), available, profile_gamma), tokenizer_len
+        )
         history_budget = profile_length(tokenizer_len(query), available, profile_gamma)  # Eq. 3
         allocate: Callable[[int, Sequence[int]], list[int]] = allocate_budget
     else:
@@ -203,19 +221,22 @@ def build_prompt(task: str, query_input: str, docs: list[HistoryDoc], tokenizer_
     return _render(tp, items, query, refs)
 
 
-# ---- open chat (the service and the memory evaluation) --------------------------------------------------------
+# ---- open chat (the service and the memory evaluation) -------------------------------------------
 
 CHAT_PROMPT_VERSION = "chat-memory-v1"
 CHAT_MEMORY_HEADER = "What you remember about the user:"
 CHAT_DOCS_HEADER = "Items from the user's history and from similar users' histories:"
-CHAT_INSTRUCTION = "Answer the user's last message briefly, using what you remember about them when it helps."
+CHAT_INSTRUCTION = (
+    "Answer the user's last message briefly, using what you remember about them when it helps."
+)
 
 
 def build_chat_prompt(message: str, memories: Sequence[str], docs: Sequence[str],
                       history: Sequence[tuple[str, str]], tokenizer_len: Callable[[str], int],
                       max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> str:
-    """A chat prompt: recalled memories, then retrieved docs, then recent turns, then the message; the message
-    keeps at most half the budget and the remaining lines share the rest (memories first: they are the user's)."""
+    """A chat prompt: recalled memories, then retrieved docs, then recent turns, then the message;
+    the message keeps at most half the budget and the remaining lines share the rest (memories
+    first: they are the user's)."""
     msg = truncate_to_tokens(message, max_prompt_tokens // 2, tokenizer_len)
     parts = [CHAT_INSTRUCTION]
     if memories:
@@ -230,18 +251,22 @@ def build_chat_prompt(message: str, memories: Sequence[str], docs: Sequence[str]
     return "\n".join([*(p for p in kept if p), f"user: {msg}", "assistant:"])
 
 
-# ---- label calibration (llm/calibration.py) -------------------------------------------------------------------
+# ---- label calibration (llm/calibration.py) ------------------------------------------------------
 
 def content_free_prompt(task: str, filler: str) -> str:
-    """The task's Table 4 prompt without history whose input is `filler` (Zhao et al., 2021: "N/A", "", "[MASK]");
-    LaMP-1's two references are the filler too, so nothing in the prompt favours either."""
+    """The task's Table 4 prompt without history whose input is `filler` (Zhao et al., 2021: "N/A",
+    "", "[MASK]"); LaMP-1's two references are the filler too, so nothing in the prompt favours
+    either."""
     spec = get_task(task)
-    return _render(task_prompt(spec.name), [], filler, (filler, filler) if spec.name == "LaMP-1" else None)
+    return _render(
+        task_prompt(spec.name), [], filler, (filler, filler) if spec.name == "LaMP-1" else None
+    )
 
 
 def domain_premise(task: str) -> str:
-    """The task's instruction alone, no history and no input: the domain premise of Holtzman et al. (2021)'s
-    domain-conditional PMI, which measures how likely each label is as an answer to the task itself."""
+    """The task's instruction alone, no history and no input: the domain premise of Holtzman et al.
+    (2021)'s domain-conditional PMI, which measures how likely each label is as an answer to the
+    task itself."""
     tp = task_prompt(task)
     instruction = tp.instruction.replace("{reference1}", "").replace("{reference2}", "")
     return f"{instruction[0].upper()}{instruction[1:]}"

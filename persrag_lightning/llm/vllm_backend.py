@@ -8,9 +8,12 @@ from typing import Any
 
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 
+__all__ = ["VLLMLLM"]
+
 
 class VLLMLLM(LLM):
-    """Offline vLLM engine: greedy chat generation and prompt-logprob scoring, batches scheduled by vLLM."""
+    """Offline vLLM engine: greedy chat generation and prompt-logprob scoring, batches scheduled by
+    vLLM."""
 
     backend = "vllm"
 
@@ -21,11 +24,14 @@ class VLLMLLM(LLM):
         try:
             import vllm
         except ImportError as err:
-            raise LLMBackendError("the vllm backend needs vLLM on a CUDA machine: `pip install vllm`") from err
+            raise LLMBackendError(
+                "the vllm backend needs vLLM on a CUDA machine: `pip install vllm`"
+            ) from err
         from persrag_lightning.llm.gguf import local_model_path
 
         self.source = resolve_model(model)
-        path = local_model_path(self.source, cache_dir)  # GGUF sources go through the safetensors copy
+        # GGUF sources go through the safetensors copy
+        path = local_model_path(self.source, cache_dir)
         self.dtype = dtype
         self._vllm = vllm
         try:
@@ -48,7 +54,8 @@ class VLLMLLM(LLM):
         return self.source.digest
 
     def close(self) -> None:
-        """Stop the engine (its core process and KV cache), so another engine or model gets the GPU's memory."""
+        """Stop the engine (its core process and KV cache), so another engine or model gets the
+        GPU's memory."""
         engine = self.__dict__.pop("engine", None)
         if engine is None:
             return
@@ -68,8 +75,9 @@ class VLLMLLM(LLM):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _chat_ids(self, prompt: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:

@@ -1,7 +1,9 @@
-"""Per-user memory bank on embedded LanceDB (seed 004): LLM extraction, tag-re-ranked recall, usage-aware eviction.
+"""Per-user memory bank on embedded LanceDB (seed 004): LLM extraction, tag-re-ranked recall,
+usage-aware eviction.
 
-Import from here; the modules are `store` (tables and the user filter), `extract`, `recall`, `eviction`,
-`bank` (the `MemoryBank` facade) and `simulate` (planted-fact conversations and recall@k).
+Import from here; the modules are `store` (tables and the user filter), `extract`, `recall`,
+`eviction`, `bank` (the `MemoryBank` facade) and `simulate` (planted-fact conversations and
+recall@k).
 """
 
 from persrag_lightning.memory.bank import ChatMemory, MemoryBank, MemorySettings, UserExistsError

@@ -1,5 +1,6 @@
-"""LLM extraction of a one-sentence memory and five-dimension tags from a user message (seed §3.3/§3.5), the
-defensive parser of its answer, and the sign-up questionnaire of the seed's five categories (§3.6)."""
+"""LLM extraction of a one-sentence memory and five-dimension tags from a user message (seed
+§3.3/§3.5), the defensive parser of its answer, and the sign-up questionnaire of the seed's five
+categories (§3.6)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.postprocess import first_json_object
 from persrag_lightning.memory.records import DIMENSIONS, Tags, Turn
 
+__all__ = ["CATEGORIES", "QUESTIONNAIRE", "Extraction", "Extractor", "parse_extraction",
+           "questionnaire_turns"]
+
 MAX_TAGS_PER_DIMENSION = 8
 MAX_TAG_CHARS = 64
 MAX_MEMORY_CHARS = 500
@@ -20,18 +24,21 @@ MAX_MEMORY_CHARS = 500
 
 @dataclass(frozen=True)
 class Extraction:
-    """What the LLM made of a message; `parsed` is False when its answer was unusable and the message itself
-    became the memory (the fallback). An empty `memory` with parsed=True means: nothing worth remembering."""
+    """What the LLM made of a message; `parsed` is False when its answer was unusable and the
+    message itself became the memory (the fallback). An empty `memory` with parsed=True means:
+    nothing worth remembering."""
 
     memory: str
     tags: Tags
     parsed: bool
-    repaired: bool = False  # parsed from a cut-off JSON answer (small models loop until max_new_tokens)
+    # parsed from a cut-off JSON answer (small models loop until max_new_tokens)
+    repaired: bool = False
 
 
 @dataclass(frozen=True)
 class Question:
-    """One sign-up question: the category key (as sent by clients) and the text shown to the user."""
+    """One sign-up question: the category key (as sent by clients) and the text shown to the
+    user."""
 
     category: str
     text: str
@@ -63,9 +70,16 @@ JSON:"""
 
 
 def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int = 32) -> dict:
-    """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits the token
-    budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then always
-    returns parseable JSON instead of a cut-off tag list."""
+    """The JSON the prompt asks for as a JSON schema, with bounded lengths so the whole answer fits
+    the token
+    budget: a backend that can constrain its decoding (llamacpp, hf with lm-format-enforcer) then
+    always returns parseable JSON instead of a cut-off tag list.
+
+    Args:
+        max_tags: most tags per dimension.
+        memory_chars: the longest memory text.
+        tag_chars: the longest tag.
+    """
     tags = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": tag_chars},
             "maxItems": max_tags}
     return {"type": "object",
@@ -74,13 +88,19 @@ def extraction_schema(max_tags: int = 3, memory_chars: int = 200, tag_chars: int
 
 
 def build_prompt(message: str, history: Sequence[Turn] = ()) -> str:
-    """The extraction prompt: recent turns of both roles as context, then the message."""
+    """The extraction prompt: recent turns of both roles as context, then the message.
+
+    Args:
+        message: the message a memory is extracted from.
+        history: the session's recent turns, oldest first.
+    """
     lines = "\n".join(f"{t.role}: {t.text}" for t in history) or "(none)"
     return PROMPT.format(history=lines, message=message)
 
 
 def _tag_list(value: object) -> tuple[str, ...]:
-    """A dimension's value as a tuple of short strings; accepts a list or one comma-separated string."""
+    """A dimension's value as a tuple of short strings; accepts a list or one comma-separated
+    string."""
     if value is None:
         return ()
     items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
@@ -99,8 +119,9 @@ def _string(body: str) -> str | None:
 
 
 def _salvage(text: str) -> dict | None:
-    """Recover a cut-off answer (the usual failure of a 135M model: a tag list repeated until the token limit):
-    the complete `memory` string and the complete strings of each dimension's list; None without a memory."""
+    """Recover a cut-off answer (the usual failure of a 135M model: a tag list repeated until the
+    token limit): the complete `memory` string and the complete strings of each dimension's list;
+    None without a memory."""
     m = re.search(r'"memory"\s*:\s*' + _JSON_STRING, text)
     memory = _string(m.group(1)) if m else None
     if memory is None:
@@ -116,12 +137,22 @@ def _salvage(text: str) -> dict | None:
 
 
 def fallback(message: str) -> Extraction:
-    """The one fallback: the message itself is the memory, no tags."""
+    """The one fallback: the message itself is the memory, no tags.
+
+    Args:
+        message: the chat message, stored as it is.
+    """
     return Extraction(" ".join(message.split())[:MAX_MEMORY_CHARS], Tags(), parsed=False)
 
 
 def parse_extraction(answer: str, message: str) -> Extraction:
-    """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives `fallback`."""
+    """Parse the LLM's answer; anything that is not a JSON object with a string `memory` gives
+    `fallback`.
+
+    Args:
+        answer: the LLM's answer.
+        message: the message it was asked about (the fallback's memory).
+    """
     obj, repaired = first_json_object(answer), False
     if obj is None:
         obj, repaired = _salvage(answer), True
@@ -129,16 +160,20 @@ def parse_extraction(answer: str, message: str) -> Extraction:
         return fallback(message)
     tag_src = obj.get("tags") if isinstance(obj.get("tags"), dict) else obj
     tags = Tags(**{d: _tag_list(tag_src.get(d)) for d in DIMENSIONS})
-    return Extraction(" ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True, repaired=repaired)
+    return Extraction(
+        " ".join(obj["memory"].split())[:MAX_MEMORY_CHARS], tags, parsed=True, repaired=repaired
+    )
 
 
 class Extractor:
-    """Turns messages into memories with any `LLM` backend; counts the answers that needed the fallback."""
+    """Turns messages into memories with any `LLM` backend; counts the answers that needed the
+    fallback."""
 
     def __init__(self, llm: LLM, max_new_tokens: int = 160, history_turns: int = 6,
                  json_schema: bool = False) -> None:
-        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can; off by default, as
-        the seed parses a free answer (`MemorySettings.constrained_extraction` says what each gave here)."""
+        """`json_schema`: constrain the answer to `extraction_schema()` where the backend can; off
+        by default, as the seed parses a free answer (`MemorySettings.constrained_extraction` says
+        what each gave here)."""
         self.llm = llm
         self.max_new_tokens = max_new_tokens
         self.history_turns = history_turns
@@ -151,7 +186,9 @@ class Extractor:
     def extract(self, message: str, history: Sequence[Turn] = ()) -> Extraction:
         return self.extract_many([message], [history])[0]
 
-    def extract_many(self, messages: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Extraction]:
+    def extract_many(
+        self, messages: Sequence[str], histories: Sequence[Sequence[Turn]]
+    ) -> list[Extraction]:
         """One batched LLM call for several messages (the questionnaire's answers)."""
         prompts = [build_prompt(m, list(h)[-self.history_turns:] if self.history_turns else [])
                    for m, h in zip(messages, histories, strict=True)]
@@ -170,8 +207,12 @@ class Extractor:
 
 
 def questionnaire_turns(answers: Mapping[str, str]) -> list[tuple[Question, str]]:
-    """Validate sign-up answers (known categories, string values) and keep the non-empty ones, in the
-    questionnaire's order."""
+    """Validate sign-up answers (known categories, string values) and keep the non-empty ones, in
+    the questionnaire's order.
+
+    Args:
+        answers: questionnaire category → the user's answer.
+    """
     unknown = sorted(set(answers) - set(CATEGORIES))
     if unknown:
         raise ValueError(f"unknown questionnaire categories {unknown}; known: {list(CATEGORIES)}")
@@ -181,7 +222,9 @@ def questionnaire_turns(answers: Mapping[str, str]) -> list[tuple[Question, str]
         if value is None:
             continue
         if not isinstance(value, str):
-            raise TypeError(f"answer to {q.category!r} must be a string, got {type(value).__name__}")
+            raise TypeError(
+                f"answer to {q.category!r} must be a string, got {type(value).__name__}"
+            )
         if value.strip():
             out.append((q, value.strip()))
     return out

@@ -1,5 +1,5 @@
-"""Recall (seed §3.5, Fig. 2): vector top N of one user, rank score N..1, +1 per query tag whose best cosine to
-a row's tags reaches a threshold, keep score >= N - 2, at most k."""
+"""Recall (seed §3.5, Fig. 2): vector top N of one user, rank score N..1, +1 per query tag whose
+best cosine to a row's tags reaches a threshold, keep score >= N - 2, at most k."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import numpy as np
 
 from persrag_lightning.memory.records import MemoryCandidate, Recalled
 
+__all__ = ["Encoder", "RecallSettings", "TagEmbeddings", "encode_numpy", "rerank"]
+
 
 class Encoder(Protocol):
     """Anything that embeds texts as L2-normalised rows (our TextEncoder, or a test fake)."""
@@ -21,7 +23,12 @@ class Encoder(Protocol):
 
 
 def encode_numpy(encoder: Encoder, texts: list[str]) -> np.ndarray:
-    """Encoder output (torch tensor or array) as float32 numpy, shape (len(texts), d)."""
+    """Encoder output (torch tensor or array) as float32 numpy, shape (len(texts), d).
+
+    Args:
+        encoder: the text encoder.
+        texts: the texts to embed.
+    """
     out = encoder.encode(texts)
     if hasattr(out, "detach"):
         out = out.detach().cpu().numpy()
@@ -47,7 +54,8 @@ class RecallSettings:
 
 
 class TagEmbeddings:
-    """LRU cache of tag embeddings: tags repeat across rows and queries, and the seed embeds them per query."""
+    """LRU cache of tag embeddings: tags repeat across rows and queries, and the seed embeds them
+    per query."""
 
     def __init__(self, encoder: Encoder, max_size: int = 50_000) -> None:
         self.encoder = encoder
@@ -74,13 +82,24 @@ class TagEmbeddings:
 
 
 def rank_score(rank: int, top_n: int) -> int:
-    """Seed §3.5: the nearest row scores N, the next N - 1, ... (rank is 0-based)."""
+    """Seed §3.5: the nearest row scores N, the next N - 1, ... (rank is 0-based).
+
+    Args:
+        rank: the row's 0-based rank in the vector search.
+        top_n: N, the candidates the vector search returns.
+    """
     return top_n - rank
 
 
 def tag_bonus(query_tags: np.ndarray, row_tags: np.ndarray, threshold: float) -> int:
     """Seed §3.5: +1 per query tag whose best cosine to any of the row's tags reaches the threshold
-    (rows are L2-normalised, so the dot product is the cosine)."""
+    (rows are L2-normalised, so the dot product is the cosine).
+
+    Args:
+        query_tags: [q, d] the query's tag embeddings.
+        row_tags: [r, d] the row's tag embeddings.
+        threshold: the cosine a pair of tags must reach.
+    """
     if len(query_tags) == 0 or len(row_tags) == 0:
         return 0
     best = (query_tags @ row_tags.T).max(axis=1)
@@ -89,7 +108,15 @@ def tag_bonus(query_tags: np.ndarray, row_tags: np.ndarray, threshold: float) ->
 
 def rerank(candidates: Sequence[MemoryCandidate], query_tags: Sequence[str], embed: TagEmbeddings | None,
            settings: RecallSettings) -> list[Recalled]:
-    """Score the vector-search candidates, keep those at or above the minimum, best first (ties: nearer first)."""
+    """Score the vector-search candidates, keep those at or above the minimum, best first (ties:
+    nearer first).
+
+    Args:
+        candidates: the vector search's rows, nearest first.
+        query_tags: the query's tags (from the extraction).
+        embed: the tag-embedding cache; None gives no tag bonus.
+        settings: the top N, the tag threshold, the minimum score and how many to keep (k).
+    """
     q = embed(list(query_tags)) if (embed is not None and query_tags) else np.zeros((0, 0), dtype=np.float32)
     scored = []
     for c in candidates:

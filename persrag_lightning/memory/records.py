@@ -1,4 +1,5 @@
-"""Typed records of the memory bank (memories, tags, session turns), shared by store, recall and extraction."""
+"""Typed records of the memory bank (memories, tags, session turns), shared by store, recall and
+extraction."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The seed's five tag dimensions (§3.3/§3.5), in the order of the extraction prompt and of the table columns.
+__all__ = ["DIMENSIONS", "ROLES", "Memory", "MemoryCandidate", "Recalled", "Tags", "Turn"]
+
+# The seed's five tag dimensions (§3.3/§3.5), in the order of the extraction prompt and of the table
+# columns.
 DIMENSIONS: tuple[str, ...] = ("topics", "entities", "query_type", "intent", "preferences")
 ROLES: tuple[str, ...] = ("user", "assistant")
 
 
 def _clean(values: Iterable[str]) -> tuple[str, ...]:
-    """Strip, drop empties and duplicates (first occurrence wins), so equal tag sets compare equal."""
+    """Strip, drop empties and duplicates (first occurrence wins), so equal tag sets compare
+    equal."""
     seen: dict[str, None] = {}
     for v in values:
         v = " ".join(str(v).split())
@@ -24,7 +29,8 @@ def _clean(values: Iterable[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Tags:
-    """Tags of a memory or a query on the seed's five dimensions; recall compares them across dimensions."""
+    """Tags of a memory or a query on the seed's five dimensions; recall compares them across
+    dimensions."""
 
     topics: tuple[str, ...] = ()
     entities: tuple[str, ...] = ()
@@ -37,11 +43,16 @@ class Tags:
             object.__setattr__(self, dim, _clean(getattr(self, dim)))
 
     def flat(self) -> tuple[str, ...]:
-        """All tags of all dimensions, deduplicated: the seed matches a query tag against any of a row's tags."""
+        """All tags of all dimensions, deduplicated: the seed matches a query tag against any of a
+        row's tags."""
         return _clean(t for dim in DIMENSIONS for t in getattr(self, dim))
 
     def with_topic(self, topic: str) -> Tags:
-        """A copy with one more topic (the questionnaire category of a sign-up answer)."""
+        """A copy with one more topic (the questionnaire category of a sign-up answer).
+
+        Args:
+            topic: the topic to add.
+        """
         return Tags(**{d: getattr(self, d) for d in DIMENSIONS if d != "topics"}, topics=(*self.topics, topic))
 
     def __bool__(self) -> bool:
@@ -50,7 +61,8 @@ class Tags:
 
 @dataclass(frozen=True)
 class Memory:
-    """One stored memory: a one-sentence fact about a user, its embedding, tags and usage statistics."""
+    """One stored memory: a one-sentence fact about a user, its embedding, tags and usage
+    statistics."""
 
     id: str
     user_id: str

@@ -1,6 +1,7 @@
-"""Simulated conversations with planted facts and later questions about them, and recall@k of the planted
-memory: the seed evaluated its memory with three anecdotes; this counts, over many users who all share the same
-kinds of facts (so another user's memory is the most tempting wrong answer)."""
+"""Simulated conversations with planted facts and later questions about them, and recall@k of the
+planted
+memory: the seed evaluated its memory with three anecdotes; this counts, over many users who all
+share the same kinds of facts (so another user's memory is the most tempting wrong answer)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from dataclasses import dataclass
 
 from persrag_lightning.memory.bank import MemoryBank
 from persrag_lightning.progress import Progress
+
+__all__ = ["SimulatedConversation", "feed_conversations", "measure_recall",
+           "questionnaire_answers", "simulate_conversations"]
 
 # (slot, statement, question, values): every user gets a different value of the same slots.
 FACT_TEMPLATES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
@@ -39,7 +43,8 @@ FILLERS: tuple[str, ...] = (
 )
 
 
-# More unrelated requests for long conversations: every (request, subject) pair is a distinct message.
+# More unrelated requests for long conversations: every (request, subject) pair is a distinct
+# message.
 FILLER_REQUESTS: tuple[str, ...] = (
     "Can you explain {s} in simple terms?", "Give me three facts about {s}.", "Write a short poem about {s}.",
     "What are common misconceptions about {s}?", "Summarise the history of {s} in two lines.",
@@ -52,7 +57,8 @@ FILLER_SUBJECTS: tuple[str, ...] = (
     "the immune system", "origami", "desert ecosystems", "the Cold War", "recursion", "coffee roasting",
     "earthquakes", "the violin",
 )
-# Sign-up answers of the seed's five questionnaire categories (memory/extract.py QUESTIONNAIRE), one drawn each.
+# Sign-up answers of the seed's five questionnaire categories (memory/extract.py QUESTIONNAIRE), one
+# drawn each.
 QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
     "interaction_style": ("Be brief and direct, like a colleague.", "Explain patiently, like a tutor.",
                           "Challenge my ideas like a critic would."),
@@ -67,8 +73,14 @@ QUESTIONNAIRE_ANSWERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def filler_messages(n: int, rng: random.Random) -> list[str]:
-    """`n` distinct unrelated requests (the short list first, then request x subject pairs), in random order."""
+def _filler_messages(n: int, rng: random.Random) -> list[str]:
+    """`n` distinct unrelated requests (the short list first, then request x subject pairs), in
+    random order.
+
+    Args:
+        n: how many requests.
+        rng: the seeded generator of the order.
+    """
     pool = list(FILLERS) + [r.format(s=s) for r in FILLER_REQUESTS for s in FILLER_SUBJECTS]
     if n > len(pool):
         raise ValueError(f"at most {len(pool)} distinct filler messages, asked for {n}")
@@ -76,7 +88,12 @@ def filler_messages(n: int, rng: random.Random) -> list[str]:
 
 
 def questionnaire_answers(rng: random.Random) -> dict[str, str]:
-    """One seeded answer per questionnaire category (the sign-up memories the seed starts a user with)."""
+    """One seeded answer per questionnaire category (the sign-up memories the seed starts a user
+    with).
+
+    Args:
+        rng: the seeded generator of the answers.
+    """
     return {category: rng.choice(answers) for category, answers in QUESTIONNAIRE_ANSWERS.items()}
 
 
@@ -92,7 +109,8 @@ class PlantedFact:
 
 @dataclass(frozen=True)
 class SimulatedConversation:
-    """One user's session: facts interleaved with unrelated requests, then questions about every fact."""
+    """One user's session: facts interleaved with unrelated requests, then questions about every
+    fact."""
 
     user_id: str
     session_id: str
@@ -102,8 +120,8 @@ class SimulatedConversation:
 
 @dataclass(frozen=True)
 class RecallReport:
-    """recall@k: share of questions whose planted memory is among the recalled ones; MRR over the same;
-    `foreign`: recalled memories of another user (must be 0)."""
+    """recall@k: share of questions whose planted memory is among the recalled ones; MRR over the
+    same; `foreign`: recalled memories of another user (must be 0)."""
 
     k: int
     questions: int
@@ -119,7 +137,9 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
                            seed: int = 0) -> list[SimulatedConversation]:
     """Seeded conversations; each user gets `facts_per_user` distinct slots with random values."""
     if not 1 <= facts_per_user <= len(FACT_TEMPLATES):
-        raise ValueError(f"facts_per_user must be in 1..{len(FACT_TEMPLATES)}, got {facts_per_user}")
+        raise ValueError(
+            f"facts_per_user must be in 1..{len(FACT_TEMPLATES)}, got {facts_per_user}"
+        )
     rng = random.Random(seed)
     out = []
     for u in range(n_users):
@@ -128,7 +148,7 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
             v = rng.choice(values)
             facts.append(PlantedFact(slot, statement.format(v=v), question, v))
         messages: list[str] = []
-        fillers = filler_messages(fillers_per_fact * facts_per_user, rng) if fillers_per_fact > len(FILLERS) \
+        fillers = _filler_messages(fillers_per_fact * facts_per_user, rng) if fillers_per_fact > len(FILLERS) \
             else None
         for i, f in enumerate(facts):
             messages.append(f.statement)
@@ -140,8 +160,9 @@ def simulate_conversations(n_users: int, facts_per_user: int = 3, fillers_per_fa
 
 def feed_conversations(bank: MemoryBank, conversations: list[SimulatedConversation],
                        signup: dict[str, dict[str, str]] | None = None) -> None:
-    """Each user's questionnaire sign-up (when `signup` has it), then every message through `remember` (one LLM
-    extraction each on the seed's path: a progress line with an ETA every 10 s)."""
+    """Each user's questionnaire sign-up (when `signup` has it), then every message through
+    `remember` (one LLM extraction each on the seed's path: a progress line with an ETA every 10
+    s)."""
     bar = Progress("remember messages", sum(len(c.messages) for c in conversations), "messages", final="if_long")
     for conv in conversations:
         if signup and conv.user_id in signup:
@@ -153,9 +174,9 @@ def feed_conversations(bank: MemoryBank, conversations: list[SimulatedConversati
 
 def measure_recall(bank: MemoryBank, conversations: list[SimulatedConversation],
                    signup: dict[str, dict[str, str]] | None = None) -> RecallReport:
-    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when `signup` has it),
-    then ask every question through `recall`; a hit is a recalled memory of the same user that contains the
-    planted value."""
+    """Feed every conversation through `remember` (after the user's questionnaire sign-up, when
+    `signup` has it), then ask every question through `recall`; a hit is a recalled memory of the
+    same user that contains the planted value."""
     feed_conversations(bank, conversations, signup)
     hits = foreign = questions = 0
     rr = 0.0

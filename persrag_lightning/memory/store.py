@@ -1,9 +1,10 @@
 """The memory bank's storage: one embedded LanceDB folder with a `memories` and a `sessions` table.
 
-Every read, write and delete is scoped to one user through `user_filter`, the single place where a user id
-becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`), which LanceDB
-renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter string. Each LanceDB
-write commits a new table version atomically, so a process killed mid-write leaves the previous version.
+Every read, write and delete is scoped to one user through `user_filter`, the single place where a
+user id becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`),
+which LanceDB renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter
+string. Each LanceDB write commits a new table version atomically, so a process killed mid-write
+leaves the previous version.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+__all__ = ["MAX_ID_CHARS", "InvalidIdError", "MemoryStore", "NewMemory", "StoreSettings",
+           "user_filter", "validate_id"]
+
 try:
     import lancedb
     from lancedb.expr import col, lit
     from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 except ImportError as err:  # the main job's install leaves it out
-    raise ImportError(f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"') from None
+    raise ImportError(
+        f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"'
+    ) from None
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
 
@@ -38,11 +44,13 @@ SOURCES = ("chat", "questionnaire", "manual")
 
 
 class InvalidIdError(ValueError):
-    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control characters)."""
+    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control
+    characters)."""
 
 
 def validate_id(value: object, what: str = "user_id") -> str:
-    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some parsers)."""
+    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some
+    parsers)."""
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value or len(value) > MAX_ID_CHARS:
@@ -51,17 +59,20 @@ def validate_id(value: object, what: str = "user_id") -> str:
         raise InvalidIdError(f"{what} {value!r} contains control characters")
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
-        raise InvalidIdError(f"{what} {value!r} is not valid Unicode text (a lone surrogate)") from None
+    # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
+    except UnicodeEncodeError:
+        raise InvalidIdError(
+            f"{what} {value!r} is not valid Unicode text (a lone surrogate)"
+        ) from None
     return value
 
 
 def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None,
                 others_in_fragments: Sequence[int] | None = None):
-    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a typed
-    LanceDB expression whose literals LanceDB escapes itself; every table access goes through it.
-    `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not* the user's
-    (row id = fragment << 32 | offset, LanceDB's default row ids)."""
+    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a
+    typed LanceDB expression whose literals LanceDB escapes itself; every table access goes through
+    it. `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not*
+    the user's (row id = fragment << 32 | offset, LanceDB's default row ids)."""
     expr = col("user_id") == lit(validate_id(user_id))
     if ids is not None:
         id_list = [validate_id(i, "memory id") for i in ids]
@@ -75,8 +86,9 @@ def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: s
     return expr
 
 
-def memories_schema(dim: int) -> pa.Schema:
-    """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays queryable."""
+def _memories_schema(dim: int) -> pa.Schema:
+    """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays
+    queryable."""
     return pa.schema([
         ("id", pa.string()),
         ("user_id", pa.string()),
@@ -108,19 +120,24 @@ VECTOR_INDEXES = {"hnsw_sq": HnswSq, "hnsw_flat": HnswFlat, "ivf_flat": IvfFlat}
 class StoreSettings:
     """Storage knobs: when the vector index is built, and which kind (the seed uses HNSW)."""
 
-    index_min_rows: int = 5000  # below this many memories (all users), exact flat search is fast and exact
+    # below this many memories (all users), exact flat search is fast and exact
+    index_min_rows: int = 5000
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
-    optimize_every: int = 500  # commits between compactions (each recall's usage update is a commit); 0: never
+    # commits between compactions (each recall's usage update is a commit); 0: never
+    optimize_every: int = 500
 
     def __post_init__(self) -> None:
         if self.index_type not in VECTOR_INDEXES:
-            raise ValueError(f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}")
+            raise ValueError(
+                f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}"
+            )
 
 
 @dataclass(frozen=True)
 class NewMemory:
-    """What the caller supplies to store a memory; id, timestamps and usage are filled in by the store."""
+    """What the caller supplies to store a memory; id, timestamps and usage are filled in by the
+    store."""
 
     text: str
     vector: np.ndarray
@@ -141,28 +158,31 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._indexed = False
         self._commits = 0
-        # interval 0: every read checks for versions committed by other processes (strong consistency)
+        # interval 0: every read checks for versions committed by other processes (strong
+        # consistency)
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
-        self.memories = self._open(MEMORIES, memories_schema(self.dim))
+        self.memories = self._open(MEMORIES, _memories_schema(self.dim))
         self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
         stored_dim = self.memories.schema.field("vector").type.list_size
         if stored_dim != self.dim:
             raise ValueError(f"memory bank {self.path} holds {stored_dim}-d vectors but the encoder gives {self.dim}-d")
 
     def _open(self, name: str, schema: pa.Schema):
-        """Open a table, creating it empty on first use (exist_ok: two processes may race to create it)."""
+        """Open a table, creating it empty on first use (exist_ok: two processes may race to create
+        it)."""
         try:
             return self.db.open_table(name)
         except ValueError:  # "Table ... was not found"
             return self.db.create_table(name, schema=schema, exist_ok=True)
 
     def now(self) -> float:
-        """Strictly increasing timestamps, so 'oldest' and turn order are total even within one clock tick."""
+        """Strictly increasing timestamps, so 'oldest' and turn order are total even within one
+        clock tick."""
         with self._lock:
             self._last_ts = max(float(self._clock()), self._last_ts + 1e-6)
             return self._last_ts
 
-    # ---- memories -------------------------------------------------------------------------------------------
+    # ---- memories --------------------------------------------------------------------------------
 
     def add_memories(self, user_id: str, items: Sequence[NewMemory]) -> list[Memory]:
         """Append memories of one user in ONE commit (all or nothing)."""
@@ -177,7 +197,9 @@ class MemoryStore:
                 raise ValueError("memory text is empty")
             vec = np.asarray(item.vector, dtype=np.float32).reshape(-1)
             if vec.shape[0] != self.dim or not np.isfinite(vec).all():
-                raise ValueError(f"memory vector must be {self.dim} finite floats, got shape {vec.shape}")
+                raise ValueError(
+                    f"memory vector must be {self.dim} finite floats, got shape {vec.shape}"
+                )
             ts = self.now()
             out.append(Memory(id=uuid.uuid4().hex, user_id=user_id, text=item.text.strip(), tags=item.tags,
                               usage_count=0, created_at=ts, last_used_at=ts, source=item.source, vector=vec))
@@ -194,7 +216,7 @@ class MemoryStore:
             "usage_count": [m.usage_count for m in memories], "created_at": [m.created_at for m in memories],
             "last_used_at": [m.last_used_at for m in memories], "source": [m.source for m in memories],
         }
-        return pa.Table.from_pydict(cols, schema=memories_schema(self.dim))
+        return pa.Table.from_pydict(cols, schema=_memories_schema(self.dim))
 
     @staticmethod
     def _memory(row: dict) -> Memory:
@@ -214,8 +236,9 @@ class MemoryStore:
         return self.memories.count_rows(user_filter(user_id).to_sql())
 
     def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[MemoryCandidate]:
-        """Nearest memories of one user by cosine distance; the user filter is applied before the search
-        (prefilter), so an index never returns fewer rows because of other users' neighbours."""
+        """Nearest memories of one user by cosine distance; the user filter is applied before the
+        search (prefilter), so an index never returns fewer rows because of other users'
+        neighbours."""
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         if vec.shape[0] != self.dim:
             raise ValueError(f"query vector must be {self.dim}-d, got {vec.shape[0]}")
@@ -225,7 +248,8 @@ class MemoryStore:
         return [MemoryCandidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
 
     def mark_used(self, user_id: str, ids: Sequence[str]) -> int:
-        """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows updated."""
+        """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows
+        updated."""
         if not ids:
             return 0
         now = self.now()
@@ -253,17 +277,20 @@ class MemoryStore:
         return n_mem, n_turn
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
-        """`delete_user`, then physically: a LanceDB delete only marks rows in deletion files (and compaction
-        rewrites a fragment only past 10 % deleted rows), so the other rows sharing a fragment with the user's
-        are rewritten elsewhere in the same commit (one merge_insert), which leaves those fragments empty, and
-        every older version — data, deletion and index files — is removed. Idempotent; returns (memories,
-        turns) deleted. Old versions go at once (`cleanup_older_than=0`), so this must be the only process
-        writing the bank (the service is)."""
+        """`delete_user`, then physically: a LanceDB delete only marks rows in deletion files (and
+        compaction rewrites a fragment only past 10 % deleted rows), so the other rows sharing a
+        fragment with the user's are rewritten elsewhere in the same commit (one merge_insert),
+        which leaves those fragments empty, and every older version — data, deletion and index files
+        — is removed. Idempotent; returns (memories, turns) deleted. Old versions go at once
+        (`cleanup_older_than=0`), so this must be the only process writing the bank (the service
+        is)."""
         with self._lock:
             counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
-            with warnings.catch_warnings():  # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
+            # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for _ in range(2):  # the 2nd pass drops the index files the 1st pass's index update replaced
+                # the 2nd pass drops the index files the 1st pass's index update replaced
+                for _ in range(2):
                     for table in (self.memories, self.sessions):
                         table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
             self._commits = 0
@@ -275,7 +302,8 @@ class MemoryStore:
         found = table.search().where(pred).with_row_id(True).select(["id"]).limit(None).to_arrow()
         if not found.num_rows:
             return 0
-        # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's fragments
+        # row id = fragment << 32 | offset (LanceDB's default, unstable row ids): the user's
+        # fragments
         fragments = sorted({int(r) >> 32 for r in found.column("_rowid").to_pylist()})
         others_pred = user_filter(user_id, others_in_fragments=fragments)
         others = table.search().where(others_pred).limit(None).to_arrow()
@@ -284,7 +312,7 @@ class MemoryStore:
          .execute(others))
         return found.num_rows
 
-    # ---- vector index ---------------------------------------------------------------------------------------
+    # ---- vector index ----------------------------------------------------------------------------
 
     def has_vector_index(self) -> bool:
         if not self._indexed:  # once built it stays (nothing here drops it), so stop asking LanceDB
@@ -292,8 +320,9 @@ class MemoryStore:
         return self._indexed
 
     def maybe_index(self) -> bool:
-        """Build the ANN index once the table is large enough (flat search below it); True when built now.
-        Rows added later are searched flat by LanceDB until `optimize` folds them into the index."""
+        """Build the ANN index once the table is large enough (flat search below it); True when
+        built now. Rows added later are searched flat by LanceDB until `optimize` folds them into
+        the index."""
         with self._lock:
             if self.has_vector_index():
                 return False
@@ -301,7 +330,8 @@ class MemoryStore:
             if n < self.settings.index_min_rows:
                 return False
             config = VECTOR_INDEXES[self.settings.index_type](
-                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition))
+                distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition)
+            )
             self.memories.create_index("vector", config=config)
             self.memories.create_index("user_id", config=BTree())  # the prefilter on user_id
             return True
@@ -320,7 +350,7 @@ class MemoryStore:
         if every and self._commits >= every:
             self.optimize()
 
-    # ---- sessions -------------------------------------------------------------------------------------------
+    # ---- sessions --------------------------------------------------------------------------------
 
     def add_turn(self, user_id: str, session_id: str, role: str, text: str) -> Turn:
         """Log one turn (user or assistant) in one commit."""
@@ -338,8 +368,8 @@ class MemoryStore:
         return turn
 
     def trim_turns(self, user_id: str, keep: int) -> int:
-        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit; returns rows
-        deleted. Sessions are bounded by this, not by a count of sessions."""
+        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit;
+        returns rows deleted. Sessions are bounded by this, not by a count of sessions."""
         with self._lock:
             if self.sessions.count_rows(user_filter(user_id).to_sql()) <= keep:
                 return 0
@@ -351,14 +381,18 @@ class MemoryStore:
             return int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
 
     def user_ids(self) -> set[str]:
-        """Every user with a memory or a turn (a scan of the user_id columns: used once, at start)."""
+        """Every user with a memory or a turn (a scan of the user_id columns: used once, at
+        start)."""
         out: set[str] = set()
         for table in (self.memories, self.sessions):
             out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
         return out
 
-    def turns(self, user_id: str, session_id: str | None = None, last: int | None = None) -> list[Turn]:
-        """A user's turns (of one session when given), oldest first; `last` keeps only the most recent ones."""
+    def turns(
+        self, user_id: str, session_id: str | None = None, last: int | None = None
+    ) -> list[Turn]:
+        """A user's turns (of one session when given), oldest first; `last` keeps only the most
+        recent ones."""
         rows = self.sessions.search().where(user_filter(user_id, session_id=session_id)).limit(None).to_list()
         turns = sorted((Turn(r["id"], r["session_id"], r["user_id"], r["role"], r["text"], float(r["created_at"]))
                         for r in rows), key=lambda t: (t.created_at, t.id))

@@ -1,5 +1,5 @@
-"""Model helpers the retriever and the reranker share (LoRA, config files, bundle file names), so neither model
-module imports the other."""
+"""Model helpers the retriever and the reranker share (LoRA, config files, bundle file names), so
+neither model module imports the other."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
+__all__ = ["ROWS_PER_FORWARD_BY_DEVICE", "USER_HEADS", "LoraFields", "LoraSettings", "apply_lora",
+           "config_from_json", "encode_by_length", "freeze_pooler", "merged_copy"]
+
 USER_HEADS = "user_heads.safetensors"
 
-# Texts (retriever) or (query, doc) pairs (reranker) per encoder forward, taken in order of token length. Measured
-# on 2 cores (MiniLM cross-encoder, 120 pairs of 4 examples x m*k = 30, forward + backward): one forward of all 120
-# 17.5 s, chunks of 30 in candidate order 10.5 s, chunks of 30 by length 6.9 s (of 16: 7.0 s); under bfloat16
-# autocast 7.5 / 4.7 / 3.4 s. Large activations cost more than the extra calls on a CPU; less padding does the rest.
-# On a GPU the opposite holds: a chunk of 32 leaves it waiting on kernel launches, so CUDA takes larger chunks (one
-# H100, 32 examples x 30 pairs per step: reranker 0.95 s with 256 rows vs 1.31 s with 32, and bf16 autocast then
-# pays, 0.76 s; docs/performance/training.md). A device type missing here takes the CPU's.
+# Texts (retriever) or (query, doc) pairs (reranker) per encoder forward, taken in order of token
+# length. Measured on 2 cores (MiniLM cross-encoder, 120 pairs of 4 examples x m*k = 30, forward +
+# backward): one forward of all 120 17.5 s, chunks of 30 in candidate order 10.5 s, chunks of 30 by
+# length 6.9 s (of 16: 7.0 s); under bfloat16 autocast 7.5 / 4.7 / 3.4 s. Large activations cost
+# more than the extra calls on a CPU; less padding does the rest. On a GPU the opposite holds: a
+# chunk of 32 leaves it waiting on kernel launches, so CUDA takes larger chunks (one H100, 32
+# examples x 30 pairs per step: reranker 0.95 s with 256 rows vs 1.31 s with 32, and bf16 autocast
+# then pays, 0.76 s; docs/performance/training.md). A device type missing here takes the CPU's.
 ROWS_PER_FORWARD = 32
 ROWS_PER_FORWARD_BY_DEVICE: dict[str, int] = {"cpu": ROWS_PER_FORWARD, "cuda": 256}
 
@@ -32,9 +36,9 @@ def rows_per_forward(device: torch.device | str) -> int:
 
 def encode_by_length(inputs: dict[str, torch.Tensor], encode: Callable[[torch.Tensor, dict], torch.Tensor],
                      device: torch.device, step: int | None = None) -> torch.Tensor:
-    """`encode(rows, chunk)` over chunks of `step` (default `rows_per_forward(device)`) right-padded rows of
-    `inputs` in order of length, each chunk cut to its longest row; the results concatenated back in input order.
-    Differentiable."""
+    """`encode(rows, chunk)` over chunks of `step` (default `rows_per_forward(device)`) right-padded
+    rows of `inputs` in order of length, each chunk cut to its longest row; the results concatenated
+    back in input order. Differentiable."""
     lengths = inputs["attention_mask"].sum(1)
     order = torch.argsort(lengths, stable=True)
     step = step or rows_per_forward(device)
@@ -42,7 +46,9 @@ def encode_by_length(inputs: dict[str, torch.Tensor], encode: Callable[[torch.Te
     for start in range(0, len(order), step):
         rows = order[start:start + step]
         width = int(lengths[rows].max())
-        out.append(encode(rows, {k: v[rows, :width].contiguous().to(device) for k, v in inputs.items()}))
+        out.append(
+            encode(rows, {k: v[rows, :width].contiguous().to(device) for k, v in inputs.items()})
+        )
     return torch.cat(out)[torch.argsort(order).to(out[0].device)]
 
 
@@ -74,11 +80,14 @@ class LoraFields:
 
     @property
     def lora(self) -> LoraSettings:
-        return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules))
+        return LoraSettings(
+            self.lora_r, self.lora_alpha, self.lora_dropout, tuple(self.lora_target_modules)
+        )
 
 
 def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
-    """Wrap a transformers model with peft adapters (base weights frozen); imported lazily, peft is slow to load."""
+    """Wrap a transformers model with peft adapters (base weights frozen); imported lazily, peft is
+    slow to load."""
     if lora.r <= 0:
         return model
     from peft import LoraConfig, get_peft_model
@@ -88,25 +97,30 @@ def apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
 
 
 def freeze_pooler(model: nn.Module) -> None:
-    """BERT-style models compute a pooler output we never use; its weights get no gradient, which DDP rejects
-    unless they are frozen (they are still saved, so the export stays a complete HF model)."""
+    """BERT-style models compute a pooler output we never use; its weights get no gradient, which
+    DDP rejects unless they are frozen (they are still saved, so the export stays a complete HF
+    model)."""
     pooler = getattr(model, "pooler", None)
     if isinstance(pooler, nn.Module):
         pooler.requires_grad_(False)
 
 
 def merged_copy(model: nn.Module) -> nn.Module:
-    """A plain transformers model to export: LoRA merged into a copy, so training can go on and serving needs no peft."""
+    """A plain transformers model to export: LoRA merged into a copy, so training can go on and
+    serving needs no peft."""
     if hasattr(model, "merge_and_unload"):
         return copy.deepcopy(model).merge_and_unload()
     return model
 
 
 def config_from_json(cls: type, path: Path) -> object:
-    """Read a config dataclass from config.json, ignoring unknown keys and turning JSON lists back into tuples."""
+    """Read a config dataclass from config.json, ignoring unknown keys and turning JSON lists back
+    into tuples."""
     if not path.exists():
-        raise FileNotFoundError(f"{path.parent}: not an export of {cls.__name__.removesuffix('Config')} "
-                                f"(no config.json)")
+        raise FileNotFoundError(
+            f"{path.parent}: not an export of {cls.__name__.removesuffix('Config')} "
+            f"(no config.json)"
+        )
     raw = json.loads(path.read_text())
     known = {f.name for f in fields(cls)}
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}

@@ -1,10 +1,12 @@
-"""Corpus-embedding cache: every history doc embedded once by the frozen encoder, stored under a fingerprint.
+"""Corpus-embedding cache: every history doc embedded once by the frozen encoder, stored under a
+fingerprint.
 
-Precision follows the machine (`embedding_precision`): on a CPU that computes bfloat16 natively (AVX512-BF16 or
-AMX) the encoder runs under bfloat16 autocast, elsewhere (an AVX2-only CPU, a GPU) in float32. On 2 cores of an AMX
-Xeon, bfloat16 embedded SynthLaMP docs with MiniLM clearly faster than float32, its vectors and top-5 neighbours
-nearly float32's (docs/fidelity.md; benchmarks/bench_inference_precision.py, raw output in
-benchmarks/results/cpu-2026-11-27b-mainjob/). The precision is part of the cache's key and of its meta.json.
+Precision follows the machine (`embedding_precision`): on a CPU that computes bfloat16 natively
+(AVX512-BF16 or AMX) the encoder runs under bfloat16 autocast, elsewhere (an AVX2-only CPU, a GPU)
+in float32. On 2 cores of an AMX Xeon, bfloat16 embedded SynthLaMP docs with MiniLM clearly faster
+than float32, its vectors and top-5 neighbours nearly float32's (docs/fidelity.md;
+benchmarks/bench_inference_precision.py, raw output in benchmarks/results/cpu-2026-11-27b-mainjob/).
+The precision is part of the cache's key and of its meta.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from persrag_lightning.models.text_encoder import Pooling, TextEncoder, model_id
 from persrag_lightning.progress import Progress
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json, fingerprint
 
+__all__ = ["EMBEDDINGS_FILE", "build_corpus_embeddings", "corpus_embedding_dir",
+           "corpus_embedding_key", "embedding_precision", "load_corpus_embeddings",
+           "precision_autocast"]
+
 log = logging.getLogger(__name__)
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
@@ -32,29 +38,34 @@ PROGRESS_TEXTS = 1024  # texts per encode call inside a shard, between progress 
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def resolve_device(device: str) -> str:
+def _resolve_device(device: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def embedding_precision(precision: str = "auto", device: str = "auto") -> str:
-    """fp32 or bf16. `auto`: bf16 where the encoder runs on a CPU that computes bfloat16 natively, fp32 elsewhere
-    (on a GPU the corpus takes seconds in float32; an AVX2-only CPU would emulate bfloat16)."""
+    """fp32 or bf16. `auto`: bf16 where the encoder runs on a CPU that computes bfloat16 natively,
+    fp32 elsewhere (on a GPU the corpus takes seconds in float32; an AVX2-only CPU would emulate
+    bfloat16)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ValueError(
+            f"corpus embedding precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        )
     if precision != "auto":
         return precision
-    return native_runtime("bf16_if_native") if resolve_device(device) == "cpu" else "fp32"
+    return native_runtime("bf16_if_native") if _resolve_device(device) == "cpu" else "fp32"
 
 
 def precision_autocast(precision: str, device: str = "cpu") -> torch.autocast:
-    """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision` resolves it)."""
-    return torch.autocast(resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
+    """The context an encoder embeds in at `precision` (fp32 or bf16, as `embedding_precision`
+    resolves it)."""
+    return torch.autocast(_resolve_device(device), dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def corpus_embedding_key(corpus: Corpus, encoder: str, max_length: int, pooling: Pooling,
                          precision: str = "auto") -> str:
-    """Fingerprint of (data content, model, max length, pooling, precision): a new value of any of them is a new
-    cache. `auto` is this machine's precision; float32 keys are those of caches made before precision was one."""
+    """Fingerprint of (data content, model, max length, pooling, precision): a new value of any of
+    them is a new cache. `auto` is this machine's precision; float32 keys are those of caches made
+    before precision was one."""
     parts = ["corpus-embeddings/v1", corpus.digest(), model_identity(encoder), max_length, pooling]
     if embedding_precision(precision) == "bf16":
         parts.append("bf16")
@@ -68,8 +79,9 @@ def corpus_embedding_dir(cache_dir: str | Path, key: str) -> Path:
 def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str = "minilm", max_length: int = 256,
                             pooling: Pooling = "mean", batch_size: int = 64, device: str = "auto",
                             precision: str = "auto") -> Path:
-    """Embed the corpus unless its cache exists; identical texts are embedded once; a killed run resumes per shard.
-    `precision`: fp32, bf16 (autocast) or auto (`embedding_precision`: by what this machine computes natively)."""
+    """Embed the corpus unless its cache exists; identical texts are embedded once; a killed run
+    resumes per shard. `precision`: fp32, bf16 (autocast) or auto (`embedding_precision`: by what
+    this machine computes natively)."""
     precision = embedding_precision(precision, device)
     key = corpus_embedding_key(corpus, encoder, max_length, pooling, precision)
     out = corpus_embedding_dir(cache_dir, key)
@@ -77,7 +89,8 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
         log.info("corpus embeddings cached at %s", out)
         return out
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as lock:  # concurrent builders (Slurm array tasks) wait for the first one
+    # concurrent builders (Slurm array tasks) wait for the first one
+    with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / EMBEDDINGS_FILE).exists():
             _embed_corpus(corpus, out, encoder, max_length, pooling, batch_size, device, precision)
@@ -87,7 +100,9 @@ def build_corpus_embeddings(corpus: Corpus, cache_dir: str | Path, encoder: str 
 def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pooling: Pooling, batch_size: int,
                   device: str, precision: str) -> None:
     unique: dict[str, int] = {}
-    inverse = torch.tensor([unique.setdefault(t, len(unique)) for t in corpus.texts], dtype=torch.long)
+    inverse = torch.tensor(
+        [unique.setdefault(t, len(unique)) for t in corpus.texts], dtype=torch.long
+    )
     texts = list(unique)
     parts = out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -100,7 +115,7 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
         if not shard.exists():
             if model is None:
                 model = TextEncoder.from_pretrained(encoder, pooling=pooling, max_length=max_length)
-                model.to(resolve_device(device))
+                model.to(_resolve_device(device))
             part, blocks = texts[start:start + SHARD_TEXTS], []
             for i in range(0, len(part), PROGRESS_TEXTS):
                 with precision_autocast(precision, device):
@@ -123,9 +138,9 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
 
 def load_corpus_embeddings(cache_dir: str | Path, corpus: Corpus, encoder: str = "minilm", max_length: int = 256,
                            pooling: Pooling = "mean", precision: str = "auto") -> torch.Tensor:
-    """The [rows, dim] table for this corpus; a missing cache names the step that builds it. `auto` reads the table
-    of this machine's precision, else the other one (a table built by a `build_corpus_embeddings` on another
-    device: the same vectors to within bfloat16's rounding)."""
+    """The [rows, dim] table for this corpus; a missing cache names the step that builds it. `auto`
+    reads the table of this machine's precision, else the other one (a table built by a
+    `build_corpus_embeddings` on another device: the same vectors to within bfloat16's rounding)."""
     tried = [embedding_precision(precision)]
     if precision == "auto":
         tried.append("fp32" if tried[0] == "bf16" else "bf16")
@@ -134,10 +149,14 @@ def load_corpus_embeddings(cache_dir: str | Path, corpus: Corpus, encoder: str =
     out = next((d for d in dirs if (d / EMBEDDINGS_FILE).exists()), dirs[0])
     path = out / EMBEDDINGS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"no corpus embeddings at {path}; they are built by the DataModule's prepare_data "
-                                "(run `fit`, or build_corpus_embeddings)")
+        raise FileNotFoundError(
+            f"no corpus embeddings at {path}; they are built by the DataModule's prepare_data "
+            "(run `fit`, or build_corpus_embeddings)"
+        )
     table = load_file(str(path))["embeddings"]
     if table.shape[0] != len(corpus):
         meta = json.loads((out / "meta.json").read_text())
-        raise ValueError(f"{path}: {table.shape[0]} rows but the corpus has {len(corpus)} docs (meta {meta})")
+        raise ValueError(
+            f"{path}: {table.shape[0]} rows but the corpus has {len(corpus)} docs (meta {meta})"
+        )
     return table

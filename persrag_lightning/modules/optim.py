@@ -1,5 +1,5 @@
-"""The optimiser settings the stage modules take whole (`training:` in a stage config), and the one AdamW with
-warm-up and schedule that stages 2, 3 and the generator build from them."""
+"""The optimiser settings the stage modules take whole (`training:` in a stage config), and the one
+AdamW with warm-up and schedule that stages 2, 3 and the generator build from them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+__all__ = ["DistillationSettings", "OptimizerSettings", "adamw"]
 
 LrSchedule = Literal["constant", "linear"]
 
@@ -33,13 +35,14 @@ class OptimizerSettings:
 
 @dataclass
 class DistillationSettings(OptimizerSettings):
-    """How stages 2 and 3 learn from LLM feedback: KL(p_LLM ‖ p_model) over a candidate list (Eq. 8 / 12) under
-    two temperatures, AdamW, and the cutoff of the validation ranking metrics.
+    """How stages 2 and 3 learn from LLM feedback: KL(p_LLM ‖ p_model) over a candidate list (Eq. 8
+    / 12) under two temperatures, AdamW, and the cutoff of the validation ranking metrics.
 
     Args:
         student_temperature: temperature T of the model's softmax over the candidates (Eq. 7 / 11).
         teacher_temperature: temperature T_t of the LLM-feedback (or teacher) softmax (Eq. 6).
-        eval_k: cutoff of the validation ranking metrics (NDCG@k, recall@k) against the feedback ranking.
+        eval_k: cutoff of the validation ranking metrics (NDCG@k, recall@k) against the feedback
+            ranking.
     """
 
     student_temperature: float = 1.0
@@ -47,8 +50,16 @@ class DistillationSettings(OptimizerSettings):
     eval_k: int = 5
 
 
-def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
-    """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at `total`."""
+def _warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> float:
+    """LR factor: linear warmup over `warmup` steps, then constant or linear decay to 0 at
+    `total`.
+
+    Args:
+        step: the optimizer step.
+        warmup: warm-up steps.
+        total: the run's optimizer steps.
+        schedule: `constant` or `linear` decay after the warm-up.
+    """
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "linear":
@@ -58,8 +69,17 @@ def warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> f
 
 def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: OptimizerSettings, total_steps: int,
           no_decay: Callable[[str, nn.Parameter], bool] = lambda name, p: p.ndim < 2):
-    """AdamW over the trainable parameters (`no_decay` ones without weight decay), with the settings' warm-up and
-    schedule stepped per optimizer step; a bare optimizer when neither applies (constant, no warm-up)."""
+    """AdamW over the trainable parameters (`no_decay` ones without weight decay), with the
+    settings' warm-up and schedule stepped per optimizer step; a bare optimizer when neither applies
+    (constant, no warm-up).
+
+    Args:
+        named_parameters: the module's parameters by name; the frozen ones are left out.
+        settings: lr, weight decay, warm-up and schedule.
+        total_steps: the run's optimizer steps (the schedule's length).
+        no_decay: which parameters get no weight decay (default: biases and norms, anything under
+            2-D).
+    """
     groups: dict[bool, list[nn.Parameter]] = {True: [], False: []}
     for name, p in named_parameters:
         if p.requires_grad:
@@ -72,5 +92,5 @@ def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: Optimi
     total = max(1, int(total_steps))
     warmup = math.ceil(settings.warmup_ratio * total)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_linear(s, warmup, total, settings.lr_schedule))
+        optimizer, lambda s: _warmup_linear(s, warmup, total, settings.lr_schedule))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,11 +1,11 @@
-"""The reader stage: a `LabelReader` (models/reader.py) trained on the task's train questions to give the label
-distribution that the evaluation, the feedback labels and serving read answers from.
+"""The reader stage: a `LabelReader` (models/reader.py) trained on the task's train questions to
+give the label distribution that the evaluation, the feedback labels and serving read answers from.
 
-The loss is the negative log-likelihood of the gold label under the reader's distribution: cross-entropy under the
-softmax head, the cumulative-link likelihood under the ordinal head (ordered labels). Validation answers dev
-questions as the evaluation does (the decision rule of the task's metric: arg max for accuracy, median for MAE) and
-scores them with the task's LaMP metric; the best epoch is exported (configs/reader.yaml stops when dev stops
-improving).
+The loss is the negative log-likelihood of the gold label under the reader's distribution:
+cross-entropy under the softmax head, the cumulative-link likelihood under the ordinal head (ordered
+labels). Validation answers dev questions as the evaluation does (the decision rule of the task's
+metric: arg max for accuracy, median for MAE) and scores them with the task's LaMP metric; the best
+epoch is exported (configs/reader.yaml stops when dev stops improving).
 """
 
 from __future__ import annotations
@@ -21,19 +21,24 @@ from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSet
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.utils import as_settings
 
-# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+__all__ = ["ReaderModule"]
+
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
+# them
 torch.serialization.add_safe_globals([ReaderSettings, OptimizerSettings])
 
 
 class ReaderModule(L.LightningModule):
-    """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the DataModule's).
+    """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the
+    DataModule's).
 
     Args:
         config: the reader's model settings (encoder, docs read, fusion width and depth, head).
-        training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from scratch).
-        cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the process's. The fusion
-            network's ops are too small to share out: on busy cores one thread steps many times faster than two
-            (docs/methods/reader.md).
+        training: AdamW over the fusion and the head (its lr 1e-3: a small network trained from
+            scratch).
+        cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the
+            process's. The fusion network's ops are too small to share out: on busy cores one thread
+            steps many times faster than two (docs/methods/reader.md).
     """
 
     bundle_name = "reader"
@@ -51,14 +56,19 @@ class ReaderModule(L.LightningModule):
         self.metric = None
 
     def setup(self, stage: str) -> None:
-        """The model takes the task's labels and the encoder's width from the data."""
+        """The model takes the task's labels and the encoder's width from the data.
+
+        Args:
+            stage: Lightning's stage; the model is built once, whatever the stage.
+        """
         data = self.trainer.datamodule
         self.task = data.task
         if self.model is None:
             width = data.vectors.shape[1] if getattr(data, "vectors", None) is not None else 384
             config = ReaderConfig(**vars(self.settings), task=data.task, labels=tuple(data.labels),
                                   embedding_dim=width, encoder_digest=encoder_digest(self.settings.encoder))
-            with torch.random.fork_rng(devices=[]):  # seeded by the run, not by what data preparation drew
+            # seeded by the run, not by what data preparation drew
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(torch.initial_seed())
                 self.model = LabelReader(config)
         self.metric = lamp_metric(self.task)
@@ -83,7 +93,9 @@ class ReaderModule(L.LightningModule):
 
     def validation_step(self, batch: ReaderTrainBatch, batch_idx: int) -> None:
         log_probs = self.model(batch.batch)
-        self.log("val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch))
+        self.log(
+            "val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch)
+        )
         labels, rule = self.model.config.labels, resolve_decision(self.task, "auto")
         answers = [decide(labels, row, rule) for row in log_probs.exp().tolist()]
         self.metric.update(answers, [labels[i] for i in batch.targets.tolist()])
@@ -93,14 +105,22 @@ class ReaderModule(L.LightningModule):
         primary = primary_metric(self.task)  # the checkpoint monitors val/metric, larger is better
         values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])
         for name, value in values.items():
-            self.log(name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False)
+            self.log(
+                name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False
+            )
         self.metric.reset()
 
     def configure_optimizers(self):
         return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches)
 
     def export(self, path, datamodule=None):
-        """The reader as models/reader.py loads it (config.json + weights; the encoder named and checked)."""
+        """The reader as models/reader.py loads it (config.json + weights; the encoder named and
+        checked).
+
+        Args:
+            path: the folder to write the reader to.
+            datamodule: unused; the export signature every stage module shares.
+        """
         was_training = self.model.training
         self.model.eval()
         try:

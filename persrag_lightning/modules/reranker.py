@@ -1,5 +1,5 @@
-"""Stage 3 of CFRAG (§4.3.2): fine-tune the personalized reranker on LLM feedback over the trained retriever's
-m·k candidates; the training logic is stage 2's (FeedbackDistillationModule)."""
+"""Stage 3 of CFRAG (§4.3.2): fine-tune the personalized reranker on LLM feedback over the trained
+retriever's m·k candidates; the training logic is stage 2's (FeedbackDistillationModule)."""
 
 from __future__ import annotations
 
@@ -16,26 +16,31 @@ from persrag_lightning.models.reranker import (
 from persrag_lightning.modules.distillation import FeedbackDistillationModule
 from persrag_lightning.modules.optim import DistillationSettings
 
-# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+__all__ = ["RerankerModule"]
+
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
+# them
 torch.serialization.add_safe_globals([RerankerSettings, DistillationSettings])
 
 
 class RerankerModule(FeedbackDistillationModule):
-    """Stage 3: cross-encoder [CLS] state + MLP2(e_u) → MLP3 (Eq. 9–10), trained with KL(p_LLM ‖ p_reranker)
-    (Eq. 6, 11–12).
+    """Stage 3: cross-encoder [CLS] state + MLP2(e_u) → MLP3 (Eq. 9–10), trained with KL(p_LLM ‖
+    p_reranker) (Eq. 6, 11–12).
 
-    T = T_t = 0.1 as the official code. REFERENCE.md gives no reranker learning rate, so lr is the retriever's
-    official 6e-5 (the paper tunes it in {1e-3, 1e-4, 1e-5}).
+    T = T_t = 0.1 as the official code. REFERENCE.md gives no reranker learning rate, so lr is the
+    retriever's official 6e-5 (the paper tunes it in {1e-3, 1e-4, 1e-5}).
 
-    A distilled reranker (configs/cfrag_reranker_distilled.yaml): `config.num_layers` keeps the encoder's first N
-    layers; `init_from` (a reranker export, usually the teacher) starts from its weights — encoder, MLP2 and MLP3 —
-    and its pair lengths, so the student reads the pairs its teacher read.
+    A distilled reranker (configs/cfrag_reranker_distilled.yaml): `config.num_layers` keeps the
+    encoder's first N layers; `init_from` (a reranker export, usually the teacher) starts from its
+    weights — encoder, MLP2 and MLP3 — and its pair lengths, so the student reads the pairs its
+    teacher read.
 
     Args:
-        config: the reranker (exported as its config.json, with the user table's width added from the data).
+        config: the reranker (exported as its config.json, with the user table's width added from
+            the data).
         training: the KL distillation (T = T_t = 0.1, the official code's) and its optimiser.
-        init_from: a reranker export to start from (the teacher of a distilled reranker); None starts from
-            `config.encoder` with a fresh head.
+        init_from: a reranker export to start from (the teacher of a distilled reranker); None
+            starts from `config.encoder` with a fresh head.
     """
 
     bundle_name = "reranker"
@@ -57,7 +62,8 @@ class RerankerModule(FeedbackDistillationModule):
         return super()._build_model(user_dim)
 
     def _student_of(self, path: str, user_dim: int) -> PersonalizedReranker:
-        """The export at `path` cut to `num_layers`, after checking it fits this stage (users, pair lengths)."""
+        """The export at `path` cut to `num_layers`, after checking it fits this stage (users, pair
+        lengths)."""
         s = self.config
         model = PersonalizedReranker.from_pretrained(path)
         c = model.config
@@ -71,5 +77,7 @@ class RerankerModule(FeedbackDistillationModule):
             raise ValueError(f"init_from {path}: its pairs are cut to (max_length, max_query_length, max_doc_length) "
                              f"= {lengths}, this stage's settings say {(s.max_length, s.max_query_length, s.max_doc_length)}")
         keep_layers(model.encoder, s.num_layers)
-        model.config = replace(c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers)
+        model.config = replace(
+            c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers
+        )
         return model

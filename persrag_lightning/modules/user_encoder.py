@@ -22,22 +22,24 @@ from persrag_lightning.models.user_encoder import (
 from persrag_lightning.modules.losses import Negatives, info_nce
 from persrag_lightning.utils import ConfigError, as_settings, atomic_directory
 
+__all__ = ["ContrastiveSettings", "UserEncoderModule"]
+
 
 @dataclass
 class ContrastiveSettings:
-    """How stage 1 learns: symmetric InfoNCE between two augmented views per user (Eq. 2), Adam; the defaults are
-    the official CFRAG code's.
+    """How stage 1 learns: symmetric InfoNCE between two augmented views per user (Eq. 2), Adam; the
+    defaults are the official CFRAG code's.
 
     Args:
         temperature: tau1 of the InfoNCE loss (Eq. 2); the paper tunes it in {0.01, 0.1, 1}.
-        negatives: `all_views` contrasts each view with the other 2N - 1 views of the batch (SimCLR, as the
-            official code); `cross_view` only with the other user's views, Eq. 2 literally.
-        gather_negatives: under DDP, contrast against every rank's users (the single-process loss on the global
-            batch) instead of this rank's only.
+        negatives: `all_views` contrasts each view with the other 2N - 1 views of the batch (SimCLR,
+            as the official code); `cross_view` only with the other user's views, Eq. 2 literally.
+        gather_negatives: under DDP, contrast against every rank's users (the single-process loss on
+            the global batch) instead of this rank's only.
         lr: Adam's learning rate.
         weight_decay: Adam's weight decay.
-        freeze_doc_table: keep the frozen text encoder's doc-embedding table fixed; the official code fine-tunes
-            it (False).
+        freeze_doc_table: keep the frozen text encoder's doc-embedding table fixed; the official
+            code fine-tunes it (False).
     """
 
     temperature: float = 0.1
@@ -49,20 +51,22 @@ class ContrastiveSettings:
 
 
 
-# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know them
+# a checkpoint's hyperparameters hold these settings objects: torch.load (weights_only) must know
+# them
 torch.serialization.add_safe_globals([UserEncoderSettings, ContrastiveSettings])
 
 class UserEncoderModule(L.LightningModule):
-    """Two augmented views per user, symmetric InfoNCE (Eq. 2), Adam; validates user-retrieval quality.
+    """Two augmented views per user, symmetric InfoNCE (Eq. 2), Adam; validates user-retrieval
+    quality.
 
     Args:
-        config: the user encoder's shape and what it reads (exported as its config.json, with the doc table, the
-            history length and the text encoder added from the data).
+        config: the user encoder's shape and what it reads (exported as its config.json, with the
+            doc table, the history length and the text encoder added from the data).
         training: the contrastive loss and its optimiser.
-        eval_m: neighbours scored by validation's community precision (the paper retrieves m = 6 users including
-            the user itself, i.e. 5 others).
-        index: the exported user index: `auto` is exact cosine up to `index.AUTO_EXACT_MAX_USERS` users and HNSW
-            above; or `flat`, `ivf`, `hnsw`. Serving loads this index.
+        eval_m: neighbours scored by validation's community precision (the paper retrieves m = 6
+            users including the user itself, i.e. 5 others).
+        index: the exported user index: `auto` is exact cosine up to `index.AUTO_EXACT_MAX_USERS`
+            users and HNSW above; or `flat`, `ivf`, `hnsw`. Serving loads this index.
     """
 
     bundle_name = "user_encoder"
@@ -78,7 +82,8 @@ class UserEncoderModule(L.LightningModule):
         self.encoder: UserEncoder | None = None
         self.val_quality: UserRetrievalQuality | None = None
 
-    # ---- model construction (needs the data's doc table, so it happens in setup or from a checkpoint) -------
+    # ---- model construction (needs the data's doc table, so it happens in setup or from a
+    # checkpoint) -------
 
     def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None,
                mask_embedding: torch.Tensor | None = None) -> None:
@@ -114,7 +119,7 @@ class UserEncoderModule(L.LightningModule):
         if self.encoder is None:
             self._build(UserEncoderConfig(**checkpoint["user_encoder_config"]))
 
-    # ---- training ----------------------------------------------------------------------------------------------
+    # ---- training --------------------------------------------------------------------------------
 
     def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
         return self.encoder(doc_ids)
@@ -131,13 +136,16 @@ class UserEncoderModule(L.LightningModule):
         view_a, view_b = self(batch.view_a), self(batch.view_b)
         t = self.settings
         loss = info_nce(view_a, view_b, t.temperature, t.negatives,
-                        gather_negatives=t.gather_negatives)  # the same figure for any number of ranks
+                        # the same figure for any number of ranks
+                        gather_negatives=t.gather_negatives)
         self.log(f"{prefix}/loss", loss, sync_dist=True, batch_size=len(batch.users))
         self.val_quality.update(batch.users, self(batch.history), view_a, view_b)
 
     def _evaluation_epoch_end(self, prefix: str) -> None:
         for name, value in self.val_quality.compute().items():
-            self.log(f"{prefix}/{name}", value, prog_bar=True, sync_dist=False, rank_zero_only=False)
+            self.log(
+                f"{prefix}/{name}", value, prog_bar=True, sync_dist=False, rank_zero_only=False
+            )
         self.val_quality.reset()
 
     def validation_step(self, batch: UserHistoryBatch, batch_idx: int) -> None:
@@ -157,13 +165,18 @@ class UserEncoderModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
-        return torch.optim.Adam(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        return torch.optim.Adam(
+            params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
+        )
 
-    # ---- export ------------------------------------------------------------------------------------------------
+    # ---- export ----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def user_embeddings(self, datamodule: UserHistoryDataModule, batch_size: int = 256) -> torch.Tensor:
-        """Every pooled user's embedding from their pool (recent-100 docs), in datamodule user order."""
+    def user_embeddings(
+        self, datamodule: UserHistoryDataModule, batch_size: int = 256
+    ) -> torch.Tensor:
+        """Every pooled user's embedding from their pool (recent-100 docs), in datamodule user
+        order."""
         was_training = self.encoder.training
         self.encoder.eval()
         out = []
@@ -175,12 +188,13 @@ class UserEncoderModule(L.LightningModule):
         return torch.cat(out)
 
     def export(self, path: str | Path, datamodule: UserHistoryDataModule) -> Path:
-        """Write the serving bundle (weights, config, user-embedding table, faiss index) and, beside it, the
-        docstore of the users' histories that serving retrieves from."""
+        """Write the serving bundle (weights, config, user-embedding table, faiss index) and, beside
+        it, the docstore of the users' histories that serving retrieves from."""
         self.encoder.index_users(datamodule.user_ids, self.user_embeddings(datamodule),
                                  self.hparams.index)
         with atomic_directory(Path(path).parent / "docstore") as tmp:
             write_docstore(tmp, datamodule.dataset)
-        with atomic_directory(path) as tmp:  # a killed export leaves the previous bundle, never half of one
+        # a killed export leaves the previous bundle, never half of one
+        with atomic_directory(path) as tmp:
             self.encoder.save_pretrained(tmp)
         return Path(path)

@@ -1,9 +1,10 @@
-"""The one door for reading: a question and the docs retrieved for it become label scores, then an answer.
+"""The one door for reading: a question and the docs retrieved for it become label scores, then an
+answer.
 
-Evaluation, feedback labels, the generator's validation and serving all read through a `Reader`: the LLM reader
-(`reading/llm.py`: the Table 4 prompt, every label scored by the LLM, calibrated) or a trained reader
-(`reading/trained.py`: a classifier over the question and the docs with their labels). A reader of a generation
-task (LaMP-4/5/7) answers with text; only the LLM reader can.
+Evaluation, feedback labels, the generator's validation and serving all read through a `Reader`: the
+LLM reader (`reading/llm.py`: the Table 4 prompt, every label scored by the LLM, calibrated) or a
+trained reader (`reading/trained.py`: a classifier over the question and the docs with their
+labels). A reader of a generation task (LaMP-4/5/7) answers with text; only the LLM reader can.
 """
 
 from __future__ import annotations
@@ -14,25 +15,30 @@ from collections.abc import Sequence
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.llm.calibration import LabelReading
 
+__all__ = ["Docs", "Reader"]
+
 Docs = Sequence[Sequence[HistoryDoc]]  # the docs of each question, in rank order
 
 
 class Reader(ABC):
-    """Reads questions with their retrieved docs: `read` gives every label's score (label tasks), `answer` the
-    answers the evaluation scores, `score_targets` log p(target) (what a feedback label of metric `loglik` is)."""
+    """Reads questions with their retrieved docs: `read` gives every label's score (label tasks),
+    `answer` the answers the evaluation scores, `score_targets` log p(target) (what a feedback label
+    of metric `loglik` is)."""
 
     kind: str = "abstract"
 
     @abstractmethod
     def identity(self) -> dict:
-        """What changes this reader's scores and answers, for cache keys (model digests, reading settings)."""
+        """What changes this reader's scores and answers, for cache keys (model digests, reading
+        settings)."""
 
     @abstractmethod
     def read(self, task: str, inputs: Sequence[str], docs: Docs, *, prompt_gamma: float | None = None,
              phase: str | None = None, every_calibration: bool = False) -> LabelReading:
-        """Every allowed label's log-score for each question (`inputs[i]` read with `docs[i]`), and the answers under
-        the reader's calibration and decision; `every_calibration` also computes the terms of the calibrations it
-        knows, so the reading can be re-read under each (`LabelReading.under`). A named `phase` prints progress."""
+        """Every allowed label's log-score for each question (`inputs[i]` read with `docs[i]`), and
+        the answers under the reader's calibration and decision; `every_calibration` also computes
+        the terms of the calibrations it knows, so the reading can be re-read under each
+        (`LabelReading.under`). A named `phase` prints progress."""
 
     def answer(self, task: str, inputs: Sequence[str], docs: Docs, *, prompt_gamma: float | None = None,
                phase: str | None = None) -> list[str]:
@@ -47,11 +53,12 @@ class Reader(ABC):
     @abstractmethod
     def prompts(self, task: str, inputs: Sequence[str], docs: Docs, *,
                 prompt_gamma: float | None = None) -> list[str]:
-        """What the reader reads of each question, as text (serving shows it as the answer's provenance)."""
+        """What the reader reads of each question, as text (serving shows it as the answer's
+        provenance)."""
 
     def reading(self, task: str) -> dict:
-        """How label scores become answers for `task` (calibration, decision); empty for a reader that generates.
-        Part of the evaluation's cache key beside `identity`."""
+        """How label scores become answers for `task` (calibration, decision); empty for a reader
+        that generates. Part of the evaluation's cache key beside `identity`."""
         return {}
 
     @property

@@ -1,9 +1,11 @@
-"""The LLM reader: the Table 4 prompt of each question with its docs, read by the LLM of an `LLMConfig`.
+"""The LLM reader: the Table 4 prompt of each question with its docs, read by the LLM of an
+`LLMConfig`.
 
-Label tasks under `answer_mode: choose`: every allowed label is scored by its log-probability, calibrated against
-the label prior (llm/calibration.py) and decided by the task metric's rule. Otherwise the LLM generates the answer
-(the paper's setting), post-processed as the official evaluation or leniently. Every LLM output goes through a
-prompt store when one is given, so a prompt read once (by any build, stage or run) is never sent again.
+Label tasks under `answer_mode: choose`: every allowed label is scored by its log-probability,
+calibrated against the label prior (llm/calibration.py) and decided by the task metric's rule.
+Otherwise the LLM generates the answer (the paper's setting), post-processed as the official
+evaluation or leniently. Every LLM output goes through a prompt store when one is given, so a prompt
+read once (by any build, stage or run) is never sent again.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from persrag_lightning.llm.registry import PROGRESS_BLOCKS, LLMConfig
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 
-# label scores of the calibration prompts by (model fingerprint, task, prompts), for readers without a prompt store
-# (serving): a handful per task, the same for every request
+__all__ = ["LLMReader"]
+
+# label scores of the calibration prompts by (model fingerprint, task, prompts), for readers without
+# a prompt store (serving): a handful per task, the same for every request
 _TERM_SCORES: dict[tuple, list[list[float]]] = {}
 
 
 class LLMReader(Reader):
-    """An `LLMConfig`'s LLM reading Table 4 prompts; `llm` is loaded from the config when not given."""
+    """An `LLMConfig`'s LLM reading Table 4 prompts; `llm` is loaded from the config when not
+    given."""
 
     kind = "llm"
 
@@ -40,11 +45,13 @@ class LLMReader(Reader):
                  remember_terms: bool = True) -> None:
         """Args:
             config: which LLM reads, with its prompt budget, answer mode, calibration and decision.
-            llm: the loaded LLM (e.g. a generator module's model under training); None = `config.load()` on first use.
+            llm: the loaded LLM (e.g. a generator module's model under training); None =
+                `config.load()` on first use.
             store: the prompt store every output goes through; None reads every prompt (serving).
-            remember_terms: without a store, remember the calibration prompts' scores per model fingerprint and
-                task (serving: the same few prompts for every request); False scores them anew each time, for an
-                LLM whose weights change between calls (a generator under training).
+            remember_terms: without a store, remember the calibration prompts' scores per model
+                fingerprint and task (serving: the same few prompts for every request); False scores
+                them anew each time, for an LLM whose weights change between calls (a generator
+                under training).
         """
         self.config, self.store, self._llm, self.remember_terms = config, store, llm, remember_terms
 
@@ -74,12 +81,12 @@ class LLMReader(Reader):
         if self._llm is not None:
             self._llm.close()
 
-    # ---- questions → prompts -------------------------------------------------------------------------------------
+    # ---- questions → prompts ---------------------------------------------------------------------
 
     def prompts(self, task: str, inputs: Sequence[str], docs: Docs, *,
                 prompt_gamma: float | None = None) -> list[str]:
-        """Table 4 prompts fitted to the config's budget with the LLM's tokenizer (`prompt_gamma`: ClusterRAG's
-        Eq. 3 split of the budget; None: CFRAG's even split)."""
+        """Table 4 prompts fitted to the config's budget with the LLM's tokenizer (`prompt_gamma`:
+        ClusterRAG's Eq. 3 split of the budget; None: CFRAG's even split)."""
         return build_prompts(task, self.llm, list(inputs), [list(ds) for ds in docs], self.config.max_prompt_tokens,
                              prompt_gamma)
 
@@ -90,20 +97,22 @@ class LLMReader(Reader):
 
     def answer(self, task: str, inputs: Sequence[str], docs: Docs, *, prompt_gamma: float | None = None,
                phase: str | None = None) -> list[str]:
-        return self.answer_prompts(task, self.prompts(task, inputs, docs, prompt_gamma=prompt_gamma), phase=phase)
+        return self.answer_prompts(
+            task, self.prompts(task, inputs, docs, prompt_gamma=prompt_gamma), phase=phase
+        )
 
     def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
                       phase: str | None = None) -> list[float]:
         return self.score_prompts(self.prompts(task, inputs, docs), list(targets), phase=phase)
 
-    # ---- prompts → scores and answers (callers that built their prompts: the generator stage) ----------------------
+    # ---- prompts → scores and answers (callers that built their prompts: the generator stage) ----
 
     def read_prompts(self, task: str, prompts: Sequence[str], *, phase: str | None = None,
                      every_calibration: bool = False) -> LabelReading:
-        """Every allowed label's log p for every prompt (through the store: a calibration or decision changed later
-        costs no LLM call), the calibration's terms (every calibration's with `every_calibration`) and the answers
-        under the config's calibration and decision. Without a store the terms' few prompts are remembered per
-        model and task."""
+        """Every allowed label's log p for every prompt (through the store: a calibration or
+        decision changed later costs no LLM call), the calibration's terms (every calibration's with
+        `every_calibration`) and the answers under the config's calibration and decision. Without a
+        store the terms' few prompts are remembered per model and task."""
         config = self.config
         check_reading(config.calibration, config.decision)
         decision = resolve_decision(task, config.decision)
@@ -112,12 +121,16 @@ class LLMReader(Reader):
         terms_by: dict[str, list[float] | None] = {}
         for method in CALIBRATIONS if every_calibration else (config.calibration,):
             extra = calibration_prompts(task, method)
-            terms_by[method] = calibration_terms(method, self._term_scores(task, labels, extra)) if extra else None
+            terms_by[method] = (
+                calibration_terms(method, self._term_scores(task, labels, extra)) if extra else None
+            )
         return LabelReading(task, tuple(labels), rows, config.calibration, decision, terms_by)
 
-    def answer_prompts(self, task: str, prompts: Sequence[str], *, phase: str | None = None) -> list[str]:
-        """The answers to built prompts: the decided label under `choose`, else greedy text post-processed (the
-        task's token budget unless `max_new_tokens` is set)."""
+    def answer_prompts(
+        self, task: str, prompts: Sequence[str], *, phase: str | None = None
+    ) -> list[str]:
+        """The answers to built prompts: the decided label under `choose`, else greedy text
+        post-processed (the task's token budget unless `max_new_tokens` is set)."""
         if self.reads_labels:
             return self.read_prompts(task, prompts, phase=phase).answers
         config, prompts = self.config, list(prompts)
@@ -141,11 +154,15 @@ class LLMReader(Reader):
 
         return self._cached("loglik", prompts, compute, targets)
 
-    # ---- the store ------------------------------------------------------------------------------------------------
+    # ---- the store -------------------------------------------------------------------------------
 
-    def _label_scores(self, task: str, labels: list[str], prompts: list[str], phase: str | None) -> list[list[float]]:
+    def _label_scores(
+        self, task: str, labels: list[str], prompts: list[str], phase: str | None
+    ) -> list[list[float]]:
         def compute(todo: list[int]) -> list[list[float]]:
-            return self._blocks(todo, lambda part: self.llm.score_options([prompts[i] for i in part], labels), phase)
+            return self._blocks(
+                todo, lambda part: self.llm.score_options([prompts[i] for i in part], labels), phase
+            )
 
         return self._cached(f"label_scores:{task}", prompts, compute)
 
@@ -160,11 +177,15 @@ class LLMReader(Reader):
     def _blocks(self, todo: list[int], compute, phase: str | None) -> list:
         return in_blocks(todo, compute, phase, PROGRESS_BLOCKS * self.config.batch_size)
 
-    def _cached(self, kind: str, prompts: list[str], compute, targets: list[str] | None = None) -> list:
+    def _cached(
+        self, kind: str, prompts: list[str], compute, targets: list[str] | None = None
+    ) -> list:
         if not prompts:
             return []
         if self.store is None:
             return compute(list(range(len(prompts))))
         identity = self.identity()
         targets = targets if targets is not None else [""] * len(prompts)
-        return self.store.cached([prompt_key(identity, kind, p, t) for p, t in zip(prompts, targets)], compute)
+        return self.store.cached(
+            [prompt_key(identity, kind, p, t) for p, t in zip(prompts, targets)], compute
+        )

@@ -1,4 +1,5 @@
-"""Which reader a setting names: `llm` (the `LLMConfig`'s LLM) or a trained reader's export folder."""
+"""Which reader a setting names: `llm` (the `LLMConfig`'s LLM) or a trained reader's export
+folder."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ from persrag_lightning.data.prompt_store import PromptStore
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading.base import Reader
 
+__all__ = ["LLM_READER", "open_reader"]
+
 LLM_READER = "llm"
 
 
-def open_reader(reader: str, llm: LLMConfig | None = None, store: PromptStore | None = None) -> Reader:
-    """`reader`: `llm` (the LLM of `llm`, read through `store`) or the path of a trained reader's export (its
-    decision is the LLM config's, so both answer by the same rule)."""
+def open_reader(
+    reader: str, llm: LLMConfig | None = None, store: PromptStore | None = None
+) -> Reader:
+    """`reader`: `llm` (the LLM of `llm`, read through `store`) or the path of a trained reader's
+    export (its decision is the LLM config's, so both answer by the same rule)."""
     if reader == LLM_READER:
         from persrag_lightning.reading.llm import LLMReader
 

@@ -1,6 +1,7 @@
-"""The trained reader: the reader stage's export (models/reader.py) reading a question with its docs and their
-labels, behind the same `Reader` door as the LLM. Its scores are a trained distribution over the task's labels, so
-there is no label prior to calibrate: its readings carry the calibration `none` only."""
+"""The trained reader: the reader stage's export (models/reader.py) reading a question with its docs
+and their labels, behind the same `Reader` door as the LLM. Its scores are a trained distribution
+over the task's labels, so there is no label prior to calibrate: its readings carry the calibration
+`none` only."""
 
 from __future__ import annotations
 
@@ -16,24 +17,30 @@ from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 from persrag_lightning.utils import ConfigError, bundle_digest
 
+__all__ = ["TrainedReader"]
+
 BATCH = 64  # questions per forward at inference
 
 
 class TrainedReader(Reader):
-    """A `LabelReader` export read without Lightning; `decision` as the LLM reader's (`auto`: the task metric's)."""
+    """A `LabelReader` export read without Lightning; `decision` as the LLM reader's (`auto`: the
+    task metric's)."""
 
     kind = "trained"
 
     def __init__(self, path: str | Path, decision: str = "auto", batch_size: int = BATCH) -> None:
         """Args:
             path: the reader stage's export (checkpoints/<run>/reader).
-            decision: the answer taken from the label distribution (`auto`: arg max for accuracy, median for MAE).
+            decision: the answer taken from the label distribution (`auto`: arg max for accuracy,
+                median for MAE).
             batch_size: questions per forward.
         """
         self.path, self.decision, self.batch_size = Path(path), decision, batch_size
         if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(f"{self.path}: no trained reader export (config.json); make it with `python "
-                                    "train.py fit --config reader.yaml` (same --run_name)")
+            raise FileNotFoundError(
+                f"{self.path}: no trained reader export (config.json); make it with `python "
+                "train.py fit --config reader.yaml` (same --run_name)"
+            )
         self._model: LabelReader | None = None
         self._digest: str | None = None
 
@@ -55,18 +62,24 @@ class TrainedReader(Reader):
         return f"trained reader (decision {resolve_decision(task, self.decision)})"
 
     def _check_task(self, task: str) -> str:
-        """The task's name; a reader of another task, or of another folder's label set (every `--task labels`
-        folder is named `labels`), is refused."""
+        """The task's name; a reader of another task, or of another folder's label set (every
+        `--task labels` folder is named `labels`), is refused."""
         spec, config = get_task(task), self.model.config
         if spec.name != config.task:
-            raise ConfigError(f"{self.path}: this reader was trained on {config.task}, not {spec.name}")
+            raise ConfigError(
+                f"{self.path}: this reader was trained on {config.task}, not {spec.name}"
+            )
         if tuple(spec.labels or ()) != tuple(config.labels):
-            raise ConfigError(f"{self.path}: this reader was trained on the labels {list(config.labels)}, not "
-                              f"{list(spec.labels or ())}; train it on this folder")
+            raise ConfigError(
+                f"{self.path}: this reader was trained on the labels {list(config.labels)}, not "
+                f"{list(spec.labels or ())}; train it on this folder"
+            )
         return spec.name
 
     @torch.inference_mode()
-    def log_scores(self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None) -> list[list[float]]:
+    def log_scores(
+        self, task: str, inputs: Sequence[str], docs: Docs, phase: str | None = None
+    ) -> list[list[float]]:
         """log p(label | question, docs) for every label of the task, one row per question."""
         self._check_task(task)
         inputs, docs = list(inputs), [list(ds) for ds in docs]
@@ -85,7 +98,8 @@ class TrainedReader(Reader):
 
     def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
                       phase: str | None = None) -> list[float]:
-        """log p(target) under the reader's distribution; a target outside the labels is impossible (-inf)."""
+        """log p(target) under the reader's distribution; a target outside the labels is impossible
+        (-inf)."""
         spec = get_task(task)
         rows = self.log_scores(task, inputs, docs, phase)
         index = [spec.label_index(t) for t in targets]

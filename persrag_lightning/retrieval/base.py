@@ -1,4 +1,5 @@
-"""The one interface every retrieval method implements: queries in, top-k history docs with provenance out."""
+"""The one interface every retrieval method implements: queries in, top-k history docs with
+provenance out."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import MAX_HISTORY, corpus_doc_ids, visible_histories
 from persrag_lightning.data.records import HistoryDoc, LampDataset, User
 from persrag_lightning.utils import bundle_digest
+
+__all__ = ["DocStore", "Query", "RetrievedDoc", "Strategy", "cache_value"]
 
 
 @dataclass(frozen=True)
@@ -36,15 +39,17 @@ class RetrievedDoc:
     retriever_score: float = math.nan
     reranker_score: float = math.nan
     text: str = ""
-    source: str = "doc"  # "doc": a corpus row; "memory": a memory of the bank (row -1, doc_id = memory id)
+    # "doc": a corpus row; "memory": a memory of the bank (row -1, doc_id = memory id)
+    source: str = "doc"
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 class DocStore:
-    """Users' histories as corpus rows, with the records needed to render prompts: the one place that maps a
-    row to its doc, its owner and its text, for training (feedback) and inference alike."""
+    """Users' histories as corpus rows, with the records needed to render prompts: the one place
+    that maps a row to its doc, its owner and its text, for training (feedback) and inference
+    alike."""
 
     def __init__(self, dataset: LampDataset, corpus: Corpus | None = None) -> None:
         self.dataset = dataset
@@ -54,10 +59,13 @@ class DocStore:
     def __contains__(self, user_id: str) -> bool:
         return user_id in self.corpus
 
-    def rows(self, user_id: str, max_history: int | None = None, query: Query | None = None) -> np.ndarray:
-        """Rows of `user_id`'s docs that `query` may see (data/histories.py): its own question's profile when the
-        user is the query's, the user's collaborative pool otherwise; never a doc whose id is the query's example
-        id. Without a query: the pool (what the user encoder and MEAN user vectors read)."""
+    def rows(
+        self, user_id: str, max_history: int | None = None, query: Query | None = None
+    ) -> np.ndarray:
+        """Rows of `user_id`'s docs that `query` may see (data/histories.py): its own question's
+        profile when the user is the query's, the user's collaborative pool otherwise; never a doc
+        whose id is the query's example id. Without a query: the pool (what the user encoder and
+        MEAN user vectors read)."""
         if query is not None and user_id == query.user_id and query.example_id in self.visible.own:
             rows = self.visible.own[query.example_id]
         else:
@@ -67,16 +75,21 @@ class DocStore:
         return rows if max_history is None else rows[max(0, len(rows) - max_history):]
 
     def shares(self, user_id: str) -> bool:
-        """False for a user with `share: false`: never a neighbour, docs never in another user's prompt."""
+        """False for a user with `share: false`: never a neighbour, docs never in another user's
+        prompt."""
         return user_id not in self.dataset.private
 
-    def shared_neighbours(self, user_id: str, ranked: list[tuple[str, float]], m: int) -> list[tuple[str, float]]:
-        """The first m of a similarity ranking without private users (the query user itself always stays) and
-        without users removed from the store: the one filter every neighbour list goes through."""
+    def shared_neighbours(
+        self, user_id: str, ranked: list[tuple[str, float]], m: int
+    ) -> list[tuple[str, float]]:
+        """The first m of a similarity ranking without private users (the query user itself always
+        stays) and without users removed from the store: the one filter every neighbour list goes
+        through."""
         return [(u, s) for u, s in ranked if u == user_id or (self.shares(u) and u in self)][:m]
 
     def set_share(self, user_id: str, share: bool) -> None:
-        """Switch a user's sharing at serving time: private users lose their collaborative pool at once."""
+        """Switch a user's sharing at serving time: private users lose their collaborative pool at
+        once."""
         if share:
             self.dataset.private.discard(user_id)
             rows = self.corpus.rows_of(user_id)
@@ -86,8 +99,8 @@ class DocStore:
             self.visible.pool.pop(user_id, None)
 
     def remove_user(self, user_id: str) -> None:
-        """Forget a user at serving time: out of the corpus' user map, no pool, texts and records blanked (row
-        numbers of other users stay valid for the retriever's vectors)."""
+        """Forget a user at serving time: out of the corpus' user map, no pool, texts and records
+        blanked (row numbers of other users stay valid for the retriever's vectors)."""
         rows = self.corpus.remove_user(user_id)
         self.dataset.users.pop(user_id, None)
         self.dataset.private.discard(user_id)
@@ -98,18 +111,21 @@ class DocStore:
             self.corpus.docs[r] = HistoryDoc(self.corpus.doc_ids[r], self.corpus.docs[r].date, {})
 
     def pool_users(self) -> list[str]:
-        """Users whose docs others may retrieve (every user with a collaborative pool), in corpus order."""
+        """Users whose docs others may retrieve (every user with a collaborative pool), in corpus
+        order."""
         return [u for u in self.corpus.user_ids if len(self.visible.pool.get(u, _NO_ROWS))]
 
     def owner(self, row: int) -> str:
         return self.corpus.owner(row)
 
     def history_doc(self, row: int) -> HistoryDoc:
-        """The corpus doc of `row`; a negative row (a memory, `source="memory"`, has none) is an error, never
-        Python's wrap-around to the last doc."""
+        """The corpus doc of `row`; a negative row (a memory, `source="memory"`, has none) is an
+        error, never Python's wrap-around to the last doc."""
         if row < 0:
-            raise ValueError(f"row {row} is not a corpus row (memories have no history doc; render them with "
-                             "their text, as retrieval/memory.py does)")
+            raise ValueError(
+                f"row {row} is not a corpus row (memories have no history doc; render them with "
+                "their text, as retrieval/memory.py does)"
+            )
         return self.corpus.docs[row]
 
     def text(self, row: int) -> str:
@@ -125,34 +141,41 @@ class DocStore:
         return rows
 
     def doc(self, row: int, **scores: float) -> RetrievedDoc:
-        return RetrievedDoc(row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row])
+        return RetrievedDoc(
+            row, self.corpus.doc_ids[row], self.owner(row), **scores, text=self.corpus.texts[row]
+        )
 
 
 class Strategy(ABC):
     """A retrieval method of the evaluation (zero-shot, BM25, ..., CFRAG and its ablations)."""
 
     name: str = "strategy"
-    # The prompt budget its prompts are built with: None = CFRAG's builder (llm/prompts.build_prompt's even
-    # split); γ = ClusterRAG's Eq. 3 (seed 002), the query's largest share of the prompt's tokens.
+    # The prompt budget its prompts are built with: None = CFRAG's builder
+    # (llm/prompts.build_prompt's even split); γ = ClusterRAG's Eq. 3 (seed 002), the query's
+    # largest share of the prompt's tokens.
     prompt_gamma: float | None = None
 
     def prepare(self, store: DocStore) -> None:
-        """Build whatever the method needs over the store (indexes, embeddings); called once before retrieve."""
+        """Build whatever the method needs over the store (indexes, embeddings); called once before
+        retrieve."""
         self.store = store
 
     @abstractmethod
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
         """Top-k docs per query, best first."""
 
-    # Optional hooks, with what a strategy that retrieves for itself needs: a wrapper (a "+ tuned generator" row)
-    # overrides the first four, a strategy whose constructor settings do not say what it retrieves the last.
+    # Optional hooks, with what a strategy that retrieves for itself needs: a wrapper (a "+ tuned
+    # generator" row) overrides the first four, a strategy whose constructor settings do not say
+    # what it retrieves the last.
 
     def bind(self, by_name: dict[str, Strategy]) -> None:
-        """Given every strategy of the config by name, before any retrieves: a wrapper takes the one it names."""
+        """Given every strategy of the config by name, before any retrieves: a wrapper takes the one
+        it names."""
 
     @property
     def wrapped_name(self) -> str | None:
-        """The name of the config's strategy whose docs this one answers, or None: it retrieves for itself."""
+        """The name of the config's strategy whose docs this one answers, or None: it retrieves for
+        itself."""
         return None
 
     @property
@@ -162,25 +185,30 @@ class Strategy(ABC):
 
     @property
     def answering_model(self) -> str | None:
-        """The exported generator folder that answers this strategy's prompts, or None: the evaluation's LLM."""
+        """The exported generator folder that answers this strategy's prompts, or None: the
+        evaluation's LLM."""
         return None
 
     def cache_config(self) -> dict | None:
-        """What identifies this strategy's retrievals in the caches, where its constructor's settings do not
-        (None: they do; retrieval/strategies.py's `strategy_config` reads them; `cache_value` turns a setting into
-        what a key holds)."""
+        """What identifies this strategy's retrievals in the caches, where its constructor's
+        settings do not (None: they do; retrieval/strategies.py's `strategy_config` reads them;
+        `cache_value` turns a setting into what a key holds)."""
         return None
 
     def use_reranker_runtime(self, runtime: str) -> None:
-        """Run this strategy's cross-encoder in `runtime` unless its settings name one (strategies.py's
-        `set_reranker_runtime`, before any retrieval: the runtime is part of the cache key); no-op without one."""
+        """Run this strategy's cross-encoder in `runtime` unless its settings name one
+        (strategies.py's `set_reranker_runtime`, before any retrieval: the runtime is part of the
+        cache key); no-op without one."""
 
 
 def cache_value(value: object) -> object:
-    """A setting as a cache key holds it: an exported bundle (a folder with config.json) or a cohort export by the
-    digest of its files, a settings object by its fields, a plain value as it is; None for anything else (models
-    and indexes a strategy loaded: what they hold is named by the settings that loaded them)."""
-    if isinstance(value, str) and any((Path(value) / name).is_file() for name in ("config.json", "cohorts.json")):
+    """A setting as a cache key holds it: an exported bundle (a folder with config.json) or a cohort
+    export by the digest of its files, a settings object by its fields, a plain value as it is; None
+    for anything else (models and indexes a strategy loaded: what they hold is named by the settings
+    that loaded them)."""
+    if isinstance(value, str) and any(
+        (Path(value) / name).is_file() for name in ("config.json", "cohorts.json")
+    ):
         return {"bundle": bundle_digest(value)}
     if isinstance(value, (str, int, float, bool, type(None))):
         return value

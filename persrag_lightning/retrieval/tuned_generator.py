@@ -1,18 +1,23 @@
-"""A "strategy + tuned generator" row of the evaluation: the docs another strategy of the config retrieves, answered
-by the generator stage's export instead of the evaluation's LLM, so the table shows what retrieval adds once the
-generator has learned to use it."""
+"""A "strategy + tuned generator" row of the evaluation: the docs another strategy of the config
+retrieves, answered by the generator stage's export instead of the evaluation's LLM, so the table
+shows what retrieval adds once the generator has learned to use it."""
 
 from __future__ import annotations
 
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.utils import ConfigError
 
+__all__ = ["TunedGenerator"]
+
 
 class TunedGenerator(Strategy):
-    """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an exported
-    generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings with it as the model."""
+    """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an
+    exported generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings
+    with it as the model."""
 
-    def __init__(self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None) -> None:
+    def __init__(
+        self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None
+    ) -> None:
         """Args are names and paths; the evaluation binds the strategy and loads the generator.
 
         Args:
@@ -40,13 +45,17 @@ class TunedGenerator(Strategy):
     def bind(self, by_name: dict[str, Strategy]) -> None:
         if self.retrieval is None:
             if self.retrieval_name not in by_name:
-                raise ConfigError(f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
-                                 f"(have {sorted(by_name)})")
+                raise ConfigError(
+                    f"{self.name}: no strategy named {self.retrieval_name!r} in the config "
+                    f"(have {sorted(by_name)})"
+                )
             self.retrieval = by_name[self.retrieval_name]
 
     def _wrapped(self) -> Strategy:
         if self.retrieval is None:
-            raise RuntimeError(f"{self.name}: bind() the strategies of the config before retrieving")
+            raise RuntimeError(
+                f"{self.name}: bind() the strategies of the config before retrieving"
+            )
         return self.retrieval
 
     def prepare(self, store: DocStore) -> None:

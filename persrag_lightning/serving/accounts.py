@@ -1,6 +1,7 @@
-"""Accounts and secrets of `persrag serve`: bearer tokens kept only as sha256 hashes, the account store
-`accounts.jsonl` (one line per account, mode 0600, appended at a sign-up's commit point, rewritten only to forget
-a user), and the 0700 state folder and 0600 secret files the service writes."""
+"""Accounts and secrets of `persrag serve`: bearer tokens kept only as sha256 hashes, the account
+store `accounts.jsonl` (one line per account, mode 0600, appended at a sign-up's commit point,
+rewritten only to forget a user), and the 0700 state folder and 0600 secret files the service
+writes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ __all__ = ["ACCOUNTS", "Account", "AccountStore", "Caller", "hash_token", "priva
 log = logging.getLogger(__name__)
 
 ACCOUNTS = "accounts.jsonl"
-LEGACY_ACCOUNTS = "accounts.json"  # written whole by earlier versions: turned into accounts.jsonl at start
+# written whole by earlier versions: turned into accounts.jsonl at start
+LEGACY_ACCOUNTS = "accounts.json"
 
 
 def hash_token(token: str) -> str:
@@ -47,8 +49,8 @@ class Account:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request comes from: a user (by token) or the admin; a user's token hash is checked again when the
-    request starts its work, so a token revoked in between (a deletion) is refused.
+    """Who a request comes from: a user (by token) or the admin; a user's token hash is checked
+    again when the request starts its work, so a token revoked in between (a deletion) is refused.
 
     Args:
         user_id: the token's user; None for the admin.
@@ -70,8 +72,8 @@ def private_dir(path: Path) -> Path:
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write a file created 0600 from the start (never readable by others, not even for an instant), then rename
-    it over `path`."""
+    """Write a file created 0600 from the start (never readable by others, not even for an instant),
+    then rename it over `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -86,8 +88,9 @@ def write_secret(path: Path, text: str) -> None:
 
 
 class AccountStore:
-    """The accounts of one state folder, in memory (by user and by token hash) and on disk: append-only lines,
-    rewritten only to forget a user. Not locked: the service calls it under its state lock.
+    """The accounts of one state folder, in memory (by user and by token hash) and on disk:
+    append-only lines, rewritten only to forget a user. Not locked: the service calls it under its
+    state lock.
 
     Args:
         state: the service's state folder, holding `accounts.jsonl`.
@@ -101,8 +104,8 @@ class AccountStore:
         self._by_hash: dict[str, str] = {}
 
     def load(self) -> None:
-        """Read the store (an earlier version's accounts.json converted; a torn last line, a sign-up killed
-        mid-append, dropped)."""
+        """Read the store (an earlier version's accounts.json converted; a torn last line, a sign-up
+        killed mid-append, dropped)."""
         legacy = self.path.with_name(LEGACY_ACCOUNTS)
         if legacy.is_file() and not self.path.is_file():
             for uid, a in json.loads(legacy.read_text()).items():
@@ -122,11 +125,14 @@ class AccountStore:
             try:
                 a = json.loads(line)
             except ValueError:
-                if i == len(lines) - 1:  # a sign-up killed mid-append: never committed; drop the torn line
+                # a sign-up killed mid-append: never committed; drop the torn line
+                if i == len(lines) - 1:
                     log.warning("%s: dropping a torn last line (a sign-up cut short)", self.path)
                     self.save()
                     return
-                raise ValueError(f"{self.path}: line {i + 1} is not JSON; the account store is damaged") from None
+                raise ValueError(
+                    f"{self.path}: line {i + 1} is not JSON; the account store is damaged"
+                ) from None
             self.accounts[a["user_id"]] = Account(a["user_id"], a["token_sha256"], bool(a.get("share", True)),
                                                   float(a.get("created_at", 0.0)))
 
@@ -136,7 +142,8 @@ class AccountStore:
                            "created_at": a.created_at}, ensure_ascii=False) + "\n"
 
     def append(self, account: Account) -> None:
-        """The commit point of a sign-up: one line appended (0600, fsynced); the file is never rewritten for it."""
+        """The commit point of a sign-up: one line appended (0600, fsynced); the file is never
+        rewritten for it."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(self._line(account))
@@ -144,16 +151,19 @@ class AccountStore:
             os.fsync(f.fileno())
 
     def save(self) -> None:
-        """The whole store rewritten (atomic, 0600): only to forget a user, whose line must leave no byte."""
+        """The whole store rewritten (atomic, 0600): only to forget a user, whose line must leave no
+        byte."""
         write_secret(self.path, "".join(self._line(a) for a in self.accounts.values()))
 
     def add(self, account: Account) -> None:
-        """An account committed on disk (append), now known in memory: its token works from here on."""
+        """An account committed on disk (append), now known in memory: its token works from here
+        on."""
         self.accounts[account.user_id] = account
         self._by_hash[account.token_sha256] = account.user_id
 
     def revoke(self, user_id: str) -> None:
-        """The user's token refused from now on (a deletion under way); the account is still on disk."""
+        """The user's token refused from now on (a deletion under way); the account is still on
+        disk."""
         account = self.accounts.get(user_id)
         if account is not None:
             self._by_hash.pop(account.token_sha256, None)
@@ -177,5 +187,6 @@ class AccountStore:
         return Caller(uid, token_sha256=digest)
 
     def holds(self, caller: Caller, user_id: str) -> bool:
-        """Whether the caller's user token is still `user_id`'s (not revoked since it was authenticated)."""
+        """Whether the caller's user token is still `user_id`'s (not revoked since it was
+        authenticated)."""
         return caller.token_sha256 is not None and self._by_hash.get(caller.token_sha256) == user_id

@@ -1,15 +1,17 @@
-"""`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and checked here —
-Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — then parsed by the service with the
-body's pydantic model (serving/requests.py), so every bad request is a 4xx with a one-line `error` message, never
-a 500, and nothing is stored before the whole request is valid. The raw checks come first, and the caller's token
-before them, which FastAPI's own body parameters would not keep. Around every
-request: the Host header checked against the bind address (DNS rebinding), per-client rate limits, and security
-headers (a CSP that admits exactly the page's own inline script and style, no framing, no sniffing, no caching).
+"""`persrag serve`: the HTTP face of ChatService (FastAPI; run by uvicorn). Bodies are read and
+checked here — Content-Type, size, UTF-8, JSON (nesting depth, integer size), object — then parsed
+by the service with the body's pydantic model (serving/requests.py), so every bad request is a 4xx
+with a one-line `error` message, never a 500, and nothing is stored before the whole request is
+valid. The raw checks come first, and the caller's token before them, which FastAPI's own body
+parameters would not keep. Around every request: the Host header checked against the bind address
+(DNS rebinding), per-client rate limits, and security headers (a CSP that admits exactly the page's
+own inline script and style, no framing, no sniffing, no caching).
 
-Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible + provenance),
-GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST /v1/users/{id}/history,
-DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()` describes every body with the
-schemas of those models (the schema the fuzzing tests generate requests from); it is not served.
+Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible +
+provenance), GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST
+/v1/users/{id}/history, DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()`
+describes every body with the schemas of those models (the schema the fuzzing tests generate
+requests from); it is not served.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ from persrag_lightning.serving.requests import Chat, Error, History, SignUp
 from persrag_lightning.serving.service import ChatService
 from persrag_lightning.serving.validation import ServiceError
 
+__all__ = ["allowed_hosts_for", "create_app"]
+
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20  # 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits
+# 1 MiB: a message is at most 8,000 characters; a history of MAX_HISTORY_DOCS docs fits
+MAX_BODY_BYTES = 1 << 20
 PAGE = Path(__file__).with_name("static") / "chat.html"
 JSON_TYPES = ("application/json",)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -53,19 +58,23 @@ API_HEADERS = {
 
 
 def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "status": status}}, status_code=status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "status": status}}, status_code=status, headers=headers
+    )
 
 
 async def read_json(request: Request) -> dict:
     """The body as a JSON object, or a ServiceError naming what is wrong with it."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in JSON_TYPES:
-        # a cross-site form or text/plain POST needs no preflight: refusing it is what keeps a page elsewhere
-        # from signing users up (or chatting) through a visitor's browser
+        # a cross-site form or text/plain POST needs no preflight: refusing it is what keeps a page
+        # elsewhere from signing users up (or chatting) through a visitor's browser
         raise ServiceError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ServiceError(413, f"body has {int(length)} bytes, more than the limit of {MAX_BODY_BYTES}")
+        raise ServiceError(
+            413, f"body has {int(length)} bytes, more than the limit of {MAX_BODY_BYTES}"
+        )
     body = b""
     async for chunk in request.stream():
         body += chunk
@@ -80,19 +89,24 @@ async def read_json(request: Request) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ServiceError(400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise ServiceError(
+            400, f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     except RecursionError:
         raise ServiceError(400, "malformed JSON body: nested too deeply") from None
     except ValueError as e:  # an integer of more than 4,300 digits (int_max_str_digits)
-        raise ServiceError(400, f"malformed JSON body: a number with too many digits ({e})") from None
+        raise ServiceError(
+            400, f"malformed JSON body: a number with too many digits ({e})"
+        ) from None
     if not isinstance(obj, dict):
         raise ServiceError(400, f"body must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
 def allowed_hosts_for(bind_host: str, configured: Sequence[str] | None = None) -> list[str] | None:
-    """The Host header values a server bound to `bind_host` answers: the configured names, else the bind address
-    (with the loopback names when it is loopback); None (any) for a wildcard bind without configured names."""
+    """The Host header values a server bound to `bind_host` answers: the configured names, else the
+    bind address (with the loopback names when it is loopback); None (any) for a wildcard bind
+    without configured names."""
     if configured:
         return list(configured)
     host = bind_host.strip("[]")
@@ -105,7 +119,7 @@ def allowed_hosts_for(bind_host: str, configured: Sequence[str] | None = None) -
     return list(dict.fromkeys([host, *LOOPBACK_NAMES])) if loopback else [host]
 
 
-def host_name(header: str) -> str:
+def _host_name(header: str) -> str:
     """`example.org:8000` → `example.org`, `[::1]:8000` → `::1`."""
     header = header.strip().lower()
     if header.startswith("["):
@@ -113,8 +127,9 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def page_and_csp() -> tuple[str, str]:
-    """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style by hash."""
+def _page_and_csp() -> tuple[str, str]:
+    """The chat page with its questionnaire, and a CSP admitting exactly its inline script and style
+    by hash."""
     questions = json.dumps([{"category": q.category, "text": q.text} for q in QUESTIONNAIRE])
     html = PAGE.read_text(encoding="utf-8").replace("/*QUESTIONNAIRE*/[]", questions)
 
@@ -128,7 +143,7 @@ def page_and_csp() -> tuple[str, str]:
     return html, csp
 
 
-# ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) --------------
+# ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) ----
 
 BODIES = (SignUp, Chat, History)
 REFUSALS = (400, 401, 403, 404, 409, 413, 415, 422, 429)
@@ -142,7 +157,8 @@ def body_schemas() -> dict:
 
 
 def _body(model: type[BaseModel]) -> dict:
-    """A path operation's body and refusals; the body is read by hand (read_json), then parsed with `model`."""
+    """A path operation's body and refusals; the body is read by hand (read_json), then parsed with
+    `model`."""
     errors = {str(s): {"description": "refused", "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/Error"}}}} for s in REFUSALS}
     return {"requestBody": {"required": True, "content": {"application/json": {
@@ -151,20 +167,21 @@ def _body(model: type[BaseModel]) -> dict:
 
 def create_app(service: ChatService, model_name: str = "persrag-cfrag", limits: Limits | None = None,
                allowed_hosts: Sequence[str] | None = None) -> FastAPI:
-    """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered (None: any;
-    `persrag serve` passes allowed_hosts_for(--host, --allowed_host))."""
+    """`limits`: per-client rate limits (default Limits()); `allowed_hosts`: the Host names answered
+    (None: any; `persrag serve` passes allowed_hosts_for(--host, --allowed_host))."""
     app = FastAPI(title="persrag", description="Personalized chat: CFRAG docs + a per-user memory bank",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.openapi = lambda: openapi_schema(app)
-    add_guard(app, limits or Limits(), allowed_hosts)
-    add_error_handlers(app)
-    add_routes(app, service, model_name)
+    _add_guard(app, limits or Limits(), allowed_hosts)
+    _add_error_handlers(app)
+    _add_routes(app, service, model_name)
     return app
 
 
 def openapi_schema(app: FastAPI) -> dict:
-    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer scheme."""
+    """FastAPI's description of the routes, with the bodies' schemas (body_schemas) and the bearer
+    scheme."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
         schema.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas())
@@ -173,22 +190,24 @@ def openapi_schema(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
-    """Around every request: the Host header, the rate limits (a sign-up counts once it created an account) and
-    the security headers."""
+def _add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None) -> None:
+    """Around every request: the Host header, the rate limits (a sign-up counts once it created an
+    account) and the security headers."""
     signups = RateLimiter(limits.signup_per_minute, limits.max_clients)
     requests_ = RateLimiter(limits.requests_per_minute, limits.max_clients)
     hosts = {h.lower().strip("[]") for h in allowed_hosts} if allowed_hosts is not None else None
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if hosts is not None and host_name(request.headers.get("host", "")) not in hosts:
+        if hosts is not None and _host_name(request.headers.get("host", "")) not in hosts:
             response = error(400, "unexpected Host header; this server answers "
                                   f"{', '.join(sorted(hosts))} (persrag serve --allowed_host)")
         else:
             client = request.client.host if request.client else "unknown"
             signing_up = request.method == "POST" and request.url.path == "/v1/users"
-            wait = requests_.take(client) or (signups.take(client, spend=False) if signing_up else 0)
+            wait = requests_.take(client) or (
+                signups.take(client, spend=False) if signing_up else 0
+            )
             if wait:
                 response = error(429, f"rate limit of this client reached; retry after {wait} s",
                                  {"Retry-After": str(wait)})
@@ -201,9 +220,9 @@ def add_guard(app: FastAPI, limits: Limits, allowed_hosts: Sequence[str] | None)
         return response
 
 
-def add_error_handlers(app: FastAPI) -> None:
-    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's (404, 405) and
-    FastAPI's own validation (of nothing the routes declare today)."""
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in one shape, `{"error": {"message", "status"}}`: the service's, Starlette's
+    (404, 405) and FastAPI's own validation (of nothing the routes declare today)."""
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -215,12 +234,15 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        return error(
+            422, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        )
 
 
-def add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
-    """The endpoints: the token first, then the body (read_json), then the service in a worker thread."""
-    page_html, page_csp = page_and_csp()
+def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
+    """The endpoints: the token first, then the body (read_json), then the service in a worker
+    thread."""
+    page_html, page_csp = _page_and_csp()
 
     def caller(request: Request):
         return service.authenticate(request.headers.get("authorization"))

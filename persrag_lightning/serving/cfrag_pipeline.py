@@ -1,6 +1,6 @@
-"""Serving CFRAG without Lightning: `CFRAGPipeline.from_pretrained("checkpoints/<run>")` loads the exported
-bundles (user encoder, retriever, reranker, docstore; with `users="cluster"` the cohort export of `persrag
-cluster`) and answers `retrieve`, `generate`, `add_user` and `remove_user`."""
+"""Serving CFRAG without Lightning: `CFRAGPipeline.from_pretrained("checkpoints/<run>")` loads the
+exported bundles (user encoder, retriever, reranker, docstore; with `users="cluster"` the cohort
+export of `persrag cluster`) and answers `retrieve`, `generate`, `add_user` and `remove_user`."""
 
 from __future__ import annotations
 
@@ -27,24 +27,27 @@ from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
 
-COHORTS = "clusters"  # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
+__all__ = ["CFRAGPipeline", "Generation"]
+
+# the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
+COHORTS = "clusters"
 
 
 def serving_runtime(part: str = "reranker") -> str:
-    """The runtime of the serving reranker or query encoder (`part`) when none is named (`"auto"`): OpenVINO where
-    it is installed (the `openvino` extra; bf16 where the CPU computes it natively, f32 elsewhere); else, for the
-    reranker, torch's bf16 autocast where the CPU computes bf16 natively, and fp32 otherwise. On 2 cores of the
-    quick export (benchmarks/bench_serving.py, docs/performance/serving.md) OpenVINO reranked faster than bf16
-    autocast and nearer the fp32 order, and embedded the query faster than fp32 torch, where bf16 autocast
-    embedded it slower."""
+    """The runtime of the serving reranker or query encoder (`part`) when none is named (`"auto"`):
+    OpenVINO where it is installed (the `openvino` extra; bf16 where the CPU computes it natively,
+    f32 elsewhere); else, for the reranker, torch's bf16 autocast where the CPU computes bf16
+    natively, and fp32 otherwise. On 2 cores of the quick export (benchmarks/bench_serving.py,
+    docs/performance/serving.md) OpenVINO reranked faster than bf16 autocast and nearer the fp32
+    order, and embedded the query faster than fp32 torch, where bf16 autocast embedded it slower."""
     if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
         return "openvino"
     return native_runtime("bf16_if_native") if part == "reranker" else "fp32"
 
 
 def all_exported(strategy: CFRAG) -> bool:
-    """Whether every encoder CFRAG's retrieval runs (the query encoder, the reranker and its first cut) runs in an
-    exported runtime, outside torch (after `prepare`)."""
+    """Whether every encoder CFRAG's retrieval runs (the query encoder, the reranker and its first
+    cut) runs in an exported runtime, outside torch (after `prepare`)."""
     models = [m for m in (strategy._reranker, strategy._first_cut) if m is not None]
     return (strategy.retriever.query_runtime in EXPORTED_RUNTIMES
             and all(m.runtime in EXPORTED_RUNTIMES for m in models))
@@ -52,7 +55,8 @@ def all_exported(strategy: CFRAG) -> bool:
 
 @dataclass
 class Generation:
-    """An answer (as the pipeline's reader gives it), what the reader read and the docs (with provenance) it holds."""
+    """An answer (as the pipeline's reader gives it), what the reader read and the docs (with
+    provenance) it holds."""
 
     answer: str
     prompt: str
@@ -64,13 +68,14 @@ class CFRAGPipeline:
 
     def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5,
                  threads: int | None = None, reader: str = LLM_READER) -> None:
-        """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of exported
-        runtimes (onnx, openvino: fixed when they load, here). None: the process's count, except that torch
-        retrieves on 1 thread when every encoder of the retrieval runs exported: torch then does only small ops,
-        and its idle OpenMP workers, spinning after each, took cores from OpenVINO's threads (a lower p95 on dev:
-        docs/serving/pipeline.md). On cores shared with other jobs 1 thread was much faster than 2; the count is
-        process-wide while set, so other threads of the process running torch meanwhile share it. `reader`: who
-        answers `generate` (reading/): `llm` (the `llm` settings' LLM) or a trained reader's export folder."""
+        """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of
+        exported runtimes (onnx, openvino: fixed when they load, here). None: the process's count,
+        except that torch retrieves on 1 thread when every encoder of the retrieval runs exported:
+        torch then does only small ops, and its idle OpenMP workers, spinning after each, took cores
+        from OpenVINO's threads (a lower p95 on dev: docs/serving/pipeline.md). On cores shared with
+        other jobs 1 thread was much faster than 2; the count is process-wide while set, so other
+        threads of the process running torch meanwhile share it. `reader`: who answers `generate`
+        (reading/): `llm` (the `llm` settings' LLM) or a trained reader's export folder."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
@@ -82,7 +87,9 @@ class CFRAGPipeline:
         self._text_encoder: TextEncoder | None = None
         with self._torch_threads(threads):
             strategy.prepare(store)
-        self.retrieve_threads = threads if threads is not None else (1 if all_exported(strategy) else None)
+        self.retrieve_threads = (
+            threads if threads is not None else (1 if all_exported(strategy) else None)
+        )
 
     @contextmanager
     def _torch_threads(self, n: int | None):
@@ -105,22 +112,24 @@ class CFRAGPipeline:
                         threads: int | None = None, reranker: str | None = "reranker",
                         query_runtime: str = "auto", first_cut: str | None = None,
                         reader: str = LLM_READER) -> CFRAGPipeline:
-        """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means the untuned
-        encoder, a missing reranker means first-stage order (the paper's ablations). `users="cluster"` takes the
-        similar users from the cohort export (`cohort_export`, default `run_dir`/clusters) as CFRAG's `users:
-        cluster` row of the evaluation does; new users join their nearest cohort, nobody is re-clustered.
-        `rerank_top`, `reranker_runtime`, `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings
-        (retrieval/cfrag.py); the serving defaults are what benchmarks/bench_serving.py measured (docs/performance/
-        serving.md): docs tokenised once (the same pairs), the cross-encoder and the query encoder in the fastest
-        runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's bf16 autocast where the CPU
-        computes bf16 natively, fp32 elsewhere. Pass `reranker_runtime="fp32", query_runtime="fp32",
-        cache_doc_tokens=False` for the evaluation's exact CFRAG. `reranker` names the
-        reranker bundle inside `run_dir`: "reranker_distilled" serves the one-layer student of
-        cfrag_reranker_distilled.yaml (docs/training/stages.md: faster reranking, a different order); None
-        serves the first-stage order (Table 3's "w/o reranker tuning"). `first_cut` names a cheaper reranker bundle
-        inside `run_dir` ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
-        (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside `run_dir` ("reader")
-        or its folder, which then answers `generate` (label tasks)."""
+        """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means
+        the untuned encoder, a missing reranker means first-stage order (the paper's ablations).
+        `users="cluster"` takes the similar users from the cohort export (`cohort_export`, default
+        `run_dir`/clusters) as CFRAG's `users: cluster` row of the evaluation does; new users join
+        their nearest cohort, nobody is re-clustered. `rerank_top`, `reranker_runtime`,
+        `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings (retrieval/cfrag.py);
+        the serving defaults are what benchmarks/bench_serving.py measured (docs/performance/
+        serving.md): docs tokenised once (the same pairs), the cross-encoder and the query encoder
+        in the fastest runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's
+        bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere. Pass
+        `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
+        exact CFRAG. `reranker` names the reranker bundle inside `run_dir`: "reranker_distilled"
+        serves the one-layer student of cfrag_reranker_distilled.yaml (docs/training/stages.md:
+        faster reranking, a different order); None serves the first-stage order (Table 3's "w/o
+        reranker tuning"). `first_cut` names a cheaper reranker bundle inside `run_dir`
+        ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
+        (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside
+        `run_dir` ("reader") or its folder, which then answers `generate` (label tasks)."""
         run_dir = Path(run_dir)
         user_encoder = bundle(run_dir, "user_encoder")
         if user_encoder is None:
@@ -167,16 +176,21 @@ class CFRAGPipeline:
     def reader(self) -> Reader:
         """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
         if self._reader is None:
-            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER  # chat's LLM
+            # chat's LLM
+            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER
                             else open_reader(self.reader_spec, self.llm_config))
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:
-        """Top-k docs for a user's query, with owner, user similarity, retriever and reranker scores."""
+        """Top-k docs for a user's query, with owner, user similarity, retriever and reranker
+        scores."""
         return self.retrieve_batch([user_id], [query], k)[0]
 
-    def retrieve_batch(self, user_ids: list[str], queries: list[str], k: int | None = None) -> list[list[RetrievedDoc]]:
-        """Batched retrieval: queries are embedded together, which is where the throughput comes from."""
+    def retrieve_batch(
+        self, user_ids: list[str], queries: list[str], k: int | None = None
+    ) -> list[list[RetrievedDoc]]:
+        """Batched retrieval: queries are embedded together, which is where the throughput comes
+        from."""
         missing = [u for u in user_ids if u not in self.store]
         if missing:
             raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
@@ -186,7 +200,8 @@ class CFRAGPipeline:
             return self.strategy.retrieve(qs, k or self.k)
 
     def generate(self, user_id: str, query: str) -> Generation:
-        """`query` is the task input as LaMP writes it (e.g. "Which tag does this movie relate to ... description: …")."""
+        """`query` is the task input as LaMP writes it (e.g. "Which tag does this movie relate to
+        ... description: …")."""
         return self.generate_batch([user_id], [query])[0]
 
     def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
@@ -198,15 +213,16 @@ class CFRAGPipeline:
 
     @torch.no_grad()
     def add_user(self, user_id: str, history: list[dict]) -> None:
-        """Make a new user retrievable at once: docs as {id, date, fields}; e_u from the exported user encoder
-        over the frozen encoder's doc vectors (the fine-tuned doc table only knows the training docs)."""
+        """Make a new user retrievable at once: docs as {id, date, fields}; e_u from the exported
+        user encoder over the frozen encoder's doc vectors (the fine-tuned doc table only knows the
+        training docs)."""
         self.attach_user(*self.encode_user(user_id, history))
 
     @torch.no_grad()
     def encode_user(self, user_id: str, history: list[dict],
                     replace: bool = False) -> tuple[User, torch.Tensor, torch.Tensor]:
-        """(user, the retriever's doc vectors, e_u) of a new history, computed without changing anything, so a
-        caller can persist them before the user becomes visible."""
+        """(user, the retriever's doc vectors, e_u) of a new history, computed without changing
+        anything, so a caller can persist them before the user becomes visible."""
         user = User(user_id, history_from_json(history))
         if not user.docs:
             raise ValueError(f"user {user_id!r} has an empty history")
@@ -220,11 +236,13 @@ class CFRAGPipeline:
         ue = s.user_encoder
         recent = texts[-ue.config.max_history:]
         vectors = self.text_encoder.encode(recent).unsqueeze(0)
-        # a judgments-aware encoder (`label`, `paired`) embeds each doc's label (tag, score) with its text: the new
-        # user's judgments enter their embedding as the training users' did
+        # a judgments-aware encoder (`label`, `paired`) embeds each doc's label (tag, score) with
+        # its text: the new user's judgments enter their embedding as the training users' did
         labels = ue.doc_label_ids(user.docs[-ue.config.max_history:]).unsqueeze(0) if ue.uses_judgments else None
         ue.eval()
-        e_u = ue.encode_embeddings(vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels).squeeze(0)
+        e_u = ue.encode_embeddings(
+            vectors, torch.zeros(1, len(recent), dtype=torch.bool), labels
+        ).squeeze(0)
         user_vector = e_u if s.user_vector_source() == "encoder" else vectors[0].mean(0)
         return user, doc_vectors, torch.stack([e_u, user_vector])
 
@@ -234,9 +252,9 @@ class CFRAGPipeline:
         return self.strategy._cohort_model
 
     def cohort_assignment(self, user_vectors: torch.Tensor) -> dict | None:
-        """Where a new user (vectors of `encode_user`) will land: the nearest cohort centroid, noise policy
-        applied, nothing changed; with the export's fingerprint, so a caller can persist it and a restart on
-        the same export reuses it. None without cohorts."""
+        """Where a new user (vectors of `encode_user`) will land: the nearest cohort centroid, noise
+        policy applied, nothing changed; with the export's fingerprint, so a caller can persist it
+        and a restart on the same export reuses it. None without cohorts."""
         if self.cohorts is None:
             return None
         a = self.cohorts.assign(user_vectors[1].float().numpy())
@@ -245,27 +263,36 @@ class CFRAGPipeline:
 
     def attach_user(self, user: User, doc_vectors: torch.Tensor, user_vectors: torch.Tensor,
                     cohort: dict | None = None, share: bool = True) -> None:
-        """Append a user whose vectors are known (encode_user, or a restart reading them back); `cohort` is a
-        persisted `cohort_assignment`, reused when it was made on the cohort export now loaded. `share: false`
-        is set before the docs are added, so no retrieval ever sees the user shared (one step for the caller's
-        lock, not attach-then-hide)."""
+        """Append a user whose vectors are known (encode_user, or a restart reading them back);
+        `cohort` is a persisted `cohort_assignment`, reused when it was made on the cohort export
+        now loaded. `share: false` is set before the docs are added, so no retrieval ever sees the
+        user shared (one step for the caller's lock, not attach-then-hide)."""
         s, ue = self.strategy, self.strategy.user_encoder
         if len(doc_vectors) != len(user.docs):
-            raise ValueError(f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs")
+            raise ValueError(
+                f"user {user.user_id!r}: {len(doc_vectors)} doc vectors for {len(user.docs)} docs"
+            )
         if not share:
             self.store.set_share(user.user_id, False)
         self.store.add_user(user)
         s.retriever.load()
-        s.retriever.doc_vectors = torch.cat([s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)])
+        s.retriever.doc_vectors = torch.cat(
+            [s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)]
+        )
         e_u, user_vector = user_vectors[0], user_vectors[1]
         ue.user_ids.append(user.user_id)
-        ue.user_embeddings = torch.cat([ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)])
+        ue.user_embeddings = torch.cat(
+            [ue.user_embeddings, e_u.unsqueeze(0).to(ue.user_embeddings)]
+        )
         s.user_row[user.user_id] = len(ue.user_ids) - 1
         if self.cohorts is not None:
-            self.cohorts.remove([user.user_id])  # a replaced history: assigned again from its new vector
+            # a replaced history: assigned again from its new vector
+            self.cohorts.remove([user.user_id])
             given = None
             if cohort is not None and cohort.get("fingerprint") == self.cohorts.data_fingerprint:
-                given = Assignment(int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"]))
+                given = Assignment(
+                    int(cohort["label"]), int(cohort["cohort"]), float(cohort["distance"])
+                )
             self.cohorts.add(user.user_id, user_vector.float().numpy(), given)
             return
         s.user_vectors[user.user_id] = user_vector
@@ -276,8 +303,9 @@ class CFRAGPipeline:
 
     @torch.no_grad()
     def remove_user(self, user_id: str) -> None:
-        """Forget a user: docs out of the store (rows blanked), their doc vectors and user embedding zeroed, out
-        of the user index or the cohorts (serving/purge.py rewrites the export's files)."""
+        """Forget a user: docs out of the store (rows blanked), their doc vectors and user embedding
+        zeroed, out of the user index or the cohorts (serving/purge.py rewrites the export's
+        files)."""
         s = self.strategy
         rows = self.store.corpus.rows_of(user_id)
         self.store.remove_user(user_id)
@@ -293,9 +321,9 @@ class CFRAGPipeline:
         self.rebuild_user_index()
 
     def rebuild_user_index(self) -> None:
-        """The user index over the users present, same kind and parameters: a deletion or a replaced history
-        rebuilds it (new users are only added). An exact index rebuilds as a copy of the vectors; an HNSW one at 1M
-        users takes minutes."""
+        """The user index over the users present, same kind and parameters: a deletion or a replaced
+        history rebuilds it (new users are only added). An exact index rebuilds as a copy of the
+        vectors; an HNSW one at 1M users takes minutes."""
         s = self.strategy
         if s.user_index is None:  # users="cluster": the cohorts are the index
             return
@@ -308,5 +336,7 @@ class CFRAGPipeline:
         """The frozen encoder the user encoder's doc table was initialised from."""
         if self._text_encoder is None:
             c = self.strategy.user_encoder.config
-            self._text_encoder = TextEncoder.from_pretrained(c.text_encoder, c.text_pooling, c.text_max_length)
+            self._text_encoder = TextEncoder.from_pretrained(
+                c.text_encoder, c.text_pooling, c.text_max_length
+            )
         return self._text_encoder

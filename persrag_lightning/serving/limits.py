@@ -1,4 +1,5 @@
-"""Per-client rate limits of `persrag serve`: token buckets keyed by the client's address, bounded in number."""
+"""Per-client rate limits of `persrag serve`: token buckets keyed by the client's address, bounded
+in number."""
 
 from __future__ import annotations
 
@@ -9,22 +10,28 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["Limits", "RateLimiter"]
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What a client address may do per minute: accounts created (sign-ups need no token, so the one to bound
-    tightly; refused attempts do not count, the request limit bounds them) and requests of any kind. Each is a
-    bucket of that many, refilled evenly over the minute. 0: no limit."""
+    """What a client address may do per minute: accounts created (sign-ups need no token, so the one
+    to bound tightly; refused attempts do not count, the request limit bounds them) and requests of
+    any kind. Each is a bucket of that many, refilled evenly over the minute. 0: no limit."""
 
     signup_per_minute: int = 10
     requests_per_minute: int = 600
-    max_clients: int = 100_000  # buckets kept (least recently seen dropped first: a dropped one starts full)
+    # buckets kept (least recently seen dropped first: a dropped one starts full)
+    max_clients: int = 100_000
 
 
 class RateLimiter:
-    """Token buckets per key; `take(key)` returns 0 when a request may go, else the seconds to wait."""
+    """Token buckets per key; `take(key)` returns 0 when a request may go, else the seconds to
+    wait."""
 
-    def __init__(self, per_minute: int, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, per_minute: int, max_keys: int = 100_000, clock: Callable[[], float] = time.monotonic
+    ):
         self.capacity = float(per_minute)
         self.rate = per_minute / 60.0
         self.max_keys = max_keys
@@ -33,7 +40,8 @@ class RateLimiter:
         self._lock = threading.Lock()
 
     def take(self, key: str, spend: bool = True) -> int:
-        """`spend=False`: only ask (a request that counts only once it succeeded spends later with `take`)."""
+        """`spend=False`: only ask (a request that counts only once it succeeded spends later with
+        `take`)."""
         if self.capacity <= 0:
             return 0
         now = self.clock()

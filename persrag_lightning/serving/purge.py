@@ -1,20 +1,27 @@
-"""Deleting users from an exported run for real: the run's files are rewritten without them, through a journal.
+"""Deleting users from an exported run for real: the run's files are rewritten without them, through
+a journal.
 
-What a deletion rewrites (each file staged beside its target as `<name>.purge-new`, then renamed over it):
+What a deletion rewrites (each file staged beside its target as `<name>.purge-new`, then renamed
+over it):
 - `docstore/users.jsonl`: their lines;
-- every bundle's user table (`user_ids.json`, `user_embeddings.safetensors`, and `users.faiss`, rebuilt as the
-  same kind of index with the same parameters): the user encoder's, a retriever's fine-tuned one;
-- the user encoder's doc table (`model.safetensors`, `config.json`'s num_docs): the rows of their docs (row r + 2
-  is docstore corpus row r, so the remaining rows keep matching the rewritten docstore);
-- the cohort export (`clusters/`): their assignment and vector; their cohort's centroid and radius recomputed;
-- the corpus-embedding caches of the docstore's corpus (`<cache>/embeddings/<key>/`, every encoder): a cache of
-  the new corpus is written from the kept rows (no re-embedding) and the old folder is removed.
+- every bundle's user table (`user_ids.json`, `user_embeddings.safetensors`, and `users.faiss`,
+  rebuilt as the same kind of index with the same parameters): the user encoder's, a retriever's
+  fine-tuned one;
+- the user encoder's doc table (`model.safetensors`, `config.json`'s num_docs): the rows of their
+  docs (row r + 2 is docstore corpus row r, so the remaining rows keep matching the rewritten
+  docstore);
+- the cohort export (`clusters/`): their assignment and vector; their cohort's centroid and radius
+  recomputed;
+- the corpus-embedding caches of the docstore's corpus (`<cache>/embeddings/<key>/`, every encoder):
+  a cache of the new corpus is written from the kept rows (no re-embedding) and the old folder is
+  removed.
 
-The journal (`purge.json` in the service state) makes it all-or-nothing as the service sees it: phase `begin`
-(the users, written first) → the files are staged → phase `commit` (the list of renames) → the renames → phase
-`exported` → the caller's own state (memory bank, accounts) → the journal is removed. A crash before `commit`
-leaves the old export untouched (staged files are dropped and the purge is redone at the next start); a crash
-after it is rolled forward at the next start, before the run is loaded. Every step is idempotent.
+The journal (`purge.json` in the service state) makes it all-or-nothing as the service sees it:
+phase `begin` (the users, written first) → the files are staged → phase `commit` (the list of
+renames) → the renames → phase `exported` → the caller's own state (memory bank, accounts) → the
+journal is removed. A crash before `commit` leaves the old export untouched (staged files are
+dropped and the purge is redone at the next start); a crash after it is rolled forward at the next
+start, before the run is loaded. Every step is idempotent.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ from persrag_lightning.models.corpus_embeddings import (
 from persrag_lightning.retrieval.cohorts import CohortModel
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
+__all__ = ["begin", "done", "pending", "purge_export"]
+
 log = logging.getLogger(__name__)
 
 JOURNAL = "purge.json"
@@ -69,14 +78,14 @@ def done(state_dir: str | Path) -> None:
 
 
 def purge_export(run_dir: str | Path, state_dir: str | Path, cache_dir: str | Path) -> None:
-    """Take the pending purge to phase `exported`: (re)stage and commit it if it was not committed, then do the
-    renames and removals. Nothing to do without a pending purge."""
+    """Take the pending purge to phase `exported`: (re)stage and commit it if it was not committed,
+    then do the renames and removals. Nothing to do without a pending purge."""
     state_dir = Path(state_dir)
     journal = pending(state_dir)
     if journal is None or journal["phase"] == "exported":
         return
     if journal["phase"] == "begin":
-        drop_staged(run_dir)
+        _drop_staged(run_dir)
         moves, removes = stage(run_dir, journal["users"], cache_dir)
         journal = {**journal, "phase": "commit", "moves": moves, "remove": removes}
         atomic_write_json(state_dir / JOURNAL, journal)  # the commit point
@@ -97,7 +106,7 @@ def _replace(src: str, dst: str) -> None:
     os.replace(src, dst)
 
 
-def drop_staged(run_dir: str | Path) -> None:
+def _drop_staged(run_dir: str | Path) -> None:
     """Staged files of a purge cut short before its commit: the old export stays as it was."""
     for path in Path(run_dir).rglob(f"*{STAGED}"):
         path.unlink()
@@ -109,8 +118,8 @@ def _stage_path(target: Path) -> Path:
 
 
 def stage(run_dir: str | Path, users: Iterable[str], cache_dir: str | Path) -> tuple[list, list]:
-    """Write every rewritten file beside its target; returns (renames, folders to remove). Changes nothing the
-    run's readers see."""
+    """Write every rewritten file beside its target; returns (renames, folders to remove). Changes
+    nothing the run's readers see."""
     run_dir, users = Path(run_dir), set(users)
     moves: list[tuple[str, str]] = []
 
@@ -141,7 +150,8 @@ def stage(run_dir: str | Path, users: Iterable[str], cache_dir: str | Path) -> t
             tmp = clusters / COHORT_STAGING
             model.save(tmp)
             names = sorted(p.name for p in tmp.iterdir())
-            for name in sorted(names, key=lambda n: n == "cohorts.json"):  # cohorts.json last: the export's seal
+            # cohorts.json last: the export's seal
+            for name in sorted(names, key=lambda n: n == "cohorts.json"):
                 moves.append((str(tmp / name), str(clusters / name)))
             removes.append(str(tmp))
     if present:
@@ -161,10 +171,13 @@ def _stage_user_table(bundle: Path, users: set[str], staged) -> None:
     table = load_file(str(bundle / "user_embeddings.safetensors"))["embeddings"][keep].contiguous()
     atomic_save_tensors({"embeddings": table}, staged(bundle / "user_embeddings.safetensors"))
     if (bundle / "users.faiss").is_file():
-        index = build_index(table.float().numpy(), **index_params(load_index(bundle / "users.faiss")))
+        index = build_index(
+            table.float().numpy(), **index_params(load_index(bundle / "users.faiss"))
+        )
         with atomic_replace(staged(bundle / "users.faiss")) as tmp:
             faiss.write_index(index, str(tmp))
-    atomic_write_json(staged(bundle / "user_ids.json"), [ids[i] for i in keep])  # ids last, as save_pretrained
+    # ids last, as save_pretrained
+    atomic_write_json(staged(bundle / "user_ids.json"), [ids[i] for i in keep])
 
 
 def _stage_doc_table(encoder: Path, corpus: Corpus, keep_rows: np.ndarray, staged) -> None:
@@ -180,9 +193,12 @@ def _stage_doc_table(encoder: Path, corpus: Corpus, keep_rows: np.ndarray, stage
     atomic_write_json(staged(encoder / "config.json"), {**config, "num_docs": len(keep_rows)})
 
 
-def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir: Path) -> list[str]:
-    """Each embedding cache of the old corpus (any encoder) → a cache of the new one from the kept rows (written
-    now under the new corpus' key, which nothing reads yet); the old folders are returned for removal."""
+def _stage_embeddings(
+    old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir: Path
+) -> list[str]:
+    """Each embedding cache of the old corpus (any encoder) → a cache of the new one from the kept
+    rows (written now under the new corpus' key, which nothing reads yet); the old folders are
+    returned for removal."""
     removes = []
     root = cache_dir / "embeddings"
     if not root.is_dir():
@@ -201,8 +217,13 @@ def _stage_embeddings(old: Corpus, new: Corpus, keep_rows: np.ndarray, cache_dir
         out = corpus_embedding_dir(cache_dir, corpus_embedding_key(new, *args))
         if (out / EMBEDDINGS_FILE).is_file():
             continue
-        table = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"][torch.as_tensor(keep_rows)].contiguous()
+        table = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"][
+            torch.as_tensor(keep_rows)
+        ].contiguous()
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "meta.json", {**meta, "rows": len(new), "unique_texts": len(set(new.texts))})
-        atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)  # last: its presence means complete
+        atomic_write_json(
+            out / "meta.json", {**meta, "rows": len(new), "unique_texts": len(set(new.texts))}
+        )
+        # last: its presence means complete
+        atomic_save_tensors({"embeddings": table}, out / EMBEDDINGS_FILE)
     return removes

@@ -1,9 +1,10 @@
-"""The bodies `persrag serve` accepts, one pydantic model each: their limits are the ones the service enforces
-(serving/validation.py parses every body with them) and the OpenAPI schema is generated from them
-(serving/app.py), so the two cannot disagree.
+"""The bodies `persrag serve` accepts, one pydantic model each: their limits are the ones the
+service enforces (serving/validation.py parses every body with them) and the OpenAPI schema is
+generated from them (serving/app.py), so the two cannot disagree.
 
-Texts and ids refuse lone surrogates (JSON's "\\ud800" decodes to one, and no file or LanceDB literal can hold
-it); pydantic does that for every `str`. Unknown fields are ignored, as OpenAI clients send more than we read.
+Texts and ids refuse lone surrogates (JSON's "\\ud800" decodes to one, and no file or LanceDB
+literal can hold it); pydantic does that for every `str`. Unknown fields are ignored, as OpenAI
+clients send more than we read.
 """
 
 from __future__ import annotations
@@ -31,16 +32,20 @@ __all__ = [
     "Text",
 ]
 
-MAX_MESSAGE_CHARS = 8000  # a message, an answer or a doc field (memory/bank.py's MemorySettings default)
+# a message, an answer or a doc field (memory/bank.py's MemorySettings default)
+MAX_MESSAGE_CHARS = 8000
 MAX_HISTORY_DOCS = 200  # docs of one history (sign-up or replacement): more is a 413, encoded never
 MAX_FIELD_NAME_CHARS = 64
 MAX_DATE_CHARS = 64
 MAX_MODEL_CHARS = 256
-MAX_MESSAGES = 1000  # turns of one request (OpenAI clients resend the conversation; the body's 1 MiB bounds it too)
+# turns of one request (OpenAI clients resend the conversation; the body's 1 MiB bounds it too)
+MAX_MESSAGES = 1000
 
 NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
-ADDRESSABLE = r"^[^/\x00-\x1f\x7f]+$"  # the router matches the decoded path: `a/b` could never be addressed
-NOT_BLANK = r"[^\s\x1c-\x1f]"  # pydantic's regex (Rust) \s lacks \x1c-\x1f, which Python's str.strip() removes
+# the router matches the decoded path: `a/b` could never be addressed
+ADDRESSABLE = r"^[^/\x00-\x1f\x7f]+$"
+# pydantic's regex (Rust) \s lacks \x1c-\x1f, which Python's str.strip() removes
+NOT_BLANK = r"[^\s\x1c-\x1f]"
 DATE = f"^{DATE_PATTERN}$"  # what data/lamp.py's parse_date reads
 PATTERN_MEANINGS = {
     NO_CONTROL: "contains control characters",
@@ -86,7 +91,9 @@ class HistoryDocBody(BaseModel):
     """
 
     id: Annotated[Id, BeforeValidator(int_as_text)]
-    date: Annotated[str, Field(min_length=1, max_length=MAX_DATE_CHARS, pattern=DATE, examples=["2024-01-02"])]
+    date: Annotated[
+        str, Field(min_length=1, max_length=MAX_DATE_CHARS, pattern=DATE, examples=["2024-01-02"])
+    ]
     fields: Annotated[dict[FieldName, Text], Field(min_length=1)]
 
 
@@ -129,8 +136,9 @@ class SignUp(BaseModel):
     @model_validator(mode="after")
     def _something_to_remember(self) -> SignUp:
         if not self.answers.model_fields_set and self.history is None:
-            raise PydanticCustomError("no_answers", "field `answers` must answer at least one questionnaire "
-                                      "category")
+            raise PydanticCustomError(
+                "no_answers", "field `answers` must answer at least one questionnaire category"
+            )
         return self
 
     def answer_texts(self) -> dict[str, str]:

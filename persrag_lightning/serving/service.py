@@ -1,20 +1,23 @@
 """The chat service's logic without HTTP: sign-up, chat turns with memories and CFRAG docs, privacy
-(`share: false`), deletion, and the state that survives a restart. `serving/app.py` puts FastAPI on top of it;
-tests call both. Its neighbours: `accounts.py` (accounts and tokens), `requests.py` (the bodies, one pydantic
-model each) and `validation.py` (their refusals), `gate.py` (the per-user gate), `user_files.py` and `purge.py`.
+(`share: false`), deletion, and the state that survives a restart. `serving/app.py` puts FastAPI on
+top of it; tests call both. Its neighbours: `accounts.py` (accounts and tokens), `requests.py` (the
+bodies, one pydantic model each) and `validation.py` (their refusals), `gate.py` (the per-user
+gate), `user_files.py` and `purge.py`.
 
 State lives in one folder (default `<run>/serve/`), every file written atomically:
 - `memory/`: the LanceDB memory bank (memories, sessions); each write is one LanceDB version;
-- `users/<hash>.npz`: a user added (or given a new history) online: their docs, the retriever's doc vectors and
-  their user vectors, so a restart re-attaches them without re-encoding;
-- `accounts.jsonl`: one line per account (user id, sha256 of their bearer token, share flag), mode 0600; a sign-up
-  APPENDS its line LAST (the commit point), so a user the bank or `users/` holds without an account line is an
-  unfinished sign-up and is removed at start (an exported user given a new history by the admin is kept); a
-  deletion rewrites the file without the user's line (no byte of the id is left);
+- `users/<hash>.npz`: a user added (or given a new history) online: their docs, the retriever's doc
+  vectors and their user vectors, so a restart re-attaches them without re-encoding;
+- `accounts.jsonl`: one line per account (user id, sha256 of their bearer token, share flag), mode
+  0600; a sign-up APPENDS its line LAST (the commit point), so a user the bank or `users/` holds
+  without an account line is an unfinished sign-up and is removed at start (an exported user given a
+  new history by the admin is kept); a deletion rewrites the file without the user's line (no byte
+  of the id is left);
 - `admin.token` (when generated): created 0600; the folder itself is made 0700;
-- `purge.json`: only while a deletion is under way (serving/purge.py): the users being deleted; a deletion cut
-  short is finished at the next start, before the run is loaded. A finished deletion leaves no trace of the user
-  here or in the run: the export's files are rewritten without them and the memory bank's old versions removed.
+- `purge.json`: only while a deletion is under way (serving/purge.py): the users being deleted; a
+  deletion cut short is finished at the next start, before the run is loaded. A finished deletion
+  leaves no trace of the user here or in the run: the export's files are rewritten without them and
+  the memory bank's old versions removed.
 """
 
 from __future__ import annotations
@@ -84,8 +87,8 @@ class ChatTurn:
 
 
 class ChatService:
-    """Everything `persrag serve` does, thread-safe: model calls share one lock (torch modules and the LLM are not
-    re-entrant), state files another, the memory bank locks per user.
+    """Everything `persrag serve` does, thread-safe: model calls share one lock (torch modules and
+    the LLM are not re-entrant), state files another, the memory bank locks per user.
 
     Args:
         pipeline: CFRAG over the exported run.
@@ -95,10 +98,10 @@ class ChatService:
         use_llm: answer with the pipeline's LLM (False: a canned line, retrieval and memories only).
         k: docs per prompt.
         model_lock: the lock every model call takes (shared with the memory extraction's LLM).
-        run_dir: the exported run a deletion rewrites (None: the export is left alone, as in tests of the service
-            logic over a run they share).
-        cache_dir: the cache the run was loaded with, resolved here once: a deletion purges it, whatever the
-            working directory is by then.
+        run_dir: the exported run a deletion rewrites (None: the export is left alone, as in tests
+            of the service logic over a run they share).
+        cache_dir: the cache the run was loaded with, resolved here once: a deletion purges it,
+            whatever the working directory is by then.
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
@@ -127,20 +130,24 @@ class ChatService:
              encoder: str = "minilm", admin_token: str | None = None, use_llm: bool = True,
              extraction: str = "llm", memory_settings: MemorySettings | None = None, cache_dir: str = ".cache/persrag",
              **pipeline_args: object) -> tuple[ChatService, str | None]:
-        """Load the run's bundles, the bank and the state; returns the service and the admin token when one was
-        generated now (it is written to `<state>/admin.token`, mode 0600, and kept only hashed in memory)."""
+        """Load the run's bundles, the bank and the state; returns the service and the admin token
+        when one was generated now (it is written to `<state>/admin.token`, mode 0600, and kept only
+        hashed in memory)."""
         run_dir = Path(run_dir).resolve()
         if not (run_dir / "docstore").is_dir():
             raise FileNotFoundError(f"{run_dir}: no exported run (docstore missing); train one first with "
                                     "`python train.py pipeline --preset quick`")
-        cache_dir = str(Path(cache_dir).resolve())  # once: the deletion purges this cache, wherever it runs from
+        # once: the deletion purges this cache, wherever it runs from
+        cache_dir = str(Path(cache_dir).resolve())
         state = private_dir(Path(state_dir).resolve() if state_dir else run_dir / "serve")
         llm = llm or LLMConfig(max_new_tokens=64)
-        legacy = state / "deleted.json"  # deletions recorded (not done) by earlier versions: done now
+        # deletions recorded (not done) by earlier versions: done now
+        legacy = state / "deleted.json"
         if legacy.is_file():
             purge.begin(state, json.loads(legacy.read_text()))
             legacy.unlink()
-        purge.purge_export(run_dir, state, cache_dir)  # a deletion cut short: the export part, before loading it
+        # a deletion cut short: the export part, before loading it
+        purge.purge_export(run_dir, state, cache_dir)
         pipeline = CFRAGPipeline.from_pretrained(run_dir, llm=llm, cache_dir=cache_dir, **pipeline_args)
         if extraction not in ("llm", "verbatim"):
             raise ValueError(f"extraction must be llm or verbatim, got {extraction!r}")
@@ -158,7 +165,7 @@ class ChatService:
         return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock, run_dir=run_dir,
                    cache_dir=cache_dir), generated
 
-    # ---- state ----------------------------------------------------------------------------------------------
+    # ---- state -----------------------------------------------------------------------------------
 
     def _load(self) -> None:
         self.account_store.load()
@@ -181,7 +188,8 @@ class ChatService:
             if exported:  # an exported user given a new history (by themselves or by the admin)
                 self.pipeline.remove_user(uid)
             self.pipeline.attach_user(user, doc_vectors, user_vectors, cohort, share=share)
-        for uid in sorted(self.bank.user_ids() - set(self.accounts)):  # a sign-up cut short before its line
+        # a sign-up cut short before its line
+        for uid in sorted(self.bank.user_ids() - set(self.accounts)):
             log.warning("removing the memories of an unfinished sign-up")
             self.bank.purge_user(uid)
         for uid, account in self.accounts.items():
@@ -189,10 +197,11 @@ class ChatService:
                 self.pipeline.store.set_share(uid, False)
 
     def _append_account(self, account: Account) -> None:
-        """The commit point of a sign-up (a method of the service, so a test can cut a sign-up short right there)."""
+        """The commit point of a sign-up (a method of the service, so a test can cut a sign-up short
+        right there)."""
         self.account_store.append(account)
 
-    # ---- auth -----------------------------------------------------------------------------------------------
+    # ---- auth ------------------------------------------------------------------------------------
 
     def authenticate(self, authorization: str | None) -> Caller:
         """`Authorization: Bearer <token>` → the caller; 401 without a valid token."""
@@ -208,8 +217,9 @@ class ChatService:
             raise ServiceError(403, "this token belongs to another user")
 
     def _still_valid(self, caller: Caller, user_id: str) -> Callable[[], None]:
-        """The check a request makes when it starts its work (under the gate): the token is still the user's
-        (not revoked by a deletion since it was authenticated), or the admin's user still exists."""
+        """The check a request makes when it starts its work (under the gate): the token is still
+        the user's (not revoked by a deletion since it was authenticated), or the admin's user still
+        exists."""
         def check() -> None:
             if caller.admin:
                 if user_id not in self.accounts and user_id not in self.pipeline.store:
@@ -219,24 +229,27 @@ class ChatService:
         return check
 
     def _acting_on(self, caller: Caller, user_id: str) -> AbstractContextManager[None]:
-        """The gate a request on `user_id` passes: refused while the user is deleted, waited for by a deletion."""
+        """The gate a request on `user_id` passes: refused while the user is deleted, waited for by
+        a deletion."""
         return self._gate.request(user_id, self._still_valid(caller, user_id))
 
-    # ---- sign-up and users ----------------------------------------------------------------------------------
+    # ---- sign-up and users -----------------------------------------------------------------------
 
     def sign_up(self, body: Mapping | SignUp, caller: Caller | None) -> dict:
-        """A new account and token (the body: requests.SignUp). Claiming a user of the exported run (whose history
-        is already there) needs the admin token. A sign-up that fails after its first write is undone before the
-        error is answered."""
+        """A new account and token (the body: requests.SignUp). Claiming a user of the exported run
+        (whose history is already there) needs the admin token. A sign-up that fails after its first
+        write is undone before the error is answered."""
         request = parse(SignUp, body)
         user_id, share, history = request.user_id, request.share, request.docs()
         admin = caller is not None and caller.admin
         with self._state_lock:
             self._refuse_taken(user_id, admin, history is not None)
-        # the history is encoded outside the state lock (sign-ups and deletions of others go on meanwhile)
+        # the history is encoded outside the state lock (sign-ups and deletions of others go on
+        # meanwhile)
         encoded = self._encode_history(user_id, history) if history is not None else None
         with self._state_lock:
-            self._refuse_taken(user_id, admin, history is not None)  # a concurrent sign-up may have won meanwhile
+            # a concurrent sign-up may have won meanwhile
+            self._refuse_taken(user_id, admin, history is not None)
             try:
                 self.bank.add_user(user_id, request.answer_texts())
             except UserExistsError:
@@ -245,7 +258,8 @@ class ChatService:
                 if encoded is not None:
                     cohort = self.pipeline.cohort_assignment(encoded[2])
                     write_user_file(self.state, encoded[0], history, encoded[1], encoded[2], cohort)
-                    with self._model_lock:  # private before visible: one step under the lock retrieval takes
+                    # private before visible: one step under the lock retrieval takes
+                    with self._model_lock:
                         self.pipeline.attach_user(*encoded, cohort, share=share)
                 token = secrets.token_urlsafe(32)
                 account = Account(user_id, hash_token(token), share)
@@ -261,8 +275,8 @@ class ChatService:
                 "memories": len(self.bank.list(user_id)), "history_docs": len(history or [])}
 
     def _refuse_taken(self, user_id: str, admin: bool, with_history: bool) -> None:
-        """A sign-up's id must be free: no account, no deletion under way, and an exported user only claimed by
-        the admin, without a new history."""
+        """A sign-up's id must be free: no account, no deletion under way, and an exported user only
+        claimed by the admin, without a new history."""
         if user_id in self.accounts:
             raise ServiceError(409, f"user {user_id!r} already exists")
         if user_id in self._gate.deleting:
@@ -276,7 +290,8 @@ class ChatService:
                               f"POST /v1/users/{user_id}/history")
 
     def _undo_sign_up(self, user_id: str, attached: bool) -> None:
-        """What a failed sign-up wrote: its memories, user file and docs (nothing else has seen the user)."""
+        """What a failed sign-up wrote: its memories, user file and docs (nothing else has seen the
+        user)."""
         log.warning("a sign-up failed after its first write; undoing it")
         self.bank.purge_user(user_id)
         user_file(self.state, user_id).unlink(missing_ok=True)
@@ -293,8 +308,9 @@ class ChatService:
             raise bad_request(f"field `history`: {e}") from None
 
     def set_history(self, caller: Caller, user_id: str, body: Mapping | History) -> dict:
-        """Replace a user's history (docs, vectors, user index), persisted before it becomes visible; the user's
-        own token, or the admin's (an exported user's replaced history is kept across restarts too)."""
+        """Replace a user's history (docs, vectors, user index), persisted before it becomes
+        visible; the user's own token, or the admin's (an exported user's replaced history is kept
+        across restarts too)."""
         self.authorize(caller, user_id)
         history = parse(History, body).docs()
         with self._acting_on(caller, user_id):
@@ -312,14 +328,15 @@ class ChatService:
         return {"user_id": user_id, "history_docs": len(user.docs)}
 
     def delete_user(self, caller: Caller, user_id: str) -> dict:
-        """The user everywhere: memories and session turns (gone from LanceDB's files too), docs, vectors, user
-        index or cohort, account and token, and — for a user of the exported run — the run's files (docstore,
-        user tables and index, doc table, cohort export, corpus-embedding caches; serving/purge.py). Journaled:
-        a crash at any step is finished at the next start. The token is revoked first; the user's requests in
-        flight are waited for, so none of their writes lands after the purge.
+        """The user everywhere: memories and session turns (gone from LanceDB's files too), docs,
+        vectors, user index or cohort, account and token, and — for a user of the exported run — the
+        run's files (docstore, user tables and index, doc table, cohort export, corpus-embedding
+        caches; serving/purge.py). Journaled: a crash at any step is finished at the next start. The
+        token is revoked first; the user's requests in flight are waited for, so none of their
+        writes lands after the purge.
 
-        Not reached: answers other users received (and their session logs) that quoted this user's shared docs
-        — theirs, not this user's (docs/serving/security.md)."""
+        Not reached: answers other users received (and their session logs) that quoted this user's
+        shared docs — theirs, not this user's (docs/serving/security.md)."""
         self.authorize(caller, user_id)
         revoke = lambda: self.account_store.revoke(user_id)
         with self._gate.deletion(user_id, self._still_valid(caller, user_id), revoke), self._state_lock:
@@ -332,8 +349,8 @@ class ChatService:
         return {"user_id": user_id, "deleted": True, "memories": memories, "turns": turns}
 
     def _forget(self, user_id: str) -> tuple[int, int]:
-        """What the service itself keeps of a user, idempotent: bank rows (purged), their user file, the
-        in-memory pipeline, the account and token."""
+        """What the service itself keeps of a user, idempotent: bank rows (purged), their user file,
+        the in-memory pipeline, the account and token."""
         memories, turns = self.bank.purge_user(user_id)
         user_file(self.state, user_id).unlink(missing_ok=True)
         with self._model_lock:
@@ -361,12 +378,12 @@ class ChatService:
             if not self.bank.delete_memory(user_id, memory_id):
                 raise ServiceError(404, f"user {user_id!r} has no memory {memory_id!r}")
 
-    # ---- chat -----------------------------------------------------------------------------------------------
+    # ---- chat ------------------------------------------------------------------------------------
 
     def chat(self, caller: Caller, body: Mapping | Chat) -> ChatTurn:
-        """One turn (the body: requests.Chat): CFRAG docs of the caller (privacy-checked before anything is
-        generated or stored), remember + recall (one extraction), prompt with every retrieved text marked as
-        data, answer, log it."""
+        """One turn (the body: requests.Chat): CFRAG docs of the caller (privacy-checked before
+        anything is generated or stored), remember + recall (one extraction), prompt with every
+        retrieved text marked as data, answer, log it."""
         if caller.user_id is None:
             raise ServiceError(403, "chat needs a user's token (the admin token has no user)")
         user_id, request = caller.user_id, parse(Chat, body)
@@ -375,7 +392,8 @@ class ChatService:
         with self._acting_on(caller, user_id):
             with self._model_lock:
                 docs = self.pipeline.retrieve(user_id, message, self.k) if user_id in self.pipeline.store else []
-                docs = self._shareable(user_id, docs)  # the privacy guard, before anything is generated or stored
+                # the privacy guard, before anything is generated or stored
+                docs = self._shareable(user_id, docs)
             turn = self.bank.remember_and_recall(user_id, message, session_id)
             memories = [memory_doc(r) for r in turn.recalled]
             foreign = [m for m in memories if m.owner != user_id]
@@ -403,10 +421,13 @@ class ChatService:
         return prompt, self.pipeline.llm_config.chat(llm, [prompt])[0]
 
     def _shareable(self, user_id: str, docs: list[RetrievedDoc]) -> list[RetrievedDoc]:
-        """The caller's own docs and those of users who share and are still there; anything else is dropped (and
+        """The caller's own docs and those of users who share and are still there; anything else is
+        dropped (and
         logged: the retrieval's own filter should never let it through)."""
         store = self.pipeline.store
-        kept = [d for d in docs if d.owner == user_id or (d.owner in store and store.shares(d.owner))]
+        kept = [
+            d for d in docs if d.owner == user_id or (d.owner in store and store.shares(d.owner))
+        ]
         if len(kept) != len(docs):
             log.error("privacy guard: %d docs of users who do not share dropped before the prompt",
                       len(docs) - len(kept))
@@ -449,8 +470,8 @@ def _num(x: float) -> float | None:
 
 
 class LockedLLM(LLM):
-    """The pipeline's LLM (loaded on first use) behind the service's model lock, for the memory extraction that
-    runs outside the chat's locked section: one model, one caller at a time.
+    """The pipeline's LLM (loaded on first use) behind the service's model lock, for the memory
+    extraction that runs outside the chat's locked section: one model, one caller at a time.
 
     Args:
         pipeline: the pipeline whose LLM is wrapped.

@@ -1,6 +1,6 @@
-"""`<state>/users/<hash>.npz`: a user added (or given a new history) online — their docs, the retriever's doc
-vectors and their user vectors — so a restart re-attaches them without re-encoding. Named by a hash of the id, so
-no file name carries it."""
+"""`<state>/users/<hash>.npz`: a user added (or given a new history) online — their docs, the
+retriever's doc vectors and their user vectors — so a restart re-attaches them without re-encoding.
+Named by a hash of the id, so no file name carries it."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ def user_file(state: Path, user_id: str) -> Path:
 
 def write_user_file(state: Path, user: User, history: list[dict], doc_vectors: torch.Tensor,
                     user_vectors: torch.Tensor, cohort: dict | None = None) -> None:
-    """`cohort`: the cohort the user was assigned to (users="cluster"), kept so a restart reuses it."""
+    """`cohort`: the cohort the user was assigned to (users="cluster"), kept so a restart reuses
+    it."""
     buf = io.BytesIO()
-    meta = json.dumps({"user_id": user.user_id, "docs": history, "cohort": cohort}, ensure_ascii=False)
+    meta = json.dumps(
+        {"user_id": user.user_id, "docs": history, "cohort": cohort}, ensure_ascii=False
+    )
     np.savez(buf, meta=np.array(meta), doc_vectors=doc_vectors.float().numpy(),
              user_vectors=user_vectors.float().numpy())
     with atomic_replace(user_file(state, user.user_id)) as tmp, open(tmp, "wb") as f:

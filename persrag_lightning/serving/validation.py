@@ -1,7 +1,7 @@
-"""What the chat service refuses and how it says so: `ServiceError` (an HTTP 4xx with a one-line message), and
-`parse`, which validates a request body against its pydantic model (serving/requests.py) and turns the first
-fault into that one line, naming the field: `field `messages[0].content` has 9001 characters, more than the
-limit of 8000`."""
+"""What the chat service refuses and how it says so: `ServiceError` (an HTTP 4xx with a one-line
+message), and `parse`, which validates a request body against its pydantic model
+(serving/requests.py) and turns the first fault into that one line, naming the field: `field
+`messages[0].content` has 9001 characters, more than the limit of 8000`."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def bad_request(message: str) -> ServiceError:
 
 
 def is_utf8(text: str) -> bool:
-    """False for text no file or response can hold (a lone surrogate, as JSON's "\\ud800" decodes to)."""
+    """False for text no file or response can hold (a lone surrogate, as JSON's "\\ud800" decodes
+    to)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -60,7 +61,8 @@ def is_utf8(text: str) -> bool:
 
 
 def parse(model: type[ModelT], body: Mapping | ModelT) -> ModelT:
-    """`body` validated against `model` (a model instance passes as it is), or the ServiceError of its fault."""
+    """`body` validated against `model` (a model instance passes as it is), or the ServiceError of
+    its fault."""
     if isinstance(body, model):
         return body
     if not isinstance(body, Mapping):
@@ -72,8 +74,8 @@ def parse(model: type[ModelT], body: Mapping | ModelT) -> ModelT:
 
 
 def refusal(errors: list[ErrorDetails]) -> ServiceError:
-    """The one error a client is told: a list over its size cap (413, as a body over its byte cap) before any
-    other, else the first in the body's order."""
+    """The one error a client is told: a list over its size cap (413, as a body over its byte cap)
+    before any other, else the first in the body's order."""
     too_big = [e for e in errors if e["type"] == "too_long" and e["loc"] == ("history",)]
     error = (too_big or errors)[0]
     loc, ctx, kind = error["loc"], error.get("ctx") or {}, error["type"]
@@ -94,14 +96,15 @@ def refusal(errors: list[ErrorDetails]) -> ServiceError:
         message = PHRASES[kind]
         if kind.endswith("_type"):
             message += f", got {type(error['input']).__name__}"
-    else:  # the models' own checks (a rule across fields, a known category): their message says it all
+    # the models' own checks (a rule across fields, a known category): their message says it all
+    else:
         return bad_request(f"{subject}: {error['msg']}" if path else error["msg"])
     return bad_request(f"{subject} {message}")
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
-    """("history", 0, "fields", "genre") → `history[0].fields.genre`; a name that is no identifier is quoted,
-    so the message stays one line."""
+    """("history", 0, "fields", "genre") → `history[0].fields.genre`; a name that is no identifier
+    is quoted, so the message stays one line."""
     out = ""
     for part in loc:
         if isinstance(part, int):
