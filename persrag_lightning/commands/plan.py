@@ -37,11 +37,11 @@ PROBE_DOC_WORDS = 40
 # Non-reading work of a quick-preset stage, in LLM-answer equivalents: training, model loading and
 # the corpus embedding run on the same cores as the reading, so they scale with it. From the quiet
 # main job on an Intel Xeon with AMX (raw outputs: benchmarks/results/cpu-2026-12-02d-mainjob-quiet/):
-# each stage's minutes at that run's LLM rate (7.5 answers/s), less the feedback labels its trained
-# reader read. A stage of another size scales by its epochs x users (stage 1) or its train examples.
+# each stage's minutes at that run's LLM rate, less the feedback labels its trained reader read. A
+# stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
 TRAINING_PROMPTS = {"user_encoder": 440, "reader": 1280, "feedback": 150, "generator": 190}
-# Retrieval, reranking and loading per question a row reads, in the same unit: the same run's dev
-# choice and test table took 1.5 min more than their reading (reranked rows: ~100 ms a question).
+# Retrieval, reranking and loading per question a row reads, in the same unit: what the same run's
+# dev choice and test table took beyond their reading (the reranked rows' retrieval, mostly).
 RETRIEVAL_PER_ANSWER = 0.2
 # the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
 # questions)
