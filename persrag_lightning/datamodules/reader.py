@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -179,7 +180,7 @@ class ReaderDataModule(L.LightningDataModule):
         return out[:limit] if limit else out
 
     def build_split(
-        self, dataset, store: DocStore, split: str, limit: int | None, vectors
+        self, dataset: Any, store: DocStore, split: str, limit: int | None, vectors: Any
     ) -> list[ReaderExample]:
         """A split's questions read with the strategy's docs; for train, the profile items as
         well.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -75,7 +76,7 @@ class FeedbackDistillationModule(L.LightningModule):
                 self.user_table.weight.copy_(weights)
         self.user_table.weight.requires_grad_(self.train_user_embeddings)
 
-    def attach_datamodule(self, datamodule) -> None:
+    def attach_datamodule(self, datamodule: Any) -> None:
         """Build the model and the user table from the data (skipped for what a checkpoint already
         restored).
 
@@ -207,7 +208,7 @@ class FeedbackDistillationModule(L.LightningModule):
 
     # ---- export ----------------------------------------------------------------------------------
 
-    def export(self, path: str | Path, datamodule=None) -> Path:
+    def export(self, path: str | Path, datamodule: Any = None) -> Path:
         """Write the serving bundle (models/ reloads it without Lightning); the CLI calls this on
         rank 0 after fit.
 

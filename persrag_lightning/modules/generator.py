@@ -13,7 +13,8 @@ few MB instead of 0.5 GB.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -251,7 +252,7 @@ class GeneratorModule(L.LightningModule):
 
     # ---- export ----------------------------------------------------------------------------------
 
-    def export(self, path, datamodule=None):
+    def export(self, path: str | Path, datamodule: Any = None):
         """The merged model as a plain transformers folder (checkpoints/<run>/generator/): `hf`
         loads it as a model path (LLMConfig.model), in evaluation (`+ tuned generator` rows) and
         serving.

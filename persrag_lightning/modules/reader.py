@@ -10,6 +10,9 @@ epoch is exported (configs/reader.yaml stops when dev stops improving).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -113,7 +116,7 @@ class ReaderModule(L.LightningModule):
     def configure_optimizers(self):
         return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches)
 
-    def export(self, path, datamodule=None):
+    def export(self, path: str | Path, datamodule: Any = None):
         """The reader as models/reader.py loads it (config.json + weights; the encoder named and
         checked).
 
