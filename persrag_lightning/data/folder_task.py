@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from persrag_lightning.data.lamp import LampFormatError
+from persrag_lightning.data.errors import LampFormatError
 from persrag_lightning.data.tasks import define_task, get_task
 
 __all__ = ["MANIFEST", "resolve_task"]

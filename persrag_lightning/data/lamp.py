@@ -25,6 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from persrag_lightning.data.errors import LampFormatError
+from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.records import Example, HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import TaskSpec, get_task
 from persrag_lightning.utils import atomic_open
@@ -37,10 +39,6 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "dev", "test")
 _DATE = re.compile(DATE_PATTERN := r"[0-9]+(?:-[0-9]+)*")  # serving's request models check the same
 _FEW = 5  # how many offending ids a mismatch message lists
-
-
-class LampFormatError(ValueError):
-    """Bad LaMP input; the message names the file, the record (index and id) and the field."""
 
 
 def questions_path(data_dir: str | Path, split: str) -> Path:
@@ -318,8 +316,6 @@ def load_lamp(data_dir: str | Path, task: str, splits: Iterable[str] = SPLITS) -
 
 
 def _load_lamp(data_dir: Path, task: str, splits: Iterable[str]) -> LampDataset:
-    from persrag_lightning.data.folder_task import resolve_task  # it imports this module
-
     try:
         spec = task_spec(task if isinstance(task, TaskSpec) else resolve_task(task, data_dir))
     except LampFormatError as e:

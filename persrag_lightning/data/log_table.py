@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -22,8 +22,26 @@ from persrag_lightning.data.tasks import TaskSpec
 
 __all__ = ["LogTable", "check_log"]
 
-if TYPE_CHECKING:
-    from persrag_lightning.data.convert import ConvertOptions
+
+
+class LogOptions(Protocol):
+    """What reading a log needs of the converter's options (`data.convert.ConvertOptions`, which
+    imports this module)."""
+
+    item: str | None
+    user_sep: str | None
+    strict: bool
+    dedupe: bool
+    min_items: int
+
+    @property
+    def columns(self) -> dict[str, str]: ...
+
+    @property
+    def text_columns(self) -> list[str]: ...
+
+    @property
+    def labels_from_log(self) -> bool: ...
 
 
 @dataclass
@@ -66,7 +84,7 @@ class LogTable:
         return [cuts[s:s + c] for s, c in self._slices]
 
 
-def check_log(path: Path, options: ConvertOptions, spec: TaskSpec) -> LogTable:
+def check_log(path: Path, options: LogOptions, spec: TaskSpec) -> LogTable:
     """Every value of the named columns checked (data/log_rows.py: bad rows skipped and counted, or
     under `strict` the first one refused), rows made entries, users with too few items dropped, each
     user's items ordered."""
@@ -141,7 +159,7 @@ class Entries:
     labels: list[str]
     items: list[str] | None
 
-    def table(self, rows: int, checks: RowChecks, options: ConvertOptions) -> LogTable:
+    def table(self, rows: int, checks: RowChecks, options: LogOptions) -> LogTable:
         """Ordered per user (oldest first, same times by content), repeated texts counted (`dedupe`:
         dropped), users with fewer than `min_items` dropped."""
         codes_of = {u: k for k, u in enumerate(sorted(set(self.users)))}
