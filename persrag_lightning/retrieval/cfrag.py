@@ -194,6 +194,7 @@ class CFRAG(Strategy):
         self.user_encoder = UserEncoder.from_pretrained(require_bundle(self.user_encoder_path))
         self.user_row = {u: i for i, u in enumerate(self.user_encoder.user_ids)}
         self._unseen: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        self._frozen_docs: torch.Tensor | None = None
         if self.users == "cluster":
             self._cohort_model = (
                 self._load_cohorts(store) if self.cohort_export is not None else None
@@ -293,6 +294,16 @@ class CFRAG(Strategy):
             return UserIndex.wrap(exported, ids)
         return UserIndex.build(ids, vectors, "auto")
 
+    def _frozen_doc_vectors(self, store: DocStore) -> torch.Tensor:
+        """The store's corpus embedded by stage 1's frozen text encoder (built once in the cache,
+        read from it again only when serving has added rows since)."""
+        if self._frozen_docs is None or len(self._frozen_docs) < len(store.corpus.docs):
+            c = self.user_encoder.config
+            args = (c.text_encoder, c.text_max_length, c.text_pooling)
+            build_corpus_embeddings(store.corpus, self.cache_dir, *args)
+            self._frozen_docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
+        return self._frozen_docs
+
     def _user_vectors(self, store: DocStore, source: str) -> tuple[list[str], torch.Tensor]:
         """(ids, vectors): the encoder's user table, or MEAN of the frozen doc embeddings of each
         user's pool."""
@@ -300,9 +311,7 @@ class CFRAG(Strategy):
             ids, vectors = list(self.user_encoder.user_ids), self.user_encoder.user_embeddings
         else:
             c = self.user_encoder.config
-            args = (c.text_encoder, c.text_max_length, c.text_pooling)
-            build_corpus_embeddings(store.corpus, self.cache_dir, *args)
-            docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
+            docs = self._frozen_doc_vectors(store)
             # private: own only
             ids = store.pool_users() + sorted(u for u in store.dataset.private if u in store)
             vectors = torch.stack([docs[store.rows(u, c.max_history) if store.shares(u)
@@ -333,11 +342,7 @@ class CFRAG(Strategy):
             if not len(rows):
                 self._unseen[user_id] = (None, None)
                 return self._unseen[user_id]
-            c = ue.config
-            args = (c.text_encoder, c.text_max_length, c.text_pooling)
-            build_corpus_embeddings(store.corpus, self.cache_dir, *args)
-            docs = load_corpus_embeddings(self.cache_dir, store.corpus, *args)
-            vectors = docs[rows].float().unsqueeze(0)
+            vectors = self._frozen_doc_vectors(store)[rows].float().unsqueeze(0)
             labels = (ue.doc_label_ids([store.corpus.docs[r] for r in rows]).unsqueeze(0)
                       if ue.uses_judgments else None)
             ue.eval()
