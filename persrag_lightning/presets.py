@@ -60,6 +60,15 @@ class Preset:
     stages: list[str] | None = None   # None: every stage of stages.py
     rows: list[str] | None = None     # None: every strategy of evaluate_cfrag.yaml
 
+    def overrides(self, part: str) -> dict[str, Any]:
+        """One part's overrides without its nulls (null: the stage config's own value, so no argument at all).
+
+        Args:
+            part: `data` (every stage), a kind of stage (`user_encoder`, `reader`, `feedback`, `generator`) or
+                `evaluate`.
+        """
+        return {k: v for k, v in getattr(self, part).items() if v is not None}
+
 
 def _preset_path(name: str) -> Path:
     """A preset by name (configs/presets/<name>.yaml) or by the path of a YAML file."""
@@ -81,7 +90,12 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str, _seen: tuple[Path, ...] = ()) -> Preset:
-    """The preset `name` (a name of configs/presets/ or a file), merged over its `base`, checked."""
+    """The preset `name` (a name of configs/presets/ or a file), merged over its `base`, checked.
+
+    Args:
+        name: a preset of configs/presets/ (`quick`, `paper`, ...) or a YAML file's path.
+        _seen: the presets this one is the base of (a `base:` cycle is refused).
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 

@@ -152,7 +152,7 @@ def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: 
 def evaluate_config_rows(config: str):
     """An evaluate config of configs/ as `persrag evaluate` reads it, `{run_dir}` resolved to checkpoints/<run_name>:
     (config, run_dir, rows by name — a strategy without a name under its class path)."""
-    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.evaluation.arguments import evaluate_parser
     from persrag_lightning.retrieval.strategies import substitute_run_dir
 
     cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / config)])
@@ -165,7 +165,7 @@ def evaluated_rows(run) -> list[tuple[str, str]]:
     """(config name, table name) of each `only` row of an evaluation (its resolved configuration, or an
     `EvaluationRun`), under its `names`, as the real evaluation names its results."""
     from persrag_lightning.commands.pipeline import shown
-    from persrag_lightning.evaluation.evaluate import only_names
+    from persrag_lightning.evaluation.arguments import only_names
 
     return [(n, shown(n, run.names or {})) for n in only_names(run.only or [])]
 

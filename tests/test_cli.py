@@ -65,7 +65,7 @@ def test_logs_are_quiet_unless_verbose(in_tmp_cwd, tiny_bert):
 
 def test_only_accepts_a_strategy_name_with_a_colon_unquoted():
     """YAML reads `[CFRAG (users: cluster)]` as a list holding a mapping; the name the user typed is kept."""
-    from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names
+    from persrag_lightning.evaluation.arguments import evaluate_parser, only_names
 
     cfg = evaluate_parser().parse_args(["--strategies=[]", '--only=[bm25, CFRAG (users: cluster), "w/o e_u (x)"]'])
     assert only_names(cfg.only) == ["bm25", "CFRAG (users: cluster)", "w/o e_u (x)"]

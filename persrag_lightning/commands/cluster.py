@@ -111,11 +111,11 @@ def cluster_command(argv: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
+    from persrag_lightning.bundles import require_bundle
     from persrag_lightning.commands.train import check_task
     from persrag_lightning.data.source import LampSource
     from persrag_lightning.data.synth import SynthConfig, load_communities
     from persrag_lightning.retrieval.base import DocStore
-    from persrag_lightning.retrieval.cfrag import require_bundle
     from persrag_lightning.retrieval.clusterrag import ClusterRAG, ClusterRAGSettings, CorpusEmbedder
     from persrag_lightning.utils import atomic_directory, atomic_write_json
 

@@ -49,7 +49,7 @@ def evaluate_command(args: list[str]) -> EvaluationReport:
     Args:
         args: the command line after `persrag evaluate`.
     """
-    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.evaluation.arguments import evaluate_parser
 
     return run_evaluation(
         evaluate_parser(description=evaluate_command.__doc__).parse_args(evaluate_args(args))
@@ -59,7 +59,7 @@ def evaluate_command(args: list[str]) -> EvaluationReport:
 @lru_cache(maxsize=8)
 def _config_file(path: str, cwd: str) -> Namespace:
     """The values of one evaluate config file (cached per file and folder; used through clones)."""
-    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.evaluation.arguments import evaluate_parser
 
     return evaluate_parser().parse_args(["--config", path])
 
@@ -77,7 +77,7 @@ def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None =
         names: the table's names of strategies of the config.
         config: the evaluate config file (a name of configs/ or a path).
     """
-    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.evaluation.arguments import evaluate_parser
 
     given = {k: v for k, v in overrides.items() if v is not None}
     given.update({"only": list(only)} if only is not None else {})
@@ -95,8 +95,8 @@ def run_evaluation(cfg: Namespace) -> EvaluationReport:
         cfg: the parsed configuration (`evaluation_config`, or the evaluate parser's parse of a
             command line).
     """
+    from persrag_lightning.evaluation.arguments import evaluate_parser, only_names, rename_strategies
     from persrag_lightning.evaluation.base import Evaluator
-    from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names, rename_strategies
     from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
 
     # the caller keeps its own

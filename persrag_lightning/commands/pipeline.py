@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from persrag_lightning.bundles import exported_bundle
 from persrag_lightning.commands.decisions import announce_decisions, label_overrides, precision_overrides
 from persrag_lightning.commands.evaluate import run_evaluation
 from persrag_lightning.commands.plan import build_plan, question_counts, reader_settings
 from persrag_lightning.commands.runs import DEV_SELECTION_EXAMPLES, EvaluationRun, StageRun, dev_choice
+from persrag_lightning.commands.task_switch import task_overrides
 from persrag_lightning.commands.train import run_stage
 from persrag_lightning.data.folder_task import resolve_task
 from persrag_lightning.data.tasks import get_task
@@ -31,52 +33,21 @@ from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
-from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_path
+from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage
 from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
 
 if TYPE_CHECKING:
     from persrag_lightning.evaluation.base import EvaluationReport
 
-__all__ = ["EvaluationRun", "Job", "StageRun", "main"]
+__all__ = ["Job", "main"]
 
 # the reader stage's export, as the evaluation and the feedback stages name it
 TRAINED_READER = "{run_dir}/reader"
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
 
-def given(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A preset's overrides without its nulls (null: the config's own value, so no argument at
-    all)."""
-    return {k: v for k, v in overrides.items() if v is not None}
-
-
 def _stage_done(export_root: str, run_name: str, stage: str) -> bool:
-    return (bundle_path(Path(export_root) / run_name, stage) / "config.json").exists()
-
-
-@dataclass
-class TaskOverrides:
-    """What switches a preset to a task: every stage's data, the generator stage's and the
-    evaluation's overrides."""
-
-    data: dict[str, Any]
-    generator: dict[str, Any]
-    evaluate: dict[str, Any]
-
-
-def _task_overrides(task: str, preset: Preset) -> TaskOverrides:
-    """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
-    `choose` among, so they generate, in the evaluation and in the generator stage's validation
-    alike. LaMP-2 is the configs'."""
-    spec = get_task(task)
-    evaluate = given(preset.evaluate)
-    if spec.name == "LaMP-2":
-        return TaskOverrides({}, {}, evaluate)
-    if spec.labels is None:
-        evaluate = {k: v for k, v in evaluate.items() if not k.startswith("evaluation.llm.answer_mode")}
-        return TaskOverrides({"data.init_args.task": spec.name}, {"model.init_args.answer_mode": "generate"},
-                             {"evaluation.task": spec.name, **evaluate, "evaluation.llm.answer_mode": "generate"})
-    return TaskOverrides({"data.init_args.task": spec.name}, {}, {"evaluation.task": spec.name, **evaluate})
+    return exported_bundle(Path(export_root) / run_name, stage) is not None
 
 
 # The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the
@@ -292,8 +263,8 @@ class Job:
         """`stage`'s fit in this job: its config and every override, typed, in the command line's
         order (the preset's data and kind, the task's, the job's, the stage's own, then `more`)."""
         spec: Stage = STAGES[stage]
-        return StageRun(stage, spec.config, {**given(self.preset.data), **self.data,
-                                             **given(getattr(self.preset, spec.kind)), **self.kinds[spec.kind],
+        return StageRun(stage, spec.config, {**self.preset.overrides("data"), **self.data,
+                                             **self.preset.overrides(spec.kind), **self.kinds[spec.kind],
                                              **spec.override_values(), **(more or {}), **self.common,
                                              "trainer.enable_progress_bar": False}, self.extra)
 
@@ -323,6 +294,16 @@ class Job:
         self.minutes[step] = (time.perf_counter() - t0) / 60
         return chosen
 
+    def run_table(self, chosen: str) -> None:
+        """The table on the reported split (`report`), evaluated in this process and timed as `evaluate`."""
+        table = self.report(chosen)
+        print(f"[pipeline] the reference row: {shown(chosen, self.names)}"
+              + (" (chosen on dev)" if self.preset.select_order_on_dev else ""))
+        t0 = time.perf_counter()
+        run_evaluation(table.resolve())
+        self.evaluations.append(table)
+        self.minutes["evaluate"] = (time.perf_counter() - t0) / 60
+
     def report(self, chosen: str) -> EvaluationRun:
         """The table on the reported split: the preset's rows (the chosen configuration the
         reference), the docs' vote of BM25's and its prompts, and the goal's third paired test."""
@@ -341,7 +322,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     """The Job of parsed arguments: the run's name, and what each kind of stage and the evaluation
     add."""
     task, judgments = opts.task, opts.judgments or preset.judgments
-    overrides = _task_overrides(task, preset)
+    overrides = task_overrides(task, preset)
     data, evaluate = dict(overrides.data), {**overrides.evaluate, "evaluation.split": opts.split}
     if opts.data_dir is not None:
         data["data.init_args.data_dir"] = opts.data_dir
@@ -418,6 +399,13 @@ def choose_reader(job: Job, readers: list[str] | None, wanted: list[str],
 
 
 def main(argv: list[str]) -> None:
+    """`python train.py pipeline`: the decisions and the plan, then every stage the preset names (those already
+    exported are skipped), the dev choices and the table on `--split`; pipeline.json records what ran.
+
+    Args:
+        argv: the arguments after `pipeline` (`--preset`, `--task`, `--data_dir`, `--plan`, ...; `--help` lists
+            them), and any `fit` override for every stage.
+    """
     opts, extra = parse_args(argv)
     preset = load_preset(opts.preset)
     _check_rows(preset, opts.preset)
@@ -458,13 +446,7 @@ def main(argv: list[str]) -> None:
             dev_scores.update(generator_dev)
     if generator_calibration is not None:
         job.evaluate["evaluation.generator_calibration"] = generator_calibration
-    table = job.report(chosen)  # the table on the reported split
-    print(f"[pipeline] the reference row: {shown(chosen, job.names)}"
-          + (" (chosen on dev)" if preset.select_order_on_dev else ""))
-    t0 = time.perf_counter()
-    run_evaluation(table.resolve())
-    job.evaluations.append(table)
-    job.minutes["evaluate"] = (time.perf_counter() - t0) / 60
+    job.run_table(chosen)
     print("\n".join(f"[pipeline] {s}: {t:.1f} min" for s, t in job.minutes.items()))
     total = sum(job.minutes.values())
     if plan.minutes_for(reader) is not None:

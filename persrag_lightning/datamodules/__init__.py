@@ -2,4 +2,5 @@
 `prepare_data` (once per node) and loads it in `setup` (user histories for stage 1, LLM-feedback
 candidates for stages 2 and 3, the generator's prompts)."""
 
-__all__ = ["feedback", "generator", "user_history"]  # the package's modules, imported on use
+# the package's modules, imported on use
+__all__ = ["feedback", "generator", "reader", "sampling", "user_history"]

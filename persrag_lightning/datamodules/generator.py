@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
-import numpy as np
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.datamodules.sampling import EpochShuffle
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
@@ -38,7 +38,7 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
-__all__ = ["EpochShuffle", "GeneratorBatch", "GeneratorDataModule", "collate_generator"]
+__all__ = ["GeneratorBatch", "GeneratorDataModule", "collate_generator"]
 
 PROMPTS_VERSION = "generator-prompts/v1"
 
@@ -69,24 +69,6 @@ class GeneratorBatch:
 def collate_generator(examples: list[GeneratorExample]) -> GeneratorBatch:
     return GeneratorBatch([e.example_id for e in examples], [e.prompt for e in examples],
                           [e.target for e in examples])
-
-
-class EpochShuffle(Sampler[int]):
-    """A permutation seeded by (seed, epoch): a fit resumed from an epoch's checkpoint sees the same
-    order as an uninterrupted one (Lightning calls set_epoch; under DDP its DistributedSampler does
-    the same)."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
-
-    def __len__(self) -> int:
-        return self.n
 
 
 class TokenCounter:

@@ -30,7 +30,7 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.datamodules.generator import EpochShuffle
+from persrag_lightning.datamodules.sampling import EpochShuffle
 from persrag_lightning.models.reader import (
     ReaderBatch,
     ReaderSettings,

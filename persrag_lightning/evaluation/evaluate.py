@@ -36,7 +36,7 @@ from persrag_lightning.evaluation.reader_free import (
     top_answer,
     vote,
 )
-from persrag_lightning.evaluation.report import Summary, plot_results, summarise, summary_table
+from persrag_lightning.evaluation.report import Summary, plot_results, summarise
 from persrag_lightning.llm.calibration import Calibration, LabelReading, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
@@ -60,83 +60,13 @@ from persrag_lightning.utils import (
     fingerprint,
 )
 
-__all__ = ["Evaluation", "evaluate_parser", "only_names", "rename_strategies",
-           "same_community_chance"]
+__all__ = ["Evaluation"]
 
 log = logging.getLogger(__name__)
 
 # generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one
 # against the gold); a LaMP-7 tweet is written like the paraphrase the user would give
 TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
-
-
-def evaluate_parser(prog: str = "persrag evaluate", description: str | None = None):
-    """The parser of an evaluate config (`run_name`, `evaluation`: an `Evaluator`, `strategies`,
-    `only`, `names`).
-
-    Args:
-        prog: the program name shown in usage and errors.
-        description: the help's description; None = the module's.
-    """
-    from jsonargparse import ActionConfigFile, ArgumentParser, lazy_instance
-
-    parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_argument("--run_name", type=str, default="synthlamp")
-    parser.add_argument("--export_root", type=str, default="checkpoints")
-    # any Evaluator by class_path (PersonaBench, memory); a config that names none is the LaMP
-    # Evaluation
-    parser.add_argument("--evaluation", type=Evaluator, default=lazy_instance(Evaluation))
-    parser.add_argument("--strategies", type=list[Strategy], default=[])
-    # dict: an unquoted name with ": " in a YAML list ('[CFRAG (users: cluster)]') parses as a
-    # one-key mapping; `only_names` turns it back into the name the user typed instead of failing
-    # with a type error
-    parser.add_argument("--only", type=list[str | dict[str, str]] | None, default=None,
-                        help="evaluate only these strategies of the config, by name (e.g. '[bm25, CFRAG]')")
-    parser.add_argument("--names", type=dict[str, str] | None, default=None,
-                        help="the table's name for a strategy of the config, e.g. '{\"CFRAG\": \"CFRAG "
-                             "(judgments, reranked)\"}': its rows, predictions and paired tests take that name; "
-                             "--only, reference, votes and pairs may use either")
-    return parser
-
-
-def only_names(only: list[str | dict[str, str]]) -> list[str]:
-    """`--only`'s names, a `{"CFRAG (users": "cluster)"}` read back as "CFRAG (users: cluster)".
-
-    Args:
-        only: `--only` as parsed: names, a name holding ": " arriving as a one-key mapping.
-    """
-    return [n if isinstance(n, str) else ", ".join(f"{k}: {v}" for k, v in n.items()) for n in only]
-
-
-def rename_strategies(strategies: list[Strategy], names: dict[str, str]) -> dict[str, str]:
-    """Give the strategies named in `names` their new names, after `bind_strategies` (bound by the
-    old ones). A "+ tuned generator" row over a renamed strategy follows it. Returns every rename
-    made, old → new; a new name that another strategy already has is refused (one line, exit 2).
-
-    Args:
-        strategies: the bound strategies, renamed in place.
-        names: config name → table name.
-    """
-    made = {}
-    for s in strategies:
-        wrapped = s.wrapped_name
-        if s.name in names:
-            made[s.name] = names[s.name]
-        elif wrapped in names and s.name == f"{wrapped} + tuned generator":
-            made[s.name] = f"{names[wrapped]} + tuned generator"
-    unknown = set(names) - {s.name for s in strategies}
-    if unknown:
-        raise ConfigError(f"--names: {sorted(unknown)} name no strategy of the config")
-    kept = {s.name for s in strategies} - set(made)
-    clash = kept & set(made.values())
-    if clash:
-        raise ConfigError(
-            f"--names: {sorted(clash)} is already the name of another strategy of the config"
-        )
-    for s in strategies:
-        s.name = made.get(s.name, s.name)
-    return made
 
 
 def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
@@ -156,7 +86,7 @@ def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], 
     if communities:
         out["same_community_docs"] = float(np.mean([
             communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
-        out["same_community_chance"] = same_community_chance(examples, retrieved, communities)
+        out["same_community_chance"] = _same_community_chance(examples, retrieved, communities)
     # a doc "holds the answer" when its label is the target
     if get_task(task).label_field is not None:
         spec = get_task(task)
@@ -176,7 +106,7 @@ def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], 
     return out
 
 
-def same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
+def _same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
                           communities: dict[str, int]) -> float:
     """What `same_community_docs` would be if the other users' docs came from random users: own
     share + other users' share × the query user's community's share of the other users (per doc,
@@ -256,10 +186,10 @@ class Evaluation(Evaluator):
         self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
     def rename(self, names: dict[str, str]) -> None:
-        """Follow `rename_strategies`' renames in the reference, the votes and the paired tests.
+        """Follow `arguments.rename_strategies`' renames in the reference, the votes and the paired tests.
 
         Args:
-            names: config name → table name (`rename_strategies`' result).
+            names: config name → table name (`arguments.rename_strategies`' result).
         """
         self.reference = names.get(self.reference, self.reference)
         self.votes = None if self.votes is None else [names.get(n, n) for n in self.votes]
@@ -283,7 +213,7 @@ class Evaluation(Evaluator):
         generator = strategy.answering_model
         if generator is None:
             return self.reader
-        from persrag_lightning.retrieval.cfrag import require_bundle
+        from persrag_lightning.bundles import require_bundle
 
         # not trained yet: the row is skipped with the command that makes it
         require_bundle(generator)
@@ -485,7 +415,7 @@ class Evaluation(Evaluator):
             summary: the rows' metrics with their intervals.
             skipped: rows that could not run → why.
         """
-        text = summary_table(summary, self.answer_mode, self.split)
+        text = summary.table(self.answer_mode, self.split)
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from persrag_lightning.bundles import exported_bundle
 from persrag_lightning.data.docstore import read_docstore
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
@@ -36,7 +37,7 @@ from persrag_lightning.memory.simulate import (
 )
 from persrag_lightning.retrieval.base import DocStore, Query, Strategy
 from persrag_lightning.retrieval.baselines import ZeroShot
-from persrag_lightning.retrieval.cfrag import CFRAG, bundle
+from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
@@ -106,7 +107,7 @@ def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
 
 def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
-                  "retriever": bundle(run_dir, "retriever") or "minilm", "reranker": bundle(run_dir, "reranker"),
+                  "retriever": exported_bundle(run_dir, "retriever") or "minilm", "reranker": exported_bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
     if name == "zero_shot":
         return ZeroShot()

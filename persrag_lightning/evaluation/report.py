@@ -27,7 +27,7 @@ from persrag_lightning.evaluation.stats import (
 )
 from persrag_lightning.utils import atomic_replace
 
-__all__ = ["Summary", "plot_results", "summarise", "summary_table"]
+__all__ = ["Summary", "plot_results", "summarise"]
 
 ALPHA = 0.05
 MARKER = "*"
@@ -49,6 +49,18 @@ class Summary:
     metrics: tuple[str, ...]
     # further tests, one {metric: test} per pair
     pairs: list[dict[str, Comparison]] = field(default_factory=list)
+
+    def table(self, answer_mode: str, split: str) -> str:
+        """`results_table` of this summary, then its further paired tests (`pairs`), one line each.
+
+        Args:
+            answer_mode: how the answers were read (`generate` or `choose`), named in the table's heading.
+            split: the split the rows ran on, named there too.
+        """
+        table = results_table(self.task, self.results, self.intervals, self.comparisons, self.reference or "CFRAG",
+                              answer_mode, split=split, n_examples=self.n_examples, confidence=self.confidence,
+                              n_resamples=self.n_resamples)
+        return table + "".join(f"\n{_pair_sentence(by_metric)}\n" for by_metric in self.pairs)
 
 
 def summarise(task: str, predictions: Mapping[str, Sequence[str]], golds: Sequence[str], reference: str = "CFRAG",
@@ -152,14 +164,6 @@ def _significance_sentence(
     if not found:
         return f"No difference from {reference} is significant at p < {ALPHA}."
     return f"Significantly different from {reference} at p < {ALPHA}: " + "; ".join(found) + "."
-
-
-def summary_table(summary: Summary, answer_mode: str, split: str) -> str:
-    """`results_table` of a `Summary`, then its further paired tests (`pairs`), one line each."""
-    table = results_table(summary.task, summary.results, summary.intervals, summary.comparisons,
-                          summary.reference or "CFRAG", answer_mode, split=split, n_examples=summary.n_examples,
-                          confidence=summary.confidence, n_resamples=summary.n_resamples)
-    return table + "".join(f"\n{_pair_sentence(by_metric)}\n" for by_metric in summary.pairs)
 
 
 def _pair_sentence(by_metric: Mapping[str, Comparison]) -> str:

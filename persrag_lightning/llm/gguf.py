@@ -1,5 +1,5 @@
 """GGUF sources for the transformers and vLLM backends: de-quantised once to a safetensors folder in
-the project cache (`converted_dir`), written atomically and shared by concurrent processes."""
+the project cache (`<cache>/llm/<name>-<digest>`), written atomically and shared by concurrent processes."""
 
 from __future__ import annotations
 
@@ -15,21 +15,20 @@ import torch
 
 from persrag_lightning.llm.base import LLMBackendError, ModelSource, cache_root
 
-__all__ = ["converted_dir", "dtype_kw", "gguf_to_safetensors", "load_tokenizer", "local_model_path"]
+__all__ = ["dtype_kw", "load_tokenizer", "local_model_path"]
 
 _DONE_MARKER = "persrag_source.json"
 
 
-
-def converted_dir(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Path:
+def _converted_dir(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the safetensors copy of a GGUF source lives: <cache>/llm/<name>-<digest>."""
     return cache_root(cache_dir) / "llm" / f"{source.name}-{source.digest}"
 
 
-def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Path:
+def _gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Path:
     """De-quantise a GGUF once and save model + tokenizer as safetensors, atomically, so later loads
     are instant."""
-    target = converted_dir(source, cache_dir)
+    target = _converted_dir(source, cache_dir)
     if (target / _DONE_MARKER).is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +68,7 @@ def gguf_to_safetensors(source: ModelSource, cache_dir: str | os.PathLike | None
 
 def local_model_path(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> str:
     """A path (or cached Hub name) that `from_pretrained` can load without network."""
-    return str(gguf_to_safetensors(source, cache_dir)) if source.is_gguf else source.path
+    return str(_gguf_to_safetensors(source, cache_dir)) if source.is_gguf else source.path
 
 
 def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = None) -> Any:
@@ -79,7 +78,7 @@ def load_tokenizer(source: ModelSource, cache_dir: str | os.PathLike | None = No
 
     try:
         if source.is_gguf:
-            done = converted_dir(source, cache_dir)
+            done = _converted_dir(source, cache_dir)
             if (done / _DONE_MARKER).is_file():
                 return AutoTokenizer.from_pretrained(str(done))
             gguf = Path(source.path)

@@ -14,10 +14,10 @@ from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
 from persrag_lightning.llm.calibration import Calibration, Decision, check_reading, resolve_decision
 from persrag_lightning.progress import in_blocks
 
-__all__ = ["BACKENDS", "PROGRESS_BLOCKS", "LLMConfig", "load_llm"]
+__all__ = ["BACKENDS", "LLMConfig", "load_llm"]
 
 BACKENDS = ("hf", "llamacpp", "openai", "vllm")  # and `auto`: see `auto_backend`
-PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
+_PROGRESS_BLOCKS = 8  # LLM batches between two progress lines of a long answer / score phase
 
 
 def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> LLM:
@@ -114,6 +114,11 @@ class LLMConfig:
         if self.backend.lower() == "auto":
             self.backend = auto_backend(self.model, self.options)
 
+    @property
+    def progress_every(self) -> int:
+        """Prompts between two progress lines of a long answer, score or chat phase."""
+        return _PROGRESS_BLOCKS * self.batch_size
+
     def identity(self) -> dict:
         """What changes the LLM's answers, without loading it (a local model's weights digest
         included)."""
@@ -148,7 +153,7 @@ class LLMConfig:
         def run(todo: list[int]) -> list[str]:
             return in_blocks(todo, lambda part: [(out or "").strip()
                                                  for out in llm.generate([prompts[i] for i in part], budget)],
-                             phase, PROGRESS_BLOCKS * self.batch_size)
+                             phase, self.progress_every)
 
         if store is None:
             return run(list(range(len(prompts))))

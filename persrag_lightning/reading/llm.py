@@ -24,7 +24,7 @@ from persrag_lightning.llm.calibration import (
     resolve_decision,
 )
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
-from persrag_lightning.llm.registry import PROGRESS_BLOCKS, LLMConfig
+from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 
@@ -175,7 +175,7 @@ class LLMReader(Reader):
         return _TERM_SCORES[key]
 
     def _blocks(self, todo: list[int], compute, phase: str | None) -> list:
-        return in_blocks(todo, compute, phase, PROGRESS_BLOCKS * self.config.batch_size)
+        return in_blocks(todo, compute, phase, self.config.progress_every)
 
     def _cached(
         self, kind: str, prompts: list[str], compute, targets: list[str] | None = None

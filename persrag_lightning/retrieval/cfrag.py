@@ -25,12 +25,12 @@ measures each against them, and `CFRAGPipeline.from_pretrained` serves with the 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
+from persrag_lightning.bundles import require_bundle
 from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, export_path
 from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
@@ -42,10 +42,9 @@ from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
 from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
-from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, bundle_digest
 
-__all__ = ["CFRAG", "bundle", "first_stage_order", "missing_bundle", "require_bundle"]
+__all__ = ["CFRAG", "first_stage_order"]
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
@@ -82,23 +81,6 @@ class InferenceSettings:
         paper = InferenceSettings()
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name != "cache_doc_tokens" and getattr(self, f.name) != getattr(paper, f.name)}
-
-
-def missing_bundle(path: str | Path) -> FileNotFoundError:
-    """The error for a bundle a stage has not exported yet, naming the command that makes it."""
-    name = Path(path).name
-    if name in STAGES:
-        how = f"`{STAGES[name].command()}` (same --run_name)"
-    else:
-        how = "the stage that exports it"
-    return FileNotFoundError(f"{path} is not trained yet; make it with {how}, or all stages with "
-                             "`python train.py pipeline`")
-
-
-def require_bundle(path: str | Path) -> str:
-    if not (Path(path) / "config.json").is_file():
-        raise missing_bundle(path)
-    return str(path)
 
 
 class CFRAG(Strategy):
@@ -212,7 +194,8 @@ class CFRAG(Strategy):
                 self.retriever_spec, store.corpus, self.cache_dir
             )
         except FileNotFoundError:
-            raise missing_bundle(self.retriever_spec) from None
+            require_bundle(self.retriever_spec)  # a bundle not trained yet: the command that makes it
+            raise
         self.retriever.prepare()
         self.retriever.load()
         self.retriever.use_query_runtime(self.inference.query_runtime, self.cache_dir)
@@ -454,9 +437,3 @@ class CFRAG(Strategy):
 def first_stage_order(docs: list[RetrievedDoc]) -> list[int]:
     """Candidate positions by first-stage score, best first (ties in candidate order)."""
     return np.argsort([-d.retriever_score for d in docs], kind="stable").tolist()
-
-
-def bundle(run_dir: str | Path, name: str) -> str | None:
-    """Path of an exported bundle of a run, or None when that stage was not trained."""
-    path = Path(run_dir) / name
-    return str(path) if (path / "config.json").exists() else None

@@ -21,9 +21,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from persrag_lightning.bundles import require_bundle
 from persrag_lightning.llm.profile_budget import BudgetSettings
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
-from persrag_lightning.retrieval.cfrag import require_bundle
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
 from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, Neighbour, mean_user_vectors
 

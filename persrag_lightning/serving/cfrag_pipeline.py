@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from persrag_lightning.bundles import exported_bundle, require_bundle
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
@@ -23,7 +24,7 @@ from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
-from persrag_lightning.retrieval.cfrag import CFRAG, bundle, missing_bundle
+from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
 
@@ -131,10 +132,7 @@ class CFRAGPipeline:
         (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside
         `run_dir` ("reader") or its folder, which then answers `generate` (label tasks)."""
         run_dir = Path(run_dir)
-        user_encoder = bundle(run_dir, "user_encoder")
-        if user_encoder is None:
-            raise FileNotFoundError(f"{run_dir}/user_encoder is not an export; train stage 1 first "
-                                    "(`python train.py fit --config cfrag_user_encoder.yaml`)")
+        user_encoder = require_bundle(run_dir / "user_encoder")  # stage 1: every CFRAG serves from it
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
         extra: dict = {}
@@ -149,21 +147,18 @@ class CFRAGPipeline:
         reranker_runtime = (serving_runtime("reranker") if reranker_runtime == "auto"
                             else native_runtime(reranker_runtime))
         query_runtime = serving_runtime("query") if query_runtime == "auto" else native_runtime(query_runtime)
-        if reranker not in (None, "reranker") and bundle(run_dir, reranker) is None:  # named: must exist
-            raise missing_bundle(run_dir / reranker)
-        reranker = bundle(run_dir, reranker) if reranker is not None else None
+        if reranker not in (None, "reranker"):  # named: must exist
+            reranker = require_bundle(run_dir / reranker)
+        elif reranker is not None:
+            reranker = exported_bundle(run_dir, reranker)
         if first_cut is not None:
-            if bundle(run_dir, first_cut) is None:
-                raise missing_bundle(run_dir / first_cut)
-            first_cut = bundle(run_dir, first_cut)
-        strategy = CFRAG(user_encoder, bundle(run_dir, "retriever") or "minilm", reranker, m=m,
+            first_cut = require_bundle(run_dir / first_cut)
+        strategy = CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, m=m,
                          k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
                          reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
                          query_runtime=query_runtime, first_cut=first_cut, **extra)
         if reader != LLM_READER and not Path(reader).is_dir():
-            if bundle(run_dir, reader) is None:
-                raise missing_bundle(run_dir / reader)
-            reader = bundle(run_dir, reader)
+            reader = require_bundle(run_dir / reader)
         return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads, reader)
 
     @property

@@ -11,6 +11,7 @@ import torch
 
 from persrag_lightning import hardware
 from persrag_lightning.commands import decisions, pipeline
+from persrag_lightning.commands.runs import EvaluationRun, StageRun
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
@@ -71,7 +72,7 @@ def test_bf16_matmul_speedup_is_measured_once_per_process_and_cap(monkeypatch) -
 
 
 def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, float] | None = None
-                 ) -> tuple[list[pipeline.StageRun], list[pipeline.EvaluationRun]]:
+                 ) -> tuple[list[StageRun], list[EvaluationRun]]:
     """pipeline.main with the stages and evaluations recorded, not run: what its pipeline.json says it ran, typed."""
     def evaluate(cfg):
         report = fake_evaluate()(cfg)
@@ -83,8 +84,8 @@ def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, f
     monkeypatch.setattr(pipeline, "run_evaluation", evaluate)
     pipeline.main([*argv, "--export_root", str(tmp_path)])
     record = json.loads(max(tmp_path.glob("*/pipeline.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
-    return ([pipeline.StageRun(**r) for r in record["stages"]],
-            [pipeline.EvaluationRun(**r) for r in record["evaluations"]])
+    return ([StageRun(**r) for r in record["stages"]],
+            [EvaluationRun(**r) for r in record["evaluations"]])
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -115,7 +116,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
 
-def by_purpose(evaluations: list[pipeline.EvaluationRun]) -> dict[str, pipeline.EvaluationRun]:
+def by_purpose(evaluations: list[EvaluationRun]) -> dict[str, EvaluationRun]:
     """The job's evaluations by what they are for: "reader-trained", "reader-llm" (the reader's dev choice),
     "choice" (the configuration's), "generator" (its calibration's) and "test" (the table)."""
     short = {"dev choice: select-on-dev": "choice", "dev choice: select-on-dev/generator": "generator",
@@ -123,7 +124,7 @@ def by_purpose(evaluations: list[pipeline.EvaluationRun]) -> dict[str, pipeline.
     return {short.get(r.purpose, r.purpose.removeprefix("dev choice: select-on-dev/")): r for r in evaluations}
 
 
-def max_examples(run: pipeline.EvaluationRun) -> int | None:
+def max_examples(run: EvaluationRun) -> int | None:
     """The evaluation's question count (None: every one)."""
     return run.overrides.get("evaluation.max_examples")
 
@@ -411,7 +412,7 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
     monkeypatch.setattr(pipeline, "run_evaluation", evaluate)
     pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
     record = json.loads((tmp_path / "synthlamp-lamp3-quick" / "pipeline.json").read_text())
-    runs = by_purpose([pipeline.EvaluationRun(**r) for r in record["evaluations"]])
+    runs = by_purpose([EvaluationRun(**r) for r in record["evaluations"]])
     generator, test = runs["generator"], runs["test"]
     assert generator.only == ["CFRAG + tuned generator"] and generator.purpose.endswith("select-on-dev/generator")
     assert generator.overrides["evaluation.llm.calibration"] == "contextual"  # read on dev as the table reads
@@ -421,7 +422,8 @@ def test_the_tuned_generator_gets_its_own_calibration_chosen_on_dev(monkeypatch,
 
 
 def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them() -> None:
-    from persrag_lightning.evaluation.evaluate import Evaluation, rename_strategies
+    from persrag_lightning.evaluation.arguments import rename_strategies
+    from persrag_lightning.evaluation.evaluate import Evaluation
     from persrag_lightning.retrieval.cfrag import CFRAG
     from persrag_lightning.retrieval.strategies import bind_strategies
     from persrag_lightning.retrieval.tuned_generator import TunedGenerator
@@ -469,7 +471,7 @@ def test_the_reader_is_chosen_on_dev_and_an_llm_choice_keeps_the_llms_feedback(m
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["reader"] == "llm"
     assert not any("data.init_args.feedback.reader" in r["overrides"] for r in record["stages"])
-    runs = by_purpose([pipeline.EvaluationRun(**r) for r in record["evaluations"]])
+    runs = by_purpose([EvaluationRun(**r) for r in record["evaluations"]])
     assert "evaluation.reader" not in runs["choice"].overrides and "evaluation.reader" not in runs["test"].overrides
     fits, _ = run_pipeline(monkeypatch, tmp_path / "lamp5", ["--preset", "quick", "--task", "LaMP-5"])
     assert "reader" not in [r.stage for r in fits]  # the LLM writes titles; no reader to train or choose
@@ -484,7 +486,7 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
 
     from persrag_lightning.commands import train
     from persrag_lightning.commands.evaluate import evaluate_args
-    from persrag_lightning.evaluation.evaluate import evaluate_parser
+    from persrag_lightning.evaluation.arguments import evaluate_parser
 
     machine(monkeypatch, AMX, onednn=True)
     fits, evaluations = [], []
@@ -492,8 +494,8 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
     monkeypatch.setattr(pipeline, "run_evaluation", fake_evaluate(evaluations))
     pipeline.main(["--preset", "quick", "--export_root", str(tmp_path), "--trainer.max_epochs=2"])
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
-    stages = [pipeline.StageRun(**r) for r in record["stages"]]
-    runs = [pipeline.EvaluationRun(**r) for r in record["evaluations"]]
+    stages = [StageRun(**r) for r in record["stages"]]
+    runs = [EvaluationRun(**r) for r in record["evaluations"]]
     assert len(fits) == len(stages) == 8 and len(evaluations) == len(runs) == 5
     assert all(isinstance(cfg, Namespace) for cfg in fits + evaluations)
     printed = [line for line in capsys.readouterr().out.splitlines() if ": python train.py fit " in line]

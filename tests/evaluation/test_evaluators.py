@@ -6,8 +6,9 @@ import pytest
 
 from persrag_lightning.commands.evaluate import evaluate_command
 from persrag_lightning.commands.train import resolve_config_args
+from persrag_lightning.evaluation.arguments import evaluate_parser
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
-from persrag_lightning.evaluation.evaluate import Evaluation, evaluate_parser
+from persrag_lightning.evaluation.evaluate import Evaluation
 from persrag_lightning.evaluation.memory_eval import MemoryEvaluation
 from persrag_lightning.evaluation.personabench_eval import PersonaBenchEvaluation
 from persrag_lightning.retrieval.baselines import ZeroShot

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
-from persrag_lightning.evaluation.report import plot_results, results_table, summarise, summary_table
+from persrag_lightning.evaluation.report import plot_results, results_table, summarise
 from persrag_lightning.evaluation.stats import Comparison, Interval
 
 
@@ -58,7 +58,7 @@ def test_summarise_end_to_end() -> None:
     assert not summary.comparisons["BM25"]["accuracy"].better
     ci = summary.intervals["CFRAG"]["accuracy"]
     assert ci.low < summary.results["CFRAG"]["accuracy"] < ci.high
-    text = summary_table(summary, answer_mode="choose", split="test")
+    text = summary.table(answer_mode="choose", split="test")
     assert str(ci) in text and "300 examples" in text and "500 resamples" in text
 
 
@@ -73,7 +73,7 @@ def test_further_pairs_are_tested_and_reported_under_the_table() -> None:
     assert (test.strategy, test.reference) == ("Contriever", "BM25")
     assert test.difference == pytest.approx(summary.results["Contriever"]["accuracy"]
                                             - summary.results["BM25"]["accuracy"])
-    text = summary_table(summary, answer_mode="choose", split="test")
+    text = summary.table(answer_mode="choose", split="test")
     assert f"Paired test, Contriever vs BM25: accuracy {test.difference:+.3f} (p = {test.p_value:.3f}" in text
 
 

@@ -228,7 +228,7 @@ def pipeline_runs(monkeypatch, argv: list[str]):
     stages and evaluations as pipeline.json keeps them)."""
     import json
 
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.commands import pipeline, runs
 
     fits, evaluations = [], []
     monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
@@ -236,7 +236,7 @@ def pipeline_runs(monkeypatch, argv: list[str]):
     root = argv[argv.index("--export_root") + 1]
     pipeline.main(argv)
     record = json.loads(max(Path(root).glob("*/pipeline.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
-    return fits, evaluations, [pipeline.StageRun(**r) for r in record["stages"]]
+    return fits, evaluations, [runs.StageRun(**r) for r in record["stages"]]
 
 
 def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, tmp_path) -> None:

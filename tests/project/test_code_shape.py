@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "persrag_lightning"
 MAX_LINES, MAX_FUNCTION_LINES = 500, 60
 # the style goals against the anchors (lightning-ir: 6.9 % long lines, 276 `Args:`, median 2 public names)
 LONG_LINE, MAX_LONG_SHARE, MIN_ARGS_SECTIONS = 100, 0.05, 150
-# the goal is 3; 4 is where the style pass landed (most modules' public names are imported by other modules)
-MAX_MEDIAN_PUBLIC_NAMES = 4
+# lightning-ir's median is 2; ours is held at 3
+MAX_MEDIAN_PUBLIC_NAMES = 3
 
 
 def modules() -> list[Path]:

@@ -348,7 +348,7 @@ def print_config(sub: str, args: list[str], capsys) -> None:
 
 def parse_evaluate(args: list[str]) -> None:
     from persrag_lightning.commands.evaluate import evaluate_args
-    from persrag_lightning.evaluation.evaluate import evaluate_parser, only_names
+    from persrag_lightning.evaluation.arguments import evaluate_parser, only_names
 
     parser = evaluate_parser()
     cfg = parser.parse_args(evaluate_args(args))
@@ -377,7 +377,7 @@ def parse_serve(args: list[str], monkeypatch) -> None:
 def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
     """The pipeline's own options parse, its fits and evaluations are given resolved configurations, and every
     stage command it prints parses as `fit` does."""
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.commands import pipeline, runs
 
     fits, evaluations = [], []
     monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))
@@ -392,10 +392,10 @@ def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
         return
     assert fits and evaluations
     for stage in record["stages"]:
-        argv = pipeline.StageRun(**stage).argv()
+        argv = runs.StageRun(**stage).argv()
         print_config(argv[0], argv[1:], capsys)
     for evaluation in record["evaluations"]:  # the choice on dev (quick) and the table
-        parse_evaluate(pipeline.EvaluationRun(**evaluation).argv())
+        parse_evaluate(runs.EvaluationRun(**evaluation).argv())
 
 
 @cache
