@@ -4,11 +4,14 @@ skips, the rows the table will report, and the whole job's minutes estimated on 
 The estimate counts the prompts the LLM will read (the feedback labels of each feedback stage; the
 answers of the dev choice and of the test table) and divides them by the rates of the evaluation's
 reader, measured at the start of the run on a few prompts of the main job's size: a label reads one
-doc and scores one target, an answer reads k docs and scores every label of the task. Training is
-compute-bound on the same cores, so it is counted in the same unit: TRAINING_PROMPTS
-prompt-equivalents per stage kind, taken from a stored main-job run
-(docs/getting-started.md#the-main-job). `pipeline.json` keeps the estimate beside the measured
-minutes, so each run checks it.
+doc and scores one target, an answer reads k docs and scores every label of the task. Training and
+retrieval are counted in the unit of the compute they are, measured the same way: the encoder stages
+and retrieval in texts the frozen text encoder embeds (`encoder_rate`), the generator's tuning in
+LLM answers (TRAINING_WORK, RETRIEVAL_PER_ANSWER; from stored main-job runs,
+docs/getting-started.md#the-main-job). The two rates do not move together from one CPU class to the
+next (between the stored runs the LLM's rate changed with the class while the encoder's barely did),
+so neither stands in for the other. `pipeline.json` keeps the estimate beside the measured minutes,
+so each run checks it.
 """
 
 from __future__ import annotations
@@ -34,15 +37,19 @@ if TYPE_CHECKING:
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
 PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage, in LLM-answer equivalents: training, model loading and
-# the corpus embedding run on the same cores as the reading, so they scale with it. From the quiet
-# main job on an Intel Xeon with AMX (raw outputs: benchmarks/results/cpu-2026-12-02d-mainjob-quiet/):
-# each stage's minutes at that run's LLM rate, less the feedback labels its trained reader read. A
-# stage of another size scales by its epochs x users (stage 1) or its train examples (the others).
-TRAINING_PROMPTS = {"user_encoder": 440, "reader": 1280, "feedback": 150, "generator": 190}
-# Retrieval, reranking and loading per question a row reads, in the same unit: what the same run's
+# Non-reading work of a quick-preset stage (training, model loading, the corpus embedding), in the
+# unit of its compute: texts the frozen encoder embeds for the stages that train encoders (stage 1,
+# the reader, the retriever and the reranker), LLM answers for the generator (it tunes the LLM).
+# From the quiet main job on an Intel Xeon with AMX (raw outputs:
+# benchmarks/results/cpu-2026-12-02d-mainjob-quiet/): each stage's minutes at that run's rates, less
+# the feedback labels its trained reader read; the quiet run on an AMD EPYC Zen 5
+# (cpu-2026-12-02i-zen5-mainjob) checks them on another class. A stage of another size scales by its
+# epochs x users (stage 1) or its train examples (the others).
+TRAINING_WORK = {"user_encoder": 9200, "reader": 26700, "feedback": 3130, "generator": 190}
+LLM_STAGES = ("generator",)  # the kinds whose TRAINING_WORK is in LLM answers
+# Retrieval, reranking and loading per question a row reads, in encoder texts: what the same run's
 # dev choice and test table took beyond their reading (the reranked rows' retrieval, mostly).
-RETRIEVAL_PER_ANSWER = 0.2
+RETRIEVAL_PER_ANSWER = 4.2
 # the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
 # questions)
 QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
@@ -66,7 +73,8 @@ class Plan:
     train: list[str]
     skip: list[str]
     rows: list[str] | None
-    training: float = 0.0              # the stages' non-reading work, in LLM-answer equivalents
+    # the stages' non-reading work: `encoder` texts and `llm` answers (TRAINING_WORK)
+    training: dict[str, float] = field(default_factory=dict)
     # feedback labels the feedback stages compute (by the chosen reader)
     labels: int = 0
     answers: dict[str, int] = field(default_factory=dict)  # phase → answers the chosen reader reads
@@ -87,15 +95,16 @@ class Plan:
         """
         if not self.rates:
             return None
-        llm = (sum(self.llm_answers.values()) + self.training
-               + RETRIEVAL_PER_ANSWER * (sum(self.answers.values()) + sum(self.llm_answers.values())))
+        llm = sum(self.llm_answers.values()) + self.training.get("llm", 0.0)
+        encoder = (self.training.get("encoder", 0.0)
+                   + RETRIEVAL_PER_ANSWER * (sum(self.answers.values()) + sum(self.llm_answers.values())))
         if reader == "trained":
             seconds = (self.labels / self.rates["trained_labels"]
                        + sum(self.answers.values()) / self.rates["trained_answers"])
         else:
             seconds = self.labels / self.rates["labels"]
             llm += sum(self.answers.values())
-        return (seconds + llm / self.rates["answers"]) / 60
+        return (seconds + llm / self.rates["answers"] + encoder / self.rates["encoder_texts"]) / 60
 
     @property
     def minutes(self) -> float | None:
@@ -138,10 +147,10 @@ def _data(config: Namespace) -> Namespace:
     return config.fit.data.init_args
 
 
-def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> float:
-    """The stages' non-reading work in reader-answer equivalents (TRAINING_PROMPTS scaled to each
-    stage's size: its epochs x users for stage 1, its train examples for the others), read from
-    their resolved configurations.
+def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> dict[str, float]:
+    """The stages' non-reading work (TRAINING_WORK scaled to each stage's size: its epochs x users
+    for stage 1, its train examples for the others), read from their resolved configurations:
+    `encoder` texts and `llm` answers.
 
     Args:
         stages: each trained stage's resolved configuration, by stage name.
@@ -150,7 +159,7 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> fl
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
-    total = 0.0
+    total = {"encoder": 0.0, "llm": 0.0}
     for stage, config in stages.items():
         kind = STAGES[stage].kind
         if kind == "user_encoder":
@@ -159,7 +168,7 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> fl
             size = min(
                 int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
             )
-        total += TRAINING_PROMPTS[kind] * size / QUICK_SCALE[kind]
+        total["llm" if kind in LLM_STAGES else "encoder"] += TRAINING_WORK[kind] * size / QUICK_SCALE[kind]
     return total
 
 
@@ -251,7 +260,7 @@ def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str
 @lru_cache(maxsize=4)
 def encoder_rate(encoder: str = "minilm") -> float:
     """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS
-    question-sized texts).
+    question-sized texts): the rate of the trained reader, of the encoder stages and of retrieval.
 
     Args:
         encoder: the trained reader's frozen text encoder (a short name or a folder).
@@ -359,10 +368,9 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
             f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
         )
     else:
-        plan.rates = dict(
-            reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8)))
-        )
+        texts = encoder_rate()
+        plan.rates = {**reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))),
+                      "encoder_texts": texts}
         if "trained" in plan.readers:
-            texts = encoder_rate()
             plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})
     return plan

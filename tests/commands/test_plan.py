@@ -8,7 +8,7 @@ import json
 import pytest
 
 from persrag_lightning.commands import plan as plan_module
-from persrag_lightning.commands.plan import RETRIEVAL_PER_ANSWER, TRAINING_PROMPTS, reader_rates
+from persrag_lightning.commands.plan import RETRIEVAL_PER_ANSWER, TRAINING_WORK, reader_rates
 from persrag_lightning.presets import load_preset
 from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
 
@@ -33,11 +33,11 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, reader, retriever")
     # quick: 4 feedback stages x 3 x 2 candidates x 32 examples, labelled by the chosen reader; 300 dev questions x 2
     # configurations and 300 test questions x 6 rows read by it; the LLM alone reads the reader's dev choice (300),
-    # the tuned generator's calibration (300) and its 3 rows (900); 8 stages of training at the quick size
-    training = (2 * TRAINING_PROMPTS["user_encoder"] + TRAINING_PROMPTS["reader"] + 4 * TRAINING_PROMPTS["feedback"]
-                + TRAINING_PROMPTS["generator"])
+    # the tuned generator's calibration (300) and its 3 rows (900); 8 stages of training at the quick size: the
+    # encoder stages' in encoder texts, the generator's in LLM answers
+    encoders = 2 * TRAINING_WORK["user_encoder"] + TRAINING_WORK["reader"] + 4 * TRAINING_WORK["feedback"]
     retrieval = RETRIEVAL_PER_ANSWER * (600 + 1800 + 300 + 300 + 900)  # every row's questions, whoever reads
-    llm_only = (300 + 300 + 900 + training + retrieval) / 2.0
+    llm_only = (300 + 300 + 900 + TRAINING_WORK["generator"]) / 2.0 + (encoders + retrieval) / ENCODER_TEXTS
     with_llm = (768 / 4.0 + (600 + 1800) / 2.0 + llm_only) / 60
     with_trained = (768 / TRAINED["trained_labels"] + (600 + 1800) / TRAINED["trained_answers"] + llm_only) / 60
     assert f"about {with_trained:.0f} min on this machine ({with_trained:.0f} if dev chooses the trained reader, " \
@@ -49,7 +49,7 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     assert record["answers"] == {"dev choice": 600, "test table": 1800}
     assert record["llm_answers"] == {"tuned generator's rows": 900, "tuned generator's calibration": 300,
                                      "the reader's dev choice": 300}
-    assert record["rates"] == {**RATES, **TRAINED}
+    assert record["rates"] == {**RATES, "encoder_texts": ENCODER_TEXTS, **TRAINED}
 
 
 def test_the_budget_follows_the_cpu_class(monkeypatch):
@@ -84,16 +84,18 @@ def resolved_stages(argv: list[str], stages: list[str]) -> dict:
 def test_a_smaller_preset_counts_smaller_stages():
     counts = {"train": 600, "dev": 300, "test": 300}
     quick = resolved_stages(["--preset", "quick"], ["user_encoder"])
-    assert plan_module.training_work(quick, counts) == TRAINING_PROMPTS["user_encoder"]
+    assert plan_module.training_work(quick, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0}
     small = {"train": 48, "dev": 24, "test": 24}
     smoke = resolved_stages(["--preset", "smoke"], ["user_encoder", "retriever", "reranker", "generator"])
-    assert plan_module.training_work({"user_encoder": smoke["user_encoder"]}, small) == pytest.approx(
-        TRAINING_PROMPTS["user_encoder"] * 3 * 24 / (20 * 300))
+    assert plan_module.training_work({"user_encoder": smoke["user_encoder"]}, small)["encoder"] == pytest.approx(
+        TRAINING_WORK["user_encoder"] * 3 * 24 / (20 * 300))
+    assert plan_module.training_work({"generator": smoke["generator"]}, small) == pytest.approx(
+        {"encoder": 0.0, "llm": TRAINING_WORK["generator"] * 8 / 32})
     assert plan_module.feedback_prompts(smoke, 48) == 2 * 2 * 2 * 8
     # what runs is what counts: the config's own value where the preset says nothing (the paper preset's stage 1
     # trains cfrag_user_encoder.yaml's 30 epochs), and a user's own arguments, applied last
     paper = resolved_stages(["--preset", "paper"], ["user_encoder"])
-    assert plan_module.training_work(paper, counts) == 1.5 * TRAINING_PROMPTS["user_encoder"]
+    assert plan_module.training_work(paper, counts)["encoder"] == 1.5 * TRAINING_WORK["user_encoder"]
     mine = resolved_stages(["--preset", "smoke", "--data.init_args.candidates.m=3"], ["retriever"])
     assert plan_module.feedback_prompts(mine, 48) == 3 * 2 * 8
 
