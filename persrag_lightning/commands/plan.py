@@ -7,10 +7,10 @@ reader, measured at the start of the run on a few prompts of the main job's size
 doc and scores one target, an answer reads k docs and scores every label of the task. Training and
 retrieval are counted in the unit of the compute they are, measured the same way: the encoder stages
 and retrieval in texts the frozen text encoder embeds (`encoder_rate`), the generator's tuning in
-LLM answers (TRAINING_WORK, RETRIEVAL_PER_ANSWER; from stored main-job runs,
-docs/getting-started.md#the-main-job). The two rates do not move together from one CPU class to the
-next (between the stored runs the LLM's rate changed with the class while the encoder's barely did),
-so neither stands in for the other. `pipeline.json` keeps the estimate beside the measured minutes,
+LLM answers (TRAINING_WORK, RETRIEVAL_PER_ANSWER; from a stored main-job run, checked on another
+CPU class's: docs/getting-started.md#the-main-job). The two rates do not move together from one CPU
+class to the next (between the stored runs the LLM's rate changed with the class while the
+encoder's barely did), so neither stands in for the other. `pipeline.json` keeps the estimate beside the measured minutes,
 so each run checks it.
 """
 

@@ -107,7 +107,8 @@ def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
 
 def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
-                  "retriever": exported_bundle(run_dir, "retriever") or "minilm", "reranker": exported_bundle(run_dir, "reranker"),
+                  "retriever": exported_bundle(run_dir, "retriever") or "minilm",
+                  "reranker": exported_bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
     if name == "zero_shot":
         return ZeroShot()
