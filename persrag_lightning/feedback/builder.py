@@ -201,7 +201,8 @@ class FeedbackBuilder:
         if self.feedback.metric == "teacher":  # no LLM: the teacher reranker's scores
             labels = [("", s) for s in self.teacher_scores(flat)]
             return self._records(examples, flat, labels)
-        inputs, docs = [ex.input for ex, _ in flat], [[self.store.history_doc(d.row)] for _, d in flat]
+        inputs = [ex.input for ex, _ in flat]
+        docs = [self.store.read_docs(Query(ex.user_id, ex.query, ex.input, ex.example_id), [d]) for ex, d in flat]
         misses = self.prompts.misses
         if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
             scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],

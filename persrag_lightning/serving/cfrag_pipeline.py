@@ -201,7 +201,7 @@ class CFRAGPipeline:
 
     def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
         retrieved = self.retrieve_batch(user_ids, queries)
-        docs = [[self.store.history_doc(d.row) for d in ds] for ds in retrieved]
+        docs = [self.store.read_docs(Query(u, "", q), ds) for u, q, ds in zip(user_ids, queries, retrieved)]
         prompts = self.reader.prompts(self.task, queries, docs)
         answers = self.reader.answer(self.task, queries, docs)
         return [Generation(a, p, docs) for a, p, docs in zip(answers, prompts, retrieved)]
