@@ -167,3 +167,35 @@ def test_a_neighbours_doc_is_read_against_its_owners_habit(tiny_bert):
     surprise = batch.doc_habit[:, 0, -1]
     assert surprise[0] < 0.5 and surprise[1] > 2.0  # Jeffreys-smoothed shares: 0.75 and 0.01
     assert batch.own.tolist() == [[0], [0]] and batch.user_sim.tolist() == [[0.5], [0.5]]
+
+
+def test_gain_labels_reward_what_a_candidate_adds_to_the_askers_own_docs(tmp_path, tiny_bert, tiny_llm,
+                                                                        monkeypatch, one_thread):
+    from tests.helpers.feedback import datamodule, feedback_world
+
+    root = feedback_world(tmp_path, tiny_bert)
+    export = tiny_reader_export(tmp_path / "reader", tiny_bert, "LaMP-2")
+    reader = TrainedReader(export)
+    torch.manual_seed(2)  # as if trained: the prior and provenance read (not the zero start)
+    for name in ("prior_map", "owner_embedding", "sim_map", "habit_map"):
+        for p in getattr(reader.model, name).parameters():
+            p.data.normal_(std=0.5)
+    builder = datamodule(root, tiny_bert, tiny_llm, feedback={"reader": str(export), "metric": "gain"}).builder()
+    builder.reader = reader
+    examples = builder.examples("train")[:2]
+    records = builder.label_chunk(examples)
+    k = builder.candidates.k
+    for e, r in zip(examples, records):
+        query = Query(e.user_id, e.query, e.input, e.example_id)
+        own = sorted((c for c in r.candidates if c.owner == e.user_id), key=lambda c: -c.first_stage)
+        assert own and len(own) < len(r.candidates)
+        for c in r.candidates:
+            base = [builder.store.doc(o.row, retriever_score=o.first_stage) for o in own if o.row != c.row]
+            base = base[:k - 1]
+            doc = builder.store.doc(c.row, user_sim=c.user_sim, retriever_score=c.first_stage)
+            plus, minus = (reader.score_targets("LaMP-2", [e.input], [builder.store.read_docs(query, ds)],
+                                                [e.target])[0] for ds in ([*base, doc], base))
+            assert c.label == pytest.approx(plus - minus, abs=1e-4)
+        assert len({round(c.label, 4) for c in r.candidates}) > 1
+    other = datamodule(root, tiny_bert, tiny_llm, feedback={"reader": str(export), "metric": "loglik"}).builder()
+    assert other.key != builder.key
