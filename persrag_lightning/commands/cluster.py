@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from persrag_lightning.retrieval.cohorts import CohortSettings
+from persrag_lightning.stages import bundle_path, run_folder
 from persrag_lightning.utils import one_flag_style
 
 __all__ = ["cluster_command", "report"]
@@ -120,8 +121,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     from persrag_lightning.utils import atomic_directory, atomic_write_json
 
     check_task(args.task)
-    run_dir = Path(args.export_root) / args.run_name
-    encoder_dir = run_dir / "user_encoder"
+    run_dir = run_folder(args.export_root, args.run_name)
+    encoder_dir = bundle_path(run_dir, "user_encoder")
     has_encoder = (encoder_dir / "config.json").is_file()
     if settings.user_vectors == "encoder":
         # FileNotFoundError naming the command that makes it → one line, exit 2

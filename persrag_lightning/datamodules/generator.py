@@ -29,6 +29,7 @@ from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
+from persrag_lightning.stages import RUN_DIR
 from persrag_lightning.utils import (
     ConfigError,
     as_settings,
@@ -116,7 +117,7 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "CFRAG",
-                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}",
+                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR,
                  tokenizer: str | None = None, k: int = 5, max_prompt_tokens: int = 512,
                  splits: SplitSettings = SplitSettings(), batch_size: int = 16, num_workers: int = 0,
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:

@@ -39,6 +39,7 @@ from persrag_lightning.retrieval.base import DocStore, Query, Strategy
 from persrag_lightning.retrieval.baselines import ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
+from persrag_lightning.stages import bundle_path
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 __all__ = ["MemoryEvaluation", "table"]
@@ -106,7 +107,7 @@ def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
 
 
 def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
-    cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
+    cfrag_args = {"user_encoder": str(bundle_path(run_dir, "user_encoder")),
                   "retriever": exported_bundle(run_dir, "retriever") or "minilm",
                   "reranker": exported_bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
@@ -212,8 +213,9 @@ class MemoryEvaluation(MemoryEvalConfig, Evaluator):
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
         self.refuse_strategies(strategies, "evaluation.strategies")
-        if not (Path(self.run_dir) / "docstore").is_dir():
-            raise FileNotFoundError(f"{self.run_dir}/docstore: no exported run; train one first "
+        docstore = bundle_path(self.run_dir, "docstore")
+        if not docstore.is_dir():
+            raise FileNotFoundError(f"{docstore}: no exported run; train one first "
                                     "(`python train.py pipeline --preset quick`)")
         results = run_memory_evaluation(self)
         out = Path(self.out_dir)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.stages import bundle_address
 
 __all__ = ["CandidateSettings", "FeedbackSettings"]
 
@@ -33,7 +34,7 @@ class CandidateSettings:
             among its m similar users.
     """
 
-    user_encoder: str = "{run_dir}/user_encoder"
+    user_encoder: str = bundle_address("user_encoder")
     retriever: str = "minilm"
     encoder_max_length: int = 256
     m: int = 6

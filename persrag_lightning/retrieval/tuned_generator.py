@@ -5,6 +5,7 @@ shows what retrieval adds once the generator has learned to use it."""
 from __future__ import annotations
 
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.stages import bundle_address
 from persrag_lightning.utils import ConfigError
 
 __all__ = ["TunedGenerator"]
@@ -16,7 +17,7 @@ class TunedGenerator(Strategy):
     with it as the model."""
 
     def __init__(
-        self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None
+        self, retrieval: str, generator: str = bundle_address("generator"), name: str | None = None
     ) -> None:
         """Args are names and paths; the evaluation binds the strategy and loads the generator.
 
