@@ -307,7 +307,7 @@ def reader_dtype(llm: dict) -> str:
     Args:
         llm: the evaluation's resolved LLM settings (`reader_settings`).
     """
-    from persrag_lightning.llm.hf import resolve_device_dtype
+    from persrag_lightning.llm.hf_device import resolve_device_dtype
 
     options = llm.get("options") or {}
     dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
