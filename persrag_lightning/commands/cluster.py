@@ -24,7 +24,7 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from persrag_lightning.retrieval.cohorts import CohortSettings
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
 from persrag_lightning.stages import bundle_path, run_folder
 from persrag_lightning.utils import one_flag_style
 
