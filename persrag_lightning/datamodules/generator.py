@@ -96,10 +96,10 @@ class GeneratorDataModule(L.LightningDataModule):
         cache_dir: where generated data and the retrieved prompts are cached, keyed by fingerprints.
         strategy: the strategy whose retrieved docs fill the training prompts, by its name in
             `strategies_config`.
-        strategies_config: an evaluate config that lists the strategies; its `{run_dir}` paths
-            resolve to this run's exports.
-        run_dir: the folder of the run's exported bundles the strategy reads; `{run_dir}` is
-            checkpoints/<run_name>.
+        strategies_config: an evaluate config that lists the strategies; its paths under the run
+            folder's placeholder (`stages.RUN_DIR`) resolve to this run's exports.
+        run_dir: the folder of the run's exported bundles the strategy reads; the default, the
+            placeholder `stages.RUN_DIR`, is checkpoints/<run_name>.
         tokenizer: the LLM whose tokenizer fits the docs into `max_prompt_tokens`, as evaluation
             does with the same budget; None = the generator module's `model` (read from the
             trainer's module: the LLM is the module's knob); set it only to use this DataModule

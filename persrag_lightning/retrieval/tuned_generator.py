@@ -13,7 +13,7 @@ __all__ = ["TunedGenerator"]
 
 class TunedGenerator(Strategy):
     """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an
-    exported generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings
+    exported generator folder (the run's `generator` bundle), loaded through the evaluation's LLM settings
     with it as the model."""
 
     def __init__(
@@ -23,7 +23,8 @@ class TunedGenerator(Strategy):
 
         Args:
             retrieval: the name of the strategy of the same config whose docs fill the prompts.
-            generator: the generator stage's export; `{run_dir}` is checkpoints/<run_name>.
+            generator: the generator stage's export; the default's run folder (`stages.RUN_DIR`) is
+                checkpoints/<run_name>.
             name: the row name in the evaluation's table; None = `<retrieval> + tuned generator`.
         """
         self.retrieval_name = retrieval
