@@ -353,7 +353,19 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    llm = reader_settings(table)
+    measure_rates(plan, task, reader_settings(table), reads_labels)
+    return plan
+
+
+def measure_rates(plan: Plan, task: str, llm: dict, reads_labels: bool) -> None:
+    """The rates of `plan`'s readers measured here now, or the reason there is no estimate.
+
+    Args:
+        plan: the plan whose `rates` (or `reason`) are set.
+        task: the run's task.
+        llm: the evaluation's resolved LLM settings (`reader_settings`).
+        reads_labels: whether the task's answers are labels a reader chooses among.
+    """
     if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":
@@ -366,4 +378,3 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
                       "encoder_texts": texts}
         if "trained" in plan.readers:
             plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})
-    return plan
