@@ -111,6 +111,21 @@ def cluster_command(argv: list[str]) -> dict:
     return run(args, settings)
 
 
+def _adjusted_rand(model, fit, communities: dict, fitted: str, has_encoder: bool) -> dict:
+    """ARI against the latent communities of each kind of user vectors, fitted with the same
+    settings (`fit`; `model` is the one of `fitted`), None for `encoder` without a stage-1 export."""
+    ari: dict = {}
+    for vectors in ("mean", "encoder"):
+        if vectors == "encoder" and not has_encoder:
+            ari["encoder"] = None
+            continue
+        m = model if vectors == fitted else fit(vectors)[0]
+        truth = [communities.get(u, -1) for u in m.user_ids]
+        ari[vectors] = {"clusters": m.adjusted_rand(truth), "cohorts": m.adjusted_rand(truth, after_policy=True),
+                        "n_cohorts": m.n_cohorts, "noise": m.noise_count}
+    return ari
+
+
 def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     from persrag_lightning.bundles import require_bundle
     from persrag_lightning.commands.train import check_task
@@ -151,15 +166,7 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     diagnostics: dict = {"data_dir": str(source.data_dir), "settings": asdict(settings), "users": len(model),
                          "cohorts": model.n_cohorts, "noise": model.noise_count, "warnings": said, "ari": {}}
     if communities:
-        for vectors in ("mean", "encoder"):
-            if vectors == "encoder" and not has_encoder:
-                diagnostics["ari"]["encoder"] = None
-                continue
-            m = model if vectors == settings.user_vectors else fit(vectors)[0]
-            truth = [communities.get(u, -1) for u in m.user_ids]
-            diagnostics["ari"][vectors] = {"clusters": m.adjusted_rand(truth),
-                                           "cohorts": m.adjusted_rand(truth, after_policy=True),
-                                           "n_cohorts": m.n_cohorts, "noise": m.noise_count}
+        diagnostics["ari"] = _adjusted_rand(model, fit, communities, settings.user_vectors, has_encoder)
     out = run_dir / EXPORT
     with atomic_directory(out) as tmp:
         model.save(tmp)
