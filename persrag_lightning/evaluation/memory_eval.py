@@ -122,6 +122,24 @@ def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
 
 
+def _fresh_bank(cfg: MemoryEvalConfig, out: Path, llm) -> MemoryBank:
+    """An empty bank under `out`/bank (a previous run's removed), extracting as `cfg.extraction` says."""
+    shutil.rmtree(out / "bank", ignore_errors=True)
+    if cfg.extraction not in ("verbatim", "llm"):
+        raise ValueError(f"evaluation.extraction must be 'verbatim' or 'llm', got {cfg.extraction!r}")
+    settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm",
+                              recall_query=cfg.recall_query)
+    return MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+
+
+def _extraction_counts(bank: MemoryBank, convs: list[SimulatedConversation]) -> dict:
+    """What the bank's extraction did: LLM calls, fallbacks, repairs, memories per user, tagged memories."""
+    return {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
+            "repaired": bank.repaired,
+            "memories_per_user": float(np.mean([len(bank.list(c.user_id)) for c in convs])) if convs else 0.0,
+            "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
+
+
 def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None) -> list[StrategyResult]:
     """Plant, ask, answer, count; writes metrics.json and results.md under `out_dir`."""
     run_dir = Path(cfg.run_dir)
@@ -132,12 +150,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     llm = cfg.llm.load()
     out = Path(cfg.out_dir)
     if bank is None:
-        shutil.rmtree(out / "bank", ignore_errors=True)
-        if cfg.extraction not in ("verbatim", "llm"):
-            raise ValueError(f"evaluation.extraction must be 'verbatim' or 'llm', got {cfg.extraction!r}")
-        settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm",
-                                  recall_query=cfg.recall_query)
-        bank = MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+        bank = _fresh_bank(cfg, out, llm)
     rng = random.Random(cfg.seed)
     feed_conversations(bank, convs, {c.user_id: questionnaire_answers(rng) for c in convs} if cfg.questionnaire
                        else None)
@@ -171,10 +184,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
                                       foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
-    extraction = {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
-                  "repaired": bank.repaired,
-                  "memories_per_user": float(np.mean([len(bank.list(c.user_id)) for c in convs])) if convs else 0.0,
-                  "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
+    extraction = _extraction_counts(bank, convs)
     atomic_write_json(out / "metrics.json", {"config": {**asdict(cfg), "llm": asdict(cfg.llm)},
                                              "results": [asdict(r) for r in results],
                                              "extraction_fallbacks": bank.fallbacks, "extraction": extraction,
