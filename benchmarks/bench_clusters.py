@@ -108,7 +108,7 @@ def neighbour_precision(model, truth: np.ndarray, users: int = 2_000, seed: int 
 
 
 def settings_for(method: str, n: int, sample: int, k_true: int):
-    from persrag_lightning.retrieval.cohorts import CohortSettings
+    from persrag_lightning.retrieval.cohort_settings import CohortSettings
 
     return {"hdbscan": CohortSettings(),
             "kmeans": CohortSettings(method="kmeans"),
@@ -244,7 +244,7 @@ def real_synthlamp(users: int, cache_dir: str, encoder: str):
     from persrag_lightning.data.synth import SynthConfig, load_communities
     from persrag_lightning.retrieval.base import DocStore
     from persrag_lightning.retrieval.clusterrag import CorpusEmbedder
-    from persrag_lightning.retrieval.cohorts import mean_user_vectors
+    from persrag_lightning.retrieval.user_clustering import mean_user_vectors
 
     source = LampSource("LaMP-2", None, SynthConfig(num_users=users), cache_dir)
     source.prepare()

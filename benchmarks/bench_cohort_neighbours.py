@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from persrag_lightning.retrieval import cohorts
-from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.cohorts import CohortModel
 
 
 def model_with_cohort(vectors: np.ndarray, share: float) -> CohortModel:

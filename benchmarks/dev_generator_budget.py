@@ -16,7 +16,6 @@ import argparse
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 from persrag_lightning.commands import decisions, pipeline
 from persrag_lightning.commands.train import lightning_command
@@ -27,7 +26,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.presets import load_preset
 from persrag_lightning.retrieval.strategies import strategy_by_name
 from persrag_lightning.retrieval.tuned_generator import TunedGenerator
-from persrag_lightning.stages import cli_overrides
+from persrag_lightning.stages import cli_overrides, run_folder
 
 BATCH = 8  # the quick preset's generator batch
 
@@ -40,7 +39,7 @@ def main() -> None:
     parser.add_argument("--export_root", default="checkpoints")
     args = parser.parse_args()
     task = get_task(args.task).name
-    run_dir = Path(args.export_root) / args.run_name
+    run_dir = run_folder(args.export_root, args.run_name)
     record = json.loads((run_dir / "pipeline.json").read_text())
     chosen, calibration = record["chosen_on_dev"], record.get("calibration_chosen_on_dev") or "none"
     preset = load_preset("quick")

@@ -3,21 +3,25 @@ it this stage, and the bundles it reads. The pipeline trains from this table; a 
 missing-bundle error names the command from it. It imports nothing from the package, so every layer
 may read it.
 
-A bundle lives at `<export_root>/<run_name>/<bundle>` (`bundle_path`); a stage's inputs are bundle
-names, resolved there, in one place.
+A bundle lives at `<export_root>/<run_name>/<bundle>` (`run_folder`, `bundle_path`); a stage's inputs
+are bundle names, resolved there, in one place. Before the run is known, a config names a bundle by
+its address under `RUN_DIR` (`bundle_address`), which `fill_run_dir` fills.
 """
 
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["PAPER_STAGES", "STAGES", "Stage", "bundle_path", "cli_overrides"]
+__all__ = ["PAPER_STAGES", "RUN_DIR", "STAGES", "Stage", "bundle_address", "bundle_path", "cli_overrides",
+           "fill_run_dir", "run_folder"]
 
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
-# what `train.py fit` replaces with <export_root>/<run_name> (commands/train.py)
+# the run folder's placeholder in configs and defaults; `fill_run_dir` replaces it with
+# <export_root>/<run_name>
 RUN_DIR = "{run_dir}"
 
 
@@ -49,6 +53,34 @@ class Stage:
     def command(self) -> str:
         """The command that trains this stage alone (with the run's --run_name)."""
         return " ".join(["python train.py fit --config", self.config, *self.arguments()])
+
+
+def run_folder(export_root: str | Path, run_name: str) -> Path:
+    """A run's folder of exported bundles: `<export_root>/<run_name>`."""
+    return Path(export_root) / run_name
+
+
+def bundle_address(bundle: str) -> str:
+    """A run's bundle named before the run is known (a config's default): `RUN_DIR/<bundle>`."""
+    return f"{RUN_DIR}/{bundle}"
+
+
+def fill_run_dir(obj: Any, run_dir: str) -> Any:
+    """`RUN_DIR` → run_dir in every string of `obj`: a string, a list, or a parsed config whose
+    namespaces (settings groups included) are changed in place. Returns the filled object.
+
+    Args:
+        obj: a string, a list, or a (jsonargparse) Namespace; anything else is returned unchanged.
+        run_dir: the run's folder, `run_folder(export_root, run_name)`.
+    """
+    if isinstance(obj, str):
+        return obj.replace(RUN_DIR, run_dir)
+    if isinstance(obj, list):
+        return [fill_run_dir(x, run_dir) for x in obj]
+    if isinstance(obj, Namespace):
+        for key, value in vars(obj).items():
+            setattr(obj, key, fill_run_dir(value, run_dir))
+    return obj
 
 
 def bundle_path(run_dir: str | Path, bundle: str) -> Path:

@@ -153,11 +153,11 @@ def evaluate_config_rows(config: str):
     """An evaluate config of configs/ as `persrag evaluate` reads it, `{run_dir}` resolved to checkpoints/<run_name>:
     (config, run_dir, rows by name — a strategy without a name under its class path)."""
     from persrag_lightning.evaluation.arguments import evaluate_parser
-    from persrag_lightning.retrieval.strategies import substitute_run_dir
+    from persrag_lightning.stages import fill_run_dir
 
     cfg = evaluate_parser().parse_args(["--config", str(REPO / "configs" / config)])
     run = f"checkpoints/{cfg.run_name}"
-    cfg = substitute_run_dir(cfg, run)
+    cfg = fill_run_dir(cfg, run)
     return cfg, run, {s.init_args.name if "name" in s.init_args else s.class_path: s.init_args for s in cfg.strategies}
 
 

@@ -102,7 +102,7 @@ def test_run_dir_is_filled_inside_a_settings_group():
     <export_root>/<run_name>, as in a flat field."""
     from jsonargparse import Namespace
 
-    from persrag_lightning.commands.train import fill_run_dir
+    from persrag_lightning.stages import fill_run_dir
 
     args = Namespace(cache_dir="{run_dir}/cache", candidates=Namespace(retriever="{run_dir}/retriever", m=6),
                      feedback=Namespace(teacher="{run_dir}/reranker", llm=None))

@@ -24,7 +24,8 @@ import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from persrag_lightning.retrieval.cohorts import CohortSettings
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.stages import bundle_path, run_folder
 from persrag_lightning.utils import one_flag_style
 
 __all__ = ["cluster_command", "report"]
@@ -110,6 +111,21 @@ def cluster_command(argv: list[str]) -> dict:
     return run(args, settings)
 
 
+def _adjusted_rand(model, fit, communities: dict, fitted: str, has_encoder: bool) -> dict:
+    """ARI against the latent communities of each kind of user vectors, fitted with the same
+    settings (`fit`; `model` is the one of `fitted`), None for `encoder` without a stage-1 export."""
+    ari: dict = {}
+    for vectors in ("mean", "encoder"):
+        if vectors == "encoder" and not has_encoder:
+            ari["encoder"] = None
+            continue
+        m = model if vectors == fitted else fit(vectors)[0]
+        truth = [communities.get(u, -1) for u in m.user_ids]
+        ari[vectors] = {"clusters": m.adjusted_rand(truth), "cohorts": m.adjusted_rand(truth, after_policy=True),
+                        "n_cohorts": m.n_cohorts, "noise": m.noise_count}
+    return ari
+
+
 def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     from persrag_lightning.bundles import require_bundle
     from persrag_lightning.commands.train import check_task
@@ -120,8 +136,8 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     from persrag_lightning.utils import atomic_directory, atomic_write_json
 
     check_task(args.task)
-    run_dir = Path(args.export_root) / args.run_name
-    encoder_dir = run_dir / "user_encoder"
+    run_dir = run_folder(args.export_root, args.run_name)
+    encoder_dir = bundle_path(run_dir, "user_encoder")
     has_encoder = (encoder_dir / "config.json").is_file()
     if settings.user_vectors == "encoder":
         # FileNotFoundError naming the command that makes it → one line, exit 2
@@ -150,15 +166,7 @@ def run(args: argparse.Namespace, settings: CohortSettings) -> dict:
     diagnostics: dict = {"data_dir": str(source.data_dir), "settings": asdict(settings), "users": len(model),
                          "cohorts": model.n_cohorts, "noise": model.noise_count, "warnings": said, "ari": {}}
     if communities:
-        for vectors in ("mean", "encoder"):
-            if vectors == "encoder" and not has_encoder:
-                diagnostics["ari"]["encoder"] = None
-                continue
-            m = model if vectors == settings.user_vectors else fit(vectors)[0]
-            truth = [communities.get(u, -1) for u in m.user_ids]
-            diagnostics["ari"][vectors] = {"clusters": m.adjusted_rand(truth),
-                                           "cohorts": m.adjusted_rand(truth, after_policy=True),
-                                           "n_cohorts": m.n_cohorts, "noise": m.noise_count}
+        diagnostics["ari"] = _adjusted_rand(model, fit, communities, settings.user_vectors, has_encoder)
     out = run_dir / EXPORT
     with atomic_directory(out) as tmp:
         model.save(tmp)

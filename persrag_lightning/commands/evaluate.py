@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from persrag_lightning.commands.train import check_task, resolve_config_args
+from persrag_lightning.stages import fill_run_dir, run_folder
 from persrag_lightning.utils import resolve_config_path
 
 if TYPE_CHECKING:
@@ -97,10 +98,10 @@ def run_evaluation(cfg: Namespace) -> EvaluationReport:
     """
     from persrag_lightning.evaluation.arguments import evaluate_parser, only_names, rename_strategies
     from persrag_lightning.evaluation.base import Evaluator
-    from persrag_lightning.retrieval.strategies import bind_strategies, substitute_run_dir
+    from persrag_lightning.retrieval.strategies import bind_strategies
 
     # the caller keeps its own
-    cfg = substitute_run_dir(cfg.clone(), str(Path(cfg.export_root) / cfg.run_name))
+    cfg = fill_run_dir(cfg.clone(), str(run_folder(cfg.export_root, cfg.run_name)))
     settings = cfg.evaluation.init_args
     # the LaMP default follows --run_name
     if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":

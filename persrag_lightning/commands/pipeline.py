@@ -33,7 +33,7 @@ from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
-from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage
+from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_address, run_folder
 from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
 
 if TYPE_CHECKING:
@@ -42,20 +42,18 @@ if TYPE_CHECKING:
 __all__ = ["Job", "main"]
 
 # the reader stage's export, as the evaluation and the feedback stages name it
-TRAINED_READER = "{run_dir}/reader"
+TRAINED_READER = bundle_address("reader")
 READER_ROWS = ["bm25"]  # the reader is chosen on dev on BM25's prompts: they need no trained stage
 
 
 def _stage_done(export_root: str, run_name: str, stage: str) -> bool:
-    return exported_bundle(Path(export_root) / run_name, stage) is not None
+    return exported_bundle(run_folder(export_root, run_name), stage) is not None
 
 
 # The CFRAG configurations `select_order_on_dev` chooses between (rows of evaluate_cfrag.yaml): the
 # main chain's reranked order and its first stage's order, each with its "w/o user retrieval" row
-# (the same chain and order with m = 1). The stage-1 encoder is not chosen again in every run: on
-# the dev questions of both measured seeds the paired chain beat the paper's text-only chain in
-# either order (docs/performance/main-job.md), so the paper's chain is a reported row, not a
-# candidate.
+# (the same chain and order with m = 1). The paper's text-only chain is a reported row, not a
+# candidate: the paired chain beats it on dev in either order (docs/performance/main-job.md).
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
 # the neighbour gate's configurations (a preset's gate_on_dev): at most 2 neighbours' docs, or none
@@ -478,7 +476,7 @@ def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions:
     """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of
     main-job times and a test of the recipe read."""
     rules = job.preset.precision
-    atomic_write_json(Path(job.export_root) / job.run_name / "pipeline.json", {
+    atomic_write_json(run_folder(job.export_root, job.run_name) / "pipeline.json", {
         "argv": argv, "preset": opts.preset, "task": job.task, "judgments": job.judgments, "split": opts.split,
         "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),

@@ -7,11 +7,10 @@ reader, measured at the start of the run on a few prompts of the main job's size
 doc and scores one target, an answer reads k docs and scores every label of the task. Training and
 retrieval are counted in the unit of the compute they are, measured the same way: the encoder stages
 and retrieval in texts the frozen text encoder embeds (`encoder_rate`), the generator's tuning in
-LLM answers (TRAINING_WORK, RETRIEVAL_PER_ANSWER; from a stored main-job run, checked on another
-CPU class's: docs/getting-started.md#the-main-job). The two rates do not move together from one CPU
-class to the next (between the stored runs the LLM's rate changed with the class while the
-encoder's barely did), so neither stands in for the other. `pipeline.json` keeps the estimate beside the measured minutes,
-so each run checks it.
+LLM answers (TRAINING_WORK, RETRIEVAL_PER_ANSWER; where they come from:
+docs/getting-started.md#where-the-plans-constants-come-from). The two rates do not move together from
+one CPU class to the next, so neither stands in for the other. `pipeline.json` keeps the estimate
+beside the measured minutes, so each run checks it.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.auto import _WORDS
+from persrag_lightning.llm.auto import PROBE_VOCABULARY
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
@@ -37,18 +36,14 @@ if TYPE_CHECKING:
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
 PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage (training, model loading, the corpus embedding), in the
-# unit of its compute: texts the frozen encoder embeds for the stages that train encoders (stage 1,
-# the reader, the retriever and the reranker), LLM answers for the generator (it tunes the LLM).
-# From the quiet main job on an Intel Xeon with AMX (raw outputs:
-# benchmarks/results/cpu-2026-12-02d-mainjob-quiet/): each stage's minutes at that run's rates, less
-# the feedback labels its trained reader read; the quiet run on an AMD EPYC Zen 5
-# (cpu-2026-12-02i-zen5-mainjob) checks them on another class. A stage of another size scales by its
-# epochs x users (stage 1) or its train examples (the others).
+# Non-reading work of a quick-preset stage (training, model loading, the corpus embedding) in the
+# unit of its compute, so the estimate follows each unit's rate on this machine: encoder texts for
+# the stages that train encoders, LLM answers for the generator (it tunes the LLM). A stage of
+# another size scales by QUICK_SCALE.
 TRAINING_WORK = {"user_encoder": 9200, "reader": 26700, "feedback": 3130, "generator": 190}
 LLM_STAGES = ("generator",)  # the kinds whose TRAINING_WORK is in LLM answers
-# Retrieval, reranking and loading per question a row reads, in encoder texts: what the same run's
-# dev choice and test table took beyond their reading (the reranked rows' retrieval, mostly).
+# Retrieval, reranking and loading per question a row reads, in encoder texts: what a row costs
+# beyond its reading (the reranked rows' retrieval, mostly).
 RETRIEVAL_PER_ANSWER = 4.2
 # the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
 # questions)
@@ -58,10 +53,8 @@ QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generat
 BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
 
 
-# Texts the trained reader's frozen encoder embeds per answer and per feedback label, on the quick
-# preset's table and feedback (a question's text is shared by its rows and candidates, a doc by many
-# questions): what its rate is measured in (`encoder_rate`). From the stored main job with the
-# trained reader (docs/methods/reader.md).
+# Texts the trained reader's frozen encoder embeds per answer and per feedback label (a question's
+# text is shared by its rows and candidates, a doc by many questions): its rate's unit (`encoder_rate`).
 TRAINED_TEXTS = {"answers": 1.5, "labels": 1.2}
 
 
@@ -218,7 +211,7 @@ def _probe_prompts(task: str, docs: int) -> list[str]:
     rng = random.Random(0)
 
     def words(n: int) -> str:
-        return " ".join(rng.choice(_WORDS) for _ in range(n))
+        return " ".join(rng.choice(PROBE_VOCABULARY) for _ in range(n))
 
     history = " ".join(f"[{i + 1}] {words(PROBE_DOC_WORDS)}" for i in range(docs))
     labels = ", ".join(get_task(task).labels or ())
@@ -314,7 +307,7 @@ def reader_dtype(llm: dict) -> str:
     Args:
         llm: the evaluation's resolved LLM settings (`reader_settings`).
     """
-    from persrag_lightning.llm.hf import resolve_device_dtype
+    from persrag_lightning.llm.hf_device import resolve_device_dtype
 
     options = llm.get("options") or {}
     dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
@@ -360,7 +353,19 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    llm = reader_settings(table)
+    measure_rates(plan, task, reader_settings(table), reads_labels)
+    return plan
+
+
+def measure_rates(plan: Plan, task: str, llm: dict, reads_labels: bool) -> None:
+    """The rates of `plan`'s readers measured here now, or the reason there is no estimate.
+
+    Args:
+        plan: the plan whose `rates` (or `reason`) are set.
+        task: the run's task.
+        llm: the evaluation's resolved LLM settings (`reader_settings`).
+        reads_labels: whether the task's answers are labels a reader chooses among.
+    """
     if not reads_labels or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
     elif llm.get("backend") != "hf":
@@ -373,4 +378,3 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
                       "encoder_texts": texts}
         if "trained" in plan.readers:
             plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})
-    return plan

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEV_SELECTION_EXAMPLES", "EvaluationRun", "StageRun", "dev_choice"]
 
-DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on (SynthLaMP's quick data has 300)
+DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on: the quick preset's whole dev split
 EVALUATE_CONFIG = "evaluate_cfrag.yaml"
 
 

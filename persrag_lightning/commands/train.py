@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from persrag_lightning.logs import is_verbose
 from persrag_lightning.modules.progress_lines import ProgressLines
+from persrag_lightning.stages import fill_run_dir, run_folder
 from persrag_lightning.utils import resolve_config_path
 
 __all__ = ["PersragCLI", "check_task", "lightning_command", "resolve_config_args", "run_stage",
@@ -52,21 +53,6 @@ def check_task(task: str | None, data_dir: str | None = None) -> None:
         from persrag_lightning.data.folder_task import resolve_task
 
         resolve_task(task, data_dir)
-
-
-def fill_run_dir(args: Namespace, run_dir: str) -> None:
-    """`{run_dir}` → run_dir in every string of `args`, a settings group's
-    (`data.init_args.candidates`) included.
-
-    Args:
-        args: the parsed configuration, changed in place.
-        run_dir: the run's export folder, checkpoints/<run_name>.
-    """
-    for key, value in vars(args).items():
-        if isinstance(value, Namespace):
-            fill_run_dir(value, run_dir)
-        elif isinstance(value, str) and "{run_dir}" in value:
-            setattr(args, key, value.replace("{run_dir}", run_dir))
 
 
 def _slurm_version() -> str | None:
@@ -110,11 +96,11 @@ class PersragCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Logs and checkpoints of a stage go to runs/<run_name>/<stage>/ (CSV logger unless one is
-        configured); `{run_dir}` in the data's and the model's paths is checkpoints/<run_name>,
-        where earlier stages exported."""
+        configured); the run folder's placeholder (`stages.RUN_DIR`) in the data's and the model's
+        paths is checkpoints/<run_name>, where earlier stages exported."""
         cfg = self._cfg()
         check_task(cfg.data.init_args.get("task"), cfg.data.init_args.get("data_dir"))
-        run_dir = str(Path(cfg.export_root) / cfg.run_name)
+        run_dir = str(run_folder(cfg.export_root, cfg.run_name))
         for args in (cfg.data.init_args, cfg.model.init_args):
             fill_run_dir(args, run_dir)
         root = Path("runs") / cfg.run_name / self._stage_name()
@@ -192,7 +178,7 @@ class PersragCLI(LightningCLI):
 
     def export_dir(self) -> Path:
         cfg = self._cfg()
-        return Path(cfg.export_root) / cfg.run_name / self._stage_name()
+        return run_folder(cfg.export_root, cfg.run_name) / self._stage_name()
 
     def export_bundle(self) -> None:
         """Rank 0 writes the bundle of the weights the trainer holds now."""

@@ -29,6 +29,7 @@ from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
+from persrag_lightning.stages import RUN_DIR
 from persrag_lightning.utils import (
     ConfigError,
     as_settings,
@@ -95,10 +96,10 @@ class GeneratorDataModule(L.LightningDataModule):
         cache_dir: where generated data and the retrieved prompts are cached, keyed by fingerprints.
         strategy: the strategy whose retrieved docs fill the training prompts, by its name in
             `strategies_config`.
-        strategies_config: an evaluate config that lists the strategies; its `{run_dir}` paths
-            resolve to this run's exports.
-        run_dir: the folder of the run's exported bundles the strategy reads; `{run_dir}` is
-            checkpoints/<run_name>.
+        strategies_config: an evaluate config that lists the strategies; its paths under the run
+            folder's placeholder (`stages.RUN_DIR`) resolve to this run's exports.
+        run_dir: the folder of the run's exported bundles the strategy reads; the default, the
+            placeholder `stages.RUN_DIR`, is checkpoints/<run_name>.
         tokenizer: the LLM whose tokenizer fits the docs into `max_prompt_tokens`, as evaluation
             does with the same budget; None = the generator module's `model` (read from the
             trainer's module: the LLM is the module's knob); set it only to use this DataModule
@@ -116,7 +117,7 @@ class GeneratorDataModule(L.LightningDataModule):
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "CFRAG",
-                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}",
+                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR,
                  tokenizer: str | None = None, k: int = 5, max_prompt_tokens: int = 512,
                  splits: SplitSettings = SplitSettings(), batch_size: int = 16, num_workers: int = 0,
                  seed: int = 0, reranker_runtime: str = "fp32") -> None:

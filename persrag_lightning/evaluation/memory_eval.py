@@ -39,6 +39,7 @@ from persrag_lightning.retrieval.base import DocStore, Query, Strategy
 from persrag_lightning.retrieval.baselines import ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
+from persrag_lightning.stages import bundle_path
 from persrag_lightning.utils import atomic_write_json, atomic_write_text
 
 __all__ = ["MemoryEvaluation", "table"]
@@ -106,7 +107,7 @@ def _interval(hits: np.ndarray, seed: int) -> tuple[float, float]:
 
 
 def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
-    cfrag_args = {"user_encoder": str(run_dir / "user_encoder"),
+    cfrag_args = {"user_encoder": str(bundle_path(run_dir, "user_encoder")),
                   "retriever": exported_bundle(run_dir, "retriever") or "minilm",
                   "reranker": exported_bundle(run_dir, "reranker"),
                   "cache_dir": cfg.cache_dir}
@@ -121,6 +122,24 @@ def _make_strategy(name: str, run_dir: Path, cfg: MemoryEvalConfig) -> Strategy:
     raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
 
 
+def _fresh_bank(cfg: MemoryEvalConfig, out: Path, llm) -> MemoryBank:
+    """An empty bank under `out`/bank (a previous run's removed), extracting as `cfg.extraction` says."""
+    shutil.rmtree(out / "bank", ignore_errors=True)
+    if cfg.extraction not in ("verbatim", "llm"):
+        raise ValueError(f"evaluation.extraction must be 'verbatim' or 'llm', got {cfg.extraction!r}")
+    settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm",
+                              recall_query=cfg.recall_query)
+    return MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+
+
+def _extraction_counts(bank: MemoryBank, convs: list[SimulatedConversation]) -> dict:
+    """What the bank's extraction did: LLM calls, fallbacks, repairs, memories per user, tagged memories."""
+    return {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
+            "repaired": bank.repaired,
+            "memories_per_user": float(np.mean([len(bank.list(c.user_id)) for c in convs])) if convs else 0.0,
+            "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
+
+
 def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None) -> list[StrategyResult]:
     """Plant, ask, answer, count; writes metrics.json and results.md under `out_dir`."""
     run_dir = Path(cfg.run_dir)
@@ -131,12 +150,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     llm = cfg.llm.load()
     out = Path(cfg.out_dir)
     if bank is None:
-        shutil.rmtree(out / "bank", ignore_errors=True)
-        if cfg.extraction not in ("verbatim", "llm"):
-            raise ValueError(f"evaluation.extraction must be 'verbatim' or 'llm', got {cfg.extraction!r}")
-        settings = MemorySettings(recall=RecallSettings(k=cfg.k), extract_query_tags=cfg.extraction == "llm",
-                                  recall_query=cfg.recall_query)
-        bank = MemoryBank.open(out / "bank", cfg.encoder, llm if cfg.extraction == "llm" else None, settings)
+        bank = _fresh_bank(cfg, out, llm)
     rng = random.Random(cfg.seed)
     feed_conversations(bank, convs, {c.user_id: questionnaire_answers(rng) for c in convs} if cfg.questionnaire
                        else None)
@@ -170,10 +184,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
                                       foreign, own / n_docs if n_docs else None, time.perf_counter() - t0))
-    extraction = {"calls": bank.extractor.calls if bank.extractor else 0, "fallbacks": bank.fallbacks,
-                  "repaired": bank.repaired,
-                  "memories_per_user": float(np.mean([len(bank.list(c.user_id)) for c in convs])) if convs else 0.0,
-                  "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
+    extraction = _extraction_counts(bank, convs)
     atomic_write_json(out / "metrics.json", {"config": {**asdict(cfg), "llm": asdict(cfg.llm)},
                                              "results": [asdict(r) for r in results],
                                              "extraction_fallbacks": bank.fallbacks, "extraction": extraction,
@@ -212,8 +223,9 @@ class MemoryEvaluation(MemoryEvalConfig, Evaluator):
 
     def evaluate(self, strategies: Sequence[Strategy] = ()) -> EvaluationReport:
         self.refuse_strategies(strategies, "evaluation.strategies")
-        if not (Path(self.run_dir) / "docstore").is_dir():
-            raise FileNotFoundError(f"{self.run_dir}/docstore: no exported run; train one first "
+        docstore = bundle_path(self.run_dir, "docstore")
+        if not docstore.is_dir():
+            raise FileNotFoundError(f"{docstore}: no exported run; train one first "
                                     "(`python train.py pipeline --preset quick`)")
         results = run_memory_evaluation(self)
         out = Path(self.out_dir)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.stages import bundle_address
 
 __all__ = ["CandidateSettings", "FeedbackSettings"]
 
@@ -21,8 +22,8 @@ class CandidateSettings:
     included, as the official code), k docs of each.
 
     Args:
-        user_encoder: stage 1's export, whose user table finds the m similar users; `{run_dir}` is
-            checkpoints/<run_name>.
+        user_encoder: stage 1's export, whose user table finds the m similar users; the default's
+            run folder (`stages.RUN_DIR`) is checkpoints/<run_name>.
         retriever: what ranks each user's docs: an encoder name for the retriever stage (the untuned
             encoder, Eq. 3), the retriever export for the reranker stage (Eq. 5).
         encoder_max_length: token limit of the candidate retriever's queries and docs.
@@ -33,7 +34,7 @@ class CandidateSettings:
             among its m similar users.
     """
 
-    user_encoder: str = "{run_dir}/user_encoder"
+    user_encoder: str = bundle_address("user_encoder")
     retriever: str = "minilm"
     encoder_max_length: int = 256
     m: int = 6
@@ -60,7 +61,7 @@ class FeedbackSettings:
             resumes, chunk by chunk.
         teacher: a reranker export whose scores are the labels when `metric` is `teacher`.
         reader: who reads each candidate: `llm` (the `llm` setting's LLM, the paper's feedback) or a
-            trained reader's export (`{run_dir}/reader`: reading/trained.py), whose label
+            trained reader's export (the run's `reader` bundle: reading/trained.py), whose label
             distribution then gives the `loglik` and `task` labels.
     """
 

@@ -32,19 +32,21 @@ import torch
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, cache_root, resolve_model
 from persrag_lightning.utils import atomic_write_json
 
-__all__ = ["auto_backend"]
+__all__ = ["PROBE_VOCABULARY", "auto_backend"]
 
 log = logging.getLogger(__name__)
 # feedback-sized pairs timed per backend (one batch for hf), after one untimed warm-up pair
 PROBE_PROMPTS = 8
 # ~250 tokens with the chat template: a feedback prompt (one history doc + the query)
 PROBE_WORDS = 180
-_WORDS = (  # noqa: SIM905 -- a sentence of common words reads better than a 75-item list literal
+PROBE_VOCABULARY = (  # noqa: SIM905 -- a sentence of common words reads better than a 75-item list literal
     "the of and to in is was for that with as on by at from their this which be are an or it have has not "
     "were but they one all new more first after time two when been who years also other into people its "
     "model learning method results paper study approach performance graph user retrieval language network "
     "data system energy routing sensor wireless science space planet robot future novel music film"
 ).split()
+"""The words a probe prompt is drawn from (common English and the corpus's topics), so a probe
+tokenizes like a real prompt of the same length."""
 
 
 def auto_backend(model: str, options: dict | None = None) -> str:
@@ -122,7 +124,7 @@ def _probe_pairs() -> tuple[list[str], list[str]]:
     rng = random.Random(0)
 
     def words(n: int) -> str:
-        return " ".join(rng.choice(_WORDS) for _ in range(n))
+        return " ".join(rng.choice(PROBE_VOCABULARY) for _ in range(n))
 
     prompts = [f"Generate a title for the following abstract of a paper: {words(PROBE_WORDS)}."
                for _ in range(PROBE_PROMPTS)]

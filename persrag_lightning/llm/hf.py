@@ -1,118 +1,25 @@
-"""transformers backend: left-padded, length-sorted greedy batches (GGUF sources through
-llm/gguf.py)."""
+"""transformers causal-LM backend: left-padded, length-sorted greedy batches (GGUF sources through
+llm/gguf.py; the encoder-decoder family in llm/hf_seq2seq.py)."""
 
 from __future__ import annotations
 
 import inspect
-import json
 import os
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from persrag_lightning.hardware import Precision, uses_bf16
 from persrag_lightning.llm.base import LLM, LLMBackendError, ModelSource, resolve_model
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
+from persrag_lightning.llm.hf_device import FollowsModelDevice, check_beams, resolve_device_dtype
+from persrag_lightning.llm.json_decoding import json_prefix_function
+from persrag_lightning.llm.option_scoring import option_scores, pack_option_tree, tree_length
 from persrag_lightning.runtime import use_fastest_gemm
 
-
-def resolve_device_dtype(device: str, dtype: str | torch.dtype) -> tuple[torch.device, torch.dtype]:
-    """`auto` picks CUDA with bfloat16 when present, else CPU with float32. `bf16_if_native` is
-    bfloat16 wherever the hardware computes it natively (CUDA, or a CPU with AVX512-BF16/AMX whose
-    bfloat16 matmul measures faster than float32's: `hardware.cpu_has_native_bf16`) and float32
-    elsewhere: on our 2-core CPU SmolLM2 scores `choose` answers several times faster in it, nearly
-    always with the float32 answer (docs/fidelity.md); greedy *generation* drifts more in bfloat16
-    on CPU, so `auto` stays float32 there."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    if isinstance(dtype, torch.dtype):
-        return dev, dtype
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    if dtype == "bf16_if_native":
-        return dev, torch.bfloat16 if uses_bf16(Precision.NATIVE, dev.type) else torch.float32
-    named = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in named:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, bf16_if_native, {', '.join(named)}")
-    return dev, named[dtype]
+__all__ = ["HFLLM"]
 
 
-def _check_beams(num_beams: int) -> int:
-    if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
-    return num_beams
-
-
-_TOKENIZER_DATA: dict[tuple[int, tuple[int, ...]], Any] = {}
-
-
-def _enforcer_tokenizer_data(tokenizer: Any, eos_ids: list[int]) -> Any:
-    """lm-format-enforcer's token table of a tokenizer (what its transformers integration builds;
-    that module imports names transformers 5 no longer has, so the table is built here with the
-    library's own classes): every non-special token's text, decoded after a digit so a word-initial
-    space is kept."""
-    from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
-
-    vocab_size = len(tokenizer)
-    specials = set(tokenizer.all_special_ids)
-    zero = tokenizer.encode("0", add_special_tokens=False)[-1]
-    regular = []
-    for i in range(vocab_size):
-        if i in specials:
-            continue
-        after_zero = tokenizer.decode([zero, i])[1:]
-        regular.append((i, after_zero, len(after_zero) > len(tokenizer.decode([i]))))
-
-    def decode(tokens: list[int]) -> str:
-        return tokenizer.decode(tokens).rstrip("\ufffd")
-
-    return TokenEnforcerTokenizerData(regular, decode, list(eos_ids), False, vocab_size)
-
-
-def _json_prefix_function(tokenizer: Any, schema: dict, eos_ids: list[int]) -> Any:
-    """transformers' `prefix_allowed_tokens_fn` that lets through only tokens that continue JSON
-    valid under `schema` (lm-format-enforcer's JsonSchemaParser and TokenEnforcer); the token table
-    is built once per tokenizer."""
-    try:
-        from lmformatenforcer import JsonSchemaParser, TokenEnforcer
-    except ImportError as err:
-        raise LLMBackendError("constrained JSON decoding with the hf backend needs lm-format-enforcer: "
-                              "`pip install lm-format-enforcer`") from err
-    key = (id(tokenizer), tuple(eos_ids))
-    if key not in _TOKENIZER_DATA:
-        _TOKENIZER_DATA[key] = _enforcer_tokenizer_data(tokenizer, eos_ids)
-    enforcer = TokenEnforcer(_TOKENIZER_DATA[key], JsonSchemaParser(schema))
-
-    def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
-        return enforcer.get_allowed_tokens(sent.tolist()).allowed_tokens
-
-    return allowed
-
-
-class _FollowsModelDevice:
-    """`device` is where the model's weights are now, not where they were when the backend was
-    built: the generator stage wraps the model it trains (`from_model`) before Lightning moves it to
-    the GPU, and its validation answers must feed their tensors to wherever the weights went. Before
-    a model is loaded (or after `close`), the device the backend was asked for."""
-
-    _device: torch.device
-    model: Any
-
-    @property
-    def device(self) -> torch.device:
-        model = getattr(self, "model", None)
-        param = next(model.parameters(), None) if model is not None else None
-        return param.device if param is not None else self._device
-
-    @device.setter
-    def device(self, value: torch.device) -> None:
-        self._device = value
-
-
-class HFLLM(_FollowsModelDevice, LLM):
+class HFLLM(FollowsModelDevice, LLM):
     """transformers causal LM behind the LLM interface (default backend, also the training-time
     scorer)."""
 
@@ -133,7 +40,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         paper generates with beam search, 4 beams, which `num_beams=4` reproduces (in the
         fingerprint: answers change)."""
         super().__init__(batch_size)
-        self.num_beams = _check_beams(num_beams)
+        self.num_beams = check_beams(num_beams)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -264,7 +171,7 @@ class HFLLM(_FollowsModelDevice, LLM):
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=self.num_beams,
                                   eos_token_id=self._eos_ids, pad_token_id=self._pad_id)
         constrain = {} if json_schema is None else {
-            "prefix_allowed_tokens_fn": _json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
+            "prefix_allowed_tokens_fn": json_prefix_function(self.tokenizer, json_schema, self._eos_ids)}
         outputs = [""] * len(prompts)
         for idx in self._batches([len(e) for e in encoded]):
             ids, mask = self._left_pad([encoded[i] for i in idx])
@@ -321,180 +228,22 @@ class HFLLM(_FollowsModelDevice, LLM):
             return []
         prompt_ids = self._encode_prompts(prompts)
         option_ids = [list(t) for t in self.tokenizer(list(options), add_special_tokens=False)["input_ids"]]
-        fed = [o[:-1] for o in option_ids]  # tokens fed after the prompt; the last one is only predicted
-        tail = [t for f in fed for t in f]
-        starts = np.cumsum([0] + [len(f) for f in fed])[:-1].tolist()  # where option k's fed tokens begin
+        keep = tree_length(option_ids) + 1  # the prompt's last position and the options' tokens: the only logits needed
         scores = [[0.0] * len(options) for _ in prompts]
-        dtype = self.model.dtype
         for idx in self._batches([len(e) for e in prompt_ids]):
-            width = max(len(prompt_ids[i]) for i in idx) + len(tail)
-            ids = torch.full((len(idx), width), self._pad_id, dtype=torch.long)
-            positions = torch.zeros((len(idx), width), dtype=torch.long)
-            allowed = torch.zeros((len(idx), width, width), dtype=torch.bool)
-            lengths = []
-            for b, i in enumerate(idx):
-                n = len(prompt_ids[i])
-                pad = width - n - len(tail)  # left padding
-                lengths.append(n)
-                ids[b, pad:pad + n] = torch.tensor(prompt_ids[i], dtype=torch.long)
-                ids[b, pad + n:] = torch.tensor(tail, dtype=torch.long)
-                positions[b, pad:pad + n] = torch.arange(n)
-                allowed[b, pad:pad + n, pad:pad + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
-                for f, start in zip(fed, starts):
-                    a = pad + n + start
-                    positions[b, a:a + len(f)] = n + torch.arange(len(f))
-                    allowed[b, a:a + len(f), pad:pad + n] = True
-                    allowed[b, a:a + len(f), a:a + len(f)] = torch.tril(torch.ones(len(f), len(f), dtype=torch.bool))
-                allowed[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)  # padding rows see themselves only
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-            kwargs: dict[str, Any] = {"attention_mask": mask[:, None].to(self.device),
+            ids, positions, mask = pack_option_tree([prompt_ids[i] for i in idx], option_ids, self._pad_id,
+                                                    self.model.dtype)
+            kwargs: dict[str, Any] = {"attention_mask": mask.to(self.device),
                                       "position_ids": positions.to(self.device), "use_cache": False}
-            keep = len(tail) + 1  # the prompt's last position and the options' tokens: the only logits needed
             if self._keep_kw is not None:
                 kwargs[self._keep_kw] = keep
             logits = self.model(input_ids=ids.to(self.device), **kwargs).logits[:, -keep:]
             logp = logits.float().log_softmax(-1)
             for b, i in enumerate(idx):
-                last_prompt = 0  # index into the kept logits
-                row = []
-                for o, start in zip(option_ids, starts):
-                    if not o:
-                        row.append(0.0)
-                        continue
-                    total = logp[b, last_prompt, o[0]]
-                    for j, token in enumerate(o[1:]):
-                        total = total + logp[b, last_prompt + 1 + start + j, token]
-                    row.append(float(total))
-                scores[i] = row
+                scores[i] = option_scores(logp[b], option_ids)
         return scores
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def is_seq2seq_folder(path: str | os.PathLike) -> bool:
-    """Whether a local model folder holds an encoder-decoder (FlanT5 family): read from its
-    config.json."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        return bool(json.loads(config.read_text()).get("is_encoder_decoder", False))
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-class HFSeq2SeqLLM(_FollowsModelDevice, LLM):
-    """transformers encoder-decoder (FlanT5 family) behind the LLM interface: the prompt is the
-    encoder input as written (no chat template), the answer the decoder's output; `score` sums the
-    target tokens' log-probs."""
-
-    backend = "hf"
-
-    def __init__(self, model: str, batch_size: int = 8, device: str = "auto", dtype: str | torch.dtype = "auto",
-                 cache_dir: str | os.PathLike | None = None, num_threads: int | None = None,
-                 use_chat_template: bool = False, num_beams: int = 1) -> None:
-        """`num_beams`: 1 = greedy (default); the ClusterRAG paper's FlanT5 generates with 4
-        beams."""
-        super().__init__(batch_size)
-        self.num_beams = _check_beams(num_beams)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        self.source = resolve_model(model)
-        self.device, self.dtype = resolve_device_dtype(device, dtype)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.source.path, local_files_only=True)
-            self.model = AutoModelForSeq2SeqLM.from_pretrained(self.source.path, local_files_only=True,
-                                                               **dtype_kw(self.dtype))
-        except OSError as err:
-            raise LLMBackendError(
-                f"cannot load seq2seq model {model!r} from local files: {err}"
-            ) from err
-        self.model.to(self._device).eval()
-
-    @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, batch_size: int = 8, name: str = "in-training",
-                   **_: object) -> HFSeq2SeqLLM:
-        self = cls.__new__(cls)
-        LLM.__init__(self, batch_size)
-        self.num_beams = 1
-        self.source = ModelSource(name, "", "memory", "")
-        self.model, self.tokenizer = model, tokenizer
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        return self
-
-    @property
-    def name(self) -> str:
-        return self.source.name
-
-    @property
-    def settings(self) -> dict[str, object]:
-        beams = {"num_beams": self.num_beams} if self.num_beams != 1 else {}
-        return {"dtype": str(self.dtype), "seq2seq": True, **beams}
-
-    def _digest(self) -> str:
-        return self.source.digest
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def encode_pairs(
-        self, prompts: list[str], targets: list[str]
-    ) -> list[tuple[list[int], list[int]]]:
-        """(encoder ids, decoder labels): the tokenizer's own special tokens on both (T5 ends each
-        with </s>)."""
-        self._check_pairs(prompts, targets)
-        enc = self.tokenizer(list(prompts))["input_ids"]
-        dec = self.tokenizer(list(targets))["input_ids"]
-        return [(list(p), list(t)) for p, t in zip(enc, dec)]
-
-    def _pad(self, rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(1, max(len(r) for r in rows))
-        ids = torch.full((len(rows), width), value, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, :len(r)] = 1
-        return ids.to(self.device), mask.to(self.device)
-
-    @torch.inference_mode()
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        out = [""] * len(prompts)
-        enc = [list(r) for r in self.tokenizer(list(prompts))["input_ids"]]
-        pad = self.tokenizer.pad_token_id or 0
-        for start in range(0, len(prompts), self.batch_size):
-            idx = list(range(start, min(len(prompts), start + self.batch_size)))
-            ids, mask = self._pad([enc[i] for i in idx], pad)
-            gen = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                      do_sample=False, num_beams=self.num_beams)
-            for row, i in zip(gen, idx):
-                out[i] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
-        return out
-
-    @torch.inference_mode()
-    def score(self, prompts: list[str], targets: list[str]) -> list[float]:
-        self._check_pairs(prompts, targets)
-        enc = [list(r) for r in self.tokenizer(list(prompts))["input_ids"]]
-        dec = [
-            list(r) for r in self.tokenizer(list(targets), add_special_tokens=False)["input_ids"]
-        ]
-        pad = self.tokenizer.pad_token_id or 0
-        scores = [0.0] * len(prompts)
-        for start in range(0, len(prompts), self.batch_size):
-            idx = list(range(start, min(len(prompts), start + self.batch_size)))
-            ids, mask = self._pad([enc[i] for i in idx], pad)
-            labels, label_mask = self._pad([dec[i] for i in idx], pad)
-            labels = labels.masked_fill(label_mask == 0, -100)
-            logits = self.model(input_ids=ids, attention_mask=mask, labels=labels).logits
-            logp = logits.float().log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
-            for b, i in enumerate(idx):
-                scores[i] = float((logp[b] * label_mask[b]).sum())
-        return scores
-
-    def close(self) -> None:
-        self.model = None  # type: ignore[assignment]

@@ -27,7 +27,8 @@ def load_llm(backend: str = "hf", model: str = "smollm2", **kwargs: object) -> L
     if backend == "auto":
         backend = auto_backend(model, kwargs)
     if backend == "hf":
-        from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
+        from persrag_lightning.llm.hf import HFLLM
+        from persrag_lightning.llm.hf_seq2seq import HFSeq2SeqLLM, is_seq2seq_folder
 
         if is_seq2seq_folder(model):  # a FlanT5-family folder, e.g. a tuned generator's export
             return HFSeq2SeqLLM(model, **kwargs)  # type: ignore[arg-type]
@@ -53,7 +54,7 @@ def _hf_dtype_identity(options: dict) -> dict:
     """hf options as caches key them: the dtype the model will *run* in here (`auto` and
     `bf16_if_native` differ by machine), left out when float32 (the exact model, the CPU default:
     earlier keys stay valid)."""
-    from persrag_lightning.llm.hf import resolve_device_dtype
+    from persrag_lightning.llm.hf_device import resolve_device_dtype
 
     options = dict(options)
     dtype = resolve_device_dtype(str(options.get("device", "auto")), options.pop("dtype", "auto"))[

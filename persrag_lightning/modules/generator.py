@@ -25,7 +25,8 @@ from persrag_lightning.llm.answer import AnswerMode, Postprocessing
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.calibration import CALIBRATIONS
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
-from persrag_lightning.llm.hf import HFLLM, HFSeq2SeqLLM, is_seq2seq_folder
+from persrag_lightning.llm.hf import HFLLM
+from persrag_lightning.llm.hf_seq2seq import HFSeq2SeqLLM, is_seq2seq_folder
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.common import LoraSettings, apply_lora

@@ -38,7 +38,8 @@ from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy, cache_value
 from persrag_lightning.retrieval.candidates import CandidateSource
-from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.cohorts import CohortModel
 from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex

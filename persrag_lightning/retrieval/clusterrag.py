@@ -25,7 +25,9 @@ from persrag_lightning.bundles import require_bundle
 from persrag_lightning.llm.profile_budget import BudgetSettings
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings
-from persrag_lightning.retrieval.cohorts import CohortModel, CohortSettings, Neighbour, mean_user_vectors
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.cohorts import CohortModel, Neighbour
+from persrag_lightning.retrieval.user_clustering import mean_user_vectors
 
 __all__ = ["ClusterRAG", "ClusterRAGSettings", "CorpusEmbedder", "encoder_user_vectors"]
 

@@ -18,25 +18,29 @@ What the seed does, and where we differ on purpose:
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from persrag_lightning.utils import atomic_replace, atomic_write_json, atomic_write_text, fingerprint
+from persrag_lightning.retrieval.cohort_export import FORMAT, array_digest, read_cohorts, write_cohorts
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.user_clustering import (
+    NOISE,
+    dense_labels,
+    hdbscan_labels,
+    kmeans_fit,
+    normalize_rows,
+)
+from persrag_lightning.utils import fingerprint
+
+__all__ = ["Assignment", "CohortModel", "CohortWarning", "Neighbour"]
 
 log = logging.getLogger(__name__)
 
-UserVectors = Literal["mean", "encoder"]
-ClusterMethod = Literal["hdbscan", "kmeans"]
-NoisePolicy = Literal["nearest", "own"]
-NOISE = -1  # HDBSCAN's label for users in no dense region
-FORMAT = "persrag-cohorts/v1"
 ASSIGN_CHUNK = 2 ** 24  # users × centroids distances computed at a time (~64 MiB): 1M users never need 4+ GiB
 # A cohort holding more than this share of all users is scored by one product with the whole
 # (contiguous) table instead of gathering its members' vectors first: the gather grows with the
@@ -48,39 +52,6 @@ FULL_SCAN_SHARE = 0.125
 class CohortWarning(UserWarning):
     """Degenerate clustering (all users noise, a cohort of one, ...): the run goes on, the user is
     told why."""
-
-
-@dataclass(frozen=True)
-class CohortSettings:
-    """How users become cohorts; every default is the seed's unless its entry says otherwise.
-
-    Args:
-        user_vectors: what is clustered: `mean` doc embeddings per user (Eq. 1) or `encoder`,
-            CFRAG's trained user embeddings.
-        method: `hdbscan` (the seed's choice) or `kmeans` (its ablation, "slightly weaker").
-        min_cluster_size: HDBSCAN's smallest cluster (the seed's HDBSCAN(min_cluster_size=2)).
-        min_samples: HDBSCAN's core-point neighbourhood; None = sklearn's default (=
-            min_cluster_size).
-        n_clusters: k-means only; None = ⌈√n⌉ (ours: the seed does not say).
-        top_k_users: similar users taken from the cohort (the seed's §5: k = 1).
-        noise: what HDBSCAN's noise users get: the `nearest` cohort (ours, see the module docstring)
-            or none (`own`: user-only retrieval); the seed lumps noise into one cluster.
-        fit_sample: cluster a random sample of this many users and assign the rest (for scale); None
-            = all.
-        kmeans_iter: k-means iterations.
-        seed: seed of the sample and of k-means.
-    """
-
-    user_vectors: UserVectors = "mean"
-    method: ClusterMethod = "hdbscan"
-    min_cluster_size: int = 2
-    min_samples: int | None = None
-    n_clusters: int | None = None
-    top_k_users: int = 1
-    noise: NoisePolicy = "nearest"
-    fit_sample: int | None = None
-    kmeans_iter: int = 20
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,64 +71,6 @@ class Assignment:
     cohort: int
     distance: float
 
-
-def normalize_rows(vectors: np.ndarray) -> np.ndarray:
-    """L2-normalised float32 copy; a zero vector stays zero (it has no direction to compare)."""
-    x = np.ascontiguousarray(vectors, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected a [users, dim] matrix, got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
-
-
-def mean_user_vectors(doc_vectors: np.ndarray, rows: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray,
-                                                                                    list[str]]:
-    """Eq. 1, z_u = mean of the user's doc embeddings over the given rows of each user (their
-    collaborative pool, data/histories.py). Returns (ids with docs, their vectors, ids without
-    docs): a user without docs has no mean."""
-    kept = [u for u, r in rows.items() if len(r)]
-    empty = [u for u, r in rows.items() if not len(r)]
-    table = np.asarray(doc_vectors, dtype=np.float32)
-    means = np.stack([table[rows[u]].mean(0) for u in kept]) if kept else np.zeros((0, table.shape[1]), np.float32)
-    return kept, means.astype(np.float32), empty
-
-
-def _hdbscan_labels(x: np.ndarray, settings: CohortSettings) -> np.ndarray:
-    from sklearn.cluster import HDBSCAN
-
-    if len(x) < 2:
-        return np.full(len(x), NOISE, dtype=np.int64)
-    model = HDBSCAN(min_cluster_size=max(2, settings.min_cluster_size), min_samples=settings.min_samples,
-                    metric="euclidean", copy=True)
-    labels = model.fit_predict(x).astype(np.int64)
-    return np.where(labels < 0, NOISE, labels)  # -2/-3 (infinite/missing values) are noise too
-
-
-def _kmeans_fit(x: np.ndarray, settings: CohortSettings) -> tuple[np.ndarray, np.ndarray]:
-    """Spherical k-means (faiss): (labels, unit centroids) with each label the centroid of highest
-    cosine, which is the nearest unit centroid in euclidean distance, the rule `assign` applies to
-    new users."""
-    import faiss
-
-    k = settings.n_clusters or int(np.ceil(np.sqrt(len(x))))
-    k = max(1, min(k, len(x)))
-    km = faiss.Kmeans(x.shape[1], k, niter=settings.kmeans_iter, seed=settings.seed, spherical=True,
-                      verbose=False, min_points_per_centroid=1)
-    km.train(x)
-    centroids = normalize_rows(km.centroids)
-    labels = np.asarray(x @ centroids.T).argmax(axis=1).astype(np.int64)
-    used = np.unique(labels)  # an empty cluster leaves no centroid and no gap in the numbering
-    return np.searchsorted(used, labels).astype(np.int64), centroids[used]
-
-
-def _dense_labels(labels: np.ndarray) -> np.ndarray:
-    """Relabel clusters 0..K-1 (sorted), keeping -1: empty k-means clusters leave no gaps in the
-    numbering."""
-    out = np.full_like(labels, NOISE)
-    clustered = labels >= 0
-    _, inverse = np.unique(labels[clustered], return_inverse=True)
-    out[clustered] = inverse
-    return out
 
 
 @dataclass
@@ -199,16 +112,16 @@ class CohortModel:
         self.user_ids, self.vectors = user_ids, x
         self._row = {u: i for i, u in enumerate(user_ids)}
         self._members = None
-        self.data_fingerprint = fingerprint(FORMAT, asdict(s), user_ids, _array_digest(x))
+        self.data_fingerprint = fingerprint(FORMAT, asdict(s), user_ids, array_digest(x))
         n = len(x)
         sample = np.arange(n)
         if s.fit_sample is not None and s.fit_sample < n:
             sample = np.sort(np.random.default_rng(s.seed).choice(n, s.fit_sample, replace=False))
         if s.method == "kmeans":  # the spherical centroids the clustering used, so `assign` agrees with the fit
-            fit_labels, centroids = _kmeans_fit(x[sample], s)
+            fit_labels, centroids = kmeans_fit(x[sample], s)
             self._set_centroids(x[sample], fit_labels, centroids)
         else:
-            fit_labels = _dense_labels(_hdbscan_labels(x[sample], s))
+            fit_labels = dense_labels(hdbscan_labels(x[sample], s))
             self._set_centroids(x[sample], fit_labels)
         if len(sample) == n:
             labels = fit_labels
@@ -441,60 +354,11 @@ class CohortModel:
 
     # ---- persistence -----------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        """Export to `directory`: assignments.tsv, centroids.npy, vectors.npy, radii.npy,
-        cohorts.json (settings, sizes, noise count, fingerprint). Each file is written atomically;
-        cohorts.json last, so a folder with cohorts.json is complete."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        lines = ["user_id\tcohort\tlabel"] + [f"{u}\t{c}\t{lab}" for u, c, lab in
-                                               zip(self.user_ids, self.cohorts, self.labels)]
-        atomic_write_text(out / "assignments.tsv", "\n".join(lines) + "\n")
-        for name, arr in (("centroids", self.centroids), ("vectors", self.vectors), ("radii", self.radii)):
-            with atomic_replace(out / f"{name}.npy") as tmp, open(tmp, "wb") as f:
-                np.save(f, arr)
-        meta = CohortMeta(FORMAT, self.settings, self.data_fingerprint, len(self), self.n_cohorts,
-                          self.sizes.tolist(), self.noise_count, self.dim, self.encoder)
-        atomic_write_json(out / "cohorts.json", asdict(meta))
-        return out
+        """Export to `directory` (retrieval/cohort_export.py: cohorts.json written last, so a folder
+        with it is complete)."""
+        return write_cohorts(self, directory)
 
     @classmethod
     def load(cls, directory: str | Path) -> CohortModel:
         """Read an export of `save`; a missing or foreign folder is an error naming the file."""
-        d = Path(directory)
-        meta_path = d / "cohorts.json"
-        if not meta_path.exists():
-            raise FileNotFoundError(f"no cohort export at {meta_path} (written last by CohortModel.save)")
-        raw = json.loads(meta_path.read_text())
-        meta = CohortMeta(**{**raw, "settings": CohortSettings(**raw.get("settings", {}))})
-        if meta.format != FORMAT:
-            raise ValueError(f"{meta_path}: format {meta.format!r}, expected {FORMAT!r}")
-        rows = (d / "assignments.tsv").read_text().splitlines()[1:]
-        parts = [r.split("\t") for r in rows]
-        model = cls(meta.settings, [p[0] for p in parts],
-                    np.load(d / "vectors.npy"), np.array([int(p[2]) for p in parts], np.int64),
-                    np.array([int(p[1]) for p in parts], np.int64), np.load(d / "centroids.npy"),
-                    np.load(d / "radii.npy"), meta.fingerprint, meta.encoder)
-        if len(model) != meta.users:
-            raise ValueError(f"{d}: assignments.tsv has {len(model)} users, cohorts.json says {meta.users}")
-        return model
-
-
-@dataclass(frozen=True)
-class CohortMeta:
-    """cohorts.json: what a reader needs to trust the export (settings, counts, the data fingerprint)."""
-
-    format: str
-    settings: CohortSettings
-    fingerprint: str
-    users: int
-    cohorts: int
-    sizes: list[int]
-    noise: int
-    dim: int
-    encoder: str = ""  # MEAN vectors' text encoder (absent in exports written before it was recorded)
-
-
-def _array_digest(x: np.ndarray) -> str:
-    import hashlib
-
-    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+        return cls(**read_cohorts(directory))

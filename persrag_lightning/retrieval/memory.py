@@ -12,6 +12,7 @@ from persrag_lightning.memory.bank import MemoryBank
 from persrag_lightning.memory.records import Recalled
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.cfrag import CFRAG
+from persrag_lightning.stages import bundle_address
 
 __all__ = ["CFRAGMemory", "MemoryRecall", "memory_doc"]
 
@@ -28,7 +29,7 @@ class MemoryRecall(Strategy):
     with `attach`."""
 
     def __init__(
-        self, bank: str = "{run_dir}/memory", encoder: str = "minilm", name: str = "Memory"
+        self, bank: str = bundle_address("memory"), encoder: str = "minilm", name: str = "Memory"
     ) -> None:
         self.name = name
         self.bank_path = bank
@@ -64,7 +65,7 @@ class CFRAGMemory(CFRAG):
     remembered facts add to collaborative retrieval. Every CFRAG setting is available unchanged."""
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
-                 k_per_user: int = 5, bank: str = "{run_dir}/memory", encoder: str = "minilm", memory_k: int = 5,
+                 k_per_user: int = 5, bank: str = bundle_address("memory"), encoder: str = "minilm", memory_k: int = 5,
                  cache_dir: str = ".cache/persrag", name: str = "CFRAG + memory", **cfrag: object) -> None:
         super().__init__(user_encoder, retriever, reranker, m=m, k_per_user=k_per_user, cache_dir=cache_dir,
                          name=name, **cfrag)

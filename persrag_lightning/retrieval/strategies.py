@@ -15,6 +15,7 @@ from pathlib import Path
 
 from persrag_lightning.data.records import Example
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy, cache_value
+from persrag_lightning.stages import RUN_DIR, fill_run_dir
 from persrag_lightning.utils import (
     ConfigError,
     atomic_write_json,
@@ -23,8 +24,7 @@ from persrag_lightning.utils import (
 )
 
 __all__ = ["bind_strategies", "cached_retrieval", "file_name", "resolve_reranker_runtime",
-           "set_reranker_runtime", "strategy_by_name", "strategy_config", "strategy_names",
-           "substitute_run_dir"]
+           "set_reranker_runtime", "strategy_by_name", "strategy_config", "strategy_names"]
 
 
 def file_name(name: str) -> str:
@@ -85,21 +85,6 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
     return retrieved, ms
 
 
-def substitute_run_dir(obj, run_dir: str):
-    """Replace `{run_dir}` in every string of a parsed config (strategies' bundle paths, data
-    paths)."""
-    from jsonargparse import Namespace
-
-    if isinstance(obj, str):
-        return obj.replace("{run_dir}", run_dir)
-    if isinstance(obj, list):
-        return [substitute_run_dir(x, run_dir) for x in obj]
-    if isinstance(obj, Namespace):
-        for key, value in vars(obj).items():
-            setattr(obj, key, substitute_run_dir(value, run_dir))
-    return obj
-
-
 def _strategies_parser():
     """The parser of an evaluate config's `strategies` list alone (the rest of the file is the
     evaluator's)."""
@@ -111,8 +96,8 @@ def _strategies_parser():
 
 
 def _config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
-    """The strategies of an evaluate config, `{run_dir}` resolved, built but not prepared (nothing
-    is loaded)."""
+    """The strategies of an evaluate config, the run folder filled in, built but not prepared
+    (nothing is loaded)."""
     import yaml
 
     path = Path(config)
@@ -120,7 +105,7 @@ def _config_strategies(config: str | Path, run_dir: str) -> list[Strategy]:
     if rows is None:
         raise ConfigError(f"{path}: no `strategies` list")
     parser = _strategies_parser()
-    cfg = substitute_run_dir(parser.parse_object({"strategies": rows}), run_dir)
+    cfg = fill_run_dir(parser.parse_object({"strategies": rows}), run_dir)
     return parser.instantiate_classes(cfg).strategies
 
 
@@ -159,14 +144,14 @@ def set_reranker_runtime(strategies: list[Strategy], runtime: str) -> None:
 @lru_cache(maxsize=8)
 def strategy_names(config: str | Path) -> list[str]:
     """The row names of an evaluate config's strategies (built, not prepared: nothing is loaded)."""
-    return [s.name for s in _config_strategies(resolve_config_path(str(config)), "{run_dir}")]
+    return [s.name for s in _config_strategies(resolve_config_path(str(config)), RUN_DIR)]
 
 
 def strategy_by_name(
     config: str | Path, name: str, run_dir: str, reranker_runtime: str = "fp32"
 ) -> Strategy:
-    """One strategy of an evaluate config, by its name, with `{run_dir}` resolved (not prepared
-    yet)."""
+    """One strategy of an evaluate config, by its name, with the run folder filled in (not
+    prepared yet)."""
     strategies = _config_strategies(config, run_dir)
     set_reranker_runtime(strategies, reranker_runtime)
     bind_strategies(strategies)

@@ -5,6 +5,7 @@ shows what retrieval adds once the generator has learned to use it."""
 from __future__ import annotations
 
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
+from persrag_lightning.stages import bundle_address
 from persrag_lightning.utils import ConfigError
 
 __all__ = ["TunedGenerator"]
@@ -12,17 +13,18 @@ __all__ = ["TunedGenerator"]
 
 class TunedGenerator(Strategy):
     """`retrieval` names a strategy of the same config (bound by the evaluation); `generator` is an
-    exported generator folder (`{run_dir}/generator`), loaded through the evaluation's LLM settings
+    exported generator folder (the run's `generator` bundle), loaded through the evaluation's LLM settings
     with it as the model."""
 
     def __init__(
-        self, retrieval: str, generator: str = "{run_dir}/generator", name: str | None = None
+        self, retrieval: str, generator: str = bundle_address("generator"), name: str | None = None
     ) -> None:
         """Args are names and paths; the evaluation binds the strategy and loads the generator.
 
         Args:
             retrieval: the name of the strategy of the same config whose docs fill the prompts.
-            generator: the generator stage's export; `{run_dir}` is checkpoints/<run_name>.
+            generator: the generator stage's export; the default's run folder (`stages.RUN_DIR`) is
+                checkpoints/<run_name>.
             name: the row name in the evaluation's table; None = `<retrieval> + tuned generator`.
         """
         self.retrieval_name = retrieval

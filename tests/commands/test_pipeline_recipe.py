@@ -90,7 +90,7 @@ def run_pipeline(monkeypatch, tmp_path, argv: list[str], dev_scores: dict[str, f
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(monkeypatch, tmp_path, preset):
-    from persrag_lightning.llm import hf
+    from persrag_lightning.llm import hf_device
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
@@ -99,7 +99,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     assert fits and not fixed  # neither a trainer precision nor the feedback labels' dtype
     # the evaluation's reader and rerankers ask for bf16_if_native, which resolves to float32 here, and the
     # corpus is embedded in float32
-    assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32
+    assert hf_device.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.float32
     assert reranker_runtime_of("bf16_if_native") == "fp32" and embedding_precision() == "fp32"
 
     machine(monkeypatch, AMX, onednn=True)
@@ -112,7 +112,7 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
         assert labels_bf16 == {"retriever", "reranker", "retriever_paper", "reranker_paper"}
     else:
         assert not bf16 and not labels_bf16  # smoke and paper keep the configs' float32 and exact labels
-    assert hf.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
+    assert hf_device.resolve_device_dtype("cpu", "bf16_if_native")[1] == torch.bfloat16
     assert reranker_runtime_of("bf16_if_native") == "bf16" and embedding_precision() == "bf16"
 
 

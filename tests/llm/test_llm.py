@@ -284,15 +284,15 @@ def test_hf_fingerprint_and_name(tiny_model_dir: Path) -> None:
 
 def test_bf16_if_native_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     from persrag_lightning import hardware
-    from persrag_lightning.llm import hf
+    from persrag_lightning.llm import hf_device
 
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)  # hardware.uses_bf16 decides for hf
-    assert hf.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.bfloat16)
-    assert hf.resolve_device_dtype("cpu", "auto")[1] == torch.float32  # generation drifts in bf16 on CPU
+    assert hf_device.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.bfloat16)
+    assert hf_device.resolve_device_dtype("cpu", "auto")[1] == torch.float32  # generation drifts in bf16 on CPU
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
-    assert hf.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.float32)
+    assert hf_device.resolve_device_dtype("cpu", "bf16_if_native") == (torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="bf16_if_native"):
-        hf.resolve_device_dtype("cpu", "int3")
+        hf_device.resolve_device_dtype("cpu", "int3")
 
 
 # ------------------------------------------------------------------------------------ resolution and errors

@@ -26,7 +26,8 @@ from persrag_lightning.llm.profile_budget import (
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.cluster_index import ClusterIndex, ClusterIndexSettings, ClusterIndexWarning
 from persrag_lightning.retrieval.clusterrag import ClusterRAG, ClusterRAGSettings
-from persrag_lightning.retrieval.cohorts import CohortSettings, CohortWarning
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.cohorts import CohortWarning
 
 faiss.omp_set_num_threads(1)
 

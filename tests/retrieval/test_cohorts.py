@@ -12,13 +12,9 @@ import numpy as np
 import pytest
 
 from persrag_lightning.retrieval import cohorts
-from persrag_lightning.retrieval.cohorts import (
-    NOISE,
-    CohortModel,
-    CohortSettings,
-    CohortWarning,
-    mean_user_vectors,
-)
+from persrag_lightning.retrieval.cohort_settings import CohortSettings
+from persrag_lightning.retrieval.cohorts import CohortModel, CohortWarning
+from persrag_lightning.retrieval.user_clustering import NOISE, mean_user_vectors, normalize_rows
 
 DIM = 8
 
@@ -186,7 +182,7 @@ def test_assign_new_user_without_reclustering(monkeypatch):
     def no_refit(*_a, **_k):
         raise AssertionError("assign must not re-cluster")
 
-    monkeypatch.setattr(cohorts, "_hdbscan_labels", no_refit)
+    monkeypatch.setattr(cohorts, "hdbscan_labels", no_refit)
     new = np.eye(DIM)[1] * 5 + 0.01
     a = model.assign(new)
     assert a.label == a.cohort == model.cohort_of(ids[6])  # community 1
@@ -201,8 +197,8 @@ def test_assign_new_user_without_reclustering(monkeypatch):
 def test_fit_sample_assigns_the_rest_to_the_clusters_of_the_sample(monkeypatch):
     ids, x, truth = communities(n_per=10)
     seen: list[int] = []
-    real = cohorts._hdbscan_labels
-    monkeypatch.setattr(cohorts, "_hdbscan_labels", lambda xs, s: (seen.append(len(xs)), real(xs, s))[1])
+    real = cohorts.hdbscan_labels
+    monkeypatch.setattr(cohorts, "hdbscan_labels", lambda xs, s: (seen.append(len(xs)), real(xs, s))[1])
     model = CohortModel(CohortSettings(fit_sample=15)).fit(ids, x)
     assert seen == [15]
     # users outside the sample may land beyond a cohort's sampled radius (noise), but their cohort is right
@@ -249,7 +245,7 @@ def test_nearest_cohort_in_chunks_equals_one_pass(monkeypatch):
     gives the one-pass answer, chunk boundaries included."""
     ids, x, _ = communities(n_per=7, noise=2)
     model = CohortModel(CohortSettings()).fit(ids, x)
-    xn = cohorts.normalize_rows(x)
+    xn = normalize_rows(x)
     whole = model._nearest(xn)
     monkeypatch.setattr(cohorts, "ASSIGN_CHUNK", 5)  # 5 // 3 centroids = 1 user per chunk
     for got, want in zip(model._nearest(xn), whole):
