@@ -45,6 +45,7 @@ from persrag_lightning.models.reader import (
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
+from persrag_lightning.stages import RUN_DIR
 from persrag_lightning.utils import (
     ConfigError,
     as_settings,
@@ -151,7 +152,8 @@ class ReaderDataModule(L.LightningDataModule):
             `strategies_config`: one that needs no trained stage (`bm25`, the default: the user's
             own profile by BM25).
         strategies_config: an evaluate config that lists the strategies.
-        run_dir: the folder of the run's exported bundles; `{run_dir}` is checkpoints/<run_name>.
+        run_dir: the folder of the run's exported bundles; the placeholder `stages.RUN_DIR` is
+            checkpoints/<run_name>.
         k: docs per question, as the evaluation's.
         mix: more strategies (by name) whose docs each train question is also read with, so the
             reader trains on the prompts it will read (e.g. CFRAG's first stage, whose docs are
@@ -167,7 +169,7 @@ class ReaderDataModule(L.LightningDataModule):
 
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "bm25",
-                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}", k: int = 5,
+                 strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR, k: int = 5,
                  mix: list[str] | None = None, profile_items: bool = True, splits: SplitSettings = SplitSettings(), batch_size: int = 64,
                  num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()

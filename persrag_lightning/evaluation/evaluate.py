@@ -157,7 +157,7 @@ class Evaluation(Evaluator):
                 `llm.calibration`); a model tuned on the task's labels has another label prior than the base
                 reader.
             reader: who reads every row's question and docs: `llm` (the `llm` settings' LLM) or a trained
-                reader's export (`{run_dir}/reader`, label tasks: reading/trained.py); "+ tuned generator" rows are
+                reader's export (`stages.RUN_DIR`/reader, label tasks: reading/trained.py); "+ tuned generator" rows are
                 read by their generator.
         """
         self.source = LampSource(task, data_dir, synth, cache_dir)
