@@ -78,8 +78,8 @@ class ChatService:
             of the service logic over a run they share).
         cache_dir: the cache the run was loaded with, resolved here once: a deletion purges it,
             whatever the working directory is by then.
-        batching: how concurrent chats' retrievals are batched (default Batching(): up to 16 per
-            call, 5 ms of waiting; max_batch 1: each alone).
+        batching: how concurrent chats' retrievals are batched (default Batching(); max_batch 1:
+            each alone).
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
