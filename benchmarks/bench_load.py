@@ -11,6 +11,7 @@ markdown table. Bounded: loopback only, at most `--requests` per level and `--se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -27,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# the servers' environment: taken before tests/conftest.py (which builds the tiny export) sets the suite's own;
+# both servers get the one GEMM path of --gemm (each measuring its own at start could choose differently)
+SERVER_ENV = dict(os.environ)
 
 HOST = "127.0.0.1"  # loopback only: this benchmark never reaches another machine
 ADMIN = "bench-load-admin"
@@ -72,7 +76,8 @@ def build_tiny_export(root: Path, encoder: str, users: int) -> Path:
     args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "bench", f"--data.init_args.encoder={encoder}",
             f"--data.init_args.synth.num_users={users}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
             "--trainer.enable_progress_bar=false"]
-    return tiny_serving_run(root / "export", args, "bench", encoder, user_dim=dim)
+    with contextlib.redirect_stdout(sys.stderr):  # Lightning's tables: stdout keeps only this script's report
+        return tiny_serving_run(root / "export", args, "bench", encoder, user_dim=dim)
 
 
 @dataclass
@@ -85,6 +90,7 @@ class Server:
     run: Path
     tmp: Path
     bank_encoder: str
+    gemm: str
     port: int = field(default_factory=free_port)
     tokens: list[str] = field(default_factory=list)
 
@@ -94,7 +100,7 @@ class Server:
                "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
                "--signup_rate", "0", "--request_rate", "0", *self.flags]
         self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
-        env = {**os.environ, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT)}
+        env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 600
         while True:
@@ -210,6 +216,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=180, help="time limit per level")
     ap.add_argument("--max_batch", type=int, default=16)
     ap.add_argument("--max_wait_ms", type=float, default=5.0)
+    ap.add_argument("--gemm", default="torch", help="PERSRAG_GEMM of both servers: a float32 GEMM path "
+                                                    "(persrag_lightning/runtime.py), the same for both")
     ap.add_argument("--warmup", type=int, default=10, help="sequential chats before measuring (not counted)")
     return ap.parse_args()
 
@@ -228,9 +236,9 @@ def main() -> None:
         from persrag_lightning.retrieval.base import DocStore
 
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
-        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank),
+        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm),
                    Server("batched", ["--max_batch", str(args.max_batch), "--max_wait_ms", str(args.max_wait_ms)],
-                          run, tmp, bank)]
+                          run, tmp, bank, args.gemm)]
         rows, logs = [], {}
         try:
             for s in servers:
@@ -250,7 +258,7 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
     where = args.run or f"a tiny export built here ({args.encoder} encoder, {args.users} users)"
     print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
           f"chat completions without the LLM; loopback {HOST}; at most {args.requests} requests and "
-          f"{args.seconds:.0f} s per level; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
+          f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
     print()
     print("| server | clients | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS start MB | "
           "RSS max MB | RSS end MB |")
@@ -263,7 +271,7 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
     print()
     for name, log in logs.items():
         for line in log.splitlines():
-            if re.search(r"retrieval batches", line):
+            if re.search(r"retrieval batches|GEMM path", line):
                 print(f"{name}: {line.strip()}")
 
 
