@@ -77,3 +77,27 @@ def test_concurrent_chats_are_batched_and_answer_as_one_by_one(services):
         a, b = turns["batched"][u], turns["alone"][u]
         same_docs(a.docs, b.docs)
         assert a.docs and a.answer == b.answer and a.prompt == b.prompt
+
+
+def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
+    from persrag_lightning.commands.serve import serve_command
+    from persrag_lightning.serving import service
+
+    seen = {}
+
+    class Opened(Exception):
+        pass
+
+    def opened(*args, **kwargs):
+        seen.update(kwargs)
+        raise Opened
+
+    monkeypatch.setattr(service.ChatService, "open", staticmethod(opened))
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--no_llm", "--max_batch", "4", "--max-wait-ms", "0"])
+    assert seen["batching"] == Batching(max_batch=4, max_wait_ms=0.0)
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--no_llm"])
+    assert seen["batching"] == Batching()
+    with pytest.raises(SystemExit):
+        serve_command(["--run", "r", "--max_batch", "0"])
