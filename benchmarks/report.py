@@ -39,8 +39,9 @@ FAMILIES = {  # page file -> (title, one line on what the page measures)
                  "(`benchmarks/bench_retriever_reranker.py`), the generator stage (`benchmarks/bench_generator.py`) "
                  "and where a bf16 step's time goes (`benchmarks/profile_dropout.py`).")),
     "serving": ("Serving latency", ("`CFRAGPipeline.retrieve` one query at a time, without the LLM "
-                "(`benchmarks/bench_serving.py`), and the reranker's runtimes alone "
-                "(`benchmarks/profile_reranker.py`); wall-clock ms.")),
+                "(`benchmarks/bench_serving.py`), the reranker's runtimes alone "
+                "(`benchmarks/profile_reranker.py`), and `persrag serve` under concurrent clients with and "
+                "without its retrieval batching (`benchmarks/bench_load.py`); wall-clock ms.")),
     "user-retrieval": ("User retrieval at scale", ("`benchmarks/bench_retrieval.py`: the top-m similar users "
                        "among a million, by index kind, and the retrieval strategies without the LLM.")),
     "data": ("Data conversion", ("`benchmarks/bench_convert.py`: `persrag data convert` on generated review logs "

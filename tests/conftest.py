@@ -21,11 +21,15 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> str:
     """A 2-layer, 32-wide random BERT with the MiniLM tokenizer, saved as a local HF folder."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+def build_tiny_bert(path: Path) -> str:
+    """The tiny_bert fixture's model saved in `path` (also built by benchmarks/bench_load.py)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from persrag_lightning.models.text_encoder import resolve_model_path
 
-    path = tmp_path_factory.mktemp("tiny_bert")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128)
@@ -126,7 +130,7 @@ def tiny_t5(tmp_path_factory) -> str:
     return str(path)
 
 
-def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: str) -> Path:
+def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: str, user_dim: int = 32) -> Path:
     """Stage 1 trained through the CLI in `root` (configs copied there), with untrained tiny retriever and reranker
     exports beside it: a run folder serving and evaluation load (their training is tested elsewhere)."""
     import torch
@@ -144,8 +148,8 @@ def tiny_serving_run(root: Path, fit_args: list[str], run_name: str, tiny_bert: 
         os.chdir(old)
     run = root / "checkpoints" / run_name
     torch.manual_seed(0)
-    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "retriever")
-    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32).save_pretrained(run / "reranker")
+    PersonalizedRetriever.from_encoder(tiny_bert, user_dim=user_dim).save_pretrained(run / "retriever")
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=user_dim).save_pretrained(run / "reranker")
     return run
 
 

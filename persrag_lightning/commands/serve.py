@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from persrag_lightning.serving.batcher import Batching
 from persrag_lightning.utils import ConfigError, one_flag_style
 
 __all__ = ["serve_command"]
@@ -51,6 +52,12 @@ def serve_parser() -> argparse.ArgumentParser:
                         help="sign-ups per minute per client address (0: unlimited)")
     parser.add_argument("--request_rate", type=int, default=600,
                         help="requests per minute per client address (0: unlimited)")
+    parser.add_argument("--max_batch", type=int, default=Batching.max_batch,
+                        help="concurrent chats whose retrievals share one encoder call (1: each alone; "
+                             "docs/serving/chat-service.md)")
+    parser.add_argument("--max_wait_ms", type=float, default=Batching.max_wait_ms,
+                        help="how long a chat waits for batch-mates before its retrieval runs (0: only those "
+                             "already queued)")
     parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
     return one_flag_style(parser)
@@ -61,6 +68,10 @@ def serve_command(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
+    try:
+        batching = Batching(args.max_batch, args.max_wait_ms)
+    except ValueError as e:
+        parser.error(str(e))
 
     missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
     # the main job's install leaves the web stack out: one line naming the extra, exit code 2
@@ -81,7 +92,7 @@ def serve_command(argv: list[str]) -> None:
                                           admin_token=os.environ.get(args.admin_token_env) or None,
                                           use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
                                           users=args.users, cohort_export=args.cohorts, reranker=args.reranker,
-                                          cache_dir=args.cache_dir)
+                                          cache_dir=args.cache_dir, batching=batching)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
@@ -94,4 +105,10 @@ def serve_command(argv: list[str]) -> None:
     app = create_app(
         service, limits=Limits(args.signup_rate, args.request_rate), allowed_hosts=hosts
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        service.close()  # the retrieval batcher's worker: queued chats answered, then stopped
+        stats = service.retrieval.stats
+        print(f"persrag serve: retrieval batches: {stats.calls} calls for {stats.items} chats, largest "
+              f"{stats.largest}", file=sys.stderr)

@@ -2,7 +2,8 @@
 (`share: false`), deletion, and the state that survives a restart. `serving/app.py` puts FastAPI on
 top of it; tests call both. Its neighbours: `accounts.py` (accounts and tokens), `requests.py` (the
 bodies, one pydantic model each) and `validation.py` (their refusals), `gate.py` (the per-user
-gate), `user_files.py` and `purge.py`.
+gate), `user_files.py`, `purge.py`, `batcher.py` (concurrent chats' retrievals batched into one
+call), `completion.py` (the answer's shape) and `locked_llm.py`.
 
 State lives in one folder (default `<run>/serve/`), every file written atomically:
 - `memory/`: the LanceDB memory bank (memories, sessions); each write is one LanceDB version;
@@ -24,17 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import secrets
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
-from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings, UserExistsError
 from persrag_lightning.memory.store import InvalidIdError, validate_id
@@ -49,8 +45,11 @@ from persrag_lightning.serving.accounts import (
     private_dir,
     write_secret,
 )
+from persrag_lightning.serving.batcher import Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
+from persrag_lightning.serving.completion import ChatTurn, chat_completion
 from persrag_lightning.serving.gate import UserGate
+from persrag_lightning.serving.locked_llm import LockedLLM
 from persrag_lightning.serving.prompt import build_serving_prompt
 from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History, SignUp
 from persrag_lightning.serving.user_files import read_user_file, user_file, write_user_file
@@ -61,29 +60,6 @@ __all__ = ["ChatService", "ChatTurn", "LockedLLM"]
 log = logging.getLogger(__name__)
 
 HISTORY_TURNS = 4  # earlier turns of the request's `messages` put in the prompt
-
-
-@dataclass
-class ChatTurn:
-    """One answered chat turn, before it is shaped as OpenAI's chat.completion.
-
-    Args:
-        answer: the LLM's answer (a canned line without an LLM).
-        prompt: the prompt it answered.
-        docs: the CFRAG docs in the prompt (the caller's and shared ones of similar users).
-        memories: the caller's memories in the prompt.
-        stored_memory_id: the memory this turn stored, if any.
-        session_id: the session the turn is logged under.
-        model: the model name the request asked for (None: the server's).
-    """
-
-    answer: str
-    prompt: str
-    docs: list[RetrievedDoc]
-    memories: list[RetrievedDoc]
-    stored_memory_id: str | None
-    session_id: str
-    model: str | None = None
 
 
 class ChatService:
@@ -102,11 +78,14 @@ class ChatService:
             of the service logic over a run they share).
         cache_dir: the cache the run was loaded with, resolved here once: a deletion purges it,
             whatever the working directory is by then.
+        batching: how concurrent chats' retrievals are batched (default Batching(); max_batch 1:
+            each alone).
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
                  use_llm: bool = True, k: int = 5, model_lock: threading.Lock | None = None,
-                 run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag") -> None:
+                 run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag",
+                 batching: Batching | None = None) -> None:
         self.pipeline, self.bank = pipeline, bank
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.cache_dir = Path(cache_dir).resolve()
@@ -119,6 +98,8 @@ class ChatService:
         self._state_lock = threading.RLock()
         self._gate = UserGate()
         self.account_store = AccountStore(self.state, admin_token_hash)
+        # the chats that arrive together: one retrieval call (serving/batcher.py)
+        self.retrieval = MicroBatcher(self._retrieve_many, batching, name="persrag-retrieval")
         self._load()
 
     @property
@@ -129,7 +110,7 @@ class ChatService:
     def open(cls, run_dir: str | Path, state_dir: str | Path | None = None, llm: LLMConfig | None = None,
              encoder: str = "minilm", admin_token: str | None = None, use_llm: bool = True,
              extraction: str = "llm", memory_settings: MemorySettings | None = None, cache_dir: str = ".cache/persrag",
-             **pipeline_args: object) -> tuple[ChatService, str | None]:
+             batching: Batching | None = None, **pipeline_args: object) -> tuple[ChatService, str | None]:
         """Load the run's bundles, the bank and the state; returns the service and the admin token
         when one was generated now (it is written to `<state>/admin.token`, mode 0600, and kept only
         hashed in memory)."""
@@ -163,7 +144,7 @@ class ChatService:
                 admin_token = generated = secrets.token_urlsafe(32)
                 write_secret(path, admin_token + "\n")
         return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock, run_dir=run_dir,
-                   cache_dir=cache_dir), generated
+                   cache_dir=cache_dir, batching=batching), generated
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -390,10 +371,8 @@ class ChatService:
         message, session_id = request.messages[-1].content, request.session_id
         history = [(m.role, m.content) for m in request.messages[:-1] if m.role != "system"][-HISTORY_TURNS:]
         with self._acting_on(caller, user_id):
-            with self._model_lock:
-                docs = self.pipeline.retrieve(user_id, message, self.k) if user_id in self.pipeline.store else []
-                # the privacy guard, before anything is generated or stored
-                docs = self._shareable(user_id, docs)
+            # batched with the chats that arrive with it; privacy-checked in the batch
+            docs = self.retrieval((user_id, message))
             turn = self.bank.remember_and_recall(user_id, message, session_id)
             memories = [memory_doc(r) for r in turn.recalled]
             foreign = [m for m in memories if m.owner != user_id]
@@ -420,6 +399,24 @@ class ChatService:
                                       llm.count_tokens, self.pipeline.llm_config.max_prompt_tokens)
         return prompt, self.pipeline.llm_config.chat(llm, [prompt])[0]
 
+    def _retrieve_many(self, asks: list[tuple[str, str]]) -> list[list[RetrievedDoc]]:
+        """The CFRAG docs of each (user, message), in one pipeline call (the micro-batcher's
+        function), each list through the privacy guard before anything is generated or stored; a
+        user without docs in the store gets none."""
+        with self._model_lock:
+            present = [i for i, (user_id, _) in enumerate(asks) if user_id in self.pipeline.store]
+            found = self.pipeline.retrieve_batch(
+                [asks[i][0] for i in present], [asks[i][1] for i in present], self.k
+            ) if present else []
+            out: list[list[RetrievedDoc]] = [[] for _ in asks]
+            for i, docs in zip(present, found):
+                out[i] = self._shareable(asks[i][0], docs)
+            return out
+
+    def close(self) -> None:
+        """Stop the retrieval batcher (chats queued are answered first); the app's shutdown."""
+        self.retrieval.close()
+
     def _shareable(self, user_id: str, docs: list[RetrievedDoc]) -> list[RetrievedDoc]:
         """The caller's own docs and those of users who share and are still there; anything else is
         dropped (and
@@ -434,67 +431,10 @@ class ChatService:
         return kept
 
     def completion(self, turn: ChatTurn, model: str, user_id: str) -> dict:
-        """The OpenAI chat.completion object, plus `provenance`."""
-        own = [d for d in turn.docs if d.owner == user_id]
-        others = [d for d in turn.docs if d.owner != user_id]
-        prompt_tokens = len(turn.prompt.split())
-        completion_tokens = len(turn.answer.split())
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.answer},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-            "session_id": turn.session_id,
-            "provenance": {
-                "own_docs": [_doc(d) for d in own],
-                "other_users_docs": [{**_doc(d), "owner": d.owner, "user_similarity": d.user_sim} for d in others],
-                "memories_used": [{"id": m.doc_id, "text": m.text, "score": m.retriever_score} for m in turn.memories],
-                "memory_stored": turn.stored_memory_id,
-            },
-        }
+        """The OpenAI chat.completion object, plus `provenance` (serving/completion.py)."""
+        return chat_completion(turn, model, user_id)
 
     def health(self) -> dict:
         return {"status": "ok", "users": self.pipeline.store.corpus.num_users, "accounts": len(self.accounts),
                 "llm": self.use_llm}
 
-
-def _doc(d: RetrievedDoc) -> dict:
-    return {"doc_id": d.doc_id, "text": d.text, "retriever_score": _num(d.retriever_score),
-            "reranker_score": _num(d.reranker_score)}
-
-
-def _num(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)  # NaN (a stage not run) → null in JSON
-
-
-class LockedLLM(LLM):
-    """The pipeline's LLM (loaded on first use) behind the service's model lock, for the memory
-    extraction that runs outside the chat's locked section: one model, one caller at a time.
-
-    Args:
-        pipeline: the pipeline whose LLM is wrapped.
-        lock: the service's model lock.
-    """
-
-    def __init__(self, pipeline: CFRAGPipeline, lock: threading.Lock) -> None:
-        super().__init__(batch_size=pipeline.llm_config.batch_size)
-        self.pipeline, self.lock = pipeline, lock
-        self.backend = pipeline.llm_config.backend
-
-    @property
-    def name(self) -> str:
-        return self.pipeline.llm_config.model
-
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[str]:
-        with self.lock:
-            return self.pipeline.llm.generate(prompts, max_new_tokens)
-
-    def score(self, prompts: list[str], targets: list[str]) -> list[float]:
-        with self.lock:
-            return self.pipeline.llm.score(prompts, targets)
-
-    def count_tokens(self, text: str) -> int:
-        with self.lock:
-            return self.pipeline.llm.count_tokens(text)

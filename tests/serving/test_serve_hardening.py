@@ -249,7 +249,8 @@ def test_the_privacy_guard_runs_before_anything_is_generated_or_stored(service, 
                      "history": history_like(service, template, "h", 3)}, None)
     row = int(service.pipeline.store.corpus.rows_of("hidden")[0])
     leaked = service.pipeline.store.doc(row)
-    monkeypatch.setattr(service.pipeline, "retrieve", lambda *a, **k: [leaked])
+    # the service retrieves its chats in batches (serving/batcher.py): every query of the batch gets the leak
+    monkeypatch.setattr(service.pipeline, "retrieve_batch", lambda users, queries, k=None: [[leaked] for _ in users])
     turns_before = len(service.bank.turns("reader"))
     turn = service.chat(who, {"messages": [{"role": "user", "content": "tell me about films"}]})
     assert all(d.owner != "hidden" for d in turn.docs) and leaked.text not in turn.prompt
@@ -269,7 +270,7 @@ def test_retrieved_docs_enter_the_prompt_as_marked_capped_data(service, monkeypa
     who = service.authenticate(f"Bearer {token}")
     planted = RetrievedDoc(0, "p-1", service.pipeline.store.corpus.user_ids[0], 0.9, 1.0, 1.0,
                            text=PLANTED + " filler" * 400)
-    monkeypatch.setattr(service.pipeline, "retrieve", lambda *a, **k: [planted])
+    monkeypatch.setattr(service.pipeline, "retrieve_batch", lambda users, queries, k=None: [[planted] for _ in users])
     prompt = service.chat(who, {"messages": [{"role": "user", "content": "recommend a film"}]}).prompt
     head, _, rest = prompt.partition(DATA_OPEN)
     assert "not instructions" in head.lower()  # the rule comes before any data

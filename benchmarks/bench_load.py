@@ -1,0 +1,279 @@
+"""Many users at once: `persrag serve --no_llm` on loopback under N concurrent clients (chat completions of
+exported users, so every chat runs CFRAG's retrieval), with the retrieval batcher (`--max_batch`, `--max_wait_ms`)
+and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
+requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level) as a
+markdown table. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
+
+    python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# the servers' environment: taken before tests/conftest.py (which builds the tiny export) sets the suite's own;
+# both servers get the one GEMM path of --gemm (each measuring its own at start could choose differently)
+SERVER_ENV = dict(os.environ)
+
+HOST = "127.0.0.1"  # loopback only: this benchmark never reaches another machine
+ADMIN = "bench-load-admin"
+MAX_CLIENTS = 64
+MESSAGES = ["a detective hunts a killer in a rainy city", "a space ship lost near a dying star",
+            "two friends open a bakery in Paris", "a knight, a dragon and a stolen crown", "a heist in a casino",
+            "a ghost in an old house by the sea", "a comedy about a wedding gone wrong", "robots learn to paint",
+            "a war story told by a nurse", "a documentary on deep-sea fish", "a spy thriller in Berlin",
+            "a musical about a small-town band"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident memory (Linux /proc), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else float("nan")
+
+
+def build_tiny_export(root: Path, encoder: str, users: int) -> Path:
+    """A run as the serving tests build one: stage 1 trained for an epoch over SynthLaMP, untrained retriever and
+    reranker exports beside it (`encoder`: `tiny`, the tests' random 32-wide BERT, or a name such as minilm)."""
+    from tests.conftest import build_tiny_bert, tiny_serving_run
+
+    if encoder == "tiny":
+        encoder = build_tiny_bert(root / "tiny_bert")
+    from transformers import AutoConfig
+
+    from persrag_lightning.models.text_encoder import resolve_model_path
+
+    dim = AutoConfig.from_pretrained(resolve_model_path(encoder)).hidden_size
+    args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "bench", f"--data.init_args.encoder={encoder}",
+            f"--data.init_args.synth.num_users={users}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false"]
+    with contextlib.redirect_stdout(sys.stderr):  # Lightning's tables: stdout keeps only this script's report
+        return tiny_serving_run(root / "export", args, "bench", encoder, user_dim=dim)
+
+
+@dataclass
+class Server:
+    """`persrag serve --no_llm` in a subprocess on a free loopback port, with accounts claimed for exported
+    users."""
+
+    name: str
+    flags: list[str]
+    run: Path
+    tmp: Path
+    bank_encoder: str
+    gemm: str
+    port: int = field(default_factory=free_port)
+    tokens: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        cmd = [sys.executable, str(ROOT / "train.py"), "serve", "--run", str(self.run), "--host", HOST,
+               "--port", str(self.port), "--state", str(self.tmp / f"state-{self.name}"), "--no_llm",
+               "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
+               "--signup_rate", "0", "--request_rate", "0", *self.flags]
+        self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
+        env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: server did not start; see {self.log.name}")
+            try:
+                if request(self.port, "GET", "/healthz")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.5)
+
+    def sign_up(self, users: list[str]) -> None:
+        for u in users:  # the admin claims an exported user: their docs are in the store, so chats retrieve
+            status, body = request(self.port, "POST", "/v1/users", {"user_id": u, "answers": {"goals": f"goal of {u}"}},
+                                   ADMIN)
+            if status != 201:
+                raise RuntimeError(f"{self.name}: sign-up of {u} answered {status}: {body[:200]}")
+            self.tokens.append(json.loads(body)["access_token"])
+
+    def stop(self) -> str:
+        """Stop the server (SIGINT: uvicorn's graceful shutdown); its log."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        return Path(self.log.name).read_text()
+
+
+def request(port: int, method: str, path: str, body: dict | None = None, token: str | None = None,
+            conn: http.client.HTTPConnection | None = None) -> tuple[int, str]:
+    own = conn is None
+    conn = conn or http.client.HTTPConnection(HOST, port, timeout=120)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        if own:
+            conn.close()
+
+
+def load(server: Server, clients: int, requests: int, seconds: float) -> dict:
+    """`clients` threads, one account and one keep-alive connection each, chat until `requests` are sent or
+    `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s."""
+    latencies: list[float] = []
+    errors = [0]
+    sent = [0]
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+    rss = [rss_mb(server.proc.pid)]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            rss.append(rss_mb(server.proc.pid))
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection(HOST, server.port, timeout=120)
+        token = server.tokens[i % len(server.tokens)]
+        while time.monotonic() < stop_at:
+            with lock:
+                if sent[0] >= requests:
+                    break
+                n = sent[0]
+                sent[0] += 1
+            body = {"session_id": f"load-{i}", "messages": [{"role": "user", "content": MESSAGES[n % len(MESSAGES)]}]}
+            t0 = time.perf_counter()
+            try:
+                status, _ = request(server.port, "POST", "/v1/chat/completions", body, token, conn)
+            except (OSError, http.client.HTTPException):
+                status = 0
+                conn.close()
+                conn = http.client.HTTPConnection(HOST, server.port, timeout=120)
+            ms = 1000 * (time.perf_counter() - t0)
+            with lock:
+                if status == 200:
+                    latencies.append(ms)
+                else:
+                    errors[0] += 1
+        conn.close()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    rss.append(rss_mb(server.proc.pid))
+    return {"done": len(latencies), "errors": errors[0], "wall": wall, "lat": latencies, "rss": rss}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default=None, help="an exported run (default: a tiny export built in a temp folder)")
+    ap.add_argument("--encoder", default="tiny", help="the built export's encoder: tiny (the tests' random BERT) "
+                                                     "or a name such as minilm")
+    ap.add_argument("--bank_encoder", default=None, help="the memory bank's encoder (default: the export's encoder "
+                                                         "when built here, minilm with --run)")
+    ap.add_argument("--users", type=int, default=24, help="users of the built export (and accounts claimed, at most)")
+    ap.add_argument("--clients", default="1,4,16", help="concurrency levels, comma-separated")
+    ap.add_argument("--requests", type=int, default=300, help="chat requests per level (bounded)")
+    ap.add_argument("--seconds", type=float, default=180, help="time limit per level")
+    ap.add_argument("--max_batch", type=int, default=16)
+    ap.add_argument("--max_wait_ms", type=float, default=5.0)
+    ap.add_argument("--gemm", default="torch", help="PERSRAG_GEMM of both servers: a float32 GEMM path "
+                                                    "(persrag_lightning/runtime.py), the same for both")
+    ap.add_argument("--warmup", type=int, default=10, help="sequential chats before measuring (not counted)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+    if not all(1 <= c <= MAX_CLIENTS for c in levels) or not 1 <= args.requests <= 10_000:
+        raise SystemExit(f"--clients must be in 1..{MAX_CLIENTS}, --requests in 1..10000")
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp_name:
+        tmp = Path(tmp_name)
+        run = Path(args.run) if args.run else build_tiny_export(tmp, args.encoder, args.users)
+        bank = args.bank_encoder or ("minilm" if args.run else str(tmp / "tiny_bert") if args.encoder == "tiny"
+                                     else args.encoder)
+        from persrag_lightning.data.docstore import read_docstore
+        from persrag_lightning.retrieval.base import DocStore
+
+        users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
+        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm),
+                   Server("batched", ["--max_batch", str(args.max_batch), "--max_wait_ms", str(args.max_wait_ms)],
+                          run, tmp, bank, args.gemm)]
+        rows, logs = [], {}
+        try:
+            for s in servers:
+                s.start()
+                s.sign_up(users)
+                load(s, 1, args.warmup, args.seconds)
+            for clients in levels:  # the two servers in turn at each level: both meet the same load of the machine
+                for s in servers:
+                    rows.append((s, clients, load(s, clients, args.requests, args.seconds)))
+        finally:
+            for s in servers:
+                logs[s.name] = s.stop() if hasattr(s, "proc") else ""
+        print_table(args, run, bank, len(users), rows, logs)
+
+
+def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, rows: list, logs: dict) -> None:
+    where = args.run or f"a tiny export built here ({args.encoder} encoder, {args.users} users)"
+    print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
+          f"chat completions without the LLM; loopback {HOST}; at most {args.requests} requests and "
+          f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
+    print()
+    print("| server | clients | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS start MB | "
+          "RSS max MB | RSS end MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for s, clients, r in rows:
+        lat, rss = r["lat"], r["rss"]
+        print(f"| {s.name} | {clients} | {r['done']} | {r['errors']} | {r['done'] / r['wall']:.1f} | "
+              f"{pct(lat, .5):.0f} | {pct(lat, .95):.0f} | {pct(lat, .99):.0f} | {rss[0]:.0f} | {max(rss):.0f} | "
+              f"{rss[-1]:.0f} |")
+    print()
+    for name, log in logs.items():
+        for line in log.splitlines():
+            if re.search(r"retrieval batches|GEMM path", line):
+                print(f"{name}: {line.strip()}")
+
+
+if __name__ == "__main__":
+    main()
