@@ -1,0 +1,141 @@
+"""Serving follows the record: `CFRAGPipeline.from_pretrained(run)` serves what the run's pipeline.json says its
+table's reference row was (the docs' order, the reader, the reading), an explicit argument wins, a run without a
+record keeps the defaults, and a malformed record is refused naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from persrag_lightning.record import read_reference
+from persrag_lightning.serving import CFRAGPipeline
+from persrag_lightning.utils import ConfigError
+from tests.conftest import tiny_serving_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+USERS = 24  # the smoke preset's, so its table's evaluation reads the users the tiny run's stage 1 trained on
+FIRST_STAGE = "CFRAG (judgments, first-stage order)"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, tiny_bert):
+    """A tiny run (stage 1 trained, untrained retriever and reranker, a tiny trained reader) whose pipeline.json is
+    the smoke preset's record with its fits and evaluations stood in for: dev chose the trained reader and the
+    first-stage order."""
+    from tests.commands.test_pipeline_recipe import run_pipeline
+    from tests.helpers.reader import tiny_reader_export
+
+    root = tmp_path_factory.mktemp("recorded")
+    args = ["fit", "--config", "cfrag_user_encoder.yaml", "--run_name", "t", f"--data.init_args.encoder={tiny_bert}",
+            f"--data.init_args.synth.num_users={USERS}", "--trainer.max_epochs=1", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false"]
+    run = tiny_serving_run(root, args, "t", tiny_bert)
+    tiny_reader_export(run / "reader", tiny_bert, "LaMP-2")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        run_pipeline(patch, run.parent, ["--preset", "smoke", "--run_name", "t"], {"w/o reranker tuning": 0.9})
+    return run
+
+
+def served(run, **kwargs) -> CFRAGPipeline:
+    """The pipeline over `run` with the evaluation's exact encoders; every other setting left to the defaults."""
+    return CFRAGPipeline.from_pretrained(run, cache_dir=str(run.parent.parent / ".cache" / "persrag"),
+                                         reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False,
+                                         **kwargs)
+
+
+def test_the_record_of_a_pipeline_run_says_what_its_reference_row_served(recorded):
+    from persrag_lightning.commands.pipeline import CANDIDATES
+    from persrag_lightning.record import ORDERS
+
+    assert set(ORDERS) == set(CANDIDATES)  # every configuration dev can choose has its order
+    ref = read_reference(recorded)
+    assert ref.path == recorded / "pipeline.json" and ref.row == FIRST_STAGE and ref.task == "LaMP-2"
+    assert ref.reranker is None and ref.reader == "reader" and ref.answer_mode == "choose"
+    assert read_reference(recorded / "user_encoder") is None  # no record there
+
+
+def test_served_answers_equal_the_evaluations_reference_row_one_by_one(recorded, capsys):
+    """The table's reference row evaluated as the record ran it, on the test questions; the pipeline loaded with
+    no order or reader named, replaying the same questions (each sees its own profile, as in the evaluation),
+    answers each as the table's predictions do, from the same label scores (the tiny reader's answers alone
+    barely vary: the scores show the docs and their order were the evaluation's)."""
+    from persrag_lightning.commands.evaluate import run_evaluation
+    from persrag_lightning.commands.runs import EvaluationRun
+    from persrag_lightning.data.lamp import read_outputs
+    from persrag_lightning.data.source import LampSource
+    from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.strategies import file_name
+
+    record = json.loads((recorded / "pipeline.json").read_text())
+    table = EvaluationRun(**next(e for e in record["evaluations"] if e["purpose"] == "test table"))
+    table.only = [record["chosen_on_dev"]]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(recorded.parent.parent)
+        report = run_evaluation(table.resolve())
+        predictions = read_outputs(report.out_dir / "predictions" / f"{file_name(FIRST_STAGE)}.json", "LaMP-2")
+        pipe = served(recorded)
+        assert f"[serving] {pipe.serves}" in capsys.readouterr().err
+        source = LampSource("LaMP-2", None, SynthConfig(num_users=USERS), ".cache/persrag")
+        dataset = source.load()
+    assert pipe.strategy._reranker is None and pipe.reader_spec == str(recorded / "reader")
+    assert pipe.serves == (f"serving {FIRST_STAGE} read by the trained reader (decision argmax): chosen on dev by "
+                           f"{recorded / 'pipeline.json'}")
+    examples = sorted(dataset.examples["test"], key=lambda e: e.example_id)[: len(predictions)]
+    assert [e.example_id for e in examples] == sorted(predictions) and len(examples) == 6
+    replay = CFRAGPipeline(pipe.strategy, DocStore(dataset), pipe.llm_config, pipe.k, reader=pipe.reader_spec)
+    answers = replay.generate_batch([e.user_id for e in examples], [e.input for e in examples],
+                                    example_ids=[e.example_id for e in examples])
+    assert {e.example_id: a.answer for e, a in zip(examples, answers)} == predictions
+    # and the label scores they were decided from: the same docs in the same order, read by the same reader
+    docs = [[replay.store.history_doc(d.row) for d in a.docs] for a in answers]
+    again = replay.reader.read("LaMP-2", [e.input for e in examples], docs)
+    reading = report.readings[FIRST_STAGE]
+    assert again.decision == reading.decision and again.calibration == reading.calibration
+    assert again.log_scores == [pytest.approx(row, abs=1e-5) for row in reading.log_scores]
+
+
+def test_an_explicit_argument_wins_over_the_record(recorded, tmp_path):
+    from persrag_lightning.reading.llm import LLMReader
+
+    pipe = served(recorded, reranker="reranker", reader="llm", calibration="pmi")
+    assert pipe.strategy._reranker is not None and isinstance(pipe.reader, LLMReader)
+    # the record's answer mode still reads: only what was given differs
+    assert pipe.llm_config.calibration == "pmi" and pipe.llm_config.answer_mode == "choose"
+    assert pipe.serves.startswith("serving CFRAG (reranked) read by the LLM smollm2 (choose, calibration pmi, "
+                                  "decision argmax): chosen on dev by ")
+    assert pipe.serves.endswith("except order, reader (given)")  # the record names no calibration: none overridden
+    first = served(recorded, reranker=None, decision="argmax")
+    assert first.strategy._reranker is None and "except" not in first.serves
+
+
+def test_a_run_without_a_record_serves_the_defaults_it_served_before(recorded, tmp_path):
+    run = shutil.copytree(recorded, tmp_path / "t", ignore=shutil.ignore_patterns("pipeline.json"))
+    pipe = served(run)
+    assert pipe.strategy._reranker is not None and pipe.reader_spec == "llm"
+    assert pipe.llm_config.answer_mode == "generate" and pipe.llm_config.calibration == "none"
+    assert pipe.serves == (f"serving CFRAG (reranked) read by the LLM smollm2 (generated answers): the defaults "
+                           f"(no pipeline.json in {run})")
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"chosen_on_dev": "CFRAG (best)"}, "chosen_on_dev"),
+    ({"reader": None}, "reader"),
+    ({"task": None}, "task"),
+    ({"calibration_chosen_on_dev": "platt"}, "calibration"),
+])
+def test_a_malformed_record_is_refused_naming_the_file_and_the_field(recorded, tmp_path, change, field):
+    run = shutil.copytree(recorded, tmp_path / "t")
+    record = json.loads((run / "pipeline.json").read_text())
+    record.update(change)
+    record = {k: v for k, v in record.items() if v is not None}
+    (run / "pipeline.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=rf"{run / 'pipeline.json'}: field '{field}'"):
+        served(run)
+    (run / "pipeline.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=rf"{run / 'pipeline.json'}: not JSON"):
+        read_reference(run)
