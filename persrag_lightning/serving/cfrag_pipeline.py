@@ -245,11 +245,20 @@ class CFRAGPipeline:
     def generate_batch(self, user_ids: list[str], queries: list[str],
                        example_ids: list[str] | None = None) -> list[Generation]:
         """`generate` for many queries at once; `example_ids` as `retrieve_batch`'s."""
-        retrieved = self.retrieve_batch(user_ids, queries, example_ids=example_ids)
+        return self.read(queries, self.retrieve_batch(user_ids, queries, example_ids=example_ids))
+
+    def read(self, queries: list[str], retrieved: list[list[RetrievedDoc]]) -> list[Generation]:
+        """The reader's answers to `queries` over docs already retrieved (the service reads only the
+        docs its privacy guard kept).
+
+        Args:
+            queries: the task inputs as LaMP writes them.
+            retrieved: each query's docs, in rank order (`retrieve_batch`).
+        """
         docs = [[self.store.history_doc(d.row) for d in ds] for ds in retrieved]
         prompts = self.reader.prompts(self.task, queries, docs)
         answers = self.reader.answer(self.task, queries, docs)
-        return [Generation(a, p, docs) for a, p, docs in zip(answers, prompts, retrieved)]
+        return [Generation(a, p, ds) for a, p, ds in zip(answers, prompts, retrieved)]
 
     @torch.no_grad()
     def add_user(self, user_id: str, history: list[dict]) -> None:

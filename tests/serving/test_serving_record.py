@@ -139,3 +139,37 @@ def test_a_malformed_record_is_refused_naming_the_file_and_the_field(recorded, t
     (run / "pipeline.json").write_text("{not json")
     with pytest.raises(ConfigError, match=rf"{run / 'pipeline.json'}: not JSON"):
         read_reference(run)
+
+
+def test_the_service_answers_a_label_question_with_the_reader_the_record_chose(recorded, tiny_bert, tmp_path):
+    """`persrag serve --run`: /healthz says what is served; POST /v1/answers reads the caller's docs with the
+    run's trained reader (no LLM needed); a server without an LLM whose reader is the LLM refuses, saying why."""
+    from fastapi.testclient import TestClient
+
+    from persrag_lightning.data.tasks import LAMP2_LABELS
+    from persrag_lightning.serving.app import create_app
+    from persrag_lightning.serving.limits import Limits
+    from tests.helpers.serve_helpers import open_service
+
+    service = open_service(recorded, tmp_path / "state", tiny_bert)
+    assert service.pipeline.reader_spec == str(recorded / "reader") and service.pipeline.strategy._reranker is None
+    client = TestClient(create_app(service, limits=Limits(signup_per_minute=0, requests_per_minute=0)))
+    assert client.get("/healthz").json()["serves"] == service.pipeline.serves
+    history = [{"id": f"h{i}", "date": f"2024-01-0{i + 1}", "fields": {"description": d, "tag": t}}
+               for i, (d, t) in enumerate([("a slow film about a lighthouse", "classic"),
+                                           ("robots fight on a moon", "sci-fi")])]
+    signed = client.post("/v1/users", json={"user_id": "asker", "answers": {"goals": "g"}, "history": history})
+    assert signed.status_code == 201, signed.text
+    auth = {"Authorization": f"Bearer {signed.json()['access_token']}"}
+    question = "Which tag does this movie relate to among the following tags? description: a ghost in a lighthouse"
+    got = client.post("/v1/answers", json={"input": question}, headers=auth)
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["answer"] in LAMP2_LABELS and body["serves"] == service.pipeline.serves and body["docs"]
+    assert body["read"] == "a ghost in a lighthouse" and service.pipeline._llm is None  # the trained reader read
+    assert client.post("/v1/answers", json={"input": " "}, headers=auth).status_code == 400
+    assert client.post("/v1/answers", json={"input": question}).status_code == 401
+    llm = TestClient(create_app(open_service(recorded, tmp_path / "state-llm", tiny_bert, reader="llm")))
+    token = llm.post("/v1/users", json={"user_id": "asker", "answers": {"goals": "g"}}).json()["access_token"]
+    refused = llm.post("/v1/answers", json={"input": question}, headers={"Authorization": f"Bearer {token}"})
+    assert refused.status_code == 409 and "--reader reader" in refused.json()["error"]["message"]
