@@ -173,3 +173,21 @@ def test_the_service_answers_a_label_question_with_the_reader_the_record_chose(r
     token = llm.post("/v1/users", json={"user_id": "asker", "answers": {"goals": "g"}}).json()["access_token"]
     refused = llm.post("/v1/answers", json={"input": question}, headers={"Authorization": f"Bearer {token}"})
     assert refused.status_code == 409 and "--reader reader" in refused.json()["error"]["message"]
+
+
+def test_a_record_whose_dev_chose_the_llm_serves_it_under_the_chosen_calibration(recorded, tmp_path):
+    """The LLM reader chosen on dev, its calibration with it (the table's evaluation.llm.calibration, as the
+    pipeline sets it): served so, answering by `choose`; no LLM is loaded before a question comes."""
+    run = shutil.copytree(recorded, tmp_path / "t")
+    record = json.loads((run / "pipeline.json").read_text())
+    record.update(reader="llm", reader_chosen_on_dev="llm", calibration_chosen_on_dev="contextual")
+    table = next(e for e in record["evaluations"] if e["purpose"] == "test table")
+    table["overrides"].pop("evaluation.reader", None)
+    table["overrides"]["evaluation.llm.calibration"] = "contextual"
+    (run / "pipeline.json").write_text(json.dumps(record))
+    pipe = served(run)
+    assert pipe.reader_spec == "llm" and pipe._llm is None
+    assert (pipe.llm_config.answer_mode, pipe.llm_config.calibration, pipe.llm_config.decision) == \
+        ("choose", "contextual", "auto")
+    assert f"read by the LLM smollm2 (choose, calibration contextual, decision argmax): chosen on dev by {run}" \
+        in pipe.serves
