@@ -53,6 +53,8 @@ class Preset:
     # train the paper's exact chain beside a run whose stage 1 reads judgments
     paper_chain: bool = False
     select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
+    # also choose on dev the neighbour gate: every neighbour doc, at most 2 of the k, or none (own docs only)
+    gate_on_dev: bool = False
     # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
     readers: list[str] | None = None
     # the LLM reader's label calibrations the dev choices compare

@@ -14,11 +14,36 @@ from typing import Any
 from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS
 from persrag_lightning.utils import ConfigError
 
-__all__ = ["RECORD", "Reference", "read_reference"]
+__all__ = ["CONFIGURATIONS", "RECORD", "Configuration", "Reference", "read_reference"]
 
 RECORD = "pipeline.json"  # beside the run's bundles
-# the dev choice's configurations (commands/pipeline.py's CANDIDATES) → the reranker bundle that orders their docs
-ORDERS = {"CFRAG": "reranker", "w/o reranker tuning": None}
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """How CFRAG serves one of the dev choice's configurations (a row of evaluate_cfrag.yaml).
+
+    Args:
+        reranker: the reranker bundle that orders the docs; None: the first-stage order.
+        m: the similar users (None: CFRAG's own, the paper's); 1 is the asker alone.
+        neighbour_slots: the neighbour gate: at most this many of the k docs neighbours' (None: no gate).
+    """
+
+    reranker: str | None
+    m: int | None = None
+    neighbour_slots: int | None = None
+
+
+# the configurations the dev choice compares (commands/pipeline.py's EVERY_CANDIDATE), as their rows of
+# evaluate_cfrag.yaml set them (tests/serving/test_serving_record.py holds the two together)
+CONFIGURATIONS = {
+    "CFRAG": Configuration("reranker"),
+    "w/o reranker tuning": Configuration(None),
+    "CFRAG, ≤ 2 neighbour docs": Configuration("reranker", neighbour_slots=2),
+    "w/o reranker tuning, ≤ 2 neighbour docs": Configuration(None, neighbour_slots=2),
+    "w/o user retrieval": Configuration("reranker", m=1),
+    "w/o user retrieval (first-stage order)": Configuration(None, m=1),
+}
 READERS = {"llm": "llm", "trained": "reader"}  # the record's reader → the pipeline's reader (the bundle's name)
 ANSWER_MODES = ("choose", "generate")
 TABLE = "test table"  # the purpose of the evaluation that reported the reference row
@@ -31,7 +56,7 @@ class Reference:
     Args:
         path: the record file.
         row: the reference row as the table names it (e.g. "CFRAG (judgments, first-stage order)").
-        reranker: the reranker bundle that ordered the docs; None: the first-stage order.
+        configuration: how CFRAG retrieved for it (the docs' order, m, the neighbour gate).
         reader: `llm`, or `reader` (the run's trained reader bundle).
         answer_mode: how the LLM reader answered (`choose`, `generate`); None: not recorded.
         calibration: the LLM reader's label calibration; None: not recorded.
@@ -41,7 +66,7 @@ class Reference:
 
     path: Path
     row: str
-    reranker: str | None
+    configuration: Configuration
     reader: str
     answer_mode: str | None
     calibration: str | None
@@ -92,10 +117,10 @@ def read_reference(run_dir: str | Path) -> Reference | None:
         raise ConfigError(f"{path}: not JSON ({e})") from e
     if not isinstance(record, dict):
         raise ConfigError(f"{path}: not a JSON object")
-    chosen = _field(record, "chosen_on_dev", path, ORDERS)
+    chosen = _field(record, "chosen_on_dev", path, CONFIGURATIONS)
     reader = _field(record, "reader", path, READERS)
     task = _field(record, "task", path)
     reading = _reading(record, path)
     row = record.get("reference_row") or chosen
-    return Reference(path, str(row), ORDERS[chosen], READERS[reader], reading["answer_mode"],
+    return Reference(path, str(row), CONFIGURATIONS[chosen], READERS[reader], reading["answer_mode"],
                      reading["calibration"], reading["decision"], task)

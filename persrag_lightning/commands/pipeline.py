@@ -59,6 +59,12 @@ def _stage_done(export_root: str, run_name: str, stage: str) -> bool:
 # candidate.
 CANDIDATES = {"CFRAG": "w/o user retrieval",
               "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
+# the neighbour gate's configurations (a preset's gate_on_dev): at most 2 neighbours' docs, or none
+GATES = {"CFRAG, ≤ 2 neighbour docs": "w/o user retrieval",
+         "w/o reranker tuning, ≤ 2 neighbour docs": "w/o user retrieval (first-stage order)",
+         "w/o user retrieval": "w/o user retrieval",
+         "w/o user retrieval (first-stage order)": "w/o user retrieval (first-stage order)"}
+EVERY_CANDIDATE = {**CANDIDATES, **GATES}
 TUNED = " + tuned generator"
 STAGE_ONE_READS = {"paired": "judgments", "label": "label judgments", "none": "text only"}
 
@@ -69,7 +75,15 @@ def chain_names(judgments: str) -> dict[str, str]:
     reranker tuning"), which reads as a loss of the recipe when dev chooses it: in the pipeline's
     tables it is a configuration of CFRAG."""
     reads = STAGE_ONE_READS[judgments]
-    return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)"}
+    return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)",
+            "CFRAG, ≤ 2 neighbour docs": f"CFRAG ({reads}, reranked, ≤ 2 neighbour docs)",
+            "w/o reranker tuning, ≤ 2 neighbour docs": f"CFRAG ({reads}, first-stage order, ≤ 2 neighbour docs)"}
+
+
+def dev_candidates(preset: Preset) -> list[str]:
+    """The configurations the dev choice compares: the main chain's two orders, and with the
+    preset's `gate_on_dev` each order with at most 2 neighbours' docs and with none."""
+    return list(EVERY_CANDIDATE if preset.gate_on_dev else CANDIDATES)
 
 
 def shown(name: str, names: dict[str, str]) -> str:
@@ -121,12 +135,12 @@ ORDER_ROW = "w/o user retrieval{order}"  # the chosen order's "w/o user retrieva
 
 def _report_strategies(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
     """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled
-    in (both candidates of the dev choice are rows: CFRAG and "w/o reranker tuning"); without the
-    paper's chain trained, no row of it."""
+    in (both orders are rows: CFRAG and "w/o reranker tuning"; a gated choice is put before its
+    "w/o user retrieval" row); without the paper's chain trained, no row of it."""
     if preset.rows is None:
         return None
     rows = [r.replace("{chosen}", chosen) for r in preset.rows]
-    rows = [CANDIDATES[chosen] if r == ORDER_ROW else r for r in rows]
+    rows = [r2 for r in rows for r2 in ([chosen, EVERY_CANDIDATE[chosen]] if r == ORDER_ROW else [r])]
     if not paper_chain:
         rows = [r for r in rows if "(paper" not in r]
     return list(dict.fromkeys(rows))
@@ -139,7 +153,7 @@ def _check_rows(preset: Preset, name: str) -> None:
 
     known = set(strategy_names("evaluate_cfrag.yaml"))
     for row in preset.rows or []:
-        chosen = [row.replace("{chosen}", c) for c in CANDIDATES] if "{chosen}" in row else [row]
+        chosen = [row.replace("{chosen}", c) for c in dev_candidates(preset)] if "{chosen}" in row else [row]
         if row != ORDER_ROW and not set(chosen) <= known:
             raise ConfigError(f"{Path(name).name}: rows: {row!r} is no strategy of evaluate_cfrag.yaml; it has "
                               f"{', '.join(sorted(known))}")
@@ -362,12 +376,11 @@ def announce(
     rows = [
         shown(r, job.names) for r in _report_strategies(job.preset, "CFRAG", job.paper_chain) or []
     ] or None
-    dev = dev_choice(
-        {**job.common, **job.evaluate}, list(CANDIDATES), job.run_name, job.names
-    ).resolve()
+    candidates = dev_candidates(job.preset)
+    dev = dev_choice({**job.common, **job.evaluate}, candidates, job.run_name, job.names).resolve()
     users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
     plan = build_plan(stages, [s for s in stages if _stage_done(job.export_root, job.run_name, s)], rows, job.preset,
-                      job.task, question_counts(data_dir, users), (len(CANDIDATES), dev), table)
+                      job.task, question_counts(data_dir, users), (len(candidates), dev), table)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
@@ -432,7 +445,7 @@ def main(argv: list[str]) -> None:
     chosen, calibration = "CFRAG", None
     # choose the configuration (and the LLM reader's calibration) on dev
     if preset.select_order_on_dev:
-        chosen, calibration, chosen_dev = job.choose("choose on dev", list(CANDIDATES),
+        chosen, calibration, chosen_dev = job.choose("choose on dev", dev_candidates(preset),
                                                      calibrations if reader == LLM_READER else None)
         dev_scores.update(chosen_dev)
     if calibration is not None:

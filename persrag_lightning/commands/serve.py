@@ -34,7 +34,11 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
-    parser.add_argument("--m", type=int, default=6, help="similar users (CFRAG m)")
+    parser.add_argument("--m", type=int, default=None,
+                        help="similar users (CFRAG m; default: the run's pipeline.json's configuration, else 6)")
+    parser.add_argument("--neighbour_slots", default=RECORD_SAYS,
+                        help="the neighbour gate: at most N of the k docs neighbours', or none; default: the run's "
+                             "pipeline.json's configuration (without one: none)")
     parser.add_argument("--k", type=int, default=5, help="docs per prompt (CFRAG k)")
     parser.add_argument("--users", choices=("encoder", "cluster"), default="encoder",
                         help="similar users: the user encoder's top-m (the paper) or the cohorts of `persrag "
@@ -68,6 +72,15 @@ def serve_parser() -> argparse.ArgumentParser:
     return one_flag_style(parser)
 
 
+def _slots(parser: argparse.ArgumentParser, value: str) -> int | str | None:
+    """`--neighbour_slots`: a count, `none` (no gate) or `record`; anything else is refused."""
+    if value in (RECORD_SAYS, "none"):
+        return None if value == "none" else value
+    if not value.isdigit():
+        parser.error(f"--neighbour_slots must be a count, none or {RECORD_SAYS}, got {value!r}")
+    return int(value)
+
+
 def serve_command(argv: list[str]) -> None:
     parser = serve_parser()
     args = parser.parse_args(argv)
@@ -91,7 +104,9 @@ def serve_command(argv: list[str]) -> None:
     )
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
-                                          use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
+                                          use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
+                                          m=RECORD_SAYS if args.m is None else args.m,
+                                          neighbour_slots=_slots(parser, args.neighbour_slots),
                                           users=args.users, cohort_export=args.cohorts,
                                           reranker=None if args.reranker == "none" else args.reranker,
                                           reader=args.reader, calibration=args.calibration, decision=args.decision,

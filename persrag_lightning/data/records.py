@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Example", "HistoryDoc", "LampDataset", "User"]
+__all__ = ["Example", "HistoryDoc", "LampDataset", "ReadDoc", "ReadDocs", "User"]
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,45 @@ class HistoryDoc:
     doc_id: str
     date: tuple[int, ...]
     fields: dict[str, str]
+
+
+
+@dataclass(frozen=True)
+class ReadDoc(HistoryDoc):
+    """A history doc as a reader reads it: the doc and its provenance, which no hand-over drops
+    (evaluation, feedback, serving and the reader's training data build it in one place,
+    `DocStore.read_docs`).
+
+    Args:
+        owner: the user whose history holds the doc.
+        own: whether the owner is the asking user (False: a neighbour's doc, the collaborative path).
+        user_sim: the owner's similarity to the asking user (1.0 for the asker's own docs).
+        rank: the doc's place in the retrieval, from 0.
+        owner_labels: how often the owner gave each label of the task, counted over the owner's
+            history visible to this question (the history rules), so a neighbour's label can be
+            read against its author's habit; empty for a task without labels.
+    """
+
+    owner: str = ""
+    own: bool = True
+    user_sim: float = 1.0
+    rank: int = 0
+    owner_labels: tuple[int, ...] = ()
+
+
+class ReadDocs(tuple):
+    """A question's docs in rank order, with the asking user's label habit: how often the user
+    gave each label over their whole visible history (the reader's prior), not only the k docs."""
+
+    asker_labels: tuple[int, ...]
+
+    def __new__(cls, docs=(), asker_labels: tuple[int, ...] = ()):
+        obj = super().__new__(cls, docs)
+        obj.asker_labels = tuple(asker_labels)
+        return obj
+
+    def __getnewargs__(self):  # pickled (DataLoader workers, subprocesses) with the habit
+        return tuple(self), self.asker_labels
 
 
 @dataclass

@@ -27,7 +27,7 @@ from persrag_lightning.datamodules.sampling import EpochShuffle
 from persrag_lightning.llm.answer import build_prompts
 from persrag_lightning.llm.base import resolve_model
 from persrag_lightning.llm.prompts import PROMPT_VERSION
-from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.utils import (
     ConfigError,
@@ -207,7 +207,8 @@ class GeneratorDataModule(L.LightningDataModule):
             retrieved, _ = cached_retrieval(strategy, store, examples, self.hparams.k, self.hparams.cache_dir,
                                             self.source.data_dir.name)
             prompts = build_prompts(self.task, counter, [e.input for e in examples],
-                                    [[store.history_doc(d.row) for d in docs] for docs in retrieved],
+                                    [store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), docs)
+                                     for e, docs in zip(examples, retrieved)],
                                     self.hparams.max_prompt_tokens)
             atomic_write_json(path, {
                 "strategy": strategy.name, "split": split, "task": self.task, "k": self.hparams.k,

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from persrag_lightning.data.records import Example, HistoryDoc
+from persrag_lightning.data.records import Example, HistoryDoc, ReadDoc
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.splits import SplitSettings
 from persrag_lightning.data.synth import SynthConfig
@@ -33,14 +33,17 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.sampling import EpochShuffle
 from persrag_lightning.models.reader import (
     ReaderBatch,
+    ReaderDoc,
+    ReaderQuestion,
     ReaderSettings,
     batch_from_vectors,
     doc_text,
     encoder_digest,
+    reader_doc,
     reader_inputs,
 )
 from persrag_lightning.models.text_encoder import TextEncoder
-from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.utils import (
     ConfigError,
@@ -54,20 +57,30 @@ from persrag_lightning.utils import (
 
 __all__ = ["ReaderDataModule", "ReaderTrainBatch"]
 
-READER_DATA_VERSION = "reader-data/v1"
+READER_DATA_VERSION = "reader-data/v2"  # v2: provenance and the asker's habit
 
 
 @dataclass(frozen=True)
 class ReaderExample:
-    """One question as the reader trains on it: its id, what it reads (text, docs as (text, label +
-    1)), the gold label's index, and where it comes from (`question` of a split, or `profile`
-    item)."""
+    """One question as the reader trains on it: its id, what it reads (`ReaderQuestion`: text,
+    docs with labels and provenance, the asker's habit), the gold label's index, and where it comes
+    from (`question` of a split, or `profile` item)."""
 
     example_id: str
-    text: str
-    docs: tuple[tuple[str, int], ...]
+    read: ReaderQuestion
     target: int
     origin: str = "question"
+
+    def to_json(self) -> dict:
+        return {"id": self.example_id, "text": self.read.text, "habit": list(self.read.habit),
+                "docs": [[d.text, d.label, d.own, d.user_sim, list(d.habit)] for d in self.read.docs],
+                "target": self.target, "origin": self.origin}
+
+    @classmethod
+    def from_json(cls, row: dict) -> ReaderExample:
+        docs = tuple(ReaderDoc(t, int(lab), bool(own), float(sim), tuple(habit))
+                     for t, lab, own, sim, habit in row["docs"])
+        return cls(row["id"], ReaderQuestion(row["text"], docs, tuple(row["habit"])), row["target"], row["origin"])
 
 
 @dataclass
@@ -83,12 +96,13 @@ def _older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], 
                             ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
     """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k
     items of the same profile most similar to it (cosine of `vectors(text)`) among those dated
-    strictly before it; items in `skip` (questions of any split) are never questions here.
+    strictly before it; items in `skip` (questions of any split, or items already read as a
+    question) are never questions here, but stay another item's older docs.
 
     Args:
         spec: the task's spec (its label field and label list).
         user_docs: one user's profile items, oldest first.
-        skip: ids of the items that are questions of a split.
+        skip: ids of the items that are not to be questions.
         k: docs read with each question.
         vectors: the frozen encoder, text → unit vector.
     """
@@ -106,6 +120,19 @@ def _older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], 
             ranked = []
         out.append((doc, [user_docs[j] for j in ranked]))
     return out
+
+
+def _profile_item(spec, user_id: str, user_docs: list[HistoryDoc], doc: HistoryDoc,
+                  older: list[HistoryDoc]) -> ReaderQuestion:
+    """A profile item read as a question: its older items are the asker's own, and the asker's
+    habit counts the items dated strictly before it (what the user had labelled by then)."""
+    n = len(spec.labels)
+    habit = [0] * n
+    for d in user_docs:
+        if d.date < doc.date and (label := spec.doc_label(d)) > 0:
+            habit[label - 1] += 1
+    docs = [ReadDoc(d.doc_id, d.date, d.fields, user_id, True, 1.0, r, tuple(habit)) for r, d in enumerate(older)]
+    return ReaderQuestion(doc_text(spec, doc), tuple(reader_doc(spec, d) for d in docs), tuple(habit))
 
 
 class ReaderDataModule(L.LightningDataModule):
@@ -126,6 +153,9 @@ class ReaderDataModule(L.LightningDataModule):
         strategies_config: an evaluate config that lists the strategies.
         run_dir: the folder of the run's exported bundles; `{run_dir}` is checkpoints/<run_name>.
         k: docs per question, as the evaluation's.
+        mix: more strategies (by name) whose docs each train question is also read with, so the
+            reader trains on the prompts it will read (e.g. CFRAG's first stage, whose docs are
+            mostly neighbours'); dev is read with `strategy` alone. None: `strategy` alone.
         profile_items: also train on the labelled items of the train questions' profiles, each read
             with the same profile's items dated strictly before it (False: LaMP's protocol, the
             train questions alone).
@@ -138,7 +168,7 @@ class ReaderDataModule(L.LightningDataModule):
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "bm25",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = "{run_dir}", k: int = 5,
-                 profile_items: bool = True, splits: SplitSettings = SplitSettings(), batch_size: int = 64,
+                 mix: list[str] | None = None, profile_items: bool = True, splits: SplitSettings = SplitSettings(), batch_size: int = 64,
                  num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -179,11 +209,26 @@ class ReaderDataModule(L.LightningDataModule):
         )
         return out[:limit] if limit else out
 
+    def read_with(self, dataset: Any, store: DocStore, examples: list[Example], name: str,
+                  tag: str = "") -> list[ReaderExample]:
+        """`examples` read with the docs strategy `name` retrieves, with their provenance (ids
+        suffixed `@tag` for a mix strategy's copy)."""
+        h, spec = self.hparams, get_task(self.task)
+        strategy = strategy_by_name(resolve_config_path(h.strategies_config), name, h.run_dir)
+        retrieved, _ = cached_retrieval(
+            strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name
+        )
+        docs = [store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), ds)
+                for e, ds in zip(examples, retrieved)]
+        reads = reader_inputs(self.reader_config(), [e.input for e in examples], docs)
+        return [ReaderExample(ex.example_id + tag, read, target) for ex, read in zip(examples, reads)
+                if (target := spec.label_index(ex.target)) is not None]
+
     def build_split(
         self, dataset: Any, store: DocStore, split: str, limit: int | None, vectors: Any
     ) -> list[ReaderExample]:
-        """A split's questions read with the strategy's docs; for train, the profile items as
-        well.
+        """A split's questions read with the strategy's docs; for train, also with each mix
+        strategy's docs, and the profile items.
 
         Args:
             dataset: the loaded LaMP dataset.
@@ -194,30 +239,23 @@ class ReaderDataModule(L.LightningDataModule):
         """
         h, spec = self.hparams, get_task(self.task)
         examples = self.questions(dataset, split, limit)
-        strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
-        retrieved, _ = cached_retrieval(
-            strategy, store, examples, h.k, h.cache_dir, self.source.data_dir.name
-        )
-        docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
-        out = []
-        for ex, (text, read) in zip(
-            examples, reader_inputs(self.reader_config(), [e.input for e in examples], docs)
-        ):
-            target = spec.label_index(ex.target)
-            if target is not None:
-                out.append(ReaderExample(ex.example_id, text, tuple(read), target))
-        if split != self.splits.train_split or not h.profile_items:
+        out = self.read_with(dataset, store, examples, h.strategy)
+        if split != self.splits.train_split:
+            return out
+        for name in h.mix or []:
+            out += self.read_with(dataset, store, examples, name, f"@{name}")
+        if not h.profile_items:
             return out
         asked = {e.example_id for exs in dataset.examples.values() for e in exs}
         seen: set[str] = set()
         for ex in examples:
             profile = set(ex.profile)
-            user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile and d.doc_id not in seen]
+            # every profile item is context for the items after it; each is a question once
+            user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile]
+            for doc, older in _older_profile_questions(spec, user_docs, asked | seen, h.k, vectors):
+                read = _profile_item(spec, ex.user_id, user_docs, doc, older)
+                out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", read, spec.doc_label(doc) - 1, "profile"))
             seen.update(d.doc_id for d in user_docs)
-            for doc, older in _older_profile_questions(spec, user_docs, asked, h.k, vectors):
-                (text, read), = reader_inputs(self.reader_config(), [doc_text(spec, doc)], [older])
-                out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", text, tuple(read),
-                                         spec.doc_label(doc) - 1, "profile"))
         return out
 
     def reader_config(self):
@@ -231,7 +269,7 @@ class ReaderDataModule(L.LightningDataModule):
         h, settings = self.hparams, self.reader_settings
         dataset = self.source.load()
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
-        key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), h.k, h.profile_items,
+        key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), list(h.mix or []), h.k, h.profile_items,
                           self.splits.fit_limits(trainer_validates(self)), encoder_digest(settings.encoder),
                           settings.max_length, settings.max_docs, self.task, self.source.data_dir.name,
                           [(e.example_id, e.input, e.target, e.profile) for exs in dataset.examples.values()
@@ -259,14 +297,13 @@ class ReaderDataModule(L.LightningDataModule):
         splits = {split: self.build_split(dataset, store, split, limit, vectors)
                   for split, limit in self.splits.fit_limits(trainer_validates(self)).items()}
         texts = sorted(
-            {t for exs in splits.values() for e in exs for t in [e.text, *(d for d, _ in e.docs)]}
+            {t for exs in splits.values() for e in exs for t in [e.read.text, *(d.text for d in e.read.docs)]}
         )
         table = vectors(texts) if texts else torch.zeros(0, encoder.dim)
         atomic_save_tensors({"vectors": table.contiguous()}, path / "vectors.safetensors")
         atomic_write_json(path / "examples.json", {
             "task": self.task, "labels": list(self.labels), "texts": texts,
-            "splits": {s: [{"id": e.example_id, "text": e.text, "docs": [list(d) for d in e.docs],
-                            "target": e.target, "origin": e.origin} for e in exs] for s, exs in splits.items()}})
+            "splits": {s: [e.to_json() for e in exs] for s, exs in splits.items()}})
 
     def setup(self, stage: str | None = None) -> None:
         if self.vectors is not None:
@@ -279,8 +316,7 @@ class ReaderDataModule(L.LightningDataModule):
         stored = json.loads((path / "examples.json").read_text())
         self.vectors = load_file(str(path / "vectors.safetensors"))["vectors"]
         self.index = {t: i for i, t in enumerate(stored["texts"])}
-        loaded = {s: [ReaderExample(r["id"], r["text"], tuple((d, int(lab)) for d, lab in r["docs"]), r["target"],
-                                    r["origin"]) for r in rows] for s, rows in stored["splits"].items()}
+        loaded = {s: [ReaderExample.from_json(r) for r in rows] for s, rows in stored["splits"].items()}
         self.train_examples = loaded[self.splits.train_split]
         self.val_examples = loaded.get(self.splits.val_split, [])
 
@@ -293,8 +329,8 @@ class ReaderDataModule(L.LightningDataModule):
         def embed(texts: list[str]) -> torch.Tensor:
             return vectors[np.array([self.index[t] for t in texts], dtype=np.int64)]
 
-        batch = batch_from_vectors([(e.text, list(e.docs)) for e in examples], embed,
-                                   self.reader_settings.max_docs, vectors.shape[1])
+        batch = batch_from_vectors([e.read for e in examples], embed, self.reader_settings.max_docs,
+                                   vectors.shape[1], len(self.labels))
         return ReaderTrainBatch(batch, torch.tensor([e.target for e in examples], dtype=torch.long))
 
     def train_dataloader(self) -> DataLoader:

@@ -44,7 +44,7 @@ from persrag_lightning.metrics import primary_metric, rouge_scorer
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.reading.llm import LLMReader
-from persrag_lightning.retrieval.base import DocStore, RetrievedDoc, Strategy
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.strategies import (
     bind_strategies,
     cached_retrieval,
@@ -365,7 +365,8 @@ class Evaluation(Evaluator):
         answers)."""
         reader = self.reader_for(strategy)
         inputs = [e.input for e in examples]
-        docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
+        docs = [store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), ds)
+                for e, ds in zip(examples, retrieved)]
         phase = f"evaluate {strategy.name}"
         if not reader.reads_labels:
             return reader.answer(self.task, inputs, docs, prompt_gamma=strategy.prompt_gamma, phase=phase), {}, None

@@ -201,8 +201,12 @@ class FeedbackBuilder:
         if self.feedback.metric == "teacher":  # no LLM: the teacher reranker's scores
             labels = [("", s) for s in self.teacher_scores(flat)]
             return self._records(examples, flat, labels)
-        inputs, docs = [ex.input for ex, _ in flat], [[self.store.history_doc(d.row)] for _, d in flat]
+        inputs = [ex.input for ex, _ in flat]
+        docs = [self.store.read_docs(Query(ex.user_id, ex.query, ex.input, ex.example_id), [d]) for ex, d in flat]
         misses = self.prompts.misses
+        if self.feedback.metric == "gain":
+            scores = self.gains(examples, proposals)
+            return self._records(examples, flat, [("", s) for s in scores])
         if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
             scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
                                                phase="feedback labels")
@@ -215,6 +219,26 @@ class FeedbackBuilder:
             ]
         self.llm_calls += self.prompts.misses - misses
         return self._records(examples, flat, labels)
+
+    def gains(self, examples: list[Example], proposals: list[list[RetrievedDoc]]) -> list[float]:
+        """Each candidate's label under `gain`: log p(y | own docs + candidate) − log p(y | own
+        docs), where the own docs are the asker's other own candidates (the user ranks first among
+        its m similar users, so its k docs are candidates), best first stage first, read in one call
+        per side. The reader still knows the asker's habit on both sides (`ReadDocs`)."""
+        inputs, with_doc, without = [], [], []
+        for ex, cands in zip(examples, proposals):
+            query = Query(ex.user_id, ex.query, ex.input, ex.example_id)
+            own = sorted((d for d in cands if d.owner == ex.user_id), key=lambda d: -d.retriever_score)
+            for d in cands:
+                base = [o for o in own if o.row != d.row][:max(0, self.candidates.k - 1)]
+                inputs.append(ex.input)
+                with_doc.append(self.store.read_docs(query, [*base, d]))
+                without.append(self.store.read_docs(query, base))
+        targets = [ex.target for ex, cands in zip(examples, proposals) for _ in cands]
+        task = self.dataset.task
+        plus = self.reader.score_targets(task, inputs, with_doc, targets, phase="feedback labels")
+        minus = self.reader.score_targets(task, inputs, without, targets, phase="feedback labels (own docs)")
+        return [float(a - b) for a, b in zip(plus, minus)]
 
     @staticmethod
     def _records(examples: list[Example], flat: list[tuple[Example, RetrievedDoc]],

@@ -12,7 +12,7 @@ from persrag_lightning.llm.registry import LLMConfig
 
 __all__ = ["CandidateSettings", "FeedbackSettings"]
 
-FeedbackMetric = Literal["task", "loglik", "teacher"]
+FeedbackMetric = Literal["task", "loglik", "gain", "teacher"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,11 @@ class FeedbackSettings:
         llm: the LLM whose answers label the candidates (backend, model, batch size, prompt budget);
             None = `backend: auto`.
         metric: a candidate's label: `task` (the task metric of the LLM's answer against the target:
-            accuracy, -MAE or ROUGE-1), `loglik` (the target's log-likelihood) or `teacher` (the
-            scores of the `teacher` reranker instead of the LLM's feedback: the data of a distilled
+            accuracy, -MAE or ROUGE-1), `loglik` (the target's log-likelihood), `gain` (what the
+            candidate adds to the asker's own docs: the target's log-likelihood read with the
+            asker's best own candidates and this one, minus that without it, so a neighbour's doc
+            is rewarded for what the user's own docs do not already say) or `teacher` (the scores
+            of the `teacher` reranker instead of the LLM's feedback: the data of a distilled
             reranker, configs/cfrag_reranker_distilled.yaml).
         chunk_size: examples per feedback-cache chunk; labels are written, and a killed build
             resumes, chunk by chunk.

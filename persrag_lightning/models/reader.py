@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,19 +27,20 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from persrag_lightning.data.records import HistoryDoc
+from persrag_lightning.data.records import HistoryDoc, ReadDoc
 from persrag_lightning.data.tasks import TaskSpec, get_task
 from persrag_lightning.models.common import config_from_json
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
 from persrag_lightning.utils import atomic_directory
 
-__all__ = ["LabelReader", "ReaderBatch", "ReaderConfig", "ReaderSettings", "batch_from_vectors",
-           "doc_text", "encoder_digest", "reader_inputs"]
+__all__ = ["LabelReader", "ReaderBatch", "ReaderConfig", "ReaderDoc", "ReaderQuestion", "ReaderSettings",
+           "batch_from_vectors", "doc_text", "encoder_digest", "reader_doc", "reader_inputs"]
 
 READER_WEIGHTS = "reader.safetensors"
 Head = Literal["auto", "softmax", "ordinal"]
 # text vectors remembered by a loaded reader (a doc is read by many questions and rows)
 TEXT_CACHE = 50_000
+MAX_HABIT = 100  # a habit's size is read on a log scale up to the 100 docs a history keeps
 
 
 @dataclass
@@ -56,6 +58,11 @@ class ReaderSettings:
         dropout: dropout in the fusion transformer.
         head: `softmax` over the labels, `ordinal` (cumulative link, for ordered labels), or `auto`:
             ordinal for a regression task (LaMP-3), softmax otherwise.
+        prior: read the asking user's label habit over their whole visible history (how often
+            they gave each label, and how many labels), not only the k docs' labels.
+        provenance: read whose each doc is (the asker's own or a neighbour's), the neighbour's
+            user similarity and its author's label habit, so a neighbour's label is read against
+            the habit of who gave it (False: every doc reads alike, the design before).
     """
 
     encoder: str = "minilm"
@@ -66,6 +73,8 @@ class ReaderSettings:
     heads: int = 4
     dropout: float = 0.1
     head: Head = "auto"
+    prior: bool = True
+    provenance: bool = True
 
 
 @dataclass
@@ -104,13 +113,53 @@ def doc_text(spec: TaskSpec, doc: HistoryDoc) -> str:
     return " ".join(str(doc.fields[f]) for f in spec.profile_fields if f != spec.label_field and doc.fields.get(f))
 
 
+@dataclass(frozen=True)
+class ReaderDoc:
+    """What the reader reads of one doc: its text, its label (index + 1; 0: none) and its
+    provenance (data/records.ReadDoc): the asker's own or not, the user similarity and its
+    author's label counts."""
+
+    text: str
+    label: int
+    own: bool = True
+    user_sim: float = 1.0
+    habit: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReaderQuestion:
+    """What the reader reads of one question: its text, its docs in rank order and the asking
+    user's label counts over their visible history (its prior)."""
+
+    text: str
+    docs: tuple[ReaderDoc, ...]
+    habit: tuple[int, ...] = ()
+
+
+def reader_doc(spec: TaskSpec, doc: HistoryDoc) -> ReaderDoc:
+    """A doc as the reader reads it; a doc without provenance (a plain `HistoryDoc`) reads as
+    the asker's own, of an unknown habit."""
+    if isinstance(doc, ReadDoc):
+        return ReaderDoc(doc_text(spec, doc), spec.doc_label(doc), doc.own, doc.user_sim, doc.owner_labels)
+    return ReaderDoc(doc_text(spec, doc), spec.doc_label(doc))
+
+
 def reader_inputs(config: ReaderConfig, inputs: Sequence[str],
-                  docs: Sequence[Sequence[HistoryDoc]]) -> list[tuple[str, list[tuple[str, int]]]]:
-    """Each question as the reader reads it: its text, and its first `max_docs` docs as (text, label
-    index + 1; 0 where the doc carries no label)."""
+                  docs: Sequence[Sequence[HistoryDoc]]) -> list[ReaderQuestion]:
+    """Each question as the reader reads it: its text, its first `max_docs` docs with their labels
+    and provenance, and the asker's label habit (where the docs come as `ReadDocs`)."""
     spec = get_task(config.task)
-    return [(question_text(spec, text), [(doc_text(spec, d), spec.doc_label(d)) for d in list(ds)[:config.max_docs]])
+    return [ReaderQuestion(question_text(spec, text), tuple(reader_doc(spec, d) for d in list(ds)[:config.max_docs]),
+                           tuple(getattr(ds, "asker_labels", ())))
             for text, ds in zip(inputs, docs)]
+
+
+def habit_features(counts: Sequence[int], n: int) -> list[float]:
+    """A label habit as the reader reads it: the share of each label (Jeffreys-smoothed, so an
+    empty history reads as uniform) and the history's size, log-scaled to about [0, 1]."""
+    total = float(sum(counts)) if counts else 0.0
+    shares = [(float(c) + 0.5) / (total + 0.5 * n) for c in counts] if counts else [1.0 / n] * n
+    return [*shares, math.log1p(total) / math.log1p(MAX_HABIT)]
 
 
 def cumulative_link_log_probs(f: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
@@ -124,13 +173,17 @@ def cumulative_link_log_probs(f: torch.Tensor, thresholds: torch.Tensor) -> torc
 
 @dataclass
 class ReaderBatch:
-    """A batch of questions as tensors: the question's vector, the docs' vectors, labels (0: none)
-    and mask."""
+    """A batch of questions as tensors: the question's vector and the asker's habit, the docs'
+    vectors, labels (0: none), provenance and mask."""
 
     question: torch.Tensor  # [B, E]
     docs: torch.Tensor      # [B, K, E]
     labels: torch.Tensor    # [B, K] label index + 1, 0 = none
     mask: torch.Tensor      # [B, K] True where a doc is present
+    prior: torch.Tensor | None = None        # [B, L + 1] the asker's habit_features
+    own: torch.Tensor | None = None          # [B, K] 1 where the doc is the asker's own
+    user_sim: torch.Tensor | None = None     # [B, K] the owner's similarity to the asker
+    doc_habit: torch.Tensor | None = None    # [B, K, L + 2] the author's habit_features, the label's surprise
 
     def __len__(self) -> int:
         return len(self.question)
@@ -154,6 +207,13 @@ class LabelReader(nn.Module):
         self.label_embedding = nn.Embedding(n + 1, d)  # row 0: a doc without a label
         self.rank_embedding = nn.Embedding(config.max_docs, d)
         self.part_embedding = nn.Embedding(2, d)  # the question, a doc
+        # zero-initialised: the reader starts as the design without them and learns what they add
+        if config.prior:
+            self.prior_map = _zeros(nn.Linear(n + 1, d))
+        if config.provenance:
+            self.owner_embedding = _zeros(nn.Embedding(2, d))  # a neighbour's doc, the asker's own
+            self.sim_map = _zeros(nn.Linear(1, d))
+            self.habit_map = _zeros(nn.Linear(n + 2, d))
         layer = nn.TransformerEncoderLayer(d, config.heads, 2 * d, config.dropout, batch_first=True)
         self.fusion = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
@@ -180,6 +240,11 @@ class LabelReader(nn.Module):
         question = self.question_map(batch.question) + self.part_embedding.weight[0]
         docs = (self.doc_map(batch.docs) + self.label_embedding(batch.labels)
                 + self.rank_embedding.weight[:k][None] + self.part_embedding.weight[1])
+        if self.config.prior and batch.prior is not None:
+            question = question + self.prior_map(batch.prior)
+        if self.config.provenance and batch.own is not None:
+            docs = (docs + self.owner_embedding(batch.own) + self.sim_map(batch.user_sim[..., None])
+                    + self.habit_map(batch.doc_habit))
         tokens = torch.cat([question[:, None], docs], dim=1)
         present = torch.cat(
             [torch.ones(b, 1, dtype=torch.bool, device=batch.mask.device), batch.mask], dim=1
@@ -212,7 +277,8 @@ class LabelReader(nn.Module):
     def batch(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> ReaderBatch:
         """The tensors of questions read with their docs (`reader_inputs`)."""
         read = reader_inputs(self.config, inputs, docs)
-        return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim)
+        return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim,
+                                  len(self.config.labels))
 
     @torch.inference_mode()
     def log_probs(
@@ -240,6 +306,9 @@ class LabelReader(nn.Module):
     def from_pretrained(cls, path: str | Path) -> LabelReader:
         path = Path(path)
         config: ReaderConfig = config_from_json(ReaderConfig, path / "config.json")  # type: ignore[assignment]
+        stored = json.loads((path / "config.json").read_text())
+        # an export from before the prior and provenance were read has neither (and reads as it did)
+        config.prior, config.provenance = stored.get("prior", False), stored.get("provenance", False)
         encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
         digest = encoder_digest(config.encoder)
         if config.encoder_digest and digest != config.encoder_digest:
@@ -271,20 +340,41 @@ def encoder_digest(name: str) -> str:
     ]
 
 
-def batch_from_vectors(read: list[tuple[str, list[tuple[str, int]]]], embed, max_docs: int,
-                       dim: int) -> ReaderBatch:
+def _zeros(module: nn.Module) -> nn.Module:
+    for p in module.parameters():
+        nn.init.zeros_(p)
+    return module
+
+
+def batch_from_vectors(read: Sequence[ReaderQuestion], embed, max_docs: int, dim: int,
+                       n_labels: int) -> ReaderBatch:
     """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's
-    cache, or a training set's precomputed table)."""
+    cache, or a training set's precomputed table).
+
+    Args:
+        read: the questions as the reader reads them.
+        embed: texts → [N, dim] vectors.
+        max_docs: docs read per question.
+        dim: the vectors' width.
+        n_labels: the task's labels (the width of a habit).
+    """
     n = len(read)
-    k = max(1, min(max_docs, max((len(ds) for _, ds in read), default=1)))
-    texts = [q for q, _ in read] + [t for _, ds in read for t, _ in ds]
+    k = max(1, min(max_docs, max((len(q.docs) for q in read), default=1)))
+    texts = [q.text for q in read] + [d.text for q in read for d in q.docs[:k]]
     vectors = embed(texts)
-    question = vectors[:n]
     docs, labels = torch.zeros(n, k, dim), torch.zeros(n, k, dtype=torch.long)
-    mask = torch.zeros(n, k, dtype=torch.bool)
+    mask, own = torch.zeros(n, k, dtype=torch.bool), torch.ones(n, k, dtype=torch.long)
+    user_sim = torch.ones(n, k)
+    uniform = habit_features((), n_labels)
+    doc_habit = torch.tensor([*uniform, 0.0]).repeat(n, k, 1)
+    prior = torch.tensor([habit_features(q.habit, n_labels) for q in read]) if n else torch.zeros(0, n_labels + 1)
     at = n
-    for i, (_, ds) in enumerate(read):
-        for j, (_, label) in enumerate(ds):
-            docs[i, j], labels[i, j], mask[i, j] = vectors[at], label, True
+    for i, q in enumerate(read):
+        for j, d in enumerate(q.docs[:k]):
+            docs[i, j], labels[i, j], mask[i, j] = vectors[at], d.label, True
+            own[i, j], user_sim[i, j] = int(d.own), d.user_sim
+            habit = habit_features(d.habit, n_labels)
+            surprise = -math.log(habit[d.label - 1]) if d.label > 0 else 0.0
+            doc_habit[i, j] = torch.tensor([*habit, surprise])
             at += 1
-    return ReaderBatch(question, docs, labels, mask)
+    return ReaderBatch(vectors[:n], docs, labels, mask, prior, own, user_sim, doc_habit)

@@ -82,7 +82,7 @@ class TrainedReader(Reader):
     ) -> list[list[float]]:
         """log p(label | question, docs) for every label of the task, one row per question."""
         self._check_task(task)
-        inputs, docs = list(inputs), [list(ds) for ds in docs]
+        inputs, docs = list(inputs), list(docs)  # each question's docs as given: ReadDocs keep the habit
 
         def compute(part: list[int]) -> list[list[float]]:
             return self.model.log_probs([inputs[i] for i in part], [docs[i] for i in part]).tolist()
@@ -108,7 +108,7 @@ class TrainedReader(Reader):
     def prompts(self, task: str, inputs: Sequence[str], docs: Docs, *,
                 prompt_gamma: float | None = None) -> list[str]:
         self._check_task(task)
-        return [text for text, _ in reader_inputs(self.model.config, list(inputs), [list(ds) for ds in docs])]
+        return [q.text for q in reader_inputs(self.model.config, list(inputs), list(docs))]
 
     def close(self) -> None:
         self._model = None

@@ -12,7 +12,8 @@ import numpy as np
 
 from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.histories import MAX_HISTORY, corpus_doc_ids, visible_histories
-from persrag_lightning.data.records import HistoryDoc, LampDataset, User
+from persrag_lightning.data.records import HistoryDoc, LampDataset, ReadDoc, ReadDocs, User
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.utils import bundle_digest
 
 __all__ = ["DocStore", "Query", "RetrievedDoc", "Strategy", "cache_value"]
@@ -55,6 +56,7 @@ class DocStore:
         self.dataset = dataset
         self.corpus = corpus or Corpus.from_dataset(dataset)
         self.visible = visible_histories(dataset, self.corpus)
+        self._row_labels: np.ndarray | None = None  # row_labels' memo
 
     def __contains__(self, user_id: str) -> bool:
         return user_id in self.corpus
@@ -109,6 +111,7 @@ class DocStore:
         for r in rows:
             self.corpus.texts[r] = ""
             self.corpus.docs[r] = HistoryDoc(self.corpus.doc_ids[r], self.corpus.docs[r].date, {})
+        self._row_labels = None
 
     def pool_users(self) -> list[str]:
         """Users whose docs others may retrieve (every user with a collaborative pool), in corpus
@@ -130,6 +133,47 @@ class DocStore:
 
     def text(self, row: int) -> str:
         return self.corpus.texts[row]
+
+    # ---- what a reader reads: docs with their provenance, the asker's label habit -----------------
+
+    def row_labels(self) -> np.ndarray:
+        """Each corpus row's label index + 1 (0: none), kept in step with rows added at serving
+        time (a removed user's rows are blank: label 0)."""
+        labels = self._row_labels
+        if labels is None or len(labels) != len(self.corpus.docs):
+            spec = get_task(self.dataset.task)
+            labels = np.array([spec.doc_label(d) for d in self.corpus.docs], dtype=np.int64)
+            self._row_labels = labels
+        return labels
+
+    def label_counts(self, user_id: str, query: Query) -> tuple[int, ...]:
+        """How often `user_id` gave each label over the rows `query` may see of them (`rows`):
+        the asker's prior, a neighbour's habit; empty for a task without labels."""
+        labels = get_task(self.dataset.task).labels
+        if not labels:
+            return ()
+        seen = self.row_labels()[self.rows(user_id, query=query)]
+        return tuple(int(c) for c in np.bincount(seen, minlength=len(labels) + 1)[1:])
+
+    def read_docs(self, query: Query, retrieved: list[RetrievedDoc]) -> ReadDocs:
+        """The docs a reader reads for `query`, in rank order, each with its provenance (owner,
+        own or a neighbour's, user similarity, rank, the owner's label habit), and the asker's
+        label habit: the one hand-over from retrieval to reading (evaluation, feedback, serving
+        and the reader's training data)."""
+        habits: dict[str, tuple[int, ...]] = {}
+
+        def habit(user_id: str) -> tuple[int, ...]:
+            if user_id not in habits:
+                habits[user_id] = self.label_counts(user_id, query)
+            return habits[user_id]
+
+        docs = []
+        for rank, d in enumerate(retrieved):
+            doc = self.history_doc(d.row)
+            own = d.owner == query.user_id
+            docs.append(ReadDoc(doc.doc_id, doc.date, doc.fields, d.owner, own,
+                                1.0 if own else float(d.user_sim), rank, habit(d.owner)))
+        return ReadDocs(docs, habit(query.user_id))
 
     def add_user(self, user: User) -> np.ndarray:
         """Append a new user's history (oldest first) as new corpus rows; returns the rows."""

@@ -129,6 +129,9 @@ class CFRAG(Strategy):
         first_cut: a cheaper reranker's export (e.g. the distilled one) whose scores choose the
             `rerank_top` candidates (a cascade); None: the first stage's order. Needs `reranker` and
             `rerank_top`.
+        neighbour_slots: the gate: at most this many of the k docs may be neighbours', the rest
+            the asker's own best (0 shuts it: own docs only, in this chain's order); None: no gate
+            (the paper).
     """
 
     def __init__(self, user_encoder: str, retriever: str = "minilm", reranker: str | None = None, m: int = 6,
@@ -138,7 +141,7 @@ class CFRAG(Strategy):
                  pbr: PBRExpansion | None = None, cohort_export: str | None = None, rerank_top: int | None = None,
                  reranker_runtime: Runtime = "fp32", cache_doc_tokens: bool = False,
                  query_runtime: QueryRuntime = "fp32",
-                 first_cut: str | None = None) -> None:
+                 first_cut: str | None = None, neighbour_slots: int | None = None) -> None:
         if users not in ("encoder", "mean", "cluster"):
             raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
         if cohorts is not None and users != "cluster":
@@ -170,6 +173,9 @@ class CFRAG(Strategy):
         self.retriever_user_term = retriever_user_term
         self.cache_dir = cache_dir
         self.batch_size = batch_size
+        if neighbour_slots is not None and neighbour_slots < 0:
+            raise ValueError(f"neighbour_slots must be None or at least 0, got {neighbour_slots}")
+        self.neighbour_slots = neighbour_slots
 
     def prepare(self, store: DocStore) -> None:
         super().prepare(store)
@@ -219,6 +225,8 @@ class CFRAG(Strategy):
                         "user_encoder_path": self.user_encoder_path, "retriever_spec": self.retriever_spec,
                         "reranker_path": self.reranker_path, "m": self.m, "k_per_user": self.k_per_user,
                         "users": self.users, "retriever_user_term": self.retriever_user_term}
+        if self.neighbour_slots is not None:  # a row without the gate keeps its key
+            values["neighbour_slots"] = self.neighbour_slots
         # its own settings apply (prepare reads them into cohort_settings)
         if self.cohort_export is not None:
             values["cohort_export"] = self.cohort_export
@@ -429,8 +437,21 @@ class CFRAG(Strategy):
         bar = Progress(f"retrieve {self.name}", len(queries), "queries", final="if_long")
         for start in range(0, len(queries), self.batch_size):
             chunk = queries[start:start + self.batch_size]
-            out += self.rerank(chunk, self.candidates(chunk), k)
+            every = k if self.neighbour_slots is None else self.m * self.k_per_user
+            out += self.gate(chunk, self.rerank(chunk, self.candidates(chunk), every), k)
             bar.advance(len(chunk))
+        return out
+
+    def gate(self, queries: list[Query], ranked: list[list[RetrievedDoc]], k: int) -> list[list[RetrievedDoc]]:
+        """The first k of each ranking with at most `neighbour_slots` neighbours' docs (the asker's
+        own fill the other slots, in the same order); without a gate, the rankings as they are."""
+        if self.neighbour_slots is None:
+            return ranked
+        out = []
+        for q, docs in zip(queries, ranked):
+            theirs = [d for d in docs if d.owner != q.user_id][:self.neighbour_slots]
+            keep = {id(d) for d in theirs}
+            out.append([d for d in docs if d.owner == q.user_id or id(d) in keep][:k])
         return out
 
 

@@ -40,7 +40,7 @@ def answer_question(service: ChatService, caller: Caller, body: Mapping | Questi
     with service._acting_on(caller, user_id), service._model_lock:
         docs = pipe.retrieve(user_id, question) if user_id in pipe.store else []
         docs = service._shareable(user_id, docs)  # the privacy guard, before anything is read
-        answer = pipe.read([question], [docs])[0]
+        answer = pipe.read([user_id], [question], [docs])[0]
     return {"answer": answer.answer, "read": answer.prompt, "serves": pipe.serves,
             "docs": [{"doc_id": d.doc_id, "owner": d.owner, "text": d.text, "user_similarity": d.user_sim,
                       "retriever_score": _num(d.retriever_score), "reranker_score": _num(d.reranker_score)}

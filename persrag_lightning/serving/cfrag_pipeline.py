@@ -145,22 +145,26 @@ class CFRAGPipeline:
             torch.set_num_threads(before)
 
     @classmethod
-    def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
+    def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int | str | None = RECORD_SAYS,
+                        k_per_user: int = 5,
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
                         threads: int | None = None, reranker: str | None = RECORD_SAYS,
                         query_runtime: str = "auto", first_cut: str | None = None,
                         reader: str = RECORD_SAYS, answer_mode: str | None = None,
-                        calibration: str | None = None, decision: str | None = None) -> CFRAGPipeline:
+                        calibration: str | None = None, decision: str | None = None,
+                        neighbour_slots: int | str | None = RECORD_SAYS) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means
         the untuned encoder. What the run's record (`pipeline.json`, written by `train.py pipeline`)
         says its table's reference row was, chosen on dev, is served by default (serving/served.py):
-        the docs' order (`reranker`), the reader and the LLM's `answer_mode`, `calibration` and
-        `decision`; an argument given explicitly wins (`reranker`, `reader`: anything but "record";
-        the others: anything but None). A run without a record serves stage 3's order where its
-        reranker is exported (else the first stage's) read by the LLM of `llm`. `serves` says which,
-        and why, in one line, printed at load.
+        the docs' order (`reranker`), the similar users `m` (None: CFRAG's, the paper's 6), the
+        neighbour gate (`neighbour_slots`: at most this many of the k docs neighbours'; None: none),
+        the reader and the LLM's `answer_mode`, `calibration` and `decision`; an argument given
+        explicitly wins (`reranker`, `m`, `neighbour_slots`, `reader`: anything but "record"; the
+        others: anything but None). A run without a record serves stage 3's order where its reranker
+        is exported (else the first stage's), m = 6, no gate, read by the LLM of `llm`. `serves`
+        says which, and why, in one line, printed at load.
 
         `users="cluster"` takes the similar users from the cohort export (`cohort_export`, default
         `run_dir`/clusters) as CFRAG's `users: cluster` row of the evaluation does; new users join
@@ -180,8 +184,11 @@ class CFRAGPipeline:
         `run_dir` ("reader") or its folder, which then answers `generate` (label tasks)."""
         run_dir = Path(run_dir)
         choice = follow_record(run_dir, llm, reranker, reader,
-                               {"answer_mode": answer_mode, "calibration": calibration, "decision": decision})
-        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, m=m, k_per_user=k_per_user,
+                               {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
+                               m, neighbour_slots)
+        more = {"m": choice.m} if choice.m is not None else {}
+        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, **more, k_per_user=k_per_user,
+                          neighbour_slots=choice.neighbour_slots,
                           cache_dir=cache_dir, rerank_top=rerank_top, cache_doc_tokens=cache_doc_tokens,
                           reranker_runtime=(serving_runtime("reranker") if reranker_runtime == "auto"
                                             else native_runtime(reranker_runtime)),
@@ -245,17 +252,22 @@ class CFRAGPipeline:
     def generate_batch(self, user_ids: list[str], queries: list[str],
                        example_ids: list[str] | None = None) -> list[Generation]:
         """`generate` for many queries at once; `example_ids` as `retrieve_batch`'s."""
-        return self.read(queries, self.retrieve_batch(user_ids, queries, example_ids=example_ids))
+        retrieved = self.retrieve_batch(user_ids, queries, example_ids=example_ids)
+        return self.read(user_ids, queries, retrieved, example_ids)
 
-    def read(self, queries: list[str], retrieved: list[list[RetrievedDoc]]) -> list[Generation]:
+    def read(self, user_ids: list[str], queries: list[str], retrieved: list[list[RetrievedDoc]],
+             example_ids: list[str] | None = None) -> list[Generation]:
         """The reader's answers to `queries` over docs already retrieved (the service reads only the
-        docs its privacy guard kept).
+        docs its privacy guard kept), each doc handed over with its provenance (`DocStore.read_docs`).
 
         Args:
+            user_ids: who asks each query.
             queries: the task inputs as LaMP writes them.
             retrieved: each query's docs, in rank order (`retrieve_batch`).
+            example_ids: as `retrieve_batch`'s (None: new questions).
         """
-        docs = [[self.store.history_doc(d.row) for d in ds] for ds in retrieved]
+        ids = example_ids if example_ids is not None else [""] * len(user_ids)
+        docs = [self.store.read_docs(Query(u, "", q, e), ds) for u, q, e, ds in zip(user_ids, queries, ids, retrieved)]
         prompts = self.reader.prompts(self.task, queries, docs)
         answers = self.reader.answer(self.task, queries, docs)
         return [Generation(a, p, ds) for a, p, ds in zip(answers, prompts, retrieved)]

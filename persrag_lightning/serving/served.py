@@ -30,7 +30,10 @@ class Choice:
         reader: `llm`, or a trained reader's bundle (a name inside the run, or a folder).
         llm: the LLM settings, the record's reading applied where no argument set it.
         reference: the run's record (None: the run has none).
-        given: what the arguments set otherwise than the record says (`order`, `reader`, a reading).
+        given: what the arguments set otherwise than the record says (`order`, `m`, `gate`, `reader`,
+            a reading).
+        m: the similar users (None: CFRAG's own).
+        neighbour_slots: the neighbour gate (None: none).
     """
 
     reranker: str | None
@@ -38,6 +41,8 @@ class Choice:
     llm: LLMConfig
     reference: Reference | None
     given: tuple[str, ...] = ()
+    m: int | None = None
+    neighbour_slots: int | None = None
 
     @property
     def reranker_from_record(self) -> bool:
@@ -45,10 +50,29 @@ class Choice:
         return self.reference is not None and "order" not in self.given and self.reranker is not None
 
 
+def _retrieval(reference: Reference | None, given: list[str], **args: object) -> dict:
+    """`reranker`, `m` and `neighbour_slots`: each that is RECORD_SAYS as the record's configuration
+    (without a record: DEFAULT_RERANKER, CFRAG's m, no gate), the others as given, named in `given`
+    where they differ from the record."""
+    recorded = reference.configuration if reference is not None else None
+    defaults = {"reranker": DEFAULT_RERANKER, "m": None, "neighbour_slots": None}
+    names = {"reranker": "order", "m": "m", "neighbour_slots": "gate"}
+    out = {}
+    for name, value in args.items():
+        if value == RECORD_SAYS:
+            value = getattr(recorded, name) if recorded is not None else defaults[name]
+        elif recorded is not None and value != getattr(recorded, name):
+            given.append(names[name])
+        out[name] = value
+    return out
+
+
 def follow_record(run_dir: str | Path, llm: LLMConfig | None, reranker: str | None, reader: str,
-                  reading: dict[str, str | None]) -> Choice:
-    """The pipeline's order, reader and LLM settings: each argument that is RECORD_SAYS (`reranker`,
-    `reader`) or None (`reading`) as the record says, the others as given.
+                  reading: dict[str, str | None], m: int | str | None = RECORD_SAYS,
+                  neighbour_slots: int | str | None = RECORD_SAYS) -> Choice:
+    """The pipeline's configuration, reader and LLM settings: each argument that is RECORD_SAYS
+    (`reranker`, `m`, `neighbour_slots`, `reader`) or None (`reading`) as the record says, the others
+    as given.
 
     Args:
         run_dir: the run's folder (its record is `pipeline.json` there).
@@ -56,13 +80,12 @@ def follow_record(run_dir: str | Path, llm: LLMConfig | None, reranker: str | No
         reranker: the reranker bundle, None (first-stage order) or RECORD_SAYS.
         reader: `llm`, a trained reader's bundle or folder, or RECORD_SAYS.
         reading: `answer_mode`, `calibration` and `decision` given (None: the record's, else `llm`'s).
+        m: the similar users (None: CFRAG's own) or RECORD_SAYS.
+        neighbour_slots: the neighbour gate (None: none) or RECORD_SAYS.
     """
     reference = read_reference(run_dir)
-    given = []
-    if reranker == RECORD_SAYS:
-        reranker = reference.reranker if reference is not None else DEFAULT_RERANKER
-    elif reference is not None and reranker != reference.reranker:
-        given.append("order")
+    given: list[str] = []
+    retrieval = _retrieval(reference, given, reranker=reranker, m=m, neighbour_slots=neighbour_slots)
     if reader == RECORD_SAYS:
         reader = reference.reader if reference is not None else LLM_READER
     elif reference is not None and reader != reference.reader:
@@ -76,7 +99,8 @@ def follow_record(run_dir: str | Path, llm: LLMConfig | None, reranker: str | No
         elif recorded is not None:
             said[name] = recorded
     config = llm or LLMConfig()
-    return Choice(reranker, reader, replace(config, **said) if said else config, reference, tuple(given))
+    return Choice(retrieval["reranker"], reader, replace(config, **said) if said else config, reference,
+                  tuple(given), retrieval["m"], retrieval["neighbour_slots"])
 
 
 def _reads(choice: Choice, task: str) -> str:
@@ -103,7 +127,9 @@ def serves_line(choice: Choice, task: str, run_dir: str | Path) -> str:
     order = ("first-stage order" if choice.reranker is None else "reranked" if choice.reranker == DEFAULT_RERANKER
              else f"reranked by {Path(choice.reranker).name}")
     ref = choice.reference
-    what = ref.row if ref is not None and "order" not in choice.given else f"CFRAG ({order})"
+    parts = [order] + ([f"m = {choice.m}"] if choice.m is not None else [])
+    parts += [f"≤ {choice.neighbour_slots} neighbour docs"] if choice.neighbour_slots is not None else []
+    what = ref.row if ref is not None and not {"order", "m", "gate"} & set(choice.given) else f"CFRAG ({', '.join(parts)})"
     if ref is None:
         why = f"the defaults (no {RECORD} in {run_dir})"
     else:

@@ -251,8 +251,10 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     choice, test = runs["choice"], runs["test"]
     assert choice.overrides["evaluation.reader"] == test.overrides["evaluation.reader"] == "{run_dir}/reader"
     assert choice.overrides["evaluation.split"] == "dev" and test.overrides["evaluation.split"] == "test"
-    # the candidates: the main chain's two orders (the stage-1 encoder was chosen on dev once, CANDIDATES)
-    assert choice.only == list(dev)
+    # the candidates: the main chain's two orders (the stage-1 encoder was chosen on dev once, CANDIDATES), each
+    # with the neighbour gate at 2 docs and shut (GATES: the quick preset's gate_on_dev)
+    assert choice.only == [*dev, "CFRAG, ≤ 2 neighbour docs", "w/o reranker tuning, ≤ 2 neighbour docs",
+                           "w/o user retrieval", "w/o user retrieval (first-stage order)"]
     assert fits[-1].overrides["data.init_args.strategy"] == "w/o reranker tuning"
     rows = test.only
     assert test.overrides["evaluation.reference"] == "w/o reranker tuning"
@@ -266,8 +268,10 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     assert {"zero_shot", "bm25", "zero_shot + tuned generator", "bm25 + tuned generator"} <= set(rows)
     # in the tables the candidates are configurations of CFRAG, named by what stage 1 reads and their order; the
     # chosen one is the reference, and its "+ tuned generator" row and the goal's paired test follow that name
-    assert test.names == choice.names == {"CFRAG": "CFRAG (judgments, reranked)",
-                                          "w/o reranker tuning": "CFRAG (judgments, first-stage order)"}
+    assert test.names == choice.names == {
+        "CFRAG": "CFRAG (judgments, reranked)", "w/o reranker tuning": "CFRAG (judgments, first-stage order)",
+        "CFRAG, ≤ 2 neighbour docs": "CFRAG (judgments, reranked, ≤ 2 neighbour docs)",
+        "w/o reranker tuning, ≤ 2 neighbour docs": "CFRAG (judgments, first-stage order, ≤ 2 neighbour docs)"}
     assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgments")] == [
         "CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
         "CFRAG (judgments, first-stage order) + tuned generator"]
@@ -507,3 +511,21 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
         assert cfg.fit.trainer.max_epochs == 2  # the user's own arguments reach every stage, last
     for cfg, run in zip(evaluations, runs):
         assert cfg == evaluate_parser().parse_args(evaluate_args(run.argv())), run.purpose
+
+
+@pytest.mark.parametrize(("best", "order_row"), [("w/o reranker tuning, ≤ 2 neighbour docs",
+                                                  "w/o user retrieval (first-stage order)"),
+                                                 ("w/o user retrieval", "w/o user retrieval")])
+def test_dev_may_narrow_or_shut_the_neighbour_gate_and_the_table_says_so(monkeypatch, tmp_path, best, order_row):
+    """The gate is a dev choice like the order: where dev prefers at most 2 neighbours' docs, or none, that
+    configuration is the reference and its own-docs chain is the table's "w/o user retrieval" row; shut, the
+    reference is that row itself, named as it is."""
+    machine(monkeypatch, AMX, onednn=True)
+    dev = {"CFRAG": 0.20, "w/o reranker tuning": 0.31, best: 0.40}
+    _, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
+    test = by_purpose(evaluations)["test"]
+    assert test.overrides["evaluation.reference"] == best
+    assert best in test.only and order_row in test.only and "CFRAG" in test.only
+    assert test.overrides["evaluation.pairs"] == [[f"{best} + tuned generator", "bm25 + tuned generator"]]
+    record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
+    assert record["reference_row"] == test.names.get(best, best)

@@ -236,3 +236,30 @@ def test_a_user_the_encoders_table_lacks_is_embedded_from_their_own_history(worl
         assert {d.owner for d in cands} > {lacking}  # its own docs and its neighbours'
     for q, docs_ in zip(queries, strategy.retrieve(queries, 5)):
         check(dataset, q.example_id, docs_)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 2])
+def test_the_neighbour_gate_keeps_at_most_its_slots_of_neighbours_docs_in_the_chains_order(world, tiny_bert,
+                                                                                            slots):
+    """The gate (neighbour_slots) filters the chain's own order: the kept docs are that order's first ones, with
+    the asker's own docs filling the slots neighbours may not take; it follows the rules like the ungated chain."""
+    dataset, corpus, cache, user_encoder = world
+    ungated = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=3, cache_dir=cache)
+    gated = CFRAG(user_encoder, tiny_bert, None, m=4, k_per_user=3, cache_dir=cache, neighbour_slots=slots)
+    assert strategy_config(gated) != strategy_config(ungated)
+    store = DocStore(dataset, corpus)
+    ungated.prepare(store)
+    gated.prepare(store)
+    queries = all_queries(dataset)
+    full = ungated.retrieve(queries, 12)  # every candidate, in the chain's order
+    cut = 0
+    for q, docs, every in zip(queries, gated.retrieve(queries, 5), full):
+        check(dataset, q.example_id, docs)
+        theirs = [d for d in every if d.owner != q.user_id][:slots]
+        want = [d for d in every if d.owner == q.user_id or d in theirs][:5]
+        assert [d.row for d in docs] == [d.row for d in want]
+        assert sum(d.owner != q.user_id for d in docs) <= slots
+        cut += sum(d.owner != q.user_id for d in every[:5]) > slots
+    assert cut > 0  # the gate shut slots the ungated chain gave neighbours
+    with pytest.raises(ValueError, match="neighbour_slots"):
+        CFRAG(user_encoder, tiny_bert, None, neighbour_slots=-1)

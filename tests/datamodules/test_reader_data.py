@@ -81,8 +81,8 @@ class Items:
 
     def read(self, example: ReaderExample) -> list[tuple[str, HistoryDoc]]:
         """The items an example reads, each checked to carry its own label."""
-        out = [self.by_text[text] for text, _ in example.docs]
-        assert [label for _, label in example.docs] == [self.spec.doc_label(d) for _, d in out]
+        out = [self.by_text[d.text] for d in example.read.docs]
+        assert [d.label for d in example.read.docs] == [self.spec.doc_label(d) for _, d in out]
         return out
 
 
@@ -98,15 +98,15 @@ def test_the_reader_trains_on_no_dev_or_test_question(folder, tmp_path, tiny_ber
     assert len(profile_items) > len(items.questions["train"])  # the profiles add most of what it learns from
     assert not train_ids & held_out
     assert not {e.example_id.split("/")[1] for e in profile_items} & (held_out | set(items.questions["train"]))
-    read_texts = {e.text for e in dm.train_examples} | {t for e in dm.train_examples for t, _ in e.docs}
+    read_texts = {e.read.text for e in dm.train_examples} | {d.text for e in dm.train_examples for d in e.read.docs}
     assert not read_texts & held_texts  # neither asked nor shown as a doc
     assert not any(LATE in t for t in read_texts) and any(LATE in t for t in items.by_text)  # nor what only they see
     # dev chooses the checkpoint: dev questions only, each read with its own profile's docs
     assert sorted(e.example_id for e in dm.val_examples) == sorted(items.questions["dev"])
     for e in dm.val_examples:
         question = items.questions["dev"][e.example_id]
-        assert e.target == items.spec.label_index(question.target) and e.text == question_text(items.spec,
-                                                                                                 question.input)
+        assert e.target == items.spec.label_index(question.target) and e.read.text == question_text(items.spec,
+                                                                                                      question.input)
         assert {d.doc_id for _, d in items.read(e)} <= set(question.profile) - {e.example_id}
 
 
@@ -120,20 +120,21 @@ def test_profile_items_are_read_with_strictly_older_items_of_the_same_profile(fo
         read = items.read(e)
         if e.origin == "question":  # the strategy's docs: the question's own profile, never its own item
             question = train[e.example_id]
-            assert e.text == question_text(items.spec, question.input)
+            assert e.read.text == question_text(items.spec, question.input)
             assert e.target == items.spec.label_index(question.target)
             assert {d.doc_id for _, d in read} <= set(question.profile) - {e.example_id}
             continue
         user, doc_id = e.example_id.split("/")
         owner, doc = items.docs[doc_id]
-        assert owner == user and e.text == doc_text(items.spec, doc) and e.target == items.spec.doc_label(doc) - 1
+        assert owner == user and e.read.text == doc_text(items.spec, doc)
+        assert e.target == items.spec.doc_label(doc) - 1
         assert all(u == user and d.date < doc.date for u, d in read), e.example_id  # strictly older, same user
         profiles = [set(q.profile) for q in train.values() if q.user_id == user and doc_id in q.profile]
         assert any({d.doc_id for _, d in read} <= p for p in profiles), e.example_id  # one train profile holds all
         same_day_neighbours += sum(d.date == doc.date for p in profiles[:1] for d in
                                    (items.docs[i][1] for i in p) if d.doc_id != doc_id)
     assert same_day_neighbours > 0  # the log has the ties the rule is about
-    assert any(len(e.docs) == 3 for e in dm.train_examples if e.origin == "profile")
+    assert any(len(e.read.docs) == 3 for e in dm.train_examples if e.origin == "profile")
 
 
 def test_without_profile_items_it_trains_on_the_train_questions_alone(folder, tmp_path, tiny_bert, one_thread):
@@ -149,3 +150,54 @@ def test_without_profile_items_it_trains_on_the_train_questions_alone(folder, tm
 def test_a_generation_task_has_no_reader_stage(tmp_path):
     with pytest.raises(ConfigError, match="generation task"):
         ReaderDataModule(task="LaMP-5", cache_dir=str(tmp_path))
+
+
+def _labels(spec, docs) -> tuple[int, ...]:
+    counts = [0] * len(spec.labels)
+    for d in docs:
+        if (label := spec.doc_label(d)) > 0:
+            counts[label - 1] += 1
+    return tuple(counts)
+
+
+def test_a_profile_item_reads_every_older_item_of_the_profile_even_one_an_earlier_question_read(
+        folder, tmp_path, tiny_bert, one_thread):
+    """A user's second train question's profile holds the first's items: each is a question once, but stays
+    context for the items after it (before, items an earlier question had read were dropped as context too)."""
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    train = sorted(items.questions["train"].values(), key=lambda q: q.example_id)
+    users_with_two = {q.user_id for q in train if sum(p.user_id == q.user_id for p in train) > 1}
+    assert users_with_two  # the log gives some users two train questions
+    checked = 0
+    for e in (e for e in dm.train_examples if e.origin == "profile"):
+        user, doc_id = e.example_id.split("/")
+        profile = next(q.profile for q in train if q.user_id == user and doc_id in q.profile)
+        doc = items.docs[doc_id][1]
+        older = [items.docs[i][1] for i in profile if items.docs[i][1].date < doc.date]
+        assert len(e.read.docs) == min(3, len(older)), e.example_id
+        # the asker's habit: what the user had labelled strictly before the item, every doc the asker's own
+        assert e.read.habit == _labels(items.spec, older)
+        assert all(d.own and d.user_sim == 1.0 and d.habit == e.read.habit for d in e.read.docs)
+        checked += user in users_with_two and len(older) > 3
+    assert checked
+
+
+def test_questions_carry_the_askers_habit_over_their_visible_profile(folder, tmp_path, tiny_bert, one_thread):
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    for e in (e for e in dm.train_examples + dm.val_examples if e.origin == "question"):
+        question = {**items.questions["train"], **items.questions["dev"]}[e.example_id]
+        visible = [items.docs[i][1] for i in question.profile if i != e.example_id]
+        assert e.read.habit == _labels(items.spec, visible)  # the whole profile, not the k docs
+        assert sum(e.read.habit) > len(e.read.docs)
+        assert all(d.own and d.habit == e.read.habit for d in e.read.docs)
+
+
+def test_a_mix_strategy_adds_a_copy_of_each_train_question_and_none_of_dev(folder, tmp_path, tiny_bert,
+                                                                          one_thread):
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert, mix=["recency"], profile_items=False)
+    items = Items(load_lamp(folder, "LaMP-3"))
+    ids = sorted(e.example_id for e in dm.train_examples)
+    assert ids == sorted([*items.questions["train"], *(f"{i}@recency" for i in items.questions["train"])])
+    assert sorted(e.example_id for e in dm.val_examples) == sorted(items.questions["dev"])

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from persrag_lightning.record import read_reference
+from persrag_lightning.record import CONFIGURATIONS, Configuration, read_reference
 from persrag_lightning.serving import CFRAGPipeline
 from persrag_lightning.utils import ConfigError
 from tests.conftest import tiny_serving_run
@@ -48,13 +48,9 @@ def served(run, **kwargs) -> CFRAGPipeline:
 
 
 def test_the_record_of_a_pipeline_run_says_what_its_reference_row_served(recorded):
-    from persrag_lightning.commands.pipeline import CANDIDATES
-    from persrag_lightning.record import ORDERS
-
-    assert set(ORDERS) == set(CANDIDATES)  # every configuration dev can choose has its order
     ref = read_reference(recorded)
     assert ref.path == recorded / "pipeline.json" and ref.row == FIRST_STAGE and ref.task == "LaMP-2"
-    assert ref.reranker is None and ref.reader == "reader" and ref.answer_mode == "choose"
+    assert ref.configuration == Configuration(None) and ref.reader == "reader" and ref.answer_mode == "choose"
     assert read_reference(recorded / "user_encoder") is None  # no record there
 
 
@@ -68,7 +64,7 @@ def test_served_answers_equal_the_evaluations_reference_row_one_by_one(recorded,
     from persrag_lightning.data.lamp import read_outputs
     from persrag_lightning.data.source import LampSource
     from persrag_lightning.data.synth import SynthConfig
-    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.base import DocStore, Query
     from persrag_lightning.retrieval.strategies import file_name
 
     record = json.loads((recorded / "pipeline.json").read_text())
@@ -92,7 +88,8 @@ def test_served_answers_equal_the_evaluations_reference_row_one_by_one(recorded,
                                     example_ids=[e.example_id for e in examples])
     assert {e.example_id: a.answer for e, a in zip(examples, answers)} == predictions
     # and the label scores they were decided from: the same docs in the same order, read by the same reader
-    docs = [[replay.store.history_doc(d.row) for d in a.docs] for a in answers]
+    docs = [replay.store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), a.docs)
+            for e, a in zip(examples, answers)]
     again = replay.reader.read("LaMP-2", [e.input for e in examples], docs)
     reading = report.readings[FIRST_STAGE]
     assert again.decision == reading.decision and again.calibration == reading.calibration
@@ -191,3 +188,39 @@ def test_a_record_whose_dev_chose_the_llm_serves_it_under_the_chosen_calibration
         ("choose", "contextual", "auto")
     assert f"read by the LLM smollm2 (choose, calibration contextual, decision argmax): chosen on dev by {run}" \
         in pipe.serves
+
+
+def test_every_configuration_dev_can_choose_is_served_as_its_row_of_the_evaluate_config():
+    """record.CONFIGURATIONS against the rows the dev choice compares (commands/pipeline.py) as
+    evaluate_cfrag.yaml sets them: the reranker or none, m, the neighbour gate."""
+    from inspect import signature
+
+    from persrag_lightning.commands.pipeline import EVERY_CANDIDATE
+    from persrag_lightning.retrieval.cfrag import CFRAG
+    from tests.conftest import evaluate_config_rows
+
+    assert set(CONFIGURATIONS) == set(EVERY_CANDIDATE)
+    _, run, rows = evaluate_config_rows("evaluate_cfrag.yaml")
+    for name, configuration in CONFIGURATIONS.items():
+        row = rows[name]
+        reranker = row.get("reranker")
+        assert (None if reranker is None else reranker.removeprefix(f"{run}/")) == configuration.reranker, name
+        m = configuration.m if configuration.m is not None else signature(CFRAG).parameters["m"].default
+        assert row.get("m") == m and row.get("neighbour_slots") == configuration.neighbour_slots, name
+
+
+@pytest.mark.parametrize(("chosen", "reranked", "m", "slots"), [
+    ("CFRAG, ≤ 2 neighbour docs", True, 6, 2), ("w/o user retrieval (first-stage order)", False, 1, None)])
+def test_a_gated_or_own_docs_configuration_chosen_on_dev_is_served_so(recorded, tmp_path, chosen, reranked, m,
+                                                                      slots):
+    run = shutil.copytree(recorded, tmp_path / "t")
+    record = json.loads((run / "pipeline.json").read_text())
+    record.update(chosen_on_dev=chosen, reference_row=chosen)
+    (run / "pipeline.json").write_text(json.dumps(record))
+    pipe = served(run)
+    s = pipe.strategy
+    assert (s._reranker is not None, s.m, s.neighbour_slots) == (reranked, m, slots)
+    assert pipe.serves.startswith(f"serving {chosen} read by the trained reader")
+    given = served(run, m=3, neighbour_slots=None)
+    assert (given.strategy.m, given.strategy.neighbour_slots) == (3, None)
+    assert given.serves.startswith("serving CFRAG (") and "m = 3" in given.serves and "(given)" in given.serves
