@@ -75,15 +75,18 @@ class Reference:
 
 
 def _field(record: dict, name: str, path: Path, allowed: Any = None, optional: bool = False) -> Any:
-    """`record[name]`, refused with a ConfigError naming the file and the field when it is missing (unless
-    `optional`) or not one of `allowed`."""
+    """`record[name]`, a string, refused with a ConfigError naming the file and the field when it is
+    missing (unless `optional`, which also admits null) or not one of `allowed`."""
     if name not in record:
         if optional:
             return None
         raise ConfigError(f"{path}: field {name!r} is missing; the record of `python train.py pipeline` has it")
     value = record[name]
-    if allowed is not None and value not in allowed and not (optional and value is None):
-        raise ConfigError(f"{path}: field {name!r} is {value!r}, not one of {', '.join(map(str, allowed))}")
+    if optional and value is None:
+        return None
+    if not isinstance(value, str) or (allowed is not None and value not in allowed):
+        known = f"one of {', '.join(map(str, allowed))}" if allowed is not None else "a name"
+        raise ConfigError(f"{path}: field {name!r} is {value!r}, not {known}")
     return value
 
 

@@ -122,6 +122,7 @@ def test_a_run_without_a_record_serves_the_defaults_it_served_before(recorded, t
 @pytest.mark.parametrize(("change", "field"), [
     ({"chosen_on_dev": "CFRAG (best)"}, "chosen_on_dev"),
     ({"reader": None}, "reader"),
+    ({"reader": ["trained"]}, "reader"),
     ({"task": None}, "task"),
     ({"calibration_chosen_on_dev": "platt"}, "calibration"),
 ])
