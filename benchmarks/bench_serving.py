@@ -29,7 +29,9 @@ from persrag_lightning.runtime import announce, gemm_choice
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 
 # name → (from_pretrained settings, torch threads or None for the default). The baseline is the paper's CFRAG.
-BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False, "query_runtime": "fp32"}
+# the reranker named: it is what the options time, whichever order the run's pipeline.json chose on dev
+BASELINE = {"rerank_top": None, "reranker_runtime": "fp32", "cache_doc_tokens": False, "query_runtime": "fp32",
+            "reranker": "reranker"}
 OPTIONS: dict[str, dict] = {
     "baseline (fp32, all m·k)": {},
     "(a) cached doc tokens": {"cache_doc_tokens": True},

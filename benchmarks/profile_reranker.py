@@ -74,7 +74,9 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (its compile takes ~15 s)")
     args = p.parse_args()
     configure_logs(verbose=False)
-    pipe = CFRAGPipeline.from_pretrained(args.run, cache_dir=args.cache_dir, reranker_runtime="fp32")
+    # the reranker named: it is what is profiled, whichever order the run's pipeline.json chose on dev
+    pipe = CFRAGPipeline.from_pretrained(args.run, cache_dir=args.cache_dir, reranker_runtime="fp32",
+                                         reranker="reranker")
     s = pipe.strategy
     reranker = s._reranker
     if reranker is None:

@@ -32,6 +32,7 @@ from persrag_lightning.hardware import bf16_is_native, bf16_verdict, describe_cp
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.presets import Preset, load_preset, preset_names
 from persrag_lightning.reading import LLM_READER
+from persrag_lightning.record import RECORD
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Stage, bundle_address, run_folder
 from persrag_lightning.utils import ConfigError, atomic_write_json, one_flag_style
@@ -474,9 +475,9 @@ def main(argv: list[str]) -> None:
 def write_record(job: Job, argv: list[str], opts: argparse.Namespace, decisions: dict[str, Any], plan,
                  choices: dict[str, Any]) -> None:
     """pipeline.json beside the run's bundles, from the typed Job: the raw record a table of
-    main-job times and a test of the recipe read."""
+    main-job times and a test of the recipe read, and serving's default (record.py reads it back)."""
     rules = job.preset.precision
-    atomic_write_json(run_folder(job.export_root, job.run_name) / "pipeline.json", {
+    atomic_write_json(run_folder(job.export_root, job.run_name) / RECORD, {
         "argv": argv, "preset": opts.preset, "task": job.task, "judgments": job.judgments, "split": opts.split,
         "questions": opts.questions,
         "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),

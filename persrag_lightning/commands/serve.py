@@ -9,7 +9,9 @@ import logging
 import os
 import sys
 
+from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS
 from persrag_lightning.serving.batcher import Batching
+from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
 
 __all__ = ["serve_command"]
@@ -33,15 +35,29 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
-    parser.add_argument("--m", type=int, default=6, help="similar users (CFRAG m)")
+    parser.add_argument("--m", type=int, default=None,
+                        help="similar users (CFRAG m; default: the run's pipeline.json's configuration, else 6)")
+    parser.add_argument("--neighbour_slots", default=RECORD_SAYS,
+                        help="the neighbour gate: at most N of the k docs neighbours', or none; default: the run's "
+                             "pipeline.json's configuration (without one: none)")
     parser.add_argument("--k", type=int, default=5, help="docs per prompt (CFRAG k)")
     parser.add_argument("--users", choices=("encoder", "cluster"), default="encoder",
                         help="similar users: the user encoder's top-m (the paper) or the cohorts of `persrag "
                              "cluster` (CFRAG's `users: cluster`; new users join the nearest cohort)")
     parser.add_argument("--cohorts", default=None, help="the cohort export for --users cluster (default <run>/clusters)")
-    parser.add_argument("--reranker", default="reranker",
-                        help="the run's reranker bundle: reranker (stage 3) or reranker_distilled (its one-layer "
-                             "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md)")
+    parser.add_argument("--reranker", default=RECORD_SAYS,
+                        help="the run's reranker bundle: reranker (stage 3), reranker_distilled (its one-layer "
+                             "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md) "
+                             "or none (the first-stage order); default: the order the run's pipeline.json chose on "
+                             "dev (without one: reranker where exported)")
+    parser.add_argument("--reader", default=RECORD_SAYS,
+                        help="who answers label questions (POST /v1/answers): llm, reader (the run's trained "
+                             "reader) or a reader's folder; default: the reader the run's pipeline.json chose on "
+                             "dev (without one: llm)")
+    parser.add_argument("--calibration", choices=CALIBRATIONS, default=None,
+                        help="the LLM reader's label calibration (default: the run's pipeline.json, else none)")
+    parser.add_argument("--decision", choices=DECISIONS, default=None,
+                        help="the answer taken from label scores (default: the run's pipeline.json, else auto)")
     parser.add_argument("--cache_dir", default=".cache/persrag",
                         help="the cache the run's corpus embeddings are in (resolved once at start: a deletion "
                              "purges this one, wherever the process runs from)")
@@ -61,6 +77,15 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
     return one_flag_style(parser)
+
+
+def _slots(parser: argparse.ArgumentParser, value: str) -> int | str | None:
+    """`--neighbour_slots`: a count, `none` (no gate) or `record`; anything else is refused."""
+    if value in (RECORD_SAYS, "none"):
+        return None if value == "none" else value
+    if not value.isdigit():
+        parser.error(f"--neighbour_slots must be a count, none or {RECORD_SAYS}, got {value!r}")
+    return int(value)
 
 
 def serve_command(argv: list[str]) -> None:
@@ -90,8 +115,12 @@ def serve_command(argv: list[str]) -> None:
     )
     service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
                                           admin_token=os.environ.get(args.admin_token_env) or None,
-                                          use_llm=not args.no_llm, extraction=args.extraction, m=args.m, k=args.k,
-                                          users=args.users, cohort_export=args.cohorts, reranker=args.reranker,
+                                          use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
+                                          m=RECORD_SAYS if args.m is None else args.m,
+                                          neighbour_slots=_slots(parser, args.neighbour_slots),
+                                          users=args.users, cohort_export=args.cohorts,
+                                          reranker=None if args.reranker == "none" else args.reranker,
+                                          reader=args.reader, calibration=args.calibration, decision=args.decision,
                                           cache_dir=args.cache_dir, batching=batching)
     service.k = args.k
     if generated:

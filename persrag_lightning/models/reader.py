@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -346,8 +346,8 @@ def _zeros(module: nn.Module) -> nn.Module:
     return module
 
 
-def batch_from_vectors(read: Sequence[ReaderQuestion], embed, max_docs: int, dim: int,
-                       n_labels: int) -> ReaderBatch:
+def batch_from_vectors(read: Sequence[ReaderQuestion], embed: Callable[[list[str]], torch.Tensor],
+                       max_docs: int, dim: int, n_labels: int) -> ReaderBatch:
     """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's
     cache, or a training set's precomputed table).
 

@@ -8,7 +8,8 @@ parameters would not keep. Around every request: the Host header checked against
 own inline script and style, no framing, no sniffing, no caching).
 
 Endpoints: POST /v1/users (sign-up → token), POST /v1/chat/completions (OpenAI-compatible +
-provenance), GET /v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST
+provenance), POST /v1/answers (a question of the run's task, answered by its reader), GET
+/v1/users/{id}/memories, DELETE /v1/users/{id}/memories/{mid}, POST
 /v1/users/{id}/history, DELETE /v1/users/{id}, GET /healthz, GET / (the chat page). `app.openapi()`
 describes every body with the schemas of those models (the schema the fuzzing tests generate
 requests from); it is not served.
@@ -34,8 +35,9 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from persrag_lightning.memory.extract import QUESTIONNAIRE
+from persrag_lightning.serving.answers import answer_question
 from persrag_lightning.serving.limits import Limits, RateLimiter
-from persrag_lightning.serving.requests import Chat, Error, History, SignUp
+from persrag_lightning.serving.requests import Chat, Error, History, Question, SignUp
 from persrag_lightning.serving.service import ChatService
 from persrag_lightning.serving.validation import ServiceError
 
@@ -145,7 +147,7 @@ def _page_and_csp() -> tuple[str, str]:
 
 # ---- the OpenAPI description of the bodies: generated from their models (serving/requests.py) ----
 
-BODIES = (SignUp, Chat, History)
+BODIES = (SignUp, Chat, Question, History)
 REFUSALS = (400, 401, 403, 404, 409, 413, 415, 422, 429)
 
 
@@ -268,6 +270,12 @@ def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
         body = await read_json(request)
         turn = await run_in_threadpool(service.chat, who, body)
         return service.completion(turn, turn.model or model_name, who.user_id)
+
+    @app.post("/v1/answers", openapi_extra=_body(Question))
+    async def answers(request: Request) -> dict:
+        who = caller(request)
+        body = await read_json(request)
+        return await run_in_threadpool(answer_question, service, who, body)
 
     @app.get("/v1/users/{user_id}/memories")
     def memories(user_id: str, request: Request) -> dict:

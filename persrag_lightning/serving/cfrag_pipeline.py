@@ -5,6 +5,7 @@ export of `persrag cluster`) and answers `retrieve`, `generate`, `add_user` and 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
+from persrag_lightning.serving.served import DEFAULT_RERANKER, RECORD_SAYS, Choice, follow_record, serves_line
 
 __all__ = ["CFRAGPipeline", "Generation"]
 
@@ -52,6 +54,41 @@ def all_exported(strategy: CFRAG) -> bool:
     models = [m for m in (strategy._reranker, strategy._first_cut) if m is not None]
     return (strategy.retriever.query_runtime in EXPORTED_RUNTIMES
             and all(m.runtime in EXPORTED_RUNTIMES for m in models))
+
+
+def _cfrag(run_dir: Path, choice: Choice, users: str, cohort_export: str | Path | None,
+           first_cut: str | None, **settings) -> CFRAG:
+    """CFRAG over the run's bundles as `from_pretrained` resolved them (its docstring says how).
+
+    Args:
+        run_dir: the run's folder.
+        choice: the order and reader resolved from the arguments and the record (`follow_record`).
+        users: `encoder`, `mean` or `cluster`.
+        cohort_export: the cohort export (users="cluster"; default `run_dir`/clusters).
+        first_cut: a cheaper reranker bundle that chooses the candidates the reranker scores.
+        settings: CFRAG's other settings, passed on.
+    """
+    user_encoder = require_bundle(run_dir / "user_encoder")  # stage 1: every CFRAG serves from it
+    if users not in ("encoder", "mean", "cluster"):
+        raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
+    if users == "cluster":
+        export = Path(cohort_export) if cohort_export is not None else run_dir / COHORTS
+        if not (export / "cohorts.json").is_file():
+            raise FileNotFoundError(f"{export}: no cohort export; make it with `persrag cluster --run_name "
+                                    f"{run_dir.name} --export_root {run_dir.parent}`")
+        settings["cohort_export"] = str(export)
+    elif cohort_export is not None:
+        raise ValueError("cohort_export is read only with users='cluster'")
+    reranker = choice.reranker
+    # named, or the order the record chose: must exist; the default without a record: where exported
+    if reranker is not None and (reranker != DEFAULT_RERANKER or choice.reranker_from_record):
+        reranker = require_bundle(run_dir / reranker)
+    elif reranker is not None:
+        reranker = exported_bundle(run_dir, reranker)
+    if first_cut is not None:
+        first_cut = require_bundle(run_dir / first_cut)
+    return CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, users=users,
+                 first_cut=first_cut, **settings)
 
 
 @dataclass
@@ -83,6 +120,8 @@ class CFRAGPipeline:
         self.task = store.dataset.task
         self.llm_config = llm or LLMConfig()
         self.reader_spec = reader
+        # what is served and why, in a line (from_pretrained says it from the run's record)
+        self.serves = f"serving {getattr(strategy, 'name', 'CFRAG')} read by {reader}: as constructed"
         self._llm: LLM | None = None
         self._reader: Reader | None = None
         self._text_encoder: TextEncoder | None = None
@@ -106,15 +145,27 @@ class CFRAGPipeline:
             torch.set_num_threads(before)
 
     @classmethod
-    def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int = 6, k_per_user: int = 5,
+    def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int | str | None = RECORD_SAYS,
+                        k_per_user: int = 5,
                         k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
-                        threads: int | None = None, reranker: str | None = "reranker",
+                        threads: int | None = None, reranker: str | None = RECORD_SAYS,
                         query_runtime: str = "auto", first_cut: str | None = None,
-                        reader: str = LLM_READER) -> CFRAGPipeline:
+                        reader: str = RECORD_SAYS, answer_mode: str | None = None,
+                        calibration: str | None = None, decision: str | None = None,
+                        neighbour_slots: int | str | None = RECORD_SAYS) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means
-        the untuned encoder, a missing reranker means first-stage order (the paper's ablations).
+        the untuned encoder. What the run's record (`pipeline.json`, written by `train.py pipeline`)
+        says its table's reference row was, chosen on dev, is served by default (serving/served.py):
+        the docs' order (`reranker`), the similar users `m` (None: CFRAG's, the paper's 6), the
+        neighbour gate (`neighbour_slots`: at most this many of the k docs neighbours'; None: none),
+        the reader and the LLM's `answer_mode`, `calibration` and `decision`; an argument given
+        explicitly wins (`reranker`, `m`, `neighbour_slots`, `reader`: anything but "record"; the
+        others: anything but None). A run without a record serves stage 3's order where its reranker
+        is exported (else the first stage's), m = 6, no gate, read by the LLM of `llm`. `serves`
+        says which, and why, in one line, printed at load.
+
         `users="cluster"` takes the similar users from the cohort export (`cohort_export`, default
         `run_dir`/clusters) as CFRAG's `users: cluster` row of the evaluation does; new users join
         their nearest cohort, nobody is re-clustered. `rerank_top`, `reranker_runtime`,
@@ -132,34 +183,24 @@ class CFRAGPipeline:
         (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside
         `run_dir` ("reader") or its folder, which then answers `generate` (label tasks)."""
         run_dir = Path(run_dir)
-        user_encoder = require_bundle(run_dir / "user_encoder")  # stage 1: every CFRAG serves from it
-        if users not in ("encoder", "mean", "cluster"):
-            raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
-        extra: dict = {}
-        if users == "cluster":
-            export = Path(cohort_export) if cohort_export is not None else run_dir / COHORTS
-            if not (export / "cohorts.json").is_file():
-                raise FileNotFoundError(f"{export}: no cohort export; make it with `persrag cluster --run_name "
-                                        f"{run_dir.name} --export_root {run_dir.parent}`")
-            extra["cohort_export"] = str(export)
-        elif cohort_export is not None:
-            raise ValueError("cohort_export is read only with users='cluster'")
-        reranker_runtime = (serving_runtime("reranker") if reranker_runtime == "auto"
-                            else native_runtime(reranker_runtime))
-        query_runtime = serving_runtime("query") if query_runtime == "auto" else native_runtime(query_runtime)
-        if reranker not in (None, "reranker"):  # named: must exist
-            reranker = require_bundle(run_dir / reranker)
-        elif reranker is not None:
-            reranker = exported_bundle(run_dir, reranker)
-        if first_cut is not None:
-            first_cut = require_bundle(run_dir / first_cut)
-        strategy = CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, m=m,
-                         k_per_user=k_per_user, cache_dir=cache_dir, users=users, rerank_top=rerank_top,
-                         reranker_runtime=reranker_runtime, cache_doc_tokens=cache_doc_tokens,
-                         query_runtime=query_runtime, first_cut=first_cut, **extra)
+        choice = follow_record(run_dir, llm, reranker, reader,
+                               {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
+                               m, neighbour_slots)
+        more = {"m": choice.m} if choice.m is not None else {}
+        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, **more, k_per_user=k_per_user,
+                          neighbour_slots=choice.neighbour_slots,
+                          cache_dir=cache_dir, rerank_top=rerank_top, cache_doc_tokens=cache_doc_tokens,
+                          reranker_runtime=(serving_runtime("reranker") if reranker_runtime == "auto"
+                                            else native_runtime(reranker_runtime)),
+                          query_runtime=(serving_runtime("query") if query_runtime == "auto"
+                                         else native_runtime(query_runtime)))
+        reader = choice.reader
         if reader != LLM_READER and not Path(reader).is_dir():
             reader = require_bundle(run_dir / reader)
-        return cls(strategy, DocStore(read_docstore(run_dir / "docstore")), llm, k, threads, reader)
+        pipe = cls(strategy, DocStore(read_docstore(run_dir / "docstore")), choice.llm, k, threads, reader)
+        pipe.serves = serves_line(choice, pipe.task, run_dir)
+        print(f"[serving] {pipe.serves}", file=sys.stderr, flush=True)
+        return pipe
 
     @property
     def llm(self) -> LLM:
@@ -181,16 +222,25 @@ class CFRAGPipeline:
         scores."""
         return self.retrieve_batch([user_id], [query], k)[0]
 
-    def retrieve_batch(
-        self, user_ids: list[str], queries: list[str], k: int | None = None
-    ) -> list[list[RetrievedDoc]]:
+    def retrieve_batch(self, user_ids: list[str], queries: list[str], k: int | None = None,
+                       example_ids: list[str] | None = None) -> list[list[RetrievedDoc]]:
         """Batched retrieval: queries are embedded together, which is where the throughput comes
-        from."""
+        from.
+
+        Args:
+            user_ids: who asks each query.
+            queries: the task inputs as LaMP writes them.
+            k: docs per query (None: the pipeline's `k`).
+            example_ids: the LaMP questions the queries are, where the store holds them: each then
+                sees its own question's profile, as the evaluation's does (replaying a split); None:
+                a new question, which sees the user's whole pool.
+        """
         missing = [u for u in user_ids if u not in self.store]
         if missing:
             raise KeyError(f"unknown users {missing[:5]}; add them with add_user(user_id, history)")
         spec = get_task(self.task)
-        qs = [Query(u, spec.extract_query(q), q) for u, q in zip(user_ids, queries)]
+        ids = example_ids if example_ids is not None else [""] * len(user_ids)
+        qs = [Query(u, spec.extract_query(q), q, e) for u, q, e in zip(user_ids, queries, ids)]
         with self._torch_threads(self.retrieve_threads):
             return self.strategy.retrieve(qs, k or self.k)
 
@@ -199,12 +249,28 @@ class CFRAGPipeline:
         ... description: …")."""
         return self.generate_batch([user_id], [query])[0]
 
-    def generate_batch(self, user_ids: list[str], queries: list[str]) -> list[Generation]:
-        retrieved = self.retrieve_batch(user_ids, queries)
-        docs = [self.store.read_docs(Query(u, "", q), ds) for u, q, ds in zip(user_ids, queries, retrieved)]
+    def generate_batch(self, user_ids: list[str], queries: list[str],
+                       example_ids: list[str] | None = None) -> list[Generation]:
+        """`generate` for many queries at once; `example_ids` as `retrieve_batch`'s."""
+        retrieved = self.retrieve_batch(user_ids, queries, example_ids=example_ids)
+        return self.read(user_ids, queries, retrieved, example_ids)
+
+    def read(self, user_ids: list[str], queries: list[str], retrieved: list[list[RetrievedDoc]],
+             example_ids: list[str] | None = None) -> list[Generation]:
+        """The reader's answers to `queries` over docs already retrieved (the service reads only the
+        docs its privacy guard kept), each doc handed over with its provenance (`DocStore.read_docs`).
+
+        Args:
+            user_ids: who asks each query.
+            queries: the task inputs as LaMP writes them.
+            retrieved: each query's docs, in rank order (`retrieve_batch`).
+            example_ids: as `retrieve_batch`'s (None: new questions).
+        """
+        ids = example_ids if example_ids is not None else [""] * len(user_ids)
+        docs = [self.store.read_docs(Query(u, "", q, e), ds) for u, q, e, ds in zip(user_ids, queries, ids, retrieved)]
         prompts = self.reader.prompts(self.task, queries, docs)
         answers = self.reader.answer(self.task, queries, docs)
-        return [Generation(a, p, docs) for a, p, docs in zip(answers, prompts, retrieved)]
+        return [Generation(a, p, ds) for a, p, ds in zip(answers, prompts, retrieved)]
 
     @torch.no_grad()
     def add_user(self, user_id: str, history: list[dict]) -> None:

@@ -28,8 +28,8 @@ from persrag_lightning.memory.store import MAX_ID_CHARS
 
 __all__ = [
     "MAX_DATE_CHARS", "MAX_FIELD_NAME_CHARS", "MAX_HISTORY_DOCS", "MAX_MESSAGES", "MAX_MESSAGE_CHARS",
-    "MAX_MODEL_CHARS", "PATTERN_MEANINGS", "Answers", "Chat", "Error", "History", "HistoryDocBody", "Message", "SignUp",
-    "Text",
+    "MAX_MODEL_CHARS", "PATTERN_MEANINGS", "Answers", "Chat", "Error", "History", "HistoryDocBody", "Message", "Question",
+    "SignUp", "Text",
 ]
 
 # a message, an answer or a doc field (memory/bank.py's MemorySettings default)
@@ -184,6 +184,18 @@ class Chat(BaseModel):
         if not self.messages[-1].content.strip():
             raise PydanticCustomError("empty_message", "messages[-1].content is empty")
         return self
+
+
+class Question(BaseModel):
+    """POST /v1/answers: a question of the run's task, answered by the pipeline's reader (a label of
+    the task, on a label task) over the caller's CFRAG docs.
+
+    Attributes:
+        input: the task input as LaMP writes it (e.g. "Which tag does this movie relate to among the
+            following tags? ... description: ...").
+    """
+
+    input: Text
 
 
 class History(BaseModel):

@@ -436,5 +436,5 @@ class ChatService:
 
     def health(self) -> dict:
         return {"status": "ok", "users": self.pipeline.store.corpus.num_users, "accounts": len(self.accounts),
-                "llm": self.use_llm}
+                "llm": self.use_llm, "serves": self.pipeline.serves}
 

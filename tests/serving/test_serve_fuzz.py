@@ -58,10 +58,10 @@ def check(response, case) -> None:
 def test_the_schema_describes_every_endpoint_and_body(fuzz_target):
     _, app, _, _ = fuzz_target
     paths = app.openapi()["paths"]
-    assert set(paths) == {"/healthz", "/", "/v1/users", "/v1/chat/completions", "/v1/users/{user_id}/memories",
-                          "/v1/users/{user_id}/memories/{memory_id}", "/v1/users/{user_id}/history",
-                          "/v1/users/{user_id}"}
-    for path, method in (("/v1/users", "post"), ("/v1/chat/completions", "post"),
+    assert set(paths) == {"/healthz", "/", "/v1/users", "/v1/chat/completions", "/v1/answers",
+                          "/v1/users/{user_id}/memories", "/v1/users/{user_id}/memories/{memory_id}",
+                          "/v1/users/{user_id}/history", "/v1/users/{user_id}"}
+    for path, method in (("/v1/users", "post"), ("/v1/chat/completions", "post"), ("/v1/answers", "post"),
                          ("/v1/users/{user_id}/history", "post")):
         assert paths[path][method]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
 
