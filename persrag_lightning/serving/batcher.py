@@ -33,7 +33,8 @@ class Batching:
             already queued, which under load are the ones that arrived during the previous call).
     """
 
-    max_batch: int = 16
+    # off by default: on 2 cores batching measured no gain (docs/serving/chat-service.md#many-users-at-once)
+    max_batch: int = 1
     max_wait_ms: float = 5.0
 
     def __post_init__(self) -> None:
