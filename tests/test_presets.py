@@ -15,7 +15,7 @@ def test_the_shipped_presets_read_as_typed_values():
     assert preset_names() == ["full-feedback", "paper", "quick", "smoke"]
     quick = load_preset("quick")
     assert quick.feedback["data.init_args.candidates.m"] == 3
-    assert quick.feedback["data.init_args.feedback.metric"] == "loglik"
+    assert quick.feedback["data.init_args.feedback.metric"] == "gain"
     assert quick.precision.feedback is Precision.CPU_NATIVE and quick.precision.generator is Precision.NATIVE
     assert quick.judgments == "paired" and quick.paper_chain and quick.select_order_on_dev
     assert quick.readers == ["trained", "llm"] and quick.calibrations == ["none", "contextual", "pmi"]
@@ -33,7 +33,7 @@ def test_a_preset_with_a_base_states_only_its_differences():
     quick, full = load_preset("quick"), load_preset("full-feedback")
     assert (full.rows, full.stages, full.precision, full.evaluate) == (quick.rows, quick.stages, quick.precision,
                                                                         quick.evaluate)
-    assert cli_overrides(full.feedback) == ["--data.init_args.feedback.metric=loglik",
+    assert cli_overrides(full.feedback) == ["--data.init_args.feedback.metric=gain",
                                             "--data.init_args.feedback.llm.batch_size=64"]
 
 

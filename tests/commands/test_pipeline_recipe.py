@@ -286,7 +286,7 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     assert not any("_paper" in r.stage for r in fits)
     assert all(r.overrides["run_name"] == "synthlamp-quick-none" for r in fits)
     runs = by_purpose(evaluations)
-    assert runs["choice"].only == ["CFRAG", "w/o reranker tuning"]
+    assert runs["choice"].only == list(pipeline.EVERY_CANDIDATE)  # both orders, each gated and shut
     assert "evaluation.reference" not in runs["test"].overrides  # CFRAG is the config's reference already
     rows = runs["test"].only
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
@@ -440,7 +440,7 @@ def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them()
         return rows
 
     rows = config()
-    names = pipeline.chain_names("paired")
+    names = {k: v for k, v in pipeline.chain_names("paired").items() if k in pipeline.CANDIDATES}  # the two orders
     made = rename_strategies(rows, names)
     assert [s.name for s in rows] == ["CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
                                       "CFRAG (judgments, reranked) + tuned generator", "mine"]
