@@ -4,6 +4,8 @@ the rows that need no reader.
 Designs (`--designs`, any subset, in this order):
 - `trained`: the reader stage (`fit --config reader.yaml`: frozen MiniLM vectors of the question and of BM25's docs
   with their labels, a small fusion transformer, an ordinal head on ordered labels), read through `TrainedReader`;
+- `trained_before`: the same reader without the asker's label habit and the docs' provenance (`prior: false,
+  provenance: false`: the design before them);
 - `llm`: the embedded LLM (SmolLM2) reading the evaluation's Table 4 prompts under `answer_mode: choose`, one row
   per label calibration (one reading, every calibration's terms);
 - `generator`: the LoRA generator (`fit --config generator.yaml`, BM25's prompts, loss on the label tokens) trained
@@ -39,7 +41,7 @@ from scipy.stats import spearmanr
 
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.convert import ConvertOptions, convert_log
-from persrag_lightning.data.records import Example, HistoryDoc
+from persrag_lightning.data.records import Example, ReadDocs
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.reader_free import reader_free_rows, top_answer
@@ -49,7 +51,7 @@ from persrag_lightning.llm.calibration import CALIBRATIONS, LabelReading
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.reading.trained import TrainedReader
-from persrag_lightning.retrieval.base import DocStore
+from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name
 from persrag_lightning.utils import resolve_config_path
 
@@ -58,7 +60,7 @@ SHARED_LOG = REPO.parent / "shared" / "data" / "real" / "Magazine_Subscriptions_
 # the shared reviews' columns (their README): LaMP-3, one review per (user, product), repeated texts kept once
 SHARED_OPTIONS = ConvertOptions(task="LaMP-3", user="reviewerID", date="unixReviewTime", text="reviewText",
                                 label="overall", item="asin", dedupe=True)
-DESIGNS = ("trained", "llm", "generator")
+DESIGNS = ("trained", "trained_before", "llm", "generator")
 WARM_UP = 4  # questions read before the clock starts (first-call allocations, kernel choices)
 
 
@@ -81,7 +83,7 @@ class Dev:
     data_dir: Path
     store: DocStore
     examples: list[Example]
-    docs: list[list[HistoryDoc]]
+    docs: list[ReadDocs]  # with their provenance and the asker's habit (DocStore.read_docs)
     free: dict[str, list[str]]
     n_train: int
 
@@ -113,7 +115,7 @@ def load_dev(task: str, data_dir: Path, cache_dir: str, k: int, max_dev: int | N
     retrieved, _ = cached_retrieval(bm25, store, examples, k, cache_dir, source.data_dir.name)
     train_golds = [e.target for e in dataset.examples["train"] if e.target is not None]
     free = reader_free_rows(source.task, store, examples, train_golds, {"BM25": retrieved})
-    docs = [[store.history_doc(d.row) for d in ds] for ds in retrieved]
+    docs = [store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), ds) for e, ds in zip(examples, retrieved)]
     return Dev(source.task, Path(data_dir), store, examples, docs, free, len(train_golds))
 
 
@@ -163,8 +165,11 @@ def timed_read(read, dev: Dev) -> tuple[LabelReading, float]:
     return reading, len(dev.inputs) / (time.perf_counter() - started)
 
 
-def trained_rows(dev: Dev, args: argparse.Namespace) -> list[Row]:
+def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False) -> list[Row]:
+    """The reader stage's design read on dev; `before`: without the asker's habit and the docs' provenance."""
     extra = [f"--trainer.max_epochs={args.reader_epochs}"] if args.reader_epochs else []
+    if before:
+        extra += ["--model.init_args.config.prior=false", "--model.init_args.config.provenance=false"]
     export, seconds = fit("reader.yaml", dev, args, *extra)
     reader = TrainedReader(export)
 
@@ -173,8 +178,8 @@ def trained_rows(dev: Dev, args: argparse.Namespace) -> list[Row]:
         return reader.read(dev.task, inputs, docs)
 
     reading, per_s = timed_read(read, dev)
-    return [Row(f"trained reader (decision {reading.decision})", reading.answers, expected_ratings(reading),
-                seconds, per_s)]
+    name = "trained reader, no habit or provenance" if before else "trained reader"
+    return [Row(f"{name} (decision {reading.decision})", reading.answers, expected_ratings(reading), seconds, per_s)]
 
 
 def llm_rows(model: str, name: str, dev: Dev, args: argparse.Namespace, train_s: float | None = None) -> list[Row]:
@@ -278,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     if "trained" in designs:
         rows += trained_rows(dev, args)
+    if "trained_before" in designs:
+        rows += trained_rows(dev, args, before=True)
     if "llm" in designs:
         rows += llm_rows(args.llm, f"LLM ({args.llm})", dev, args)
     if "generator" in designs:
