@@ -271,7 +271,7 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
 
 def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(monkeypatch, tmp_path) -> None:
     """`--preset full-feedback` changes only the feedback stages: no m/k/example caps (the configs' m 6, k 5, every
-    question), loglik labels; the user encoder, generator, evaluation and reported rows are quick's."""
+    question), quick's gain labels; the user encoder, generator, evaluation and reported rows are quick's."""
     runs: dict[str, dict] = {}
     for preset in ("quick", "full-feedback"):
         fits, evaluations, stages = pipeline_runs(monkeypatch, ["--preset", preset, "--export_root", str(tmp_path)])
@@ -286,7 +286,7 @@ def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(mon
     for key in ("user_encoder", "generator", "table"):
         assert full[key] == quick[key]
     for stage in ("retriever", "reranker"):
-        assert full[stage]["data.init_args.feedback.metric"] == "loglik"
+        assert full[stage]["data.init_args.feedback.metric"] == quick[stage]["data.init_args.feedback.metric"] == "gain"
         assert not any(k.startswith(("data.init_args.candidates.m", "data.init_args.candidates.k",
                                      "data.init_args.splits.max_")) for k in full[stage])
         assert "data.init_args.splits.max_train_examples" in quick[stage]
