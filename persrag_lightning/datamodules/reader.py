@@ -211,10 +211,10 @@ class ReaderDataModule(L.LightningDataModule):
         )
         return out[:limit] if limit else out
 
-    def read_with(self, dataset: Any, store: DocStore, examples: list[Example], name: str,
-                  tag: str = "") -> list[ReaderExample]:
-        """`examples` read with the docs strategy `name` retrieves, with their provenance (ids
-        suffixed `@tag` for a mix strategy's copy)."""
+    def read_with(self, store: DocStore, examples: list[Example], name: str,
+                  suffix: str = "") -> list[ReaderExample]:
+        """`examples` read with the docs strategy `name` retrieves, with their provenance; a mix
+        strategy's copy has `suffix` (`@<name>`) on its ids."""
         h, spec = self.hparams, get_task(self.task)
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), name, h.run_dir)
         retrieved, _ = cached_retrieval(
@@ -223,7 +223,7 @@ class ReaderDataModule(L.LightningDataModule):
         docs = [store.read_docs(Query(e.user_id, e.query, e.input, e.example_id), ds)
                 for e, ds in zip(examples, retrieved)]
         reads = reader_inputs(self.reader_config(), [e.input for e in examples], docs)
-        return [ReaderExample(ex.example_id + tag, read, target) for ex, read in zip(examples, reads)
+        return [ReaderExample(ex.example_id + suffix, read, target) for ex, read in zip(examples, reads)
                 if (target := spec.label_index(ex.target)) is not None]
 
     def build_split(
@@ -241,11 +241,11 @@ class ReaderDataModule(L.LightningDataModule):
         """
         h, spec = self.hparams, get_task(self.task)
         examples = self.questions(dataset, split, limit)
-        out = self.read_with(dataset, store, examples, h.strategy)
+        out = self.read_with(store, examples, h.strategy)
         if split != self.splits.train_split:
             return out
         for name in h.mix or []:
-            out += self.read_with(dataset, store, examples, name, f"@{name}")
+            out += self.read_with(store, examples, name, f"@{name}")
         if not h.profile_items:
             return out
         asked = {e.example_id for exs in dataset.examples.values() for e in exs}
