@@ -8,15 +8,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from persrag_lightning.retrieval.cohort_settings import CohortSettings
 from persrag_lightning.utils import atomic_replace, atomic_write_json, atomic_write_text
-
-if TYPE_CHECKING:
-    from persrag_lightning.retrieval.cohorts import CohortModel
 
 __all__ = ["FORMAT", "CohortMeta", "array_digest", "read_cohorts", "write_cohorts"]
 
@@ -43,7 +40,28 @@ def array_digest(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
 
 
-def write_cohorts(model: CohortModel, directory: str | Path) -> Path:
+class FittedCohorts(Protocol):
+    """What an export reads of a fitted cohort model (retrieval/cohorts.CohortModel), named here so
+    this module does not import the model that imports it."""
+
+    user_ids: list[str]
+    cohorts: np.ndarray
+    labels: np.ndarray
+    centroids: np.ndarray
+    vectors: np.ndarray
+    radii: np.ndarray
+    settings: CohortSettings
+    data_fingerprint: str
+    n_cohorts: int
+    sizes: np.ndarray
+    noise_count: int
+    dim: int
+    encoder: str
+
+    def __len__(self) -> int: ...
+
+
+def write_cohorts(model: FittedCohorts, directory: str | Path) -> Path:
     """Export `model` to `directory`: assignments.tsv, centroids.npy, vectors.npy, radii.npy,
     cohorts.json (settings, sizes, noise count, fingerprint), cohorts.json last.
 
