@@ -225,20 +225,27 @@ class FeedbackBuilder:
         docs), where the own docs are the asker's other own candidates (the user ranks first among
         its m similar users, so its k docs are candidates), best first stage first, read in one call
         per side. The reader still knows the asker's habit on both sides (`ReadDocs`)."""
-        inputs, with_doc, without = [], [], []
+        inputs, with_doc, targets = [], [], []
+        bases: dict[tuple[str, tuple[int, ...]], int] = {}  # each distinct (question, own docs) read once
+        base_of, base_reads = [], []
         for ex, cands in zip(examples, proposals):
             query = Query(ex.user_id, ex.query, ex.input, ex.example_id)
             own = sorted((d for d in cands if d.owner == ex.user_id), key=lambda d: -d.retriever_score)
             for d in cands:
                 base = [o for o in own if o.row != d.row][:max(0, self.candidates.k - 1)]
                 inputs.append(ex.input)
+                targets.append(ex.target)
                 with_doc.append(self.store.read_docs(query, [*base, d]))
-                without.append(self.store.read_docs(query, base))
-        targets = [ex.target for ex, cands in zip(examples, proposals) for _ in cands]
+                key = (ex.example_id, tuple(o.row for o in base))
+                if key not in bases:
+                    bases[key] = len(base_reads)
+                    base_reads.append((ex, self.store.read_docs(query, base)))
+                base_of.append(bases[key])
         task = self.dataset.task
         plus = self.reader.score_targets(task, inputs, with_doc, targets, phase="feedback labels")
-        minus = self.reader.score_targets(task, inputs, without, targets, phase="feedback labels (own docs)")
-        return [float(a - b) for a, b in zip(plus, minus)]
+        minus = self.reader.score_targets(task, [ex.input for ex, _ in base_reads], [ds for _, ds in base_reads],
+                                          [ex.target for ex, _ in base_reads], phase="feedback labels (own docs)")
+        return [float(a - minus[i]) for a, i in zip(plus, base_of)]
 
     @staticmethod
     def _records(examples: list[Example], flat: list[tuple[Example, RetrievedDoc]],
