@@ -16,13 +16,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["PAPER_STAGES", "RUN_DIR", "STAGES", "Stage", "bundle_address", "bundle_path", "cli_overrides",
+__all__ = ["PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address", "bundle_path", "cli_overrides",
            "fill_run_dir", "run_folder"]
 
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
 # the run folder's placeholder in configs and defaults; `fill_run_dir` replaces it with
 # <export_root>/<run_name>
 RUN_DIR = "{run_dir}"
+
+
+class Key:
+    """The settings a run addresses in its stages' and evaluations' configs, by their dotted keys
+    (a stage's `fit` config, the evaluate config): one name for each, where pipeline.json keeps them
+    as overrides and where serving reads them back."""
+
+    DATA_DIR = "data.init_args.data_dir"
+    TASK = "data.init_args.task"
+    STRATEGY = "data.init_args.strategy"  # the generator's prompts
+    FEEDBACK_READER = "data.init_args.feedback.reader"
+    FEEDBACK_BACKEND = "data.init_args.feedback.llm.backend"
+    FEEDBACK_LLM_OPTIONS = "data.init_args.feedback.llm.options"
+    JUDGMENTS = "model.init_args.config.judgments"
+    ANSWER_MODE = "model.init_args.answer_mode"
+    PRECISION = "trainer.precision"
+    PROGRESS_BAR = "trainer.enable_progress_bar"
+    EVALUATION_TASK = "evaluation.task"
+    EVALUATION_DATA_DIR = "evaluation.data_dir"
+    SPLIT = "evaluation.split"
+    MAX_EXAMPLES = "evaluation.max_examples"
+    OUT_DIR = "evaluation.out_dir"
+    READER = "evaluation.reader"
+    READER_FREE = "evaluation.reader_free"
+    REFERENCE = "evaluation.reference"
+    VOTES = "evaluation.votes"
+    PAIRS = "evaluation.pairs"
+    RERANKER_RUNTIME = "evaluation.reranker_runtime"
+    LLM = "evaluation.llm."  # the prefix of the reader LLM's settings
+    LLM_BACKEND = "evaluation.llm.backend"
+    LLM_ANSWER_MODE = "evaluation.llm.answer_mode"
+    CALIBRATION = "evaluation.llm.calibration"
+    GENERATOR_CALIBRATION = "evaluation.generator_calibration"
 
 
 @dataclass(frozen=True)

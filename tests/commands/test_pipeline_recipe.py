@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from persrag_lightning import hardware
-from persrag_lightning.commands import decisions, pipeline
-from persrag_lightning.commands.runs import EvaluationRun, StageRun
+from persrag_lightning.commands import pipeline
 from persrag_lightning.models.corpus_embeddings import embedding_precision
+from persrag_lightning.pipeline import decisions
+from persrag_lightning.pipeline.candidates import CANDIDATES, EVERY_CANDIDATE, chain_names
+from persrag_lightning.pipeline.choice import choose_on_dev
+from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
 from tests.conftest import evaluated_rows, fake_evaluate, fake_fit
@@ -286,7 +289,7 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     assert not any("_paper" in r.stage for r in fits)
     assert all(r.overrides["run_name"] == "synthlamp-quick-none" for r in fits)
     runs = by_purpose(evaluations)
-    assert runs["choice"].only == list(pipeline.EVERY_CANDIDATE)  # both orders, each gated and shut
+    assert runs["choice"].only == list(EVERY_CANDIDATE)  # both orders, each gated and shut
     assert "evaluation.reference" not in runs["test"].overrides  # CFRAG is the config's reference already
     rows = runs["test"].only
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
@@ -379,8 +382,8 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
     report = dev_report({"CFRAG": {"mae": 3.0}, "w/o reranker tuning": {"mae": 3.0}},
                         {"CFRAG": labels([near[g] for g in golds], prior),
                          "w/o reranker tuning": labels([flat] * 4, prior)}, golds)
-    run = pipeline.dev_choice({}, list(pipeline.CANDIDATES), "r", {})
-    chosen = pipeline.choose_on_dev(report, run, ["none", "contextual", "pmi"])
+    run = dev_evaluation({}, list(CANDIDATES), "r", {})
+    chosen = choose_on_dev(report, run, ["none", "contextual", "pmi"])
     said = capsys.readouterr().out
     assert "dev answers of w/o reranker tuning [calibration none] are identical to CFRAG [calibration none]'s" in said
     assert chosen[:2] == ("CFRAG", "contextual")
@@ -390,8 +393,8 @@ def test_the_dev_choice_reads_each_calibration_and_refuses_identical_columns(mon
     assert "CFRAG [calibration pmi] are identical to CFRAG [calibration none]'s" in said
     assert not list(tmp_path.iterdir())
     # without calibrations, or for a row without scores, the evaluation's own numbers; ties keep the earlier
-    assert pipeline.choose_on_dev(report, run)[:2] == ("CFRAG", None)
-    assert pipeline.choose_on_dev(dev_report({"CFRAG": {"mae": 1.0}, "w/o reranker tuning": {"mae": 0.5}}, {}, golds),
+    assert choose_on_dev(report, run)[:2] == ("CFRAG", None)
+    assert choose_on_dev(dev_report({"CFRAG": {"mae": 1.0}, "w/o reranker tuning": {"mae": 0.5}}, {}, golds),
                                   run, ["none"])[:2] == ("w/o reranker tuning", None)
 
 
@@ -440,7 +443,7 @@ def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them()
         return rows
 
     rows = config()
-    names = {k: v for k, v in pipeline.chain_names("paired").items() if k in pipeline.CANDIDATES}  # the two orders
+    names = {k: v for k, v in chain_names("paired").items() if k in CANDIDATES}  # the two orders
     made = rename_strategies(rows, names)
     assert [s.name for s in rows] == ["CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
                                       "CFRAG (judgments, reranked) + tuned generator", "mine"]

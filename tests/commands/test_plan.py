@@ -7,21 +7,24 @@ import json
 
 import pytest
 
-from persrag_lightning.commands import plan as plan_module
-from persrag_lightning.commands.plan import RETRIEVAL_PER_ANSWER, TRAINING_WORK, reader_rates
+from persrag_lightning.data.tasks import get_task
+from persrag_lightning.pipeline import plan as plan_module
+from persrag_lightning.pipeline import rates as rates_module
+from persrag_lightning.pipeline.constants import RETRIEVAL_PER_ANSWER, TRAINED_TEXTS, TRAINING_WORK
+from persrag_lightning.pipeline.rates import reader_rates
 from persrag_lightning.presets import load_preset
 from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
 
 RATES = {"answers": 2.0, "labels": 4.0}
 ENCODER_TEXTS = 60.0  # the trained reader's encoder, texts/s
-TRAINED = {f"trained_{kind}": ENCODER_TEXTS / n for kind, n in plan_module.TRAINED_TEXTS.items()}
+TRAINED = {f"trained_{kind}": ENCODER_TEXTS / n for kind, n in TRAINED_TEXTS.items()}
 
 
 @pytest.fixture
 def fixed_rates(monkeypatch):
     """The reader's rates as constants, so the minutes are arithmetic (the measurement has its own test)."""
-    monkeypatch.setattr(plan_module, "reader_rates", lambda *a: RATES)
-    monkeypatch.setattr(plan_module, "encoder_rate", lambda *a: ENCODER_TEXTS)
+    monkeypatch.setattr(rates_module, "reader_rates", lambda *a: RATES)
+    monkeypatch.setattr(rates_module, "encoder_rate", lambda *a: ENCODER_TEXTS)
 
 
 def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_path, capsys, fixed_rates):
@@ -55,13 +58,13 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
 
 def test_the_budget_follows_the_cpu_class(monkeypatch):
     machine(monkeypatch, AMX, onednn=True)
-    assert plan_module.budget_minutes() == 20
+    assert rates_module.budget_minutes() == 20
     machine(monkeypatch, frozenset({"avx2", "avx512f", "avx512_bf16"}), onednn=True, speedup=2.1)
-    assert plan_module.budget_minutes() == 30
+    assert rates_module.budget_minutes() == 30
     machine(monkeypatch, AVX2_ONLY, onednn=False)
-    assert plan_module.budget_minutes() == 45
+    assert rates_module.budget_minutes() == 45
     machine(monkeypatch, AVX2_ONLY, onednn=False, cuda=True)
-    assert plan_module.budget_minutes() is None
+    assert rates_module.budget_minutes() is None
 
 
 def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeypatch, tmp_path, capsys, fixed_rates):
@@ -76,10 +79,11 @@ def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeyp
 def resolved_stages(argv: list[str], stages: list[str]) -> dict:
     """The stages of a pipeline call as it resolves them before anything trains: the objects the plan reads."""
     from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline.job import resolve_job
 
     opts, extra = pipeline.parse_args(argv)
-    job = pipeline.resolve_job(opts, extra, load_preset(opts.preset))
-    return {stage: job.stage_run(stage).resolve() for stage in stages}
+    job = resolve_job(opts, extra, load_preset(opts.preset))
+    return {stage: pipeline.LocalRunner().stage_config(job.stage_run(stage)) for stage in stages}
 
 
 def test_a_smaller_preset_counts_smaller_stages():
@@ -103,9 +107,9 @@ def test_a_smaller_preset_counts_smaller_stages():
 
 @pytest.mark.slow
 def test_the_readers_rates_are_measured_with_the_real_model():
-    rates = reader_rates("LaMP-2", "smollm2", "float32", 8)
+    rates = reader_rates(get_task("LaMP-2").labels, "smollm2", "float32", 8)
     assert rates["answers"] > 0 and rates["labels"] > 0
-    assert reader_rates("LaMP-2", "smollm2", "float32", 8) is rates  # once per process
+    assert reader_rates(get_task("LaMP-2").labels, "smollm2", "float32", 8) is rates  # once per process
 
 
 def test_each_precision_decision_is_stated_once_where_the_run_begins(monkeypatch, tmp_path, capsys, fixed_rates):
@@ -136,13 +140,14 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     """`--plan`: the machine, precision, the float32 GEMM path with its measured rates, the plan and the estimate
     against the class budget; no stage, no evaluation, no pipeline.json; exit code 0 through the CLI."""
     from persrag_lightning import cli, runtime
-    from persrag_lightning.commands import decisions, pipeline
+    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import decisions
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)
     choice = runtime.GemmChoice(2, {"reader": {"torch": 90.0, "onednn": 113.0, "numpy": 126.0},
                                     "encoders": {"torch": 80.0}},
                                 {"reader": "onednn", "encoders": "torch"}, {"openvino": "No module named 'openvino'"})
-    monkeypatch.setattr("persrag_lightning.commands.decisions.gemm_choice", lambda: choice)
+    monkeypatch.setattr("persrag_lightning.pipeline.decisions.gemm_choice", lambda: choice)
 
     def trained(*a, **k):
         raise AssertionError("--plan trained or evaluated something")
@@ -179,9 +184,9 @@ def test_the_plan_reads_resolved_objects_and_opens_no_file_of_configs():
     import ast
     from pathlib import Path
 
-    from persrag_lightning.commands import decisions
+    from persrag_lightning.pipeline import decisions
 
-    for module in (plan_module, decisions):
+    for module in (plan_module, rates_module, decisions):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -228,7 +228,8 @@ def pipeline_runs(monkeypatch, argv: list[str]):
     stages and evaluations as pipeline.json keeps them)."""
     import json
 
-    from persrag_lightning.commands import pipeline, runs
+    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import runs
 
     fits, evaluations = [], []
     monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))

@@ -377,7 +377,8 @@ def parse_serve(args: list[str], monkeypatch) -> None:
 def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
     """The pipeline's own options parse, its fits and evaluations are given resolved configurations, and every
     stage command it prints parses as `fit` does."""
-    from persrag_lightning.commands import pipeline, runs
+    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import runs
 
     fits, evaluations = [], []
     monkeypatch.setattr(pipeline, "run_stage", fake_fit(fits))

@@ -22,7 +22,7 @@ from tests.helpers.reader import tiny_reader_export
 PACKAGE = REPO / "persrag_lightning"
 DOOR = ("reading/", "llm/")  # the readers, and the LLM backends they read with
 # an LLM is called for its speed here and its scores are thrown away (the time-budget planner's probe)
-SPEED_PROBES = {"commands/plan.py": "reader_rates"}
+SPEED_PROBES = {"pipeline/rates.py": "reader_rates"}
 REMOVED = {"choose_labels", "read_labels"}  # the label paths the one door replaced
 
 

@@ -16,46 +16,20 @@ beside the measured minutes, so each run checks it.
 from __future__ import annotations
 
 import json
-import random
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.auto import PROBE_VOCABULARY
+from persrag_lightning.data.tasks import TaskSpec
+from persrag_lightning.pipeline.constants import LLM_STAGES, QUICK_SCALE, RETRIEVAL_PER_ANSWER, TRAINING_WORK
+from persrag_lightning.pipeline.rates import budget_minutes, measure_rates, reader_settings
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
-__all__ = ["build_plan", "question_counts", "reader_dtype", "reader_settings"]
+__all__ = ["Plan", "build_plan", "question_counts"]
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
-
-PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
-PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
-PROBE_DOC_WORDS = 40
-# Non-reading work of a quick-preset stage (training, model loading, the corpus embedding) in the
-# unit of its compute, so the estimate follows each unit's rate on this machine: encoder texts for
-# the stages that train encoders, LLM answers for the generator (it tunes the LLM). A stage of
-# another size scales by QUICK_SCALE.
-TRAINING_WORK = {"user_encoder": 9200, "reader": 26700, "feedback": 3130, "generator": 190}
-LLM_STAGES = ("generator",)  # the kinds whose TRAINING_WORK is in LLM answers
-# Retrieval, reranking and loading per question a row reads, in encoder texts: what a row costs
-# beyond its reading (the reranked rows' retrieval, mostly).
-RETRIEVAL_PER_ANSWER = 4.2
-# the quick preset's epochs x users (stage 1), train examples (the others; the reader: all 600 train
-# questions)
-QUICK_SCALE = {"user_encoder": 20 * 300, "reader": 600, "feedback": 32, "generator": 32}
-# The main job's budget by CPU class (the project's goal; README): AMX, other native bfloat16,
-# float32 only.
-BUDGET_MINUTES = {"amx": 20, "bf16": 30, "float32": 45}
-
-
-# Texts the trained reader's frozen encoder embeds per answer and per feedback label (a question's
-# text is shared by its rows and candidates, a doc by many questions): its rate's unit (`encoder_rate`).
-TRAINED_TEXTS = {"answers": 1.5, "labels": 1.2}
 
 
 @dataclass
@@ -135,8 +109,8 @@ class Plan:
 # ---- prompt counts -------------------------------------------------------------------------------
 
 def _data(config: Namespace) -> Namespace:
-    """The data settings of a resolved stage configuration (`StageRun.resolve`: the `fit`
-    subcommand's)."""
+    """The data settings of a resolved stage configuration (`Runner.stage_config`: the
+    `fit` subcommand's)."""
     return config.fit.data.init_args
 
 
@@ -165,19 +139,6 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
     return total
 
 
-def budget_minutes() -> int | None:
-    """BUDGET_MINUTES of this machine's CPU class; None on a GPU."""
-    import torch
-
-    from persrag_lightning.hardware import cpu_flags, cpu_has_native_bf16
-
-    if torch.cuda.is_available():
-        return None
-    if "amx_bf16" in (cpu_flags() or ()):
-        return BUDGET_MINUTES["amx"]
-    return BUDGET_MINUTES["bf16" if cpu_has_native_bf16() else "float32"]
-
-
 def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> int:
     """The LLM-feedback labels the feedback stages compute: m x k candidates per train question,
     read from their resolved configurations.
@@ -196,76 +157,6 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
             int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
         )
     return total
-
-
-# ---- the reader's rate ---------------------------------------------------------------------------
-
-def _probe_prompts(task: str, docs: int) -> list[str]:
-    """PROBE_PROMPTS prompts of a main-job size: the task's instruction, `docs` history docs (k for
-    an answer, one for a feedback label), the question.
-
-    Args:
-        task: the LaMP task whose instruction opens each prompt.
-        docs: history docs per prompt.
-    """
-    rng = random.Random(0)
-
-    def words(n: int) -> str:
-        return " ".join(rng.choice(PROBE_VOCABULARY) for _ in range(n))
-
-    history = " ".join(f"[{i + 1}] {words(PROBE_DOC_WORDS)}" for i in range(docs))
-    labels = ", ".join(get_task(task).labels or ())
-    return [f"Here are some of the user's past items: {history}. Which label fits among [{labels}]? {words(40)}"
-            for _ in range(PROBE_PROMPTS)]
-
-
-@lru_cache(maxsize=8)
-def reader_rates(task: str, model: str, dtype: str, batch_size: int) -> dict[str, float]:
-    """The reader's answers per second (a prompt with k docs, every label of the task scored) and
-    labels per second (one doc, one target) on this machine now: measured at the start of each run,
-    so a loaded machine's estimate says so.
-
-    Args:
-        task: the LaMP task whose labels are scored.
-        model: the reader's LLM (a name or a local folder).
-        dtype: the dtype it reads in (`reader_dtype`).
-        batch_size: prompts per forward, as the evaluation's.
-    """
-    from persrag_lightning.llm.registry import load_llm
-
-    labels = list(get_task(task).labels or ("yes", "no"))
-    answer_prompts, label_prompts = _probe_prompts(task, PROBE_DOCS), _probe_prompts(task, 1)
-    llm = load_llm("hf", model, batch_size=batch_size, dtype=dtype)
-    try:
-        # warm-up: first-call allocations and kernel choices
-        llm.score_options(answer_prompts[:1], labels)
-        started = time.perf_counter()
-        llm.score_options(answer_prompts, labels)
-        answers = len(answer_prompts) / (time.perf_counter() - started)
-        started = time.perf_counter()
-        llm.score(label_prompts, labels[:1] * len(label_prompts))
-        one = len(label_prompts) / (time.perf_counter() - started)
-    finally:
-        llm.close()
-    return {"answers": answers, "labels": one}
-
-
-@lru_cache(maxsize=4)
-def encoder_rate(encoder: str = "minilm") -> float:
-    """Texts per second the trained reader's frozen encoder embeds here now (PROBE_PROMPTS
-    question-sized texts): the rate of the trained reader, of the encoder stages and of retrieval.
-
-    Args:
-        encoder: the trained reader's frozen text encoder (a short name or a folder).
-    """
-    from persrag_lightning.models.text_encoder import TextEncoder
-
-    texts = [p[-300:] for p in _probe_prompts("LaMP-2", 1)] * 4
-    model = TextEncoder.from_pretrained(encoder)
-    model.encode(texts[:2])  # warm-up
-    started = time.perf_counter()
-    model.encode(texts)
-    return len(texts) / (time.perf_counter() - started)
 
 
 # ---- the plan of a run ---------------------------------------------------------------------------
@@ -289,33 +180,8 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
     return {s: n * int(users) for s, n in SynthConfig(num_users=1).questions_per_split().items()}
 
 
-def reader_settings(evaluation: Namespace) -> dict:
-    """The evaluation's LLM settings, from its resolved configuration (`EvaluationRun.resolve`: the
-    config file's under the preset's and the command line's overrides).
-
-    Args:
-        evaluation: the evaluation's resolved configuration.
-    """
-    llm = evaluation.evaluation.init_args.get("llm")
-    return {} if llm is None else llm.as_dict()
-
-
-def reader_dtype(llm: dict) -> str:
-    """The dtype the evaluation's hf reader runs in here (`bf16_if_native` resolved by
-    hardware.uses_bf16).
-
-    Args:
-        llm: the evaluation's resolved LLM settings (`reader_settings`).
-    """
-    from persrag_lightning.llm.hf_device import resolve_device_dtype
-
-    options = llm.get("options") or {}
-    dtype = resolve_device_dtype(options.get("device", "auto"), options.get("dtype", "auto"))[1]
-    return str(dtype).removeprefix("torch.")
-
-
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
-               task: str, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
+               spec: TaskSpec, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
     """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported
     already), with the reader's rates measured when the estimate can be made.
 
@@ -324,7 +190,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
         skip: the stages exported already.
         rows: the table's rows (None: every strategy of evaluate_cfrag.yaml).
         preset: the run's preset (whether it chooses on dev, its readers and calibrations).
-        task: the run's task.
+        spec: the run's task.
         counts: questions per split (`question_counts`).
         dev: the dev choice's number of configurations and its resolved evaluate configuration.
         table: the test table's resolved evaluate configuration (its reader, its questions).
@@ -340,7 +206,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     n_rows = len(table.strategies) if rows is None else len(rows)
     # read by the tuned LLM whatever reads
     tuned = sum(1 for r in rows or [] if r.endswith(" + tuned generator"))
-    reads_labels = get_task(task).labels is not None
+    reads_labels = spec.labels is not None
     readers = [r for r in preset.readers or [] if r != "trained" or "reader" in stages] if reads_labels else []
     answers = {"dev choice": dev_questions * candidates * preset.select_order_on_dev,
                "test table": test * (n_rows - tuned)}
@@ -353,28 +219,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    measure_rates(plan, task, reader_settings(table), reads_labels)
+    measure_rates(plan, spec, reader_settings(table))
     return plan
 
 
-def measure_rates(plan: Plan, task: str, llm: dict, reads_labels: bool) -> None:
-    """The rates of `plan`'s readers measured here now, or the reason there is no estimate.
-
-    Args:
-        plan: the plan whose `rates` (or `reason`) are set.
-        task: the run's task.
-        llm: the evaluation's resolved LLM settings (`reader_settings`).
-        reads_labels: whether the task's answers are labels a reader chooses among.
-    """
-    if not reads_labels or llm.get("answer_mode") != "choose":
-        plan.reason = "answers are generated (the estimate covers chosen labels)"
-    elif llm.get("backend") != "hf":
-        plan.reason = (
-            f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
-        )
-    else:
-        texts = encoder_rate()
-        plan.rates = {**reader_rates(task, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))),
-                      "encoder_texts": texts}
-        if "trained" in plan.readers:
-            plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})

@@ -1,27 +1,29 @@
 """A pipeline's stages and evaluations as objects: the config, every override as a typed value, and
 for an evaluation the rows it reads and the names the table gives them.
 
-Inside the pipeline's process each is resolved to the configuration object LightningCLI or the
-evaluate parser reads (`resolve`) and run from it; a command line (`argv`) is written only where one
-is printed, or where a subprocess or an `sbatch` needs it. Both come from the same overrides, so the
-printed command is what ran. pipeline.json keeps each as it ran.
+A command line (`argv`) is written only where one is printed, or where a subprocess or an `sbatch`
+needs it; inside the pipeline's process a `Runner` resolves each run to the configuration object
+LightningCLI or the evaluate parser reads and runs it from there. Both come from the same overrides,
+so the printed command is what ran. pipeline.json keeps each as it ran.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from persrag_lightning.stages import cli_overrides
+from persrag_lightning.stages import Key, cli_overrides
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
 
-__all__ = ["DEV_SELECTION_EXAMPLES", "EvaluationRun", "StageRun", "dev_choice"]
+    from persrag_lightning.evaluation.base import EvaluationReport
 
-DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on: the quick preset's whole dev split
+__all__ = ["DEV_SELECTION_EXAMPLES", "EVALUATE_CONFIG", "EvaluationRun", "Runner", "StageRun", "dev_evaluation"]
+
 EVALUATE_CONFIG = "evaluate_cfrag.yaml"
+DEV_SELECTION_EXAMPLES = 300  # dev questions the choice is made on: the quick preset's whole dev split
 
 
 @dataclass
@@ -46,13 +48,6 @@ class StageRun:
         it)."""
         return ["fit", "--config", self.config, *cli_overrides(self.overrides), *self.extra]
 
-    def resolve(self) -> Namespace:
-        """The resolved `fit` configuration this run trains from in this process (what `argv`
-        resolves to)."""
-        from persrag_lightning.commands.train import stage_config
-
-        return stage_config(self.config, self.overrides, self.extra)
-
 
 @dataclass
 class EvaluationRun:
@@ -76,16 +71,26 @@ class EvaluationRun:
         return ["--config", EVALUATE_CONFIG, *cli_overrides(self.overrides), *only,
                 f"--names={json.dumps(self.names)}"]
 
-    def resolve(self) -> Namespace:
-        """The resolved evaluate configuration this run evaluates from in this process (what `argv`
-        resolves to)."""
-        from persrag_lightning.commands.evaluate import evaluation_config
 
-        return evaluation_config(self.overrides, self.only, self.names, EVALUATE_CONFIG)
+class Runner(Protocol):
+    """What resolves and runs a job's stages and evaluations: the commands that own LightningCLI and
+    the evaluate parser give it (commands/pipeline.py runs both in its own process)."""
+
+    def stage_config(self, run: StageRun) -> Namespace:
+        """The resolved `fit` configuration `run` trains from (what its `argv` resolves to)."""
+
+    def fit(self, config: Namespace) -> None:
+        """Train one stage from its resolved configuration."""
+
+    def evaluation_config(self, run: EvaluationRun) -> Namespace:
+        """The resolved evaluate configuration `run` evaluates (what its `argv` resolves to)."""
+
+    def evaluate(self, config: Namespace) -> EvaluationReport:
+        """Evaluate a resolved configuration: the table printed, the report returned."""
 
 
-def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
-               folder: str = "select-on-dev") -> EvaluationRun:
+def dev_evaluation(base: dict[str, Any], candidates: list[str], run_name: str, names: dict[str, str],
+                   folder: str = "select-on-dev") -> EvaluationRun:
     """The evaluation a dev choice reads: `candidates` on at most DEV_SELECTION_EXAMPLES dev
     questions (or `base`'s own count, e.g. from `--questions`), no reader-free rows, its tables in
     runs/<run_name>/<folder>/.
@@ -97,7 +102,7 @@ def dev_choice(base: dict[str, Any], candidates: list[str], run_name: str, names
         names: the table's names of rows of the config.
         folder: the folder under runs/<run_name>/ its tables go to.
     """
-    return EvaluationRun(f"dev choice: {folder}", {"evaluation.max_examples": DEV_SELECTION_EXAMPLES, **base,
-                                                   "evaluation.split": "dev", "evaluation.reader_free": False,
-                                                   "evaluation.out_dir": f"runs/{run_name}/{folder}"},
+    return EvaluationRun(f"dev choice: {folder}", {Key.MAX_EXAMPLES: DEV_SELECTION_EXAMPLES, **base,
+                                                   Key.SPLIT: "dev", Key.READER_FREE: False,
+                                                   Key.OUT_DIR: f"runs/{run_name}/{folder}"},
                          candidates, names)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from persrag_lightning.commands.plan import reader_dtype
 from persrag_lightning.hardware import Precision, auto_precision, bf16_verdict, describe_cpu, uses_bf16
 from persrag_lightning.models.corpus_embeddings import embedding_precision
+from persrag_lightning.pipeline.rates import reader_dtype
 from persrag_lightning.presets import Preset
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.runtime import GemmChoice, announce, gemm_choice
+from persrag_lightning.stages import Key
 
 __all__ = ["announce_decisions", "label_overrides", "precision_overrides"]
 
@@ -25,7 +26,7 @@ def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
         rule: the preset's precision policy for the stage's kind of work (a `Precision` or its
             name); None keeps the config's precision.
     """
-    return {} if rule is None else {"trainer.precision": auto_precision(policy=rule)}
+    return {} if rule is None else {Key.PRECISION: auto_precision(policy=rule)}
 
 
 def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[str, Any]:
@@ -41,18 +42,18 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
     """
     if rule is None or backend not in (None, "auto", "hf") or not uses_bf16(rule):
         return {}
-    return {"data.init_args.feedback.llm.options": {"dtype": "bfloat16"}}
+    return {Key.FEEDBACK_LLM_OPTIONS: {"dtype": "bfloat16"}}
 
 
 def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[str, str]:
     """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the
-    preset's policy; `llm`: the evaluation's resolved LLM settings, `plan.reader_settings`): printed
+    preset's policy; `llm`: the evaluation's resolved LLM settings, `rates.reader_settings`): printed
     before the plan and kept in pipeline.json.
 
     Args:
         preset: the run's preset, whose precision policies decide each kind of work.
         backend: the evaluation LLM's backend (None or `auto`: the configs' choice).
-        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
     """
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
@@ -88,7 +89,7 @@ def _float32_reader_note(llm: dict) -> str | None:
     bfloat16).
 
     Args:
-        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
     """
     wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
     if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
@@ -107,7 +108,7 @@ def announce_decisions(
     Args:
         preset: the run's preset (its precision policy per kind of work).
         backend: `--llm_backend` (None: the configs').
-        llm: the evaluation's resolved LLM settings (`plan.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
     """
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
     if note := _float32_reader_note(llm):
