@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -206,3 +208,22 @@ def fake_fit(calls: list | None = None):
             calls.append(cfg)
 
     return fit
+
+
+def cli_parse(argv: list[str]):
+    """What LightningCLI itself parses of a `train.py` command line (after `train.py`): PersragCLI run as `train.py`
+    runs it, stopped right after its parse (by an exception, in tests only), before seeding, logging set-up or
+    instantiation; the oracle `stage_config`'s parse is held equal to."""
+    from persrag_lightning.commands import train
+
+    class Parsed(Exception):
+        pass
+
+    class StopAfterParse(train.PersragCLI):
+        def parse_arguments(self, parser, args) -> None:
+            super().parse_arguments(parser, args)
+            raise Parsed(self.config)
+
+    with pytest.raises(Parsed) as parsed, mock.patch.object(sys, "argv", ["train.py"]):  # not pytest's arguments
+        train._run_cli(StopAfterParse, train.resolve_config_args(argv))
+    return parsed.value.args[0]

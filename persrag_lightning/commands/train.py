@@ -245,6 +245,7 @@ class ExportCLI(PersragCLI):
 
 
 def _run_cli(cli_class: type[PersragCLI], args: list[str] | Namespace | None) -> None:
+    # `_ParserOnly` builds the parser from these same settings
     cli_class(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
               args=args, save_config_kwargs={"overwrite": True})
 
@@ -269,33 +270,29 @@ def lightning_command(args: list[str], from_sys_argv: bool = False) -> None:
     _run_cli(cli_class, None if from_sys_argv else args)
 
 
-class _Parsed(Exception):
-    """Carries a parsed configuration out of `_ParseOnly`, which must stop before anything is
-    instantiated."""
+class _ParserOnly(PersragCLI):
+    """PersragCLI's parsers as `_run_cli`'s LightningCLI builds them (`setup_parser` with the
+    subcommands, PersragCLI's own arguments included), and nothing after: no parse, seeding, logging
+    set-up or instantiation, which `LightningCLI.__init__` goes on to do. This `__init__` keeps the
+    settings that `__init__` keeps before it builds the parser (the ones `_run_cli` gives, the rest
+    its defaults); a test holds the parse equal to the CLI's own."""
 
-    def __init__(self, parser: LightningArgumentParser, config: Namespace) -> None:
-        super().__init__("parsed")
-        self.parser, self.config = parser, config
-
-
-class _ParseOnly(PersragCLI):
-    """The CLI's own parser and parse of a command line, stopped before seeding, logging set-up or
-    instantiation."""
-
-    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        config = parser.parse_args(args)
-        raise _Parsed(self._parser(config.subcommand), config)
+    def __init__(self) -> None:  # not LightningCLI.__init__: that one parses and runs
+        self.model_class = self._model_class = L.LightningModule
+        self.datamodule_class = self._datamodule_class = L.LightningDataModule
+        self.subclass_mode_model = self.subclass_mode_data = True
+        self.trainer_class, self.trainer_defaults = L.Trainer, {}
+        self.seed_everything_default, self.auto_configure_optimizers = True, True
+        self.parser_class, self.parser_kwargs = LightningArgumentParser, {}
+        self.setup_parser(True, *self._setup_parser_kwargs(self.parser_kwargs))
 
 
 @lru_cache(maxsize=16)
-def _parsed_config_file(path: str, cwd: str) -> _Parsed:
-    """The `fit` parser and the values of one config file (cached per file and folder; used through
-    clones)."""
-    try:
-        _run_cli(_ParseOnly, ["fit", "--config", path])
-    except _Parsed as parsed:
-        return parsed
-    raise AssertionError("_ParseOnly returned without parsing")  # pragma: no cover
+def _parsed_config_file(path: str, cwd: str) -> tuple[LightningArgumentParser, Namespace]:
+    """The `fit` parser and the values of one config file, as `train.py fit --config <path>` parses
+    them (cached per file and folder; used through clones)."""
+    cli = _ParserOnly()
+    return cli._parser("fit"), cli.parser.parse_args(["fit", "--config", path])
 
 
 def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str] = ()) -> Namespace:
@@ -309,13 +306,13 @@ def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str]
             after the file; None values are left out (the config's own value).
         extra: arguments of a user's command line, applied last as they were typed.
     """
-    parsed = _parsed_config_file(resolve_config_path(config), os.getcwd())
+    parser, parsed = _parsed_config_file(resolve_config_path(config), os.getcwd())
     given = {k: v for k, v in overrides.items() if v is not None}
     # the file's parse holds the defaults already: parsing them again would only repeat the work
-    fit = parsed.parser.parse_object(given, namespace=parsed.config.fit.clone(), defaults=False)
+    fit = parser.parse_object(given, namespace=parsed.fit.clone(), defaults=False)
     if extra:
-        fit = parsed.parser.parse_args(list(extra), namespace=fit)
-    resolved = parsed.config.clone()
+        fit = parser.parse_args(list(extra), namespace=fit)
+    resolved = parsed.clone()
     resolved.fit = fit
     return resolved
 

@@ -18,7 +18,7 @@ from persrag_lightning.pipeline.choice import choose_on_dev
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
-from tests.conftest import evaluated_rows, fake_evaluate, fake_fit
+from tests.conftest import cli_parse, evaluated_rows, fake_evaluate, fake_fit
 
 AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
@@ -491,7 +491,6 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
     resolves to through the CLI's own parser, so a user who runs the printed line gets the same stage."""
     from jsonargparse import Namespace
 
-    from persrag_lightning.commands import train
     from persrag_lightning.commands.evaluate import evaluate_args
     from persrag_lightning.evaluation.arguments import evaluate_parser
 
@@ -508,9 +507,7 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
     printed = [line for line in capsys.readouterr().out.splitlines() if ": python train.py fit " in line]
     for cfg, run, line in zip(fits, stages, printed):
         assert line == f"[pipeline] {run.stage}: python train.py {' '.join(run.argv())}"
-        with pytest.raises(train._Parsed) as parsed:  # the CLI's own parse of the printed line, stopped there
-            train._run_cli(train._ParseOnly, train.resolve_config_args(run.argv()))
-        assert cfg == parsed.value.config, run.stage
+        assert cfg == cli_parse(run.argv()), run.stage  # the CLI's own parse of the printed line
         assert cfg.fit.trainer.max_epochs == 2  # the user's own arguments reach every stage, last
     for cfg, run in zip(evaluations, runs):
         assert cfg == evaluate_parser().parse_args(evaluate_args(run.argv())), run.purpose
