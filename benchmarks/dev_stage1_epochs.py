@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from persrag_lightning.commands import pipeline
+from persrag_lightning.pipeline import command as pipeline
 
 
 def main() -> None:

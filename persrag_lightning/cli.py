@@ -53,7 +53,7 @@ def run(argv: list[str] | None = None) -> None:
 
         return data_command(args[1:])
     if args and args[0] == "pipeline":
-        from persrag_lightning.commands.pipeline import main as pipeline_main
+        from persrag_lightning.pipeline.command import main as pipeline_main
 
         return pipeline_main(args[1:])
     return lightning_command(args, from_sys_argv=argv is None)

@@ -1,6 +1,6 @@
 """A run's record, `<run>/pipeline.json`, as serving reads it: what the main job chose on dev for the
 reference row of its table (the docs' order, who reads, how label scores become an answer), so that
-`CFRAGPipeline.from_pretrained` serves what the table reports. `pipeline/recording.py` writes the
+`CFRAGPipeline.from_pretrained` serves what the table reports. `pipeline/execution.py` writes the
 record; this is the one place it is read back.
 """
 
@@ -34,7 +34,7 @@ class Configuration:
     neighbour_slots: int | None = None
 
 
-# the configurations the dev choice compares (pipeline/candidates.py's EVERY_CANDIDATE), as their rows of
+# the configurations the dev choice compares (pipeline/choice.py's EVERY_CANDIDATE), as their rows of
 # evaluate_cfrag.yaml set them (tests/serving/test_serving_record.py holds the two together)
 CONFIGURATIONS = {
     "CFRAG": Configuration("reranker"),

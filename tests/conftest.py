@@ -171,7 +171,7 @@ def evaluated_rows(run) -> list[tuple[str, str]]:
     """(config name, table name) of each `only` row of an evaluation (its resolved configuration, or an
     `EvaluationRun`), under its `names`, as the real evaluation names its results."""
     from persrag_lightning.evaluation.arguments import only_names
-    from persrag_lightning.pipeline.candidates import table_name
+    from persrag_lightning.pipeline.choice import table_name
 
     return [(n, table_name(n, run.names or {})) for n in only_names(run.only or [])]
 

@@ -62,7 +62,7 @@ REFUSED = [  # (the file's text, what the one line says)
 @pytest.mark.parametrize("text, message", REFUSED, ids=["misspelt key", "wrong type", "wrong enum", "unknown stage",
                                                         "unknown row", "unknown base"])
 def test_a_bad_preset_is_refused_in_one_line_before_anything_trains(tmp_path, monkeypatch, capsys, text, message):
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
 
     monkeypatch.setattr(pipeline, "run_stage", lambda cfg: pytest.fail("trained before checking"))
     preset = tmp_path / "mine.yaml"

@@ -2,4 +2,4 @@
 never back)."""
 
 # the package's modules, imported on use
-__all__ = ["cluster", "data", "evaluate", "feedback", "pipeline", "serve", "train"]
+__all__ = ["cluster", "data", "evaluate", "feedback", "serve", "train"]

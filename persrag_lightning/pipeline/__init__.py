@@ -1,11 +1,11 @@
-"""The main job as a room of its own: a frozen `Job` (job.py) resolved once from a preset and the
-command line, the stages and evaluations it runs (runs.py) through a `Runner` the commands give it,
-the dev choice (choice.py) among the candidates (candidates.py), the plan and its estimate (plan.py,
-rates.py, constants.py with plan_constants.json), the machine's decisions (decisions.py), the
-order of the main job (flow.py), what ran (execution.py) and pipeline.json (recording.py).
-`commands/pipeline.py` parses the command line and calls `flow`.
+"""The main job as a room of its own. `command.py` is `persrag pipeline`: it parses the command
+line and runs the job in this process (`LocalRunner`: through the train and evaluate commands, so
+the room sits above `commands/`). A frozen `Job` (job.py) is resolved once from a preset and the
+command line; its stages and evaluations are runs (runs.py); the dev choice and its candidates are
+choice.py; the plan and its estimate are plan.py and rates.py (constants.py reads
+plan_constants.json); the machine's decisions are decisions.py; the main job's order is flow.py;
+what ran, and pipeline.json, are execution.py.
 """
 
 # the package's modules, imported on use
-__all__ = ["candidates", "choice", "constants", "decisions", "execution", "flow", "job", "plan", "rates",
-           "recording", "runs", "task_switch"]
+__all__ = ["choice", "command", "constants", "decisions", "execution", "flow", "job", "plan", "rates", "runs"]

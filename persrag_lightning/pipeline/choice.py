@@ -1,19 +1,116 @@
-"""The dev choice: the best of an evaluation's rows by its primary metric, made on dev, never on
-test. Every choice the main job makes (who reads, which configuration, the LLM's and the tuned
-generator's calibrations) goes through `choose_on_dev`.
+"""The dev choice: the CFRAG configurations it compares, the names the tables give them, the rows
+the table reports around the chosen one, and the choosing, made on dev, never on test. Every choice
+the main job makes (who reads, which configuration, the LLM's and the tuned generator's calibrations)
+goes through `choose_on_dev`.
+
+The candidates are rows of evaluate_cfrag.yaml: the main chain's reranked order and its first
+stage's order, each with its "w/o user retrieval" row (the same chain and order with m = 1). The
+paper's text-only chain is a reported row, not a candidate: the paired chain beats it on dev in
+either order (docs/performance/main-job.md).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from persrag_lightning.pipeline.candidates import table_name
 from persrag_lightning.pipeline.runs import EvaluationRun
+from persrag_lightning.presets import Preset
+from persrag_lightning.utils import ConfigError
 
 if TYPE_CHECKING:
     from persrag_lightning.evaluation.base import EvaluationReport
 
-__all__ = ["DevChoice", "choose_on_dev"]
+__all__ = ["CANDIDATES", "EVERY_CANDIDATE", "GATES", "ORDER_ROW", "TUNED", "DevChoice", "chain_names", "check_rows",
+           "choose_on_dev", "dev_candidates", "report_rows", "table_name"]
+
+# each order of the main chain → its "w/o user retrieval" row
+CANDIDATES = {"CFRAG": "w/o user retrieval",
+              "w/o reranker tuning": "w/o user retrieval (first-stage order)"}
+# the neighbour gate's configurations (a preset's gate_on_dev): at most 2 neighbours' docs, or none
+GATES = {"CFRAG, ≤ 2 neighbour docs": "w/o user retrieval",
+         "w/o reranker tuning, ≤ 2 neighbour docs": "w/o user retrieval (first-stage order)",
+         "w/o user retrieval": "w/o user retrieval",
+         "w/o user retrieval (first-stage order)": "w/o user retrieval (first-stage order)"}
+EVERY_CANDIDATE = {**CANDIDATES, **GATES}
+TUNED = " + tuned generator"
+STAGE_ONE_READS = {"paired": "judgments", "label": "label judgments", "none": "text only"}
+ORDER_ROW = "w/o user retrieval{order}"  # a preset's row: the chosen order's "w/o user retrieval" row
+
+
+def chain_names(judgments: str) -> dict[str, str]:
+    """The table's names of the dev choice's candidates: what stage 1 of the main chain reads and
+    which order its docs take. evaluate_cfrag.yaml names the first-stage order by its ablation ("w/o
+    reranker tuning"), which reads as a loss of the recipe when dev chooses it: in the pipeline's
+    tables it is a configuration of CFRAG.
+
+    Args:
+        judgments: what stage 1 reads per history doc (`paired`, `label`, `none`).
+    """
+    reads = STAGE_ONE_READS[judgments]
+    return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)",
+            "CFRAG, ≤ 2 neighbour docs": f"CFRAG ({reads}, reranked, ≤ 2 neighbour docs)",
+            "w/o reranker tuning, ≤ 2 neighbour docs": f"CFRAG ({reads}, first-stage order, ≤ 2 neighbour docs)"}
+
+
+def dev_candidates(preset: Preset) -> list[str]:
+    """The configurations the dev choice compares: the main chain's two orders, and with the
+    preset's `gate_on_dev` each order with at most 2 neighbours' docs and with none.
+
+    Args:
+        preset: the run's preset.
+    """
+    return list(EVERY_CANDIDATE if preset.gate_on_dev else CANDIDATES)
+
+
+def table_name(name: str, names: dict[str, str]) -> str:
+    """A config strategy's name in the tables (`--names`), a "+ tuned generator" row following its
+    retrieval's.
+
+    Args:
+        name: the row's name in evaluate_cfrag.yaml.
+        names: the table's names of the candidates (`chain_names`).
+    """
+    if name.endswith(TUNED) and name.removesuffix(TUNED) in names:
+        return names[name.removesuffix(TUNED)] + TUNED
+    return names.get(name, name)
+
+
+def report_rows(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
+    """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled
+    in (both orders are rows: CFRAG and "w/o reranker tuning"; a gated choice is put before its
+    "w/o user retrieval" row); without the paper's chain trained, no row of it.
+
+    Args:
+        preset: the run's preset (its `rows`; None: every strategy of the config).
+        chosen: the configuration chosen on dev.
+        paper_chain: whether the paper's chain trains beside the main one.
+    """
+    if preset.rows is None:
+        return None
+    rows = [r.replace("{chosen}", chosen) for r in preset.rows]
+    rows = [r2 for r in rows for r2 in ([chosen, EVERY_CANDIDATE[chosen]] if r == ORDER_ROW else [r])]
+    if not paper_chain:
+        rows = [r for r in rows if "(paper" not in r]
+    return list(dict.fromkeys(rows))
+
+
+def check_rows(preset: Preset, name: str) -> None:
+    """Refuse, before anything trains, a preset row that evaluate_cfrag.yaml does not have (one
+    line, exit 2).
+
+    Args:
+        preset: the run's preset.
+        name: the preset's name or file, as the error names it.
+    """
+    from persrag_lightning.retrieval.strategies import strategy_names
+
+    known = set(strategy_names("evaluate_cfrag.yaml"))
+    for row in preset.rows or []:
+        chosen = [row.replace("{chosen}", c) for c in dev_candidates(preset)] if "{chosen}" in row else [row]
+        if row != ORDER_ROW and not set(chosen) <= known:
+            raise ConfigError(f"{Path(name).name}: rows: {row!r} is no strategy of evaluate_cfrag.yaml; it has "
+                              f"{', '.join(sorted(known))}")
 
 
 class DevChoice(NamedTuple):

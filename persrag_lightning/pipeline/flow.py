@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from persrag_lightning.pipeline.candidates import TUNED, dev_candidates, report_rows, table_name
+from persrag_lightning.pipeline.choice import TUNED, dev_candidates, report_rows, table_name
 from persrag_lightning.pipeline.decisions import announce_decisions
 from persrag_lightning.pipeline.execution import JobRun
 from persrag_lightning.pipeline.job import Job

@@ -13,15 +13,14 @@ from typing import Any
 
 from persrag_lightning.bundles import exported_bundle
 from persrag_lightning.data.tasks import TaskSpec, get_task
-from persrag_lightning.pipeline.candidates import TUNED, chain_names, report_rows
+from persrag_lightning.pipeline.choice import TUNED, chain_names, report_rows
 from persrag_lightning.pipeline.decisions import label_overrides, precision_overrides
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
-from persrag_lightning.pipeline.task_switch import task_overrides
 from persrag_lightning.presets import Preset
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.stages import PAPER_STAGES, STAGES, Key, bundle_address, run_folder
 
-__all__ = ["READER_ROWS", "TRAINED_READER", "Job", "resolve_job"]
+__all__ = ["READER_ROWS", "TRAINED_READER", "Job", "TaskOverrides", "resolve_job", "task_overrides"]
 
 # the reader stage's export, as the evaluation and the feedback stages name it
 TRAINED_READER = bundle_address("reader")
@@ -146,6 +145,35 @@ class Job:
         if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
             tests[Key.PAIRS] = [[f"{chosen}{TUNED}", f"bm25{TUNED}"]]
         return EvaluationRun("test table", {**self.evaluation, **tests}, rows, self.names)
+
+
+@dataclass(frozen=True)
+class TaskOverrides:
+    """What switches a preset to a task: every stage's data, the generator stage's and the
+    evaluation's overrides."""
+
+    data: dict[str, Any]
+    generator: dict[str, Any]
+    evaluate: dict[str, Any]
+
+
+def task_overrides(spec: TaskSpec, preset: Preset) -> TaskOverrides:
+    """Label tasks keep the preset's answer mode; generation tasks (LaMP-4/5/7) have no labels to
+    `choose` among, so they generate, in the evaluation and in the generator stage's validation
+    alike. LaMP-2 is the configs'.
+
+    Args:
+        spec: the task `--task` names (or the data folder's), looked up once by the job.
+        preset: the run's preset, whose evaluation overrides the task's are added to.
+    """
+    evaluate = preset.overrides("evaluate")
+    if spec.name == "LaMP-2":
+        return TaskOverrides({}, {}, evaluate)
+    if spec.labels is None:
+        evaluate = {k: v for k, v in evaluate.items() if not k.startswith(Key.LLM_ANSWER_MODE)}
+        return TaskOverrides({Key.TASK: spec.name}, {Key.ANSWER_MODE: "generate"},
+                             {Key.EVALUATION_TASK: spec.name, **evaluate, Key.LLM_ANSWER_MODE: "generate"})
+    return TaskOverrides({Key.TASK: spec.name}, {}, {Key.EVALUATION_TASK: spec.name, **evaluate})
 
 
 def run_name(opts: argparse.Namespace, spec: TaskSpec, judgments: str, preset: Preset) -> str:

@@ -74,7 +74,7 @@ class EvaluationRun:
 
 class Runner(Protocol):
     """What resolves and runs a job's stages and evaluations: the commands that own LightningCLI and
-    the evaluate parser give it (commands/pipeline.py runs both in its own process)."""
+    the evaluate parser give it (`command.LocalRunner` runs both in this process)."""
 
     def stage_config(self, run: StageRun) -> Namespace:
         """The resolved `fit` configuration `run` trains from (what its `argv` resolves to)."""

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from persrag_lightning import hardware
-from persrag_lightning.commands import pipeline
 from persrag_lightning.models.corpus_embeddings import embedding_precision
+from persrag_lightning.pipeline import command as pipeline
 from persrag_lightning.pipeline import decisions
-from persrag_lightning.pipeline.candidates import CANDIDATES, EVERY_CANDIDATE, chain_names
-from persrag_lightning.pipeline.choice import choose_on_dev
+from persrag_lightning.pipeline.choice import CANDIDATES, EVERY_CANDIDATE, chain_names, choose_on_dev
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime

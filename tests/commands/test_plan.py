@@ -78,7 +78,7 @@ def test_skipped_exports_are_named_and_generated_answers_get_no_estimate(monkeyp
 
 def resolved_stages(argv: list[str], stages: list[str]) -> dict:
     """The stages of a pipeline call as it resolves them before anything trains: the objects the plan reads."""
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from persrag_lightning.pipeline.job import resolve_job
 
     opts, extra = pipeline.parse_args(argv)
@@ -140,7 +140,7 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     """`--plan`: the machine, precision, the float32 GEMM path with its measured rates, the plan and the estimate
     against the class budget; no stage, no evaluation, no pipeline.json; exit code 0 through the CLI."""
     from persrag_lightning import cli, runtime
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from persrag_lightning.pipeline import decisions
 
     machine(monkeypatch, AVX2_ONLY, onednn=False)

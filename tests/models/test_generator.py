@@ -245,7 +245,7 @@ def test_choose_on_a_generation_task_is_one_line_exit_2_before_training(in_tmp_c
 
 
 def test_pipeline_validates_the_generator_by_generating_on_generation_tasks(monkeypatch, tmp_path):
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
 
     for task, generate in (("LaMP-7", True), ("LaMP-5", True), ("LaMP-1", False), ("LaMP-2", False)):
         fits: list = []

@@ -228,7 +228,7 @@ def pipeline_runs(monkeypatch, argv: list[str]):
     stages and evaluations as pipeline.json keeps them)."""
     import json
 
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from persrag_lightning.pipeline import runs
 
     fits, evaluations = [], []
@@ -241,7 +241,7 @@ def pipeline_runs(monkeypatch, argv: list[str]):
 
 
 def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, tmp_path) -> None:
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
 
     fits, evaluations, stages = pipeline_runs(
         monkeypatch, ["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
@@ -298,7 +298,7 @@ def test_full_feedback_preset_is_the_quick_protocol_with_the_papers_feedback(mon
 def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_names(tmp_path) -> None:
     """configs/evaluate_full_feedback.yaml puts CFRAG of the quick run and of the full-feedback run in one table (paired
     tests across the runs), each row with its own run's bundles, named as `persrag pipeline` names the two runs."""
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from tests.conftest import evaluate_config_rows
 
     cfg, _, rows = evaluate_config_rows("evaluate_full_feedback.yaml")
@@ -323,7 +323,7 @@ def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names
     """configs/evaluate_judgments.yaml compares the paper's text-only CFRAG (the default LaMP-3 run's *_paper chain)
     with its paired chain and the `--judgments label` sibling run, each row with its own chain's bundles, and names
     the runs as `persrag pipeline` does."""
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from tests.conftest import evaluate_config_rows
 
     cfg, _, rows = evaluate_config_rows("evaluate_judgments.yaml")

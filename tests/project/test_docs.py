@@ -377,7 +377,7 @@ def parse_serve(args: list[str], monkeypatch) -> None:
 def parse_pipeline(args: list[str], monkeypatch, capsys) -> None:
     """The pipeline's own options parse, its fits and evaluations are given resolved configurations, and every
     stage command it prints parses as `fit` does."""
-    from persrag_lightning.commands import pipeline
+    from persrag_lightning.pipeline import command as pipeline
     from persrag_lightning.pipeline import runs
 
     fits, evaluations = [], []

@@ -60,10 +60,10 @@ def test_served_answers_equal_the_evaluations_reference_row_one_by_one(recorded,
     answers each as the table's predictions do, from the same label scores (the tiny reader's answers alone
     barely vary: the scores show the docs and their order were the evaluation's)."""
     from persrag_lightning.commands.evaluate import run_evaluation
-    from persrag_lightning.commands.pipeline import LocalRunner
     from persrag_lightning.data.lamp import read_outputs
     from persrag_lightning.data.source import LampSource
     from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.pipeline.command import LocalRunner
     from persrag_lightning.pipeline.runs import EvaluationRun
     from persrag_lightning.retrieval.base import DocStore, Query
     from persrag_lightning.retrieval.strategies import file_name
@@ -193,11 +193,11 @@ def test_a_record_whose_dev_chose_the_llm_serves_it_under_the_chosen_calibration
 
 
 def test_every_configuration_dev_can_choose_is_served_as_its_row_of_the_evaluate_config():
-    """record.CONFIGURATIONS against the rows the dev choice compares (commands/pipeline.py) as
+    """record.CONFIGURATIONS against the rows the dev choice compares (pipeline/choice.py) as
     evaluate_cfrag.yaml sets them: the reranker or none, m, the neighbour gate."""
     from inspect import signature
 
-    from persrag_lightning.pipeline.candidates import EVERY_CANDIDATE
+    from persrag_lightning.pipeline.choice import EVERY_CANDIDATE
     from persrag_lightning.retrieval.cfrag import CFRAG
     from tests.conftest import evaluate_config_rows
 

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 from persrag_lightning.commands.evaluate import evaluation_config, run_evaluation
 from persrag_lightning.commands.train import run_stage, stage_config
 from persrag_lightning.data.folder_task import resolve_task
-from persrag_lightning.pipeline.candidates import check_rows
-from persrag_lightning.pipeline.execution import JobRun
+from persrag_lightning.pipeline.choice import check_rows
+from persrag_lightning.pipeline.execution import JobRun, print_minutes, write_record
 from persrag_lightning.pipeline.flow import plan_job, run_job
 from persrag_lightning.pipeline.job import resolve_job
-from persrag_lightning.pipeline.recording import print_minutes, write_record
 from persrag_lightning.pipeline.runs import DEV_SELECTION_EXAMPLES, EVALUATE_CONFIG, EvaluationRun, StageRun
 from persrag_lightning.presets import load_preset, preset_names
 from persrag_lightning.utils import one_flag_style
