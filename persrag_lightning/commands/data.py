@@ -50,7 +50,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace --out if it holds files")
     c.add_argument("--strict", action="store_true",
                    help="refuse the log at its first bad row (default: skip bad rows, counted by reason)")
-    columns = c.add_argument_group("columns of the log")
+    _add_log_columns(c)
+    _add_split_options(c, d)
+    return one_flag_style(p)
+
+
+def _add_log_columns(convert: argparse.ArgumentParser) -> None:
+    """The convert options that name the log's columns: who, when, the text, the label, the item."""
+    columns = convert.add_argument_group("columns of the log")
     columns.add_argument("--user", required=True, help="who produced the item")
     columns.add_argument("--user_sep", default=None,
                          help="the separator of several users in one cell (co-authors 'A, B': --user_sep ,); each "
@@ -67,7 +74,11 @@ def parser() -> argparse.ArgumentParser:
         )
     columns.add_argument("--item", default=None, help="an item id (a product, a movie); a user may hold it once (a "
                                                       "later row giving it again is skipped)")
-    split = c.add_argument_group("the time-based split")
+
+
+def _add_split_options(convert: argparse.ArgumentParser, d: ConvertOptions) -> None:
+    """The convert options of the time-based split (their defaults are ConvertOptions')."""
+    split = convert.add_argument_group("the time-based split")
     split.add_argument("--min_items", type=int, default=d.min_items,
                        help="drop users with fewer items (default %(default)s, the k-core convention)")
     split.add_argument("--train_per_user", type=int, default=d.train_per_user,
@@ -85,7 +96,6 @@ def parser() -> argparse.ArgumentParser:
                        help="keep one of a user's items with the same text (the oldest); they are counted either way")
     split.add_argument("--template", default=None,
                        help="the question's input, with {text} where the item's text goes (default: LaMP's prompt)")
-    return one_flag_style(p)
 
 
 def _field_columns(opts: argparse.Namespace) -> tuple[str, str]:

@@ -8,23 +8,41 @@ import importlib.util
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS
 from persrag_lightning.serving.batcher import Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
 
+if TYPE_CHECKING:
+    from persrag_lightning.serving.service import ChatService
+
 __all__ = ["serve_command"]
 
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
+    _add_run_options(parser)
+    _add_llm_options(parser)
+    _add_retrieval_options(parser)
+    _add_reading_options(parser)
+    _add_operation_options(parser)
+    return one_flag_style(parser)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The run served, the address it is served on and the service's state folder."""
     parser.add_argument(
         "--run", required=True, help="an exported run, e.g. checkpoints/synthlamp-quick"
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--state", default=None, help="service state folder (default: <run>/serve)")
+
+
+def _add_llm_options(parser: argparse.ArgumentParser) -> None:
+    """The LLM that answers and extracts memories, and the memory bank's encoder."""
     parser.add_argument(
         "--llm_backend", default="hf", help="hf (default), llamacpp, openai or vllm"
     )
@@ -35,6 +53,10 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
+
+
+def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
+    """CFRAG's retrieval: similar users, the neighbour gate, k, the cohorts and the reranker."""
     parser.add_argument("--m", type=int, default=None,
                         help="similar users (CFRAG m; default: the run's pipeline.json's configuration, else 6)")
     parser.add_argument("--neighbour_slots", default=RECORD_SAYS,
@@ -50,6 +72,10 @@ def serve_parser() -> argparse.ArgumentParser:
                              "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md) "
                              "or none (the first-stage order); default: the order the run's pipeline.json chose on "
                              "dev (without one: reranker where exported)")
+
+
+def _add_reading_options(parser: argparse.ArgumentParser) -> None:
+    """Who answers label questions, and how label scores become an answer."""
     parser.add_argument("--reader", default=RECORD_SAYS,
                         help="who answers label questions (POST /v1/answers): llm, reader (the run's trained "
                              "reader) or a reader's folder; default: the reader the run's pipeline.json chose on "
@@ -58,6 +84,10 @@ def serve_parser() -> argparse.ArgumentParser:
                         help="the LLM reader's label calibration (default: the run's pipeline.json, else none)")
     parser.add_argument("--decision", choices=DECISIONS, default=None,
                         help="the answer taken from label scores (default: the run's pipeline.json, else auto)")
+
+
+def _add_operation_options(parser: argparse.ArgumentParser) -> None:
+    """How the server runs: the cache, the Host names it answers, rate limits, batching, the admin token."""
     parser.add_argument("--cache_dir", default=".cache/persrag",
                         help="the cache the run's corpus embeddings are in (resolved once at start: a deletion "
                              "purges this one, wherever the process runs from)")
@@ -76,7 +106,6 @@ def serve_parser() -> argparse.ArgumentParser:
                              "already queued)")
     parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
-    return one_flag_style(parser)
 
 
 def _slots(parser: argparse.ArgumentParser, value: str) -> int | str | None:
@@ -97,36 +126,53 @@ def serve_command(argv: list[str]) -> None:
         batching = Batching(args.max_batch, args.max_wait_ms)
     except ValueError as e:
         parser.error(str(e))
-
-    missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
-    # the main job's install leaves the web stack out: one line naming the extra, exit code 2
-    if missing:
-        raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
-    import uvicorn
-
-    from persrag_lightning.llm.registry import LLMConfig
-    from persrag_lightning.serving.app import allowed_hosts_for, create_app
-    from persrag_lightning.serving.limits import Limits
-    from persrag_lightning.serving.service import ChatService
-
+    _require_web_stack()
     logging.basicConfig(level=logging.WARNING)
-    llm = LLMConfig(
-        backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
-    )
-    service, generated = ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
-                                          admin_token=os.environ.get(args.admin_token_env) or None,
-                                          use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
-                                          m=RECORD_SAYS if args.m is None else args.m,
-                                          neighbour_slots=_slots(parser, args.neighbour_slots),
-                                          users=args.users, cohort_export=args.cohorts,
-                                          reranker=None if args.reranker == "none" else args.reranker,
-                                          reader=args.reader, calibration=args.calibration, decision=args.decision,
-                                          cache_dir=args.cache_dir, batching=batching)
+    service, generated = _open_service(parser, args, batching)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
     print(f"persrag serve: http://{args.host}:{args.port}/ ({service.health()['users']} users)", file=sys.stderr,
           flush=True)
+    _serve_until_stopped(service, args)
+
+
+def _require_web_stack() -> None:
+    """The main job's install leaves the web stack out: one line naming the extra, exit code 2."""
+    missing = [m for m in ("fastapi", "uvicorn", "lancedb") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
+
+
+def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, batching: Batching
+                  ) -> tuple[ChatService, bool]:
+    """The chat service over the run, as the command line sets it; (service, whether the admin token was
+    generated)."""
+    from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.serving.service import ChatService
+
+    llm = LLMConfig(
+        backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
+    )
+    return ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
+                            admin_token=os.environ.get(args.admin_token_env) or None,
+                            use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
+                            m=RECORD_SAYS if args.m is None else args.m,
+                            neighbour_slots=_slots(parser, args.neighbour_slots),
+                            users=args.users, cohort_export=args.cohorts,
+                            reranker=None if args.reranker == "none" else args.reranker,
+                            reader=args.reader, calibration=args.calibration, decision=args.decision,
+                            cache_dir=args.cache_dir, batching=batching)
+
+
+def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None:
+    """Serve the app on the address until the server stops, then close the service and print its
+    retrieval batches."""
+    import uvicorn
+
+    from persrag_lightning.serving.app import allowed_hosts_for, create_app
+    from persrag_lightning.serving.limits import Limits
+
     hosts = allowed_hosts_for(args.host, args.allowed_host)
     if hosts is None:
         print("persrag serve: bound to every address with no --allowed_host: the Host header is not checked",

@@ -1,4 +1,6 @@
-"""Reader and writer of the LaMP format (time-based and user-based splits), with errors that name file, record and field.
+"""Reader of the LaMP format (time-based and user-based splits), with errors that name file, record and field; its
+writer is lamp_write.py and the conventions both share (splits, file names, dates) are lamp_format.py, all of whose
+names are importable from here.
 
 Layout of a data directory: ``{split}_questions.json`` and ``{split}_outputs.json`` for split in train/dev/test
 (test outputs optional). Questions: a JSON list of ``{"id", "input", "user_id", "profile": [{"id", "date", ...}]}``
@@ -18,67 +20,47 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import Any
 
 from persrag_lightning.data.errors import LampFormatError
 from persrag_lightning.data.folder_task import resolve_task
+from persrag_lightning.data.lamp_format import (
+    DATE_PATTERN,
+    SPLITS,
+    format_date,
+    json_type_name,
+    outputs_path,
+    parse_date,
+    questions_path,
+    task_code,
+    task_spec,
+)
+from persrag_lightning.data.lamp_write import (
+    OutputsWriter,
+    QuestionsWriter,
+    profile_item_json,
+    write_lamp,
+    write_outputs,
+    write_predictions,
+    write_questions,
+)
 from persrag_lightning.data.records import Example, HistoryDoc, LampDataset, User
 from persrag_lightning.data.tasks import TaskSpec, get_task
-from persrag_lightning.utils import atomic_open
 
-if TYPE_CHECKING:
-    from typing_extensions import Self
+# the reader's own names, then the format's and the writer's (lamp_format.py, lamp_write.py), importable from here
+__all__ = ["DATE_PATTERN", "SHARING_FILE", "SPLITS", "LampFormatError", "OutputsWriter", "QuestionsWriter", "format_date",
+           "gc_paused", "load_lamp", "outputs_path", "parse_date", "profile_item_json", "questions_path", "read_outputs",
+           "read_sharing", "task_spec", "write_lamp", "write_outputs", "write_predictions", "write_questions"]
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "dev", "test")
-_DATE = re.compile(DATE_PATTERN := r"[0-9]+(?:-[0-9]+)*")  # serving's request models check the same
 _FEW = 5  # how many offending ids a mismatch message lists
 
-
-def questions_path(data_dir: str | Path, split: str) -> Path:
-    """Where a split's questions live, by the LaMP naming convention."""
-    return Path(data_dir) / f"{split}_questions.json"
-
-
-def outputs_path(data_dir: str | Path, split: str) -> Path:
-    """Where a split's golds live, by the LaMP naming convention."""
-    return Path(data_dir) / f"{split}_outputs.json"
-
-
-def task_spec(task: str | TaskSpec) -> TaskSpec:
-    """get_task, with an unknown name raised as LampFormatError like every other bad input of this module."""
-    if isinstance(task, TaskSpec):
-        return task
-    try:
-        return get_task(task)
-    except ValueError as e:
-        raise LampFormatError(f"task: {e}") from None
-
-
-def _task_code(task: str | TaskSpec) -> str:
-    """The spelling of the outputs file's `task` field: `LaMP_2` for LaMP-2."""
-    return task_spec(task).name.replace("-", "_")
-
-
-def parse_date(text: str) -> tuple[int, ...]:
-    """'2016-03-27' -> (2016, 3, 27); anything but '-'-separated integers raises ValueError."""
-    if not isinstance(text, str) or not _DATE.fullmatch(text):
-        raise ValueError(f"expected '-'-separated integers, got {text!r}")
-    return tuple(map(int, text.split("-")))
-
-
 _parse_date_cached = lru_cache(maxsize=1 << 16)(parse_date)  # dates repeat across a dataset's items
-
-
-def format_date(date: tuple[int, ...]) -> str:
-    """(2016, 3, 7) -> '2016-03-07': year padded to 4 digits, the other parts to 2, so parse_date inverts it."""
-    return "-".join(f"{p:04d}" if i == 0 else f"{p:02d}" for i, p in enumerate(date))
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -111,10 +93,6 @@ def _load_json(path: Path) -> Any:
         raise _fail(path, f"cannot read: {e.strerror or e}") from None
 
 
-def _typename(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
 def _get(obj: dict, key: str, path: Path, index: int | None, rid: str | None, field: str) -> Any:
     if key not in obj:
         raise _fail(path, "missing field", index, rid, field)
@@ -127,7 +105,7 @@ def _as_id(value: Any, path: Path, index: int | None, rid: str | None, field: st
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise _fail(path, f"expected a string or integer id, got {_typename(value)} {value!r}", index, rid, field)
+    raise _fail(path, f"expected a string or integer id, got {json_type_name(value)} {value!r}", index, rid, field)
 
 
 def _as_text(value: Any, path: Path, index: int | None, rid: str | None, field: str) -> str:
@@ -136,7 +114,7 @@ def _as_text(value: Any, path: Path, index: int | None, rid: str | None, field: 
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    raise _fail(path, f"expected a string, got {_typename(value)}", index, rid, field)
+    raise _fail(path, f"expected a string, got {json_type_name(value)}", index, rid, field)
 
 
 class _UserAggregator:
@@ -187,7 +165,7 @@ def _profile_item_checked(path: Path, i: int, qid: str, j: int, item: Any, spec:
     """The slow path of _profile_item: every check spelled out, with the message that names the field."""
     at = f"profile[{j}]"
     if not isinstance(item, dict):
-        raise _fail(path, f"expected an object, got {_typename(item)}", i, qid, at)
+        raise _fail(path, f"expected an object, got {json_type_name(item)}", i, qid, at)
     did = _as_id(_get(item, "id", path, i, qid, f"{at}.id"), path, i, qid, f"{at}.id")
     try:
         date = parse_date(_get(item, "date", path, i, qid, f"{at}.date"))
@@ -204,7 +182,7 @@ def _read_questions(path: Path, spec: TaskSpec,
     record, and whether the file is time-based (its questions carry user_id; None for an empty file)."""
     data = _load_json(path)
     if not isinstance(data, list):
-        raise _fail(path, f"top level: expected a JSON list of questions, got {_typename(data)}")
+        raise _fail(path, f"top level: expected a JSON list of questions, got {json_type_name(data)}")
     out: list[tuple[str, str, str, tuple[str, ...]]] = []
     first_index: dict[str, int] = {}
     time_based = bool(data) and isinstance(data[0], dict) and "user_id" in data[0]
@@ -213,14 +191,14 @@ def _read_questions(path: Path, spec: TaskSpec,
                     path.name, len(data))
     for i, rec in enumerate(data):
         if not isinstance(rec, dict):
-            raise _fail(path, f"expected an object, got {_typename(rec)}", i)
+            raise _fail(path, f"expected an object, got {json_type_name(rec)}", i)
         qid = _as_id(_get(rec, "id", path, i, None, "id"), path, i, None, "id")
         if qid in first_index:
             raise _fail(path, f"duplicate question id (first at record {first_index[qid]})", i, qid, "id")
         first_index[qid] = i
         text = _get(rec, "input", path, i, qid, "input")
         if not isinstance(text, str):
-            raise _fail(path, f"expected a string, got {_typename(text)}", i, qid, "input")
+            raise _fail(path, f"expected a string, got {json_type_name(text)}", i, qid, "input")
         if ("user_id" in rec) != time_based:
             raise _fail(path, f"{'missing' if time_based else 'present'} here but "
                               f"{'present' if time_based else 'missing'} in record 0: every question of a file has "
@@ -228,7 +206,7 @@ def _read_questions(path: Path, spec: TaskSpec,
         uid = _as_id(rec["user_id"], path, i, qid, "user_id") if time_based else qid
         profile = _get(rec, "profile", path, i, qid, "profile")
         if not isinstance(profile, list):
-            raise _fail(path, f"expected a list of profile items, got {_typename(profile)}", i, qid, "profile")
+            raise _fail(path, f"expected a list of profile items, got {json_type_name(profile)}", i, qid, "profile")
         if not profile:
             raise _fail(path, "empty profile", i, qid, "profile")
         known = users.docs.get(uid, {})
@@ -252,7 +230,7 @@ def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
     spec = task_spec(task)
     data = _load_json(path)
     if not isinstance(data, dict):
-        raise _fail(path, f"top level: expected an object with 'task' and 'golds', got {_typename(data)}")
+        raise _fail(path, f"top level: expected an object with 'task' and 'golds', got {json_type_name(data)}")
     if "task" not in data:
         raise _fail(path, "missing field", field="task")
     try:
@@ -260,17 +238,17 @@ def read_outputs(path: str | Path, task: str | TaskSpec) -> dict[str, str]:
     except ValueError:
         file_task = None
     if file_task != spec.name:
-        raise _fail(path, f"file is for {data['task']!r}, expected {_task_code(spec)!r}", field="task")
+        raise _fail(path, f"file is for {data['task']!r}, expected {task_code(spec)!r}", field="task")
     golds = data.get("golds")
     if golds is None:
         raise _fail(path, "missing field", field="golds")
     if not isinstance(golds, list):
-        raise _fail(path, f"expected a list, got {_typename(golds)}", field="golds")
+        raise _fail(path, f"expected a list, got {json_type_name(golds)}", field="golds")
     out: dict[str, str] = {}
     first_index: dict[str, int] = {}
     for i, rec in enumerate(golds):
         if not isinstance(rec, dict):
-            raise _fail(path, f"golds: expected an object, got {_typename(rec)}", i)
+            raise _fail(path, f"golds: expected an object, got {json_type_name(rec)}", i)
         gid = _as_id(_get(rec, "id", path, i, None, "id"), path, i, None, "id")
         if gid in first_index:
             raise _fail(path, f"duplicate gold id (first at record {first_index[gid]})", i, gid, "id")
@@ -362,135 +340,5 @@ def read_sharing(data_dir: Path) -> set[str]:
         return set()
     obj = _load_json(path)
     if not isinstance(obj, dict) or not all(isinstance(v, bool) for v in obj.values()):
-        raise LampFormatError(f"{path.name}: expected an object of user id → true/false (share), got {_typename(obj)}")
+        raise LampFormatError(f"{path.name}: expected an object of user id → true/false (share), got {json_type_name(obj)}")
     return {str(u) for u, share in obj.items() if not share}
-
-
-# ------------------------------------------------------------------------------------------ writing
-
-_json_str = json.encoder.encode_basestring  # json.dumps(s, ensure_ascii=False) of a str, without the dumps machinery
-
-
-def profile_item_json(doc_id: str, date: str, fields: Mapping[str, str]) -> str:
-    """One profile item as JSON text: id, date, then the task fields (json.dumps's bytes, built from strings)."""
-    if type(doc_id) is str and type(date) is str and "id" not in fields and "date" not in fields and all(
-            type(v) is str for v in fields.values()):
-        return ('{"id": ' + _json_str(doc_id) + ', "date": ' + _json_str(date)
-                + "".join(", " + _json_str(k) + ": " + _json_str(v) for k, v in fields.items()) + "}")
-    return json.dumps({"id": doc_id, "date": date, **fields}, ensure_ascii=False)
-
-
-def _profile_json(docs: Iterable[HistoryDoc], spec: TaskSpec) -> str:
-    """A whole profile list as JSON text, computed once per user and reused by all their questions."""
-    items = [profile_item_json(d.doc_id, format_date(d.date), {f: d.fields[f] for f in spec.profile_fields
-                                                                if f in d.fields}) for d in docs]
-    return "[" + ", ".join(items) + "]"
-
-
-class QuestionsWriter:
-    """Streams question records into a questions file; it appears (atomically) only when the block succeeds."""
-
-    def __init__(self, path: str | Path, task: str | TaskSpec) -> None:
-        self.path = Path(path)
-        self.spec = task_spec(task)
-        self._cm = atomic_open(self.path)
-        self._f: IO[str] | None = None
-        self._count = 0
-        self._cache: tuple[User, str] | None = None  # the last user and their profile JSON
-
-    def __enter__(self) -> Self:
-        self._f = self._cm.__enter__()
-        self._f.write("[")
-        return self
-
-    def __exit__(self, *exc: object) -> bool | None:
-        if exc[0] is None:
-            assert self._f is not None
-            self._f.write("\n]\n" if self._count else "]\n")
-        return self._cm.__exit__(*exc)
-
-    def write_record(self, example_id: str, input: str, user_id: str, profile: str) -> None:
-        """Append one record whose profile is already JSON text (see _profile_json)."""
-        assert self._f is not None, "use QuestionsWriter as a context manager"
-        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + _json_str(example_id) + ', "input": '
-                      + _json_str(input) + ', "user_id": ' + _json_str(user_id) + ', "profile": ' + profile + "}")
-        self._count += 1
-
-    def write(self, example: Example, user: User) -> None:
-        """Append an example; its profile is the user's full history (every doc dates before the question)."""
-        if not user.docs:
-            raise LampFormatError(f"{self.path.name}: record {self._count} (id {example.example_id!r}): profile: "
-                                  f"user {user.user_id!r} has no history docs")
-        if self._cache is None or self._cache[0] is not user:
-            self._cache = (user, _profile_json(user.docs, self.spec))
-        self.write_record(example.example_id, example.input, user.user_id, self._cache[1])
-
-
-class OutputsWriter:
-    """Streams {"task", "golds"} records; atomic like QuestionsWriter. Used for golds and predictions alike."""
-
-    def __init__(self, path: str | Path, task: str | TaskSpec) -> None:
-        self.path = Path(path)
-        self.code = _task_code(task)
-        self._cm = atomic_open(self.path)
-        self._f: IO[str] | None = None
-        self._count = 0
-
-    def __enter__(self) -> Self:
-        self._f = self._cm.__enter__()
-        self._f.write('{"task": ' + json.dumps(self.code) + ', "golds": [')
-        return self
-
-    def __exit__(self, *exc: object) -> bool | None:
-        if exc[0] is None:
-            assert self._f is not None
-            self._f.write("\n]}\n" if self._count else "]}\n")
-        return self._cm.__exit__(*exc)
-
-    def write(self, example_id: str, output: str) -> None:
-        """Append one {"id", "output"}; non-string ids or outputs are refused rather than coerced silently."""
-        assert self._f is not None, "use OutputsWriter as a context manager"
-        if not isinstance(example_id, str) or not isinstance(output, str):
-            raise LampFormatError(f"{self.path.name}: record {self._count} (id {example_id!r}): output: expected "
-                                  f"string id and output, got {_typename(example_id)} and {_typename(output)}")
-        self._f.write(("\n" if self._count == 0 else ",\n") + '{"id": ' + _json_str(example_id) + ', "output": '
-                      + _json_str(output) + "}")
-        self._count += 1
-
-
-def write_outputs(path: str | Path, task: str | TaskSpec,
-                  golds: Mapping[str, str] | Iterable[tuple[str, str]]) -> Path:
-    """Write an outputs file ({id: output} or (id, output) pairs, in the given order) atomically."""
-    pairs = golds.items() if isinstance(golds, Mapping) else golds
-    with OutputsWriter(path, task) as w:
-        for example_id, output in pairs:
-            w.write(example_id, output)
-    return Path(path)
-
-
-def write_predictions(path: str | Path, task: str | TaskSpec, predictions: Mapping[str, str]) -> Path:
-    """Predictions use the outputs shape, so the official evaluator and read_outputs read them as-is."""
-    return write_outputs(path, task, predictions)
-
-
-def write_questions(path: str | Path, task: str | TaskSpec, examples: Iterable[Example],
-                    users: Mapping[str, User]) -> Path:
-    """Write a questions file atomically; each record's profile is its user's full history."""
-    with QuestionsWriter(path, task) as w:
-        for ex in examples:
-            user = users.get(ex.user_id)
-            if user is None:
-                raise LampFormatError(f"{Path(path).name}: record {w._count} (id {ex.example_id!r}): user_id: "
-                                      f"unknown user {ex.user_id!r}")
-            w.write(ex, user)
-    return Path(path)
-
-
-def write_lamp(data_dir: str | Path, dataset: LampDataset) -> Path:
-    """Write every split of a LampDataset (questions, and outputs where targets are known) into `data_dir`."""
-    for split, examples in dataset.examples.items():
-        write_questions(questions_path(data_dir, split), dataset.task, examples, dataset.users)
-        if all(ex.target is not None for ex in examples):
-            write_outputs(outputs_path(data_dir, split), dataset.task,
-                          [(ex.example_id, ex.target) for ex in examples])  # type: ignore[misc]
-    return Path(data_dir)

@@ -269,6 +269,19 @@ def _questions(row: dict, where: str, name: str, own_ids: set[str], gt: dict, ev
     return questions, skipped
 
 
+def _person_docs(name: str, data: dict[str, dict[str, list]], paths: dict[str, Path]) -> list[PersonaDoc]:
+    """A person's documents from every private source: conversations, then interactions with an AI,
+    then purchases; a person missing from one of the files while in another is an error."""
+    for source, p in paths.items():
+        if name not in data[source]:
+            raise _fail(p, f"person {name!r} has private data in other files but none here", None, "Name")
+    return (list(_conversation_docs(data["conversation"][name], paths["conversation"], name))
+            + list(_flat_docs(data["user_ai_interaction"][name], paths["user_ai_interaction"], name,
+                              "user_ai_interaction"))
+            + list(_flat_docs(data["purchase_history"][name], paths["purchase_history"], name,
+                              "purchase_history")))
+
+
 def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_truth: bool = True
                       ) -> PersonaBenchCommunity:
     """Read a community folder (layout in the data README); people are those with private data, in
@@ -308,14 +321,7 @@ def load_personabench(data_dir: str | Path, noise: str = "0.0", check_ground_tru
         if name in seen:
             raise _fail(eval_path, f"person {name!r} appears twice", f"{i} (Name {name!r})", "Name")
         seen.add(name)
-        for source, p in paths.items():
-            if name not in data[source]:
-                raise _fail(p, f"person {name!r} has private data in other files but none here", None, "Name")
-        docs = (list(_conversation_docs(data["conversation"][name], paths["conversation"], name))
-                + list(_flat_docs(data["user_ai_interaction"][name], paths["user_ai_interaction"], name,
-                                  "user_ai_interaction"))
-                + list(_flat_docs(data["purchase_history"][name], paths["purchase_history"], name,
-                                  "purchase_history")))
+        docs = _person_docs(name, data, paths)
         own_ids = {d.segment_id for d in docs}
         questions, subjective = _questions(
             row, f"{i} (Name {name!r})", name, own_ids, gt, eval_path, gt_path, check_ground_truth

@@ -63,6 +63,7 @@ from persrag_lightning.data.lamp import (
 from persrag_lightning.data.synth_text import lamp1_variants, render_item
 from persrag_lightning.data.synth_world import (
     SYNTH_TASKS,
+    HistoryDraws,
     SynthConfig,
     SynthWorld,
     build_world,
@@ -129,56 +130,81 @@ def _user_id_width(num_users: int) -> int:
 
 
 
+@dataclass
+class QuestionDraws:
+    """Every question of n users, (n, q) arrays in split order: its kind, style, slot tuple (n, q,
+    slots), day, unseen flag and LaMP-1 variant."""
+
+    kind: np.ndarray
+    style: np.ndarray
+    slots: np.ndarray
+    day: np.ndarray
+    unseen: np.ndarray
+    variant: np.ndarray
+
+
 def _chunk(config: SynthConfig, world: SynthWorld, chunk: int) -> list[SynthUser]:
     """Users [chunk*CHUNK_USERS, ...) drawn with numpy in one go from rng streams (seed, 1, chunk)
     and, for slot redraws only, (seed, 2, chunk)."""
     rng = np.random.default_rng([config.seed, 1, chunk])
     start = chunk * CHUNK_USERS
     n = min(CHUNK_USERS, config.num_users - start)
-    k_count = world.styles.shape[1]
     h = draw_histories(rng, config, world, n)
-    comm, n_docs, n_seen, order, starts, owner = h.comm, h.n_docs, h.n_seen, h.order, h.starts, h.owner
-    kind, style, noisy, total = h.kind, h.style, h.noisy, len(h.kind)
     redraw_rng = np.random.default_rng([config.seed, 2, chunk])  # slot redraws only; see draw_slots
-    slots = draw_slots(rng, redraw_rng, world.slot_sizes, kind, question=False)
-    gaps = rng.integers(1, MAX_GAP_DAYS, total)
-    cum = np.cumsum(gaps)
-    day = rng.integers(0, 5 * 365, n)[owner] + cum - (cum[starts] - gaps[starts])[owner]
-    last_day = day[starts + n_docs - 1]
+    slots = draw_slots(rng, redraw_rng, world.slot_sizes, h.kind, question=False)
+    day = _history_days(rng, h, n)
+    questions = _draw_questions(rng, redraw_rng, config, world, h, last_day=day[h.starts + h.n_docs - 1])
+    return _make_users(config, start, h, slots, day, questions)
 
-    # Questions, after all history items in time: train, then dev, then test.
-    per_split = config.questions_per_split()
-    q = sum(per_split.values())
-    free = k_count - n_seen
+
+def _history_days(rng: np.random.Generator, h: HistoryDraws, n: int) -> np.ndarray:
+    """The day (since EPOCH) of every history item: a random first day per user, then random gaps."""
+    starts, owner = h.starts, h.owner
+    gaps = rng.integers(1, MAX_GAP_DAYS, len(h.kind))
+    cum = np.cumsum(gaps)
+    return rng.integers(0, 5 * 365, n)[owner] + cum - (cum[starts] - gaps[starts])[owner]
+
+
+def _draw_questions(rng: np.random.Generator, redraw_rng: np.random.Generator, config: SynthConfig,
+                    world: SynthWorld, h: HistoryDraws, last_day: np.ndarray) -> QuestionDraws:
+    """Questions, after all history items in time: train, then dev, then test."""
+    n, n_seen = len(h.comm), h.n_seen
+    q = sum(config.questions_per_split().values())
+    free = world.styles.shape[1] - n_seen
     unseen = (rng.random((n, q)) < config.unseen_fraction) & (free > 0)[:, None]
     # the j-th unseen question of a user takes the j-th unseen kind
     rank = np.cumsum(unseen, axis=1) - 1
     col = np.where(unseen, n_seen[:, None] + rank % np.maximum(free, 1)[:, None],
                    (rng.random((n, q)) * n_seen[:, None]).astype(np.int64))
-    q_kind = np.take_along_axis(order, col, axis=1)
-    q_style = world.styles[comm[:, None], q_kind]
+    q_kind = np.take_along_axis(h.order, col, axis=1)
+    q_style = world.styles[h.comm[:, None], q_kind]
     q_slots = draw_slots(rng, redraw_rng, world.slot_sizes, q_kind.ravel(), question=True).reshape(n, q, -1)
     q_day = last_day[:, None] + np.cumsum(rng.integers(1, MAX_GAP_DAYS, (n, q)), axis=1)
     # LaMP-1 only, after every other draw (the other tasks' bytes are unchanged): how each question
     # shows its refs
     variant = (rng.integers(0, lamp1_variants(), (n, q)) if config.task == "LaMP-1" else np.zeros((n, q), np.int64))
+    return QuestionDraws(q_kind, q_style, q_slots, q_day, unseen, variant)
 
+
+def _make_users(config: SynthConfig, start: int, h: HistoryDraws, slots: np.ndarray, day: np.ndarray,
+                questions: QuestionDraws) -> list[SynthUser]:
+    """Render the drawn items and questions of users start, start+1, ... into SynthUsers."""
     dates = (EPOCH + day.astype("timedelta64[D]")).astype(str).tolist()
-    q_dates = (EPOCH + q_day.astype("timedelta64[D]")).astype(str).tolist()
-    kind_l, style_l, noisy_l, slots_l = kind.tolist(), style.tolist(), noisy.tolist(), slots.tolist()
-    q_kind_l, q_style_l, unseen_l, q_slots_l = q_kind.tolist(), q_style.tolist(), unseen.tolist(), q_slots.tolist()
-    variant_l = variant.tolist()
-    splits = [s for s, m in per_split.items() for _ in range(m)]
+    q_dates = (EPOCH + questions.day.astype("timedelta64[D]")).astype(str).tolist()
+    kind_l, style_l, noisy_l, slots_l = h.kind.tolist(), h.style.tolist(), h.noisy.tolist(), slots.tolist()
+    q_kind_l, q_style_l = questions.kind.tolist(), questions.style.tolist()
+    unseen_l, q_slots_l, variant_l = questions.unseen.tolist(), questions.slots.tolist(), questions.variant.tolist()
+    splits = [s for s, m in config.questions_per_split().items() for _ in range(m)]
     split_rank = [sum(1 for t in splits[:j] if t == s) for j, s in enumerate(splits)]
     width = _user_id_width(config.num_users)
     task = config.task
     users: list[SynthUser] = []
-    for u in range(n):
+    for u in range(len(h.comm)):
         uid = f"u{start + u:0{width}d}"
-        user = SynthUser(uid, int(comm[u]))
-        for i in range(int(starts[u]), int(starts[u] + n_docs[u])):
+        user = SynthUser(uid, int(h.comm[u]))
+        for i in range(int(h.starts[u]), int(h.starts[u] + h.n_docs[u])):
             fields, _, _ = render_item(task, kind_l[i], slots_l[i], style_l[i])
-            user.docs.append(SynthDoc(f"{uid}-{i - int(starts[u]):03d}", dates[i], kind_l[i], style_l[i],
+            user.docs.append(SynthDoc(f"{uid}-{i - int(h.starts[u]):03d}", dates[i], kind_l[i], style_l[i],
                                       noisy_l[i], fields))
         for j, split in enumerate(splits):
             _, text, target = render_item(

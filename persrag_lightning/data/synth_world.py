@@ -142,61 +142,90 @@ class SynthWorld:
 def build_world(config: SynthConfig) -> SynthWorld:
     """Draw the communities' tastes and styles from the config's seed (stream 0)."""
     rng = np.random.default_rng([config.seed, 0])
+    return _WORLD_OF_TASK.get(config.task, _topic_world)(config, rng)
+
+
+def _taste(rng: np.random.Generator, communities: int, kinds: int) -> np.ndarray:
+    """A taste per community over the kinds, with every kind still possible."""
+    return 0.5 * rng.dirichlet(np.ones(kinds), size=communities) + 0.5 / kinds
+
+
+def _uniform_taste(communities: int, kinds: int) -> np.ndarray:
+    """Every community has items of every kind equally often."""
+    return np.full((communities, kinds), 1.0 / kinds)
+
+
+def _film_world(config: SynthConfig, rng: np.random.Generator) -> SynthWorld:
+    """LaMP-2: each community tags each kind of film with one of that kind's tags."""
     c = config.num_communities
-    if config.task == "LaMP-2":
-        kinds = FILM_KINDS
-        label_index = {label: i for i, label in enumerate(LAMP2_LABELS)}
-        styles = np.array(
-            [[label_index[k.tags[rng.integers(len(k.tags))]] for k in kinds] for _ in range(c)]
-        )
-        num_styles = len(LAMP2_LABELS)
-        slots = (len(FILM_TEMPLATES), len(kinds[0].heroes), len(kinds[0].goals), len(kinds[0].settings),
-                 len(kinds[0].twists))
-        names = tuple(k.name for k in kinds)
-    elif config.task == "LaMP-3":
-        # Communities differ only in judgments: each rates every category its own way (1-5,
-        # uniform), and every community reviews every category equally often (uniform taste), so
-        # which categories a user reviews, like the neutral words of the reviews, says nothing about
-        # the community.
-        k = len(PRODUCT_KINDS)
-        styles = rng.integers(0, len(LAMP3_SCORES), (c, k))
-        p0 = PRODUCT_KINDS[0]
-        slots = (len(REVIEW_TEMPLATES), len(p0.products), len(p0.reasons), len(p0.details), len(p0.usages))
-        return SynthWorld(config.task, tuple(p.name for p in PRODUCT_KINDS), len(LAMP3_SCORES),
-                          styles.astype(np.int64), np.full((c, k), 1.0 / k), slots)
-    elif config.task == "LaMP-1":
-        # Communities differ only in judgment, as for LaMP-3: per topic each follows one school (a
-        # jargon entry), and every community writes on every topic equally often, so only the
-        # schools name the community.
-        k, t0 = len(TOPICS), TOPICS[0]
-        styles = rng.integers(0, len(t0.jargon), (c, k))
-        slots = (len(CITATION_QUERY_TEMPLATES), len(t0.problems), len(t0.contributions), len(t0.data))
-        return SynthWorld(config.task, tuple(t.name for t in TOPICS), len(t0.jargon), styles.astype(np.int64),
-                          np.full((c, k), 1.0 / k), slots)
-    elif config.task == "LaMP-7":
-        # Per topic a community tweets in one style (opener, closer, hashtag) around content shared
-        # by all; every community tweets on every topic equally often.
-        k, t0 = len(TWEET_TOPICS), TWEET_TOPICS[0]
-        styles = rng.integers(0, len(TWEET_OPENERS), (c, k))
-        slots = (len(TWEET_TEMPLATES), len(t0.subjects), len(t0.events), len(t0.details))
-        return SynthWorld(config.task, tuple(t.name for t in TWEET_TOPICS), len(TWEET_OPENERS),
-                          styles.astype(np.int64), np.full((c, k), 1.0 / k), slots)
-    else:
-        templates = PAPER_TITLE_TEMPLATES if config.task == "LaMP-5" else HEADLINE_TEMPLATES
-        t0 = TOPICS[0]
-        n_jargon = len(t0.jargon)
-        styles = rng.integers(0, len(templates), (c, len(TOPICS))) * n_jargon + rng.integers(
-            0, n_jargon, (c, len(TOPICS))
-        )
-        num_styles = len(templates) * n_jargon
-        body = ABSTRACT_TEMPLATES if config.task == "LaMP-5" else ARTICLE_TEMPLATES
-        slots = (len(body), len(t0.problems), len(t0.contexts), len(t0.contributions), len(t0.data),
-                 len(t0.findings))
-        names = tuple(t.name for t in TOPICS)
-    k = len(names)
-    # a taste, with every kind still possible
-    kind_pref = 0.5 * rng.dirichlet(np.ones(k), size=c) + 0.5 / k
-    return SynthWorld(config.task, names, num_styles, styles.astype(np.int64), kind_pref, slots)
+    kinds = FILM_KINDS
+    label_index = {label: i for i, label in enumerate(LAMP2_LABELS)}
+    styles = np.array(
+        [[label_index[k.tags[rng.integers(len(k.tags))]] for k in kinds] for _ in range(c)]
+    )
+    slots = (len(FILM_TEMPLATES), len(kinds[0].heroes), len(kinds[0].goals), len(kinds[0].settings),
+             len(kinds[0].twists))
+    names = tuple(k.name for k in kinds)
+    return SynthWorld(config.task, names, len(LAMP2_LABELS), styles.astype(np.int64),
+                      _taste(rng, c, len(names)), slots)
+
+
+def _review_world(config: SynthConfig, rng: np.random.Generator) -> SynthWorld:
+    """LaMP-3: communities differ only in judgments.
+
+    Each rates every category its own way (1-5, uniform), and every community reviews every category
+    equally often (uniform taste), so which categories a user reviews, like the neutral words of the
+    reviews, says nothing about the community."""
+    c, k = config.num_communities, len(PRODUCT_KINDS)
+    styles = rng.integers(0, len(LAMP3_SCORES), (c, k))
+    p0 = PRODUCT_KINDS[0]
+    slots = (len(REVIEW_TEMPLATES), len(p0.products), len(p0.reasons), len(p0.details), len(p0.usages))
+    return SynthWorld(config.task, tuple(p.name for p in PRODUCT_KINDS), len(LAMP3_SCORES),
+                      styles.astype(np.int64), _uniform_taste(c, k), slots)
+
+
+def _citation_world(config: SynthConfig, rng: np.random.Generator) -> SynthWorld:
+    """LaMP-1: communities differ only in judgment, as for LaMP-3.
+
+    Per topic each follows one school (a jargon entry), and every community writes on every topic
+    equally often, so only the schools name the community."""
+    c, k, t0 = config.num_communities, len(TOPICS), TOPICS[0]
+    styles = rng.integers(0, len(t0.jargon), (c, k))
+    slots = (len(CITATION_QUERY_TEMPLATES), len(t0.problems), len(t0.contributions), len(t0.data))
+    return SynthWorld(config.task, tuple(t.name for t in TOPICS), len(t0.jargon), styles.astype(np.int64),
+                      _uniform_taste(c, k), slots)
+
+
+def _tweet_world(config: SynthConfig, rng: np.random.Generator) -> SynthWorld:
+    """LaMP-7: per topic a community tweets in one style (opener, closer, hashtag) around content
+    shared by all; every community tweets on every topic equally often."""
+    c, k, t0 = config.num_communities, len(TWEET_TOPICS), TWEET_TOPICS[0]
+    styles = rng.integers(0, len(TWEET_OPENERS), (c, k))
+    slots = (len(TWEET_TEMPLATES), len(t0.subjects), len(t0.events), len(t0.details))
+    return SynthWorld(config.task, tuple(t.name for t in TWEET_TOPICS), len(TWEET_OPENERS),
+                      styles.astype(np.int64), _uniform_taste(c, k), slots)
+
+
+def _topic_world(config: SynthConfig, rng: np.random.Generator) -> SynthWorld:
+    """LaMP-4/5: each community writes each topic with its own title template and jargon."""
+    c = config.num_communities
+    templates = PAPER_TITLE_TEMPLATES if config.task == "LaMP-5" else HEADLINE_TEMPLATES
+    t0 = TOPICS[0]
+    n_jargon = len(t0.jargon)
+    styles = rng.integers(0, len(templates), (c, len(TOPICS))) * n_jargon + rng.integers(
+        0, n_jargon, (c, len(TOPICS))
+    )
+    num_styles = len(templates) * n_jargon
+    body = ABSTRACT_TEMPLATES if config.task == "LaMP-5" else ARTICLE_TEMPLATES
+    slots = (len(body), len(t0.problems), len(t0.contexts), len(t0.contributions), len(t0.data),
+             len(t0.findings))
+    names = tuple(t.name for t in TOPICS)
+    return SynthWorld(config.task, names, num_styles, styles.astype(np.int64), _taste(rng, c, len(names)), slots)
+
+
+# the world of each task, drawn from stream 0; the other tasks (LaMP-4/5) are _topic_world's
+_WORLD_OF_TASK = {"LaMP-2": _film_world, "LaMP-3": _review_world, "LaMP-1": _citation_world,
+                  "LaMP-7": _tweet_world}
 
 
 

@@ -25,17 +25,19 @@ from persrag_lightning.data.docstore import read_docstore
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.stats import bootstrap_interval
+from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.prompts import build_chat_prompt
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings
 from persrag_lightning.memory.recall import RecallSettings
 from persrag_lightning.memory.simulate import (
+    PlantedFact,
     SimulatedConversation,
     feed_conversations,
     questionnaire_answers,
     simulate_conversations,
 )
-from persrag_lightning.retrieval.base import DocStore, Query, Strategy
+from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.baselines import ZeroShot
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.memory import CFRAGMemory, MemoryRecall
@@ -140,6 +142,25 @@ def _extraction_counts(bank: MemoryBank, convs: list[SimulatedConversation]) -> 
             "tagged_memories": sum(bool(m.tags.flat()) for c in convs for m in bank.list(c.user_id))}
 
 
+def _prompts_and_counts(questions: list[tuple[str, PlantedFact]], retrieved: list[list[RetrievedDoc]], llm: LLM,
+                        cfg: MemoryEvalConfig) -> tuple[list[str], list[bool], int, int, int]:
+    """Each question's chat prompt from what a strategy retrieved, and what it retrieved: per question
+    whether the asker's own memories recall the fact, then the memories of other users, the asker's
+    own corpus docs and all corpus docs, counted over the questions."""
+    prompts, recall_hits, foreign, own, n_docs = [], [], 0, 0, 0
+    for (user, fact), docs in zip(questions, retrieved):
+        memories = [d for d in docs if d.source == "memory"]
+        corpus_docs = [d for d in docs if d.source == "doc"]
+        foreign += sum(d.owner != user for d in memories)
+        recall_hits.append(any(d.owner == user and fact.value.lower() in d.text.lower() for d in memories))
+        own += sum(d.owner == user for d in corpus_docs)
+        n_docs += len(corpus_docs)
+        prompts.append(build_chat_prompt(fact.question, [d.text for d in memories],
+                                         [d.text for d in corpus_docs], [], llm.count_tokens,
+                                         cfg.llm.max_prompt_tokens))
+    return prompts, recall_hits, foreign, own, n_docs
+
+
 def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None) -> list[StrategyResult]:
     """Plant, ask, answer, count; writes metrics.json and results.md under `out_dir`."""
     run_dir = Path(cfg.run_dir)
@@ -165,17 +186,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
             strategy.attach(bank)
         strategy.prepare(store)
         retrieved = strategy.retrieve(queries, cfg.k)
-        prompts, recall_hits, foreign, own, n_docs = [], [], 0, 0, 0
-        for (user, fact), docs in zip(questions, retrieved):
-            memories = [d for d in docs if d.source == "memory"]
-            corpus_docs = [d for d in docs if d.source == "doc"]
-            foreign += sum(d.owner != user for d in memories)
-            recall_hits.append(any(d.owner == user and fact.value.lower() in d.text.lower() for d in memories))
-            own += sum(d.owner == user for d in corpus_docs)
-            n_docs += len(corpus_docs)
-            prompts.append(build_chat_prompt(fact.question, [d.text for d in memories],
-                                             [d.text for d in corpus_docs], [], llm.count_tokens,
-                                             cfg.llm.max_prompt_tokens))
+        prompts, recall_hits, foreign, own, n_docs = _prompts_and_counts(questions, retrieved, llm, cfg)
         answers = cfg.llm.chat(llm, prompts, prompts_store, phase=f"memory evaluation {name}")
         hits = np.array(
             [f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float

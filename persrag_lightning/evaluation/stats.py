@@ -94,7 +94,7 @@ class LampMetricFn:
             g = np.array([index.get(str(x).strip(), -1) for x in golds], dtype=np.int64)
             return p, g
         if spec.kind == "regression":
-            from persrag_lightning.metrics import _parse_gold, parse_rating
+            from persrag_lightning.metrics.lamp import _parse_gold, parse_rating
 
             gold = np.array([_parse_gold(t) for t in golds], dtype=np.float64)
             value = np.array(

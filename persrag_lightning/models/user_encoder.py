@@ -110,6 +110,18 @@ class UserEncoder(nn.Module):
         self.transformer = nn.TransformerEncoder(
             layer, config.num_layers, enable_nested_tensor=False
         )
+        self._add_judgment_tables(config)
+        if doc_embeddings is not None:
+            self.load_doc_embeddings(doc_embeddings, mask_embedding)
+        # serving state, filled by `index_users` or `from_pretrained`
+        self.user_ids: list[str] = []
+        self.user_embeddings: torch.Tensor | None = None
+        self._index = None
+
+    def _add_judgment_tables(self, config: UserEncoderConfig) -> None:
+        """The tables by which a doc's judgment (LaMP-2's tag, LaMP-3's score) enters its vector:
+        `label` adds a label row, `paired` also a d × d map per label; none for `none`."""
+        d = config.dim
         if config.judgments in ("label", "paired"):
             # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the
             # transformer keeps width d and the doc table keeps the frozen encoder's space (a
@@ -144,12 +156,6 @@ class UserEncoder(nn.Module):
             raise ValueError(
                 f"judgments must be 'none', 'label' or 'paired', got {config.judgments!r}"
             )
-        if doc_embeddings is not None:
-            self.load_doc_embeddings(doc_embeddings, mask_embedding)
-        # serving state, filled by `index_users` or `from_pretrained`
-        self.user_ids: list[str] = []
-        self.user_embeddings: torch.Tensor | None = None
-        self._index = None
 
     @torch.no_grad()
     def load_doc_embeddings(

@@ -3,6 +3,7 @@
 
 from persrag_lightning import index as _index  # noqa: F401  (sets faiss's BLAS threshold once)
 
-__all__ = ["base", "baselines", "candidates", "cfrag", "cluster_index", "clusterrag", "cohort_export",
-           "cohort_settings", "cohorts", "corpus_retriever", "llm_cache", "memory", "pbr", "pbr_anchor", "pbr_prompts",
-           "pbr_strategy", "strategies", "tuned_generator", "user_clustering", "user_index"]  # the package's modules, imported on use
+__all__ = ["base", "baselines", "candidates", "cfrag", "cfrag_inference", "cluster_index", "clusterrag",
+           "cohort_export", "cohort_settings", "cohorts", "corpus_retriever", "llm_cache", "memory", "pbr",
+           "pbr_anchor", "pbr_prompts", "pbr_settings", "pbr_strategy", "strategies", "tuned_generator",
+           "user_clustering", "user_index"]  # the package's modules, imported on use

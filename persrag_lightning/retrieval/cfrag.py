@@ -24,23 +24,23 @@ measures each against them, and `CFRAGPipeline.from_pretrained` serves with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import Literal
 
-import numpy as np
 import torch
 
 from persrag_lightning.bundles import require_bundle
 from persrag_lightning.models.corpus_embeddings import build_corpus_embeddings, load_corpus_embeddings
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, export_path
-from persrag_lightning.models.reranker import RUNTIMES, PersonalizedReranker, Runtime
+from persrag_lightning.models.reranker import PersonalizedReranker, Runtime
 from persrag_lightning.models.user_encoder import UserEncoder
 from persrag_lightning.progress import Progress
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy, cache_value
 from persrag_lightning.retrieval.candidates import CandidateSource
+from persrag_lightning.retrieval.cfrag_inference import InferenceSettings, QueryRuntime, first_stage_order
 from persrag_lightning.retrieval.cohort_settings import CohortSettings
 from persrag_lightning.retrieval.cohorts import CohortModel
-from persrag_lightning.retrieval.corpus_retriever import QUERY_RUNTIMES, open_corpus_retriever
+from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
 from persrag_lightning.utils import ConfigError, bundle_digest
@@ -49,39 +49,6 @@ __all__ = ["CFRAG", "first_stage_order"]
 
 UserSource = Literal["encoder", "mean", "cluster"]
 QueryExpansion = Literal["none", "pbr"]
-QueryRuntime = Literal["fp32", "bf16", "onnx", "openvino"]
-
-
-@dataclass
-class InferenceSettings:
-    """How CFRAG runs at inference, for serving latency (the candidates and training never change);
-    the defaults are the paper's: every candidate reranked, in fp32. Fields as `CFRAG`'s arguments
-    of the same names."""
-
-    rerank_top: int | None = None
-    first_cut: str | None = None
-    reranker_runtime: Runtime = "fp32"
-    query_runtime: QueryRuntime = "fp32"
-    cache_doc_tokens: bool = False
-
-    def __post_init__(self) -> None:
-        if self.rerank_top is not None and self.rerank_top < 1:
-            raise ValueError(
-                f"rerank_top must be a positive number of candidates or None (all), got "
-                f"{self.rerank_top}"
-            )
-        if self.reranker_runtime not in RUNTIMES:
-            raise ValueError(f"reranker_runtime must be one of {', '.join(RUNTIMES)}, got {self.reranker_runtime!r}")
-        if self.query_runtime not in QUERY_RUNTIMES:
-            raise ValueError(f"query_runtime must be one of {', '.join(QUERY_RUNTIMES)}, got {self.query_runtime!r}")
-
-    def cache_key(self) -> dict:
-        """The settings that change what is retrieved and differ from the paper's defaults. Only
-        those: a row that uses none keeps the key it had before these settings existed.
-        `cache_doc_tokens` is never in it: the same pairs, token for token."""
-        paper = InferenceSettings()
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "cache_doc_tokens" and getattr(self, f.name) != getattr(paper, f.name)}
 
 
 class CFRAG(Strategy):
@@ -454,8 +421,3 @@ class CFRAG(Strategy):
             keep = {id(d) for d in theirs}
             out.append([d for d in docs if d.owner == q.user_id or id(d) in keep][:k])
         return out
-
-
-def first_stage_order(docs: list[RetrievedDoc]) -> list[int]:
-    """Candidate positions by first-stage score, best first (ties in candidate order)."""
-    return np.argsort([-d.retriever_score for d in docs], kind="stable").tolist()

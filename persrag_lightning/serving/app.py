@@ -23,7 +23,7 @@ import ipaddress
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -35,6 +35,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from persrag_lightning.memory.extract import QUESTIONNAIRE
+from persrag_lightning.serving.accounts import Caller
 from persrag_lightning.serving.answers import answer_question
 from persrag_lightning.serving.limits import Limits, RateLimiter
 from persrag_lightning.serving.requests import Chat, Error, History, Question, SignUp
@@ -244,10 +245,18 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
     """The endpoints: the token first, then the body (read_json), then the service in a worker
     thread."""
-    page_html, page_csp = _page_and_csp()
 
-    def caller(request: Request):
+    def caller(request: Request) -> Caller:
         return service.authenticate(request.headers.get("authorization"))
+
+    _add_page_routes(app, service)
+    _add_conversation_routes(app, service, model_name, caller)
+    _add_user_data_routes(app, service, caller)
+
+
+def _add_page_routes(app: FastAPI, service: ChatService) -> None:
+    """The health check and the chat page, which need no token."""
+    page_html, page_csp = _page_and_csp()
 
     @app.get("/healthz")
     def healthz() -> dict:
@@ -256,6 +265,11 @@ def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
     @app.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
         return HTMLResponse(page_html, headers={"Content-Security-Policy": page_csp})
+
+
+def _add_conversation_routes(app: FastAPI, service: ChatService, model_name: str,
+                             caller: Callable[[Request], Caller]) -> None:
+    """Signing up, chatting and asking label questions."""
 
     @app.post("/v1/users", status_code=201, openapi_extra=_body(SignUp))
     async def sign_up(request: Request) -> JSONResponse:
@@ -276,6 +290,10 @@ def _add_routes(app: FastAPI, service: ChatService, model_name: str) -> None:
         who = caller(request)
         body = await read_json(request)
         return await run_in_threadpool(answer_question, service, who, body)
+
+
+def _add_user_data_routes(app: FastAPI, service: ChatService, caller: Callable[[Request], Caller]) -> None:
+    """A user's memories, history and account: listed, set and deleted."""
 
     @app.get("/v1/users/{user_id}/memories")
     def memories(user_id: str, request: Request) -> dict:
