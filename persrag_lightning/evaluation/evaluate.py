@@ -37,12 +37,13 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise
-from persrag_lightning.llm.calibration import Calibration, LabelReading, check_reading
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import primary_metric, rouge_scorer
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
+from persrag_lightning.reading.decision import Calibration, check_reading
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.strategies import (

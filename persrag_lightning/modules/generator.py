@@ -23,7 +23,6 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.generator import GeneratorBatch
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing
 from persrag_lightning.llm.base import resolve_model
-from persrag_lightning.llm.calibration import CALIBRATIONS
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.llm.hf_seq2seq import HFSeq2SeqLLM, is_seq2seq_folder
@@ -38,6 +37,7 @@ from persrag_lightning.models.generator import (
     target_token_loss,
 )
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.reading.decision import CALIBRATIONS
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.utils import ConfigError, as_settings
 

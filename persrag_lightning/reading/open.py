@@ -3,9 +3,13 @@ folder."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from persrag_lightning.data.prompt_store import PromptStore
-from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading.base import Reader
+
+if TYPE_CHECKING:
+    from persrag_lightning.llm.registry import LLMConfig
 
 __all__ = ["LLM_READER", "open_reader"]
 
@@ -17,6 +21,9 @@ def open_reader(
 ) -> Reader:
     """`reader`: `llm` (the LLM of `llm`, read through `store`) or the path of a trained reader's
     export (its decision is the LLM config's, so both answer by the same rule)."""
+    # imported here: llm/registry.py imports reading.decision, which runs this package's __init__
+    from persrag_lightning.llm.registry import LLMConfig
+
     if reader == LLM_READER:
         from persrag_lightning.reading.llm import LLMReader
 
