@@ -44,7 +44,6 @@ from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.reading.decision import Calibration, check_reading
 from persrag_lightning.reading.label_reading import LabelReading
-from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.strategies import (
     bind_strategies,
@@ -221,7 +220,7 @@ class Evaluation(Evaluator):
         if generator not in self._generators:
             config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
                              or self.llm_config.calibration)
-            self._generators[generator] = LLMReader(config, store=self.prompts)
+            self._generators[generator] = open_reader(LLM_READER, config, self.prompts)
         return self._generators[generator]
 
     def examples(self, dataset) -> list[Example]:

@@ -37,8 +37,8 @@ from persrag_lightning.models.generator import (
     target_token_loss,
 )
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.reading import LLM_READER, open_reader
 from persrag_lightning.reading.decision import CALIBRATIONS
-from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.utils import ConfigError, as_settings
 
 __all__ = ["GeneratorModule"]
@@ -120,9 +120,10 @@ class GeneratorModule(L.LightningModule):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # validation reads through the evaluation's door, with every calibration the dev choice
         # compares
-        self.reader = LLMReader(LLMConfig(model=model, batch_size=eval_batch_size, max_new_tokens=max_new_tokens,
-                                          answer_mode=answer_mode, postprocessing=postprocessing),
-                                llm=self.backend, remember_terms=False)
+        self.reader = open_reader(LLM_READER, LLMConfig(model=model, batch_size=eval_batch_size,
+                                                        max_new_tokens=max_new_tokens, answer_mode=answer_mode,
+                                                        postprocessing=postprocessing),
+                                  llm=self.backend, remember_terms=False)
         self.task: str | None = None
         self.metrics: dict[str, object] = {}
         self._batch_started = 0.0

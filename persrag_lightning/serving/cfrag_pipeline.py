@@ -23,7 +23,6 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
-from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
@@ -212,9 +211,8 @@ class CFRAGPipeline:
     def reader(self) -> Reader:
         """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
         if self._reader is None:
-            # chat's LLM
-            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER
-                            else open_reader(self.reader_spec, self.llm_config))
+            llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
+            self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:
