@@ -24,15 +24,11 @@ from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
 from persrag_lightning.hardware import bf16_verdict, describe_cpu
 from persrag_lightning.llm import load_llm
 from persrag_lightning.llm.answer import allowed_labels
-from persrag_lightning.llm.calibration import (
-    CALIBRATIONS,
-    CONTENT_FREE_INPUTS,
-    LabelReading,
-    calibration_prompts,
-    resolve_decision,
-)
+from persrag_lightning.llm.calibration import CONTENT_FREE_INPUTS, calibration_prompts
 from persrag_lightning.llm.prompts import task_prompt
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.decision import CALIBRATIONS, resolve_decision
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.reading.llm import LLMReader
 
 

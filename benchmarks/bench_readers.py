@@ -47,8 +47,9 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.reader_free import reader_free_rows, top_answer
 from persrag_lightning.evaluation.stats import LampMetricFn, bootstrap_ci, metric_names
 from persrag_lightning.hardware import describe_cpu
-from persrag_lightning.llm.calibration import CALIBRATIONS, LabelReading
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.decision import CALIBRATIONS
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.reading.trained import TrainedReader
 from persrag_lightning.retrieval.base import DocStore, Query

@@ -20,7 +20,8 @@ import numpy as np
 
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.stats import LampMetricFn, metric_names
-from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS, LabelReading
+from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
+from persrag_lightning.reading.label_reading import LabelReading
 
 
 def signal(reading: LabelReading, golds: list[str]) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from persrag_lightning.hardware import Precision
-from persrag_lightning.llm.calibration import Calibration
 from persrag_lightning.models.user_encoder import Judgments
+from persrag_lightning.reading.decision import Calibration
 from persrag_lightning.stages import STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 

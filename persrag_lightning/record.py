@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS
+from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
 from persrag_lightning.utils import ConfigError
 
 __all__ = ["CONFIGURATIONS", "RECORD", "Configuration", "Reference", "read_reference"]

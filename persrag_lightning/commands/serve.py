@@ -10,7 +10,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from persrag_lightning.llm.calibration import CALIBRATIONS, DECISIONS
+from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
 from persrag_lightning.serving.batcher import Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from persrag_lightning.llm.calibration import LabelReading
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.retrieval.base import Strategy
 from persrag_lightning.utils import ConfigError
 

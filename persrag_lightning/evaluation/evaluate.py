@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +37,14 @@ from persrag_lightning.evaluation.reader_free import (
     vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise
-from persrag_lightning.llm.calibration import Calibration, LabelReading, check_reading
+from persrag_lightning.evaluation.row_readers import RowReaders
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.metrics import primary_metric, rouge_scorer
 from persrag_lightning.progress import eta, progress
-from persrag_lightning.reading import LLM_READER, Reader, open_reader
-from persrag_lightning.reading.llm import LLMReader
+from persrag_lightning.reading import LLM_READER, Reader
+from persrag_lightning.reading.decision import Calibration
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Strategy
 from persrag_lightning.retrieval.strategies import (
     bind_strategies,
@@ -117,6 +118,14 @@ def _same_community_chance(examples: list[Example], retrieved: list[list[Retriev
                           for ex, ds in zip(examples, retrieved) for d in ds]))
 
 
+def paired_tests(pairs: list[list[str]] | None) -> list[list[str]]:
+    """`evaluation.pairs` checked: each pair names two strategies (a tested against b)."""
+    for pair in pairs or []:
+        if len(pair) != 2:
+            raise ValueError(f"evaluation.pairs: each pair names two strategies, got {pair!r}")
+    return [list(p) for p in pairs or []]
+
+
 class Evaluation(Evaluator):
     """Runs strategies over one split with one LLM and reports them with intervals and paired tests
     (LaMP)."""
@@ -153,12 +162,10 @@ class Evaluation(Evaluator):
             reader_free: on a label task, add the rows that need no LLM (evaluation/reader_free.py).
             votes: the rows whose retrieved docs also vote as a row of their own (None: every row that puts docs
                 in its prompt, wrappers excepted).
-            generator_calibration: the label calibration of the "+ tuned generator" rows (None:
-                `llm.calibration`); a model tuned on the task's labels has another label prior than the base
-                reader.
-            reader: who reads every row's question and docs: `llm` (the `llm` settings' LLM) or a trained
-                reader's export (`stages.RUN_DIR`/reader, label tasks: reading/trained.py); "+ tuned generator" rows are
-                read by their generator.
+            generator_calibration: the label calibration of the "+ tuned generator" rows (None: `llm.calibration`);
+                a model tuned on the task's labels has another label prior than the base reader.
+            reader: who reads every row's question and docs: `llm` (the `llm` settings' LLM) or a trained reader's
+                export (`stages.RUN_DIR`/reader, label tasks); "+ tuned generator" rows are read by their generator.
         """
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
@@ -166,24 +173,15 @@ class Evaluation(Evaluator):
         self.llm_config = llm or LLMConfig()
         self.out_dir = Path(out_dir)
         self.reference, self.n_resamples, self.seed = reference, n_resamples, seed
-        for pair in pairs or []:
-            if len(pair) != 2:
-                raise ValueError(f"evaluation.pairs: each pair names two strategies, got {pair!r}")
-        self.pairs = [list(p) for p in pairs or []]
+        self.pairs = paired_tests(pairs)
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.reader_free, self.votes = reader_free, votes
-        check_reading(generator_calibration or "none", "auto")  # a misspelt one fails before any row runs
-        self.generator_calibration, self.reader_spec = generator_calibration, reader
-        if reader != LLM_READER and get_task(self.task).labels is None:
-            raise ConfigError(f"evaluation.reader: a trained reader reads label tasks; {self.task} is a generation "
-                              "task, read by the LLM (reader: llm)")
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
+        self.readers = RowReaders(self.task, reader, self.llm_config, self.prompts, generator_calibration)
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
         self.top_answers: dict[str, tuple[str, float]] = {}
-        self._reader: Reader | None = None
-        self._generators: dict[str, Reader] = {}  # tuned generators' readers by export path
 
     def rename(self, names: dict[str, str]) -> None:
         """Follow `arguments.rename_strategies`' renames in the reference, the votes and the paired tests.
@@ -198,9 +196,16 @@ class Evaluation(Evaluator):
     @property
     def reader(self) -> Reader:
         """The reader of every row but the tuned generators' (`reader`), opened once."""
-        if self._reader is None:
-            self._reader = open_reader(self.reader_spec, self.llm_config, self.prompts)
-        return self._reader
+        return self.readers.main
+
+    @property
+    def reader_spec(self) -> str:
+        """`llm` or the trained reader's export, as `reader` named it."""
+        return self.readers.spec
+
+    @property
+    def generator_calibration(self) -> Calibration | None:
+        return self.readers.generator_calibration
 
     def reader_for(self, strategy: Strategy) -> Reader:
         """Who reads a strategy's prompts: the evaluation's reader, or for a `TunedGenerator` row
@@ -210,18 +215,7 @@ class Evaluation(Evaluator):
         Args:
             strategy: the row whose prompts are read.
         """
-        generator = strategy.answering_model
-        if generator is None:
-            return self.reader
-        from persrag_lightning.bundles import require_bundle
-
-        # not trained yet: the row is skipped with the command that makes it
-        require_bundle(generator)
-        if generator not in self._generators:
-            config = replace(self.llm_config, model=generator, calibration=self.generator_calibration
-                             or self.llm_config.calibration)
-            self._generators[generator] = LLMReader(config, store=self.prompts)
-        return self._generators[generator]
+        return self.readers.for_row(strategy)
 
     def examples(self, dataset) -> list[Example]:
         examples = sorted((e for e in dataset.examples.get(self.split, []) if e.target is not None),
@@ -259,11 +253,34 @@ class Evaluation(Evaluator):
         store = DocStore(dataset)
         examples = self.examples(dataset)
         communities = load_communities(self.source.data_dir)
+        predictions, diagnostics, retrieved = self.read_rows(strategies, store, examples, communities)
+        golds = [e.target for e in examples]
+        self.golds = tuple(golds)
+        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made
+        # by design
+        self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
+        if self.reader_free:
+            predictions.update(self.reader_free_answers(dataset, store, examples, retrieved))
+        summary = summarise(self.task, predictions, golds, self.reference, self.n_resamples,
+                            seed=self.seed, pairs=self.pairs)
+        for name, extra in diagnostics.items():
+            summary.results[name].update(extra)
+        self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
+        # how constant each row is (a reader answering by prior)
+        for name, (_, share) in self.top_answers.items():
+            summary.results[name]["top_answer_share"] = share
+        self.write_reports(summary, self.skipped)
+        return summary
+
+    def read_rows(self, strategies: list[Strategy], store: DocStore, examples: list[Example],
+                  communities: dict[str, int] | None) -> tuple[dict, dict, dict]:
+        """Each row's answers and diagnostics, and the retrieved docs of the rows that vote, by row name; a row
+        whose bundle is not exported yet is skipped (`skipped` says why), a label row's reading is kept
+        (`readings`)."""
         predictions: dict[str, list[str]] = {}
         diagnostics: dict[str, dict[str, float]] = {}
         retrieved: dict[str, list[list[RetrievedDoc]]] = {}
-        skipped: dict[str, str] = {}
-        self.skipped, self.readings = skipped, {}
+        self.skipped, self.readings = {}, {}
         started = time.perf_counter()
         set_reranker_runtime(strategies, self.reranker_runtime)
         bind_strategies(strategies)
@@ -275,38 +292,24 @@ class Evaluation(Evaluator):
             # a bundle its stage has not exported yet: a row says so
             except FileNotFoundError as err:
                 log.warning("%s skipped: %s", strategy.name, err)
-                skipped[strategy.name] = str(err)
+                self.skipped[strategy.name] = str(err)
                 continue
             predictions[strategy.name], diagnostics[strategy.name] = outcome["predictions"], outcome["diagnostics"]
             if outcome["labels"] is not None:
                 self.readings[strategy.name] = outcome["labels"]
             if self.votes_for(strategy) and outcome["diagnostics"].get("docs_per_query"):
                 retrieved[strategy.name] = outcome["retrieved"]
-        golds = [e.target for e in examples]
-        self.golds = tuple(golds)
-        # the alarm is for rows that read their prompt: a reader-free row is constant or rule-made
-        # by design
-        self.warnings = collapse_warnings(predictions, golds) if get_task(self.task).labels else []
-        if self.reader_free:
-            train_golds = [
-                e.target for e in dataset.examples.get("train", []) if e.target is not None
-            ]
-            for name, answers in reader_free_rows(
-                self.task, store, examples, train_golds, retrieved
-            ).items():
-                predictions[name] = answers
-                write_predictions(self.out_dir / "predictions" / f"{file_name(name)}.json", self.task,
-                                  {e.example_id: a for e, a in zip(examples, answers)})
-        summary = summarise(self.task, predictions, golds, self.reference, self.n_resamples,
-                            seed=self.seed, pairs=self.pairs)
-        for name, extra in diagnostics.items():
-            summary.results[name].update(extra)
-        self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
-        # how constant each row is (a reader answering by prior)
-        for name, (_, share) in self.top_answers.items():
-            summary.results[name]["top_answer_share"] = share
-        self.write_reports(summary, skipped)
-        return summary
+        return predictions, diagnostics, retrieved
+
+    def reader_free_answers(self, dataset, store: DocStore, examples: list[Example],
+                            retrieved: dict[str, list[list[RetrievedDoc]]]) -> dict[str, list[str]]:
+        """The rows that need no reader (evaluation/reader_free.py), their answers written as a read row's are."""
+        train_golds = [e.target for e in dataset.examples.get("train", []) if e.target is not None]
+        rows = reader_free_rows(self.task, store, examples, train_golds, retrieved)
+        for name, answers in rows.items():
+            write_predictions(self.out_dir / "predictions" / f"{file_name(name)}.json", self.task,
+                              {e.example_id: a for e, a in zip(examples, answers)})
+        return rows
 
     def votes_for(self, strategy: Strategy) -> bool:
         """Whether a row's retrieved docs vote as a reader-free row: the named rows, or (None) every

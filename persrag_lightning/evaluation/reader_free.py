@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from persrag_lightning.data.records import Example
 from persrag_lightning.data.tasks import TaskSpec, get_task
-from persrag_lightning.llm.calibration import LabelReading
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 
 __all__ = ["collapse_warnings", "doc_labels", "reader_free_rows", "reading_diagnostics",

@@ -11,8 +11,8 @@ from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import ANSWER_MODES, POSTPROCESSING, AnswerMode, Postprocessing
 from persrag_lightning.llm.auto import auto_backend
 from persrag_lightning.llm.base import LLM, LLMBackendError, resolve_model
-from persrag_lightning.llm.calibration import Calibration, Decision, check_reading, resolve_decision
 from persrag_lightning.progress import in_blocks
+from persrag_lightning.reading.decision import Calibration, Decision, check_reading, resolve_decision
 
 __all__ = ["BACKENDS", "LLMConfig", "load_llm"]
 
@@ -87,7 +87,7 @@ class LLMConfig:
         postprocessing: how generated text is cleaned: as the official evaluation (`official`:
             strip) or `lenient`.
         calibration: how `choose` calibrates label scores against the label prior (`contextual`,
-            `pmi`) or not (`none`); see llm/calibration.py.
+            `pmi`) or not (`none`); see llm/calibration.py and reading/decision.py.
         decision: the answer `choose` takes from the calibrated scores, the one the task's metric
             rewards (`auto`: arg max for accuracy, median for MAE).
         options: passed to the backend as is (e.g. base_url, n_threads, device, dtype).

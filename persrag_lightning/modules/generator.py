@@ -23,7 +23,6 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.generator import GeneratorBatch
 from persrag_lightning.llm.answer import AnswerMode, Postprocessing
 from persrag_lightning.llm.base import resolve_model
-from persrag_lightning.llm.calibration import CALIBRATIONS
 from persrag_lightning.llm.gguf import dtype_kw, local_model_path
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.llm.hf_seq2seq import HFSeq2SeqLLM, is_seq2seq_folder
@@ -38,7 +37,8 @@ from persrag_lightning.models.generator import (
     target_token_loss,
 )
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
-from persrag_lightning.reading.llm import LLMReader
+from persrag_lightning.reading import LLM_READER, open_reader
+from persrag_lightning.reading.decision import CALIBRATIONS
 from persrag_lightning.utils import ConfigError, as_settings
 
 __all__ = ["GeneratorModule"]
@@ -120,9 +120,10 @@ class GeneratorModule(L.LightningModule):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # validation reads through the evaluation's door, with every calibration the dev choice
         # compares
-        self.reader = LLMReader(LLMConfig(model=model, batch_size=eval_batch_size, max_new_tokens=max_new_tokens,
-                                          answer_mode=answer_mode, postprocessing=postprocessing),
-                                llm=self.backend, remember_terms=False)
+        self.reader = open_reader(LLM_READER, LLMConfig(model=model, batch_size=eval_batch_size,
+                                                        max_new_tokens=max_new_tokens, answer_mode=answer_mode,
+                                                        postprocessing=postprocessing),
+                                  llm=self.backend, remember_terms=False)
         self.task: str | None = None
         self.metrics: dict[str, object] = {}
         self._batch_started = 0.0

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from persrag_lightning.datamodules.reader import ReaderTrainBatch
-from persrag_lightning.llm.calibration import decide, resolve_decision
 from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSettings, encoder_digest
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
+from persrag_lightning.reading.decision import decide, resolve_decision
 from persrag_lightning.utils import as_settings
 
 __all__ = ["ReaderModule"]

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from persrag_lightning.data.records import HistoryDoc
-from persrag_lightning.llm.calibration import LabelReading
+from persrag_lightning.reading.label_reading import LabelReading
 
 __all__ = ["Docs", "Reader"]
 

@@ -2,7 +2,8 @@
 `LLMConfig`.
 
 Label tasks under `answer_mode: choose`: every allowed label is scored by its log-probability,
-calibrated against the label prior (llm/calibration.py) and decided by the task metric's rule.
+calibrated against the label prior (llm/calibration.py's terms) and decided by the task metric's rule
+(reading/decision.py).
 Otherwise the LLM generates the answer (the paper's setting), post-processed as the official
 evaluation or leniently. Every LLM output goes through a prompt store when one is given, so a prompt
 read once (by any build, stage or run) is never sent again.
@@ -15,18 +16,13 @@ from collections.abc import Sequence
 from persrag_lightning.data.prompt_store import PromptStore, prompt_key
 from persrag_lightning.llm.answer import allowed_labels, build_prompts, official_postprocess
 from persrag_lightning.llm.base import LLM
-from persrag_lightning.llm.calibration import (
-    CALIBRATIONS,
-    LabelReading,
-    calibration_prompts,
-    calibration_terms,
-    check_reading,
-    resolve_decision,
-)
+from persrag_lightning.llm.calibration import calibration_prompts, calibration_terms
 from persrag_lightning.llm.postprocess import default_max_new_tokens, postprocess
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
+from persrag_lightning.reading.decision import CALIBRATIONS, check_reading, resolve_decision
+from persrag_lightning.reading.label_reading import LabelReading
 
 __all__ = ["LLMReader"]
 

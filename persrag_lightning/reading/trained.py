@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.llm.calibration import LabelReading, resolve_decision
 from persrag_lightning.models.reader import LabelReader, reader_inputs
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
+from persrag_lightning.reading.decision import resolve_decision
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.utils import ConfigError, bundle_digest
 
 __all__ = ["TrainedReader"]

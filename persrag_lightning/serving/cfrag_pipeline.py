@@ -23,7 +23,6 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
-from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
@@ -56,18 +55,38 @@ def all_exported(strategy: CFRAG) -> bool:
             and all(m.runtime in EXPORTED_RUNTIMES for m in models))
 
 
+def _runtime(runtime: str, part: str) -> str:
+    """A serving runtime argument as CFRAG runs it: `auto` is `serving_runtime`'s choice for `part`
+    (`reranker` or `query`), any other is resolved by what this CPU computes natively."""
+    return serving_runtime(part) if runtime == "auto" else native_runtime(runtime)
+
+
+def _reader_folder(run_dir: Path, reader: str) -> str | Path:
+    """The reader the record or the argument names: `llm`, a trained reader's folder, or its bundle
+    inside `run_dir` (which must be exported)."""
+    if reader != LLM_READER and not Path(reader).is_dir():
+        return require_bundle(run_dir / reader)
+    return reader
+
+
 def _cfrag(run_dir: Path, choice: Choice, users: str, cohort_export: str | Path | None,
-           first_cut: str | None, **settings) -> CFRAG:
+           first_cut: str | None, reranker_runtime: str, query_runtime: str, **settings) -> CFRAG:
     """CFRAG over the run's bundles as `from_pretrained` resolved them (its docstring says how).
 
     Args:
         run_dir: the run's folder.
-        choice: the order and reader resolved from the arguments and the record (`follow_record`).
+        choice: the order, the similar users, the gate and the reader resolved from the arguments and
+            the record (`follow_record`).
         users: `encoder`, `mean` or `cluster`.
         cohort_export: the cohort export (users="cluster"; default `run_dir`/clusters).
         first_cut: a cheaper reranker bundle that chooses the candidates the reranker scores.
+        reranker_runtime: the reranker's runtime argument (`auto`: `serving_runtime`).
+        query_runtime: the query encoder's runtime argument (`auto`: `serving_runtime`).
         settings: CFRAG's other settings, passed on.
     """
+    if choice.m is not None:
+        settings["m"] = choice.m
+    settings["neighbour_slots"] = choice.neighbour_slots
     user_encoder = require_bundle(run_dir / "user_encoder")  # stage 1: every CFRAG serves from it
     if users not in ("encoder", "mean", "cluster"):
         raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
@@ -88,7 +107,8 @@ def _cfrag(run_dir: Path, choice: Choice, users: str, cohort_export: str | Path 
     if first_cut is not None:
         first_cut = require_bundle(run_dir / first_cut)
     return CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, users=users,
-                 first_cut=first_cut, **settings)
+                 first_cut=first_cut, reranker_runtime=_runtime(reranker_runtime, "reranker"),
+                 query_runtime=_runtime(query_runtime, "query"), **settings)
 
 
 @dataclass
@@ -186,18 +206,11 @@ class CFRAGPipeline:
         choice = follow_record(run_dir, llm, reranker, reader,
                                {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
                                m, neighbour_slots)
-        more = {"m": choice.m} if choice.m is not None else {}
-        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, **more, k_per_user=k_per_user,
-                          neighbour_slots=choice.neighbour_slots,
-                          cache_dir=cache_dir, rerank_top=rerank_top, cache_doc_tokens=cache_doc_tokens,
-                          reranker_runtime=(serving_runtime("reranker") if reranker_runtime == "auto"
-                                            else native_runtime(reranker_runtime)),
-                          query_runtime=(serving_runtime("query") if query_runtime == "auto"
-                                         else native_runtime(query_runtime)))
-        reader = choice.reader
-        if reader != LLM_READER and not Path(reader).is_dir():
-            reader = require_bundle(run_dir / reader)
-        pipe = cls(strategy, DocStore(read_docstore(run_dir / "docstore")), choice.llm, k, threads, reader)
+        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, reranker_runtime, query_runtime,
+                          k_per_user=k_per_user, cache_dir=cache_dir, rerank_top=rerank_top,
+                          cache_doc_tokens=cache_doc_tokens)
+        pipe = cls(strategy, DocStore(read_docstore(run_dir / "docstore")), choice.llm, k, threads,
+                   _reader_folder(run_dir, choice.reader))
         pipe.serves = serves_line(choice, pipe.task, run_dir)
         print(f"[serving] {pipe.serves}", file=sys.stderr, flush=True)
         return pipe
@@ -212,9 +225,8 @@ class CFRAGPipeline:
     def reader(self) -> Reader:
         """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
         if self._reader is None:
-            # chat's LLM
-            self._reader = (LLMReader(self.llm_config, llm=self.llm) if self.reader_spec == LLM_READER
-                            else open_reader(self.reader_spec, self.llm_config))
+            llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
+            self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from persrag_lightning.llm.calibration import resolve_decision
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading import LLM_READER
+from persrag_lightning.reading.decision import resolve_decision
 from persrag_lightning.record import RECORD, Reference, read_reference
 
 __all__ = ["RECORD_SAYS", "Choice", "follow_record", "serves_line"]

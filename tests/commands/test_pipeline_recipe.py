@@ -355,7 +355,7 @@ def test_progress_lines_cover_the_whole_fit_and_a_long_validation(capsys, tmp_pa
 
 def labels(rows: list[list[float]], terms: dict):
     """A LaMP-3 row's label scores, as the evaluation reads them (every calibration's terms computed)."""
-    from persrag_lightning.llm.calibration import LabelReading
+    from persrag_lightning.reading.label_reading import LabelReading
 
     return LabelReading("LaMP-3", ("1", "2", "3", "4", "5"), rows, "none", "median", terms)
 

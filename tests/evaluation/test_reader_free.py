@@ -77,8 +77,8 @@ def test_an_evaluation_table_carries_the_reader_free_rows_and_label_scores(tmp_p
     each row's top-answer share, and every label's score stored beside the answers."""
     from persrag_lightning.data.synth import SynthConfig
     from persrag_lightning.evaluation.evaluate import Evaluation
-    from persrag_lightning.llm.calibration import LabelReading
     from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.reading.label_reading import LabelReading
     from persrag_lightning.retrieval.baselines import BM25, ZeroShot
 
     out = tmp_path / "eval"
@@ -177,7 +177,7 @@ def test_the_expected_rating_of_a_reader_that_reads_correlates_and_of_one_that_d
     import math
 
     from persrag_lightning.evaluation.reader_free import reading_diagnostics
-    from persrag_lightning.llm.calibration import LabelReading
+    from persrag_lightning.reading.label_reading import LabelReading
 
     labels = ("1", "2", "3", "4", "5")
 

@@ -9,7 +9,7 @@ import pytest
 
 from persrag_lightning.evaluation.base import EvaluationReport
 from persrag_lightning.evaluation.selection import Option, row_options, select
-from persrag_lightning.llm.calibration import LabelReading
+from persrag_lightning.reading.label_reading import LabelReading
 
 
 def test_the_best_score_wins_in_the_metrics_direction_and_a_tie_keeps_the_earlier():

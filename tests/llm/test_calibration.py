@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from persrag_lightning.data.prompt_store import PromptStore
-from persrag_lightning.llm.calibration import (
-    CONTENT_FREE_INPUTS,
-    LabelReading,
-    calibrated,
-    calibration_prompts,
-    decide,
-    resolve_decision,
-)
+from persrag_lightning.llm.calibration import CONTENT_FREE_INPUTS, calibration_prompts
 from persrag_lightning.llm.prompts import content_free_prompt, domain_premise
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.reading.decision import calibrated, decide, resolve_decision
+from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.reading.llm import LLMReader
 from tests.llm.test_choose import ScriptedLLM, answer
 
@@ -130,7 +125,7 @@ def test_tiny_model_terms_are_its_content_free_scores(tiny_llm: str) -> None:
     """With a real (random) model: the terms are the log of the mean distribution its own `score_options` gives
     the content-free prompts (chat template and all), and the answers follow them."""
     from persrag_lightning.llm import load_llm
-    from persrag_lightning.llm.calibration import log_softmax
+    from persrag_lightning.reading.decision import log_softmax
 
     llm = load_llm("hf", tiny_llm, device="cpu")
     prompts = ['"review":fine product; "score":', '"review":broke in a day; "score":']

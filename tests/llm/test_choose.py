@@ -30,7 +30,7 @@ def answer(llm: LLM, task: str, prompts: list[str], mode: str = "generate", max_
 
 def choose(llm: LLM, prompts: list[str], options: list[str]) -> list[str]:
     """The arg max of `score_options` (ties: the earliest option; NaN never wins), as `decide` takes it."""
-    from persrag_lightning.llm.calibration import calibrated, decide
+    from persrag_lightning.reading.decision import calibrated, decide
 
     return [decide(options, calibrated(row, None), "argmax") for row in llm.score_options(prompts, options)]
 

@@ -16,7 +16,6 @@ from safetensors.torch import load_file
 
 from persrag_lightning.data.tasks import LAMP2_LABELS
 from persrag_lightning.datamodules.reader import ReaderTrainBatch
-from persrag_lightning.llm.calibration import decide
 from persrag_lightning.models.reader import (
     READER_WEIGHTS,
     LabelReader,
@@ -26,6 +25,7 @@ from persrag_lightning.models.reader import (
     cumulative_link_log_probs,
 )
 from persrag_lightning.modules.reader import ReaderModule
+from persrag_lightning.reading.decision import decide
 from persrag_lightning.reading.trained import TrainedReader
 from persrag_lightning.utils import ConfigError
 from tests.helpers.reader import labelled_docs, tiny_config, tiny_reader, tiny_reader_export

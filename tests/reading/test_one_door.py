@@ -110,6 +110,45 @@ def test_the_static_check_finds_a_removed_path(source):
                                  "serving/x.py")  # a backend wrapping another
 
 
+READERS = ("LLMReader", "TrainedReader")
+OPENER = "reading/open.py"  # the one place a reader is built
+
+
+def reader_constructions(tree: ast.AST, path: str) -> list[str]:
+    """Calls of a reader class (`LLMReader(...)`, `x.TrainedReader(...)`)."""
+    return [f"{path}:{node.lineno} {ast.unparse(node.func)}(" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func).rsplit(".", 1)[-1] in READERS]
+
+
+def test_readers_are_built_only_by_open_reader():
+    hits = [h for path, tree in package_files() if path != OPENER for h in reader_constructions(tree, path)]
+    assert not hits, f"a reader built outside open_reader (open it with reading.open_reader): {hits}"
+    assert reader_constructions(ast.parse("r = reading.LLMReader(config, llm=llm)\n"), "serving/x.py")
+
+
+def test_open_reader_hands_a_loaded_llm_to_the_llm_reader_only(tmp_path):
+    from persrag_lightning.reading import LLM_READER, open_reader
+
+    llm = object()  # a generator's model under training, serving's LLM shared with chat
+    reader = open_reader(LLM_READER, LLMConfig(answer_mode="choose"), llm=llm, remember_terms=False)
+    assert isinstance(reader, LLMReader) and reader.llm is llm and not reader.remember_terms and reader.store is None
+    with pytest.raises(ValueError, match="without an LLM"):
+        open_reader(str(tmp_path), llm=llm)
+
+
+def test_the_words_of_reading_import_no_llm_code():
+    """llm/registry.py checks its settings with reading.decision: importing it (and the reading package) must not
+    import llm/ back, or the two would import each other."""
+    import subprocess
+    import sys
+
+    code = ("import sys, persrag_lightning.reading.decision, persrag_lightning.reading.label_reading; "
+            "print(sorted(m for m in sys.modules if m.startswith(('persrag_lightning.llm', 'persrag_lightning.models'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+    subprocess.run([sys.executable, "-c", "import persrag_lightning.llm.registry"], check=True, cwd=REPO)
+
+
 # ---- the callers read through their reader ----------------------------------------------------------------------
 
 def record(monkeypatch, cls: type, name: str) -> list[tuple[tuple, dict]]:
