@@ -1,4 +1,4 @@
-"""The package's shape, kept where it landed: no module over 500 lines, no function over 60, an `__all__` in every
+"""The package's shape, with room to spare: no module over 450 lines, no function over 50, an `__all__` in every
 package, at most 5 % of lines over 100 characters, at least 150 docstrings with `Args:`, and a median of public
 names per module kept (ruff keeps the complexity at 15 and import-linter the layers; both run in .ci/run)."""
 
@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "persrag_lightning"
-MAX_LINES, MAX_FUNCTION_LINES = 500, 60
+MAX_LINES, MAX_FUNCTION_LINES = 450, 50
 # the style goals against the anchors (lightning-ir: 6.9 % long lines, 276 `Args:`, median 2 public names)
 LONG_LINE, MAX_LONG_SHARE, MIN_ARGS_SECTIONS = 100, 0.05, 150
 # lightning-ir's median is 2; ours is held at 3
@@ -20,12 +20,12 @@ def modules() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-def test_no_module_is_over_500_lines() -> None:
+def test_no_module_is_over_450_lines() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in modules() if (n := p.read_text().count("\n")) > MAX_LINES}
     assert not long, f"split these by concern: {long}"
 
 
-def test_no_function_is_over_60_lines() -> None:
+def test_no_function_is_over_50_lines() -> None:
     long = {}
     for path in modules():
         for node in ast.walk(ast.parse(path.read_text())):
