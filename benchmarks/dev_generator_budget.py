@@ -17,12 +17,12 @@ import json
 import time
 from collections import Counter
 
-from persrag_lightning.commands import decisions, pipeline
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.evaluate import Evaluation
 from persrag_lightning.evaluation.stats import metric_names
 from persrag_lightning.llm.registry import LLMConfig
+from persrag_lightning.pipeline import decisions, runs
 from persrag_lightning.presets import load_preset
 from persrag_lightning.retrieval.strategies import strategy_by_name
 from persrag_lightning.retrieval.tuned_generator import TunedGenerator
@@ -59,7 +59,7 @@ def main() -> None:
         minutes[n] = (time.perf_counter() - t0) / 60
     base = strategy_by_name("configs/evaluate_cfrag.yaml", chosen, str(run_dir), "bf16_if_native")
     rows = [TunedGenerator(chosen, str(run_dir / f"generator_dev{n}"), name=f"{n} prompts") for n in args.prompts]
-    evaluation = Evaluation(task=task, split="dev", max_examples=pipeline.DEV_SELECTION_EXAMPLES,
+    evaluation = Evaluation(task=task, split="dev", max_examples=runs.DEV_SELECTION_EXAMPLES,
                             out_dir=f"runs/{args.run_name}/dev-generator-budget", reference=chosen,
                             reranker_runtime="bf16_if_native", reader_free=False,
                             llm=LLMConfig(answer_mode="choose", calibration=calibration,
