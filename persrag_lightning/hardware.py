@@ -34,8 +34,8 @@ ISA_FLAGS = {"avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX-512",
              "avx512_bf16": "AVX512-BF16", "avx_vnni": "AVX-VNNI", "amx_bf16": "AMX"}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # bfloat16 is native on a CPU only where its matmul measures at least this much faster than
-# float32's: the margin keeps a loaded machine's noise from flipping the answer (AMX is far above
-# it, AVX512-BF16 alone below parity: docs/getting-started.md)
+# float32's: the margin keeps a loaded machine's noise from flipping the answer (what each CPU
+# class measured: docs/getting-started.md)
 BF16_MIN_SPEEDUP = 1.3
 # the probe's Linear: SmolLM2's MLP (576 -> 1536) on 2048 tokens, the reader's own shape,
 # milliseconds to time (docs/getting-started.md)

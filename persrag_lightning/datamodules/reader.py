@@ -192,7 +192,7 @@ class ReaderDataModule(L.LightningDataModule):
     # ---- the reader's settings come from the module (the encoder is the model's knob) ------------
 
     @property
-    def reader_settings(self) -> ReaderSettings:
+    def evaluation_llm_settings(self) -> ReaderSettings:
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         if module is None or not hasattr(module, "settings"):
             raise ConfigError("ReaderDataModule: the text encoder is the reader module's (`model.init_args.config`); "
@@ -263,12 +263,12 @@ class ReaderDataModule(L.LightningDataModule):
     def reader_config(self):
         from persrag_lightning.models.reader import ReaderConfig
 
-        return ReaderConfig(**vars(self.reader_settings), task=self.task, labels=tuple(self.labels))
+        return ReaderConfig(**vars(self.evaluation_llm_settings), task=self.task, labels=tuple(self.labels))
 
     # ---- build once per node, read on every rank -------------------------------------------------
 
     def cache_path(self) -> Path:
-        h, settings = self.hparams, self.reader_settings
+        h, settings = self.hparams, self.evaluation_llm_settings
         dataset = self.source.load()
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
         key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), list(h.mix or []), h.k, h.profile_items,
@@ -286,7 +286,7 @@ class ReaderDataModule(L.LightningDataModule):
             return
         dataset = self.source.load()
         store = DocStore(dataset)
-        settings = self.reader_settings
+        settings = self.evaluation_llm_settings
         encoder = TextEncoder.from_pretrained(settings.encoder, max_length=settings.max_length)
         memo: dict[str, torch.Tensor] = {}
 
@@ -331,7 +331,7 @@ class ReaderDataModule(L.LightningDataModule):
         def embed(texts: list[str]) -> torch.Tensor:
             return vectors[np.array([self.index[t] for t in texts], dtype=np.int64)]
 
-        batch = batch_from_vectors([e.read for e in examples], embed, self.reader_settings.max_docs,
+        batch = batch_from_vectors([e.read for e in examples], embed, self.evaluation_llm_settings.max_docs,
                                    vectors.shape[1], len(self.labels))
         return ReaderTrainBatch(batch, torch.tensor([e.target for e in examples], dtype=torch.long))
 

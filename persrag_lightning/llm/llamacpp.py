@@ -16,9 +16,10 @@ __all__ = ["LlamaCppLLM"]
 
 _INSTALL_HINT = "the llamacpp backend needs llama-cpp-python: `pip install llama-cpp-python`"
 # `weights`: the GGUF as shipped, or re-encoded once by llama.cpp's own quantizer into a type with a
-# fast CPU kernel. SmolLM2 ships as Q4_1, which this CPU backend has no batched kernel for without
-# AMX (no repacking, no llamafile GEMM): a 200-token prompt runs at ~90 tokens/s, barely above
-# one-token decoding. F16 / BF16 / Q4_0 go through llamafile's GEMM or the repacked Q4_0 kernel.
+# fast CPU kernel. SmolLM2 ships as Q4_1, which this CPU backend has no batched kernel for on most
+# CPUs (no repacking, no llamafile GEMM): a prompt runs barely faster than one-token decoding
+# (docs/performance/llm-feedback.md). F16 / BF16 / Q4_0 go through llamafile's GEMM or the repacked
+# Q4_0 kernel.
 # `auto` (the default) picks f16 for such a file: it holds the Q4_1 values (4-bit codes times f16
 # scales, plus f16 minimums) to within f16 rounding and, unlike the Q4_1 kernel, does not round the
 # activations to 8 bits, so it answered like float32 transformers on every benchmark prompt (the

@@ -18,13 +18,11 @@ __all__ = ["ROWS_PER_FORWARD_BY_DEVICE", "USER_HEADS", "LoraFields", "LoraSettin
 USER_HEADS = "user_heads.safetensors"
 
 # Texts (retriever) or (query, doc) pairs (reranker) per encoder forward, taken in order of token
-# length. Measured on 2 cores (MiniLM cross-encoder, 120 pairs of 4 examples x m*k = 30, forward +
-# backward): one forward of all 120 17.5 s, chunks of 30 in candidate order 10.5 s, chunks of 30 by
-# length 6.9 s (of 16: 7.0 s); under bfloat16 autocast 7.5 / 4.7 / 3.4 s. Large activations cost
-# more than the extra calls on a CPU; less padding does the rest. On a GPU the opposite holds: a
-# chunk of 32 leaves it waiting on kernel launches, so CUDA takes larger chunks (one H100, 32
-# examples x 30 pairs per step: reranker 0.95 s with 256 rows vs 1.31 s with 32, and bf16 autocast
-# then pays, 0.76 s; docs/performance/training.md). A device type missing here takes the CPU's.
+# length. On a CPU, chunks by length measured faster than one forward of every pair and than chunks in
+# candidate order: large activations cost more than the extra calls, and less padding does the rest.
+# On a GPU the opposite holds: a small chunk leaves it waiting on kernel launches, so CUDA takes
+# larger chunks (the measurements: docs/performance/training.md). A device type missing here takes
+# the CPU's.
 ROWS_PER_FORWARD = 32
 ROWS_PER_FORWARD_BY_DEVICE: dict[str, int] = {"cpu": ROWS_PER_FORWARD, "cuda": 256}
 

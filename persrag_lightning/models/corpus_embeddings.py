@@ -108,7 +108,7 @@ def _embed_corpus(corpus: Corpus, out: Path, encoder: str, max_length: int, pool
     parts.mkdir(parents=True, exist_ok=True)
     model: TextEncoder | None = None
     shards = []
-    # a line every 10 s with the ETA (12k SynthLaMP docs: a minute on 2 cores, more without AVX-512)
+    # a line every 10 s with the ETA (how long a corpus takes per CPU class: docs/performance/)
     bar = Progress(f"embed corpus ({encoder}, {precision})", len(texts), "unique texts")
     for n, start in enumerate(range(0, len(texts), SHARD_TEXTS)):
         shard = parts / f"part-{n:05d}.safetensors"

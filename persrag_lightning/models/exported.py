@@ -25,8 +25,8 @@ Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
 # OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps
 # the last
-# MAX_SHAPES: on 2 cores with AMX static shapes reranked faster than one dynamic-shape model, at
-# both p50 and p95 (steps 8 and 16 alike in a probe), and a shape compiles once, paid by the first
+# MAX_SHAPES: static shapes reranked faster than one dynamic-shape model, at both p50 and p95 (both
+# step sizes probed alike), and a shape compiles once, paid by the first
 # batch of that shape (benchmarks/profile_reranker.py, docs/performance/serving.md,
 # docs/serving/pipeline.md).
 WIDTH_STEP = 16

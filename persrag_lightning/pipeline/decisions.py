@@ -47,13 +47,13 @@ def label_overrides(rule: Precision | str | None, backend: str | None) -> dict[s
 
 def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[str, str]:
     """Where this run computes in bfloat16, each kind of work once (hardware.uses_bf16 under the
-    preset's policy; `llm`: the evaluation's resolved LLM settings, `rates.reader_settings`): printed
+    preset's policy; `llm`: the evaluation's resolved LLM settings, `rates.evaluation_llm_settings`): printed
     before the plan and kept in pipeline.json.
 
     Args:
         preset: the run's preset, whose precision policies decide each kind of work.
         backend: the evaluation LLM's backend (None or `auto`: the configs' choice).
-        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.evaluation_llm_settings`).
     """
     rules = preset.precision
     stages = {"stage 1": rules.user_encoder, "feedback stages": rules.feedback, "generator": rules.generator}
@@ -89,7 +89,7 @@ def _float32_reader_note(llm: dict) -> str | None:
     bfloat16).
 
     Args:
-        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.evaluation_llm_settings`).
     """
     wants_bf16 = (llm.get("options") or {}).get("dtype") == "bf16_if_native"
     if llm.get("backend") == "hf" and wants_bf16 and reader_dtype(llm) != "bfloat16":
@@ -108,7 +108,7 @@ def announce_decisions(
     Args:
         preset: the run's preset (its precision policy per kind of work).
         backend: `--llm_backend` (None: the configs').
-        llm: the evaluation's resolved LLM settings (`rates.reader_settings`).
+        llm: the evaluation's resolved LLM settings (`rates.evaluation_llm_settings`).
     """
     print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
     if note := _float32_reader_note(llm):

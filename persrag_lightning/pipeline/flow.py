@@ -11,7 +11,7 @@ from persrag_lightning.pipeline.decisions import announce_decisions
 from persrag_lightning.pipeline.execution import JobRun
 from persrag_lightning.pipeline.job import Job
 from persrag_lightning.pipeline.plan import Plan, build_plan, question_counts
-from persrag_lightning.pipeline.rates import reader_settings
+from persrag_lightning.pipeline.rates import evaluation_llm_settings
 from persrag_lightning.pipeline.runs import Runner
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.stages import STAGES, Key
@@ -31,7 +31,7 @@ def plan_job(job: Job, runner: Runner, questions: int | None, data_dir: str | No
         data_dir: `--data_dir` (None: the embedded SynthLaMP).
     """
     table = runner.evaluation_config(job.table("CFRAG"))
-    precision, gemm = announce_decisions(job.preset, job.backend, reader_settings(table))
+    precision, gemm = announce_decisions(job.preset, job.backend, evaluation_llm_settings(table))
     stages = {s: runner.stage_config(job.stage_run(s)) for s in job.wanted()}
     rows = [table_name(r, job.names) for r in report_rows(job.preset, "CFRAG", job.paper_chain) or []] or None
     candidates = dev_candidates(job.preset)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import TaskSpec
 from persrag_lightning.pipeline.constants import LLM_STAGES, QUICK_SCALE, RETRIEVAL_PER_ANSWER, TRAINING_WORK
-from persrag_lightning.pipeline.rates import budget_minutes, measure_rates, reader_settings
+from persrag_lightning.pipeline.rates import budget_minutes, measure_rates, evaluation_llm_settings
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
@@ -219,7 +219,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    measure_rates(plan, spec, reader_settings(table))
+    measure_rates(plan, spec, evaluation_llm_settings(table))
     return plan
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from persrag_lightning.pipeline.plan import Plan
 
-__all__ = ["budget_minutes", "encoder_rate", "measure_rates", "reader_dtype", "reader_rates", "reader_settings"]
+__all__ = ["budget_minutes", "encoder_rate", "measure_rates", "reader_dtype", "reader_rates", "evaluation_llm_settings"]
 
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
@@ -96,7 +96,7 @@ def encoder_rate(encoder: str = "minilm") -> float:
     return len(texts) / (time.perf_counter() - started)
 
 
-def reader_settings(evaluation: Namespace) -> dict:
+def evaluation_llm_settings(evaluation: Namespace) -> dict:
     """The evaluation's LLM settings, from its resolved configuration (`Runner.evaluation_config`: the
     config file's under the preset's and the command line's overrides).
 
@@ -112,7 +112,7 @@ def reader_dtype(llm: dict) -> str:
     hardware.uses_bf16).
 
     Args:
-        llm: the evaluation's resolved LLM settings (`reader_settings`).
+        llm: the evaluation's resolved LLM settings (`evaluation_llm_settings`).
     """
     from persrag_lightning.llm.hf_device import resolve_device_dtype
 
@@ -142,7 +142,7 @@ def measure_rates(plan: Plan, spec: TaskSpec, llm: dict) -> None:
     Args:
         plan: the plan whose `rates` (or `reason`) are set.
         spec: the run's task.
-        llm: the evaluation's resolved LLM settings (`reader_settings`).
+        llm: the evaluation's resolved LLM settings (`evaluation_llm_settings`).
     """
     if spec.labels is None or llm.get("answer_mode") != "choose":
         plan.reason = "answers are generated (the estimate covers chosen labels)"
