@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import TaskSpec
 from persrag_lightning.pipeline.constants import LLM_STAGES, QUICK_SCALE, RETRIEVAL_PER_ANSWER, TRAINING_WORK
-from persrag_lightning.pipeline.rates import budget_minutes, measure_rates, evaluation_llm_settings
+from persrag_lightning.pipeline.rates import budget_minutes, evaluation_llm_settings, measure_rates
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from persrag_lightning.pipeline.plan import Plan
 
-__all__ = ["budget_minutes", "encoder_rate", "measure_rates", "reader_dtype", "reader_rates", "evaluation_llm_settings"]
+__all__ = ["budget_minutes", "encoder_rate", "evaluation_llm_settings", "measure_rates", "reader_dtype", "reader_rates"]
 
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
