@@ -1,11 +1,13 @@
 """Many users at once: `persrag serve --no_llm` on loopback under N concurrent clients (chat completions of
-exported users, so every chat runs CFRAG's retrieval), with the retrieval batcher (`--max_batch`, `--max_wait_ms`)
+exported users, so every chat runs CFRAG's retrieval; or, with `--endpoint answers`, POST /v1/answers: CFRAG's
+retrieval and the run's trained reader, as the run's record serves them), with the retrieval batcher (`--max_batch`, `--max_wait_ms`)
 and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
 requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level) as a
 markdown table. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,4,16
 """
 
 from __future__ import annotations
@@ -148,9 +150,19 @@ def request(port: int, method: str, path: str, body: dict | None = None, token: 
             conn.close()
 
 
-def load(server: Server, clients: int, requests: int, seconds: float) -> dict:
-    """`clients` threads, one account and one keep-alive connection each, chat until `requests` are sent or
-    `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s."""
+def request_body(endpoint: str, i: int, n: int) -> tuple[str, dict]:
+    """The path and body of client `i`'s `n`-th request: a chat turn, or a LaMP-2 question for /v1/answers."""
+    message = MESSAGES[n % len(MESSAGES)]
+    if endpoint == "answers":
+        from persrag_lightning.data.synth_text import LAMP2_PROMPT
+
+        return "/v1/answers", {"input": LAMP2_PROMPT + message}
+    return "/v1/chat/completions", {"session_id": f"load-{i}", "messages": [{"role": "user", "content": message}]}
+
+
+def load(server: Server, clients: int, requests: int, seconds: float, endpoint: str = "chat") -> dict:
+    """`clients` threads, one account and one keep-alive connection each, send `endpoint`'s requests until
+    `requests` are sent or `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s."""
     latencies: list[float] = []
     errors = [0]
     sent = [0]
@@ -172,10 +184,10 @@ def load(server: Server, clients: int, requests: int, seconds: float) -> dict:
                     break
                 n = sent[0]
                 sent[0] += 1
-            body = {"session_id": f"load-{i}", "messages": [{"role": "user", "content": MESSAGES[n % len(MESSAGES)]}]}
+            path, body = request_body(endpoint, i, n)
             t0 = time.perf_counter()
             try:
-                status, _ = request(server.port, "POST", "/v1/chat/completions", body, token, conn)
+                status, _ = request(server.port, "POST", path, body, token, conn)
             except (OSError, http.client.HTTPException):
                 status = 0
                 conn.close()
@@ -218,7 +230,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max_wait_ms", type=float, default=5.0)
     ap.add_argument("--gemm", default="torch", help="PERSRAG_GEMM of both servers: a float32 GEMM path "
                                                     "(persrag_lightning/runtime.py), the same for both")
-    ap.add_argument("--warmup", type=int, default=10, help="sequential chats before measuring (not counted)")
+    ap.add_argument("--warmup", type=int, default=10, help="sequential requests before measuring (not counted)")
+    ap.add_argument("--endpoint", choices=["chat", "answers"], default="chat",
+                    help="chat: chat completions (retrieval, the memory bank); answers: POST /v1/answers (retrieval "
+                         "and the run's trained reader; a label run whose record chose the trained reader)")
     return ap.parse_args()
 
 
@@ -244,10 +259,10 @@ def main() -> None:
             for s in servers:
                 s.start()
                 s.sign_up(users)
-                load(s, 1, args.warmup, args.seconds)
+                load(s, 1, args.warmup, args.seconds, args.endpoint)
             for clients in levels:  # the two servers in turn at each level: both meet the same load of the machine
                 for s in servers:
-                    rows.append((s, clients, load(s, clients, args.requests, args.seconds)))
+                    rows.append((s, clients, load(s, clients, args.requests, args.seconds, args.endpoint)))
         finally:
             for s in servers:
                 logs[s.name] = s.stop() if hasattr(s, "proc") else ""
@@ -257,7 +272,8 @@ def main() -> None:
 def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, rows: list, logs: dict) -> None:
     where = args.run or f"a tiny export built here ({args.encoder} encoder, {args.users} users)"
     print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
-          f"chat completions without the LLM; loopback {HOST}; at most {args.requests} requests and "
+          f"{'POST /v1/answers (the trained reader)' if args.endpoint == 'answers' else 'chat completions'} without "
+          f"the LLM; loopback {HOST}; at most {args.requests} requests and "
           f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
     print()
     print("| server | clients | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS start MB | "

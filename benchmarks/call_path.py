@@ -1,0 +1,85 @@
+"""The main job's own call path, traced: `persrag pipeline --preset quick` with its stages and evaluations replaced
+by stand-ins (the pipeline tests' `fake_fit` / `fake_evaluate`), the rate probes and the GEMM probe stubbed, and every
+call a function of the package makes to another one recorded (not the calls the config parsers make while they
+resolve a config). Prints the files it visits, the calls that climb back up a layer of pyproject's import-linter
+contract (distinct caller -> callee pairs) and the task-spec lookups (`get_task` calls, by caller).
+
+Run from the repository root: `python benchmarks/call_path.py` (a few seconds; nothing trains, nothing is written
+outside a temporary folder)."""
+import contextlib
+import io
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path.cwd()
+sys.path.insert(0, str(ROOT))
+PKG = str(ROOT / "persrag_lightning")
+layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+LAYER = {room.strip(): i for i, layer in enumerate(layers) for room in layer.split("|")}
+
+
+def room(path: str) -> str | None:
+    if not path.startswith(PKG + "/"):
+        return None
+    first = path[len(PKG) + 1:].split("/")[0]
+    return first.removesuffix(".py")
+
+
+def main() -> None:
+    from persrag_lightning import runtime
+    from persrag_lightning.pipeline import command as pipeline
+    from persrag_lightning.pipeline import rates
+    from tests.conftest import fake_evaluate, fake_fit
+    rates.reader_rates = lambda *a: {"answers": 2.0, "labels": 4.0}
+    rates.encoder_rate = lambda *a: 60.0
+    choice = runtime.GemmChoice(2, {"reader": {"torch": 1.0}, "encoders": {"torch": 1.0}},
+                                {"reader": "torch", "encoders": "torch"}, {})
+    runtime.gemm_choice = lambda: choice
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("persrag_lightning") and hasattr(module, "gemm_choice"):
+            module.gemm_choice = lambda: choice
+    pipeline.run_stage, pipeline.run_evaluation = fake_fit(), fake_evaluate()
+    files, climbs, lookups, by_caller = set(), set(), [0], Counter()
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        callee = frame.f_code.co_filename
+        # the package's own path: a call made by a function of the package, not by a library it hands work to
+        # (the config parsers call the package's classes while they resolve a config)
+        if room(callee) is None or frame.f_back is None or room(frame.f_back.f_code.co_filename) is None:
+            return
+        files.add(callee)
+        if frame.f_code.co_name == "get_task":
+            lookups[0] += 1
+            by_caller[f"{Path(frame.f_back.f_code.co_filename).relative_to(PKG)}:{frame.f_back.f_code.co_name}"] += 1
+        caller = frame.f_back
+        a, b = room(caller.f_code.co_filename), room(callee)
+        if a in LAYER and b in LAYER and LAYER[b] < LAYER[a]:
+            climbs.add((f"{Path(caller.f_code.co_filename).relative_to(PKG)}:{caller.f_code.co_name}",
+                        f"{Path(callee).relative_to(PKG)}:{frame.f_code.co_name}"))
+
+    with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()):
+        sys.setprofile(profile)
+        try:
+            pipeline.main(["--preset", "quick", "--export_root", root])
+        finally:
+            sys.setprofile(None)
+    print(f"files visited: {len(files)}")
+    print(f"calls back up a layer (distinct caller → callee): {len(climbs)}")
+    for a, b in sorted(climbs):
+        print(f"  {a} → {b}")
+    print(f"task-spec lookups (get_task calls): {lookups[0]}")
+    for caller, n in sorted(by_caller.items()):
+        print(f"  {n} from {caller}")
+    print("files:")
+    for f in sorted(files):
+        print(f"  {Path(f).relative_to(PKG)}")
+
+
+if __name__ == "__main__":
+    main()
