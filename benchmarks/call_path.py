@@ -4,6 +4,9 @@ call a function of the package makes to another one recorded (not the calls the 
 resolve a config). Prints the files it visits, the calls that climb back up a layer of pyproject's import-linter
 contract (distinct caller -> callee pairs) and the task-spec lookups (`get_task` calls, by caller).
 
+Then, statically, the files one step from the main job's own modules (`--room`, default every module of
+persrag_lightning/pipeline/): those modules and every module of the package they import.
+
 Run from the repository root: `python benchmarks/call_path.py` (a few seconds; nothing trains, nothing is written
 outside a temporary folder)."""
 import contextlib
@@ -27,6 +30,22 @@ def room(path: str) -> str | None:
         return None
     first = path[len(PKG) + 1:].split("/")[0]
     return first.removesuffix(".py")
+
+
+def one_step(room: list[Path]) -> set[str]:
+    """The room's modules and every module of the package they import (at the top or inside a function)."""
+    import ast
+
+    touched = {str(p.relative_to(PKG)) for p in room}
+    for path in room:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("persrag_lightning"):
+                module = Path(PKG).parent / node.module.replace(".", "/")
+                for alias in node.names:
+                    found = next(c for c in (module / f"{alias.name}.py", module.with_suffix(".py"),
+                                             module / "__init__.py") if c.is_file())
+                    touched.add(str(found.relative_to(PKG)))
+    return touched
 
 
 def main() -> None:
@@ -83,3 +102,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    default = [p for p in sorted(Path(PKG, "pipeline").glob("*.py")) if p.name != "__init__.py"]
+    room = [ROOT / p for p in sys.argv[1:]] or default
+    static = one_step(room)
+    print(f"files one step from the main job's own modules ({len(room)} modules): {len(static)}")
+    for f in sorted(static):
+        print(f"  {f}")
