@@ -8,6 +8,7 @@ lines; PERSRAG_GEMM=torch: torch's own). Wall-clock timings; on a machine shared
 CPU"). Asserts nothing.
 
     python benchmarks/bench_serving.py --run checkpoints/synthlamp-quick-b4 --queries 40
+    python benchmarks/bench_serving.py --run checkpoints/magazines-quick --task LaMP-3 --data_dir data/magazines
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def main() -> None:
     p.add_argument("--split", default="test", choices=("test", "dev"),
                    help="test for reporting; dev to choose a setting (e.g. the cascade's N)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--task", default="LaMP-2", help="the run's task (a converted folder's own: its convert.json)")
+    p.add_argument("--data_dir", default=None, help="the run's LaMP folder (default: the embedded SynthLaMP)")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--cache-dir", default=".cache/persrag")
     p.add_argument("--only", nargs="*", help="option names (substrings) to run besides the baseline")
@@ -159,7 +162,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()  # no "Loading weights" bar per model load (lightning stays out, as in serving)
     hf_logging.disable_progress_bar()
 
-    source = LampSource(cache_dir=args.cache_dir)
+    source = LampSource(args.task, args.data_dir, cache_dir=args.cache_dir)
     source.prepare()
     data = source.load()
     examples = data.examples.get(args.split, [])
