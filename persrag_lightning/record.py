@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
+from persrag_lightning.stages import Key
 from persrag_lightning.utils import ConfigError
 
 __all__ = ["CONFIGURATIONS", "RECORD", "Configuration", "Reference", "read_reference"]
@@ -97,7 +98,7 @@ def _reading(record: dict, path: Path) -> dict:
     overrides = tables[-1].get("overrides", {}) if tables else {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{path}: field 'evaluations' ({TABLE}): 'overrides' is not an object")
-    said = {k.removeprefix("evaluation.llm."): v for k, v in overrides.items() if k.startswith("evaluation.llm.")}
+    said = {k.removeprefix(Key.LLM): v for k, v in overrides.items() if k.startswith(Key.LLM)}
     said.setdefault("calibration", record.get("calibration_chosen_on_dev"))
     checks = {"answer_mode": ANSWER_MODES, "calibration": CALIBRATIONS, "decision": DECISIONS}
     return {k: _field(said, k, path, allowed, optional=True) for k, allowed in checks.items()}

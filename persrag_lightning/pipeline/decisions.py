@@ -67,7 +67,7 @@ def precision_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[
         reader_dtype(llm) if llm.get("backend") == "hf" else f"the {llm.get('backend')} backend's"
     )
     out["rerankers"] = resolve_reranker_runtime(
-        preset.evaluate.get("evaluation.reranker_runtime") or "fp32"
+        preset.evaluate.get(Key.RERANKER_RUNTIME) or "fp32"
     )
     out["corpus embeddings"] = embedding_precision()
     return out

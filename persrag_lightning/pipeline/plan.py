@@ -21,12 +21,18 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import TaskSpec
-from persrag_lightning.pipeline.constants import LLM_STAGES, QUICK_SCALE, RETRIEVAL_PER_ANSWER, TRAINING_WORK
-from persrag_lightning.pipeline.rates import budget_minutes, evaluation_llm_settings, measure_rates
+from persrag_lightning.pipeline import rates
+from persrag_lightning.pipeline.constants import (
+    LLM_STAGES,
+    QUICK_SCALE,
+    RETRIEVAL_PER_ANSWER,
+    TRAINED_TEXTS,
+    TRAINING_WORK,
+)
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import STAGES
 
-__all__ = ["Plan", "build_plan", "question_counts"]
+__all__ = ["Plan", "build_plan", "measure_rates", "question_counts"]
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
@@ -218,8 +224,28 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
         llm_answers["the reader's dev choice"] = dev_questions
     trained = {s: stages[s] for s in train}
     plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
-                answers, llm_answers, readers or ["llm"], budget=budget_minutes())
-    measure_rates(plan, spec, evaluation_llm_settings(table))
+                answers, llm_answers, readers or ["llm"], budget=rates.budget_minutes())
+    measure_rates(plan, spec, rates.evaluation_llm_settings(table))
     return plan
 
 
+def measure_rates(plan: Plan, spec: TaskSpec, llm: dict) -> None:
+    """The rates of `plan`'s readers measured here now, or the reason there is no estimate.
+
+    Args:
+        plan: the plan whose `rates` (or `reason`) are set.
+        spec: the run's task.
+        llm: the evaluation's resolved LLM settings (`evaluation_llm_settings`).
+    """
+    if spec.labels is None or llm.get("answer_mode") != "choose":
+        plan.reason = "answers are generated (the estimate covers chosen labels)"
+    elif llm.get("backend") != "hf":
+        plan.reason = (
+            f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
+        )
+    else:
+        texts = rates.encoder_rate()
+        plan.rates = {**rates.reader_rates(spec.labels, llm["model"], rates.reader_dtype(llm), int(llm.get("batch_size", 8))),
+                      "encoder_texts": texts}
+        if "trained" in plan.readers:
+            plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})

@@ -12,16 +12,14 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from persrag_lightning.data.tasks import TaskSpec, get_task
+from persrag_lightning.data.tasks import get_task
 from persrag_lightning.llm.auto import PROBE_VOCABULARY
-from persrag_lightning.pipeline.constants import BUDGET_MINUTES, TRAINED_TEXTS
+from persrag_lightning.pipeline.constants import BUDGET_MINUTES
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
 
-    from persrag_lightning.pipeline.plan import Plan
-
-__all__ = ["budget_minutes", "encoder_rate", "evaluation_llm_settings", "measure_rates", "reader_dtype", "reader_rates"]
+__all__ = ["budget_minutes", "encoder_rate", "evaluation_llm_settings", "reader_dtype", "reader_rates"]
 
 PROBE_PROMPTS = 8   # prompts timed, after one untimed warm-up
 PROBE_DOCS = 5      # history docs in a probe prompt: the main job's k
@@ -132,27 +130,3 @@ def budget_minutes() -> int | None:
     if "amx_bf16" in (cpu_flags() or ()):
         return BUDGET_MINUTES["amx"]
     return BUDGET_MINUTES["bf16" if cpu_has_native_bf16() else "float32"]
-
-
-
-
-def measure_rates(plan: Plan, spec: TaskSpec, llm: dict) -> None:
-    """The rates of `plan`'s readers measured here now, or the reason there is no estimate.
-
-    Args:
-        plan: the plan whose `rates` (or `reason`) are set.
-        spec: the run's task.
-        llm: the evaluation's resolved LLM settings (`evaluation_llm_settings`).
-    """
-    if spec.labels is None or llm.get("answer_mode") != "choose":
-        plan.reason = "answers are generated (the estimate covers chosen labels)"
-    elif llm.get("backend") != "hf":
-        plan.reason = (
-            f"the estimate measures the hf reader, and this run reads with {llm.get('backend')}"
-        )
-    else:
-        texts = encoder_rate()
-        plan.rates = {**reader_rates(spec.labels, llm["model"], reader_dtype(llm), int(llm.get("batch_size", 8))),
-                      "encoder_texts": texts}
-        if "trained" in plan.readers:
-            plan.rates.update({f"trained_{kind}": texts / n for kind, n in TRAINED_TEXTS.items()})
