@@ -34,6 +34,8 @@ sys.path.insert(0, str(ROOT))
 # both servers get the one GEMM path of --gemm (each measuring its own at start could choose differently)
 SERVER_ENV = dict(os.environ)
 
+from persrag_lightning.data.synth_text import LAMP2_PROMPT  # after the path and the environment above
+
 HOST = "127.0.0.1"  # loopback only: this benchmark never reaches another machine
 ADMIN = "bench-load-admin"
 MAX_CLIENTS = 64
@@ -154,8 +156,6 @@ def request_body(endpoint: str, i: int, n: int) -> tuple[str, dict]:
     """The path and body of client `i`'s `n`-th request: a chat turn, or a LaMP-2 question for /v1/answers."""
     message = MESSAGES[n % len(MESSAGES)]
     if endpoint == "answers":
-        from persrag_lightning.data.synth_text import LAMP2_PROMPT
-
         return "/v1/answers", {"input": LAMP2_PROMPT + message}
     return "/v1/chat/completions", {"session_id": f"load-{i}", "messages": [{"role": "user", "content": message}]}
 
