@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address", "bundle_path", "cli_overrides",
-           "fill_run_dir", "run_folder"]
+__all__ = ["CROSS_FIT_FOLDS", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address",
+           "bundle_path", "cli_overrides", "fill_run_dir", "run_folder"]
 
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
 # the run folder's placeholder in configs and defaults; `fill_run_dir` replaces it with
@@ -34,6 +34,7 @@ class Key:
     TASK = "data.init_args.task"
     STRATEGY = "data.init_args.strategy"  # the generator's prompts
     FEEDBACK_READER = "data.init_args.feedback.reader"
+    FEEDBACK_CROSS_FIT = "data.init_args.feedback.cross_fit"
     FEEDBACK_BACKEND = "data.init_args.feedback.llm.backend"
     FEEDBACK_LLM_OPTIONS = "data.init_args.feedback.llm.options"
     JUDGMENTS = "model.init_args.config.judgments"
@@ -138,11 +139,19 @@ def cli_overrides(overrides: dict[str, Any]) -> list[str]:
 
 
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
+CROSS_FIT_FOLDS = 2  # the folds of train users the feedback's readers are cross-fitted over
+# reader_fold<f> holds fold f out of its training and labels that fold's feedback questions
+FOLD_READERS = tuple(f"reader_fold{f}" for f in range(CROSS_FIT_FOLDS))
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
     # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the
     # feedback stages
     Stage("reader", "reader.yaml", "reader"),
+    # the cross-fitted feedback's readers (`feedback.cross_fit`): each reads the questions of the
+    # train users it held out
+    *(Stage(name, "reader.yaml", "reader", {"data.init_args.holdout.folds": CROSS_FIT_FOLDS,
+                                            "data.init_args.holdout.fold": f}, named=True)
+      for f, name in enumerate(FOLD_READERS)),
     Stage("retriever", "cfrag_retriever.yaml", "feedback"),
     # ROPG-style baseline: the retriever tuned on the query user's own candidates, without the user
     # term

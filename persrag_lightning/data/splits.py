@@ -3,9 +3,40 @@ settings (YAML `data.init_args.splits`), the same keys in every stage that has t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
-__all__ = ["SplitSettings", "SplitSettingsWithTest"]
+__all__ = ["Holdout", "SplitSettings", "SplitSettingsWithTest", "user_fold"]
+
+
+def user_fold(user_id: str, folds: int) -> int:
+    """The fold of `folds` a user falls in, by a stable hash of its id (the same on every machine,
+    process and Python: not `hash()`, which is salted per process)."""
+    digest = hashlib.sha256(user_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % folds
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """Train users a stage holds out of its training (YAML `data.init_args.holdout`): their train
+    questions and profile items are read only to stop training and to fit what is fitted after it
+    (the reader's decision), so dev is left to the choices made on it.
+
+    Args:
+        folds: train users fall in this many folds, by a stable hash of their id (`user_fold`).
+        fold: the fold held out; None holds none, and dev selects the epoch (LaMP's protocol).
+    """
+
+    folds: int = 5
+    fold: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.fold is not None and not (self.folds >= 2 and 0 <= self.fold < self.folds):
+            raise ValueError(f"holdout: fold {self.fold} of {self.folds} folds; use 0 ≤ fold < folds, folds ≥ 2")
+
+    def holds(self, user_id: str) -> bool:
+        """Whether `user_id`'s train questions and items are held out of training."""
+        return self.fold is not None and user_fold(user_id, self.folds) == self.fold
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ become every item the user labelled before them: docs/fidelity.md).
 
 Nothing here is a dev or test question, and no item the history rules hide from a train question is
 read: the profile items come from train questions' own profiles, each read with items dated strictly
-before it. Dev questions (read with the same strategy) only choose the checkpoint. Texts are
+before it. A fold of train users (`holdout`) is held out of training: their questions and items
+choose the checkpoint and fit the reader's decision, so dev is left to the pipeline's choices
+(`holdout.fold: null` lets dev questions choose the checkpoint, LaMP's protocol). Texts are
 embedded once by the reader's frozen encoder and cached under a fingerprint in `prepare_data`;
 `setup` only loads them.
 """
@@ -27,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from persrag_lightning.data.records import Example, HistoryDoc, ReadDoc
 from persrag_lightning.data.source import LampSource
-from persrag_lightning.data.splits import SplitSettings
+from persrag_lightning.data.splits import Holdout, SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.sampling import EpochShuffle
@@ -58,7 +60,8 @@ from persrag_lightning.utils import (
 
 __all__ = ["ReaderDataModule", "ReaderTrainBatch"]
 
-READER_DATA_VERSION = "reader-data/v2"  # v2: provenance and the asker's habit
+READER_DATA_VERSION = "reader-data/v3"  # v2: provenance and the asker's habit; v3: the held-out fold
+HELD = "held"  # the stored split of the held-out train users' examples
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,9 @@ class ReaderDataModule(L.LightningDataModule):
             with the same profile's items dated strictly before it (False: LaMP's protocol, the
             train questions alone).
         splits: the splits trained and validated on, and how many questions of each.
+        holdout: the fold of train users held out of training, whose questions and profile items
+            (read as the train ones are) choose the checkpoint and fit the decision; `fold: null`
+            validates on `splits.val_split` instead.
         batch_size: questions per step.
         num_workers: DataLoader worker processes.
         seed: seed of the per-epoch shuffle.
@@ -170,11 +176,12 @@ class ReaderDataModule(L.LightningDataModule):
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "bm25",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR, k: int = 5,
-                 mix: list[str] | None = None, profile_items: bool = True, splits: SplitSettings = SplitSettings(), batch_size: int = 64,
-                 num_workers: int = 0, seed: int = 0) -> None:
+                 mix: list[str] | None = None, profile_items: bool = True, splits: SplitSettings = SplitSettings(),
+                 holdout: Holdout = Holdout(), batch_size: int = 64, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.splits = as_settings(SplitSettings, splits)
+        self.holdout = as_settings(Holdout, holdout)
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
         spec = get_task(self.task)
@@ -226,24 +233,36 @@ class ReaderDataModule(L.LightningDataModule):
         return [ReaderExample(ex.example_id + suffix, read, target) for ex, read in zip(examples, reads)
                 if (target := spec.label_index(ex.target)) is not None]
 
-    def build_split(
-        self, dataset: Any, store: DocStore, split: str, limit: int | None, vectors: Any
-    ) -> list[ReaderExample]:
-        """A split's questions read with the strategy's docs; for train, also with each mix
-        strategy's docs, and the profile items.
+    def build_splits(self, dataset: Any, store: DocStore, vectors: Any) -> dict[str, list[ReaderExample]]:
+        """The stored splits: train (its kept users' under a holdout) and, under a holdout, the held
+        users' (`HELD`), each built as train is; without one, the validation split's questions read
+        with the strategy's docs.
 
         Args:
             dataset: the loaded LaMP dataset.
             store: the doc store the strategy retrieves from.
-            split: the split to build.
-            limit: how many questions to keep; None keeps all.
             vectors: the frozen encoder, text → unit vector.
         """
+        limits = self.splits.fit_limits(trainer_validates(self))
+        train = self.questions(dataset, self.splits.train_split, limits.pop(self.splits.train_split))
+        if self.holdout.fold is None:
+            return {self.splits.train_split: self.build_train(dataset, store, train, vectors),
+                    **{split: self.read_with(store, self.questions(dataset, split, limit), self.hparams.strategy)
+                       for split, limit in limits.items()}}
+        held = [e for e in train if self.holdout.holds(e.user_id)]
+        kept = [e for e in train if not self.holdout.holds(e.user_id)]
+        if not held or not kept:
+            raise ConfigError(f"holdout fold {self.holdout.fold} of {self.holdout.folds} leaves {len(kept)} train and "
+                              f"{len(held)} held questions; use fewer folds, or `holdout.fold: null`")
+        return {self.splits.train_split: self.build_train(dataset, store, kept, vectors),
+                HELD: self.build_train(dataset, store, held, vectors)}
+
+    def build_train(self, dataset: Any, store: DocStore, examples: list[Example],
+                    vectors: Any) -> list[ReaderExample]:
+        """Train questions read with the strategy's docs, with each mix strategy's docs, and their
+        profiles' items (each read with its older items)."""
         h, spec = self.hparams, get_task(self.task)
-        examples = self.questions(dataset, split, limit)
         out = self.read_with(store, examples, h.strategy)
-        if split != self.splits.train_split:
-            return out
         for name in h.mix or []:
             out += self.read_with(store, examples, name, f"@{name}")
         if not h.profile_items:
@@ -272,6 +291,7 @@ class ReaderDataModule(L.LightningDataModule):
         dataset = self.source.load()
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
         key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), list(h.mix or []), h.k, h.profile_items,
+                          [self.holdout.folds, self.holdout.fold],
                           self.splits.fit_limits(trainer_validates(self)), encoder_digest(settings.encoder),
                           settings.max_length, settings.max_docs, self.task, self.source.data_dir.name,
                           [(e.example_id, e.input, e.target, e.profile) for exs in dataset.examples.values()
@@ -296,8 +316,7 @@ class ReaderDataModule(L.LightningDataModule):
                 memo.update(zip(todo, encoder.encode(todo)))
             return torch.stack([memo[t] for t in texts])
 
-        splits = {split: self.build_split(dataset, store, split, limit, vectors)
-                  for split, limit in self.splits.fit_limits(trainer_validates(self)).items()}
+        splits = self.build_splits(dataset, store, vectors)
         texts = sorted(
             {t for exs in splits.values() for e in exs for t in [e.read.text, *(d.text for d in e.read.docs)]}
         )
@@ -320,7 +339,20 @@ class ReaderDataModule(L.LightningDataModule):
         self.index = {t: i for i, t in enumerate(stored["texts"])}
         loaded = {s: [ReaderExample.from_json(r) for r in rows] for s, rows in stored["splits"].items()}
         self.train_examples = loaded[self.splits.train_split]
-        self.val_examples = loaded.get(self.splits.val_split, [])
+        self.val_examples = loaded.get(HELD if self.holdout.fold is not None else self.splits.val_split, [])
+
+    @property
+    def held_examples(self) -> list[ReaderExample]:
+        """The held-out train users' examples (empty without a holdout): what the decision is
+        fitted on."""
+        return self.val_examples if self.holdout.fold is not None else []
+
+    def label_prior(self) -> list[float]:
+        """The share of each label among the trained-on targets (add-one smoothed)."""
+        counts = [1.0] * len(self.labels)
+        for e in self.train_examples:
+            counts[e.target] += 1.0
+        return [c / sum(counts) for c in counts]
 
     # ---- loaders ---------------------------------------------------------------------------------
 

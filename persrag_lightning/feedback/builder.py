@@ -25,6 +25,7 @@ from persrag_lightning.data.corpus import Corpus
 from persrag_lightning.data.feedback_cache import FeedbackCache
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example, LampDataset
+from persrag_lightning.data.splits import user_fold
 from persrag_lightning.feedback.settings import CandidateSettings, FeedbackSettings
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.metrics import score_prediction
@@ -72,10 +73,12 @@ class FeedbackBuilder:
             )
         # shared with every build and evaluation
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
-        self.reader: Reader = open_reader(self.feedback.reader, self.llm_config, self.prompts)
+        # the reader of each fold's questions (one, None's, without cross-fitting)
+        self.readers: dict[int | None, Reader] = {
+            fold: open_reader(spec, self.llm_config, self.prompts) for fold, spec in self.feedback.fold_readers().items()}
         labeller = ({"teacher": bundle_digest(self.teacher_path)} if teacher is not None
                     else self.llm_config.identity() if self.feedback.reader == LLM_READER
-                    else self.reader.identity())
+                    else [r.identity() for r in self.readers.values()])
         self.key = fingerprint(
             FEEDBACK_VERSION, corpus.digest(), self._examples_digest(), bundle_digest(self.user_encoder_path),
             retriever.identity(), labeller, PROMPT_VERSION, self.settings(), dataset.task)
@@ -92,8 +95,9 @@ class FeedbackBuilder:
     def settings(self) -> dict[str, int | str]:
         """What of the two groups changes the labels besides the LLM, the teacher and the retriever
         (in the cache key and its config.json, as the cache has always named them)."""
+        cross_fit = {"cross_fit": self.feedback.cross_fit} if self.feedback.cross_fit else {}
         return {"m": self.candidates.m, "k": self.candidates.k, "metric": self.feedback.metric,
-                "chunk_size": self.feedback.chunk_size}
+                "chunk_size": self.feedback.chunk_size, **cross_fit}
 
     def _examples_digest(self) -> str:
         h = hashlib.sha256()
@@ -191,9 +195,20 @@ class FeedbackBuilder:
         return CandidateSource(self.store, self.retriever, similar, self.e_u, self.candidates.k)
 
     def label_chunk(self, examples: list[Example]) -> list[FeedbackExample]:
-        """One reading per candidate (the doc alone, as Eq. 6), by the feedback's reader; a prompt
-        any earlier build, shard, stage or run sent to this LLM is read from the shared prompt
-        store, not sent again."""
+        """The examples' labelled candidates, in order; under cross-fitting each fold's questions are
+        read by the reader that held that fold out of its training."""
+        if not self.feedback.cross_fit:
+            return self.label_with(self.readers[None], examples)
+        labelled: dict[str, FeedbackExample] = {}
+        for fold, reader in self.readers.items():
+            part = [e for e in examples if user_fold(e.user_id, self.feedback.cross_fit) == fold]
+            labelled |= {r.example_id: r for r in self.label_with(reader, part)} if part else {}
+        return [labelled[e.example_id] for e in examples]
+
+    def label_with(self, reader: Reader, examples: list[Example]) -> list[FeedbackExample]:
+        """One reading per candidate (the doc alone, as Eq. 6), by `reader`; a prompt any earlier
+        build, shard, stage or run sent to this LLM is read from the shared prompt store, not sent
+        again."""
         proposals = self.candidate_source().propose(
             [Query(e.user_id, e.query, e.input, e.example_id) for e in examples])
         task = self.dataset.task
@@ -205,22 +220,22 @@ class FeedbackBuilder:
         docs = [self.store.read_docs(Query(ex.user_id, ex.query, ex.input, ex.example_id), [d]) for ex, d in flat]
         misses = self.prompts.misses
         if self.feedback.metric == "gain":
-            scores = self.gains(examples, proposals)
+            scores = self.gains(reader, examples, proposals)
             return self._records(examples, flat, [("", s) for s in scores])
         if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
-            scores = self.reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
+            scores = reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
                                                phase="feedback labels")
             labels = [("", float(s)) for s in scores]
         # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
         else:
-            answers = self.reader.answer(task, inputs, docs, phase="feedback labels")
+            answers = reader.answer(task, inputs, docs, phase="feedback labels")
             labels = [
                 (a, score_prediction(task, a, ex.target)) for a, (ex, _) in zip(answers, flat)
             ]
         self.llm_calls += self.prompts.misses - misses
         return self._records(examples, flat, labels)
 
-    def gains(self, examples: list[Example], proposals: list[list[RetrievedDoc]]) -> list[float]:
+    def gains(self, reader: Reader, examples: list[Example], proposals: list[list[RetrievedDoc]]) -> list[float]:
         """Each candidate's label under `gain`: log p(y | own docs + candidate) − log p(y | own
         docs), where the own docs are the asker's other own candidates (the user ranks first among
         its m similar users, so its k docs are candidates), best first stage first, read in one call
@@ -242,8 +257,8 @@ class FeedbackBuilder:
                     base_reads.append((ex, self.store.read_docs(query, base)))
                 base_of.append(bases[key])
         task = self.dataset.task
-        plus = self.reader.score_targets(task, inputs, with_doc, targets, phase="feedback labels")
-        minus = self.reader.score_targets(task, [ex.input for ex, _ in base_reads], [ds for _, ds in base_reads],
+        plus = reader.score_targets(task, inputs, with_doc, targets, phase="feedback labels")
+        minus = reader.score_targets(task, [ex.input for ex, _ in base_reads], [ds for _, ds in base_reads],
                                           [ex.target for ex, _ in base_reads], phase="feedback labels (own docs)")
         return [float(a - minus[i]) for a, i in zip(plus, base_of)]
 

@@ -63,6 +63,11 @@ class FeedbackSettings:
         reader: who reads each candidate: `llm` (the `llm` setting's LLM, the paper's feedback) or a
             trained reader's export (the run's `reader` bundle: reading/trained.py), whose label
             distribution then gives the `loglik` and `task` labels.
+        cross_fit: 0 reads every question with `reader`; K ≥ 2 cross-fits a trained reader: a
+            question of a user in fold f of K (data/splits.user_fold) is read by `reader` with
+            `{fold}` filled by f, a reader trained with that fold held out (the reader stage's
+            `holdout: {folds: K, fold: f}`), so no question is labelled by a reader that trained
+            on it (the run's `reader_fold0`, `reader_fold1` under K = 2).
     """
 
     llm: LLMConfig | None = None
@@ -70,6 +75,19 @@ class FeedbackSettings:
     chunk_size: int = 32
     teacher: str | None = None
     reader: str = "llm"
+    cross_fit: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cross_fit and (self.cross_fit < 2 or "{fold}" not in self.reader):
+            raise ValueError(f"feedback.cross_fit {self.cross_fit}: cross-fitting needs K ≥ 2 folds and a trained "
+                             f"reader named with a {{fold}} placeholder (e.g. {{run_dir}}/reader_fold{{fold}}); "
+                             f"reader is {self.reader!r}")
+
+    def fold_readers(self) -> dict[int | None, str]:
+        """The reader of each fold's questions (None: every question's, without cross-fitting)."""
+        if not self.cross_fit:
+            return {None: self.reader}
+        return {f: self.reader.replace("{fold}", str(f)) for f in range(self.cross_fit)}
 
     def resolved(self) -> FeedbackSettings:
         """These settings with the LLM the configs default to (`backend: auto`,

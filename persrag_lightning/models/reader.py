@@ -88,12 +88,20 @@ class ReaderConfig(ReaderSettings):
         embedding_dim: the text encoder's width.
         encoder_digest: the text encoder's weights, checked when the export loads (a different
             encoder's vectors would be read as if they were the trained one's).
+        decision: the decision fitted on the held-out train users (reading/decision.py:
+            `median`, `quantile:<level>`, or `argmax`); "" where none was fitted (the task metric's
+            rule reads it).
+        prior_power: the power of the label prior an `argmax` decision divides by (0: none).
+        label_prior: each label's share of the trained-on targets.
     """
 
     task: str = "LaMP-2"
     labels: tuple[str, ...] = ()
     embedding_dim: int = 384
     encoder_digest: str = ""
+    decision: str = ""
+    prior_power: float = 0.0
+    label_prior: tuple[float, ...] = ()
 
     @property
     def ordinal(self) -> bool:

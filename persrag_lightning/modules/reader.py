@@ -5,7 +5,9 @@ The loss is the negative log-likelihood of the gold label under the reader's dis
 cross-entropy under the softmax head, the cumulative-link likelihood under the ordinal head (ordered
 labels). Validation answers dev questions as the evaluation does (the decision rule of the task's
 metric: arg max for accuracy, median for MAE) and scores them with the task's LaMP metric; the best
-epoch is exported (configs/reader.yaml stops when dev stops improving).
+epoch is exported (configs/reader.yaml stops when validation stops improving). Validation reads the
+train users the DataModule holds out (`holdout`), not dev; the export then carries the decision
+fitted on them: the quantile level for ordered labels, the label prior's power for the others.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from persrag_lightning.datamodules.reader import ReaderTrainBatch
 from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSettings, encoder_digest
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
-from persrag_lightning.reading.decision import decide, resolve_decision
+from persrag_lightning.reading.decision import (
+    decide,
+    fit_prior_power,
+    fit_quantile,
+    prior_corrected,
+    quantile_decision,
+    resolve_decision,
+)
 from persrag_lightning.utils import as_settings
 
 __all__ = ["ReaderModule"]
@@ -42,13 +51,15 @@ class ReaderModule(L.LightningModule):
         cpu_threads: torch's threads while fitting on a CPU (restored after); None keeps the
             process's. The fusion network's ops are too small to share out: on busy cores one thread
             steps many times faster than two (docs/methods/reader.md).
+        fit_decision: fit the decision on the held-out train users' examples at export (False, or
+            no holdout: the export reads with the task metric's rule).
     """
 
     bundle_name = "reader"
 
     def __init__(self, config: ReaderSettings = ReaderSettings(),
                  training: OptimizerSettings = OptimizerSettings(lr=1e-3, weight_decay=0.01),
-                 cpu_threads: int | None = 1) -> None:
+                 cpu_threads: int | None = 1, fit_decision: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()
         self._threads_before: int | None = None
@@ -127,6 +138,36 @@ class ReaderModule(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         try:
+            held = getattr(datamodule, "held_examples", [])
+            if self.hparams.fit_decision and held:
+                self.fit_decision(datamodule, held)
             return self.model.save_pretrained(path)
         finally:
             self.model.train(was_training)
+
+    @torch.no_grad()
+    def fit_decision(self, datamodule: Any, held: list) -> None:
+        """Fit the decision on the held-out train users' examples (no dev or test gold) and write it
+        into the model's config: the quantile level for ordered labels, the label prior's power
+        for the others; print both decisions' scores on them."""
+        config, rows, golds = self.model.config, [], []
+        for start in range(0, len(held), 256):
+            batch = self.transfer_batch_to_device(datamodule.collate(held[start:start + 256]), self.device, 0)
+            rows += self.model(batch.batch).float().exp().tolist()
+            golds += [config.labels[i] for i in batch.targets.tolist()]
+        rule = resolve_decision(self.task, "auto")
+        config.label_prior = tuple(datamodule.label_prior())
+        if rule == "median":
+            config.decision, config.prior_power = quantile_decision(fit_quantile(config.labels, rows, golds)), 0.0
+        else:
+            config.decision = "argmax"
+            config.prior_power = fit_prior_power(config.labels, rows, golds, config.label_prior)
+        fitted = [decide(config.labels, prior_corrected(r, config.label_prior, config.prior_power), config.decision)
+                  for r in rows]
+        for name, answers in ((rule, [decide(config.labels, r, rule) for r in rows]),
+                              (config.decision + (f" over prior^{config.prior_power:g}" if config.prior_power else "")
+                               + " (fitted)", fitted)):
+            metric = lamp_metric(self.task)  # a fresh one: validation's states are inference tensors
+            metric.update(answers, golds)
+            print(f"[reader] {len(held)} examples of held-out train users, decision {name}: "
+                  + ", ".join(f"{k} {float(v):.3f}" for k, v in metric.compute().items()), flush=True)

@@ -14,7 +14,7 @@ from persrag_lightning.pipeline.plan import Plan, build_plan, question_counts
 from persrag_lightning.pipeline.rates import evaluation_llm_settings
 from persrag_lightning.pipeline.runs import Runner
 from persrag_lightning.reading import LLM_READER
-from persrag_lightning.stages import STAGES, Key
+from persrag_lightning.stages import FOLD_READERS, STAGES, Key
 
 __all__ = ["plan_job", "run_job"]
 
@@ -67,15 +67,16 @@ def run_job(job: Job, execution: JobRun) -> tuple[Job, dict[str, Any]]:
     """
     calibrations = job.preset.calibrations if job.spec.labels is not None else None
     wanted = job.wanted()
-    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader")]  # need no reader's feedback
+    # need no reader's feedback (the fold readers wait for the reader's dev choice: only a trained reader needs them)
+    first = [s for s in wanted if STAGES[s].kind in ("user_encoder", "reader") and s not in FOLD_READERS]
     for stage in first:
         execution.fit(job, stage)
     readers, reader_chosen, scores = reader_candidates(job), None, {}
     if len(readers) > 1:
         reader_chosen, _, scores = execution.choose_reader_on_dev(job, readers, calibrations)
     job = job.decided(reader=reader_chosen or readers[0])
-    for stage in wanted:  # the feedback stages, labelled by that reader
-        if stage not in first and stage != "generator":
+    for stage in wanted:  # the fold readers of cross-fitted feedback, the feedback stages labelled by that reader
+        if stage in FOLD_READERS and job.reader == "trained" or stage not in (*first, *FOLD_READERS, "generator"):
             execution.fit(job, stage)
     chosen = "CFRAG"
     if job.preset.select_order_on_dev:  # the configuration (and the LLM reader's calibration)

@@ -18,7 +18,16 @@ from persrag_lightning.pipeline.decisions import label_overrides, precision_over
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import Preset
 from persrag_lightning.reading import LLM_READER
-from persrag_lightning.stages import PAPER_STAGES, STAGES, Key, bundle_address, run_folder
+from persrag_lightning.stages import (
+    CROSS_FIT_FOLDS,
+    FOLD_READERS,
+    PAPER_STAGES,
+    STAGES,
+    Key,
+    bundle_address,
+    run_folder,
+)
+from persrag_lightning.utils import ConfigError
 
 __all__ = ["READER_ROWS", "TRAINED_READER", "Job", "TaskOverrides", "resolve_job", "task_overrides"]
 
@@ -99,7 +108,18 @@ class Job:
         is the LLM)."""
         reads = self.spec.labels is not None and "trained" in (self.preset.readers or [])
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
-                and (reads or STAGES[n].kind != "reader")]
+                and (reads or STAGES[n].kind != "reader") and (self.cross_fit or n not in FOLD_READERS)]
+
+    @property
+    def cross_fit(self) -> int:
+        """The folds the feedback's trained reader is cross-fitted over (the preset's
+        `feedback.cross_fit`; 0: none): the run trains one reader per fold (`FOLD_READERS`)."""
+        folds = int(self.preset.overrides("feedback").get(Key.FEEDBACK_CROSS_FIT) or 0)
+        if folds not in (0, CROSS_FIT_FOLDS):
+            raise ConfigError(f"the preset's feedback {Key.FEEDBACK_CROSS_FIT}: {folds}; the pipeline "
+                              f"trains {CROSS_FIT_FOLDS} fold readers ({', '.join(FOLD_READERS)}): use "
+                              f"{CROSS_FIT_FOLDS} or 0")
+        return folds
 
     def exported(self, stage: str) -> bool:
         """Whether `stage`'s bundle is in the run's folder already (it is not trained again)."""
@@ -116,7 +136,9 @@ class Job:
         spec = STAGES[stage]
         kind = dict(self.kinds[spec.kind])
         if spec.kind == "feedback" and self.reader == "trained":  # labelled by the reader chosen on dev
-            kind[Key.FEEDBACK_READER] = TRAINED_READER
+            kind[Key.FEEDBACK_READER] = bundle_address("reader_fold{fold}") if self.cross_fit else TRAINED_READER
+        elif spec.kind == "feedback" and self.cross_fit:  # the LLM trained on no question: nothing to cross-fit
+            kind[Key.FEEDBACK_CROSS_FIT] = 0
         return StageRun(stage, spec.config, {**self.preset.overrides("data"), **self.data,
                                              **self.preset.overrides(spec.kind), **kind,
                                              **spec.override_values(), **(more or {}), **self.run,

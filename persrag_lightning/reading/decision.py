@@ -4,7 +4,9 @@ A reader gives every allowed label a log-score. The scores may be calibrated aga
 label prior (`Calibration`: `none`, or the LLM's `contextual` and `pmi`, whose terms llm/calibration.py
 computes from content-free prompts), and the answer is then the decision the task's metric rewards
 (`Decision`): the arg max for accuracy and F1, the median for MAE, the mean rounded to a label for
-RMSE.
+RMSE. A trained reader may carry a decision fitted on train users it did not train on
+(`fit_quantile`, `fit_prior_power`): a quantile level other than the median (`quantile:<level>`),
+or the arg max of its distribution divided by its train label prior to a power.
 
 This module imports only the task table, so the LLM's settings (llm/registry.py) can check these
 words below the readers that use them (docs/architecture.md, the layers).
@@ -19,12 +21,35 @@ from typing import Literal, get_args
 from persrag_lightning.data.tasks import get_task
 
 __all__ = ["CALIBRATIONS", "DECISIONS", "Calibration", "Decision", "calibrated", "check_reading", "decide",
-           "log_softmax", "resolve_decision"]
+           "fit_prior_power", "fit_quantile", "log_softmax", "prior_corrected", "quantile_decision",
+           "resolve_decision"]
 
 Calibration = Literal["none", "contextual", "pmi"]
 Decision = Literal["auto", "argmax", "median", "mean"]
 CALIBRATIONS: tuple[str, ...] = get_args(Calibration)
 DECISIONS: tuple[str, ...] = get_args(Decision)
+QUANTILE = "quantile:"  # `quantile:<level>`: the first label whose cumulative probability reaches the level
+LEVELS = tuple(round(0.05 * i, 2) for i in range(2, 19))  # the quantile levels a fit tries, 0.10 … 0.90
+POWERS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the prior-correction powers a fit tries (0: the plain arg max)
+
+
+def quantile_decision(level: float) -> str:
+    """The decision that answers the label at the cumulative probability `level` (0.5: the median)."""
+    return "median" if abs(level - 0.5) < 1e-9 else f"{QUANTILE}{level:g}"
+
+
+def _level(decision: str) -> float | None:
+    """The level of a `quantile:<level>` decision, None for any other; a level outside (0, 1)
+    fails."""
+    if not decision.startswith(QUANTILE):
+        return None
+    try:
+        level = float(decision[len(QUANTILE):])
+    except ValueError:
+        level = math.nan
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"decision {decision!r}: a quantile level is a number strictly between 0 and 1")
+    return level
 
 
 def check_reading(calibration: str, decision: str) -> None:
@@ -33,7 +58,7 @@ def check_reading(calibration: str, decision: str) -> None:
         raise ValueError(
             f"unknown calibration {calibration!r}; use one of {', '.join(CALIBRATIONS)}"
         )
-    if decision not in DECISIONS:
+    if decision not in DECISIONS and _level(decision) is None:
         raise ValueError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
 
 
@@ -43,7 +68,7 @@ def resolve_decision(task: str, decision: str = "auto") -> str:
     spec = get_task(task)
     if decision == "auto":
         return "median" if spec.kind == "regression" else "argmax"
-    if decision in ("median", "mean") and spec.kind != "regression":
+    if (decision in ("median", "mean") or _level(decision) is not None) and spec.kind != "regression":
         raise ValueError(
             f"decision {decision!r} needs ordered labels (LaMP-3); {spec.name}'s labels are not: "
             "use argmax"
@@ -74,11 +99,12 @@ def decide(labels: Sequence[str], probs: Sequence[float], decision: str) -> str:
     the nearest label."""
     if decision == "argmax":
         return labels[max(range(len(probs)), key=lambda i: (probs[i], -i))]
-    if decision == "median":
+    if decision == "median" or (level := _level(decision)) is not None:
+        level = 0.5 if decision == "median" else level
         total = 0.0
         for label, p in zip(labels, probs):
             total += p
-            if total >= 0.5 - 1e-12:
+            if total >= level - 1e-12:
                 return label
         return labels[-1]
     if decision == "mean":
@@ -87,3 +113,45 @@ def decide(labels: Sequence[str], probs: Sequence[float], decision: str) -> str:
         # .5 rounds up
         return labels[min(range(len(values)), key=lambda i: (abs(values[i] - mean), -values[i]))]
     raise ValueError(f"unknown decision {decision!r}; use argmax, median or mean")
+
+
+def fit_quantile(labels: Sequence[str], rows: Sequence[Sequence[float]], golds: Sequence[str]) -> float:
+    """The quantile level of LEVELS whose answers have the least mean absolute error on these
+    distributions (ordered, numeric labels); a tie goes to the level nearest the median's 0.5.
+
+    Args:
+        labels: the ordered labels.
+        rows: one distribution over `labels` per question (probabilities).
+        golds: each question's gold label (of held-out train users: never dev or test).
+    """
+    values = {label: float(label) for label in labels}
+
+    def error(level: float) -> float:
+        decision = quantile_decision(level)
+        return sum(abs(values[decide(labels, row, decision)] - values[g]) for row, g in zip(rows, golds))
+
+    return min(LEVELS, key=lambda level: (round(error(level), 9), abs(level - 0.5)))
+
+
+def prior_corrected(row: Sequence[float], prior: Sequence[float], power: float) -> list[float]:
+    """A distribution divided by the label prior to `power`, renormalised (power 0: unchanged)."""
+    if power == 0.0:
+        return list(row)
+    return calibrated([math.log(max(p, 1e-300)) for p in row], [power * math.log(q) for q in prior])
+
+
+def fit_prior_power(labels: Sequence[str], rows: Sequence[Sequence[float]], golds: Sequence[str],
+                    prior: Sequence[float]) -> float:
+    """The power of POWERS whose prior-corrected arg max is right most often on these distributions
+    (unordered labels); a tie goes to the smaller power, 0 (the plain arg max) first.
+
+    Args:
+        labels: the labels.
+        rows: one distribution over `labels` per question (probabilities).
+        golds: each question's gold label (of held-out train users: never dev or test).
+        prior: each label's share of the trained-on targets.
+    """
+    def right(power: float) -> int:
+        return sum(decide(labels, prior_corrected(row, prior, power), "argmax") == g for row, g in zip(rows, golds))
+
+    return min(POWERS, key=lambda power: (-right(power), power))

@@ -1,10 +1,14 @@
 """The trained reader: the reader stage's export (models/reader.py) reading a question with its docs
 and their labels, behind the same `Reader` door as the LLM. Its scores are a trained distribution
-over the task's labels, so there is no label prior to calibrate: its readings carry the calibration
-`none` only."""
+over the task's labels, so there is no LLM label prior to calibrate: its readings carry the
+calibration `none` only. Its `auto` decision is the one its export carries, fitted on the train
+users the reader stage held out of training (a quantile level, or the arg max over its train label
+prior to a power); an export without one reads with the task metric's rule."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +18,7 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.reader import LabelReader, reader_inputs
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
-from persrag_lightning.reading.decision import resolve_decision
+from persrag_lightning.reading.decision import prior_corrected, resolve_decision
 from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.utils import ConfigError, bundle_digest
 
@@ -24,16 +28,16 @@ BATCH = 64  # questions per forward at inference
 
 
 class TrainedReader(Reader):
-    """A `LabelReader` export read without Lightning; `decision` as the LLM reader's (`auto`: the
-    task metric's)."""
+    """A `LabelReader` export read without Lightning; `decision` as the LLM reader's, but `auto` is
+    the export's fitted decision where it has one."""
 
     kind = "trained"
 
     def __init__(self, path: str | Path, decision: str = "auto", batch_size: int = BATCH) -> None:
         """Args:
             path: the reader stage's export (checkpoints/<run>/reader).
-            decision: the answer taken from the label distribution (`auto`: arg max for accuracy,
-                median for MAE).
+            decision: the answer taken from the label distribution (`auto`: the export's fitted
+                decision, else arg max for accuracy and median for MAE).
             batch_size: questions per forward.
         """
         self.path, self.decision, self.batch_size = Path(path), decision, batch_size
@@ -44,6 +48,16 @@ class TrainedReader(Reader):
             )
         self._model: LabelReader | None = None
         self._digest: str | None = None
+        stored = json.loads((self.path / "config.json").read_text())
+        self.fitted: tuple[str, float] | None = (
+            (stored["decision"], float(stored.get("prior_power", 0.0))) if stored.get("decision") else None)
+
+    def resolved_decision(self, task: str) -> tuple[str, float]:
+        """The decision read with and the prior's power it divides by: the fitted ones under `auto`
+        where the export has them."""
+        if self.decision == "auto" and self.fitted is not None:
+            return self.fitted
+        return resolve_decision(task, self.decision), 0.0
 
     @property
     def model(self) -> LabelReader:
@@ -57,10 +71,14 @@ class TrainedReader(Reader):
         return {"reader": "trained", "digest": self._digest, "decision": self.decision}
 
     def reading(self, task: str) -> dict:
-        return {"calibration": "none", "decision": resolve_decision(task, self.decision)}
+        decision, power = self.resolved_decision(task)
+        return {"calibration": "none", "decision": decision, **({"prior_power": power} if power else {})}
 
     def describe(self, task: str) -> str:
-        return f"trained reader (decision {resolve_decision(task, self.decision)})"
+        decision, power = self.resolved_decision(task)
+        fitted = self.decision == "auto" and self.fitted is not None
+        return (f"trained reader (decision {decision}" + (f" over its train label prior^{power:g}" if power else "")
+                + (", fitted on held-out train users)" if fitted else ")"))
 
     def _check_task(self, task: str) -> str:
         """The task's name; a reader of another task, or of another folder's label set (every
@@ -94,8 +112,12 @@ class TrainedReader(Reader):
              phase: str | None = None, every_calibration: bool = False) -> LabelReading:
         name = self._check_task(task)
         rows = self.log_scores(task, inputs, docs, phase)
-        return LabelReading(name, self.model.config.labels, rows, "none", resolve_decision(task, self.decision),
-                            {"none": None})
+        decision, power = self.resolved_decision(task)
+        if power:  # the fitted arg max reads the distribution divided by the train label prior^power
+            prior = self.model.config.label_prior
+            rows = [[math.log(max(p, 1e-300)) for p in prior_corrected([math.exp(v) for v in row], prior, power)]
+                    for row in rows]
+        return LabelReading(name, self.model.config.labels, rows, "none", decision, {"none": None})
 
     def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
                       phase: str | None = None) -> list[float]:

@@ -234,18 +234,23 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     machine(monkeypatch, AMX, onednn=True)
     dev = {"CFRAG": 0.20, "w/o reranker tuning": 0.31}
     fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick"], dev)
-    # the stages that need no reader first (stage 1 and the reader), then the feedback stages
-    assert [r.stage for r in fits] == ["user_encoder", "reader", "user_encoder_paper", "retriever", "reranker",
-                                       "retriever_paper", "reranker_paper", "generator"]
+    # the stages that need no reader first (stage 1 and the reader), then, the trained reader chosen, the fold
+    # readers of the cross-fitted feedback, then the feedback stages
+    assert [r.stage for r in fits] == ["user_encoder", "reader", "user_encoder_paper", "reader_fold0", "reader_fold1",
+                                       "retriever", "reranker", "retriever_paper", "reranker_paper", "generator"]
     judged = [r.overrides.get("model.init_args.config.judgments") for r in fits]
-    assert judged == ["paired", None, "none", None, None, None, None, None]  # the paper's chain: its own stage 1
+    assert judged == ["paired", None, "none", None, None, None, None, None, None, None]  # the paper's chain: its own
+    folds = {r.stage: (r.overrides["data.init_args.holdout.folds"], r.overrides["data.init_args.holdout.fold"])
+             for r in fits if r.stage.startswith("reader_fold")}
+    assert folds == {"reader_fold0": (2, 0), "reader_fold1": (2, 1)}  # each holds out the fold it labels
     # the reader is chosen on dev on BM25's prompts (a tie here: the trained reader, listed first, stands) and
     # labels every feedback stage and reads every row of the table
     runs = by_purpose(evaluations)
     assert runs["reader-trained"].only == runs["reader-llm"].only == ["bm25"]
     assert runs["reader-trained"].overrides["evaluation.reader"] == "{run_dir}/reader"
     assert runs["reader-llm"].overrides["evaluation.reader"] == "llm"
-    assert all(r.overrides["data.init_args.feedback.reader"] == "{run_dir}/reader" for r in fits
+    assert all(r.overrides["data.init_args.feedback.reader"] == "{run_dir}/reader_fold{fold}"
+               and r.overrides["data.init_args.feedback.cross_fit"] == 2 for r in fits
                if r.stage.startswith(("retriever", "reranker")))
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["reader"] == record["reader_chosen_on_dev"] == "trained"
@@ -501,7 +506,7 @@ def test_in_process_fits_and_evaluations_are_given_objects_their_printed_command
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     stages = [StageRun(**r) for r in record["stages"]]
     runs = [EvaluationRun(**r) for r in record["evaluations"]]
-    assert len(fits) == len(stages) == 8 and len(evaluations) == len(runs) == 5
+    assert len(fits) == len(stages) == 10 and len(evaluations) == len(runs) == 5
     assert all(isinstance(cfg, Namespace) for cfg in fits + evaluations)
     printed = [line for line in capsys.readouterr().out.splitlines() if ": python train.py fit " in line]
     for cfg, run, line in zip(fits, stages, printed):

@@ -14,6 +14,7 @@ import pytest
 from persrag_lightning.data.convert import ConvertOptions, convert_log
 from persrag_lightning.data.lamp import load_lamp
 from persrag_lightning.data.records import HistoryDoc, LampDataset
+from persrag_lightning.data.splits import Holdout, user_fold
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.reader import ReaderDataModule, ReaderExample
 from persrag_lightning.models.reader import ReaderSettings, doc_text, question_text
@@ -58,7 +59,9 @@ def folder(tmp_path_factory) -> Path:
 
 
 def reader_data(folder: Path, cache: Path, encoder: str, **kwargs) -> ReaderDataModule:
-    """The DataModule prepared and set up, its text encoder (the module's setting) the tiny one."""
+    """The DataModule prepared and set up, its text encoder (the module's setting) the tiny one; no train user held
+    out unless `holdout` says so (dev then chooses the checkpoint)."""
+    kwargs.setdefault("holdout", Holdout(fold=None))
     dm = ReaderDataModule(task="LaMP-3", data_dir=str(folder), cache_dir=str(cache), k=3, batch_size=8, **kwargs)
     settings = ReaderSettings(encoder=encoder, max_length=32, max_docs=3)
     dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(settings=settings), limit_val_batches=1.0,
@@ -201,3 +204,70 @@ def test_a_mix_strategy_adds_a_copy_of_each_train_question_and_none_of_dev(folde
     ids = sorted(e.example_id for e in dm.train_examples)
     assert ids == sorted([*items.questions["train"], *(f"{i}@recency" for i in items.questions["train"])])
     assert sorted(e.example_id for e in dm.val_examples) == sorted(items.questions["dev"])
+
+
+def _user(example: ReaderExample, items: Items) -> str:
+    if example.origin == "profile":
+        return example.example_id.split("/")[0]
+    return items.questions["train"][example.example_id.split("@")[0]].user_id
+
+
+def test_held_out_train_users_choose_the_checkpoint_and_are_never_trained_on(folder, tmp_path, tiny_bert,
+                                                                             one_thread):
+    holdout = Holdout(folds=3, fold=1)
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert, holdout=holdout, mix=["recency"])
+    items = Items(load_lamp(folder, "LaMP-3"))
+    users = {q.user_id for q in items.questions["train"].values()}
+    held = {u for u in users if user_fold(u, 3) == 1}
+    assert held and held != users  # the log's six users fall in both
+    assert {_user(e, items) for e in dm.train_examples} == users - held
+    assert {_user(e, items) for e in dm.val_examples} == held and dm.held_examples == dm.val_examples
+    # the held users' examples are built as the trained-on ones are: their questions (with each mix), their items
+    assert {e.origin for e in dm.val_examples} == {"question", "profile"}
+    assert any(e.example_id.endswith("@recency") for e in dm.val_examples)
+    dev_and_test = {i for s in ("dev", "test") for i in items.questions[s]}
+    assert not {e.example_id.split("@")[0] for e in dm.train_examples + dm.val_examples} & dev_and_test
+    prior = dm.label_prior()  # of the trained-on targets only, add-one smoothed
+    counts = [1 + sum(e.target == j for e in dm.train_examples) for j in range(5)]
+    assert prior == pytest.approx([c / sum(counts) for c in counts])
+
+
+def test_a_holdout_that_leaves_no_held_user_is_refused(folder, tmp_path, tiny_bert, one_thread):
+    items = Items(load_lamp(folder, "LaMP-3"))
+    users = {q.user_id for q in items.questions["train"].values()}
+    empty = next(f for f in range(50) if all(user_fold(u, 50) != f for u in users))
+    with pytest.raises(ConfigError, match="held questions"):
+        reader_data(folder, tmp_path / "cache", tiny_bert, holdout=Holdout(folds=50, fold=empty))
+
+
+def test_user_folds_are_stable_and_a_holdout_checks_its_fold():
+    assert [user_fold(f"u{i}", 5) for i in range(6)] == [user_fold(f"u{i}", 5) for i in range(6)]
+    assert {user_fold(f"user{i}", 5) for i in range(200)} == set(range(5))
+    with pytest.raises(ValueError, match="fold 5 of 5"):
+        Holdout(folds=5, fold=5)
+    assert not Holdout(fold=None).holds("u0")
+
+
+def test_the_exported_decision_is_fitted_on_the_held_out_train_users_alone(folder, tmp_path, tiny_bert, one_thread,
+                                                                           monkeypatch):
+    from persrag_lightning.models.reader import LabelReader, ReaderConfig
+    from persrag_lightning.modules.reader import ReaderModule
+
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert, holdout=Holdout(folds=3, fold=1))
+    settings = ReaderSettings(encoder=tiny_bert, max_length=32, max_docs=3, dim=16, layers=1, heads=2)
+    module = ReaderModule(config=settings)
+    module.task = "LaMP-3"
+    module.model = LabelReader(ReaderConfig(**vars(settings), task="LaMP-3", labels=("1", "2", "3", "4", "5"),
+                                            embedding_dim=dm.vectors.shape[1]))
+    collated = []
+    collate = dm.collate
+    monkeypatch.setattr(dm, "collate", lambda exs: collated.extend(exs) or collate(exs))
+    config = json.loads((module.export(tmp_path / "reader", dm) / "config.json").read_text())
+    assert collated == dm.held_examples and collated  # the fit reads the held-out train users' golds, no other
+    assert config["decision"] == "median" or config["decision"].startswith("quantile:")
+    assert config["label_prior"] == pytest.approx(dm.label_prior())
+    unfitted = ReaderModule(config=settings, fit_decision=False)
+    unfitted.task = "LaMP-3"
+    unfitted.model = LabelReader(ReaderConfig(**vars(settings), task="LaMP-3", labels=("1", "2", "3", "4", "5"),
+                                              embedding_dim=dm.vectors.shape[1]))
+    assert json.loads((unfitted.export(tmp_path / "plain", dm) / "config.json").read_text())["decision"] == ""

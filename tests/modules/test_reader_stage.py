@@ -1,6 +1,7 @@
 """The reader stage end to end at tiny scale: `fit --config reader.yaml` trains on SynthLaMP's train questions and
-their profiles (never a dev or test question), validates on dev with the task's metric, and exports a reader that
-`TrainedReader` loads and reads with BM25's docs, answering labels of the task."""
+their profiles (never a dev or test question, never a held-out train user's), validates on the held-out train users
+with the task's metric, fits its decision on them, and exports a reader that `TrainedReader` loads and reads with
+BM25's docs, answering labels of the task by the fitted decision."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from persrag_lightning.commands.train import lightning_command
 from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.splits import user_fold
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.reader import encoder_digest
@@ -30,29 +32,40 @@ def fit_args(encoder: str, task: str, epochs: int = 2, *extra: str) -> list[str]
 
 
 @pytest.mark.parametrize("task", ["LaMP-2", "LaMP-3"])
-def test_fit_reader_yaml_exports_a_reader_that_reads(in_tmp_cwd, tiny_bert, task, one_thread):
+def test_fit_reader_yaml_exports_a_reader_that_reads(in_tmp_cwd, tiny_bert, task, one_thread, capsys):
     lightning_command(fit_args(tiny_bert, task))
+    assert "examples of held-out train users, decision" in capsys.readouterr().out
     export = in_tmp_cwd / "checkpoints" / "t" / "reader"
     config = json.loads((export / "config.json").read_text())
     spec = get_task(task)
     assert config["task"] == task and tuple(config["labels"]) == spec.labels
     assert config["encoder_digest"] == encoder_digest(tiny_bert) and config["dim"] == 16
+    # the decision fitted on the held-out train users: a quantile level (ordered labels) or the prior's power
+    assert len(config["label_prior"]) == len(spec.labels) and sum(config["label_prior"]) == pytest.approx(1)
+    if task == "LaMP-3":
+        assert config["decision"] == "median" or config["decision"].startswith("quantile:")
+    else:
+        assert config["decision"] == "argmax" and config["prior_power"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     metrics = next((in_tmp_cwd / "runs" / "t" / "reader").rglob("metrics.csv")).read_text().splitlines()
     for name in ("train/loss", "val/loss", "val/metric", "val/mae" if task == "LaMP-3" else "val/accuracy"):
         assert name in metrics[0].split(","), name
 
-    # what it trained on: SynthLaMP's train questions and their profiles' items, no dev or test question
+    # what it trained on: SynthLaMP's train questions of the users not held out and their profiles' items, no dev or
+    # test question; the held-out fold's questions and items validate, and dev is not read
     dataset = LampSource(task, None, SynthConfig(num_users=USERS), ".cache/persrag").load()
     stored, = (json.loads(p.read_text()) for p in (in_tmp_cwd / ".cache" / "persrag" / "reader_data").rglob(
         "examples.json"))
     train, held_out = stored["splits"]["train"], {e.example_id for s in ("dev", "test") for e in dataset.examples[s]}
     held_texts = {e.query for s in ("dev", "test") for e in dataset.examples[s]}
     assert {r["origin"] for r in train} == {"question", "profile"}
-    assert {r["id"] for r in train if r["origin"] == "question"} == {e.example_id for e in dataset.examples["train"]}
+    held_users = {e.user_id for e in dataset.examples["train"] if user_fold(e.user_id, 5) == 0}
+    assert held_users and set(stored["splits"]) == {"train", "held"}
+    for split, users in (("train", lambda u: u not in held_users), ("held", lambda u: u in held_users)):
+        assert {r["id"] for r in stored["splits"][split] if r["origin"] == "question"} == {
+            e.example_id for e in dataset.examples["train"] if users(e.user_id)}
     assert not {r["id"] for r in train} & held_out
     assert not {r["id"].split("/")[-1] for r in train} & held_out
     assert not {r["text"] for r in train} & held_texts
-    assert {r["id"] for r in stored["splits"]["dev"]} == {e.example_id for e in dataset.examples["dev"]}
 
     # the export read as the evaluation reads it: dev questions with BM25's docs over their own profiles
     store = DocStore(dataset)
@@ -66,5 +79,5 @@ def test_fit_reader_yaml_exports_a_reader_that_reads(in_tmp_cwd, tiny_bert, task
     reading = reader.read(task, [e.input for e in dev], docs)
     assert len(reading.answers) == len(dev) and set(reading.answers) <= set(spec.labels)
     assert all(abs(sum(p) - 1) < 1e-4 for p in reading.probabilities)
-    assert reading.decision == ("median" if task == "LaMP-3" else "argmax")
+    assert reading.decision == config["decision"]
     assert reader.answer(task, [e.input for e in dev], docs) == reading.answers

@@ -181,7 +181,7 @@ def test_gain_labels_reward_what_a_candidate_adds_to_the_askers_own_docs(tmp_pat
         for p in getattr(reader.model, name).parameters():
             p.data.normal_(std=0.5)
     builder = datamodule(root, tiny_bert, tiny_llm, feedback={"reader": str(export), "metric": "gain"}).builder()
-    builder.reader = reader
+    builder.readers = {None: reader}
     examples = builder.examples("train")[:2]
     records = builder.label_chunk(examples)
     k = builder.candidates.k
@@ -199,3 +199,42 @@ def test_gain_labels_reward_what_a_candidate_adds_to_the_askers_own_docs(tmp_pat
         assert len({round(c.label, 4) for c in r.candidates}) > 1
     other = datamodule(root, tiny_bert, tiny_llm, feedback={"reader": str(export), "metric": "loglik"}).builder()
     assert other.key != builder.key
+
+
+def test_cross_fitted_feedback_never_reads_a_question_with_a_reader_trained_on_it(tmp_path, tiny_bert, tiny_llm,
+                                                                                 one_thread):
+    from persrag_lightning.data.splits import user_fold
+    from persrag_lightning.feedback.settings import FeedbackSettings
+    from tests.helpers.feedback import datamodule, feedback_world
+
+    root = feedback_world(tmp_path, tiny_bert)
+    for fold in (0, 1):  # fold f's reader held fold f's users out of its training (the reader stage's holdout)
+        tiny_reader_export(tmp_path / f"reader_fold{fold}", tiny_bert, "LaMP-2", seed=fold)
+    settings = {"reader": str(tmp_path / "reader_fold{fold}"), "metric": "gain", "cross_fit": 2}
+    builder = datamodule(root, tiny_bert, tiny_llm, feedback=settings).builder()
+    assert sorted(builder.readers) == [0, 1]
+    read_by: dict[int, set[str]] = {0: set(), 1: set()}
+    for fold, reader in builder.readers.items():
+        score = reader.score_targets
+
+        def recording(task, inputs, docs, targets, *, phase=None, fold=fold, score=score):
+            read_by[fold].update(inputs)
+            return score(task, inputs, docs, targets, phase=phase)
+
+        reader.score_targets = recording
+    examples = builder.examples("train")[:8]
+    assert {user_fold(e.user_id, 2) for e in examples} == {0, 1}
+    records = builder.label_chunk(examples)
+    assert [r.example_id for r in records] == [e.example_id for e in examples]
+    for e in examples:  # each question read only by the reader that did not train on its user's fold
+        fold = user_fold(e.user_id, 2)
+        assert e.input in read_by[fold] and e.input not in read_by[1 - fold]
+    # the same labels a single reader of that fold gives
+    alone = datamodule(root, tiny_bert, tiny_llm, feedback={**settings, "cross_fit": 0,
+                                                            "reader": str(tmp_path / "reader_fold1")}).builder()
+    ones = [e for e in examples if user_fold(e.user_id, 2) == 1]
+    assert [c.label for r in alone.label_chunk(ones) for c in r.candidates] == pytest.approx(
+        [c.label for r in records if r.example_id in {e.example_id for e in ones} for c in r.candidates], abs=1e-5)
+    assert alone.key != builder.key
+    with pytest.raises(ValueError, match="placeholder"):
+        FeedbackSettings(reader=str(tmp_path / "reader_fold0"), cross_fit=2)
