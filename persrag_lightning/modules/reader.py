@@ -88,6 +88,9 @@ class ReaderModule(L.LightningModule):
         self.metric = lamp_metric(self.task)
 
     def on_fit_start(self) -> None:
+        # dropout draws from the run's seed, not from what data preparation drew before it (a run that
+        # finds its data cached would otherwise train another reader than the run that built it)
+        torch.manual_seed(torch.initial_seed())
         if self.device.type == "cpu" and self.hparams.cpu_threads:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(self.hparams.cpu_threads)

@@ -30,7 +30,7 @@ from persrag_lightning.pipeline.constants import (
     TRAINING_WORK,
 )
 from persrag_lightning.presets import Preset
-from persrag_lightning.stages import STAGES
+from persrag_lightning.stages import FOLD_READERS, STAGES
 
 __all__ = ["Plan", "build_plan", "measure_rates", "question_counts"]
 
@@ -46,7 +46,8 @@ class Plan:
     train: list[str]
     skip: list[str]
     rows: list[str] | None
-    # the stages' non-reading work: `encoder` texts and `llm` answers (TRAINING_WORK)
+    # the stages' non-reading work: `encoder` texts and `llm` answers (TRAINING_WORK); `fold_readers`: the
+    # encoder texts of the cross-fitted feedback's readers, which train only if dev chooses the trained reader
     training: dict[str, float] = field(default_factory=dict)
     # feedback labels the feedback stages compute (by the chosen reader)
     labels: int = 0
@@ -69,7 +70,7 @@ class Plan:
         if not self.rates:
             return None
         llm = sum(self.llm_answers.values()) + self.training.get("llm", 0.0)
-        encoder = (self.training.get("encoder", 0.0)
+        encoder = (self.training.get("encoder", 0.0) - (reader != "trained") * self.training.get("fold_readers", 0.0)
                    + RETRIEVAL_PER_ANSWER * (sum(self.answers.values()) + sum(self.llm_answers.values())))
         if reader == "trained":
             seconds = (self.labels / self.rates["trained_labels"]
@@ -132,7 +133,7 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
     from persrag_lightning.data.synth import SynthConfig
 
     users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
-    total = {"encoder": 0.0, "llm": 0.0}
+    total = {"encoder": 0.0, "llm": 0.0, "fold_readers": 0.0}
     for stage, config in stages.items():
         kind = STAGES[stage].kind
         if kind == "user_encoder":
@@ -141,7 +142,9 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
             size = min(
                 int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
             )
-        total["llm" if kind in LLM_STAGES else "encoder"] += TRAINING_WORK[kind] * size / QUICK_SCALE[kind]
+        work = TRAINING_WORK[kind] * size / QUICK_SCALE[kind]
+        total["llm" if kind in LLM_STAGES else "encoder"] += work
+        total["fold_readers"] += work if stage in FOLD_READERS else 0.0
     return total
 
 

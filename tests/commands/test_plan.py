@@ -33,7 +33,7 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     out = capsys.readouterr().out.splitlines()
     first_stage = next(i for i, line in enumerate(out) if line.startswith("[pipeline] user_encoder: python"))
     estimate = next(i for i, line in enumerate(out) if line.startswith("[pipeline] estimate: about "))
-    assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, reader, retriever")
+    assert estimate < first_stage and out[estimate - 2].startswith("[pipeline] plan: train user_encoder, reader, reader_fold0, reader_fold1, retriever")
     # quick: 4 feedback stages x 3 x 2 candidates x 32 examples, labelled by the chosen reader; 300 dev questions x 6
     # configurations (2 orders, each gated and shut) and 300 test questions x 6 rows read by it; the LLM alone reads
     # the reader's dev choice (300),
@@ -89,13 +89,22 @@ def resolved_stages(argv: list[str], stages: list[str]) -> dict:
 def test_a_smaller_preset_counts_smaller_stages():
     counts = {"train": 600, "dev": 300, "test": 300}
     quick = resolved_stages(["--preset", "quick"], ["user_encoder"])
-    assert plan_module.training_work(quick, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0}
+    assert plan_module.training_work(quick, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0,
+                                                        "fold_readers": 0.0}
+    # the cross-fitted feedback's readers train only if dev chooses the trained reader: the LLM's estimate drops them
+    readers = resolved_stages(["--preset", "quick"], ["reader", "reader_fold0", "reader_fold1"])
+    work = plan_module.training_work(readers, counts)
+    assert work["fold_readers"] == pytest.approx(2 / 3 * work["encoder"]) and work["fold_readers"] > 0
+    plan = plan_module.Plan(list(readers), [], None, work, readers=["trained", "llm"],
+                            rates={"trained_labels": 1.0, "trained_answers": 1.0, "labels": 1.0, "answers": 1.0,
+                                   "encoder_texts": 1.0})
+    assert plan.minutes_for("trained") - plan.minutes_for("llm") == pytest.approx(work["fold_readers"] / 60)
     small = {"train": 48, "dev": 24, "test": 24}
     smoke = resolved_stages(["--preset", "smoke"], ["user_encoder", "retriever", "reranker", "generator"])
     assert plan_module.training_work({"user_encoder": smoke["user_encoder"]}, small)["encoder"] == pytest.approx(
         TRAINING_WORK["user_encoder"] * 3 * 24 / (20 * 300))
     assert plan_module.training_work({"generator": smoke["generator"]}, small) == pytest.approx(
-        {"encoder": 0.0, "llm": TRAINING_WORK["generator"] * 8 / 32})
+        {"encoder": 0.0, "llm": TRAINING_WORK["generator"] * 8 / 32, "fold_readers": 0.0})
     assert plan_module.feedback_prompts(smoke, 48) == 2 * 2 * 2 * 8
     # what runs is what counts: the config's own value where the preset says nothing (the paper preset's stage 1
     # trains cfrag_user_encoder.yaml's 30 epochs), and a user's own arguments, applied last
@@ -162,7 +171,7 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     assert out[4] == ("[pipeline] float32 GEMM path for the reader: onednn (GFLOP/s on 2 threads: onednn 113, torch 90; "
                       "beside torch's threads, chosen only when named: numpy 126)")
     assert out[5] == "[pipeline] float32 GEMM path for the encoders: torch (GFLOP/s on 2 threads: torch 80)"
-    assert out[6].startswith("[pipeline] plan: train user_encoder, reader, retriever") and out[7].startswith("[pipeline] rows:")
+    assert out[6].startswith("[pipeline] plan: train user_encoder, reader, reader_fold0, reader_fold1, retriever") and out[7].startswith("[pipeline] rows:")
     assert out[8].startswith("[pipeline] estimate: about ") and out[8].endswith("budget on this CPU class: 45 min")
     assert out[9].startswith("[pipeline] --plan: nothing trained") and len(out) == 10
     assert not list(tmp_path.rglob("pipeline.json"))

@@ -81,3 +81,11 @@ def test_fit_reader_yaml_exports_a_reader_that_reads(in_tmp_cwd, tiny_bert, task
     assert all(abs(sum(p) - 1) < 1e-4 for p in reading.probabilities)
     assert reading.decision == config["decision"]
     assert reader.answer(task, [e.input for e in dev], docs) == reading.answers
+
+
+def test_a_second_fit_that_finds_its_data_cached_trains_the_same_reader(in_tmp_cwd, tiny_bert, one_thread):
+    lightning_command(fit_args(tiny_bert, "LaMP-3", 2, "--run_name", "first"))  # builds the reader's data
+    lightning_command(fit_args(tiny_bert, "LaMP-3", 2, "--run_name", "second"))  # finds it cached
+    first, second = (in_tmp_cwd / "checkpoints" / run / "reader" for run in ("first", "second"))
+    assert (first / "reader.safetensors").read_bytes() == (second / "reader.safetensors").read_bytes()
+    assert json.loads((first / "config.json").read_text()) == json.loads((second / "config.json").read_text())
