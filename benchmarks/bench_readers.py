@@ -4,6 +4,10 @@ the rows that need no reader.
 Designs (`--designs`, any subset, in this order):
 - `trained`: the reader stage (`fit --config reader.yaml`: frozen MiniLM vectors of the question and of BM25's docs
   with their labels, a small fusion transformer, an ordinal head on ordered labels), read through `TrainedReader`;
+  stopped on the train users it holds out and read with the decision fitted on them, and, on the same reading, with
+  the task metric's rule (the median, the arg max);
+- `trained_dev_stopped`: the same reader with no train user held out (`holdout.fold: null`): dev stops it, and it
+  reads with the metric's rule (LaMP's protocol, the design before the holdout);
 - `trained_before`: the same reader without the asker's label habit and the docs' provenance (`prior: false,
   provenance: false`: the design before them);
 - `llm`: the embedded LLM (SmolLM2) reading the evaluation's Table 4 prompts under `answer_mode: choose`, one row
@@ -13,8 +17,9 @@ Designs (`--designs`, any subset, in this order):
   its export read as the LLM under each calibration. Tens of minutes on a CPU.
 
 Every design reads the same dev questions with the same docs: BM25's top-k of the question's own profile (the
-evaluation's `bm25` row). Dev also chooses the trained designs' checkpoints (as the pipeline chooses its reader on
-dev), so their dev numbers lean optimistic; the main job's tables report test. Train minutes are the fit's wall
+evaluation's `bm25` row). Dev chooses the checkpoints of `trained_dev_stopped`, `trained_before` and `generator`,
+so their dev numbers lean optimistic; `trained` never reads dev before this table; the main job's tables report
+test. Train minutes are the fit's wall
 time (embedding the texts included); answers/s time the whole read of the dev questions (prompts or vectors
 included) after a short warm-up. MAE and accuracy carry 95 % bootstrap intervals; Spearman is the expected rating's
 (Σ p·label) with the gold for a reader, the answer's for a reader-free row. The default folder is the shared real
@@ -48,7 +53,7 @@ from persrag_lightning.evaluation.reader_free import reader_free_rows, top_answe
 from persrag_lightning.evaluation.stats import LampMetricFn, bootstrap_ci, metric_names
 from persrag_lightning.hardware import describe_cpu
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.reading.decision import CALIBRATIONS
+from persrag_lightning.reading.decision import CALIBRATIONS, resolve_decision
 from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.reading.llm import LLMReader
 from persrag_lightning.reading.trained import TrainedReader
@@ -61,7 +66,7 @@ SHARED_LOG = REPO.parent / "shared" / "data" / "real" / "Magazine_Subscriptions_
 # the shared reviews' columns (their README): LaMP-3, one review per (user, product), repeated texts kept once
 SHARED_OPTIONS = ConvertOptions(task="LaMP-3", user="reviewerID", date="unixReviewTime", text="reviewText",
                                 label="overall", item="asin", dedupe=True)
-DESIGNS = ("trained", "trained_before", "llm", "generator")
+DESIGNS = ("trained", "trained_dev_stopped", "trained_before", "llm", "generator")
 WARM_UP = 4  # questions read before the clock starts (first-call allocations, kernel choices)
 
 
@@ -166,11 +171,14 @@ def timed_read(read, dev: Dev) -> tuple[LabelReading, float]:
     return reading, len(dev.inputs) / (time.perf_counter() - started)
 
 
-def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False) -> list[Row]:
-    """The reader stage's design read on dev; `before`: without the asker's habit and the docs' provenance."""
+def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_stopped: bool = False) -> list[Row]:
+    """The reader stage's design read on dev (under its fitted decision and under the metric's rule, one reading);
+    `before`: without the asker's habit and the docs' provenance; `dev_stopped`: no train user held out."""
     extra = [f"--trainer.max_epochs={args.reader_epochs}"] if args.reader_epochs else []
     if before:
         extra += ["--model.init_args.config.prior=false", "--model.init_args.config.provenance=false"]
+    if before or dev_stopped:
+        extra += ["--data.init_args.holdout.fold=null"]
     export, seconds = fit("reader.yaml", dev, args, *extra)
     reader = TrainedReader(export)
 
@@ -179,8 +187,16 @@ def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False) -> li
         return reader.read(dev.task, inputs, docs)
 
     reading, per_s = timed_read(read, dev)
-    name = "trained reader, no habit or provenance" if before else "trained reader"
-    return [Row(f"{name} (decision {reading.decision})", reading.answers, expected_ratings(reading), seconds, per_s)]
+    name = ("trained reader, no habit or provenance" if before else "trained reader, dev stops it" if dev_stopped
+            else "trained reader")
+    rule = resolve_decision(dev.task, "auto")
+    detail = reader.describe(dev.task).removeprefix("trained reader (").removesuffix(")")
+    rows = [Row(f"{name} ({detail})", reading.answers, expected_ratings(reading), seconds, per_s)]
+    if reader.fitted is not None and reader.fitted != (rule, 0.0):  # the same scores under the metric's rule
+        under = TrainedReader(export, decision=rule).read(dev.task, dev.inputs, dev.docs)
+        rows.append(Row(f"{name} (decision {rule}, the metric's rule)", under.answers, expected_ratings(under),
+                        seconds, per_s))
+    return rows
 
 
 def llm_rows(model: str, name: str, dev: Dev, args: argparse.Namespace, train_s: float | None = None) -> list[Row]:
@@ -284,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     if "trained" in designs:
         rows += trained_rows(dev, args)
+    if "trained_dev_stopped" in designs:
+        rows += trained_rows(dev, args, dev_stopped=True)
     if "trained_before" in designs:
         rows += trained_rows(dev, args, before=True)
     if "llm" in designs:

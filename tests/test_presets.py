@@ -34,6 +34,7 @@ def test_a_preset_with_a_base_states_only_its_differences():
     assert (full.rows, full.stages, full.precision, full.evaluate) == (quick.rows, quick.stages, quick.precision,
                                                                         quick.evaluate)
     assert cli_overrides(full.feedback) == ["--data.init_args.feedback.metric=gain",
+                                            "--data.init_args.feedback.cross_fit=2",
                                             "--data.init_args.feedback.llm.batch_size=64"]
 
 

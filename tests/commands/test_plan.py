@@ -37,13 +37,15 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     # quick: 4 feedback stages x 3 x 2 candidates x 32 examples, labelled by the chosen reader; 300 dev questions x 6
     # configurations (2 orders, each gated and shut) and 300 test questions x 6 rows read by it; the LLM alone reads
     # the reader's dev choice (300),
-    # the tuned generator's calibration (300) and its 3 rows (900); 8 stages of training at the quick size: the
-    # encoder stages' in encoder texts, the generator's in LLM answers
+    # the tuned generator's calibration (300) and its 3 rows (900); 10 stages of training at the quick size: the
+    # encoder stages' in encoder texts, the generator's in LLM answers; the two fold readers of the cross-fitted
+    # feedback only where the trained reader reads
     encoders = 2 * TRAINING_WORK["user_encoder"] + TRAINING_WORK["reader"] + 4 * TRAINING_WORK["feedback"]
     retrieval = RETRIEVAL_PER_ANSWER * (1800 + 1800 + 300 + 300 + 900)  # every row's questions, whoever reads
     llm_only = (300 + 300 + 900 + TRAINING_WORK["generator"]) / 2.0 + (encoders + retrieval) / ENCODER_TEXTS
     with_llm = (768 / 4.0 + (1800 + 1800) / 2.0 + llm_only) / 60
-    with_trained = (768 / TRAINED["trained_labels"] + (1800 + 1800) / TRAINED["trained_answers"] + llm_only) / 60
+    with_trained = (768 / TRAINED["trained_labels"] + (1800 + 1800) / TRAINED["trained_answers"] + llm_only
+                    + 2 * TRAINING_WORK["reader"] / ENCODER_TEXTS) / 60
     assert f"about {with_trained:.0f} min on this machine ({with_trained:.0f} if dev chooses the trained reader, " \
            f"{with_llm:.0f} if dev chooses the LLM)" in out[estimate]
     assert "budget on this CPU class: 20 min" in out[estimate]

@@ -245,7 +245,7 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
 
     fits, evaluations, stages = pipeline_runs(
         monkeypatch, ["--preset", "quick", "--task", "LaMP-3", "--export_root", str(tmp_path)])
-    assert len(fits) == 8 and all(cfg.fit.data.init_args.task == "LaMP-3" for cfg in fits)
+    assert len(fits) == 10 and all(cfg.fit.data.init_args.task == "LaMP-3" for cfg in fits)  # the fold readers too
     assert all(cfg.fit.run_name == "synthlamp-lamp3-quick" for cfg in fits)
     assert all(cfg.run_name == "synthlamp-lamp3-quick" for cfg in evaluations)
     for cfg in evaluations:  # the reader's and the configuration's choices on dev, then the table on test
