@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["CROSS_FIT_FOLDS", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address",
+__all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address",
            "bundle_path", "cli_overrides", "fill_run_dir", "run_folder"]
 
 StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
@@ -140,8 +140,10 @@ def cli_overrides(overrides: dict[str, Any]) -> list[str]:
 
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 CROSS_FIT_FOLDS = 2  # the folds of train users the feedback's readers are cross-fitted over
-# reader_fold<f> holds fold f out of its training and labels that fold's feedback questions
-FOLD_READERS = tuple(f"reader_fold{f}" for f in range(CROSS_FIT_FOLDS))
+# reader_fold<f> holds fold f out of its training and labels that fold's feedback questions; the
+# feedback's `reader` names them all with the `{fold}` placeholder its cross-fitting fills
+FOLD_READER = "reader_fold{fold}"
+FOLD_READERS = tuple(FOLD_READER.format(fold=f) for f in range(CROSS_FIT_FOLDS))
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("user_encoder", "cfrag_user_encoder.yaml", "user_encoder"),
     # the trained reader of label tasks: BM25's docs, no trained stage needed; it may label the

@@ -224,7 +224,7 @@ class FeedbackBuilder:
             return self._records(examples, flat, [("", s) for s in scores])
         if self.feedback.metric == "loglik":  # eval(y, O) = log p(y | prompt)
             scores = reader.score_targets(task, inputs, docs, [ex.target for ex, _ in flat],
-                                               phase="feedback labels")
+                                          phase="feedback labels")
             labels = [("", float(s)) for s in scores]
         # eval(y, O) = task metric of the reader's answer (generated or chosen, as its settings say)
         else:
@@ -259,7 +259,7 @@ class FeedbackBuilder:
         task = self.dataset.task
         plus = reader.score_targets(task, inputs, with_doc, targets, phase="feedback labels")
         minus = reader.score_targets(task, [ex.input for ex, _ in base_reads], [ds for _, ds in base_reads],
-                                          [ex.target for ex, _ in base_reads], phase="feedback labels (own docs)")
+                                     [ex.target for ex, _ in base_reads], phase="feedback labels (own docs)")
         return [float(a - minus[i]) for a, i in zip(plus, base_of)]
 
     @staticmethod

@@ -20,6 +20,7 @@ from persrag_lightning.presets import Preset
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.stages import (
     CROSS_FIT_FOLDS,
+    FOLD_READER,
     FOLD_READERS,
     PAPER_STAGES,
     STAGES,
@@ -136,7 +137,7 @@ class Job:
         spec = STAGES[stage]
         kind = dict(self.kinds[spec.kind])
         if spec.kind == "feedback" and self.reader == "trained":  # labelled by the reader chosen on dev
-            kind[Key.FEEDBACK_READER] = bundle_address("reader_fold{fold}") if self.cross_fit else TRAINED_READER
+            kind[Key.FEEDBACK_READER] = bundle_address(FOLD_READER) if self.cross_fit else TRAINED_READER
         elif spec.kind == "feedback" and self.cross_fit:  # the LLM trained on no question: nothing to cross-fit
             kind[Key.FEEDBACK_CROSS_FIT] = 0
         return StageRun(stage, spec.config, {**self.preset.overrides("data"), **self.data,
