@@ -178,7 +178,7 @@ def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_s
     if before:
         extra += ["--model.init_args.config.prior=false", "--model.init_args.config.provenance=false"]
     if before or dev_stopped:
-        extra += ["--data.init_args.holdout.fold=null"]
+        extra += ['--data.init_args.holdout={"folds": 5, "fold": null}']  # (`holdout.fold=null` alone fails to parse)
     export, seconds = fit("reader.yaml", dev, args, *extra)
     reader = TrainedReader(export)
 
