@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
+from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
 from persrag_lightning.stages import Key
 from persrag_lightning.utils import ConfigError
 
@@ -100,8 +100,13 @@ def _reading(record: dict, path: Path) -> dict:
         raise ConfigError(f"{path}: field 'evaluations' ({TABLE}): 'overrides' is not an object")
     said = {k.removeprefix(Key.LLM): v for k, v in overrides.items() if k.startswith(Key.LLM)}
     said.setdefault("calibration", record.get("calibration_chosen_on_dev"))
-    checks = {"answer_mode": ANSWER_MODES, "calibration": CALIBRATIONS, "decision": DECISIONS}
-    return {k: _field(said, k, path, allowed, optional=True) for k, allowed in checks.items()}
+    checks = {"answer_mode": ANSWER_MODES, "calibration": CALIBRATIONS, "decision": None}
+    reading = {k: _field(said, k, path, allowed, optional=True) for k, allowed in checks.items()}
+    try:  # a rule by name, or a fitted `quantile:<level>`: the one check every reader's decision goes through
+        check_reading("none", reading["decision"] or "auto")
+    except ValueError as e:
+        raise ConfigError(f"{path}: field 'decision': {e}") from None
+    return reading
 
 
 def read_reference(run_dir: str | Path) -> Reference | None:

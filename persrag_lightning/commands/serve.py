@@ -10,7 +10,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from persrag_lightning.reading.decision import CALIBRATIONS, DECISIONS
+from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
 from persrag_lightning.serving.batcher import Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
@@ -82,8 +82,18 @@ def _add_reading_options(parser: argparse.ArgumentParser) -> None:
                              "dev (without one: llm)")
     parser.add_argument("--calibration", choices=CALIBRATIONS, default=None,
                         help="the LLM reader's label calibration (default: the run's pipeline.json, else none)")
-    parser.add_argument("--decision", choices=DECISIONS, default=None,
-                        help="the answer taken from label scores (default: the run's pipeline.json, else auto)")
+    parser.add_argument("--decision", type=_decision, default=None,
+                        help="the answer taken from label scores: auto, argmax, median, mean or quantile:<level> "
+                             "(default: the run's pipeline.json, else auto)")
+
+
+def _decision(text: str) -> str:
+    """`--decision` checked as every reader's decision is (reading/decision.py), misspellings named."""
+    try:
+        check_reading("none", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _add_operation_options(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from persrag_lightning.record import CONFIGURATIONS, Configuration, read_reference
+from persrag_lightning.record import CONFIGURATIONS, TABLE, Configuration, read_reference
 from persrag_lightning.serving import CFRAGPipeline
 from persrag_lightning.utils import ConfigError
 from tests.conftest import tiny_serving_run
@@ -226,3 +226,24 @@ def test_a_gated_or_own_docs_configuration_chosen_on_dev_is_served_so(recorded, 
     given = served(run, m=3, neighbour_slots=None)
     assert (given.strategy.m, given.strategy.neighbour_slots) == (3, None)
     assert given.serves.startswith("serving CFRAG (") and "m = 3" in given.serves and "(given)" in given.serves
+
+
+def _with_table_decision(run, decision: str):
+    record = json.loads((run / "pipeline.json").read_text())
+    table = next(e for e in record["evaluations"] if e.get("purpose") == TABLE)
+    table["overrides"]["evaluation.llm.decision"] = decision
+    (run / "pipeline.json").write_text(json.dumps(record))
+    return read_reference(run)
+
+
+def test_a_recorded_decision_is_checked_as_every_readers_decision_is(recorded, tmp_path):
+    from persrag_lightning.commands.serve import serve_parser
+
+    run = shutil.copytree(recorded, tmp_path / "t")
+    assert _with_table_decision(run, "quantile:0.4").decision == "quantile:0.4"  # a fitted level is a decision
+    with pytest.raises(ConfigError, match=rf"{run / 'pipeline.json'}: field 'decision': unknown decision 'medain'"):
+        _with_table_decision(run, "medain")
+    parser = serve_parser()
+    assert parser.parse_args(["--run", str(run), "--decision", "quantile:0.3"]).decision == "quantile:0.3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--run", str(run), "--decision", "quantile:2"])
