@@ -9,7 +9,7 @@ Nothing here is a dev or test question, and no item the history rules hide from 
 read: the profile items come from train questions' own profiles, each read with items dated strictly
 before it. A fold of train users (`holdout`) is held out of training: their questions and items
 choose the checkpoint and fit the reader's decision, so dev is left to the pipeline's choices
-(`holdout.fold: null` lets dev questions choose the checkpoint, LaMP's protocol). Texts are
+(`holdout: {fold: null}` lets dev questions choose the checkpoint, LaMP's protocol). Texts are
 embedded once by the reader's frozen encoder and cached under a fingerprint in `prepare_data`;
 `setup` only loads them.
 """
@@ -141,7 +141,7 @@ def _profile_item(spec, user_id: str, user_docs: list[HistoryDoc], doc: HistoryD
 
 class ReaderDataModule(L.LightningDataModule):
     """Train the reader on train questions (and their profiles' items), choose its checkpoint on
-    dev.
+    the train users it holds out (on dev without a holdout).
 
     Args:
         task: the LaMP task (a label task: LaMP-1, 2, 3); must match the other stages'.
@@ -160,7 +160,8 @@ class ReaderDataModule(L.LightningDataModule):
         k: docs per question, as the evaluation's.
         mix: more strategies (by name) whose docs each train question is also read with, so the
             reader trains on the prompts it will read (e.g. CFRAG's first stage, whose docs are
-            mostly neighbours'); dev is read with `strategy` alone. None: `strategy` alone.
+            mostly neighbours'); held-out users are read with them too, dev (without a holdout) with
+            `strategy` alone. None: `strategy` alone.
         profile_items: also train on the labelled items of the train questions' profiles, each read
             with the same profile's items dated strictly before it (False: LaMP's protocol, the
             train questions alone).

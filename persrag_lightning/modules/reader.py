@@ -3,11 +3,11 @@ give the label distribution that the evaluation, the feedback labels and serving
 
 The loss is the negative log-likelihood of the gold label under the reader's distribution:
 cross-entropy under the softmax head, the cumulative-link likelihood under the ordinal head (ordered
-labels). Validation answers dev questions as the evaluation does (the decision rule of the task's
-metric: arg max for accuracy, median for MAE) and scores them with the task's LaMP metric; the best
-epoch is exported (configs/reader.yaml stops when validation stops improving). Validation reads the
-train users the DataModule holds out (`holdout`), not dev; the export then carries the decision
-fitted on them: the quantile level for ordered labels, the label prior's power for the others.
+labels). Validation reads the train users the DataModule holds out (`holdout`; dev only under
+`holdout.fold: null`), answers them as the evaluation does (the decision rule of the task's metric:
+arg max for accuracy, median for MAE) and scores them with the task's LaMP metric; the best epoch is
+exported (configs/reader.yaml stops when validation stops improving), carrying the decision fitted
+on the held-out users: the quantile level for ordered labels, the label prior's power for the others.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class ReaderModule(L.LightningModule):
     def fit_decision(self, datamodule: Any, held: list) -> None:
         """Fit the decision on the held-out train users' examples (no dev or test gold) and write it
         into the model's config: the quantile level for ordered labels, the label prior's power
-        for the others; print both decisions' scores on them."""
+        for the others; print the metric's rule's and the fitted decision's scores on them."""
         config, rows, golds = self.model.config, [], []
         for start in range(0, len(held), 256):
             batch = self.transfer_batch_to_device(datamodule.collate(held[start:start + 256]), self.device, 0)
@@ -165,12 +165,10 @@ class ReaderModule(L.LightningModule):
         else:
             config.decision = "argmax"
             config.prior_power = fit_prior_power(config.labels, rows, golds, config.label_prior)
-        fitted = [decide(config.labels, prior_corrected(r, config.label_prior, config.prior_power), config.decision)
-                  for r in rows]
-        for name, answers in ((rule, [decide(config.labels, r, rule) for r in rows]),
-                              (config.decision + (f" over prior^{config.prior_power:g}" if config.prior_power else "")
-                               + " (fitted)", fitted)):
+        fitted = config.decision + (f" over prior^{config.prior_power:g}" if config.prior_power else "")
+        for name, decision, power in ((rule, rule, 0.0), (f"{fitted} (fitted)", config.decision, config.prior_power)):
             metric = lamp_metric(self.task)  # a fresh one: validation's states are inference tensors
-            metric.update(answers, golds)
+            metric.update([decide(config.labels, prior_corrected(r, config.label_prior, power), decision) for r in rows],
+                          golds)
             print(f"[reader] {len(held)} examples of held-out train users, decision {name}: "
                   + ", ".join(f"{k} {float(v):.3f}" for k, v in metric.compute().items()), flush=True)

@@ -21,7 +21,7 @@ from typing import Literal, get_args
 from persrag_lightning.data.tasks import get_task
 
 __all__ = ["CALIBRATIONS", "DECISIONS", "Calibration", "Decision", "calibrated", "check_reading", "decide",
-           "fit_prior_power", "fit_quantile", "log_softmax", "prior_corrected", "quantile_decision",
+           "fit_prior_power", "fit_quantile", "log_softmax", "prior_corrected", "prior_terms", "quantile_decision",
            "resolve_decision"]
 
 Calibration = Literal["none", "contextual", "pmi"]
@@ -133,11 +133,17 @@ def fit_quantile(labels: Sequence[str], rows: Sequence[Sequence[float]], golds: 
     return min(LEVELS, key=lambda level: (round(error(level), 9), abs(level - 0.5)))
 
 
+def prior_terms(prior: Sequence[float], power: float) -> list[float]:
+    """The log-terms that divide a distribution by the label prior to `power` (as `calibrated` takes
+    terms)."""
+    return [power * math.log(q) for q in prior]
+
+
 def prior_corrected(row: Sequence[float], prior: Sequence[float], power: float) -> list[float]:
     """A distribution divided by the label prior to `power`, renormalised (power 0: unchanged)."""
     if power == 0.0:
         return list(row)
-    return calibrated([math.log(max(p, 1e-300)) for p in row], [power * math.log(q) for q in prior])
+    return calibrated([math.log(max(p, 1e-300)) for p in row], prior_terms(prior, power))
 
 
 def fit_prior_power(labels: Sequence[str], rows: Sequence[Sequence[float]], golds: Sequence[str],

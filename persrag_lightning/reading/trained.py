@@ -8,7 +8,6 @@ prior to a power); an export without one reads with the task metric's rule."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.reader import LabelReader, reader_inputs
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
-from persrag_lightning.reading.decision import prior_corrected, resolve_decision
+from persrag_lightning.reading.decision import log_softmax, prior_terms, resolve_decision
 from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.utils import ConfigError, bundle_digest
 
@@ -114,9 +113,8 @@ class TrainedReader(Reader):
         rows = self.log_scores(task, inputs, docs, phase)
         decision, power = self.resolved_decision(task)
         if power:  # the fitted arg max reads the distribution divided by the train label prior^power
-            prior = self.model.config.label_prior
-            rows = [[math.log(max(p, 1e-300)) for p in prior_corrected([math.exp(v) for v in row], prior, power)]
-                    for row in rows]
+            terms = prior_terms(self.model.config.label_prior, power)
+            rows = [log_softmax([v - t for v, t in zip(row, terms)]) for row in rows]
         return LabelReading(name, self.model.config.labels, rows, "none", decision, {"none": None})
 
     def score_targets(self, task: str, inputs: Sequence[str], docs: Docs, targets: Sequence[str], *,
