@@ -75,9 +75,12 @@ def run_job(job: Job, execution: JobRun) -> tuple[Job, dict[str, Any]]:
     if len(readers) > 1:
         reader_chosen, _, scores = execution.choose_reader_on_dev(job, readers, calibrations)
     job = job.decided(reader=reader_chosen or readers[0])
-    for stage in wanted:  # the fold readers of cross-fitted feedback, the feedback stages labelled by that reader
-        if stage in FOLD_READERS and job.reader == "trained" or stage not in (*first, *FOLD_READERS, "generator"):
-            execution.fit(job, stage)
+    # the fold readers of cross-fitted feedback (only if the trained reader reads), the feedback stages labelled by
+    # the chosen reader
+    later = [s for s in wanted if s not in first and s != "generator"
+             and (s not in FOLD_READERS or job.reader == "trained")]
+    for stage in later:
+        execution.fit(job, stage)
     chosen = "CFRAG"
     if job.preset.select_order_on_dev:  # the configuration (and the LLM reader's calibration)
         choice = execution.choose_on_dev("choose on dev", job.dev_evaluation(dev_candidates(job.preset)),

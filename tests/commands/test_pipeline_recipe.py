@@ -482,6 +482,10 @@ def test_the_reader_is_chosen_on_dev_and_an_llm_choice_keeps_the_llms_feedback(m
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["reader"] == "llm"
     assert not any("data.init_args.feedback.reader" in r["overrides"] for r in record["stages"])
+    # the LLM trained on no question: the fold readers are not trained and nothing is cross-fitted
+    assert not any(r["stage"].startswith("reader_fold") for r in record["stages"])
+    assert all(r["overrides"]["data.init_args.feedback.cross_fit"] == 0 for r in record["stages"]
+               if r["stage"].startswith(("retriever", "reranker")))
     runs = by_purpose([EvaluationRun(**r) for r in record["evaluations"]])
     assert "evaluation.reader" not in runs["choice"].overrides and "evaluation.reader" not in runs["test"].overrides
     fits, _ = run_pipeline(monkeypatch, tmp_path / "lamp5", ["--preset", "quick", "--task", "LaMP-5"])
