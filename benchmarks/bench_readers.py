@@ -6,6 +6,8 @@ Designs (`--designs`, any subset, in this order):
   with their labels, a small fusion transformer, an ordinal head on ordered labels), read through `TrainedReader`;
   stopped on the train users it holds out and read with the decision fitted on them, and, on the same reading, with
   the task metric's rule (the median, the arg max);
+- `trained_tuned`: the same reader with the encoder's top `--tune_layers` layers fine-tuned on the question's text
+  (`tune_layers`, at `--tune_lr`; models/question_tower.py), on `--tune_threads` threads;
 - `trained_dev_stopped`: the same reader with no train user held out (`holdout.fold: null`): dev stops it, and it
   reads with the metric's rule (LaMP's protocol, the design before the holdout);
 - `trained_before`: the same reader without the asker's label habit and the docs' provenance (`prior: false,
@@ -66,7 +68,7 @@ SHARED_LOG = REPO.parent / "shared" / "data" / "real" / "Magazine_Subscriptions_
 # the shared reviews' columns (their README): LaMP-3, one review per (user, product), repeated texts kept once
 SHARED_OPTIONS = ConvertOptions(task="LaMP-3", user="reviewerID", date="unixReviewTime", text="reviewText",
                                 label="overall", item="asin", dedupe=True)
-DESIGNS = ("trained", "trained_dev_stopped", "trained_before", "llm", "generator")
+DESIGNS = ("trained", "trained_tuned", "trained_dev_stopped", "trained_before", "llm", "generator")
 WARM_UP = 4  # questions read before the clock starts (first-call allocations, kernel choices)
 
 
@@ -171,10 +173,16 @@ def timed_read(read, dev: Dev) -> tuple[LabelReading, float]:
     return reading, len(dev.inputs) / (time.perf_counter() - started)
 
 
-def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_stopped: bool = False) -> list[Row]:
+def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_stopped: bool = False,
+                 tuned: bool = False) -> list[Row]:
     """The reader stage's design read on dev (under its fitted decision and under the metric's rule, one reading);
-    `before`: without the asker's habit and the docs' provenance; `dev_stopped`: no train user held out."""
+    `before`: without the asker's habit and the docs' provenance; `dev_stopped`: no train user held out; `tuned`:
+    the question tower fine-tuned."""
     extra = [f"--trainer.max_epochs={args.reader_epochs}"] if args.reader_epochs else []
+    extra += [f"--seed_everything={args.seed}"]
+    if tuned:
+        extra += [f"--model.init_args.config.tune_layers={args.tune_layers}", f"--model.init_args.tune_lr={args.tune_lr}",
+                  f"--model.init_args.cpu_threads={args.tune_threads}"]
     if before:
         extra += ["--model.init_args.config.prior=false", "--model.init_args.config.provenance=false"]
     if before or dev_stopped:
@@ -188,7 +196,7 @@ def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_s
 
     reading, per_s = timed_read(read, dev)
     name = ("trained reader, no habit or provenance" if before else "trained reader, dev stops it" if dev_stopped
-            else "trained reader")
+            else f"trained reader, top {args.tune_layers} layer(s) tuned" if tuned else "trained reader")
     rule = resolve_decision(dev.task, "auto")
     detail = reader.describe(dev.task).removeprefix("trained reader (").removesuffix(")")
     rows = [Row(f"{name} ({detail})", reading.answers, expected_ratings(reading), seconds, per_s)]
@@ -276,6 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_train", type=int, default=None, help="train questions (default: all)")
     parser.add_argument("--max_dev", type=int, default=None, help="dev questions (default: all)")
     parser.add_argument("--reader_epochs", type=int, default=None, help="default: reader.yaml's, with its early stop")
+    parser.add_argument("--seed", type=int, default=0, help="the trained readers' seed (reader.yaml's is 0)")
+    parser.add_argument("--tune_layers", type=int, default=1, help="trained_tuned: the encoder's layers tuned")
+    parser.add_argument("--tune_lr", type=float, default=5e-5, help="trained_tuned: their learning rate")
+    parser.add_argument("--tune_threads", type=int, default=2, help="trained_tuned: torch's threads while fitting")
     parser.add_argument("--generator_epochs", type=int, default=3)
     parser.add_argument("--generator_patience", type=int, default=1)
     parser.add_argument("--llm", default="smollm2", help="the LLM of the llm and generator designs")
@@ -300,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[Row] = []
     if "trained" in designs:
         rows += trained_rows(dev, args)
+    if "trained_tuned" in designs:
+        rows += trained_rows(dev, args, tuned=True)
     if "trained_dev_stopped" in designs:
         rows += trained_rows(dev, args, dev_stopped=True)
     if "trained_before" in designs:
@@ -309,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     if "generator" in designs:
         rows += generator_rows(dev, args)
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"\n{date.today().isoformat()}; {describe_cpu()}; torch threads {torch.get_num_threads()}; load average "
+    print(f"\n{date.today().isoformat()}; {describe_cpu()}; torch threads {torch.get_num_threads()}; seed {args.seed}; "
+          "load average "
           f"{load} (1, 5, 15 min)")
     print(f"{data_dir.name} ({dev.task}): {len(dev.examples)} dev questions, read with BM25's top {args.k}; "
           f"{dev.n_train if args.max_train is None else min(args.max_train, dev.n_train)} train questions (the trained "

@@ -10,8 +10,9 @@ read: the profile items come from train questions' own profiles, each read with 
 before it. A fold of train users (`holdout`) is held out of training: their questions and items
 choose the checkpoint and fit the reader's decision, so dev is left to the pipeline's choices
 (`holdout: {fold: null}` lets dev questions choose the checkpoint, LaMP's protocol). Texts are
-embedded once by the reader's frozen encoder and cached under a fingerprint in `prepare_data`;
-`setup` only loads them.
+embedded once by the reader's frozen encoder and cached under a fingerprint in `prepare_data`
+(with `tune_layers`, also the questions' token states under the frozen lower layers, which the tuned
+question tower reads); `setup` only loads them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.splits import Holdout, SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.datamodules.sampling import EpochShuffle
+from persrag_lightning.datamodules.sampling import EpochShuffle, LengthBatches
+from persrag_lightning.models.question_tower import lower_states, pad_states
 from persrag_lightning.models.reader import (
     ReaderBatch,
     ReaderDoc,
@@ -196,6 +198,7 @@ class ReaderDataModule(L.LightningDataModule):
         self.val_examples: list[ReaderExample] = []
         self.vectors: torch.Tensor | None = None
         self.index: dict[str, int] = {}
+        self.states: dict[str, torch.Tensor] = {}  # a question's lower token states (tune_layers)
 
     # ---- the reader's settings come from the module (the encoder is the model's knob) ------------
 
@@ -303,12 +306,35 @@ class ReaderDataModule(L.LightningDataModule):
         """Data, the strategy's retrievals, the examples and every text's vector (cached)."""
         self.source.prepare()
         path = self.cache_path()
-        if (path / "examples.json").exists():
+        if (path / "examples.json").exists() and (not self.evaluation_llm_settings.tune_layers
+                                                 or (path / self.states_file()).exists()):
             return
-        dataset = self.source.load()
-        store = DocStore(dataset)
         settings = self.evaluation_llm_settings
         encoder = TextEncoder.from_pretrained(settings.encoder, max_length=settings.max_length)
+        if not (path / "examples.json").exists():
+            self.build_examples(path, encoder)
+        if settings.tune_layers and not (path / self.states_file()).exists():
+            self.build_states(path, encoder)
+
+    def states_file(self) -> str:
+        return f"question-states-top{self.evaluation_llm_settings.tune_layers}.safetensors"
+
+    def build_states(self, path: Path, encoder: TextEncoder) -> None:
+        """Every stored question's token states under the frozen lower layers, one flat bfloat16
+        table and its offsets (the texts' order is written first; the table marks the cache done)."""
+        stored = json.loads((path / "examples.json").read_text())
+        texts = sorted({row["text"] for rows in stored["splits"].values() for row in rows})
+        states = lower_states(encoder, texts, self.evaluation_llm_settings.tune_layers)
+        offsets = torch.tensor([0, *np.cumsum([len(x) for x in states]).tolist()], dtype=torch.long)
+        flat = torch.cat(states) if states else torch.zeros(0, encoder.dim)
+        atomic_write_json(path / f"{self.states_file()}.json", {"texts": texts})
+        atomic_save_tensors({"states": flat.to(torch.bfloat16).contiguous(), "offsets": offsets},
+                            path / self.states_file())
+
+    def build_examples(self, path: Path, encoder: TextEncoder) -> None:
+        """The stored splits' examples and every text's frozen vector, under `path`."""
+        dataset = self.source.load()
+        store = DocStore(dataset)
         memo: dict[str, torch.Tensor] = {}
 
         def vectors(texts: list[str]) -> torch.Tensor:
@@ -338,9 +364,21 @@ class ReaderDataModule(L.LightningDataModule):
         stored = json.loads((path / "examples.json").read_text())
         self.vectors = load_file(str(path / "vectors.safetensors"))["vectors"]
         self.index = {t: i for i, t in enumerate(stored["texts"])}
+        if self.evaluation_llm_settings.tune_layers:
+            self.states = self.load_states(path)
         loaded = {s: [ReaderExample.from_json(r) for r in rows] for s, rows in stored["splits"].items()}
         self.train_examples = loaded[self.splits.train_split]
         self.val_examples = loaded.get(HELD if self.holdout.fold is not None else self.splits.val_split, [])
+
+    def load_states(self, path: Path) -> dict[str, torch.Tensor]:
+        """The questions' lower token states, by text (bfloat16, as stored)."""
+        if not (path / self.states_file()).exists():
+            raise FileNotFoundError(f"the questions' token states are not built ({path / self.states_file()}); "
+                                    "run `fit`, whose prepare_data builds them")
+        tensors = load_file(str(path / self.states_file()))
+        texts = json.loads((path / f"{self.states_file()}.json").read_text())["texts"]
+        flat, offsets = tensors["states"], tensors["offsets"].tolist()
+        return {t: flat[offsets[i]:offsets[i + 1]] for i, t in enumerate(texts)}
 
     @property
     def held_examples(self) -> list[ReaderExample]:
@@ -366,11 +404,19 @@ class ReaderDataModule(L.LightningDataModule):
 
         batch = batch_from_vectors([e.read for e in examples], embed, self.evaluation_llm_settings.max_docs,
                                    vectors.shape[1], len(self.labels))
+        if self.states:  # the tuned tower reads the question's token states, not its frozen vector
+            batch.question_states, batch.question_mask = pad_states([self.states[e.read.text].float()
+                                                                     for e in examples])
         return ReaderTrainBatch(batch, torch.tensor([e.target for e in examples], dtype=torch.long))
 
     def train_dataloader(self) -> DataLoader:
         trainer = getattr(self, "trainer", None)
         distributed = trainer is not None and trainer.world_size > 1
+        if self.states and not distributed:  # the tuned tower pays for padding: batches of alike lengths
+            lengths = [len(self.states[e.read.text]) for e in self.train_examples]
+            return DataLoader(self.train_examples, batch_sampler=LengthBatches(lengths, self.hparams.batch_size,
+                                                                               self.hparams.seed),
+                              num_workers=self.hparams.num_workers, collate_fn=self.collate)
         sampler = None if distributed else EpochShuffle(len(self.train_examples), self.hparams.seed)
         return DataLoader(self.train_examples, batch_size=self.hparams.batch_size, shuffle=distributed,
                           sampler=sampler, num_workers=self.hparams.num_workers, collate_fn=self.collate)

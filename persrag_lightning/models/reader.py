@@ -2,10 +2,12 @@
 each doc with the label its author gave it, become a distribution over the task's labels.
 
 The text encoder (the embedded MiniLM by default) embeds the question's text and each doc's text,
-frozen; a small transformer reads [question; doc_1 + label_1 + rank_1; …; doc_k + label_k + rank_k]
+frozen (or, with `tune_layers`, the question through a fine-tuned copy of its top layers:
+models/question_tower.py); a small transformer reads [question; doc_1 + label_1 + rank_1; …; doc_k + label_k + rank_k]
 and its first position gives the distribution: a softmax over the labels, or, where the labels are
 ordered (LaMP-3's 1–5 stars), a cumulative-link ("ordinal") head, P(y ≤ j) = σ(θ_j − f), whose
-distribution never puts the middle out of order. Only the fusion and the head train, so a reader
+distribution never puts the middle out of order. Only the fusion and the head train (and the
+question tower's layers where tuned), so a frozen reader
 trains in seconds to minutes on a CPU and reads a question for one encoder pass of its text (docs'
 vectors are remembered across questions). docs/methods/reader.md says why this design, and what the
 LLM and a fine-tuned cross-encoder measured beside it.
@@ -30,6 +32,7 @@ from torch import nn
 from persrag_lightning.data.records import HistoryDoc, ReadDoc
 from persrag_lightning.data.tasks import TaskSpec, get_task
 from persrag_lightning.models.common import config_from_json
+from persrag_lightning.models.question_tower import QuestionTower, lower_states, pad_states
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
 from persrag_lightning.utils import atomic_directory
 
@@ -63,6 +66,9 @@ class ReaderSettings:
         provenance: read whose each doc is (the asker's own or a neighbour's), the neighbour's
             user similarity and its author's label habit, so a neighbour's label is read against
             the habit of who gave it (False: every doc reads alike, the design before).
+        tune_layers: the encoder's top layers fine-tuned on the question's text (a trainable copy
+            over the frozen lower layers' token states; docs keep the frozen vectors); 0: the
+            frozen design, the whole encoder frozen.
     """
 
     encoder: str = "minilm"
@@ -75,6 +81,7 @@ class ReaderSettings:
     head: Head = "auto"
     prior: bool = True
     provenance: bool = True
+    tune_layers: int = 0
 
 
 @dataclass
@@ -192,6 +199,8 @@ class ReaderBatch:
     own: torch.Tensor | None = None          # [B, K] 1 where the doc is the asker's own
     user_sim: torch.Tensor | None = None     # [B, K] the owner's similarity to the asker
     doc_habit: torch.Tensor | None = None    # [B, K, L + 2] the author's habit_features, the label's surprise
+    question_states: torch.Tensor | None = None  # [B, T, E] the question's lower-layer token states (tuning)
+    question_mask: torch.Tensor | None = None    # [B, T]
 
     def __len__(self) -> int:
         return len(self.question)
@@ -199,9 +208,11 @@ class ReaderBatch:
 
 class LabelReader(nn.Module):
     """Question and docs-with-labels → log p(label); `encoder` embeds texts (frozen), the fusion and
-    head train."""
+    head train, and the question tower where `tune_layers` asks for one (built from `encoder`, or
+    from `tower_encoder` where the reader is trained without its inference encoder)."""
 
-    def __init__(self, config: ReaderConfig, encoder: TextEncoder | None = None) -> None:
+    def __init__(self, config: ReaderConfig, encoder: TextEncoder | None = None,
+                 tower_encoder: TextEncoder | None = None) -> None:
         super().__init__()
         if not config.labels:
             raise ValueError(
@@ -232,7 +243,14 @@ class LabelReader(nn.Module):
             self.threshold_gaps = nn.Parameter(torch.zeros(n - 2))
         else:
             self.score = nn.Linear(d, n)
+        self.tower: QuestionTower | None = None
+        if config.tune_layers:
+            source = tower_encoder or encoder
+            if source is None:
+                raise ValueError("a reader with tune_layers needs its text encoder to copy the tuned layers from")
+            self.tower = QuestionTower(source, config.tune_layers)
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._questions: OrderedDict[str, torch.Tensor] = OrderedDict()  # the tower's vectors
 
     # ---- tensors → distribution ------------------------------------------------------------------
 
@@ -245,7 +263,10 @@ class LabelReader(nn.Module):
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
         """log p(label) per question, [B, labels]."""
         b, k = batch.labels.shape
-        question = self.question_map(batch.question) + self.part_embedding.weight[0]
+        vector = batch.question
+        if self.tower is not None and batch.question_states is not None:
+            vector = self.tower(batch.question_states, batch.question_mask)
+        question = self.question_map(vector) + self.part_embedding.weight[0]
         docs = (self.doc_map(batch.docs) + self.label_embedding(batch.labels)
                 + self.rank_embedding.weight[:k][None] + self.part_embedding.weight[1])
         if self.config.prior and batch.prior is not None:
@@ -282,11 +303,28 @@ class LabelReader(nn.Module):
         dim = self.config.embedding_dim
         return torch.stack([self._vectors[t] for t in texts]) if texts else torch.zeros(0, dim)
 
+    @torch.inference_mode()
+    def embed_questions(self, texts: Sequence[str]) -> torch.Tensor:
+        """Question vectors by the tuned tower over the frozen lower layers (LRU); the frozen
+        encoder's vectors where nothing is tuned."""
+        if self.tower is None:
+            return self.embed(texts)
+        todo = list(dict.fromkeys(t for t in texts if t not in self._questions))
+        if todo:
+            states, mask = pad_states(lower_states(self.encoder, todo, self.config.tune_layers))
+            for text, vector in zip(todo, self.tower(states, mask)):
+                self._questions[text] = vector
+            while len(self._questions) > TEXT_CACHE:
+                self._questions.popitem(last=False)
+        for t in texts:
+            self._questions.move_to_end(t)
+        return torch.stack([self._questions[t] for t in texts]) if texts else torch.zeros(0, self.config.embedding_dim)
+
     def batch(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> ReaderBatch:
         """The tensors of questions read with their docs (`reader_inputs`)."""
         read = reader_inputs(self.config, inputs, docs)
         return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim,
-                                  len(self.config.labels))
+                                  len(self.config.labels), self.embed_questions)
 
     @torch.inference_mode()
     def log_probs(
@@ -355,7 +393,8 @@ def _zeros(module: nn.Module) -> nn.Module:
 
 
 def batch_from_vectors(read: Sequence[ReaderQuestion], embed: Callable[[list[str]], torch.Tensor],
-                       max_docs: int, dim: int, n_labels: int) -> ReaderBatch:
+                       max_docs: int, dim: int, n_labels: int,
+                       embed_questions: Callable[[list[str]], torch.Tensor] | None = None) -> ReaderBatch:
     """`reader_inputs` rows as a `ReaderBatch`, texts turned into vectors by `embed` (the reader's
     cache, or a training set's precomputed table).
 
@@ -365,11 +404,15 @@ def batch_from_vectors(read: Sequence[ReaderQuestion], embed: Callable[[list[str
         max_docs: docs read per question.
         dim: the vectors' width.
         n_labels: the task's labels (the width of a habit).
+        embed_questions: question texts → vectors where they are not `embed`'s (a tuned tower).
     """
     n = len(read)
     k = max(1, min(max_docs, max((len(q.docs) for q in read), default=1)))
-    texts = [q.text for q in read] + [d.text for q in read for d in q.docs[:k]]
+    questions = [q.text for q in read]
+    texts = ([] if embed_questions else questions) + [d.text for q in read for d in q.docs[:k]]
     vectors = embed(texts)
+    if embed_questions is not None:
+        vectors = torch.cat([embed_questions(questions).reshape(n, dim), vectors.reshape(-1, dim)])
     docs, labels = torch.zeros(n, k, dim), torch.zeros(n, k, dtype=torch.long)
     mask, own = torch.zeros(n, k, dtype=torch.bool), torch.ones(n, k, dtype=torch.long)
     user_sim = torch.ones(n, k)

@@ -68,7 +68,8 @@ def _warmup_linear(step: int, warmup: int, total: int, schedule: LrSchedule) -> 
 
 
 def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: OptimizerSettings, total_steps: int,
-          no_decay: Callable[[str, nn.Parameter], bool] = lambda name, p: p.ndim < 2):
+          no_decay: Callable[[str, nn.Parameter], bool] = lambda name, p: p.ndim < 2,
+          lr_of: Callable[[str], float | None] = lambda name: None):
     """AdamW over the trainable parameters (`no_decay` ones without weight decay), with the
     settings' warm-up and schedule stepped per optimizer step; a bare optimizer when neither applies
     (constant, no warm-up).
@@ -79,14 +80,17 @@ def adamw(named_parameters: Iterable[tuple[str, nn.Parameter]], settings: Optimi
         total_steps: the run's optimizer steps (the schedule's length).
         no_decay: which parameters get no weight decay (default: biases and norms, anything under
             2-D).
+        lr_of: a parameter's own peak learning rate (None: the settings'), e.g. a pretrained part
+            fine-tuned beside a network trained from scratch.
     """
-    groups: dict[bool, list[nn.Parameter]] = {True: [], False: []}
+    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
     for name, p in named_parameters:
         if p.requires_grad:
-            groups[not no_decay(name, p)].append(p)
-    params = [{"params": groups[True], "weight_decay": settings.weight_decay},
-              {"params": groups[False], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW([g for g in params if g["params"]], lr=settings.lr)
+            lr = lr_of(name)
+            groups.setdefault((not no_decay(name, p), settings.lr if lr is None else lr), []).append(p)
+    params = [{"params": ps, "lr": lr, "weight_decay": settings.weight_decay if decays else 0.0}
+              for (decays, lr), ps in sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr)
     if settings.warmup_ratio <= 0 and settings.lr_schedule == "constant":
         return optimizer
     total = max(1, int(total_steps))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from persrag_lightning.datamodules.reader import ReaderTrainBatch
 from persrag_lightning.metrics import lamp_metric, primary_metric
 from persrag_lightning.models.reader import LabelReader, ReaderConfig, ReaderSettings, encoder_digest
+from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.modules.optim import OptimizerSettings, adamw
 from persrag_lightning.reading.decision import (
     decide,
@@ -42,7 +43,8 @@ torch.serialization.add_safe_globals([ReaderSettings, OptimizerSettings])
 
 class ReaderModule(L.LightningModule):
     """Trains the fusion and head of a `LabelReader` over the frozen encoder's vectors (the
-    DataModule's).
+    DataModule's), and with `config.tune_layers` the question tower over the questions' cached
+    lower-layer states.
 
     Args:
         config: the reader's model settings (encoder, docs read, fusion width and depth, head).
@@ -53,13 +55,15 @@ class ReaderModule(L.LightningModule):
             steps many times faster than two (docs/methods/reader.md).
         fit_decision: fit the decision on the held-out train users' examples at export (False, or
             no holdout: the export reads with the task metric's rule).
+        tune_lr: AdamW's learning rate of the question tower's pretrained layers (`config.tune_layers`),
+            beside `training.lr` for the network trained from scratch.
     """
 
     bundle_name = "reader"
 
     def __init__(self, config: ReaderSettings = ReaderSettings(),
                  training: OptimizerSettings = OptimizerSettings(lr=1e-3, weight_decay=0.01),
-                 cpu_threads: int | None = 1, fit_decision: bool = True) -> None:
+                 cpu_threads: int | None = 1, fit_decision: bool = True, tune_lr: float = 5e-5) -> None:
         super().__init__()
         self.save_hyperparameters()
         self._threads_before: int | None = None
@@ -81,10 +85,13 @@ class ReaderModule(L.LightningModule):
             width = data.vectors.shape[1] if getattr(data, "vectors", None) is not None else 384
             config = ReaderConfig(**vars(self.settings), task=data.task, labels=tuple(data.labels),
                                   embedding_dim=width, encoder_digest=encoder_digest(self.settings.encoder))
+            tower_encoder = None
+            if config.tune_layers:  # the tower starts as a copy of the encoder's top layers
+                tower_encoder = TextEncoder.from_pretrained(config.encoder, max_length=config.max_length)
             # seeded by the run, not by what data preparation drew
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(torch.initial_seed())
-                self.model = LabelReader(config)
+                self.model = LabelReader(config, tower_encoder=tower_encoder)
         self.metric = lamp_metric(self.task)
 
     def on_fit_start(self) -> None:
@@ -128,7 +135,8 @@ class ReaderModule(L.LightningModule):
         self.metric.reset()
 
     def configure_optimizers(self):
-        return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches)
+        return adamw(self.model.named_parameters(), self.training_settings, self.trainer.estimated_stepping_batches,
+                     lr_of=lambda name: self.hparams.tune_lr if name.startswith("tower.") else None)
 
     def export(self, path: str | Path, datamodule: Any = None):
         """The reader as models/reader.py loads it (config.json + weights; the encoder named and
