@@ -51,6 +51,7 @@ class Key:
     REFERENCE = "evaluation.reference"
     VOTES = "evaluation.votes"
     PAIRS = "evaluation.pairs"
+    BY_HISTORY = "evaluation.by_history"
     RERANKER_RUNTIME = "evaluation.reranker_runtime"
     LLM = "evaluation.llm."  # the prefix of the reader LLM's settings
     LLM_BACKEND = "evaluation.llm.backend"

@@ -28,6 +28,7 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
+from persrag_lightning.evaluation.breakdown import breakdown, breakdown_table
 from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
     doc_labels,
@@ -139,7 +140,7 @@ class Evaluation(Evaluator):
                  reference: str = "CFRAG", n_resamples: int = 1000, seed: int = 0,
                  pairs: list[list[str]] | None = None, reranker_runtime: str = "fp32", reader_free: bool = True,
                  votes: list[str] | None = None, generator_calibration: Calibration | None = None,
-                 reader: str = LLM_READER) -> None:
+                 reader: str = LLM_READER, by_history: list[str] | None = None) -> None:
         """The `evaluation:` section of an evaluate config that names no evaluator (configs/evaluate_cfrag.yaml).
 
         Args:
@@ -166,6 +167,8 @@ class Evaluation(Evaluator):
                 a model tuned on the task's labels has another label prior than the base reader.
             reader: who reads every row's question and docs: `llm` (the `llm` settings' LLM) or a trained reader's
                 export (`stages.RUN_DIR`/reader, label tasks); "+ tuned generator" rows are read by their generator.
+            by_history: rows the reference is also tested against in thirds of the questions by the asker's visible
+                history size, under the table and in metrics.json (evaluation/breakdown.py); None: none.
         """
         self.source = LampSource(task, data_dir, synth, cache_dir)
         self.task = self.source.task
@@ -174,6 +177,7 @@ class Evaluation(Evaluator):
         self.out_dir = Path(out_dir)
         self.reference, self.n_resamples, self.seed = reference, n_resamples, seed
         self.pairs = paired_tests(pairs)
+        self.by_history, self.strata = list(by_history or []), []
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.reader_free, self.votes = reader_free, votes
@@ -192,6 +196,7 @@ class Evaluation(Evaluator):
         self.reference = names.get(self.reference, self.reference)
         self.votes = None if self.votes is None else [names.get(n, n) for n in self.votes]
         self.pairs = [[names.get(n, n) for n in pair] for pair in self.pairs]
+        self.by_history = [names.get(n, n) for n in self.by_history]
 
     @property
     def reader(self) -> Reader:
@@ -263,6 +268,8 @@ class Evaluation(Evaluator):
             predictions.update(self.reader_free_answers(dataset, store, examples, retrieved))
         summary = summarise(self.task, predictions, golds, self.reference, self.n_resamples,
                             seed=self.seed, pairs=self.pairs)
+        self.strata = breakdown(self.task, predictions, golds, [len(e.profile) for e in examples], self.reference,
+                                 self.by_history, n_resamples=self.n_resamples, seed=self.seed) if self.by_history else []
         for name, extra in diagnostics.items():
             summary.results[name].update(extra)
         self.top_answers = {name: top_answer(answers) for name, answers in predictions.items()}
@@ -406,6 +413,7 @@ class Evaluation(Evaluator):
             "pairs": [{"strategy": next(iter(by.values())).strategy, "against": next(iter(by.values())).reference,
                        "difference": {m: c.difference for m, c in by.items()},
                        "p_values": {m: c.p_value for m, c in by.items()}} for by in summary.pairs],
+            "by_history": [s.to_json() for s in self.strata],
             "skipped": skipped, "prompt_store": {"hits": self.prompts.hits, "misses": self.prompts.misses,
                                                  "hit_rate": self.prompts.hit_rate}})
         atomic_write_text(self.out_dir / "results.md", self.table(summary, skipped))
@@ -420,6 +428,8 @@ class Evaluation(Evaluator):
             skipped: rows that could not run → why.
         """
         text = summary.table(self.answer_mode, self.split)
+        if self.strata:
+            text += "\n" + breakdown_table(self.task, self.strata, self.reference)
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:

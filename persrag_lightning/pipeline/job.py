@@ -13,7 +13,7 @@ from typing import Any
 
 from persrag_lightning.bundles import exported_bundle
 from persrag_lightning.data.tasks import TaskSpec, get_task
-from persrag_lightning.pipeline.choice import TUNED, chain_names, report_rows
+from persrag_lightning.pipeline.choice import EVERY_CANDIDATE, TUNED, chain_names, report_rows
 from persrag_lightning.pipeline.decisions import label_overrides, precision_overrides
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import Preset
@@ -165,6 +165,8 @@ class Job:
         tests: dict[str, Any] = {Key.REFERENCE: chosen} if chosen != "CFRAG" else {}
         if rows is not None:
             tests[Key.VOTES] = [r for r in ("bm25", chosen) if r in rows]
+            # where the neighbours help: the reference against the user's own docs, by the asker's history size
+            tests[Key.BY_HISTORY] = [r for r in ("bm25", EVERY_CANDIDATE.get(chosen)) if r in rows and r != chosen]
         if rows is not None and f"{chosen}{TUNED}" in rows and f"bm25{TUNED}" in rows:
             tests[Key.PAIRS] = [[f"{chosen}{TUNED}", f"bm25{TUNED}"]]
         return EvaluationRun("test table", {**self.evaluation, **tests}, rows, self.names)

@@ -267,6 +267,8 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     assert test.overrides["evaluation.reference"] == "w/o reranker tuning"
     assert test.overrides["evaluation.pairs"] == [["w/o reranker tuning + tuned generator",
                                                    "bm25 + tuned generator"]]  # the goal's third paired test
+    # where neighbours help: the reference against the user's own docs, by the asker's history size
+    assert test.overrides["evaluation.by_history"] == ["bm25", "w/o user retrieval (first-stage order)"]
     assert set(dev) <= set(rows)  # both candidates are reported
     assert "CFRAG (paper)" in rows  # the paper's exact CFRAG stays a row
     assert "CFRAG (paper) w/o reranker tuning" not in rows
@@ -453,8 +455,9 @@ def test_names_rename_rows_their_tuned_generators_and_the_tests_that_name_them()
                                       "CFRAG (judgments, reranked) + tuned generator", "mine"]
     assert rows[2].retrieval is rows[0]  # bound by the old names, before the rename
     evaluation = Evaluation(reference="w/o reranker tuning", votes=["bm25", "CFRAG"],
-                            pairs=[["CFRAG + tuned generator", "bm25 + tuned generator"]])
+                            pairs=[["CFRAG + tuned generator", "bm25 + tuned generator"]], by_history=["bm25", "CFRAG"])
     evaluation.rename(made)
+    assert evaluation.by_history == ["bm25", "CFRAG (judgments, reranked)"]
     assert evaluation.reference == "CFRAG (judgments, first-stage order)"
     assert evaluation.votes == ["bm25", "CFRAG (judgments, reranked)"]
     assert evaluation.pairs == [["CFRAG (judgments, reranked) + tuned generator", "bm25 + tuned generator"]]
@@ -535,5 +538,7 @@ def test_dev_may_narrow_or_shut_the_neighbour_gate_and_the_table_says_so(monkeyp
     assert test.overrides["evaluation.reference"] == best
     assert best in test.only and order_row in test.only and "CFRAG" in test.only
     assert test.overrides["evaluation.pairs"] == [[f"{best} + tuned generator", "bm25 + tuned generator"]]
+    # shut, the reference is its own chain without user retrieval: only bm25 is left to break down against
+    assert test.overrides["evaluation.by_history"] == ["bm25", order_row] if best != order_row else ["bm25"]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["reference_row"] == test.names.get(best, best)
