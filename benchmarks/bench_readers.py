@@ -179,7 +179,7 @@ def trained_rows(dev: Dev, args: argparse.Namespace, before: bool = False, dev_s
     `before`: without the asker's habit and the docs' provenance; `dev_stopped`: no train user held out; `tuned`:
     the question tower fine-tuned."""
     extra = [f"--trainer.max_epochs={args.reader_epochs}"] if args.reader_epochs else []
-    extra += [f"--seed_everything={args.seed}"]
+    extra += [f"--seed_everything={args.seed}", f"--model.init_args.select_on={args.select_on}"]
     if tuned:
         extra += [f"--model.init_args.config.tune_layers={args.tune_layers}", f"--model.init_args.tune_lr={args.tune_lr}",
                   f"--model.init_args.cpu_threads={args.tune_threads}"]
@@ -285,6 +285,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_dev", type=int, default=None, help="dev questions (default: all)")
     parser.add_argument("--reader_epochs", type=int, default=None, help="default: reader.yaml's, with its early stop")
     parser.add_argument("--seed", type=int, default=0, help="the trained readers' seed (reader.yaml's is 0)")
+    parser.add_argument("--select_on", default="metric", choices=["metric", "loss"],
+                        help="what chooses the trained readers' checkpoint on the held-out users (reader.yaml's: metric)")
     parser.add_argument("--tune_layers", type=int, default=1, help="trained_tuned: the encoder's layers tuned")
     parser.add_argument("--tune_lr", type=float, default=5e-5, help="trained_tuned: their learning rate")
     parser.add_argument("--tune_threads", type=int, default=2, help="trained_tuned: torch's threads while fitting")
@@ -324,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += generator_rows(dev, args)
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     print(f"\n{date.today().isoformat()}; {describe_cpu()}; torch threads {torch.get_num_threads()}; seed {args.seed}; "
+          f"checkpoint chosen on the held-out {args.select_on}; "
           "load average "
           f"{load} (1, 5, 15 min)")
     print(f"{data_dir.name} ({dev.task}): {len(dev.examples)} dev questions, read with BM25's top {args.k}; "

@@ -91,8 +91,9 @@ def breakdown_table(task: str, strata: Sequence[Stratum], reference: str) -> str
     header = ["asker's visible history (docs)", "questions", reference]
     for r in rows:
         header += [r, f"Δ vs {r} (p)"]
+    sign = "" if LampMetricFn(task, metric).higher_is_better else f", so with {metric} Δ > 0 is the reference's loss"
     title = (f"By the asker's visible history ({get_task(task).name} {metric}, the questions in {len(strata)} equal "
-             f"parts by their profile's size; Δ = {reference} − row; paired test per part, * p < {ALPHA}):")
+             f"parts by their profile's size; Δ = {reference} − row{sign}; paired test per part, * p < {ALPHA}):")
     lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in strata:
         cells = [f"{s.low}–{s.high}", str(s.n), f"{s.scores[reference]:.3f}"]

@@ -428,12 +428,12 @@ class Evaluation(Evaluator):
             skipped: rows that could not run → why.
         """
         text = summary.table(self.answer_mode, self.split)
-        if self.strata:
-            text += "\n" + breakdown_table(self.task, self.strata, self.reference)
         if self.warnings:
             text += "\n" + "".join(f"{line}\n" for line in self.warnings)
         if skipped:
             text += "\nNot trained (skipped):\n" + "".join(
                 f"- {n}: {why}\n" for n, why in skipped.items()
             )
+        if self.strata:
+            text += "\n" + breakdown_table(self.task, self.strata, self.reference)
         return text

@@ -13,7 +13,7 @@ on the held-out users: the quantile level for ordered labels, the label prior's 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -57,13 +57,18 @@ class ReaderModule(L.LightningModule):
             no holdout: the export reads with the task metric's rule).
         tune_lr: AdamW's learning rate of the question tower's pretrained layers (`config.tune_layers`),
             beside `training.lr` for the network trained from scratch.
+        select_on: what `val/select` (the checkpoint's and the early stop's monitor in
+            configs/reader.yaml) reads on the held-out users: `metric`, the task's LaMP metric (as
+            `val/metric`), or `loss`, their negative log-likelihood of the gold, negated: smoother than a
+            few hundred answers' metric, whose best epoch can be a barely trained one by chance.
     """
 
     bundle_name = "reader"
 
     def __init__(self, config: ReaderSettings = ReaderSettings(),
                  training: OptimizerSettings = OptimizerSettings(lr=1e-3, weight_decay=0.01),
-                 cpu_threads: int | None = 1, fit_decision: bool = True, tune_lr: float = 5e-5) -> None:
+                 cpu_threads: int | None = 1, fit_decision: bool = True, tune_lr: float = 5e-5,
+                 select_on: Literal["metric", "loss"] = "metric") -> None:
         super().__init__()
         self.save_hyperparameters()
         self._threads_before: int | None = None
@@ -72,6 +77,7 @@ class ReaderModule(L.LightningModule):
         self.model: LabelReader | None = None
         self.task: str | None = None
         self.metric = None
+        self._held_nll = [0.0, 0]  # the validation epoch's summed NLL and its examples (select_on: loss)
 
     def setup(self, stage: str) -> None:
         """The model takes the task's labels and the encoder's width from the data.
@@ -117,17 +123,21 @@ class ReaderModule(L.LightningModule):
 
     def validation_step(self, batch: ReaderTrainBatch, batch_idx: int) -> None:
         log_probs = self.model(batch.batch)
-        self.log(
-            "val/loss", F.nll_loss(log_probs, batch.targets), sync_dist=True, batch_size=len(batch)
-        )
+        loss = F.nll_loss(log_probs, batch.targets)
+        self.log("val/loss", loss, sync_dist=True, batch_size=len(batch))
+        self._held_nll = [self._held_nll[0] + float(loss) * len(batch), self._held_nll[1] + len(batch)]
         labels, rule = self.model.config.labels, resolve_decision(self.task, "auto")
         answers = [decide(labels, row, rule) for row in log_probs.exp().tolist()]
         self.metric.update(answers, [labels[i] for i in batch.targets.tolist()])
 
     def on_validation_epoch_end(self) -> None:
         values = {f"val/{k}": v.float() for k, v in self.metric.compute().items()}
-        primary = primary_metric(self.task)  # the checkpoint monitors val/metric, larger is better
+        primary = primary_metric(self.task)  # val/metric and val/select: larger is better
         values["val/metric"] = primary.ascending(values[f"val/{primary.name}"])
+        total, n = self._held_nll
+        values["val/select"] = (values["val/metric"] if self.hparams.select_on == "metric"
+                                else torch.tensor(-total / max(n, 1), dtype=torch.float32))
+        self._held_nll = [0.0, 0]
         for name, value in values.items():
             self.log(
                 name, value, prog_bar=name == "val/metric", sync_dist=False, rank_zero_only=False

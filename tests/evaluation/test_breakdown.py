@@ -43,3 +43,11 @@ def test_no_breakdown_without_the_reference_or_a_row_to_compare():
     assert breakdown("LaMP-3", {"bm25": golds}, golds, [1, 2, 3], "ref", ["bm25"]) == []
     assert breakdown("LaMP-3", {"ref": golds}, golds, [1, 2, 3], "ref", ["bm25"]) == []
     assert breakdown_table("LaMP-3", [], "ref") == ""
+
+
+def test_a_metric_where_lower_is_better_says_which_sign_loses():
+    golds, sizes = ["1", "2", "3", "4", "5", "5"], [1, 2, 3, 4, 5, 6]
+    strata = breakdown("LaMP-3", {"ref": golds, "bm25": ["5"] * 6}, golds, sizes, "ref", ["bm25"], n_resamples=50)
+    table = breakdown_table("LaMP-3", strata, "ref")
+    assert "with mae Δ > 0 is the reference's loss" in table
+    assert strata[0].tests["bm25"].difference < 0  # the reference's MAE is the lower: it wins

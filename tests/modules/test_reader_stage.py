@@ -89,3 +89,17 @@ def test_a_second_fit_that_finds_its_data_cached_trains_the_same_reader(in_tmp_c
     first, second = (in_tmp_cwd / "checkpoints" / run / "reader" for run in ("first", "second"))
     assert (first / "reader.safetensors").read_bytes() == (second / "reader.safetensors").read_bytes()
     assert json.loads((first / "config.json").read_text()) == json.loads((second / "config.json").read_text())
+
+
+@pytest.mark.parametrize("select_on", ["metric", "loss"])
+def test_the_checkpoint_is_chosen_on_the_held_out_metric_or_their_likelihood(in_tmp_cwd, tiny_bert, one_thread,
+                                                                               select_on):
+    lightning_command(fit_args(tiny_bert, "LaMP-3", 2, f"--model.init_args.select_on={select_on}"))
+    metrics = next((in_tmp_cwd / "runs" / "t" / "reader").rglob("metrics.csv")).read_text().splitlines()
+    header = metrics[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in metrics[1:]]
+    epochs = [r for r in rows if r["val/select"]]
+    assert len(epochs) >= 2  # each epoch's, then the exported checkpoint's validation
+    for r in epochs:  # the epoch's held-out NLL, weighted by examples as Lightning's epoch mean of val/loss is
+        expected = float(r["val/metric"]) if select_on == "metric" else -float(r["val/loss"])
+        assert float(r["val/select"]) == pytest.approx(expected, abs=1e-5)
