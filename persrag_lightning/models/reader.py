@@ -324,7 +324,7 @@ class LabelReader(nn.Module):
         """The tensors of questions read with their docs (`reader_inputs`)."""
         read = reader_inputs(self.config, inputs, docs)
         return batch_from_vectors(read, self.embed, self.config.max_docs, self.config.embedding_dim,
-                                  len(self.config.labels), self.embed_questions)
+                                  len(self.config.labels), self.embed_questions if self.tower is not None else None)
 
     @torch.inference_mode()
     def log_probs(
