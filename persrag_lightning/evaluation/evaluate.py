@@ -28,7 +28,7 @@ from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
-from persrag_lightning.evaluation.breakdown import breakdown, breakdown_table
+from persrag_lightning.evaluation.breakdown import Stratum, breakdown, breakdown_table
 from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
     doc_labels,
@@ -177,15 +177,20 @@ class Evaluation(Evaluator):
         self.out_dir = Path(out_dir)
         self.reference, self.n_resamples, self.seed = reference, n_resamples, seed
         self.pairs = paired_tests(pairs)
-        self.by_history, self.strata = list(by_history or []), []
+        self.by_history = list(by_history or [])
         resolve_reranker_runtime(reranker_runtime)  # a bad value fails here, before any strategy runs
         self.reranker_runtime = reranker_runtime
         self.reader_free, self.votes = reader_free, votes
         self.prompts = PromptStore(Path(cache_dir) / PROMPT_STORE)
         self.readers = RowReaders(self.task, reader, self.llm_config, self.prompts, generator_calibration)
+        self.no_findings()
+
+    def no_findings(self) -> None:
+        """What a run finds besides its table, empty until it runs."""
         self.skipped: dict[str, str] = {}  # strategy → why it could not run (a bundle not trained yet)
         self.warnings: list[str] = []  # rows whose answers collapse onto one label (reader_free.py)
         self.top_answers: dict[str, tuple[str, float]] = {}
+        self.strata: list[Stratum] = []  # the reference by the asker's history size (`by_history`)
 
     def rename(self, names: dict[str, str]) -> None:
         """Follow `arguments.rename_strategies`' renames in the reference, the votes and the paired tests.
