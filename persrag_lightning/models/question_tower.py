@@ -37,8 +37,10 @@ def _layers(encoder: TextEncoder) -> nn.ModuleList:
 
 def _attention_mask(config, states: torch.Tensor, mask: torch.Tensor):
     """The 2-D padding mask in the form the encoder's attention implementation reads."""
-    from transformers.masking_utils import create_bidirectional_mask
-
+    try:
+        from transformers.masking_utils import create_bidirectional_mask
+    except ImportError:  # an older transformers: BERT's layers read an additive [B, 1, 1, T] mask
+        return (1.0 - mask[:, None, None, :].to(states.dtype)) * torch.finfo(states.dtype).min
     return create_bidirectional_mask(config=config, inputs_embeds=states, attention_mask=mask)
 
 
