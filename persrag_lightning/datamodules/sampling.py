@@ -60,6 +60,4 @@ class LengthBatches(Sampler[list[int]]):
         return iter(self.batches())
 
     def __len__(self) -> int:
-        pools = [min(POOL * self.batch_size, len(self.lengths) - s)
-                 for s in range(0, len(self.lengths), POOL * self.batch_size)]
-        return sum(-(-n // self.batch_size) for n in pools)
+        return len(self.batches())

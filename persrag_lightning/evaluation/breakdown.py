@@ -18,11 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.evaluation.report import ALPHA, MARKER
 from persrag_lightning.evaluation.stats import Comparison, LampMetricFn, compare, metric_names
 
 __all__ = ["Stratum", "breakdown", "breakdown_table"]
-
-ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -93,13 +92,13 @@ def breakdown_table(task: str, strata: Sequence[Stratum], reference: str) -> str
         header += [r, f"Δ vs {r} (p)"]
     sign = "" if LampMetricFn(task, metric).higher_is_better else f", so with {metric} Δ > 0 is the reference's loss"
     title = (f"By the asker's visible history ({get_task(task).name} {metric}, the questions in {len(strata)} equal "
-             f"parts by their profile's size; Δ = {reference} − row{sign}; paired test per part, * p < {ALPHA}):")
+             f"parts by their profile's size; Δ = {reference} − row{sign}; paired test per part, {MARKER} p < {ALPHA}):")
     lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in strata:
         cells = [f"{s.low}–{s.high}", str(s.n), f"{s.scores[reference]:.3f}"]
         for r in rows:
             c = s.tests[r]
-            mark = " *" if c.significant(ALPHA) else ""
+            mark = f" {MARKER}" if c.significant(ALPHA) else ""
             cells += [f"{s.scores[r]:.3f}", f"{c.difference:+.3f} ({c.p_value:.3f}{mark})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -288,20 +288,7 @@ class LabelReader(nn.Module):
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader
         (LRU)."""
-        if self.encoder is None:
-            raise RuntimeError(
-                "this reader was built without its text encoder; load it with from_pretrained"
-            )
-        todo = list(dict.fromkeys(t for t in texts if t not in self._vectors))
-        if todo:
-            for text, vector in zip(todo, self.encoder.encode(todo)):
-                self._vectors[text] = vector
-            while len(self._vectors) > TEXT_CACHE:
-                self._vectors.popitem(last=False)
-        for t in texts:
-            self._vectors.move_to_end(t)
-        dim = self.config.embedding_dim
-        return torch.stack([self._vectors[t] for t in texts]) if texts else torch.zeros(0, dim)
+        return self._remembered(self._vectors, texts, self.text_encoder.encode)
 
     @torch.inference_mode()
     def embed_questions(self, texts: Sequence[str]) -> torch.Tensor:
@@ -309,16 +296,33 @@ class LabelReader(nn.Module):
         encoder's vectors where nothing is tuned."""
         if self.tower is None:
             return self.embed(texts)
-        todo = list(dict.fromkeys(t for t in texts if t not in self._questions))
+
+        def tower(todo: list[str]) -> torch.Tensor:
+            return self.tower(*pad_states(lower_states(self.text_encoder, todo, self.config.tune_layers)))
+
+        return self._remembered(self._questions, texts, tower)
+
+    @property
+    def text_encoder(self) -> TextEncoder:
+        if self.encoder is None:
+            raise RuntimeError(
+                "this reader was built without its text encoder; load it with from_pretrained"
+            )
+        return self.encoder
+
+    def _remembered(self, cache: OrderedDict[str, torch.Tensor], texts: Sequence[str],
+                    compute: Callable[[list[str]], torch.Tensor]) -> torch.Tensor:
+        """`texts`' vectors from `cache` (the last `TEXT_CACHE` texts), `compute` called once on the
+        texts it lacks."""
+        todo = list(dict.fromkeys(t for t in texts if t not in cache))
         if todo:
-            states, mask = pad_states(lower_states(self.encoder, todo, self.config.tune_layers))
-            for text, vector in zip(todo, self.tower(states, mask)):
-                self._questions[text] = vector
-            while len(self._questions) > TEXT_CACHE:
-                self._questions.popitem(last=False)
+            for text, vector in zip(todo, compute(todo)):
+                cache[text] = vector
+            while len(cache) > TEXT_CACHE:
+                cache.popitem(last=False)
         for t in texts:
-            self._questions.move_to_end(t)
-        return torch.stack([self._questions[t] for t in texts]) if texts else torch.zeros(0, self.config.embedding_dim)
+            cache.move_to_end(t)
+        return torch.stack([cache[t] for t in texts]) if texts else torch.zeros(0, self.config.embedding_dim)
 
     def batch(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> ReaderBatch:
         """The tensors of questions read with their docs (`reader_inputs`)."""
