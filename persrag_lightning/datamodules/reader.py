@@ -35,14 +35,13 @@ from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.sampling import EpochShuffle, LengthBatches
 from persrag_lightning.models.question_tower import lower_states, pad_states
-from persrag_lightning.models.reader import (
+from persrag_lightning.models.reader import ReaderSettings, encoder_digest
+from persrag_lightning.models.reader_inputs import (
     ReaderBatch,
     ReaderDoc,
     ReaderQuestion,
-    ReaderSettings,
     batch_from_vectors,
     doc_text,
-    encoder_digest,
     reader_doc,
     reader_inputs,
 )

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.models.reader import LabelReader, reader_inputs
+from persrag_lightning.models.reader import LabelReader
+from persrag_lightning.models.reader_inputs import reader_inputs
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 from persrag_lightning.reading.decision import log_softmax, prior_terms, resolve_decision

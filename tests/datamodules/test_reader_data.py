@@ -17,7 +17,8 @@ from persrag_lightning.data.records import HistoryDoc, LampDataset
 from persrag_lightning.data.splits import Holdout, user_fold
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.reader import ReaderDataModule, ReaderExample
-from persrag_lightning.models.reader import ReaderSettings, doc_text, question_text
+from persrag_lightning.models.reader import ReaderSettings
+from persrag_lightning.models.reader_inputs import doc_text, question_text
 from persrag_lightning.utils import ConfigError
 
 DAY0 = date(2022, 3, 1)

@@ -19,11 +19,11 @@ from persrag_lightning.datamodules.reader import ReaderTrainBatch
 from persrag_lightning.models.reader import (
     READER_WEIGHTS,
     LabelReader,
-    ReaderBatch,
     ReaderConfig,
     ReaderSettings,
     cumulative_link_log_probs,
 )
+from persrag_lightning.models.reader_inputs import ReaderBatch
 from persrag_lightning.modules.reader import ReaderModule
 from persrag_lightning.reading.decision import decide
 from persrag_lightning.reading.trained import TrainedReader

@@ -153,7 +153,7 @@ def test_the_reader_reads_provenance_and_the_prior_and_an_old_export_reads_as_be
 def test_a_neighbours_doc_is_read_against_its_owners_habit(tiny_bert):
     """The doc's label surprise under its author's habit is an input: a 'fantasy' from a user who always says
     'fantasy' and one from a user who never does read differently, the label and the text the same."""
-    from persrag_lightning.models.reader import batch_from_vectors, reader_inputs
+    from persrag_lightning.models.reader_inputs import batch_from_vectors, reader_inputs
 
     reader = tiny_reader(tiny_bert, "LaMP-2")
     (doc,) = labelled_docs("LaMP-2", ["a ghost story"], ["fantasy"])
