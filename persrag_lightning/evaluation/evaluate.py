@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from persrag_lightning.data.lamp import LampFormatError, write_predictions
 from persrag_lightning.data.prompt_store import PROMPT_STORE, PromptStore
 from persrag_lightning.data.records import Example
@@ -29,19 +27,18 @@ from persrag_lightning.data.synth import SynthConfig, load_communities
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.evaluation.base import EvaluationReport, Evaluator
 from persrag_lightning.evaluation.breakdown import Stratum, breakdown, breakdown_table
+from persrag_lightning.evaluation.diagnostics import retrieval_diagnostics
 from persrag_lightning.evaluation.reader_free import (
     collapse_warnings,
-    doc_labels,
     reader_free_rows,
     reading_diagnostics,
     top_answer,
-    vote,
 )
 from persrag_lightning.evaluation.report import Summary, plot_results, summarise
 from persrag_lightning.evaluation.row_readers import RowReaders
 from persrag_lightning.llm.prompts import PROMPT_VERSION
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.metrics import primary_metric, rouge_scorer
+from persrag_lightning.metrics import primary_metric
 from persrag_lightning.progress import eta, progress
 from persrag_lightning.reading import LLM_READER, Reader
 from persrag_lightning.reading.decision import Calibration
@@ -65,59 +62,6 @@ from persrag_lightning.utils import (
 __all__ = ["Evaluation"]
 
 log = logging.getLogger(__name__)
-
-# generation tasks: the doc field written like the target (`best_doc_rouge1`: the best retrieved one
-# against the gold); a LaMP-7 tweet is written like the paraphrase the user would give
-TITLE_FIELDS = {"LaMP-4": "title", "LaMP-5": "title", "LaMP-7": "text"}
-
-
-def _retrieval_diagnostics(task: str, store: DocStore, examples: list[Example], retrieved: list[list[RetrievedDoc]],
-                          communities: dict[str, int] | None) -> dict[str, float]:
-    """Figures that isolate retrieval from the LLM: whose docs were retrieved, and do they hold the
-    answer."""
-    out: dict[str, float] = {}
-    docs = [d for ds in retrieved for d in ds]
-    # every row says how many docs its prompts held (ClusterRAG's top-B clusters may hold fewer than
-    # k)
-    out["docs_per_query"] = float(np.mean([len(ds) for ds in retrieved])) if retrieved else 0.0
-    if not docs:
-        return out
-    out["own_docs"] = float(
-        np.mean([d.owner == ex.user_id for ex, ds in zip(examples, retrieved) for d in ds])
-    )
-    if communities:
-        out["same_community_docs"] = float(np.mean([
-            communities.get(d.owner) == communities.get(ex.user_id) for ex, ds in zip(examples, retrieved) for d in ds]))
-        out["same_community_chance"] = _same_community_chance(examples, retrieved, communities)
-    # a doc "holds the answer" when its label is the target
-    if get_task(task).label_field is not None:
-        spec = get_task(task)
-        labels = [doc_labels(spec, store, [d.row for d in ds]) for ds in retrieved]  # rank order
-        out["answer_in_docs"] = float(
-            np.mean([(ex.target or "").strip() in ls for ex, ls in zip(examples, labels)])
-        )
-        # what the docs say without a reader: the row "<row> docs' vote" (reader_free.py)
-        out["label_vote"] = float(
-            np.mean([vote(spec, ls) == ex.target for ex, ls in zip(examples, labels)])
-        )
-    elif task in TITLE_FIELDS:
-        scorer, field = rouge_scorer(), TITLE_FIELDS[task]
-        out["best_doc_rouge1"] = float(np.mean([
-            max((scorer.score(ex.target or "", str(store.history_doc(d.row).fields.get(field, "")))["rouge1"].fmeasure
-                 for d in ds), default=0.0) for ex, ds in zip(examples, retrieved)]))
-    return out
-
-
-def _same_community_chance(examples: list[Example], retrieved: list[list[RetrievedDoc]],
-                          communities: dict[str, int]) -> float:
-    """What `same_community_docs` would be if the other users' docs came from random users: own
-    share + other users' share × the query user's community's share of the other users (per doc,
-    averaged)."""
-    sizes = np.bincount(np.array(list(communities.values())))
-    share = {c: (sizes[c] - 1) / max(1, len(communities) - 1) for c in range(len(sizes))}
-    return float(np.mean([1.0 if d.owner == ex.user_id else share.get(communities.get(ex.user_id, -1), 0.0)
-                          for ex, ds in zip(examples, retrieved) for d in ds]))
-
 
 def paired_tests(pairs: list[list[str]] | None) -> list[list[str]]:
     """`evaluation.pairs` checked: each pair names two strategies (a tested against b)."""
@@ -367,7 +311,7 @@ class Evaluation(Evaluator):
                           {e.example_id: p for e, p in zip(examples, outcome["predictions"])})
         if "labels" in outcome:
             atomic_write_json(labels_file, outcome["labels"], indent=None)
-        diagnostics = _retrieval_diagnostics(self.task, store, examples, retrieved, communities)
+        diagnostics = retrieval_diagnostics(self.task, store, examples, retrieved, communities)
         diagnostics["retrieve_ms_per_query"] = outcome["retrieve_ms_per_query"]
         diagnostics.update(outcome.get("reading") or {})
         return {"predictions": outcome["predictions"], "diagnostics": diagnostics, "retrieved": retrieved,
