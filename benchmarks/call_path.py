@@ -1,7 +1,8 @@
 """The main job's own call path, traced: `persrag pipeline --preset quick` with its stages and evaluations replaced
 by stand-ins (the pipeline tests' `fake_fit` / `fake_evaluate`), the rate probes and the GEMM probe stubbed, and every
 call a function of the package makes to another one recorded (not the calls the config parsers make while they
-resolve a config). Prints the files it visits, the calls that climb back up a layer of pyproject's import-linter
+resolve a config). Prints the files it visits (all of them, and those a function call reaches, leaving out the
+module and class bodies that run while a module is imported), the calls that climb back up a layer of pyproject's import-linter
 contract (distinct caller -> callee pairs) and the task-spec lookups (`get_task` calls, by caller).
 
 Then, statically, the files one step from the main job's own modules (`--room`, default every module of
@@ -62,7 +63,7 @@ def main() -> None:
         if getattr(module, "__name__", "").startswith("persrag_lightning") and hasattr(module, "gemm_choice"):
             module.gemm_choice = lambda: choice
     pipeline.run_stage, pipeline.run_evaluation = fake_fit(), fake_evaluate()
-    files, climbs, lookups, by_caller = set(), set(), [0], Counter()
+    files, called, climbs, lookups, by_caller = set(), set(), set(), [0], Counter()
 
     def profile(frame, event, arg):
         if event != "call":
@@ -73,6 +74,9 @@ def main() -> None:
         if room(callee) is None or frame.f_back is None or room(frame.f_back.f_code.co_filename) is None:
             return
         files.add(callee)
+        # a class body or module body run while a module is imported: on the import graph, not the call path
+        if frame.f_code.co_name != "<module>" and frame.f_back.f_code.co_name != "<module>":
+            called.add(callee)
         if frame.f_code.co_name == "get_task":
             lookups[0] += 1
             by_caller[f"{Path(frame.f_back.f_code.co_filename).relative_to(PKG)}:{frame.f_back.f_code.co_name}"] += 1
@@ -88,16 +92,16 @@ def main() -> None:
             pipeline.main(["--preset", "quick", "--export_root", root])
         finally:
             sys.setprofile(None)
-    print(f"files visited: {len(files)}")
+    print(f"files visited: {len(files)}, of them by a call (not a module or class body run at import): {len(called)}")
     print(f"calls back up a layer (distinct caller → callee): {len(climbs)}")
     for a, b in sorted(climbs):
         print(f"  {a} → {b}")
     print(f"task-spec lookups (get_task calls): {lookups[0]}")
     for caller, n in sorted(by_caller.items()):
         print(f"  {n} from {caller}")
-    print("files:")
+    print("files (* by a call):")
     for f in sorted(files):
-        print(f"  {Path(f).relative_to(PKG)}")
+        print(f"  {Path(f).relative_to(PKG)}{' *' if f in called else ''}")
 
 
 if __name__ == "__main__":

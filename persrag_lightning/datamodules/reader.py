@@ -28,11 +28,16 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from persrag_lightning.data.records import Example, HistoryDoc, ReadDoc
+from persrag_lightning.data.records import Example
 from persrag_lightning.data.source import LampSource
 from persrag_lightning.data.splits import Holdout, SplitSettings
 from persrag_lightning.data.synth import SynthConfig
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.datamodules.profile_items import (
+    collaborative_items,
+    older_profile_questions,
+    profile_item,
+)
 from persrag_lightning.datamodules.sampling import EpochShuffle, LengthBatches
 from persrag_lightning.models.question_tower import lower_states, pad_states
 from persrag_lightning.models.reader import ReaderSettings, encoder_digest
@@ -41,12 +46,11 @@ from persrag_lightning.models.reader_inputs import (
     ReaderDoc,
     ReaderQuestion,
     batch_from_vectors,
-    doc_text,
-    reader_doc,
     reader_inputs,
 )
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.retrieval.base import DocStore, Query
+from persrag_lightning.retrieval.candidates import CandidateSource
 from persrag_lightning.retrieval.strategies import cached_retrieval, strategy_by_name, strategy_config
 from persrag_lightning.stages import RUN_DIR
 from persrag_lightning.utils import (
@@ -97,49 +101,6 @@ class ReaderTrainBatch:
         return len(self.targets)
 
 
-def _older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k: int, vectors,
-                            ) -> list[tuple[HistoryDoc, list[HistoryDoc]]]:
-    """Each labelled item of a user's profile (`user_docs`, oldest first) as a question, with the k
-    items of the same profile most similar to it (cosine of `vectors(text)`) among those dated
-    strictly before it; items in `skip` (questions of any split, or items already read as a
-    question) are never questions here, but stay another item's older docs.
-
-    Args:
-        spec: the task's spec (its label field and label list).
-        user_docs: one user's profile items, oldest first.
-        skip: ids of the items that are not to be questions.
-        k: docs read with each question.
-        vectors: the frozen encoder, text → unit vector.
-    """
-    out = []
-    texts = [doc_text(spec, d) for d in user_docs]
-    matrix = vectors(texts) if texts else None
-    for i, doc in enumerate(user_docs):
-        if doc.doc_id in skip or spec.doc_label(doc) == 0:
-            continue
-        older = [j for j in range(i) if user_docs[j].date < doc.date]
-        if older:
-            sims = (matrix[older] @ matrix[i]).tolist()
-            ranked = [older[j] for j in sorted(range(len(older)), key=lambda j: -sims[j])][:k]
-        else:
-            ranked = []
-        out.append((doc, [user_docs[j] for j in ranked]))
-    return out
-
-
-def _profile_item(spec, user_id: str, user_docs: list[HistoryDoc], doc: HistoryDoc,
-                  older: list[HistoryDoc]) -> ReaderQuestion:
-    """A profile item read as a question: its older items are the asker's own, and the asker's
-    habit counts the items dated strictly before it (what the user had labelled by then)."""
-    n = len(spec.labels)
-    habit = [0] * n
-    for d in user_docs:
-        if d.date < doc.date and (label := spec.doc_label(d)) > 0:
-            habit[label - 1] += 1
-    docs = [ReadDoc(d.doc_id, d.date, d.fields, user_id, True, 1.0, r, tuple(habit)) for r, d in enumerate(older)]
-    return ReaderQuestion(doc_text(spec, doc), tuple(reader_doc(spec, d) for d in docs), tuple(habit))
-
-
 class ReaderDataModule(L.LightningDataModule):
     """Train the reader on train questions (and their profiles' items), choose its checkpoint on
     the train users it holds out (on dev without a holdout).
@@ -166,6 +127,9 @@ class ReaderDataModule(L.LightningDataModule):
         profile_items: also train on the labelled items of the train questions' profiles, each read
             with the same profile's items dated strictly before it (False: LaMP's protocol, the
             train questions alone).
+        mix_items: also read every profile item with each mix strategy's first stage (CFRAG's top-m
+            users' docs dated strictly before the item; datamodules/collaborative_items.py), so the
+            reader learns to read neighbours' docs on as many questions as the asker's own.
         splits: the splits trained and validated on, and how many questions of each.
         holdout: the fold of train users held out of training, whose questions and profile items
             (read as the train ones are) choose the checkpoint and fit the decision; `fold: null`
@@ -178,8 +142,8 @@ class ReaderDataModule(L.LightningDataModule):
     def __init__(self, task: str = "LaMP-2", data_dir: str | None = None, synth: SynthConfig | None = None,
                  cache_dir: str = ".cache/persrag", strategy: str = "bm25",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR, k: int = 5,
-                 mix: list[str] | None = None, profile_items: bool = True, splits: SplitSettings = SplitSettings(),
-                 holdout: Holdout = Holdout(), batch_size: int = 64, num_workers: int = 0, seed: int = 0) -> None:
+                 mix: list[str] | None = None, profile_items: bool = True, mix_items: bool = False,
+                 splits: SplitSettings = SplitSettings(), holdout: Holdout = Holdout(), batch_size: int = 64, num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.splits = as_settings(SplitSettings, splits)
@@ -272,14 +236,34 @@ class ReaderDataModule(L.LightningDataModule):
             return out
         asked = {e.example_id for exs in dataset.examples.values() for e in exs}
         seen: set[str] = set()
+        sources = self.mix_sources(store) if h.mix_items else {}
         for ex in examples:
             profile = set(ex.profile)
             # every profile item is context for the items after it; each is a question once
             user_docs = [d for d in dataset.users[ex.user_id].docs if d.doc_id in profile]
-            for doc, older in _older_profile_questions(spec, user_docs, asked | seen, h.k, vectors):
-                read = _profile_item(spec, ex.user_id, user_docs, doc, older)
+            items = older_profile_questions(spec, user_docs, asked | seen, h.k, vectors)
+            for doc, older in items:
+                read = profile_item(spec, ex.user_id, user_docs, doc, older)
                 out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", read, spec.doc_label(doc) - 1, "profile"))
+            for name, source in sources.items():
+                reads = collaborative_items(spec, store, source, ex, [doc for doc, _ in items], h.k)
+                out += [ReaderExample(f"{ex.user_id}/{doc.doc_id}@{name}", read, spec.doc_label(doc) - 1, "profile")
+                        for (doc, _), read in zip(items, reads)]
             seen.update(d.doc_id for d in user_docs)
+        return out
+
+    def mix_sources(self, store: DocStore) -> dict[str, CandidateSource]:
+        """Each mix strategy's first stage, prepared over `store` (`mix_items`)."""
+        h, out = self.hparams, {}
+        for name in h.mix or []:
+            strategy = strategy_by_name(resolve_config_path(h.strategies_config), name, h.run_dir)
+            strategy.prepare(store)
+            if not isinstance(getattr(strategy, "source", None), CandidateSource):
+                raise ConfigError(f"mix_items: mix strategy {name!r} has no first stage of similar users to read "
+                                  "profile items with; name a CFRAG strategy, or set mix_items: false")
+            out[name] = strategy.source
+        if not out:
+            raise ConfigError("mix_items: true needs a `mix` strategy (e.g. \"CFRAG (untuned first stage)\")")
         return out
 
     def reader_config(self):
@@ -294,6 +278,7 @@ class ReaderDataModule(L.LightningDataModule):
         dataset = self.source.load()
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
         key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), list(h.mix or []), h.k, h.profile_items,
+                          *(["mix_items"] if h.mix_items else []),
                           [self.holdout.folds, self.holdout.fold],
                           self.splits.fit_limits(trainer_validates(self)), encoder_digest(settings.encoder),
                           settings.max_length, settings.max_docs, self.task, self.source.data_dir.name,
