@@ -24,6 +24,7 @@ from persrag_lightning.data.tasks import TaskSpec
 from persrag_lightning.pipeline import rates
 from persrag_lightning.pipeline.constants import (
     LLM_STAGES,
+    MIX_ITEMS_WORK,
     QUICK_SCALE,
     RETRIEVAL_PER_ANSWER,
     TRAINED_TEXTS,
@@ -143,6 +144,8 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
                 int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
             )
         work = TRAINING_WORK[kind] * size / QUICK_SCALE[kind]
+        if kind == "reader" and getattr(_data(config), "mix_items", False):
+            work *= MIX_ITEMS_WORK  # every profile item read twice, and each first stage's retrieval
         total["llm" if kind in LLM_STAGES else "encoder"] += work
         total["fold_readers"] += work if stage in FOLD_READERS else 0.0
     return total

@@ -10,7 +10,12 @@ import pytest
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.pipeline import plan as plan_module
 from persrag_lightning.pipeline import rates as rates_module
-from persrag_lightning.pipeline.constants import RETRIEVAL_PER_ANSWER, TRAINED_TEXTS, TRAINING_WORK
+from persrag_lightning.pipeline.constants import (
+    MIX_ITEMS_WORK,
+    RETRIEVAL_PER_ANSWER,
+    TRAINED_TEXTS,
+    TRAINING_WORK,
+)
 from persrag_lightning.pipeline.rates import reader_rates
 from persrag_lightning.presets import load_preset
 from tests.commands.test_pipeline_recipe import AMX, AVX2_ONLY, machine, run_pipeline
@@ -39,13 +44,14 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     # the reader's dev choice (300),
     # the tuned generator's calibration (300) and its 3 rows (900); 10 stages of training at the quick size: the
     # encoder stages' in encoder texts, the generator's in LLM answers; the two fold readers of the cross-fitted
-    # feedback only where the trained reader reads
-    encoders = 2 * TRAINING_WORK["user_encoder"] + TRAINING_WORK["reader"] + 4 * TRAINING_WORK["feedback"]
+    # feedback only where the trained reader reads; the readers read every profile item twice (`mix_items`)
+    reader = TRAINING_WORK["reader"] * MIX_ITEMS_WORK
+    encoders = 2 * TRAINING_WORK["user_encoder"] + reader + 4 * TRAINING_WORK["feedback"]
     retrieval = RETRIEVAL_PER_ANSWER * (1800 + 1800 + 300 + 300 + 900)  # every row's questions, whoever reads
     llm_only = (300 + 300 + 900 + TRAINING_WORK["generator"]) / 2.0 + (encoders + retrieval) / ENCODER_TEXTS
     with_llm = (768 / 4.0 + (1800 + 1800) / 2.0 + llm_only) / 60
     with_trained = (768 / TRAINED["trained_labels"] + (1800 + 1800) / TRAINED["trained_answers"] + llm_only
-                    + 2 * TRAINING_WORK["reader"] / ENCODER_TEXTS) / 60
+                    + 2 * reader / ENCODER_TEXTS) / 60
     assert f"about {with_trained:.0f} min on this machine ({with_trained:.0f} if dev chooses the trained reader, " \
            f"{with_llm:.0f} if dev chooses the LLM)" in out[estimate]
     assert "budget on this CPU class: 20 min" in out[estimate]
@@ -88,7 +94,7 @@ def resolved_stages(argv: list[str], stages: list[str]) -> dict:
     return {stage: pipeline.LocalRunner().stage_config(job.stage_run(stage)) for stage in stages}
 
 
-def test_a_smaller_preset_counts_smaller_stages():
+def test_a_smaller_preset_counts_smaller_stages(tmp_path):
     counts = {"train": 600, "dev": 300, "test": 300}
     quick = resolved_stages(["--preset", "quick"], ["user_encoder"])
     assert plan_module.training_work(quick, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0,
@@ -97,6 +103,10 @@ def test_a_smaller_preset_counts_smaller_stages():
     readers = resolved_stages(["--preset", "quick"], ["reader", "reader_fold0", "reader_fold1"])
     work = plan_module.training_work(readers, counts)
     assert work["fold_readers"] == pytest.approx(2 / 3 * work["encoder"]) and work["fold_readers"] > 0
+    assert work["encoder"] == pytest.approx(3 * TRAINING_WORK["reader"] * MIX_ITEMS_WORK)  # quick reads items twice
+    (tmp_path / "single.yaml").write_text("base: quick\nreader:\n  data.init_args.mix_items: false\n")
+    single = resolved_stages(["--preset", str(tmp_path / "single.yaml")], ["reader"])
+    assert plan_module.training_work(single, counts)["encoder"] == pytest.approx(TRAINING_WORK["reader"])
     plan = plan_module.Plan(list(readers), [], None, work, readers=["trained", "llm"],
                             rates={"trained_labels": 1.0, "trained_answers": 1.0, "labels": 1.0, "answers": 1.0,
                                    "encoder_texts": 1.0})
