@@ -3,10 +3,10 @@ user answered before, read with the same user's strictly older items (`older_pro
 `profile_item`), and, with `mix_items`, also the way CFRAG reads a question: with its first stage's
 docs, most of them neighbours' (`collaborative_items`).
 
-Read only the first way, the reader learns from the asker's own docs alone,
-and the prompts it reads at test are mostly neighbours' docs (CFRAG's first stage over stage 1's
-similar users): a mix strategy's train questions are a few percent of its examples. Here each
-profile item is read a second time with the mix strategy's own first stage (its top-m users, each
+Read only the first way, the reader learns from the asker's own docs alone, and the prompts it
+reads at test are mostly neighbours' docs (CFRAG's first stage over stage 1's similar users): a mix
+strategy's train questions are a few percent of its examples. With `mix_items` each profile item is
+read a second time with the mix strategy's own first stage (its top-m users, each
 user's top docs by its retriever, merged by score; `retrieval/candidates.py`), over the docs each
 of those users had dated strictly before the item, so the reader learns to read a neighbour's doc,
 its similarity and its author's habit on as many questions as it learns the asker's own.

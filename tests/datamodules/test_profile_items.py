@@ -14,7 +14,7 @@ from persrag_lightning.datamodules.profile_items import collaborative_items, old
 from persrag_lightning.models.reader_inputs import doc_text
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.utils import ConfigError
-from tests.datamodules.test_reader_data import folder, reader_data  # noqa: F401 (the fixture)
+from tests.datamodules.test_reader_data import _labels, folder, reader_data  # noqa: F401 (the fixture)
 
 SIM = 0.5
 
@@ -72,14 +72,6 @@ def test_an_item_reads_older_docs_of_its_first_stage_users_with_their_provenance
                 assert d.label == spec.doc_label(doc) and d.habit == _labels(spec, older[owner])
                 read_any_neighbour |= not d.own
     assert read_any_neighbour
-
-
-def _labels(spec, docs) -> tuple[int, ...]:
-    counts = [0] * len(spec.labels)
-    for d in docs:
-        if (label := spec.doc_label(d)) > 0:
-            counts[label - 1] += 1
-    return tuple(counts)
 
 
 def test_mix_items_needs_a_mix_strategy_with_a_first_stage(folder, tmp_path, tiny_bert, one_thread):  # noqa: F811
