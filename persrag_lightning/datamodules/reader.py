@@ -128,7 +128,7 @@ class ReaderDataModule(L.LightningDataModule):
             with the same profile's items dated strictly before it (False: LaMP's protocol, the
             train questions alone).
         mix_items: also read every profile item with each mix strategy's first stage (CFRAG's top-m
-            users' docs dated strictly before the item; datamodules/collaborative_items.py), so the
+            users' docs dated strictly before the item; datamodules/profile_items.py), so the
             reader learns to read neighbours' docs on as many questions as the asker's own.
         splits: the splits trained and validated on, and how many questions of each.
         holdout: the fold of train users held out of training, whose questions and profile items
@@ -143,7 +143,8 @@ class ReaderDataModule(L.LightningDataModule):
                  cache_dir: str = ".cache/persrag", strategy: str = "bm25",
                  strategies_config: str = "evaluate_cfrag.yaml", run_dir: str = RUN_DIR, k: int = 5,
                  mix: list[str] | None = None, profile_items: bool = True, mix_items: bool = False,
-                 splits: SplitSettings = SplitSettings(), holdout: Holdout = Holdout(), batch_size: int = 64, num_workers: int = 0, seed: int = 0) -> None:
+                 splits: SplitSettings = SplitSettings(), holdout: Holdout = Holdout(), batch_size: int = 64,
+                 num_workers: int = 0, seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.splits = as_settings(SplitSettings, splits)
