@@ -18,7 +18,6 @@ question tower reads); `setup` only loads them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,11 @@ from persrag_lightning.datamodules.profile_items import (
     older_profile_questions,
     profile_item,
 )
+from persrag_lightning.datamodules.reader_examples import ReaderExample, ReaderTrainBatch
 from persrag_lightning.datamodules.sampling import EpochShuffle, LengthBatches
 from persrag_lightning.models.question_tower import lower_states, pad_states
 from persrag_lightning.models.reader import ReaderSettings, encoder_digest
 from persrag_lightning.models.reader_inputs import (
-    ReaderBatch,
-    ReaderDoc,
-    ReaderQuestion,
     batch_from_vectors,
     reader_inputs,
 )
@@ -63,42 +60,10 @@ from persrag_lightning.utils import (
     trainer_validates,
 )
 
-__all__ = ["ReaderDataModule", "ReaderTrainBatch"]
+__all__ = ["ReaderDataModule", "ReaderExample", "ReaderTrainBatch"]
 
 READER_DATA_VERSION = "reader-data/v3"  # v2: provenance and the asker's habit; v3: the held-out fold
 HELD = "held"  # the stored split of the held-out train users' examples
-
-
-@dataclass(frozen=True)
-class ReaderExample:
-    """One question as the reader trains on it: its id, what it reads (`ReaderQuestion`: text,
-    docs with labels and provenance, the asker's habit), the gold label's index, and where it comes
-    from (`question` of a split, or `profile` item)."""
-
-    example_id: str
-    read: ReaderQuestion
-    target: int
-    origin: str = "question"
-
-    def to_json(self) -> dict:
-        return {"id": self.example_id, "text": self.read.text, "habit": list(self.read.habit),
-                "docs": [[d.text, d.label, d.own, d.user_sim, list(d.habit)] for d in self.read.docs],
-                "target": self.target, "origin": self.origin}
-
-    @classmethod
-    def from_json(cls, row: dict) -> ReaderExample:
-        docs = tuple(ReaderDoc(t, int(lab), bool(own), float(sim), tuple(habit))
-                     for t, lab, own, sim, habit in row["docs"])
-        return cls(row["id"], ReaderQuestion(row["text"], docs, tuple(row["habit"])), row["target"], row["origin"])
-
-
-@dataclass
-class ReaderTrainBatch:
-    batch: ReaderBatch
-    targets: torch.Tensor  # [B] label index
-
-    def __len__(self) -> int:
-        return len(self.targets)
 
 
 class ReaderDataModule(L.LightningDataModule):
@@ -158,6 +123,12 @@ class ReaderDataModule(L.LightningDataModule):
                 "generation task, whose reader is the LLM"
             )
         self.labels = spec.labels
+        if mix_items and not mix:
+            raise ConfigError("mix_items: true needs a `mix` strategy (e.g. \"CFRAG (untuned first stage)\")")
+        # `mix_items`: the profile items' collaborative reads, shared by every reader of the same data (any
+        # holdout), and the mix strategies' first stages
+        self.item_reads: dict[str, ReaderExample] = {}
+        self.sources: dict[str, CandidateSource] = {}
         self.train_examples: list[ReaderExample] = []
         self.val_examples: list[ReaderExample] = []
         self.vectors: torch.Tensor | None = None
@@ -237,7 +208,7 @@ class ReaderDataModule(L.LightningDataModule):
             return out
         asked = {e.example_id for exs in dataset.examples.values() for e in exs}
         seen: set[str] = set()
-        sources = self.mix_sources(store) if h.mix_items else {}
+        mixed = (h.mix or []) if h.mix_items else []
         for ex in examples:
             profile = set(ex.profile)
             # every profile item is context for the items after it; each is a question once
@@ -246,26 +217,33 @@ class ReaderDataModule(L.LightningDataModule):
             for doc, older in items:
                 read = profile_item(spec, ex.user_id, user_docs, doc, older)
                 out.append(ReaderExample(f"{ex.user_id}/{doc.doc_id}", read, spec.doc_label(doc) - 1, "profile"))
-            for name, source in sources.items():
-                reads = collaborative_items(spec, store, source, ex, [doc for doc, _ in items], h.k)
-                out += [ReaderExample(f"{ex.user_id}/{doc.doc_id}@{name}", read, spec.doc_label(doc) - 1, "profile")
-                        for (doc, _), read in zip(items, reads)]
+            for name in mixed:
+                out += self.collaborative(store, ex, [doc for doc, _ in items], name)
             seen.update(d.doc_id for d in user_docs)
         return out
 
-    def mix_sources(self, store: DocStore) -> dict[str, CandidateSource]:
-        """Each mix strategy's first stage, prepared over `store` (`mix_items`)."""
-        h, out = self.hparams, {}
-        for name in h.mix or []:
+    def collaborative(self, store: DocStore, example: Example, items: list, name: str) -> list[ReaderExample]:
+        """`items` of `example`'s profile read with mix strategy `name`'s first stage (`mix_items`),
+        from the reads every reader of these data shares (`item_reads`) or made now."""
+        spec = get_task(self.task)
+        ids = [f"{example.user_id}/{doc.doc_id}@{name}" for doc in items]
+        if any(i not in self.item_reads for i in ids):
+            reads = collaborative_items(spec, store, self.mix_source(store, name), example, items, self.hparams.k)
+            self.item_reads.update({i: ReaderExample(i, read, spec.doc_label(doc) - 1, "profile")
+                                    for i, doc, read in zip(ids, items, reads)})
+        return [self.item_reads[i] for i in ids]
+
+    def mix_source(self, store: DocStore, name: str) -> CandidateSource:
+        """Mix strategy `name`'s first stage, prepared over `store` once."""
+        if name not in self.sources:
+            h = self.hparams
             strategy = strategy_by_name(resolve_config_path(h.strategies_config), name, h.run_dir)
             strategy.prepare(store)
             if not isinstance(getattr(strategy, "source", None), CandidateSource):
                 raise ConfigError(f"mix_items: mix strategy {name!r} has no first stage of similar users to read "
                                   "profile items with; name a CFRAG strategy, or set mix_items: false")
-            out[name] = strategy.source
-        if not out:
-            raise ConfigError("mix_items: true needs a `mix` strategy (e.g. \"CFRAG (untuned first stage)\")")
-        return out
+            self.sources[name] = strategy.source
+        return self.sources[name]
 
     def reader_config(self):
         from persrag_lightning.models.reader import ReaderConfig
@@ -278,14 +256,27 @@ class ReaderDataModule(L.LightningDataModule):
         h, settings = self.hparams, self.evaluation_llm_settings
         dataset = self.source.load()
         strategy = strategy_by_name(resolve_config_path(h.strategies_config), h.strategy, h.run_dir)
-        key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), list(h.mix or []), h.k, h.profile_items,
+        key = fingerprint(READER_DATA_VERSION, strategy_config(strategy), self.mix_key(), h.k, h.profile_items,
                           *(["mix_items"] if h.mix_items else []),
                           [self.holdout.folds, self.holdout.fold],
                           self.splits.fit_limits(trainer_validates(self)), encoder_digest(settings.encoder),
-                          settings.max_length, settings.max_docs, self.task, self.source.data_dir.name,
-                          [(e.example_id, e.input, e.target, e.profile) for exs in dataset.examples.values()
-                           for e in exs])
+                          settings.max_length, settings.max_docs, self.data_key(dataset))
         return Path(h.cache_dir) / "reader_data" / key
+
+    def mix_key(self) -> list:
+        """What identifies the mix strategies' docs: each one's settings, its bundles by digest (a
+        retrained stage 1 gives other neighbours)."""
+        h, config = self.hparams, resolve_config_path(self.hparams.strategies_config)
+        return [strategy_config(strategy_by_name(config, name, h.run_dir)) for name in h.mix or []]
+
+    def data_key(self, dataset: Any) -> list:
+        return [self.task, self.source.data_dir.name,
+                [(e.example_id, e.input, e.target, e.profile) for exs in dataset.examples.values() for e in exs]]
+
+    def item_reads_path(self, dataset: Any) -> Path:
+        """The profile items' collaborative reads (`mix_items`), whatever the holdout and the encoder."""
+        key = fingerprint(READER_DATA_VERSION, self.mix_key(), self.hparams.k, self.data_key(dataset))
+        return Path(self.hparams.cache_dir) / "reader_data" / f"items-{key}.json"
 
     def prepare_data(self) -> None:
         """Data, the strategy's retrievals, the examples and every text's vector (cached)."""
@@ -328,7 +319,12 @@ class ReaderDataModule(L.LightningDataModule):
                 memo.update(zip(todo, encoder.encode(todo)))
             return torch.stack([memo[t] for t in texts])
 
+        items = self.item_reads_path(dataset) if self.hparams.mix_items else None
+        if items is not None and items.exists():
+            self.item_reads = {row["id"]: ReaderExample.from_json(row) for row in json.loads(items.read_text())}
         splits = self.build_splits(dataset, store, vectors)
+        if items is not None:
+            atomic_write_json(items, [e.to_json() for e in self.item_reads.values()], indent=None)
         texts = sorted(
             {t for exs in splits.values() for e in exs for t in [e.read.text, *(d.text for d in e.read.docs)]}
         )

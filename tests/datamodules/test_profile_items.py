@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from persrag_lightning.data.lamp import load_lamp
+from persrag_lightning.data.splits import Holdout
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.datamodules.profile_items import collaborative_items, older_profile_questions
+from persrag_lightning.datamodules.reader import ReaderDataModule
 from persrag_lightning.models.reader_inputs import doc_text
 from persrag_lightning.retrieval.base import DocStore, Query
 from persrag_lightning.utils import ConfigError
@@ -79,3 +81,27 @@ def test_mix_items_needs_a_mix_strategy_with_a_first_stage(folder, tmp_path, tin
         reader_data(folder, tmp_path / "cache", tiny_bert, mix=["recency"], mix_items=True)
     with pytest.raises(ConfigError, match="mix_items"):
         reader_data(folder, tmp_path / "cache", tiny_bert, mix_items=True)
+
+
+def test_every_reader_of_the_same_data_shares_the_items_collaborative_reads(folder, tmp_path, tiny_bert,  # noqa: F811
+                                                                             one_thread, monkeypatch):
+    stages = []
+
+    def first_stage(self, store, name):
+        stages.append(name)
+        return FirstStage(store)
+
+    monkeypatch.setattr(ReaderDataModule, "mix_source", first_stage)
+    dm = reader_data(folder, tmp_path / "cache", tiny_bert, mix=["recency"], mix_items=True,
+                     holdout=Holdout(folds=3, fold=0))
+    examples = dm.train_examples + dm.val_examples
+    read = {e.example_id: e for e in examples if e.origin == "profile" and e.example_id.endswith("@recency")}
+    own = [e for e in examples if e.origin == "profile" and "@" not in e.example_id]
+    assert stages and sorted(read) == sorted(f"{e.example_id}@recency" for e in own)  # every item, both ways
+    assert any(not d.own for e in read.values() for d in e.read.docs)
+    # another holdout (a fold reader) builds its own examples from the same reads, without a first stage
+    monkeypatch.setattr(ReaderDataModule, "mix_source", lambda *a: pytest.fail("the reads were made again"))
+    other = reader_data(folder, tmp_path / "cache", tiny_bert, mix=["recency"], mix_items=True,
+                        holdout=Holdout(folds=3, fold=1))
+    again = {e.example_id: e for e in other.train_examples + other.val_examples if e.example_id in read}
+    assert again == read
