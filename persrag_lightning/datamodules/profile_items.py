@@ -6,10 +6,10 @@ docs, most of them neighbours' (`collaborative_items`).
 Read only the first way, the reader learns from the asker's own docs alone, and the prompts it
 reads at test are mostly neighbours' docs (CFRAG's first stage over stage 1's similar users): a mix
 strategy's train questions are a few percent of its examples. With `mix_items` each profile item is
-read a second time with the mix strategy's own first stage (its top-m users, each
-user's top docs by its retriever, merged by score; `retrieval/candidates.py`), over the docs each
-of those users had dated strictly before the item, so the reader learns to read a neighbour's doc,
-its similarity and its author's habit on as many questions as it learns the asker's own.
+read a second time with the mix strategy's own first stage (its top-m users, each user's top docs by
+its retriever, merged by score; `retrieval/candidates.py`), over the docs each of those users had
+dated strictly before the item, so the reader learns to read a neighbour's doc, its similarity and
+its author's habit on as many questions as it learns the asker's own.
 
 History rules: the users and their docs are those the train question the profile belongs to may see
 (`DocStore.rows`); the item itself and every doc dated on or after it are left out, and every
@@ -63,7 +63,7 @@ def older_profile_questions(spec, user_docs: list[HistoryDoc], skip: set[str], k
 
 
 def profile_item(spec, user_id: str, user_docs: list[HistoryDoc], doc: HistoryDoc,
-                  older: list[HistoryDoc]) -> ReaderQuestion:
+                 older: list[HistoryDoc]) -> ReaderQuestion:
     """A profile item read as a question: its older items are the asker's own, and the asker's
     habit counts the items dated strictly before it (what the user had labelled by then)."""
     n = len(spec.labels)
