@@ -10,20 +10,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from persrag_lightning.data.records import HistoryDoc, ReadDoc
 from persrag_lightning.data.tasks import TaskSpec, get_task
 
-if TYPE_CHECKING:
-    from persrag_lightning.models.reader import ReaderConfig
-
 __all__ = ["ReaderBatch", "ReaderDoc", "ReaderQuestion", "batch_from_vectors", "doc_text", "habit_features",
            "question_text", "reader_doc", "reader_inputs"]
 
 MAX_HABIT = 100  # a habit's size is read on a log scale up to the 100 docs a history keeps
+
+
+class ReadingSettings(Protocol):
+    """What `reader_inputs` reads of a reader's configuration (models/reader.ReaderConfig has it):
+    named here, so this module needs nothing from the model's."""
+
+    task: str
+    max_docs: int
 
 
 def question_text(spec: TaskSpec, text: str) -> str:
@@ -68,7 +73,7 @@ def reader_doc(spec: TaskSpec, doc: HistoryDoc) -> ReaderDoc:
     return ReaderDoc(doc_text(spec, doc), spec.doc_label(doc))
 
 
-def reader_inputs(config: ReaderConfig, inputs: Sequence[str],
+def reader_inputs(config: ReadingSettings, inputs: Sequence[str],
                   docs: Sequence[Sequence[HistoryDoc]]) -> list[ReaderQuestion]:
     """Each question as the reader reads it: its text, its first `max_docs` docs with their labels
     and provenance, and the asker's label habit (where the docs come as `ReadDocs`)."""
