@@ -322,8 +322,9 @@ class ReaderDataModule(L.LightningDataModule):
         items = self.item_reads_path(dataset) if self.hparams.mix_items else None
         if items is not None and items.exists():
             self.item_reads = {row["id"]: ReaderExample.from_json(row) for row in json.loads(items.read_text())}
+        known = len(self.item_reads)
         splits = self.build_splits(dataset, store, vectors)
-        if items is not None:
+        if items is not None and len(self.item_reads) > known:  # a reader that made none leaves the file as it is
             atomic_write_json(items, [e.to_json() for e in self.item_reads.values()], indent=None)
         texts = sorted(
             {t for exs in splits.values() for e in exs for t in [e.read.text, *(d.text for d in e.read.docs)]}
