@@ -21,8 +21,10 @@ from persrag_lightning.models.common import (
     encode_by_length,
     freeze_pooler,
     merged_copy,
+    rows_per_forward,
 )
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, Session
+from persrag_lightning.models.reranker_split import DocStateCache, SplitPairs, check_split_layer
 from persrag_lightning.models.text_encoder import resolve_model_path
 from persrag_lightning.runtime import use_fastest_gemm
 from persrag_lightning.utils import atomic_directory, atomic_save_tensors, atomic_write_json
@@ -48,6 +50,9 @@ class RerankerSettings(LoraFields):
         use_user: feed MLP2(e_u) to the head beside the [CLS] state h (Eq. 10); False is the paper's
             ablation "w/o e_u in the reranker" (Table 3).
         num_layers: keep the encoder's first N layers (a distilled reranker); None keeps them all.
+        split_layer: the layers below it read the query and the doc apart, so that serving computes
+            a doc's states up to it once per doc (models/reranker_split.py; PreTTR, not in CFRAG);
+            None reads every layer over the whole pair, as the paper's cross-encoder.
     """
 
     encoder: str = "minilm"
@@ -56,6 +61,7 @@ class RerankerSettings(LoraFields):
     max_doc_length: int = 256
     use_user: bool = True
     num_layers: int | None = None
+    split_layer: int | None = None
 
 
 @dataclass
@@ -135,6 +141,9 @@ class PersonalizedReranker(nn.Module):
         freeze_pooler(encoder)
         self.encoder = apply_lora(encoder, config.lora)
         self.tokenizer = tokenizer
+        check_split_layer(self.encoder, config.split_layer)
+        self._split = None if config.split_layer is None else SplitPairs(
+            tokenizer, config.split_layer, config.max_query_length, config.max_doc_length, config.max_length)
         self._pair_tokenizer = None
         # doc text → its encoding (cache_doc_tokens)
         self._doc_tokens: dict[str, object] | None = None
@@ -236,13 +245,25 @@ class PersonalizedReranker(nn.Module):
             )
         return out
 
-    def cache_doc_tokens(self, on: bool = True) -> PersonalizedReranker:
+    def cache_doc_tokens(self, on: bool = True, max_doc_state_tokens: int = 1_000_000) -> PersonalizedReranker:
         """Tokenise each doc once (cut to max_doc_length) and reuse its encoding in every later
         pair; the pairs are the same token for token (tests/serving/test_serving_latency.py).
         Inference only: the cache never empties, so it is meant for a fixed corpus (serving,
-        evaluation)."""
+        evaluation). A split reranker (`split_layer`) also keeps each doc's states up to its split
+        layer, the least recently used dropped beyond `max_doc_state_tokens` doc tokens."""
         self._doc_tokens = {} if on else None
+        if self._split is not None:
+            self._split.cache = DocStateCache(max_doc_state_tokens) if on else None
         return self
+
+    def forget_docs(self, docs: list[str]) -> None:
+        """Drop what the caches hold of `docs` (their tokens, a split reranker's states): a deleted
+        user's docs leave no trace here."""
+        for text in docs:
+            if self._doc_tokens is not None:
+                self._doc_tokens.pop(text, None)
+            if self._split is not None and self._split.cache is not None:
+                self._split.cache.discard(text)
 
     def _encode_docs(self, backend, docs: list[str]) -> list:
         if self._doc_tokens is None:
@@ -280,12 +301,16 @@ class PersonalizedReranker(nn.Module):
         if not queries:  # a batch of padding only: an empty result that still belongs to the graph
             return self.head[-1].bias.sum() * 0.0 + torch.zeros(0, device=self.device)
 
-        def encode(rows: torch.Tensor, chunk: dict[str, torch.Tensor]) -> torch.Tensor:
-            h = self._cls(chunk)
+        def score(rows: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
             user = self.user_vectors(e_u[rows.to(e_u.device)]).to(h.dtype) if self.config.use_user else None
             return personalized_rerank_score(self.head, h, user)
 
-        return encode_by_length(self.tokenize_pairs(queries, docs), encode, self.device, batch_size)
+        if self._split is not None:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.runtime == "bf16"):
+                h = self._split.cls(self.encoder, queries, docs, batch_size or rows_per_forward(self.device))
+            return score(torch.arange(len(queries)), h.float())
+        return encode_by_length(self.tokenize_pairs(queries, docs), lambda rows, chunk: score(rows, self._cls(chunk)),
+                                self.device, batch_size)
 
     def _cls(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """h_{q,d} of Eq. 9 for a tokenised batch, by the runtime set with `for_inference` (fp32
@@ -313,6 +338,9 @@ class PersonalizedReranker(nn.Module):
             raise ValueError(
                 f"reranker runtime {runtime!r} is a CPU runtime; this model is on {self.device}"
             )
+        if runtime in EXPORTED_RUNTIMES and self._split is not None:
+            raise ValueError(f"reranker runtime {runtime!r}: a split reranker (split_layer) runs in torch only "
+                             "(fp32, bf16 or int8)")
         self.eval()
         if runtime == "int8":
             import warnings

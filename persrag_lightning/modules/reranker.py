@@ -62,8 +62,8 @@ class RerankerModule(FeedbackDistillationModule):
         return super()._build_model(user_dim)
 
     def _student_of(self, path: str, user_dim: int) -> PersonalizedReranker:
-        """The export at `path` cut to `num_layers`, after checking it fits this stage (users, pair
-        lengths)."""
+        """The export at `path` cut to `num_layers` and split at `split_layer`, after checking it fits
+        this stage (users, pair lengths)."""
         s = self.config
         model = PersonalizedReranker.from_pretrained(path)
         c = model.config
@@ -77,7 +77,9 @@ class RerankerModule(FeedbackDistillationModule):
             raise ValueError(f"init_from {path}: its pairs are cut to (max_length, max_query_length, max_doc_length) "
                              f"= {lengths}, this stage's settings say {(s.max_length, s.max_query_length, s.max_doc_length)}")
         keep_layers(model.encoder, s.num_layers)
-        model.config = replace(
-            c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers
-        )
-        return model
+        config = replace(c, num_layers=s.num_layers if s.num_layers is not None else c.num_layers,
+                         split_layer=s.split_layer)
+        # the student reads as its own settings say (split below `split_layer` or not), with the teacher's MLPs
+        student = PersonalizedReranker(config, model.encoder, model.tokenizer)
+        student.head, student.user_map = model.head, model.user_map
+        return student

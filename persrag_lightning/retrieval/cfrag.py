@@ -24,6 +24,7 @@ measures each against them, and `CFRAGPipeline.from_pretrained` serves with the 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Literal
 
@@ -44,6 +45,8 @@ from persrag_lightning.retrieval.corpus_retriever import open_corpus_retriever
 from persrag_lightning.retrieval.pbr_strategy import PBRExpansion, PBRQueryExpansion
 from persrag_lightning.retrieval.user_index import UserIndex
 from persrag_lightning.utils import ConfigError, bundle_digest
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CFRAG", "first_stage_order"]
 
@@ -210,8 +213,15 @@ class CFRAG(Strategy):
         """A reranker bundle in the reranker runtime (an export made once per bundle content, read
         by later processes) and with the doc-token cache as set."""
         runtime = self.inference.reranker_runtime
-        onnx = export_path(self.cache_dir, "reranker", bundle_digest(path)) if runtime in EXPORTED_RUNTIMES else None
         model = PersonalizedReranker.from_pretrained(require_bundle(path)).eval()
+        if runtime in EXPORTED_RUNTIMES and model.config.split_layer is not None:
+            from persrag_lightning.hardware import native_runtime
+
+            # its two passes run in torch: bf16 where this CPU computes it natively, as the serving default
+            runtime = native_runtime("bf16_if_native")
+            log.info("%s: a split reranker (split_layer %d) runs in torch, %s", path, model.config.split_layer,
+                     runtime)
+        onnx = export_path(self.cache_dir, "reranker", bundle_digest(path)) if runtime in EXPORTED_RUNTIMES else None
         return model.for_inference(runtime, onnx).cache_doc_tokens(self.inference.cache_doc_tokens)
 
     def _load_cohorts(self, store: DocStore) -> CohortModel:

@@ -376,11 +376,14 @@ class CFRAGPipeline:
 
     @torch.no_grad()
     def remove_user(self, user_id: str) -> None:
-        """Forget a user: docs out of the store (rows blanked), their doc vectors and user embedding
-        zeroed, out of the user index or the cohorts (serving/purge.py rewrites the export's
-        files)."""
+        """Forget a user: docs out of the store (rows blanked) and out of the reranker's caches, their
+        doc vectors and user embedding zeroed, out of the user index or the cohorts
+        (serving/purge.py rewrites the export's files)."""
         s = self.strategy
         rows = self.store.corpus.rows_of(user_id)
+        for reranker in (s._reranker, s._first_cut):  # their doc caches: the user's tokens and states
+            if reranker is not None:
+                reranker.forget_docs([self.store.text(r) for r in rows])
         self.store.remove_user(user_id)
         s.retriever.load()
         s.retriever.doc_vectors[torch.as_tensor(rows)] = 0

@@ -406,8 +406,13 @@ def test_an_hnsw_export_is_served_as_exported_and_keeps_its_parameters(run_dir, 
                                for i, d in enumerate(template[:6])])
     assert s.similar_users("newcomer")[0][0] == "newcomer" and len(s.user_index) == USERS + 1
     assert pipe.retrieve("newcomer", "description: " + template[0].fields["description"], k=3)
-    pipe.remove_user(pipe.store.corpus.user_ids[0])
+    gone = pipe.store.corpus.user_ids[0]
+    texts = [pipe.store.text(r) for r in pipe.store.corpus.rows_of(gone)]
+    pipe.retrieve(gone, "description: " + template[0].fields["description"], k=3)
+    assert set(texts) & set(s._reranker._doc_tokens)  # the user's own docs were reranked: their tokens cached
+    pipe.remove_user(gone)
     assert index_params(s.user_index.index) == params and len(s.user_index) == USERS
+    assert not set(texts) & set(s._reranker._doc_tokens)  # deletion leaves no trace in the reranker's caches
 
 
 def test_a_trained_reader_bundle_of_the_run_answers_generate(run_dir, tiny_bert, tmp_path):
