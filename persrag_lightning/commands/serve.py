@@ -69,8 +69,9 @@ def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cohorts", default=None, help="the cohort export for --users cluster (default <run>/clusters)")
     parser.add_argument("--reranker", default=RECORD_SAYS,
                         help="the run's reranker bundle: reranker (stage 3), reranker_distilled (its one-layer "
-                             "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md) "
-                             "or none (the first-stage order); default: the order the run's pipeline.json chose on "
+                             "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md), "
+                             "reranker_split (every layer, the doc side computed once per doc: "
+                             "configs/overlays/reranker_split.yaml) or none (the first-stage order); default: the order the run's pipeline.json chose on "
                              "dev (without one: reranker where exported)")
 
 
