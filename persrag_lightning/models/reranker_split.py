@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["DocStateCache", "SplitPairs", "check_split_layer"]
+__all__ = ["DocStateCache", "SplitPairs", "check_split_layer", "last_layer_cls"]
 
 
 def check_split_layer(encoder: nn.Module, split_layer: int | None) -> None:
@@ -34,6 +34,32 @@ def check_split_layer(encoder: nn.Module, split_layer: int | None) -> None:
     if not 1 <= split_layer < len(layers):
         raise ValueError(f"split_layer must be in [1, {len(layers) - 1}] for this {len(layers)}-layer encoder "
                          f"(at least one layer reads query and doc together), got {split_layer}")
+
+
+def last_layer_cls(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A BERT layer's output at [CLS] alone, [B, d]: the keys and values of every token, the query,
+    the attention output and the feed-forward of the [CLS] token only, which is all the score reads
+    of the last layer (the same numbers as the whole layer's row 0, for about a sixth of its work on
+    the other tokens; tests/models/test_reranker_split.py).
+
+    Args:
+        layer: a BertLayer (`attention.self` with query/key/value, `attention.output`,
+            `feed_forward_chunk`).
+        hidden: its input, [B, W, d].
+        mask: [B, W], 1 on the tokens to attend to.
+    """
+    attention = layer.attention.self
+    size = attention.attention_head_size
+    batch, width = hidden.shape[:2]
+    cls = hidden[:, :1]
+    query = attention.query(cls).view(batch, 1, -1, size).transpose(1, 2)
+    key = attention.key(hidden).view(batch, width, -1, size).transpose(1, 2)
+    value = attention.value(hidden).view(batch, width, -1, size).transpose(1, 2)
+    context = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask[:, None, None, :].bool(), scale=attention.scaling,
+        dropout_p=attention.dropout.p if attention.training else 0.0)
+    out = layer.attention.output(context.transpose(1, 2).reshape(batch, 1, -1), cls)
+    return layer.feed_forward_chunk(out)[:, 0]
 
 
 def _base(encoder: nn.Module) -> nn.Module:
@@ -146,7 +172,7 @@ class SplitPairs:
     def cls(self, encoder: nn.Module, queries: Sequence[str], docs: Sequence[str], batch_size: int) -> torch.Tensor:
         """h_{q,d} (the query part's [CLS] state after the last layer) for P pairs, [P, d] in the
         input order: each distinct query's and doc's lower pass once, then the joint layers over
-        chunks of `batch_size` pairs in order of doc length."""
+        chunks of `batch_size` pairs in order of doc length, the last at [CLS] alone."""
         from transformers.masking_utils import create_bidirectional_mask
 
         model = _base(encoder)
@@ -166,8 +192,9 @@ class SplitPairs:
             hidden = torch.cat([q_hidden[index], d_hidden.to(q_hidden.dtype)], dim=1)
             mask = torch.cat([q_mask[index], d_mask], dim=1)
             attention = create_bidirectional_mask(config=model.config, inputs_embeds=hidden, attention_mask=mask)
-            for layer in model.encoder.layer[self.split_layer:]:
+            *joint, last = model.encoder.layer[self.split_layer:]
+            for layer in joint:
                 hidden = layer(hidden, attention)
-            out.append(hidden[:, 0])
+            out.append(last_layer_cls(last, hidden, mask))
         h = torch.cat(out)
         return h[torch.argsort(torch.tensor(order, device=h.device))]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from persrag_lightning.models.reranker import PersonalizedReranker, keep_layers
-from persrag_lightning.models.reranker_split import DocStateCache
+from persrag_lightning.models.reranker_split import DocStateCache, last_layer_cls
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -151,3 +151,18 @@ def test_a_split_student_keeps_its_teachers_weights_and_its_split_through_traini
         served = PersonalizedReranker.from_pretrained(student.export(tmp_path / "student"))
         assert served.config.split_layer == 1
         torch.testing.assert_close(served(batch, table[batch.users]), got, atol=1e-5, rtol=1e-5)
+
+
+def test_the_last_layer_at_cls_alone_is_the_whole_layers_row_zero(split):
+    """The score reads the last layer at [CLS] only: the shortcut gives what the whole layer gives there, padding
+    included."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    torch.manual_seed(0)
+    layer = split.encoder.encoder.layer[-1]
+    hidden = torch.randn(3, 7, split.dim)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
+    with torch.no_grad():
+        full = layer(hidden, create_bidirectional_mask(config=split.encoder.config, inputs_embeds=hidden,
+                                                       attention_mask=mask))[:, 0]
+        torch.testing.assert_close(last_layer_cls(layer, hidden, mask), full, atol=1e-5, rtol=1e-5)
