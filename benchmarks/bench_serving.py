@@ -68,13 +68,13 @@ OPTIONS: dict[str, dict] = {
                                                "cache_doc_tokens": True},
     "(h) no reranker: first-stage order": {"reranker": None},
     # the reranker whose layers below its split read query and doc apart (models/reranker_split.py), distilled from
-    # stage 3's: a doc's states are computed the first time it is a candidate ("as they come": what a first query
-    # pays), or before the timed queries for every doc they meet ("precomputed": a doc's states made once, when it
-    # is stored, as a served corpus would hold them)
-    **{f"(l) split reranker{s}, {runtime}, doc states {when}": {
-        "reranker": f"reranker_split{s}", "reranker_runtime": runtime, "cache_doc_tokens": True,
-        "warm": when == "precomputed"}
-       for s in ("", "_l5") for runtime in ("bf16", "fp32") for when in ("as they come", "precomputed")},
+    # stage 3's (configs/overlays/reranker_split.yaml): a doc's states computed the first time it is a candidate
+    # ("as they come": what a doc's first query pays), or for every stored doc at load ("precomputed":
+    # `precompute_doc_states`, its minutes in the load column)
+    **{f"(l) split reranker, {runtime}, doc states {when}": {
+        "reranker": "reranker_split", "reranker_runtime": runtime, "cache_doc_tokens": True,
+        "precompute_doc_states": when == "precomputed"}
+       for runtime in ("bf16", "fp32") for when in ("as they come", "precomputed")},
     # a cascade: the distilled reranker scores all m·k, the trained reranker only its top N ("fewer pairs through a
     # cheaper first cut"); N is chosen on dev (--split dev), reported on test
     **{f"(k) distilled first cut, top {n} + (j)": {"first_cut": "reranker_distilled", "rerank_top": n,
@@ -109,7 +109,6 @@ class Option:
         settings = dict(settings)
         self.threads = settings.pop("threads", None) or torch.get_num_threads()
         pipeline_threads = settings.pop("pipeline_threads", None)  # the pipeline's own `threads` argument
-        self.warm = settings.pop("warm", False)  # every query answered once, unrecorded, before the timed ones
         with threads(self.threads):
             t0 = time.perf_counter()
             self.pipe = CFRAGPipeline.from_pretrained(run, cache_dir=cache_dir, k=k, threads=pipeline_threads,
@@ -200,9 +199,6 @@ def main() -> None:
         results[name] = Option(args.run, args.cache_dir, settings, args.k)
         print(f"  loaded {name} in {results[name].load_s:.1f} s", flush=True)
     names = list(results)
-    for name in (n for n in names if results[n].warm):
-        for user_id, text in queries:
-            results[name].query(user_id, text, record=False)
     for user_id, text in queries[:args.warmup]:  # first calls pay one-time costs (allocator, oneDNN kernels)
         for name in names:
             results[name].query(user_id, text, record=False)

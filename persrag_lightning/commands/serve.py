@@ -73,6 +73,9 @@ def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
                              "reranker_split (every layer, the doc side computed once per doc: "
                              "configs/overlays/reranker_split.yaml) or none (the first-stage order); default: the order the run's pipeline.json chose on "
                              "dev (without one: reranker where exported)")
+    parser.add_argument("--precompute_doc_states", action="store_true",
+                        help="a split reranker (--reranker reranker_split): every stored doc's states computed "
+                             "at start and each new user's at sign-up, so that no chat pays for them")
 
 
 def _add_reading_options(parser: argparse.ArgumentParser) -> None:
@@ -172,7 +175,7 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, bat
                             neighbour_slots=_slots(parser, args.neighbour_slots),
                             users=args.users, cohort_export=args.cohorts,
                             reranker=None if args.reranker == "none" else args.reranker,
-                            reader=args.reader, calibration=args.calibration, decision=args.decision,
+                            precompute_doc_states=args.precompute_doc_states, reader=args.reader, calibration=args.calibration, decision=args.decision,
                             cache_dir=args.cache_dir, batching=batching)
 
 

@@ -256,6 +256,19 @@ class PersonalizedReranker(nn.Module):
             self._split.cache = DocStateCache(max_doc_state_tokens) if on else None
         return self
 
+    @torch.no_grad()
+    def precompute_docs(self, docs: list[str], batch_size: int = 64) -> int:
+        """A split reranker's states of `docs` (its `cache_doc_tokens` on) computed now, `batch_size`
+        docs at a time, so that no query pays for them; returns how many were computed. Beyond the
+        cache's bound the least recently used are dropped again and computed as they come."""
+        cache = None if self._split is None else self._split.cache
+        if cache is None:
+            raise ValueError("precompute_docs: a split reranker (split_layer) with cache_doc_tokens on")
+        new = [t for t in dict.fromkeys(docs) if cache.get(t) is None]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.runtime == "bf16"):
+            self._split.doc_states(self.encoder, new, batch_size)
+        return len(new)
+
     def forget_docs(self, docs: list[str]) -> None:
         """Drop what the caches hold of `docs` (their tokens, a split reranker's states): a deleted
         user's docs leave no trace here."""

@@ -145,6 +145,7 @@ class CFRAGPipeline:
         self._llm: LLM | None = None
         self._reader: Reader | None = None
         self._text_encoder: TextEncoder | None = None
+        self._precompute = False  # a split reranker's doc states computed for each user added
         with self._torch_threads(threads):
             strategy.prepare(store)
         self.retrieve_threads = (
@@ -174,7 +175,8 @@ class CFRAGPipeline:
                         query_runtime: str = "auto", first_cut: str | None = None,
                         reader: str = RECORD_SAYS, answer_mode: str | None = None,
                         calibration: str | None = None, decision: str | None = None,
-                        neighbour_slots: int | str | None = RECORD_SAYS) -> CFRAGPipeline:
+                        neighbour_slots: int | str | None = RECORD_SAYS,
+                        precompute_doc_states: bool = False) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means
         the untuned encoder. What the run's record (`pipeline.json`, written by `train.py pipeline`)
         says its table's reference row was, chosen on dev, is served by default (serving/served.py):
@@ -201,7 +203,9 @@ class CFRAGPipeline:
         reranker tuning"). `first_cut` names a cheaper reranker bundle inside `run_dir`
         ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
         (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside
-        `run_dir` ("reader") or its folder, which then answers `generate` (label tasks)."""
+        `run_dir` ("reader") or its folder, which then answers `generate` (label tasks).
+        `precompute_doc_states`: a split reranker's (`reranker="reranker_split"`) doc states for
+        every doc of the store, computed at load and for each user added (`precompute_doc_states`)."""
         run_dir = Path(run_dir)
         choice = follow_record(run_dir, llm, reranker, reader,
                                {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
@@ -213,7 +217,23 @@ class CFRAGPipeline:
                    _reader_folder(run_dir, choice.reader))
         pipe.serves = serves_line(choice, pipe.task, run_dir)
         print(f"[serving] {pipe.serves}", file=sys.stderr, flush=True)
+        if precompute_doc_states:
+            pipe.precompute_doc_states()
         return pipe
+
+    def precompute_doc_states(self, user_ids: list[str] | None = None) -> int:
+        """Compute a split reranker's states of every doc of `user_ids` (None: the whole store, and
+        from now on each user attached) now (models/reranker_split.py), so that no query pays for a
+        doc's lower layers; returns how many docs were computed. Nothing to do for a reranker that is
+        not split."""
+        if user_ids is None:
+            self._precompute = True
+            user_ids = [u for u in self.store.corpus.user_ids if u in self.store]
+        texts = [self.store.text(r) for u in user_ids for r in self.store.corpus.rows_of(u)]
+        models = [m for m in (self.strategy._reranker, self.strategy._first_cut)
+                  if m is not None and m.config.split_layer is not None]
+        with self._torch_threads(self.retrieve_threads):
+            return sum(m.precompute_docs(texts) for m in models)
 
     @property
     def llm(self) -> LLM:
@@ -348,6 +368,8 @@ class CFRAGPipeline:
         if not share:
             self.store.set_share(user.user_id, False)
         self.store.add_user(user)
+        if self._precompute:
+            self.precompute_doc_states([user.user_id])
         s.retriever.load()
         s.retriever.doc_vectors = torch.cat(
             [s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)]

@@ -435,3 +435,35 @@ def test_a_trained_reader_bundle_of_the_run_answers_generate(run_dir, tiny_bert,
     with pytest.raises(FileNotFoundError, match="reader is not trained yet"):
         CFRAGPipeline.from_pretrained(run_dir, m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"),
                                       reader="reader")
+
+
+def test_a_split_rerankers_doc_states_are_precomputed_for_the_store_and_each_user_attached(run_dir, tiny_bert,
+                                                                                          tmp_path):
+    """`precompute_doc_states`: every stored doc's states at load, a new user's when attached, none left of a
+    deleted user; the docs and their order are the reranker's computed as they come."""
+    from persrag_lightning.models.reranker import PersonalizedReranker
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    torch.manual_seed(0)
+    PersonalizedReranker.from_encoder(tiny_bert, user_dim=32, split_layer=1).save_pretrained(run / "reranker_split")
+    settings = dict(m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"), reranker="reranker_split")
+    lazy = CFRAGPipeline.from_pretrained(run, **settings)
+    pipe = CFRAGPipeline.from_pretrained(run, precompute_doc_states=True, **settings)
+    cache = pipe.strategy._reranker._split.cache
+    store = pipe.store
+    assert len(cache) == len({store.text(r) for u in store.corpus.user_ids for r in store.corpus.rows_of(u)})
+    user = store.corpus.user_ids[1]
+    query = "description: " + store.dataset.users[user].docs[0].fields["description"]
+    want, got = lazy.retrieve(user, query), pipe.retrieve(user, query)
+    assert [d.row for d in got] == [d.row for d in want]
+    torch.testing.assert_close(torch.tensor([d.reranker_score for d in got]),
+                               torch.tensor([d.reranker_score for d in want]), atol=1e-5, rtol=1e-5)
+    template = store.dataset.users[store.corpus.user_ids[5]].docs
+    docs = [{"id": f"new-{i}", "date": f"2024-01-{i + 1:02d}", "fields": {**d.fields, "description": f"new {i}"}}
+            for i, d in enumerate(template[:4])]
+    pipe.add_user("newcomer", docs)
+    texts = [store.text(r) for r in store.corpus.rows_of("newcomer")]
+    assert all(cache.get(t) is not None for t in texts)
+    pipe.remove_user("newcomer")
+    assert all(cache.get(t) is None for t in texts)
