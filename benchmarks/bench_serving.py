@@ -1,7 +1,7 @@
 """`CFRAGPipeline.retrieve` latency, one query at a time, without the LLM: p50 / p95 per stage (similar users,
 first-stage docs, rerank, total), CPU time per query and load time, for the paper's settings (baseline: all m·k
 candidates reranked by the fp32 cross-encoder), for each inference-time option of CFRAG (retrieval/cfrag.py) and
-for the distilled reranker (when the run has one), with the agreement of each option's final top-k with the
+for the distilled and the split rerankers (when the run has them), with the agreement of each option's final top-k with the
 baseline's (overlap@k, and the share of queries with the same docs in the same order). The fp32 rows' encoders run
 their Linear layers on the runtime policy's float32 GEMM path (persrag_lightning/runtime.py, named in the first
 lines; PERSRAG_GEMM=torch: torch's own). Wall-clock timings; on a machine shared with other jobs say so ("shared
@@ -75,6 +75,9 @@ OPTIONS: dict[str, dict] = {
         "reranker": "reranker_split", "reranker_runtime": runtime, "cache_doc_tokens": True,
         "precompute_doc_states": when == "precomputed"}
        for runtime in ("bf16", "fp32") for when in ("as they come", "precomputed")},
+    "(l+j) split reranker, bf16, doc states precomputed, openvino query": {
+        "reranker": "reranker_split", "reranker_runtime": "bf16", "query_runtime": "openvino", "cache_doc_tokens": True,
+        "precompute_doc_states": True},
     # a cascade: the distilled reranker scores all m·k, the trained reranker only its top N ("fewer pairs through a
     # cheaper first cut"); N is chosen on dev (--split dev), reported on test
     **{f"(k) distilled first cut, top {n} + (j)": {"first_cut": "reranker_distilled", "rerank_top": n,
