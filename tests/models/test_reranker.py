@@ -239,11 +239,41 @@ def test_rows_per_forward_depend_on_the_device_and_default_the_chunks(monkeypatc
     assert seen == [3, 3, 1] and out.tolist() == [0, 4, 8, 12, 16, 20, 24]
 
 
+def one_batch_data(batch: CandidateBatch, table: torch.Tensor):
+    """A datamodule of one candidate batch over the user table `table`, for a student's short fit."""
+    import lightning as L
+
+    class Data(L.LightningDataModule):
+        user_embeddings = table
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
+
+    return Data()
+
+
+def fit_and_reload(student, batch: CandidateBatch, table: torch.Tensor, tmp_path):
+    """One epoch of a reranker module on `batch`, then its scores of the batch, its checkpoint reloaded and its
+    export reloaded without Lightning: (scores, resumed module, served reranker)."""
+    import lightning as L
+
+    from persrag_lightning.modules.reranker import RerankerModule
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(student, datamodule=one_batch_data(batch, table))
+    trainer.save_checkpoint(tmp_path / "student.ckpt")
+    student.eval()
+    with torch.no_grad():
+        return (student(batch), RerankerModule.load_from_checkpoint(tmp_path / "student.ckpt").eval(),
+                PersonalizedReranker.from_pretrained(student.export(tmp_path / "student")))
+
+
 def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tmp_path):
     """init_from + num_layers: the student is the teacher's encoder cut to its first layers with the teacher's
     MLP2 and MLP3; all layers kept reproduce the teacher; checkpoint and export round trips keep the cut."""
-    import lightning as L
-
     from persrag_lightning.models.reranker import keep_layers
     from persrag_lightning.modules.reranker import RerankerModule
 
@@ -253,15 +283,9 @@ def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tm
     teacher_path = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8).save_pretrained(tmp_path / "teacher")
     teacher = PersonalizedReranker.from_pretrained(teacher_path)
 
-    class Data(L.LightningDataModule):
-        user_embeddings = table
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
-
     def student(**kw) -> RerankerModule:
         module = RerankerModule(RerankerSettings(**kw), init_from=str(teacher_path))
-        module.attach_datamodule(Data())
+        module.attach_datamodule(one_batch_data(batch, table))
         return module.eval()
 
     with torch.no_grad():
@@ -273,17 +297,9 @@ def test_a_distilled_student_starts_from_its_teachers_first_layers(tiny_bert, tm
         for name, p in teacher.state_dict().items():               # what is left is the teacher's
             if ".layer.1." not in name:
                 torch.testing.assert_close(cut.model.state_dict()[name], p)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(cut, datamodule=Data())
-    trainer.save_checkpoint(tmp_path / "student.ckpt")
-    cut.eval()
+    got, resumed, served = fit_and_reload(cut, batch, table, tmp_path)
     with torch.no_grad():
-        got = cut(batch)
-        torch.testing.assert_close(RerankerModule.load_from_checkpoint(tmp_path / "student.ckpt").eval()(batch), got)
-        served = PersonalizedReranker.from_pretrained(cut.export(tmp_path / "student"))
+        torch.testing.assert_close(resumed(batch), got)
         assert len(served.encoder.encoder.layer) == 1
         torch.testing.assert_close(served(batch, table[batch.users]), got)
 

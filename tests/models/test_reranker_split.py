@@ -112,44 +112,23 @@ def test_runtimes_and_bad_splits(tiny_bert, tmp_path):
 def test_a_split_student_keeps_its_teachers_weights_and_its_split_through_training_and_export(tiny_bert, tmp_path):
     """init_from + split_layer (serving's split reranker, distilled from stage 3's): every weight is the
     teacher's, the split holds in the checkpoint and in the export."""
-    import warnings
-
-    import lightning as L
-
     from persrag_lightning.models.reranker import RerankerSettings
     from persrag_lightning.modules.reranker import RerankerModule
-    from tests.models.test_reranker import USERS, make_batch
+    from tests.models.test_reranker import USERS, fit_and_reload, make_batch, one_batch_data
 
     batch, table = make_batch(), torch.randn(len(USERS), 8)
     torch.manual_seed(1)
     teacher = PersonalizedReranker.from_encoder(tiny_bert, user_dim=8)
     teacher_path = teacher.save_pretrained(tmp_path / "teacher")
-
-    class Data(L.LightningDataModule):
-        user_embeddings = table
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader([batch], batch_size=1, collate_fn=lambda x: x[0])
-
     student = RerankerModule(RerankerSettings(split_layer=1), init_from=str(teacher_path))
-    student.attach_datamodule(Data())
+    student.attach_datamodule(one_batch_data(batch, table))
     assert student.model.config.split_layer == 1
     for name, p in teacher.state_dict().items():
         torch.testing.assert_close(student.model.state_dict()[name], p)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(student, datamodule=Data())
-    trainer.save_checkpoint(tmp_path / "student.ckpt")
-    student.eval()
+    got, resumed, served = fit_and_reload(student, batch, table, tmp_path)
+    assert resumed.model.config.split_layer == 1 and served.config.split_layer == 1
     with torch.no_grad():
-        got = student(batch)
-        resumed = RerankerModule.load_from_checkpoint(tmp_path / "student.ckpt").eval()
-        assert resumed.model.config.split_layer == 1
         torch.testing.assert_close(resumed(batch), got)
-        served = PersonalizedReranker.from_pretrained(student.export(tmp_path / "student"))
-        assert served.config.split_layer == 1
         torch.testing.assert_close(served(batch, table[batch.users]), got, atol=1e-5, rtol=1e-5)
 
 

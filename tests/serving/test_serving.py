@@ -447,7 +447,7 @@ def test_a_split_rerankers_doc_states_are_precomputed_for_the_store_and_each_use
     shutil.copytree(run_dir, run)
     torch.manual_seed(0)
     PersonalizedReranker.from_encoder(tiny_bert, user_dim=32, split_layer=1).save_pretrained(run / "reranker_split")
-    settings = dict(m=3, k_per_user=2, k=3, cache_dir=str(tmp_path / "cache"), reranker="reranker_split")
+    settings = {"m": 3, "k_per_user": 2, "k": 3, "cache_dir": str(tmp_path / "cache"), "reranker": "reranker_split"}
     lazy = CFRAGPipeline.from_pretrained(run, **settings)
     pipe = CFRAGPipeline.from_pretrained(run, precompute_doc_states=True, **settings)
     cache = pipe.strategy._reranker._split.cache
