@@ -167,8 +167,7 @@ class CFRAGPipeline:
 
     @classmethod
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int | str | None = RECORD_SAYS,
-                        k_per_user: int = 5,
-                        k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
+                        k_per_user: int = 5, k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
                         reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
                         threads: int | None = None, reranker: str | None = RECORD_SAYS,
@@ -197,15 +196,12 @@ class CFRAGPipeline:
         in the fastest runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's
         bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere. Pass
         `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
-        exact CFRAG. `reranker` names the reranker bundle inside `run_dir`: "reranker_distilled"
-        serves the one-layer student of cfrag_reranker_distilled.yaml (docs/training/stages.md:
-        faster reranking, a different order); None serves the first-stage order (Table 3's "w/o
-        reranker tuning"). `first_cut` names a cheaper reranker bundle inside `run_dir`
-        ("reranker_distilled") that chooses the `rerank_top` candidates the reranker scores
-        (docs/performance/serving.md). `reader`: `llm`, or a trained reader's bundle inside
-        `run_dir` ("reader") or its folder, which then answers `generate` (label tasks).
-        `precompute_doc_states`: a split reranker's (`reranker="reranker_split"`) doc states for
-        every doc of the store, computed at load and for each user added (`precompute_doc_states`)."""
+        exact CFRAG. `reranker` names the reranker bundle inside `run_dir`, faster students of
+        stage 3's included (docs/training/stages.md): "reranker_distilled" (one layer),
+        "reranker_split" (its doc states made once per doc; with `precompute_doc_states`, for the
+        whole store at load); None serves the first-stage order (Table 3's "w/o reranker tuning").
+        `first_cut`: a cheaper reranker bundle choosing the `rerank_top` candidates reranked.
+        `reader`: `llm`, or a trained reader's bundle ("reader") or folder, answering `generate`."""
         run_dir = Path(run_dir)
         choice = follow_record(run_dir, llm, reranker, reader,
                                {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
