@@ -75,6 +75,11 @@ OPTIONS: dict[str, dict] = {
         "reranker": "reranker_split", "reranker_runtime": runtime, "cache_doc_tokens": True,
         "precompute_doc_states": when == "precomputed"}
        for runtime in ("bf16", "fp32") for when in ("as they come", "precomputed")},
+    # split one layer higher (`--stage_name reranker_split_l5 --model.init_args.config.split_layer=5`): the last layer
+    # alone reads query and doc together, at [CLS]
+    "(l) split reranker at layer 5, bf16, doc states precomputed": {
+        "reranker": "reranker_split_l5", "reranker_runtime": "bf16", "cache_doc_tokens": True,
+        "precompute_doc_states": True},
     "(l+j) split reranker, bf16, doc states precomputed, openvino query": {
         "reranker": "reranker_split", "reranker_runtime": "bf16", "query_runtime": "openvino", "cache_doc_tokens": True,
         "precompute_doc_states": True},
