@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["DocStateCache", "SplitPairs", "check_split_layer", "last_layer_cls"]
 
@@ -118,8 +122,8 @@ class SplitPairs:
         max_length: token limit of a pair, special tokens included.
     """
 
-    def __init__(self, tokenizer, split_layer: int, max_query_length: int, max_doc_length: int,
-                 max_length: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, split_layer: int, max_query_length: int,
+                 max_doc_length: int, max_length: int) -> None:
         self.tokenizer, self.split_layer = tokenizer, split_layer
         self.max_doc_length = max_doc_length
         self.max_query_length = min(max_query_length, max_length - max_doc_length - 3)
