@@ -71,7 +71,8 @@ def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
                         help="the run's reranker bundle: reranker (stage 3), reranker_distilled (its one-layer "
                              "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md), "
                              "reranker_split (every layer, the doc side computed once per doc: "
-                             "configs/overlays/reranker_split.yaml) or none (the first-stage order); default: the order the run's pipeline.json chose on "
+                             "configs/overlays/reranker_split.yaml) or none (the first-stage order); default: "
+                             "the order the run's pipeline.json chose on "
                              "dev (without one: reranker where exported)")
     parser.add_argument("--precompute_doc_states", action="store_true",
                         help="a split reranker (--reranker reranker_split): every stored doc's states computed "
@@ -175,7 +176,8 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, bat
                             neighbour_slots=_slots(parser, args.neighbour_slots),
                             users=args.users, cohort_export=args.cohorts,
                             reranker=None if args.reranker == "none" else args.reranker,
-                            precompute_doc_states=args.precompute_doc_states, reader=args.reader, calibration=args.calibration, decision=args.decision,
+                            precompute_doc_states=args.precompute_doc_states, reader=args.reader,
+                            calibration=args.calibration, decision=args.decision,
                             cache_dir=args.cache_dir, batching=batching)
 
 
