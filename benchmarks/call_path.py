@@ -1,9 +1,10 @@
 """The main job's own call path, traced: `persrag pipeline --preset quick` with its stages and evaluations replaced
 by stand-ins (the pipeline tests' `fake_fit` / `fake_evaluate`), the rate probes and the GEMM probe stubbed, and every
-call a function of the package makes to another one recorded (not the calls the config parsers make while they
-resolve a config). Prints the files it visits (all of them, and those a function call reaches, leaving out the
-module and class bodies that run while a module is imported), the calls that climb back up a layer of pyproject's import-linter
-contract (distinct caller -> callee pairs) and the task-spec lookups (`get_task` calls, by caller).
+call a function of the package makes to another one recorded. Prints the files it visits (all of them) and those on
+the call path: reached from the main job through the package's own functions alone, so not what runs while a module
+is imported (a module or class body and whatever it calls), nor what a library calls back (a config parser building
+a strategy while it resolves a config) or a stand-in calls; then the calls that climb back up a layer of pyproject's import-linter
+contract (distinct caller -> callee pairs) and the task-spec lookups on the call path (`get_task` calls, by caller).
 
 Then, statically, the files one step from the main job's own modules (`--room`, default every module of
 persrag_lightning/pipeline/): those modules and every module of the package they import.
@@ -31,6 +32,20 @@ def room(path: str) -> str | None:
         return None
     first = path[len(PKG) + 1:].split("/")[0]
     return first.removesuffix(".py")
+
+
+def on_call_path(frame) -> bool:
+    """Whether a call was reached from the main job through the package's own functions alone: no module or class
+    body run while a module is imported above it, and no library in between (a config parser building a class,
+    importlib). A dataclass's generated `__init__` (file `<string>`) passes through."""
+    if frame.f_code.co_name == "<module>":
+        return False
+    caller = frame.f_back
+    while caller is not None and (room(caller.f_code.co_filename) is not None or caller.f_code.co_filename == "<string>"):
+        if caller.f_code.co_name == "<module>":
+            return False
+        caller = caller.f_back
+    return caller is not None and caller.f_code.co_name == "main" and caller.f_code.co_filename == __file__
 
 
 def one_step(room: list[Path]) -> set[str]:
@@ -74,10 +89,9 @@ def main() -> None:
         if room(callee) is None or frame.f_back is None or room(frame.f_back.f_code.co_filename) is None:
             return
         files.add(callee)
-        # a class body or module body run while a module is imported: on the import graph, not the call path
-        if frame.f_code.co_name != "<module>" and frame.f_back.f_code.co_name != "<module>":
+        if on_call_path(frame):
             called.add(callee)
-        if frame.f_code.co_name == "get_task":
+        if frame.f_code.co_name == "get_task" and on_call_path(frame):
             lookups[0] += 1
             by_caller[f"{Path(frame.f_back.f_code.co_filename).relative_to(PKG)}:{frame.f_back.f_code.co_name}"] += 1
         caller = frame.f_back
@@ -92,14 +106,15 @@ def main() -> None:
             pipeline.main(["--preset", "quick", "--export_root", root])
         finally:
             sys.setprofile(None)
-    print(f"files visited: {len(files)}, of them by a call (not a module or class body run at import): {len(called)}")
+    print(f"files visited: {len(files)}, of them on the call path (reached from main through the package's functions): "
+          f"{len(called)}")
     print(f"calls back up a layer (distinct caller → callee): {len(climbs)}")
     for a, b in sorted(climbs):
         print(f"  {a} → {b}")
-    print(f"task-spec lookups (get_task calls): {lookups[0]}")
+    print(f"task-spec lookups on the call path (get_task calls): {lookups[0]}")
     for caller, n in sorted(by_caller.items()):
         print(f"  {n} from {caller}")
-    print("files (* by a call):")
+    print("files (* on the call path):")
     for f in sorted(files):
         print(f"  {Path(f).relative_to(PKG)}{' *' if f in called else ''}")
 

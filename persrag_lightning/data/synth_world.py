@@ -28,7 +28,7 @@ from persrag_lightning.data.synth_text import (
 )
 from persrag_lightning.data.tasks import LAMP2_LABELS, get_task
 
-__all__ = ["SYNTH_TASKS", "SynthConfig", "SynthWorld", "build_world", "draw_histories",
+__all__ = ["DEFAULT_USERS", "QUESTIONS_PER_USER", "SYNTH_TASKS", "SynthConfig", "SynthWorld", "build_world", "draw_histories",
            "draw_slots"]
 
 SYNTH_TASKS = ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")
@@ -36,6 +36,10 @@ SYNTH_TASKS = ("LaMP-1", "LaMP-2", "LaMP-3", "LaMP-4", "LaMP-5", "LaMP-7")
 QUESTION_SHARE = 4
 # rejection rounds; a question row fails a round with p ~ 3/4, so 256 never run out in practice
 MAX_REDRAWS = 256
+# the default dataset's size: its users, and each user's questions per split in time order (SynthConfig's
+# defaults; a plan reads them without building and validating a config)
+DEFAULT_USERS = 300
+QUESTIONS_PER_USER = {"train": 2, "dev": 1, "test": 1}
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -63,13 +67,13 @@ class SynthConfig:
     """
 
     task: str = "LaMP-2"
-    num_users: int = 300
+    num_users: int = DEFAULT_USERS
     num_communities: int = 8
     docs_per_user: tuple[int, int] = (20, 60)
     kinds_per_user: tuple[int, int] = (3, 5)
-    train_questions_per_user: int = 2
-    dev_questions_per_user: int = 1
-    test_questions_per_user: int = 1
+    train_questions_per_user: int = QUESTIONS_PER_USER["train"]
+    dev_questions_per_user: int = QUESTIONS_PER_USER["dev"]
+    test_questions_per_user: int = QUESTIONS_PER_USER["test"]
     unseen_fraction: float = 0.6
     noise: float = 0.1
     seed: int = 0

@@ -131,9 +131,9 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
         stages: each trained stage's resolved configuration, by stage name.
         counts: questions per split (`question_counts`).
     """
-    from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.data.synth_world import QUESTIONS_PER_USER
 
-    users = counts["train"] // SynthConfig(num_users=1).questions_per_split()["train"] or 1
+    users = counts["train"] // QUESTIONS_PER_USER["train"] or 1
     total = {"encoder": 0.0, "llm": 0.0, "fold_readers": 0.0}
     for stage, config in stages.items():
         kind = STAGES[stage].kind
@@ -186,10 +186,10 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
 
         return {s: len(json.loads(questions_path(data_dir, s).read_text())) if questions_path(data_dir, s).is_file()
                 else 0 for s in ("train", "dev", "test")}
-    from persrag_lightning.data.synth import SynthConfig
+    from persrag_lightning.data.synth_world import DEFAULT_USERS, QUESTIONS_PER_USER
 
-    users = users or SynthConfig().num_users
-    return {s: n * int(users) for s, n in SynthConfig(num_users=1).questions_per_split().items()}
+    users = users or DEFAULT_USERS
+    return {s: n * int(users) for s, n in QUESTIONS_PER_USER.items()}
 
 
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
