@@ -167,8 +167,10 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     # a smaller reranker distilled from stage 3's, for serving latency
     Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "feedback"),
     Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows
+    # the paper's text-only encoder, its doc table fine-tuned as the official code does whatever a preset sets
     Stage("user_encoder_paper", "cfrag_user_encoder.yaml", "user_encoder",
-          {"model.init_args.config.judgments": "none"}, paper=True, named=True),
+          {"model.init_args.config.judgments": "none", "model.init_args.training.freeze_doc_table": False},
+          paper=True, named=True),
     Stage("retriever_paper", "cfrag_retriever.yaml", "feedback", inputs=_PAPER_ENCODER, paper=True, named=True),
     Stage("reranker_paper", "cfrag_reranker.yaml", "feedback",
           inputs={**_PAPER_ENCODER, "data.init_args.candidates.retriever": "retriever_paper"}, paper=True,
