@@ -67,6 +67,9 @@ OPTIONS: dict[str, dict] = {
     "(g) distilled 2-layer reranker + (a+e)": {"reranker": "reranker_distilled_l2", "reranker_runtime": "bf16",
                                                "cache_doc_tokens": True},
     "(h) no reranker: first-stage order": {"reranker": None},
+    "(h+f) first-stage order, bf16 query": {"reranker": None, "query_runtime": "bf16"},
+    "(h+j) first-stage order, openvino query (serving default where installed)": {"reranker": None,
+                                                                                 "query_runtime": "openvino"},
     # the reranker whose layers below its split read query and doc apart (models/reranker_split.py), distilled from
     # stage 3's (configs/overlays/reranker_split.yaml): a doc's states computed the first time it is a candidate
     # ("as they come": what a doc's first query pays), or for every stored doc at load ("precomputed":
@@ -172,6 +175,10 @@ def main() -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--cache-dir", default=".cache/persrag")
     p.add_argument("--only", nargs="*", help="option names (substrings) to run besides the baseline")
+    p.add_argument("--blocks", action="store_true",
+                   help="each option's queries in one block, as a server of one configuration sees them (the default "
+                        "interleaves the options per query: other jobs' load falls on every option alike, but each "
+                        "option's pass evicts the others' caches)")
     args = p.parse_args()
     from transformers.utils import logging as hf_logging
 
@@ -201,7 +208,8 @@ def main() -> None:
         print("this CPU has no native bf16: the bf16 row runs emulated")
     announce(gemm_choice())  # the path the fp32 rows' encoders take
     print(f"{len(queries)} {args.split} queries one at a time, k = {args.k}, m·k = 30 candidates, {torch.get_num_threads()} torch "
-          f"threads; wall-clock ms (shared CPU: other jobs may run on these cores)")
+          f"threads; {'each option in its own block' if args.blocks else 'the options interleaved per query'}; "
+          f"wall-clock ms (shared CPU: other jobs may run on these cores)")
     results: dict[str, Option] = {}
     for name, settings in options.items():  # every pipeline loaded first (load time each), then queried in turns
         results[name] = Option(args.run, args.cache_dir, settings, args.k)
@@ -212,7 +220,12 @@ def main() -> None:
             results[name].query(user_id, text, record=False)
     # Each query goes through every option in turn, the order rotated per query: a burst of load from other jobs
     # on the shared cores then falls on every option alike instead of on whichever ran at that moment.
-    for i, (user_id, text) in enumerate(queries):
+    if args.blocks:
+        for name in names:
+            for user_id, text in queries:
+                results[name].query(user_id, text)
+            print(f"  {name}: {len(queries)} queries", flush=True)
+    for i, (user_id, text) in enumerate(queries if not args.blocks else []):
         for name in names[i % len(names):] + names[:i % len(names)]:
             results[name].query(user_id, text)
         if (i + 1) % 10 == 0:

@@ -177,6 +177,14 @@ class StaticShapes:
             self.requests.popitem(last=False)
         return request
 
+    def warm(self, rows: int, max_width: int) -> int:
+        """Compile now every shape of `rows` rows up to `max_width` tokens (at most MAX_SHAPES), so
+        that no later batch of those rows pays a compile; returns how many shapes that is."""
+        widths = range(self.width_step, -(-max_width // self.width_step) * self.width_step + 1, self.width_step)
+        for width in list(widths)[:MAX_SHAPES]:
+            self._request((rows, width))
+        return min(len(widths), MAX_SHAPES)
+
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         rows, width = inputs["input_ids"].shape
         padded = -(-width // self.width_step) * self.width_step

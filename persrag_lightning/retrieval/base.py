@@ -244,6 +244,10 @@ class Strategy(ABC):
         (strategies.py's `set_reranker_runtime`, before any retrieval: the runtime is part of the
         cache key); no-op without one."""
 
+    def warm(self) -> None:
+        """Make now, once prepared, what a served query would otherwise wait for (a runtime's
+        compiled shapes); serving calls it at load. No-op by default."""
+
 
 def cache_value(value: object) -> object:
     """A setting as a cache key holds it: an exported bundle (a folder with config.json) or a cohort

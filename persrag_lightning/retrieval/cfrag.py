@@ -321,6 +321,11 @@ class CFRAG(Strategy):
             self._unseen[user_id] = (e_u, e_u if by_encoder else vectors[0].mean(0))
         return self._unseen[user_id]
 
+    def warm(self) -> None:
+        """The query encoder's shapes of one query at every width compiled now (an exported runtime
+        with static shapes), so that no served query waits for a compile."""
+        self.retriever.warm_query_shapes()
+
     def similar_users(self, user_id: str) -> list[tuple[str, float]]:
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user
         alone."""

@@ -148,6 +148,7 @@ class CFRAGPipeline:
         self._precompute = False  # a split reranker's doc states computed for each user added
         with self._torch_threads(threads):
             strategy.prepare(store)
+            strategy.warm()
         self.retrieve_threads = (
             threads if threads is not None else (1 if all_exported(strategy) else None)
         )

@@ -336,6 +336,27 @@ def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_
     assert list(bounded.requests) == [(5, -(-widths[2] // exported.WIDTH_STEP) * exported.WIDTH_STEP)]
 
 
+def test_a_served_query_never_waits_for_an_openvino_compile(tiny_bert, tmp_path, one_thread):
+    """warm_query_shapes compiles one query's shape at every width up to the query encoder's max_length, so a query
+    of any length then finds its shape compiled; in another runtime it does nothing."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    from persrag_lightning.models import exported
+
+    retriever = query_retriever(tiny_bert, tmp_path / "cache")
+    assert retriever.warm_query_shapes() == 0  # torch fp32: nothing to compile
+    retriever.use_query_runtime("openvino", tmp_path / "cache")
+    session, max_length = retriever._query_session, retriever.query_encoder().max_length
+    warmed = retriever.warm_query_shapes()
+    assert warmed == -(-max_length // exported.WIDTH_STEP) and len(session.requests) == warmed
+    assert {w for _, w in session.requests} == set(range(exported.WIDTH_STEP, warmed * exported.WIDTH_STEP + 1,
+                                                          exported.WIDTH_STEP))
+    compiled = dict(session.requests)
+    for query in texts(1, 1, high=5) + texts(1, 1, high=60) + [" ".join(["film"] * (2 * max_length))]:
+        retriever.query_vectors([query])
+    assert session.requests.keys() == compiled.keys() and all(session.requests[s] is compiled[s] for s in compiled)
+
+
 def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
     """configs/evaluate_distilled.yaml: every CFRAG row is the same run's stage 1 and retriever; the rerankers are
     the teacher, the bundle cfrag_reranker_distilled.yaml exports and its two-layer variant, against the teacher."""
