@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from persrag_lightning.data.source import LampSource  # noqa: E402
-from persrag_lightning.data.synth import SynthConfig  # noqa: E402
-from persrag_lightning.evaluation.stats import LampMetricFn, bootstrap_interval, sign_flip_test  # noqa: E402
-from persrag_lightning.metrics.primary import primary_metric  # noqa: E402
-from persrag_lightning.retrieval.strategies import file_name  # noqa: E402
+from persrag_lightning.data.source import LampSource
+from persrag_lightning.data.synth import SynthConfig
+from persrag_lightning.evaluation.stats import LampMetricFn, bootstrap_interval, sign_flip_test
+from persrag_lightning.metrics.primary import primary_metric
+from persrag_lightning.retrieval.strategies import file_name
 
 
 def row_name(metrics: dict, prefix: str) -> str:
