@@ -225,11 +225,12 @@ def main() -> None:
             for user_id, text in queries:
                 results[name].query(user_id, text)
             print(f"  {name}: {len(queries)} queries", flush=True)
-    for i, (user_id, text) in enumerate(queries if not args.blocks else []):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            results[name].query(user_id, text)
-        if (i + 1) % 10 == 0:
-            print(f"  {i + 1}/{len(queries)} queries", flush=True)
+    else:
+        for i, (user_id, text) in enumerate(queries):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                results[name].query(user_id, text)
+            if (i + 1) % 10 == 0:
+                print(f"  {i + 1}/{len(queries)} queries", flush=True)
     base = results[names[0]].rows
     head = (f"| option | load s | users p50/p95 | docs p50/p95 | rerank p50/p95 | total p50/p95 | CPU ms/query | "
             f"overlap@{args.k} | same order |")
