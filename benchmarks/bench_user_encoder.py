@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--embed-sample", type=int, default=2048)
     parser.add_argument("--cache-dir", default=".cache/persrag")
     parser.add_argument("--seeds", type=int, default=1, help="training seeds averaged for precision@m")
-    parser.add_argument("--judgments", nargs="+", default=["none"], choices=["none", "label", "paired"],
+    parser.add_argument("--judgments", nargs="+", default=["none"], choices=["none", "label", "paired", "profile"],
                         help="encoder inputs: the paper's text only, with a learned label embedding, and/or with "
                              "that plus a label-specific map of the doc vector")
     parser.add_argument("--doc-table", nargs="+", default=["tuned", "frozen"], choices=["tuned", "frozen"])

@@ -23,7 +23,7 @@ from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 __all__ = ["Judgments", "UserEncoder", "UserEncoderConfig", "UserEncoderSettings",
            "judgment_labels"]
 
-Judgments = Literal["none", "label", "paired"]
+Judgments = Literal["none", "label", "paired", "profile"]
 
 
 @dataclass
@@ -39,8 +39,10 @@ class UserEncoderSettings:
         judgments: beyond the paper: `label` adds a learned embedding of each history doc's judgment
             (the task's label field: LaMP-2 tag, LaMP-3 score) to its doc vector (a sum:
             docs/methods/judgments.md says why); `paired` adds as well a label-specific linear map
-            of the doc vector, so *which* doc got *which* judgment survives mean pooling; `none` is
-            the paper's text-only encoder.
+            of the doc vector, so *which* doc got *which* judgment survives mean pooling; `profile`
+            keeps only that pairing and trains nothing: the user is the mean of A_l d over their
+            docs (per label, the mean doc of that label in its own random subspace), read by no
+            transformer; `none` is the paper's text-only encoder.
     """
 
     num_layers: int = 1
@@ -122,7 +124,7 @@ class UserEncoder(nn.Module):
         """The tables by which a doc's judgment (LaMP-2's tag, LaMP-3's score) enters its vector:
         `label` adds a label row, `paired` also a d × d map per label; none for `none`."""
         d = config.dim
-        if config.judgments in ("label", "paired"):
+        if config.judgments in ("label", "paired", "profile"):
             # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the
             # transformer keeps width d and the doc table keeps the frozen encoder's space (a
             # projection in front would re-mix the MiniLM rows with the labels, so the paper's
@@ -141,7 +143,7 @@ class UserEncoder(nn.Module):
             self.register_buffer(
                 "doc_labels", torch.zeros(config.num_docs + FIRST_DOC_ID, dtype=torch.long)
             )
-        if config.judgments == "paired":
+        if config.judgments in ("paired", "profile"):
             # `paired`: x = d + g_l + A_l d, a d × d map per label (row 0 unused: label 0 — none,
             # [mask], [pad] — keeps d). A sum alone, averaged by MEAN pooling, keeps the mean text
             # and the label histogram but not which doc got which label: users rating categories (a,
@@ -154,7 +156,7 @@ class UserEncoder(nn.Module):
             self.label_maps = nn.Parameter(torch.randn(len(labels) + 1, d, d) * d ** -0.5)
         elif config.judgments not in ("none", "label"):
             raise ValueError(
-                f"judgments must be 'none', 'label' or 'paired', got {config.judgments!r}"
+                f"judgments must be 'none', 'label', 'paired' or 'profile', got {config.judgments!r}"
             )
 
     @torch.no_grad()
@@ -178,6 +180,11 @@ class UserEncoder(nn.Module):
     @property
     def uses_judgments(self) -> bool:
         return self.config.judgments != "none"
+
+    @property
+    def trains(self) -> bool:
+        """False for `judgments: profile`, whose user is a fixed function of their judged docs."""
+        return self.config.judgments != "profile"
 
     def doc_label_ids(self, docs: Sequence[HistoryDoc]) -> torch.Tensor:
         """Label ids (0 = none) of history docs as this encoder embeds them; a ValueError on a
@@ -218,6 +225,11 @@ class UserEncoder(nn.Module):
             raise ValueError(
                 "this user encoder was trained with judgments: none; it embeds no labels"
             )
+        keep = (~pad_mask).unsqueeze(-1).to(doc_vectors.dtype)
+        if not self.trains:
+            # `profile`: the mean of A_l d alone, over the non-pad docs (a [mask] or unlabelled doc
+            # adds zero and still counts, as a doc the user has)
+            return (self.label_mapped(doc_vectors, labels) * keep).sum(1) / keep.sum(1).clamp(min=1.0)
         if labels is not None:
             doc_vectors = self.judged_inputs(doc_vectors, labels)
         length = doc_vectors.shape[1]
@@ -228,9 +240,8 @@ class UserEncoder(nn.Module):
         hidden = self.transformer(
             doc_vectors + self.positions[:length], src_key_padding_mask=pad_mask
         )
-        keep = (~pad_mask).unsqueeze(-1).to(hidden.dtype)
         # Eq. 1: MEAN over non-pad positions
-        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+        return (hidden * keep.to(hidden.dtype)).sum(1) / keep.sum(1).clamp(min=1.0)
 
     def judged_inputs(self, doc_vectors: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The transformer's input per doc: d + g_l (`label`), d + g_l + A_l d (`paired`); label 0
@@ -239,16 +250,19 @@ class UserEncoder(nn.Module):
         labels = labels.to(doc_vectors.device)
         judged = doc_vectors + self.label_table(labels)
         if self.config.judgments == "paired":
-            mapped = torch.zeros_like(doc_vectors)
-            for label in labels.unique().tolist():
-                if label:
-                    rows = labels == label
-                    # under autocast the matmul computes in bf16; the sum stays in the input's dtype
-                    mapped[rows] = (
-                        doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)
-                    ).to(mapped.dtype)
-            judged = judged + mapped
+            judged = judged + self.label_mapped(doc_vectors, labels)
         return judged
+
+    def label_mapped(self, doc_vectors: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """A_l d per doc (zero for label 0: none, [mask], [pad]): one matmul per label present."""
+        labels = labels.to(doc_vectors.device)
+        mapped = torch.zeros_like(doc_vectors)
+        for label in labels.unique().tolist():
+            if label:
+                rows = labels == label
+                # under autocast the matmul computes in bf16; the sum stays in the input's dtype
+                mapped[rows] = (doc_vectors[rows] @ self.label_maps[label].to(doc_vectors.dtype)).to(mapped.dtype)
+        return mapped
 
     def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
         """Users from doc-table ids [B, L] (0 = pad, 1 = mask, r + 2 = corpus row r), oldest

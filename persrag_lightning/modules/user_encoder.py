@@ -88,7 +88,8 @@ class UserEncoderModule(L.LightningModule):
     def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None,
                mask_embedding: torch.Tensor | None = None) -> None:
         self.encoder = UserEncoder(config, doc_embeddings, mask_embedding)
-        self.encoder.doc_table.weight.requires_grad_(not self.settings.freeze_doc_table)
+        self.encoder.requires_grad_(self.encoder.trains)
+        self.encoder.doc_table.weight.requires_grad_(self.encoder.trains and not self.settings.freeze_doc_table)
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
@@ -124,7 +125,13 @@ class UserEncoderModule(L.LightningModule):
     def forward(self, doc_ids: torch.Tensor) -> torch.Tensor:
         return self.encoder(doc_ids)
 
-    def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
+    def on_train_start(self) -> None:
+        if not self.encoder.trains:  # `judgments: profile`: validation and the export only
+            self.trainer.should_stop = True
+
+    def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor | None:
+        if not self.encoder.trains:
+            return None
         t = self.settings
         loss = info_nce(self(batch.view_a), self(batch.view_b), t.temperature, t.negatives,
                         gather_negatives=t.gather_negatives)
@@ -163,8 +170,10 @@ class UserEncoderModule(L.LightningModule):
     def predict_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
         return self(batch.history)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> torch.optim.Optimizer | None:
         params = [p for p in self.parameters() if p.requires_grad]
+        if not params:  # `judgments: profile` trains nothing
+            return None
         return torch.optim.Adam(
             params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
         )

@@ -34,7 +34,8 @@ GATES = {"CFRAG, ≤ 2 neighbour docs": "w/o user retrieval",
          "w/o user retrieval (first-stage order)": "w/o user retrieval (first-stage order)"}
 EVERY_CANDIDATE = {**CANDIDATES, **GATES}
 TUNED = " + tuned generator"
-STAGE_ONE_READS = {"paired": "judgments", "label": "label judgments", "none": "text only"}
+STAGE_ONE_READS = {"paired": "judgments", "profile": "judgment profile", "label": "label judgments",
+                   "none": "text only"}
 ORDER_ROW = "w/o user retrieval{order}"  # a preset's row: the chosen order's "w/o user retrieval" row
 
 
@@ -45,7 +46,7 @@ def chain_names(judgments: str) -> dict[str, str]:
     tables it is a configuration of CFRAG.
 
     Args:
-        judgments: what stage 1 reads per history doc (`paired`, `label`, `none`).
+        judgments: what stage 1 reads per history doc (`paired`, `profile`, `label`, `none`).
     """
     reads = STAGE_ONE_READS[judgments]
     return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)",

@@ -14,11 +14,12 @@ reaches every stage.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from persrag_lightning.commands.evaluate import evaluation_config, run_evaluation
 from persrag_lightning.commands.train import run_stage, stage_config
 from persrag_lightning.data.folder_task import resolve_task
+from persrag_lightning.models.user_encoder import Judgments
 from persrag_lightning.pipeline.choice import check_rows
 from persrag_lightning.pipeline.execution import JobRun, print_minutes, write_record
 from persrag_lightning.pipeline.flow import plan_job, run_job
@@ -77,9 +78,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                              "the evaluation read; default: the embedded SynthLaMP")
     parser.add_argument("--split", default="test", choices=["dev", "test"],
                         help="the split the table reports (test; dev where a folder's test outputs are hidden)")
-    parser.add_argument("--judgments", choices=["none", "label", "paired"], default=None,
+    parser.add_argument("--judgments", choices=get_args(Judgments), default=None,
                         help="stage 1's input per history doc: the paper's text only (none), + a label embedding "
-                             "(label), + a label-specific map of the doc vector (paired); default: the preset's "
+                             "(label), + a label-specific map of the doc vector (paired), that map's mean alone, "
+                             "untrained (profile); default: the preset's "
                              "(quick: paired, with the paper's text-only chain trained beside it)")
     parser.add_argument("--run_name", default=None,
                         help="default: synthlamp-<preset> (LaMP-2), synthlamp-lamp<N>-<preset> for another task, "

@@ -124,8 +124,8 @@ def _data(config: Namespace) -> Namespace:
 
 def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> dict[str, float]:
     """The stages' non-reading work (TRAINING_WORK scaled to each stage's size: its epochs x users
-    for stage 1, its train examples for the others), read from their resolved configurations:
-    `encoder` texts and `llm` answers.
+    for stage 1, none for an untrained `profile` one; its train examples for the others), read
+    from their resolved configurations: `encoder` texts and `llm` answers.
 
     Args:
         stages: each trained stage's resolved configuration, by stage name.
@@ -138,7 +138,9 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
     for stage, config in stages.items():
         kind = STAGES[stage].kind
         if kind == "user_encoder":
-            size = int(config.fit.trainer.max_epochs) * users
+            # a `judgments: profile` encoder trains nothing: its stage validates and exports
+            trains = config.fit.model.init_args.config.judgments != "profile"
+            size = int(config.fit.trainer.max_epochs) * users * trains
         else:
             size = min(
                 int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]

@@ -46,7 +46,7 @@ def test_label_ids_follow_the_tasks_label_field() -> None:
             UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label", task=task))
     with pytest.raises(ValueError, match="needs the task"):
         UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="label"))
-    with pytest.raises(ValueError, match="'none', 'label' or 'paired'"):
+    with pytest.raises(ValueError, match="'none', 'label', 'paired' or 'profile'"):
         UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="score"))
 
 
@@ -122,6 +122,40 @@ def test_paired_keeps_which_doc_got_which_label_through_mean_pooling(tmp_path) -
     mixed.float().sum().backward()
     torch.testing.assert_close(mixed.float(), expected, atol=0.05, rtol=0.05)
     assert paired.label_maps.grad.flatten(1).abs().sum(1).gt(0).tolist() == used.tolist()
+
+
+def test_profile_is_the_mean_of_each_docs_label_map_and_trains_nothing() -> None:
+    """`profile`: the user is the mean of A_l d over their docs (label 0 and [mask] add zero but count), with no
+    transformer and no text mean; so the (5, 1) and (1, 5) users differ, and the same judgments in another order
+    give the same user."""
+    torch.manual_seed(0)
+    table = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
+    profile = UserEncoder(UserEncoderConfig(dim=8, num_docs=4, judgments="profile", task="LaMP-3"), table).eval()
+    assert not profile.trains and profile.uses_judgments
+    profile.set_doc_labels(torch.tensor([5, 1, 3, 0]))
+    ids = torch.tensor([[FIRST_DOC_ID, FIRST_DOC_ID + 1, FIRST_DOC_ID + 3, MASK_ID]])
+    maps = profile.label_maps.detach()
+    expected = (table[0] @ maps[5] + table[1] @ maps[1]) / 4
+    with torch.no_grad():
+        torch.testing.assert_close(profile(ids)[0], expected)
+        torch.testing.assert_close(profile(ids.flip(1)), profile(ids))
+        swapped = profile.encode_embeddings(table[None, :2], torch.zeros(1, 2, dtype=torch.bool), torch.tensor([[1, 5]]))
+        assert (swapped[0] - profile.encode_embeddings(table[None, :2], torch.zeros(1, 2, dtype=torch.bool),
+                                                      torch.tensor([[5, 1]]))[0]).norm() > 0.1
+
+
+def test_a_profile_stage_one_validates_and_exports_without_training(in_tmp_cwd, tiny_bert) -> None:
+    main(fit_args(tiny_bert, "--model.init_args.config.judgments=profile", users=16))
+    encoder = UserEncoder.from_pretrained(in_tmp_cwd / "checkpoints" / "j" / "user_encoder")
+    assert encoder.config.judgments == "profile" and encoder.user_embeddings is not None
+    csv = next((in_tmp_cwd / "runs" / "j" / "user_encoder" / "logs").glob("version_*/metrics.csv")).read_text()
+    assert "val/community_p@5" in csv and "train/loss" not in csv
+    source = LampSource("LaMP-3", None, SynthConfig(num_users=16), str(in_tmp_cwd / ".cache" / "persrag"))
+    corpus = Corpus.from_dataset(source.load())
+    ids = pad_histories([history_ids(corpus.user_rows(i, 100)) for i in range(len(corpus.user_ids))])
+    # the exported doc table is the frozen text encoder's (nothing trained), and reproduces the users
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(ids), encoder.user_embeddings, atol=1e-5, rtol=1e-5)
 
 
 def test_community_chance_is_the_share_of_other_users_in_ones_community() -> None:
