@@ -17,7 +17,7 @@ def test_the_shipped_presets_read_as_typed_values():
     assert quick.feedback["data.init_args.candidates.m"] == 3
     assert quick.feedback["data.init_args.feedback.metric"] == "gain"
     assert quick.precision.feedback is Precision.CPU_NATIVE and quick.precision.generator is Precision.NATIVE
-    assert quick.judgments == "paired" and quick.paper_chain and quick.select_order_on_dev
+    assert quick.judgments == "profile" and quick.paper_chain and quick.select_order_on_dev
     assert quick.readers == ["trained", "llm"] and quick.calibrations == ["none", "contextual", "pmi"]
     assert set(PAPER_STAGES) <= set(quick.stages) and "reader" in quick.stages
     assert cli_overrides(quick.evaluate) == ["--evaluation.llm.answer_mode=choose",

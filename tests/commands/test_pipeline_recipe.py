@@ -239,7 +239,7 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     assert [r.stage for r in fits] == ["user_encoder", "reader", "user_encoder_paper", "reader_fold0", "reader_fold1",
                                        "retriever", "reranker", "retriever_paper", "reranker_paper", "generator"]
     judged = [r.overrides.get("model.init_args.config.judgments") for r in fits]
-    assert judged == ["paired", None, "none", None, None, None, None, None, None, None]  # the paper's chain: its own
+    assert judged == ["profile", None, "none", None, None, None, None, None, None, None]  # the paper's chain: its own
     folds = {r.stage: (r.overrides["data.init_args.holdout.folds"], r.overrides["data.init_args.holdout.fold"])
              for r in fits if r.stage.startswith("reader_fold")}
     assert folds == {"reader_fold0": (2, 0), "reader_fold1": (2, 1)}  # each holds out the fold it labels
@@ -278,14 +278,15 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
     # in the tables the candidates are configurations of CFRAG, named by what stage 1 reads and their order; the
     # chosen one is the reference, and its "+ tuned generator" row and the goal's paired test follow that name
     assert test.names == choice.names == {
-        "CFRAG": "CFRAG (judgments, reranked)", "w/o reranker tuning": "CFRAG (judgments, first-stage order)",
-        "CFRAG, ≤ 2 neighbour docs": "CFRAG (judgments, reranked, ≤ 2 neighbour docs)",
-        "w/o reranker tuning, ≤ 2 neighbour docs": "CFRAG (judgments, first-stage order, ≤ 2 neighbour docs)"}
-    assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgments")] == [
-        "CFRAG (judgments, reranked)", "CFRAG (judgments, first-stage order)",
-        "CFRAG (judgments, first-stage order) + tuned generator"]
+        "CFRAG": "CFRAG (judgment profile, reranked)",
+        "w/o reranker tuning": "CFRAG (judgment profile, first-stage order)",
+        "CFRAG, ≤ 2 neighbour docs": "CFRAG (judgment profile, reranked, ≤ 2 neighbour docs)",
+        "w/o reranker tuning, ≤ 2 neighbour docs": "CFRAG (judgment profile, first-stage order, ≤ 2 neighbour docs)"}
+    assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgment profile")] == [
+        "CFRAG (judgment profile, reranked)", "CFRAG (judgment profile, first-stage order)",
+        "CFRAG (judgment profile, first-stage order) + tuned generator"]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
-    assert record["reference_row"] == "CFRAG (judgments, first-stage order)"
+    assert record["reference_row"] == "CFRAG (judgment profile, first-stage order)"
 
 
 def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path) -> None:

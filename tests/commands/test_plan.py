@@ -42,11 +42,12 @@ def test_the_plan_and_its_estimate_come_before_the_first_stage(monkeypatch, tmp_
     # quick: 4 feedback stages x 3 x 2 candidates x 32 examples, labelled by the chosen reader; 300 dev questions x 6
     # configurations (2 orders, each gated and shut) and 300 test questions x 6 rows read by it; the LLM alone reads
     # the reader's dev choice (300),
-    # the tuned generator's calibration (300) and its 3 rows (900); 10 stages of training at the quick size: the
-    # encoder stages' in encoder texts, the generator's in LLM answers; the two fold readers of the cross-fitted
-    # feedback only where the trained reader reads; the readers read every profile item twice (`mix_items`)
+    # the tuned generator's calibration (300) and its 3 rows (900); 9 stages of training at the quick size (the
+    # main chain's stage 1, `judgments: profile`, trains nothing; the paper's does): the encoder stages' in encoder
+    # texts, the generator's in LLM answers; the two fold readers of the cross-fitted feedback only where the trained
+    # reader reads; the readers read every profile item twice (`mix_items`)
     reader = TRAINING_WORK["reader"] * MIX_ITEMS_WORK
-    encoders = 2 * TRAINING_WORK["user_encoder"] + reader + 4 * TRAINING_WORK["feedback"]
+    encoders = TRAINING_WORK["user_encoder"] + reader + 4 * TRAINING_WORK["feedback"]
     retrieval = RETRIEVAL_PER_ANSWER * (1800 + 1800 + 300 + 300 + 900)  # every row's questions, whoever reads
     llm_only = (300 + 300 + 900 + TRAINING_WORK["generator"]) / 2.0 + (encoders + retrieval) / ENCODER_TEXTS
     with_llm = (768 / 4.0 + (1800 + 1800) / 2.0 + llm_only) / 60
@@ -97,8 +98,10 @@ def resolved_stages(argv: list[str], stages: list[str]) -> dict:
 def test_a_smaller_preset_counts_smaller_stages(tmp_path):
     counts = {"train": 600, "dev": 300, "test": 300}
     quick = resolved_stages(["--preset", "quick"], ["user_encoder"])
-    assert plan_module.training_work(quick, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0,
-                                                        "fold_readers": 0.0}
+    assert plan_module.training_work(quick, counts) == {"encoder": 0.0, "llm": 0.0, "fold_readers": 0.0}  # profile
+    paired = resolved_stages(["--preset", "quick", "--judgments", "paired"], ["user_encoder"])
+    assert plan_module.training_work(paired, counts) == {"encoder": TRAINING_WORK["user_encoder"], "llm": 0.0,
+                                                         "fold_readers": 0.0}
     # the cross-fitted feedback's readers train only if dev chooses the trained reader: the LLM's estimate drops them
     readers = resolved_stages(["--preset", "quick"], ["reader", "reader_fold0", "reader_fold1"])
     work = plan_module.training_work(readers, counts)
@@ -113,7 +116,8 @@ def test_a_smaller_preset_counts_smaller_stages(tmp_path):
     assert plan.minutes_for("trained") - plan.minutes_for("llm") == pytest.approx(work["fold_readers"] / 60)
     small = {"train": 48, "dev": 24, "test": 24}
     smoke = resolved_stages(["--preset", "smoke"], ["user_encoder", "retriever", "reranker", "generator"])
-    assert plan_module.training_work({"user_encoder": smoke["user_encoder"]}, small)["encoder"] == pytest.approx(
+    trained = resolved_stages(["--preset", "smoke", "--judgments", "paired"], ["user_encoder"])
+    assert plan_module.training_work(trained, small)["encoder"] == pytest.approx(
         TRAINING_WORK["user_encoder"] * 3 * 24 / (20 * 300))
     assert plan_module.training_work({"generator": smoke["generator"]}, small) == pytest.approx(
         {"encoder": 0.0, "llm": TRAINING_WORK["generator"] * 8 / 32, "fold_readers": 0.0})

@@ -14,7 +14,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.retrieval.strategies import file_name
 from persrag_lightning.serving import CFRAGPipeline
 
-RERANKED = "CFRAG (judgments, reranked)"  # the main chain's row: stage 1 reads judgments (the presets' default)
+RERANKED = "CFRAG (judgment profile, reranked)"  # the main chain's row (the presets' stage 1: judgments: profile)
 STAGES = ("user_encoder", "reader", "retriever", "retriever_ropg", "reranker", "reranker_no_user",
           "reranker_distilled", "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
 
@@ -33,7 +33,7 @@ def test_pipeline_smoke_with_real_models(in_tmp_cwd, capsys, recwarn):
     metrics = json.loads((out / "metrics.json").read_text())
     names = set(metrics["results"])
     # the main chain's two orders are named by what they are (stage 1 reads judgments), not by an ablation
-    reranked, first_stage = RERANKED, "CFRAG (judgments, first-stage order)"
+    reranked, first_stage = RERANKED, "CFRAG (judgment profile, first-stage order)"
     assert {reranked, "ROPG", "w/o user retrieval", "MEAN user emb.", first_stage,
             "CFRAG (distilled reranker)", "CFRAG (paper)", "CFRAG (paper) w/o reranker tuning"} <= names
     assert not {"CFRAG", "w/o reranker tuning"} & names

@@ -286,7 +286,7 @@ def test_pipeline_task_switch_runs_the_same_stages_on_another_task(monkeypatch, 
         assert cfg.evaluation.init_args.task == "LaMP-3" and cfg.evaluation.init_args.llm.answer_mode == "choose"
     # the preset's stage 1 reads judgments (paired); its paper chain's does not; no other stage gets the setting
     assert [r.overrides["model.init_args.config.judgments"] for r in stages
-            if "model.init_args.config.judgments" in r.overrides] == ["paired", "none"]
+            if "model.init_args.config.judgments" in r.overrides] == ["profile", "none"]
     assert [r.stage for r in stages if r.config == "cfrag_user_encoder.yaml"] == ["user_encoder", "user_encoder_paper"]
     # another --judgments reaches stage 1 only and names the run
     fits, evaluations, stages = pipeline_runs(monkeypatch, ["--preset", "quick", "--task", "LaMP-3", "--judgments",
@@ -355,8 +355,8 @@ def test_the_full_feedback_comparison_config_reads_the_two_runs_the_pipeline_nam
 
 def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names(tmp_path) -> None:
     """configs/evaluate_judgments.yaml compares the paper's text-only CFRAG (the default LaMP-3 run's *_paper chain)
-    with its paired chain and the `--judgments label` sibling run, each row with its own chain's bundles, and names
-    the runs as `persrag pipeline` does."""
+    with its profile chain and the `--judgments label` and `--judgments paired` sibling runs, each row with its own
+    chain's bundles, and names the runs as `persrag pipeline` does."""
     from persrag_lightning.pipeline import command as pipeline
     from tests.conftest import evaluate_config_rows
 
@@ -365,14 +365,16 @@ def test_the_judgments_comparison_config_reads_the_three_runs_the_pipeline_names
     for bundle in ("user_encoder", "retriever", "reranker"):
         assert rows["CFRAG"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}_paper"
         assert rows["CFRAG (judgments label)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-label/{bundle}"
-        assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
+        assert rows["CFRAG (judgments paired)"][bundle] == f"checkpoints/synthlamp-lamp3-quick-paired/{bundle}"
+        assert rows["CFRAG (judgments profile)"][bundle] == f"checkpoints/synthlamp-lamp3-quick/{bundle}"
     tuned = {s.init_args.retrieval: s.init_args.generator for s in cfg.strategies if "generator" in s.init_args}
     assert tuned["CFRAG (judgments label)"] == "checkpoints/synthlamp-lamp3-quick-label/generator"
+    assert tuned["CFRAG (judgments paired)"] == "checkpoints/synthlamp-lamp3-quick-paired/generator"
     named: list = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "run_stage", lambda cfg: named.append(cfg.fit.run_name))
         mp.setattr(pipeline, "run_evaluation", fake_evaluate())
-        for judgments in ("paired", "label"):
+        for judgments in ("profile", "label", "paired"):
             pipeline.main(["--preset", "quick", "--task", "LaMP-3", "--judgments", judgments,
                            "--export_root", str(tmp_path)])
-    assert set(named) == {"synthlamp-lamp3-quick", "synthlamp-lamp3-quick-label"}
+    assert set(named) == {"synthlamp-lamp3-quick", "synthlamp-lamp3-quick-label", "synthlamp-lamp3-quick-paired"}

@@ -17,7 +17,7 @@ from tests.conftest import tiny_serving_run
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 USERS = 24  # the smoke preset's, so its table's evaluation reads the users the tiny run's stage 1 trained on
-FIRST_STAGE = "CFRAG (judgments, first-stage order)"
+FIRST_STAGE = "CFRAG (judgment profile, first-stage order)"
 
 
 @pytest.fixture(scope="module")
