@@ -88,8 +88,7 @@ class UserEncoderModule(L.LightningModule):
     def _build(self, config: UserEncoderConfig, doc_embeddings: torch.Tensor | None = None,
                mask_embedding: torch.Tensor | None = None) -> None:
         self.encoder = UserEncoder(config, doc_embeddings, mask_embedding)
-        self.encoder.requires_grad_(self.encoder.trains)
-        self.encoder.doc_table.weight.requires_grad_(self.encoder.trains and not self.settings.freeze_doc_table)
+        self.encoder.doc_table.weight.requires_grad_(not self.settings.freeze_doc_table)
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
@@ -171,9 +170,11 @@ class UserEncoderModule(L.LightningModule):
         return self(batch.history)
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
-        params = [p for p in self.parameters() if p.requires_grad]
-        if not params:  # `judgments: profile` trains nothing
+        # `judgments: profile` trains nothing: no optimizer, and no step (`on_train_start`). Its parameters keep
+        # requires_grad, so DDP, which refuses a module without one, still wraps it.
+        if not self.encoder.trains:
             return None
+        params = [p for p in self.parameters() if p.requires_grad]
         return torch.optim.Adam(
             params, lr=self.settings.lr, weight_decay=self.settings.weight_decay
         )

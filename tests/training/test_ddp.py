@@ -152,6 +152,24 @@ def final_metrics(csv_path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in zip(header, last) if v and k not in ("epoch", "step")}
 
 
+def test_a_profile_stage_one_on_two_processes_exports_what_one_process_does(tmp_path, tiny_bert):
+    """`judgments: profile` trains nothing, so DDP has no gradient to reduce: two ranks validate, rank 0 exports once,
+    and the export's user embeddings are the one-process run's."""
+    from persrag_lightning.models.user_encoder import UserEncoder
+
+    args = ["fit", "--config", "cfrag_user_encoder.yaml", f"--data.init_args.encoder={tiny_bert}",
+            "--data.init_args.synth.num_users=16", "--data.init_args.task=LaMP-3", "--data.init_args.batch_size=8",
+            "--model.init_args.config.judgments=profile"]
+    exports = {}
+    for name, devices in (("one", 1), ("two", 2)):
+        cwd = tmp_path / name
+        cwd.mkdir()
+        out = run_cli(cwd, *args, "--run_name", name, devices=devices)
+        assert out.count("exported user_encoder to") == 1
+        exports[name] = UserEncoder.from_pretrained(cwd / "checkpoints" / name / "user_encoder")
+    torch.testing.assert_close(exports["two"].user_embeddings, exports["one"].user_embeddings)
+
+
 @pytest.mark.parametrize("judgments", ["none", "label", "paired"])
 def test_user_encoder_on_two_processes_matches_one_on_the_same_global_batches(tmp_path, tiny_bert, judgments):
     """2 ranks × 8 users vs 1 rank × 16 users, gathered negatives, dropout 0, 2 epochs. The DistributedSampler's
