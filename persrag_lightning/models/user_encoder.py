@@ -122,7 +122,9 @@ class UserEncoder(nn.Module):
 
     def _add_judgment_tables(self, config: UserEncoderConfig) -> None:
         """The tables by which a doc's judgment (LaMP-2's tag, LaMP-3's score) enters its vector:
-        `label` adds a label row, `paired` also a d × d map per label; none for `none`."""
+        `label` adds a label row, `paired` also a d × d map per label; `profile` reads only those
+        maps (its label rows go unused: one table layout for every judged encoder); none for
+        `none`."""
         d = config.dim
         if config.judgments in ("label", "paired", "profile"):
             # Judgments enter by a *sum*, label vector + doc vector, not concat + projection: the
@@ -145,9 +147,10 @@ class UserEncoder(nn.Module):
             )
         if config.judgments in ("paired", "profile"):
             # `paired`: x = d + g_l + A_l d, a d × d map per label (row 0 unused: label 0 — none,
-            # [mask], [pad] — keeps d). A sum alone, averaged by MEAN pooling, keeps the mean text
-            # and the label histogram but not which doc got which label: users rating categories (a,
-            # b) as (5, 1) and (1, 5) get the same sum. A_l d puts each label's docs in their own
+            # [mask], [pad] — keeps d; `profile` averages A_l d alone, the maps as drawn here). A
+            # sum alone, averaged by MEAN pooling, keeps the mean text and the label histogram but
+            # not which doc got which label: users rating categories (a, b) as (5, 1) and (1, 5) get
+            # the same sum. A_l d puts each label's docs in their own
             # random subspace (N(0, 1/d) entries: norm-preserving, near-orthogonal across labels),
             # so the pooled vector holds a mean doc vector per label, the pairing the untrained
             # diagnostic (doc vector ⊗ label one-hot) showed to expose the communities. Not concat +
