@@ -21,7 +21,7 @@ from persrag_lightning.index import IndexKind, build_index, load_index, save_ind
 from persrag_lightning.utils import atomic_save_tensors, atomic_write_json
 
 __all__ = ["Judgments", "UserEncoder", "UserEncoderConfig", "UserEncoderSettings",
-           "judgment_labels"]
+           "judgment_labels", "judgments_train"]
 
 Judgments = Literal["none", "label", "paired", "profile"]
 
@@ -76,6 +76,12 @@ class UserEncoderConfig(UserEncoderSettings):
     text_max_length: int = 256
     text_pooling: str = "mean"
     task: str | None = None
+
+
+def judgments_train(judgments: str) -> bool:
+    """Whether a stage 1 of these judgments trains: every kind but `profile`, a fixed function of
+    the judged docs."""
+    return judgments != "profile"
 
 
 def judgment_labels(task: str | None) -> tuple[str, ...]:
@@ -187,7 +193,7 @@ class UserEncoder(nn.Module):
     @property
     def trains(self) -> bool:
         """False for `judgments: profile`, whose user is a fixed function of their judged docs."""
-        return self.config.judgments != "profile"
+        return judgments_train(self.config.judgments)
 
     def doc_label_ids(self, docs: Sequence[HistoryDoc]) -> torch.Tensor:
         """Label ids (0 = none) of history docs as this encoder embeds them; a ValueError on a

@@ -128,9 +128,7 @@ class UserEncoderModule(L.LightningModule):
         if not self.encoder.trains:  # `judgments: profile`: validation and the export only
             self.trainer.should_stop = True
 
-    def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor | None:
-        if not self.encoder.trains:
-            return None
+    def training_step(self, batch: UserHistoryBatch, batch_idx: int) -> torch.Tensor:
         t = self.settings
         loss = info_nce(self(batch.view_a), self(batch.view_b), t.temperature, t.negatives,
                         gather_negatives=t.gather_negatives)

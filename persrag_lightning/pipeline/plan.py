@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from persrag_lightning.data.tasks import TaskSpec
+from persrag_lightning.models.user_encoder import judgments_train
 from persrag_lightning.pipeline import rates
 from persrag_lightning.pipeline.constants import (
     LLM_STAGES,
@@ -139,7 +140,7 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
         kind = STAGES[stage].kind
         if kind == "user_encoder":
             # a `judgments: profile` encoder trains nothing: its stage validates and exports
-            trains = config.fit.model.init_args.config.judgments != "profile"
+            trains = judgments_train(config.fit.model.init_args.config.judgments)
             size = int(config.fit.trainer.max_epochs) * users * trains
         else:
             size = min(
