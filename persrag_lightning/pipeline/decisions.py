@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from persrag_lightning.hardware import Precision, auto_precision, bf16_verdict, describe_cpu, uses_bf16
+from persrag_lightning.hardware import (
+    Precision,
+    auto_precision,
+    bf16_is_native,
+    bf16_verdict,
+    describe_cpu,
+    uses_bf16,
+)
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.pipeline.rates import reader_dtype
 from persrag_lightning.presets import Preset
@@ -15,7 +22,7 @@ from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
 from persrag_lightning.runtime import GemmChoice, announce, gemm_choice
 from persrag_lightning.stages import Key
 
-__all__ = ["announce_decisions", "label_overrides", "precision_overrides"]
+__all__ = ["announce_decisions", "decisions_record", "label_overrides", "precision_overrides"]
 
 
 def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
@@ -121,3 +128,17 @@ def announce_decisions(
         print(f"[pipeline] the reader computes in {decisions['reader']} here, so the reader's float32 GEMM path serves "
               "only a reader set to float32; the encoders' serves their fp32 work")
     return decisions, choice
+
+
+def decisions_record(precision: dict[str, str], choice: GemmChoice) -> dict[str, Any]:
+    """The decisions `announce_decisions` made, as pipeline.json keeps them: the machine, the
+    precision of each kind of work, the float32 GEMM paths, and two of the precisions again under
+    the keys serving and older records read (`corpus_embeddings`, `evaluation_reranker`).
+
+    Args:
+        precision: `announce_decisions`' precision decisions.
+        choice: its float32 GEMM paths.
+    """
+    return {"machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
+            "precision_decisions": precision, "gemm": choice.record(),
+            "corpus_embeddings": precision["corpus embeddings"], "evaluation_reranker": precision["rerankers"]}

@@ -9,16 +9,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persrag_lightning.hardware import bf16_is_native, bf16_verdict, describe_cpu
-from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.pipeline.choice import DevChoice, choose_on_dev, table_name
 from persrag_lightning.pipeline.job import READER_ROWS, Job
 from persrag_lightning.pipeline.plan import Plan
 from persrag_lightning.pipeline.runs import EvaluationRun, Runner, StageRun
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.record import RECORD
-from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
-from persrag_lightning.stages import Key, run_folder
+from persrag_lightning.stages import run_folder
 from persrag_lightning.utils import atomic_write_json
 
 if TYPE_CHECKING:
@@ -135,18 +132,13 @@ def write_record(job: Job, ran: Ran, plan: Plan, call: dict[str, Any], decisions
         ran: the stages and evaluations that ran, and their minutes.
         plan: the plan and its estimate.
         call: the command line as given (`argv`, `preset`, `split`, `questions`).
-        decisions: the machine's decisions made before the plan (`plan_job`).
+        decisions: the machine's decisions made before the plan (`decisions.decisions_record`).
         choices: the dev choices (`run_job`).
     """
     atomic_write_json(run_folder(job.export_root, job.run_name) / RECORD, {
-        **call, "task": job.task, "judgments": job.judgments,
-        "machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
-        "precision": job.precision,
-        # precision_decisions, and gemm: the float32 GEMM path of the reader and the encoders
-        **decisions,
+        **call, "task": job.task, "judgments": job.judgments, "precision": job.precision,
+        **decisions,  # the machine, its precision decisions and GEMM paths, made once before the plan
         "feedback_labels": job.feedback_labels,
-        "corpus_embeddings": embedding_precision(),
-        "evaluation_reranker": resolve_reranker_runtime(job.preset.evaluate.get(Key.RERANKER_RUNTIME) or "fp32"),
         "row_names": job.names, **choices,
         "stages": [asdict(r) for r in ran.stages], "evaluations": [asdict(r) for r in ran.evaluations],
         "minutes": {s: round(t, 2) for s, t in ran.minutes.items()}, "plan": plan.record(),

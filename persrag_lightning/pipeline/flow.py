@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from persrag_lightning.pipeline.choice import TUNED, dev_candidates, report_rows, table_name
-from persrag_lightning.pipeline.decisions import announce_decisions
+from persrag_lightning.pipeline.decisions import announce_decisions, decisions_record
 from persrag_lightning.pipeline.execution import JobRun
 from persrag_lightning.pipeline.job import Job
 from persrag_lightning.pipeline.plan import Plan, build_plan, question_counts
@@ -43,7 +43,7 @@ def plan_job(job: Job, runner: Runner, questions: int | None, data_dir: str | No
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
-    return {"precision_decisions": precision, "gemm": gemm.record()}, plan
+    return decisions_record(precision, gemm), plan
 
 
 def reader_candidates(job: Job) -> list[str]:
