@@ -3,7 +3,10 @@ dev in that run) against the rows it must beat, each with the run's own paired t
 question, the reference's mean score against each row's mean score (accuracy: the share of seeds that answered it;
 MAE: the mean absolute error), with a bootstrap interval of the mean difference and a sign-flip test over the
 questions. The pooled test asks whether the method, trained under any seed, beats the row on these questions: the
-seeds vary the training, not the questions, so it says nothing beyond this question set.
+seeds vary the training, not the questions, so it says nothing beyond this question set. The last column is the
+smallest mean difference such a test would find at 80 % power (two-sided, p < 0.05) with the per-question differences'
+spread as observed (a normal approximation: (1.96 + 0.84) x their standard deviation / sqrt(questions)): what this
+question set can tell from zero at all. One run alone is a valid input (its per-question differences, no pooling).
 
     python benchmarks/compare_seeds.py runs/<seed 0> runs/<seed 1> runs/<seed 2> [--rows bm25 "w/o user retrieval"]
         [--data_dir <LaMP folder>]   # the runs' data (default: the embedded SynthLaMP their metrics.json names)
@@ -26,6 +29,8 @@ from persrag_lightning.evaluation.stats import LampMetricFn, bootstrap_interval,
 from persrag_lightning.metrics.primary import primary_metric
 from persrag_lightning.retrieval.strategies import file_name
 
+Z_ALPHA, Z_POWER = 1.96, 0.8416  # the normal quantiles of a two-sided p < 0.05 and of 80 % power
+
 
 def row_name(metrics: dict, prefix: str) -> str:
     """The run's first row named `prefix` or starting with it (the reference excluded)."""
@@ -44,6 +49,12 @@ def per_question(run: Path, row: str, golds: dict[str, str], metric: LampMetricF
     values, gold = metric.encode([answers[i] for i in ids], [golds[i] for i in ids])
     scores = (values == gold).astype(float) if metric.name == "accuracy" else np.abs(values)
     return dict(zip(ids, scores.tolist()))
+
+
+def detectable(diff: np.ndarray) -> float:
+    """The smallest mean of per-question differences a two-sided test at p < 0.05 finds with 80 % power, given
+    their observed standard deviation (normal approximation)."""
+    return float((Z_ALPHA + Z_POWER) * diff.std(ddof=1) / np.sqrt(len(diff)))
 
 
 def main() -> None:
@@ -79,13 +90,14 @@ def main() -> None:
     mean = {key: np.mean([[s[i] for i in ids] for s in scores], axis=0) for key, scores in pooled.items()}
     print(f"\nOver the {len(runs)} seeds, per question ({len(ids)} questions): the reference's mean {name} "
           f"{mean['reference'].mean():.3f}")
-    print(f"\n| row | mean {name} | reference − row [95% interval] | p (sign flip over questions) |")
-    print("|---|---|---|---|")
+    print(f"\n| row | mean {name} | reference − row [95% interval] | p (sign flip over questions) | "
+          "smallest difference detected at 80 % power |")
+    print("|---|---|---|---|---|")
     for prefix in args.rows:
         diff = mean["reference"] - mean[prefix]
         low, high = bootstrap_interval(diff)
         print(f"| {prefix} | {mean[prefix].mean():.3f} | {diff.mean():+.3f} [{low:+.3f}, {high:+.3f}] | "
-              f"{sign_flip_test(diff):.4f} |")
+              f"{sign_flip_test(diff):.4f} | {detectable(diff):.3f} |")
 
 
 if __name__ == "__main__":
