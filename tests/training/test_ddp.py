@@ -66,7 +66,11 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
             local = slice(start, start + sizes[rank])
             ddp = nn.parallel.DistributedDataParallel(make_model())
             results[(sizes, negatives, gather)] = loss_and_grads(ddp, xa[local], xb[local], negatives, gather)
+            del ddp  # its reducer holds the group's work: gone before the group is
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # neither rank tears the group down while the other still uses it (a rank torn down early once aborted in
+        # gloo: "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
