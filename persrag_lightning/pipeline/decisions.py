@@ -19,10 +19,10 @@ from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.pipeline.rates import reader_dtype
 from persrag_lightning.presets import Preset
 from persrag_lightning.retrieval.strategies import resolve_reranker_runtime
-from persrag_lightning.runtime import GemmChoice, announce, gemm_choice
+from persrag_lightning.runtime import announce, gemm_choice
 from persrag_lightning.stages import Key
 
-__all__ = ["announce_decisions", "decisions_record", "label_overrides", "precision_overrides"]
+__all__ = ["announce_decisions", "label_overrides", "precision_overrides"]
 
 
 def precision_overrides(rule: Precision | str | None) -> dict[str, Any]:
@@ -104,20 +104,21 @@ def _float32_reader_note(llm: dict) -> str | None:
     return None
 
 
-
-def announce_decisions(
-    preset: Preset, backend: str | None, llm: dict
-) -> tuple[dict[str, str], GemmChoice]:
+def announce_decisions(preset: Preset, backend: str | None, llm: dict) -> dict[str, Any]:
     """The run's first lines: the machine and whether bfloat16 is native, the note on float32
     reading where it applies, the precision of each kind of work, then the float32 GEMM path of the
     reader and of the encoders with the rates measured here (runtime.gemm_choice, once per process).
+    Returns what was said as pipeline.json keeps it: the machine, the precision decisions, the GEMM
+    paths, and two of the precisions again under the keys serving and older records read
+    (`corpus_embeddings`, `evaluation_reranker`).
 
     Args:
         preset: the run's preset (its precision policy per kind of work).
         backend: `--llm_backend` (None: the configs').
         llm: the evaluation's resolved LLM settings (`rates.evaluation_llm_settings`).
     """
-    print(f"[pipeline] {describe_cpu()}; bfloat16 native: {bf16_verdict()}")
+    machine, verdict = describe_cpu(), bf16_verdict()
+    print(f"[pipeline] {machine}; bfloat16 native: {verdict}")
     if note := _float32_reader_note(llm):
         print(note)
     decisions = precision_decisions(preset, backend, llm)
@@ -127,18 +128,6 @@ def announce_decisions(
     if decisions["reader"] != "float32" and not choice.forced:
         print(f"[pipeline] the reader computes in {decisions['reader']} here, so the reader's float32 GEMM path serves "
               "only a reader set to float32; the encoders' serves their fp32 work")
-    return decisions, choice
-
-
-def decisions_record(precision: dict[str, str], choice: GemmChoice) -> dict[str, Any]:
-    """The decisions `announce_decisions` made, as pipeline.json keeps them: the machine, the
-    precision of each kind of work, the float32 GEMM paths, and two of the precisions again under
-    the keys serving and older records read (`corpus_embeddings`, `evaluation_reranker`).
-
-    Args:
-        precision: `announce_decisions`' precision decisions.
-        choice: its float32 GEMM paths.
-    """
-    return {"machine": describe_cpu(), "bf16_native": bf16_is_native(), "bf16_verdict": bf16_verdict(),
-            "precision_decisions": precision, "gemm": choice.record(),
-            "corpus_embeddings": precision["corpus embeddings"], "evaluation_reranker": precision["rerankers"]}
+    return {"machine": machine, "bf16_native": bf16_is_native(), "bf16_verdict": verdict,
+            "precision_decisions": decisions, "gemm": choice.record(),
+            "corpus_embeddings": decisions["corpus embeddings"], "evaluation_reranker": decisions["rerankers"]}

@@ -132,7 +132,7 @@ def write_record(job: Job, ran: Ran, plan: Plan, call: dict[str, Any], decisions
         ran: the stages and evaluations that ran, and their minutes.
         plan: the plan and its estimate.
         call: the command line as given (`argv`, `preset`, `split`, `questions`).
-        decisions: the machine's decisions made before the plan (`decisions.decisions_record`).
+        decisions: the machine's decisions made before the plan (`decisions.announce_decisions`).
         choices: the dev choices (`run_job`).
     """
     atomic_write_json(run_folder(job.export_root, job.run_name) / RECORD, {

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from persrag_lightning.pipeline.choice import TUNED, dev_candidates, report_rows, table_name
-from persrag_lightning.pipeline.decisions import announce_decisions, decisions_record
+from persrag_lightning.pipeline.decisions import announce_decisions
 from persrag_lightning.pipeline.execution import JobRun
 from persrag_lightning.pipeline.job import Job
 from persrag_lightning.pipeline.plan import Plan, build_plan, question_counts
@@ -31,7 +31,7 @@ def plan_job(job: Job, runner: Runner, questions: int | None, data_dir: str | No
         data_dir: `--data_dir` (None: the embedded SynthLaMP).
     """
     table = runner.evaluation_config(job.table("CFRAG"))
-    precision, gemm = announce_decisions(job.preset, job.backend, evaluation_llm_settings(table))
+    decisions = announce_decisions(job.preset, job.backend, evaluation_llm_settings(table))
     stages = {s: runner.stage_config(job.stage_run(s)) for s in job.wanted()}
     rows = [table_name(r, job.names) for r in report_rows(job.preset, "CFRAG", job.paper_chain) or []] or None
     candidates = dev_candidates(job.preset)
@@ -43,7 +43,7 @@ def plan_job(job: Job, runner: Runner, questions: int | None, data_dir: str | No
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "
               "test questions by id (a fixed subset; wider intervals)")
-    return decisions_record(precision, gemm), plan
+    return decisions, plan
 
 
 def reader_candidates(job: Job) -> list[str]:
