@@ -88,7 +88,8 @@ def main() -> None:
         print(f"| {run.name} | {ref} | {m['results'][ref][name]:.3f} | " + " | ".join(cells) + " |")
     ids = sorted(set.intersection(*(set(s) for scores in pooled.values() for s in scores)))
     mean = {key: np.mean([[s[i] for i in ids] for s in scores], axis=0) for key, scores in pooled.items()}
-    print(f"\nOver the {len(runs)} seeds, per question ({len(ids)} questions): the reference's mean {name} "
+    seeds = f"{len(runs)} seeds" if len(runs) > 1 else "1 seed"
+    print(f"\nOver the {seeds}, per question ({len(ids)} questions): the reference's mean {name} "
           f"{mean['reference'].mean():.3f}")
     print(f"\n| row | mean {name} | reference − row [95% interval] | p (sign flip over questions) | "
           "smallest difference detected at 80 % power |")

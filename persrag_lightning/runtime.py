@@ -8,7 +8,10 @@ times each path at the shapes of the reader's MLP (SmolLM2-135M) and of the enco
 (MiniLM) and chooses among those in torch's own thread pool, keeping torch's unless another is
 clearly faster; the libraries with threads of their own are measured and shown, and used only where
 named. A path that cannot load (its package missing) is skipped with a line. `PERSRAG_GEMM` names a
-path instead of measuring (`torch`: every Linear stays as it is). Training never changes: a
+path instead of measuring (`torch`: every Linear stays as it is), or one per consumer
+(`reader:onednn,encoders:torch`, the pin a measured choice prints and pipeline.json keeps): the paths
+sum in different orders, so a trained reader's answers and a main job's table can move with the path
+(docs/fidelity.md). Training never changes: a
 converted layer runs torch's own linear whenever autograd, autocast, training mode or a non-float32
 or non-CPU input is involved, and its weights stay the module's parameters (state dicts and exports
 are unchanged). The paths themselves, one per library, are in gemm_paths.py.
@@ -28,7 +31,7 @@ from torch import nn
 from persrag_lightning.gemm_paths import PATHS, GemmPath, LinearFn
 
 __all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "gemm_choice", "gemm_seconds",
-           "gflops", "use_fastest_gemm"]
+           "gflops", "pinned_paths", "use_fastest_gemm"]
 
 Timer = Callable[[str, LinearFn, torch.Tensor], float]
 
@@ -113,12 +116,18 @@ class GemmChoice:
     skipped: dict[str, str] = field(default_factory=dict)
     forced: bool = False  # PERSRAG_GEMM named the path: nothing was measured
 
+    def pin(self) -> str:
+        """The `PERSRAG_GEMM` value that gives another run these paths without measuring: a path's
+        name where every consumer has it, else `consumer:path` pairs."""
+        paths = set(self.chosen.values())
+        return paths.pop() if len(paths) == 1 else ",".join(f"{c}:{p}" for c, p in self.chosen.items())
+
     def lines(self) -> list[str]:
         """The run's lines: one per skipped path, then the choice of each consumer with every
-        measured rate."""
+        measured rate, and the pin that repeats it."""
         out = [f"float32 GEMM path {name}: skipped ({why})" for name, why in self.skipped.items()]
         if self.forced:
-            return [*out, f"float32 GEMM path: {next(iter(self.chosen.values()))} ({ENV}; not measured)"]
+            return [*out, f"float32 GEMM path: {self.pin()} ({ENV}; not measured)"]
         for consumer, path in self.chosen.items():
             ranked = sorted(self.rates[consumer].items(), key=lambda kv: -kv[1])
             rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if _choosable(p))
@@ -128,10 +137,11 @@ class GemmChoice:
                 f"float32 GEMM path for the {consumer}: {path} (GFLOP/s on {self.threads} threads: "
                 f"{rates}{beside})"
             )
-        return out
+        # the choice follows the rates of the moment, and the table can follow the choice
+        return [*out, f"{ENV}={self.pin()} gives another run these paths without measuring"]
 
     def record(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "pin": self.pin()}
 
 
 def _choosable(name: str) -> bool:
@@ -224,11 +234,33 @@ def loads(name: str) -> None:
         raise ValueError(f"{ENV}={name}: this path cannot load here: {first_line(err)}") from None
 
 
+def pinned_paths(wanted: str) -> dict[str, str]:
+    """The path of each consumer that `PERSRAG_GEMM`'s value other than `auto` names: one path's
+    name for every consumer, or `consumer:path` pairs separated by commas (`GemmChoice.pin`), a
+    consumer left out keeping torch's.
+
+    Args:
+        wanted: the variable's value.
+    """
+    if ":" not in wanted:
+        if wanted not in PATHS:
+            raise ValueError(f"{ENV}={wanted!r}: use auto or one of {', '.join(PATHS)}")
+        return dict.fromkeys(GEMM_SHAPES, wanted)
+    chosen = dict.fromkeys(GEMM_SHAPES, "torch")
+    for pair in wanted.split(","):
+        consumer, _, path = (part.strip() for part in pair.partition(":"))
+        if consumer not in GEMM_SHAPES or path not in PATHS:
+            raise ValueError(f"{ENV}={wanted!r}: {pair.strip()!r} is not <consumer>:<path> with a consumer of "
+                             f"{', '.join(GEMM_SHAPES)} and a path of {', '.join(PATHS)}")
+        chosen[consumer] = path
+    return chosen
+
+
 _CHOICES: dict[tuple[str, int], GemmChoice] = {}
 
 
 def gemm_choice() -> GemmChoice:
-    """This process's choice: `PERSRAG_GEMM` (a path's name) if set, else measured once per thread
+    """This process's choice: `PERSRAG_GEMM` (`pinned_paths`) if set, else measured once per thread
     count; where another thread count runs torch's matmul faster, torch is set to it first."""
     wanted = os.environ.get(ENV, "auto").strip() or "auto"
     key = (wanted, torch.get_num_threads())
@@ -237,13 +269,11 @@ def gemm_choice() -> GemmChoice:
             threads = best_threads(_thread_counts())
             torch.set_num_threads(threads)
             choice = measure_gemm(threads=threads)
-        elif wanted in PATHS:
-            loads(wanted)
-            choice = GemmChoice(
-                key[1], {}, {consumer: wanted for consumer in GEMM_SHAPES}, forced=True
-            )
         else:
-            raise ValueError(f"{ENV}={wanted!r}: use auto or one of {', '.join(PATHS)}")
+            chosen = pinned_paths(wanted)
+            for name in dict.fromkeys(chosen.values()):
+                loads(name)
+            choice = GemmChoice(key[1], {}, chosen, forced=True)
         _CHOICES[key] = _CHOICES[(wanted, choice.threads)] = choice
     return _CHOICES[key]
 

@@ -68,6 +68,25 @@ def test_the_environment_names_a_path_without_measuring(monkeypatch):
         runtime.gemm_choice()
 
 
+def test_a_measured_choice_prints_the_pin_that_repeats_it_per_consumer(monkeypatch):
+    """The paths sum in different orders, so a run's table can follow its choice: a measured choice names the
+    `PERSRAG_GEMM` value that gives another run the same paths, one per consumer where they differ, and that value
+    gives them without measuring."""
+    choice = runtime.GemmChoice(2, {"reader": {"torch": 1.0, "onednn": 2.0}, "encoders": {"torch": 1.0}},
+                                {"reader": "onednn", "encoders": "torch"})
+    assert choice.lines()[-1] == "PERSRAG_GEMM=reader:onednn,encoders:torch gives another run these paths without measuring"
+    assert choice.record()["pin"] == "reader:onednn,encoders:torch"
+    monkeypatch.setenv(runtime.ENV, choice.pin())
+    pinned = runtime.gemm_choice()
+    assert pinned.forced and pinned.chosen == choice.chosen and pinned.rates == {}
+    assert pinned.lines() == ["float32 GEMM path: reader:onednn,encoders:torch (PERSRAG_GEMM; not measured)"]
+    assert runtime.pinned_paths("encoders:torch-kn") == {"reader": "torch", "encoders": "torch-kn"}
+    with pytest.raises(ValueError, match="'readers:onednn' is not <consumer>:<path> with a consumer of reader, encoders"):
+        runtime.pinned_paths("readers:onednn")
+    with pytest.raises(ValueError, match="'encoders:mkl' is not <consumer>:<path>"):
+        runtime.pinned_paths("reader:onednn, encoders:mkl")
+
+
 def test_the_thread_count_changes_only_where_torch_measures_clearly_faster():
     threads = torch.get_num_threads()
     faster_on_two = lambda name, fn, x: {1: 2.0, 2: 1.0}[torch.get_num_threads()]

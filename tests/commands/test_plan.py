@@ -187,9 +187,10 @@ def test_plan_prints_the_decisions_and_the_estimate_then_exits_before_anything_t
     assert out[4] == ("[pipeline] float32 GEMM path for the reader: onednn (GFLOP/s on 2 threads: onednn 113, torch 90; "
                       "beside torch's threads, chosen only when named: numpy 126)")
     assert out[5] == "[pipeline] float32 GEMM path for the encoders: torch (GFLOP/s on 2 threads: torch 80)"
-    assert out[6].startswith("[pipeline] plan: train user_encoder, reader, reader_fold0, reader_fold1, retriever") and out[7].startswith("[pipeline] rows:")
-    assert out[8].startswith("[pipeline] estimate: about ") and out[8].endswith("budget on this CPU class: 45 min")
-    assert out[9].startswith("[pipeline] --plan: nothing trained") and len(out) == 10
+    assert out[6] == "[pipeline] PERSRAG_GEMM=reader:onednn,encoders:torch gives another run these paths without measuring"
+    assert out[7].startswith("[pipeline] plan: train user_encoder, reader, reader_fold0, reader_fold1, retriever") and out[8].startswith("[pipeline] rows:")
+    assert out[9].startswith("[pipeline] estimate: about ") and out[9].endswith("budget on this CPU class: 45 min")
+    assert out[10].startswith("[pipeline] --plan: nothing trained") and len(out) == 11
     assert not list(tmp_path.rglob("pipeline.json"))
 
 
@@ -200,7 +201,7 @@ def test_pipeline_json_keeps_the_gemm_choice(monkeypatch, tmp_path, fixed_rates)
     monkeypatch.setenv(runtime.ENV, "onednn")
     run_pipeline(monkeypatch, tmp_path, ["--preset", "smoke"])
     record = json.loads((tmp_path / "synthlamp-smoke" / "pipeline.json").read_text())["gemm"]
-    assert record["chosen"] == {"reader": "onednn", "encoders": "onednn"} and record["forced"]
+    assert record["chosen"] == {"reader": "onednn", "encoders": "onednn"} and record["forced"] and record["pin"] == "onednn"
 
 
 def test_the_plan_reads_resolved_objects_and_opens_no_file_of_configs():
