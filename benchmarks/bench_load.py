@@ -3,11 +3,15 @@ exported users, so every chat runs CFRAG's retrieval; or, with `--endpoint answe
 retrieval and the run's trained reader, as the run's record serves them), with the retrieval batcher (`--max_batch`, `--max_wait_ms`)
 and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
 requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level) as a
-markdown table. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
+markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and the
+table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and p5
+over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
+LLM's tokenizer. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,4,16
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 48
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +91,8 @@ def build_tiny_export(root: Path, encoder: str, users: int) -> Path:
 
 @dataclass
 class Server:
-    """`persrag serve --no_llm` in a subprocess on a free loopback port, with accounts claimed for exported
-    users."""
+    """`persrag serve` in a subprocess on a free loopback port (`--no_llm` unless `llm` names the LLM's flags),
+    with accounts claimed for exported users."""
 
     name: str
     flags: list[str]
@@ -95,13 +100,14 @@ class Server:
     tmp: Path
     bank_encoder: str
     gemm: str
+    llm: list[str] | None = None
     port: int = field(default_factory=free_port)
     tokens: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         cmd = [sys.executable, str(ROOT / "train.py"), "serve", "--run", str(self.run), "--host", HOST,
-               "--port", str(self.port), "--state", str(self.tmp / f"state-{self.name}"), "--no_llm",
-               "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
+               "--port", str(self.port), "--state", str(self.tmp / f"state-{self.name}"),
+               *(self.llm if self.llm is not None else ["--no_llm"]), "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
                "--signup_rate", "0", "--request_rate", "0", *self.flags]
         self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
         env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
@@ -160,10 +166,18 @@ def request_body(endpoint: str, i: int, n: int) -> tuple[str, dict]:
     return "/v1/chat/completions", {"session_id": f"load-{i}", "messages": [{"role": "user", "content": message}]}
 
 
-def load(server: Server, clients: int, requests: int, seconds: float, endpoint: str = "chat") -> dict:
+def answer_tokens(body: str, count: Callable[[str], int]) -> int:
+    """The tokens of a chat completion's answer, as `count` counts them."""
+    return count(json.loads(body)["choices"][0]["message"]["content"])
+
+
+def load(server: Server, clients: int, requests: int, seconds: float, endpoint: str = "chat",
+         count: Callable[[str], int] | None = None) -> dict:
     """`clients` threads, one account and one keep-alive connection each, send `endpoint`'s requests until
-    `requests` are sent or `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s."""
+    `requests` are sent or `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s;
+    with `count`, each answer's tokens."""
     latencies: list[float] = []
+    tokens: list[int] = []
     errors = [0]
     sent = [0]
     lock = threading.Lock()
@@ -187,15 +201,17 @@ def load(server: Server, clients: int, requests: int, seconds: float, endpoint: 
             path, body = request_body(endpoint, i, n)
             t0 = time.perf_counter()
             try:
-                status, _ = request(server.port, "POST", path, body, token, conn)
+                status, answer = request(server.port, "POST", path, body, token, conn)
             except (OSError, http.client.HTTPException):
                 status = 0
                 conn.close()
                 conn = http.client.HTTPConnection(HOST, server.port, timeout=120)
             ms = 1000 * (time.perf_counter() - t0)
+            counted = [answer_tokens(answer, count)] if status == 200 and count is not None else []
             with lock:
                 if status == 200:
                     latencies.append(ms)
+                    tokens.extend(counted)
                 else:
                     errors[0] += 1
         conn.close()
@@ -212,7 +228,7 @@ def load(server: Server, clients: int, requests: int, seconds: float, endpoint: 
     done.set()
     sampler.join()
     rss.append(rss_mb(server.proc.pid))
-    return {"done": len(latencies), "errors": errors[0], "wall": wall, "lat": latencies, "rss": rss}
+    return {"done": len(latencies), "errors": errors[0], "wall": wall, "lat": latencies, "rss": rss, "tokens": tokens}
 
 
 def parse_args() -> argparse.Namespace:
@@ -231,6 +247,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--gemm", default="torch", help="PERSRAG_GEMM of both servers: a float32 GEMM path "
                                                     "(persrag_lightning/runtime.py), the same for both")
     ap.add_argument("--warmup", type=int, default=10, help="sequential requests before measuring (not counted)")
+    ap.add_argument("--llm", action="store_true", help="chat with the LLM (not --no_llm) and report its tokens/s")
+    ap.add_argument("--llm_model", default="smollm2", help="with --llm: the servers' LLM (persrag serve --llm_model)")
+    ap.add_argument("--max_new_tokens", type=int, default=64, help="with --llm: the most tokens an answer has")
     ap.add_argument("--endpoint", choices=["chat", "answers"], default="chat",
                     help="chat: chat completions (retrieval, the memory bank); answers: POST /v1/answers (retrieval "
                          "and the run's trained reader; a label run whose record chose the trained reader)")
@@ -242,6 +261,10 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     if not all(1 <= c <= MAX_CLIENTS for c in levels) or not 1 <= args.requests <= 10_000:
         raise SystemExit(f"--clients must be in 1..{MAX_CLIENTS}, --requests in 1..10000")
+    if args.llm and args.endpoint != "chat":
+        raise SystemExit("--llm measures chat completions: leave --endpoint as chat")
+    count = token_counter(args.llm_model) if args.llm else None
+    llm = ["--llm_model", args.llm_model, "--max_new_tokens", str(args.max_new_tokens)] if args.llm else None
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp_name:
         tmp = Path(tmp_name)
         run = Path(args.run) if args.run else build_tiny_export(tmp, args.encoder, args.users)
@@ -251,9 +274,9 @@ def main() -> None:
         from persrag_lightning.retrieval.base import DocStore
 
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
-        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm),
+        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm, llm),
                    Server("batched", ["--max_batch", str(args.max_batch), "--max_wait_ms", str(args.max_wait_ms)],
-                          run, tmp, bank, args.gemm)]
+                          run, tmp, bank, args.gemm, llm)]
         rows, logs = [], {}
         try:
             for s in servers:
@@ -262,28 +285,49 @@ def main() -> None:
                 load(s, 1, args.warmup, args.seconds, args.endpoint)
             for clients in levels:  # the two servers in turn at each level: both meet the same load of the machine
                 for s in servers:
-                    rows.append((s, clients, load(s, clients, args.requests, args.seconds, args.endpoint)))
+                    rows.append((s, clients, load(s, clients, args.requests, args.seconds, args.endpoint, count)))
         finally:
             for s in servers:
                 logs[s.name] = s.stop() if hasattr(s, "proc") else ""
         print_table(args, run, bank, len(users), rows, logs)
 
 
+def token_counter(model: str) -> Callable[[str], int]:
+    """An answer's tokens as the LLM's own tokenizer counts them (the server's usage counts words)."""
+    from transformers import AutoTokenizer
+
+    from persrag_lightning.llm.base import resolve_model
+    from persrag_lightning.llm.gguf import local_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(local_model_path(resolve_model(model)), local_files_only=True)
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def llm_cells(r: dict) -> str:
+    """The LLM path's cells: tokens/s per stream (p50, p5 over the requests), over all streams, tokens per answer."""
+    per_stream = [t / (ms / 1000) for t, ms in zip(r["tokens"], r["lat"], strict=True)]
+    mean = sum(r["tokens"]) / len(r["tokens"]) if r["tokens"] else float("nan")
+    return (f" {pct(per_stream, .5):.1f} | {pct(per_stream, .05):.1f} | {sum(r['tokens']) / r['wall']:.1f} | "
+            f"{mean:.1f} |")
+
+
 def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, rows: list, logs: dict) -> None:
     where = args.run or f"a tiny export built here ({args.encoder} encoder, {args.users} users)"
+    what = ("POST /v1/answers (the trained reader)" if args.endpoint == "answers" else "chat completions") + (
+        f" with the LLM {args.llm_model} (at most {args.max_new_tokens} new tokens)" if args.llm else " without the LLM")
     print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
-          f"{'POST /v1/answers (the trained reader)' if args.endpoint == 'answers' else 'chat completions'} without "
-          f"the LLM; loopback {HOST}; at most {args.requests} requests and "
+          f"{what}; loopback {HOST}; at most {args.requests} requests and "
           f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
     print()
+    llm = (" tokens/s per stream p50 | p5 | tokens/s, all streams | tokens per answer |", "---|---|---|---|")
     print("| server | clients | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS start MB | "
-          "RSS max MB | RSS end MB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "RSS max MB | RSS end MB |" + (llm[0] if args.llm else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + (llm[1] if args.llm else ""))
     for s, clients, r in rows:
         lat, rss = r["lat"], r["rss"]
         print(f"| {s.name} | {clients} | {r['done']} | {r['errors']} | {r['done'] / r['wall']:.1f} | "
               f"{pct(lat, .5):.0f} | {pct(lat, .95):.0f} | {pct(lat, .99):.0f} | {rss[0]:.0f} | {max(rss):.0f} | "
-              f"{rss[-1]:.0f} |")
+              f"{rss[-1]:.0f} |" + (llm_cells(r) if args.llm else ""))
     print()
     for name, log in logs.items():
         for line in log.splitlines():
