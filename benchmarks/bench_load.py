@@ -11,7 +11,7 @@ LLM's tokenizer. Bounded: loopback only, at most `--requests` per level and `--s
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,4,16
-    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 48
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 32 --warmup 2
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ class Server:
     def start(self) -> None:
         cmd = [sys.executable, str(ROOT / "train.py"), "serve", "--run", str(self.run), "--host", HOST,
                "--port", str(self.port), "--state", str(self.tmp / f"state-{self.name}"),
-               *(self.llm if self.llm is not None else ["--no_llm"]), "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
+               *(self.llm if self.llm is not None else ["--no_llm"]),
+               "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
                "--signup_rate", "0", "--request_rate", "0", *self.flags]
         self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
         env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
