@@ -62,7 +62,9 @@ from persrag_lightning.utils import (
 
 __all__ = ["ReaderDataModule", "ReaderExample", "ReaderTrainBatch"]
 
-READER_DATA_VERSION = "reader-data/v3"  # v2: provenance and the asker's habit; v3: the held-out fold
+# v2: provenance and the asker's habit; v3: the held-out fold; v4: neighbours' similarities kept
+# through a cached retrieval (strategies.RETRIEVAL_CACHE)
+READER_DATA_VERSION = "reader-data/v4"
 HELD = "held"  # the stored split of the held-out train users' examples
 
 

@@ -47,9 +47,11 @@ from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc, Stra
 from persrag_lightning.retrieval.strategies import (
     bind_strategies,
     cached_retrieval,
+    docs_from_store,
     file_name,
     resolve_reranker_runtime,
     set_reranker_runtime,
+    stored_docs,
     strategy_config,
 )
 from persrag_lightning.utils import (
@@ -285,7 +287,8 @@ class Evaluation(Evaluator):
         also written beside the answers as predictions/<row>.labels.json); cached by content."""
         reader = self.reader_for(strategy)
         reading = reader.reading(self.task)
-        key = fingerprint("evaluate/v3", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
+        # v4: answers read with each neighbour's similarity (v3's could come from a cached retrieval without it)
+        key = fingerprint("evaluate/v4", strategy_config(strategy), reader.identity(), PROMPT_VERSION,
                           self.k, [(e.example_id, e.input, e.target, e.profile) for e in examples],
                           self.source.data_dir.name, *([reading] if reading else []))
         cached = self.out_dir / "cache" / f"{file_name(strategy.name)}-{key}.json"
@@ -293,7 +296,7 @@ class Evaluation(Evaluator):
         # predictions and retrieved rows; diagnostics are recomputed (new ones cost no LLM)
         if cached.exists():
             outcome = json.loads(cached.read_text())
-            retrieved = [[store.doc(r) for r in rows] for rows in outcome["rows"]]
+            retrieved = docs_from_store(store, outcome)
             if "labels" not in outcome and reader.reads_labels and labels_file.is_file():
                 # an entry cached before it kept them
                 outcome["labels"] = json.loads(labels_file.read_text())
@@ -302,7 +305,7 @@ class Evaluation(Evaluator):
                 strategy, store, examples, self.k, self.source.cache_dir, self.source.data_dir.name
             )
             predictions, reading, labels = self.answers(strategy, store, examples, retrieved)
-            outcome = {"predictions": predictions, "rows": [[d.row for d in ds] for ds in retrieved],
+            outcome = {"predictions": predictions, **stored_docs(retrieved),
                        "retrieve_ms_per_query": ms_per_query, "reading": reading,
                        **({"labels": labels.to_json([e.example_id for e in examples], [e.target for e in examples])}
                           if labels is not None else {})}

@@ -23,8 +23,8 @@ from persrag_lightning.utils import (
     resolve_config_path,
 )
 
-__all__ = ["bind_strategies", "cached_retrieval", "file_name", "resolve_reranker_runtime",
-           "set_reranker_runtime", "strategy_by_name", "strategy_config", "strategy_names"]
+__all__ = ["bind_strategies", "cached_retrieval", "docs_from_store", "file_name", "resolve_reranker_runtime",
+           "set_reranker_runtime", "stored_docs", "strategy_by_name", "strategy_config", "strategy_names"]
 
 
 def file_name(name: str) -> str:
@@ -60,6 +60,25 @@ def strategy_config(strategy: Strategy) -> dict:
 RETRIEVALS = "retrievals"
 
 
+# v2: each doc's user similarity and stage scores are kept with its row; v1 kept the rows alone, so a
+# retrieval read back from the cache handed the trained reader every neighbour at similarity 1.0
+RETRIEVAL_CACHE = "retrieve/v2"
+
+
+def stored_docs(retrieved: list[list[RetrievedDoc]]) -> dict:
+    """Each question's docs as a cache keeps them: the rows, and per doc its user similarity and its
+    retriever's and reranker's scores (NaN: a stage that did not score it)."""
+    return {"rows": [[d.row for d in ds] for ds in retrieved],
+            "scores": [[[d.user_sim, d.retriever_score, d.reranker_score] for d in ds] for ds in retrieved]}
+
+
+def docs_from_store(store: DocStore, stored: dict) -> list[list[RetrievedDoc]]:
+    """`stored_docs` read back: the docs as they were retrieved, provenance and scores included."""
+    return [[store.doc(r, user_sim=sim, retriever_score=first, reranker_score=second)
+             for r, (sim, first, second) in zip(rows, scores)]
+            for rows, scores in zip(stored["rows"], stored["scores"])]
+
+
 def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example], k: int,
                      cache_dir: str | Path, data_name: str) -> tuple[list[list[RetrievedDoc]], float]:
     """Top-k docs of `strategy` for `examples` and the milliseconds per query it took, cached under
@@ -67,12 +86,12 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
     generator stage's training prompts and every "+ tuned generator" row read one strategy's
     retrievals once."""
     strategy = strategy.wrapped or strategy  # a wrapper retrieves as the strategy it wraps
-    key = fingerprint("retrieve/v1", strategy_config(strategy), k,
+    key = fingerprint(RETRIEVAL_CACHE, strategy_config(strategy), k,
                       [(e.example_id, e.user_id, e.input, e.profile) for e in examples], data_name)
     path = Path(cache_dir) / RETRIEVALS / f"{file_name(strategy.name)}-{key}.json"
     if path.exists():
         cached = json.loads(path.read_text())
-        return [[store.doc(r) for r in rows] for rows in cached["rows"]], cached["ms_per_query"]
+        return docs_from_store(store, cached), cached["ms_per_query"]
     t0 = time.perf_counter()
     strategy.prepare(store)
     retrieved = strategy.retrieve(
@@ -80,8 +99,7 @@ def cached_retrieval(strategy: Strategy, store: DocStore, examples: list[Example
     )
     ms = 1000 * (time.perf_counter() - t0) / max(1, len(examples))
     atomic_write_json(path, {"strategy": strategy.name, "k": k, "ms_per_query": ms,
-                             "example_ids": [e.example_id for e in examples],
-                             "rows": [[d.row for d in ds] for ds in retrieved]}, indent=None)
+                             "example_ids": [e.example_id for e in examples], **stored_docs(retrieved)}, indent=None)
     return retrieved, ms
 
 

@@ -248,6 +248,32 @@ def test_evaluate_writes_lamp_predictions_metrics_table_and_chart(run_dir, tiny_
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_cached_retrieval_reads_back_as_it_was_retrieved(run_dir, tmp_path):
+    """The trained reader reads whose doc it reads (own or a neighbour's, at which similarity): a retrieval read back
+    from the cache hands over the docs with the provenance and scores the live retrieval gave, so a row's answers do
+    not depend on whether its retrieval was cached."""
+    from persrag_lightning.data.source import LampSource
+    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.strategies import cached_retrieval
+
+    source = LampSource("LaMP-2", None, SynthConfig(num_users=USERS), str(tmp_path / "cache"))
+    source.prepare()
+    dataset = source.load()
+    store, examples = DocStore(dataset), sorted(dataset.examples["test"], key=lambda e: e.example_id)[:6]
+
+    def retrieved() -> list[tuple]:
+        cfrag = CFRAG(str(run_dir / "user_encoder"), str(run_dir / "retriever"), str(run_dir / "reranker"), m=3,
+                      k_per_user=2, cache_dir=str(tmp_path / "cache"), name="CFRAG")
+        docs, _ = cached_retrieval(cfrag, store, examples, 3, tmp_path / "cache", "synth")
+        return [(e.user_id, d.row, d.owner, d.user_sim, d.retriever_score, d.reranker_score)
+                for e, ds in zip(examples, docs) for d in ds]
+
+    live = retrieved()
+    assert any(owner != asker and sim < 1.0 for asker, _, owner, sim, *_ in live)  # neighbours, less similar
+    assert len(list((tmp_path / "cache" / "retrievals").glob("CFRAG-*.json"))) == 1
+    assert retrieved() == live  # read back from the cache: the same docs, similarities and scores
+
+
 def test_evaluate_cache_follows_bundle_content_not_path(run_dir, tiny_bert, tiny_llm, tmp_path):
     """A retrained model under the same run name (same path, new weights) gets new predictions, not the cache."""
     run = tmp_path / "run"
