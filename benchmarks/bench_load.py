@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # the servers' environment: taken before tests/conftest.py (which builds the tiny export) sets the suite's own;
-# both servers get the one GEMM path of --gemm (each measuring its own at start could choose differently)
+# both servers get the GEMM paths of --gemm: the run's record's by default (each measuring its own at start
+# could choose differently)
 SERVER_ENV = dict(os.environ)
 
 from persrag_lightning.data.synth_text import LAMP2_PROMPT  # after the path and the environment above
@@ -112,6 +113,8 @@ class Server:
                "--signup_rate", "0", "--request_rate", "0", *self.flags]
         self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
         env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
+        if self.gemm == "record":  # unset: the server takes the run's recorded paths (measured if it has none)
+            env.pop("PERSRAG_GEMM")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 600
         while True:
@@ -245,8 +248,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=180, help="time limit per level")
     ap.add_argument("--max_batch", type=int, default=16)
     ap.add_argument("--max_wait_ms", type=float, default=5.0)
-    ap.add_argument("--gemm", default="torch", help="PERSRAG_GEMM of both servers: a float32 GEMM path "
-                                                    "(persrag_lightning/runtime.py), the same for both")
+    ap.add_argument("--gemm", default="record", help="PERSRAG_GEMM of both servers: a float32 GEMM path or pin "
+                                                     "(persrag_lightning/runtime.py), the same for both; record: "
+                                                     "unset, so both take the run's recorded paths (torch's for "
+                                                     "an export without a record)")
     ap.add_argument("--warmup", type=int, default=10, help="sequential requests before measuring (not counted)")
     ap.add_argument("--llm", action="store_true", help="chat with the LLM (not --no_llm) and report its tokens/s")
     ap.add_argument("--llm_model", default="smollm2", help="with --llm: the servers' LLM (persrag serve --llm_model)")
@@ -272,9 +277,12 @@ def main() -> None:
         bank = args.bank_encoder or ("minilm" if args.run else str(tmp / "tiny_bert") if args.encoder == "tiny"
                                      else args.encoder)
         from persrag_lightning.data.docstore import read_docstore
+        from persrag_lightning.record import read_reference
         from persrag_lightning.retrieval.base import DocStore
 
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
+        if args.gemm == "record" and read_reference(run) is None:
+            args.gemm = "torch"  # no record to take the paths from: one path for both, not each one's measurement
         servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm, llm),
                    Server("batched", ["--max_batch", str(args.max_batch), "--max_wait_ms", str(args.max_wait_ms)],
                           run, tmp, bank, args.gemm, llm)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
+from persrag_lightning.runtime import GemmChoice
 from persrag_lightning.stages import Key
 from persrag_lightning.utils import ConfigError
 
@@ -63,6 +64,8 @@ class Reference:
         calibration: the LLM reader's label calibration; None: not recorded.
         decision: the answer taken from label scores (`auto` or a rule); None: not recorded.
         task: the run's task.
+        gemm: the float32 GEMM paths the run computed with, as `PERSRAG_GEMM` pins them (`runtime.py`);
+            None: not recorded.
     """
 
     path: Path
@@ -73,6 +76,7 @@ class Reference:
     calibration: str | None
     decision: str | None
     task: str
+    gemm: str | None = None
 
 
 def _field(record: dict, name: str, path: Path, allowed: Any = None, optional: bool = False) -> Any:
@@ -109,6 +113,18 @@ def _reading(record: dict, path: Path) -> dict:
     return reading
 
 
+def _gemm(record: dict, path: Path) -> str | None:
+    """The record's float32 GEMM paths as a pin: its `gemm.chosen` (every record that measured them has
+    it, the pin came later), refused naming the field where it is not an object of path names."""
+    gemm = record.get("gemm")
+    if gemm is None:
+        return None
+    chosen = gemm.get("chosen") if isinstance(gemm, dict) else None
+    if not isinstance(chosen, dict) or not chosen or not all(isinstance(v, str) for v in chosen.values()):
+        raise ConfigError(f"{path}: field 'gemm': 'chosen' is not an object of consumers' path names")
+    return GemmChoice(0, {}, chosen).pin()
+
+
 def read_reference(run_dir: str | Path) -> Reference | None:
     """The reference configuration `<run_dir>/pipeline.json` records; None for a run without one (its
     stages trained alone). A record that is not JSON or lacks a field serving reads is refused with a
@@ -132,4 +148,4 @@ def read_reference(run_dir: str | Path) -> Reference | None:
     reading = _reading(record, path)
     row = record.get("reference_row") or chosen
     return Reference(path, str(row), CONFIGURATIONS[chosen], READERS[reader], reading["answer_mode"],
-                     reading["calibration"], reading["decision"], task)
+                     reading["calibration"], reading["decision"], task, _gemm(record, path))

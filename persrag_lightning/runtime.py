@@ -30,8 +30,8 @@ from torch import nn
 
 from persrag_lightning.gemm_paths import PATHS, GemmPath, LinearFn
 
-__all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "gemm_choice", "gemm_seconds",
-           "gflops", "pinned_paths", "use_fastest_gemm"]
+__all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "follow_recorded", "gemm_choice",
+           "gemm_seconds", "gflops", "pinned_paths", "use_fastest_gemm"]
 
 Timer = Callable[[str, LinearFn, torch.Tensor], float]
 
@@ -114,7 +114,8 @@ class GemmChoice:
     rates: dict[str, dict[str, float]]
     chosen: dict[str, str]
     skipped: dict[str, str] = field(default_factory=dict)
-    forced: bool = False  # PERSRAG_GEMM named the path: nothing was measured
+    forced: bool = False  # PERSRAG_GEMM or a served run's record named the path: nothing was measured
+    named_by: str = ENV  # which of the two, where forced
 
     def pin(self) -> str:
         """The `PERSRAG_GEMM` value that gives another run these paths without measuring: a path's
@@ -127,7 +128,7 @@ class GemmChoice:
         measured rate, and the pin that repeats it."""
         out = [f"float32 GEMM path {name}: skipped ({why})" for name, why in self.skipped.items()]
         if self.forced:
-            return [*out, f"float32 GEMM path: {self.pin()} ({ENV}; not measured)"]
+            return [*out, f"float32 GEMM path: {self.pin()} ({self.named_by}; not measured)"]
         for consumer, path in self.chosen.items():
             ranked = sorted(self.rates[consumer].items(), key=lambda kv: -kv[1])
             rates = ", ".join(f"{p} {r:.0f}" for p, r in ranked if _choosable(p))
@@ -257,12 +258,38 @@ def pinned_paths(wanted: str) -> dict[str, str]:
 
 
 _CHOICES: dict[tuple[str, int], GemmChoice] = {}
+_FOLLOWED: dict[str, str] = {}  # "pin": a served run's recorded paths, this process's where PERSRAG_GEMM is unset
+
+
+def follow_recorded(pin: str | None) -> str:
+    """Take the float32 GEMM paths a run's record names (`pin`, as `PERSRAG_GEMM` writes them) as this
+    process's wherever `PERSRAG_GEMM` is unset: a served model then sums in the order the run's table
+    did, and an answer near a tie is the table's. A record without paths, or a path that cannot load
+    here, leaves the choice to measurement; `PERSRAG_GEMM` set wins. Process-wide, as the variable
+    is: models already converted keep their path. Returns one line saying which.
+
+    Args:
+        pin: the record's paths (`record.Reference.gemm`); None: the run recorded none.
+    """
+    if os.environ.get(ENV, "").strip():
+        return f"float32 GEMM paths: {ENV}={os.environ[ENV].strip()} (the run's record: {pin or 'none'})"
+    if pin is None:
+        return "float32 GEMM paths: measured here (the run's record names none)"
+    try:
+        for name in dict.fromkeys(pinned_paths(pin).values()):
+            loads(name)
+    except ValueError as err:
+        return f"float32 GEMM paths: measured here; the run's {pin} cannot be taken here ({err})"
+    _FOLLOWED["pin"] = pin
+    return f"float32 GEMM paths: {pin}, as the run's record says ({ENV}=auto measures this machine's instead)"
 
 
 def gemm_choice() -> GemmChoice:
-    """This process's choice: `PERSRAG_GEMM` (`pinned_paths`) if set, else measured once per thread
-    count; where another thread count runs torch's matmul faster, torch is set to it first."""
-    wanted = os.environ.get(ENV, "auto").strip() or "auto"
+    """This process's choice: `PERSRAG_GEMM` (`pinned_paths`) if set, else the paths of a served run's
+    record (`follow_recorded`), else measured once per thread count; where another thread count runs
+    torch's matmul faster, torch is set to it first."""
+    named = os.environ.get(ENV, "").strip()
+    wanted = named or _FOLLOWED.get("pin", "auto")
     key = (wanted, torch.get_num_threads())
     if key not in _CHOICES:
         if wanted == "auto":
@@ -273,7 +300,7 @@ def gemm_choice() -> GemmChoice:
             chosen = pinned_paths(wanted)
             for name in dict.fromkeys(chosen.values()):
                 loads(name)
-            choice = GemmChoice(key[1], {}, chosen, forced=True)
+            choice = GemmChoice(key[1], {}, chosen, forced=True, named_by=ENV if named else "the run's record")
         _CHOICES[key] = _CHOICES[(wanted, choice.threads)] = choice
     return _CHOICES[key]
 

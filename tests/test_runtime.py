@@ -173,6 +173,31 @@ def test_a_named_path_that_cannot_load_is_refused_at_once(monkeypatch):
         runtime.gemm_choice()
 
 
+def test_a_served_run_takes_its_records_paths_unless_the_environment_names_some(monkeypatch):
+    """Serving follows the run's record (`follow_recorded`): its paths become the process's where PERSRAG_GEMM is
+    unset, without measuring; the variable set wins; a path that cannot load here, or none recorded, leaves the
+    choice to measurement, each said in the line."""
+    monkeypatch.setattr(runtime, "_FOLLOWED", {})
+    monkeypatch.setenv(runtime.ENV, "torch")
+    assert runtime.follow_recorded("reader:torch-kn,encoders:torch") == \
+        "float32 GEMM paths: PERSRAG_GEMM=torch (the run's record: reader:torch-kn,encoders:torch)"
+    assert runtime.gemm_choice().chosen == {"reader": "torch", "encoders": "torch"}
+    monkeypatch.delenv(runtime.ENV)
+    monkeypatch.setitem(runtime.PATHS, "broken", GemmPath("broken", "cannot load", no_path))
+    assert runtime.follow_recorded("broken").startswith(
+        "float32 GEMM paths: measured here; the run's broken cannot be taken here (PERSRAG_GEMM=broken: this path "
+        "cannot load here: No module named")
+    assert runtime.follow_recorded(None) == "float32 GEMM paths: measured here (the run's record names none)"
+    assert runtime._FOLLOWED == {}
+    assert runtime.follow_recorded("reader:torch-kn,encoders:torch") == ("float32 GEMM paths: reader:torch-kn,"
+                                                                       "encoders:torch, as the run's record says "
+                                                                       "(PERSRAG_GEMM=auto measures this machine's "
+                                                                       "instead)")
+    choice = runtime.gemm_choice()
+    assert choice.forced and choice.chosen == {"reader": "torch-kn", "encoders": "torch"}
+    assert choice.lines() == ["float32 GEMM path: reader:torch-kn,encoders:torch (the run's record; not measured)"]
+
+
 @pytest.mark.skipif(not available("onnxruntime"), reason="needs onnx and onnxruntime (the onnx extra)")
 def test_an_encoder_on_a_path_exports_torchs_own_graph(monkeypatch, tiny_bert, tmp_path, one_thread):
     """An ONNX export traces the model: a converted layer must hand the tracer torch's linear, not its path."""

@@ -186,7 +186,7 @@ class CFRAGPipeline:
         explicitly wins (`reranker`, `m`, `neighbour_slots`, `reader`: anything but "record"; the
         others: anything but None). A run without a record serves stage 3's order where its reranker
         is exported (else the first stage's), m = 6, no gate, read by the LLM of `llm`. `serves`
-        says which, and why, in one line, printed at load.
+        says which, and why, in one line, printed at load; a second says the float32 GEMM paths taken.
 
         `users="cluster"` takes the similar users from the cohort export (`cohort_export`, default
         `run_dir`/clusters) as CFRAG's `users: cluster` row of the evaluation does; new users join
@@ -213,7 +213,7 @@ class CFRAGPipeline:
         pipe = cls(strategy, DocStore(read_docstore(run_dir / "docstore")), choice.llm, k, threads,
                    _reader_folder(run_dir, choice.reader))
         pipe.serves = serves_line(choice, pipe.task, run_dir)
-        print(f"[serving] {pipe.serves}", file=sys.stderr, flush=True)
+        print(f"[serving] {pipe.serves}\n[serving] {choice.gemm}", file=sys.stderr, flush=True)
         if precompute_doc_states:
             pipe.precompute_doc_states()
         return pipe

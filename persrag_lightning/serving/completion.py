@@ -25,6 +25,8 @@ class ChatTurn:
         stored_memory_id: the memory this turn stored, if any.
         session_id: the session the turn is logged under.
         model: the model name the request asked for (None: the server's).
+        usage: the prompt's and the answer's tokens, counted by the LLM's tokenizer (the prompt before
+            the chat template; words without an LLM); None: counted as words here.
     """
 
     answer: str
@@ -34,6 +36,7 @@ class ChatTurn:
     stored_memory_id: str | None
     session_id: str
     model: str | None = None
+    usage: tuple[int, int] | None = None
 
 
 def chat_completion(turn: ChatTurn, model: str, user_id: str) -> dict:
@@ -47,8 +50,7 @@ def chat_completion(turn: ChatTurn, model: str, user_id: str) -> dict:
     """
     own = [d for d in turn.docs if d.owner == user_id]
     others = [d for d in turn.docs if d.owner != user_id]
-    prompt_tokens = len(turn.prompt.split())
-    completion_tokens = len(turn.answer.split())
+    prompt_tokens, completion_tokens = turn.usage or (len(turn.prompt.split()), len(turn.answer.split()))
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
         "model": model,

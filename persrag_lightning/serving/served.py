@@ -13,6 +13,7 @@ from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.reading import LLM_READER
 from persrag_lightning.reading.decision import resolve_decision
 from persrag_lightning.record import RECORD, Reference, read_reference
+from persrag_lightning.runtime import follow_recorded
 
 __all__ = ["RECORD_SAYS", "Choice", "follow_record", "serves_line"]
 
@@ -34,6 +35,7 @@ class Choice:
             a reading).
         m: the similar users (None: CFRAG's own).
         neighbour_slots: the neighbour gate (None: none).
+        gemm: the line saying which float32 GEMM paths serve (`runtime.follow_recorded`).
     """
 
     reranker: str | None
@@ -43,6 +45,7 @@ class Choice:
     given: tuple[str, ...] = ()
     m: int | None = None
     neighbour_slots: int | None = None
+    gemm: str = ""
 
     @property
     def reranker_from_record(self) -> bool:
@@ -72,7 +75,8 @@ def follow_record(run_dir: str | Path, llm: LLMConfig | None, reranker: str | No
                   neighbour_slots: int | str | None = RECORD_SAYS) -> Choice:
     """The pipeline's configuration, reader and LLM settings: each argument that is RECORD_SAYS
     (`reranker`, `m`, `neighbour_slots`, `reader`) or None (`reading`) as the record says, the others
-    as given.
+    as given. The record's float32 GEMM paths become the process's where `PERSRAG_GEMM` is unset
+    (`runtime.follow_recorded`; called before any model loads, they sum as the run's table did).
 
     Args:
         run_dir: the run's folder (its record is `pipeline.json` there).
@@ -100,7 +104,8 @@ def follow_record(run_dir: str | Path, llm: LLMConfig | None, reranker: str | No
             said[name] = recorded
     config = llm or LLMConfig()
     return Choice(retrieval["reranker"], reader, replace(config, **said) if said else config, reference,
-                  tuple(given), retrieval["m"], retrieval["neighbour_slots"])
+                  tuple(given), retrieval["m"], retrieval["neighbour_slots"],
+                  follow_recorded(reference.gemm if reference is not None else None))
 
 
 def _reads(choice: Choice, task: str) -> str:

@@ -380,24 +380,27 @@ class ChatService:
                 log.error("privacy guard: %d memories of other users dropped", len(foreign))
                 memories = [m for m in memories if m.owner == user_id]
             with self._model_lock:
-                prompt, answer = self._answer(message, memories, docs, history)
+                prompt, answer, usage = self._answer(message, memories, docs, history)
             if answer.strip() and is_utf8(answer):
                 self.bank.log_turn(user_id, session_id, "assistant", answer[:MAX_MESSAGE_CHARS])
         return ChatTurn(answer, prompt, docs, memories, turn.memory.id if turn.memory else None, session_id,
-                        request.model)
+                        request.model, usage)
 
     def _answer(self, message: str, memories: list[RetrievedDoc], docs: list[RetrievedDoc],
-                history: list[tuple[str, str]]) -> tuple[str, str]:
-        """(prompt, answer); the caller holds the model lock."""
+                history: list[tuple[str, str]]) -> tuple[str, str, tuple[int, int]]:
+        """(prompt, answer, the tokens of each as the prompt's budget counts them: the LLM's
+        tokenizer, words without an LLM); the caller holds the model lock (and so the tokenizer)."""
         if not self.use_llm:
+            words = lambda t: len(t.split())
             prompt = build_serving_prompt(message, [m.text for m in memories], [d.text for d in docs], history,
-                                          lambda t: len(t.split()), 512)
-            return prompt, (f"(no LLM) I remember {len(memories)} thing(s) about you and found {len(docs)} "
-                            "related item(s).")
+                                          words, 512)
+            answer = f"(no LLM) I remember {len(memories)} thing(s) about you and found {len(docs)} related item(s)."
+            return prompt, answer, (words(prompt), words(answer))
         llm = self.pipeline.llm
         prompt = build_serving_prompt(message, [m.text for m in memories], [d.text for d in docs], history,
                                       llm.count_tokens, self.pipeline.llm_config.max_prompt_tokens)
-        return prompt, self.pipeline.llm_config.chat(llm, [prompt])[0]
+        answer = self.pipeline.llm_config.chat(llm, [prompt])[0]
+        return prompt, answer, (llm.count_tokens(prompt), llm.count_tokens(answer))
 
     def _retrieve_many(self, asks: list[tuple[str, str]]) -> list[list[RetrievedDoc]]:
         """The CFRAG docs of each (user, message), in one pipeline call (the micro-batcher's

@@ -80,6 +80,26 @@ def test_sign_up_chat_memories_and_provenance(client, service):
     assert len(client.get("/v1/users/ada/memories", headers=auth(token)).json()["memories"]) == 3
 
 
+def test_a_chat_answered_by_the_llm_counts_its_usage_in_the_llms_tokens(run_dir, tiny_bert, tiny_llm,  # noqa: F811
+                                                                         tmp_path):
+    """OpenAI's `usage` in tokens of the LLM that answered: the prompt (before the chat template) and the answer,
+    counted by its tokenizer, not in words."""
+    service = open_service(run_dir, tmp_path / "state", tiny_bert, tiny_llm)
+    client = TestClient(create_app(service))
+    token = sign_up(client, "lin")
+    chat = {"messages": [{"role": "user", "content": "Which running shoes suit a marathon?"}]}
+    r = client.post("/v1/chat/completions", headers=auth(token), json=chat)
+    assert r.status_code == 200, r.text
+    answer, usage = r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+    assert usage["completion_tokens"] == service.pipeline.llm.count_tokens(answer)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # a tokenizer that counts characters: every count in `usage` follows it, none is a word count
+    service.pipeline.llm.count_tokens = len
+    usage = client.post("/v1/chat/completions", headers=auth(token), json=chat).json()["usage"]
+    assert usage["prompt_tokens"] > len(chat["messages"][0]["content"]) > 6
+    assert "Which running shoes suit a marathon?" in service.bank.turns("lin")[0].text
+
+
 def test_chat_provenance_of_a_user_with_history_names_owners_and_similarity(client, service):
     exported = service.pipeline.store.corpus.user_ids[3]
     token = sign_up(client, "hist", history=history_like(service, exported, "h"))

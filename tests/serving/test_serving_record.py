@@ -51,6 +51,7 @@ def test_the_record_of_a_pipeline_run_says_what_its_reference_row_served(recorde
     ref = read_reference(recorded)
     assert ref.path == recorded / "pipeline.json" and ref.row == FIRST_STAGE and ref.task == "LaMP-2"
     assert ref.configuration == Configuration(None) and ref.reader == "reader" and ref.answer_mode == "choose"
+    assert ref.gemm == "torch"  # the suite's PERSRAG_GEMM, as the run's decisions kept it
     assert read_reference(recorded / "user_encoder") is None  # no record there
 
 
@@ -118,6 +119,32 @@ def test_a_run_without_a_record_serves_the_defaults_it_served_before(recorded, t
     assert pipe.llm_config.answer_mode == "generate" and pipe.llm_config.calibration == "none"
     assert pipe.serves == (f"serving CFRAG (reranked) read by the LLM smollm2 (generated answers): the defaults "
                            f"(no pipeline.json in {run})")
+
+
+def test_the_float32_gemm_paths_are_the_records_where_the_environment_names_none(recorded, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """The trained reader reads in float32: its sums in the run's order keep its answers near a tie the table's.
+    A record from before the pin was kept names its paths by consumer; a record without paths is served as before,
+    and a malformed one is refused naming the field."""
+    from persrag_lightning import runtime
+
+    run = shutil.copytree(recorded, tmp_path / "t")
+    record = json.loads((run / "pipeline.json").read_text())
+    record["gemm"] = {"chosen": {"reader": "torch", "encoders": "torch-kn"}}
+    (run / "pipeline.json").write_text(json.dumps(record))
+    monkeypatch.setattr(runtime, "_FOLLOWED", {})
+    monkeypatch.delenv(runtime.ENV)
+    served(run)
+    assert "[serving] float32 GEMM paths: reader:torch,encoders:torch-kn, as the run's record says" \
+        in capsys.readouterr().err
+    assert runtime.gemm_choice().chosen == {"reader": "torch", "encoders": "torch-kn"}
+    del record["gemm"]
+    (run / "pipeline.json").write_text(json.dumps(record))
+    assert read_reference(run).gemm is None
+    record["gemm"] = {"chosen": ["torch"]}
+    (run / "pipeline.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=rf"{run / 'pipeline.json'}: field 'gemm'"):
+        read_reference(run)
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -1,0 +1,85 @@
+"""Replay a run's table through serving: `CFRAGPipeline.from_pretrained(run)`, every choice left to the run's record
+(the docs' order, the reader, its decision, the float32 GEMM paths), answers the test questions of the record's
+table, and each answer is compared with the reference row's prediction in the evaluation's output. Serving runs with
+the evaluation's exact runtimes here (fp32 query encoder, the table's reranker runtime, docs tokenised per pair), each
+question seeing its own profile as the evaluation's does; what differs from the table is then what serving decides
+otherwise. Prints how many answers equal the table's, the GEMM paths served and the first questions that differ.
+
+Run from the folder the main job ran in (its `checkpoints/` and `runs/`), e.g. beside the pipeline's paths and then
+on torch's, to see what the paths change:
+
+    python benchmarks/replay_table.py --run checkpoints/synthlamp-quick
+    PERSRAG_GEMM=torch python benchmarks/replay_table.py --run checkpoints/synthlamp-quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def table_evaluation(run: Path):
+    """The record's test-table evaluation, reading the reference row alone, and the row's table name."""
+    from persrag_lightning.pipeline.runs import EvaluationRun
+    from persrag_lightning.record import RECORD, TABLE
+
+    record = json.loads((run / RECORD).read_text())
+    table = EvaluationRun(**[e for e in record["evaluations"] if e.get("purpose") == TABLE][-1])
+    table.only = [record["chosen_on_dev"]]
+    return table, record.get("reference_row") or record["chosen_on_dev"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="the run's export folder (checkpoints/<run_name>)")
+    ap.add_argument("--shown", type=int, default=10, help="differing questions listed")
+    ap.add_argument("--cache_dir", default=None, help="serving's cache (embeddings of the docs made on this "
+                                                      "process's paths when empty); default: the evaluation's")
+    args = ap.parse_args()
+    from persrag_lightning.commands.evaluate import run_folder
+    from persrag_lightning.commands.train import fill_run_dir
+    from persrag_lightning.data.lamp import read_outputs
+    from persrag_lightning.evaluation.arguments import evaluate_parser
+    from persrag_lightning.pipeline.command import LocalRunner
+    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.strategies import file_name
+    from persrag_lightning.serving import CFRAGPipeline
+
+    run = Path(args.run)
+    table, row = table_evaluation(run)
+    cfg = LocalRunner().evaluation_config(table)
+    cfg = fill_run_dir(cfg, str(run_folder(cfg.export_root, cfg.run_name)))
+    evaluator = evaluate_parser().instantiate_classes(cfg).evaluation
+    settings = cfg.evaluation.init_args
+    out_dir = Path(settings.out_dir if settings.out_dir != "runs/synthlamp/evaluate"
+                   else Path("runs") / cfg.run_name / "evaluate")
+    predictions = read_outputs(out_dir / "predictions" / f"{file_name(row)}.json", evaluator.task)
+    dataset = evaluator.source.load()
+    examples = sorted((e for e in dataset.examples[settings.split] if e.example_id in predictions),
+                      key=lambda e: e.example_id)
+    pipe = CFRAGPipeline.from_pretrained(run, cache_dir=args.cache_dir or settings.cache_dir, query_runtime="fp32",
+                                         reranker_runtime=settings.reranker_runtime, cache_doc_tokens=False)
+    replay = CFRAGPipeline(pipe.strategy, DocStore(dataset), pipe.llm_config, pipe.k, reader=pipe.reader_spec)
+    start = time.perf_counter()
+    answers = replay.generate_batch([e.user_id for e in examples], [e.input for e in examples],
+                                    example_ids=[e.example_id for e in examples])
+    seconds = time.perf_counter() - start
+    differ = [(e.example_id, predictions[e.example_id], a.answer) for e, a in zip(examples, answers)
+              if a.answer != predictions[e.example_id]]
+    same = len(examples) - len(differ)
+    print(f"\nrun {run}; table row {row!r} ({out_dir / 'predictions'}); PERSRAG_GEMM="
+          f"{os.environ.get('PERSRAG_GEMM', '(unset)')}; cache {args.cache_dir or settings.cache_dir}\n{pipe.serves}\n")
+    print("| questions | served answers equal to the table's | share | seconds |\n|---|---|---|---|")
+    print(f"| {len(examples)} of {len(predictions)} predicted | {same} | {same / max(len(examples), 1):.3f} | "
+          f"{seconds:.1f} |")
+    for example_id, table_answer, served in differ[: args.shown]:
+        print(f"- {example_id}: table {table_answer!r}, served {served!r}")
+
+
+if __name__ == "__main__":
+    main()
