@@ -6,7 +6,8 @@ requests/s, p50/p95/p99 latency, errors and the server's resident memory (start,
 markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and the
 table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and p5
 over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
-LLM's tokenizer. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
+LLM's tokenizer; the batched server then also batches the replies of chats that arrive together (`--llm_max_batch`,
+`--llm_max_wait_ms` of `persrag serve`, set to `--max_batch` and `--max_wait_ms`). Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
@@ -283,9 +284,11 @@ def main() -> None:
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
         if args.gemm == "record" and read_reference(run) is None:
             args.gemm = "torch"  # no record to take the paths from: one path for both, not each one's measurement
+        bounds = [str(args.max_batch), str(args.max_wait_ms)]
+        batched = ["--max_batch", bounds[0], "--max_wait_ms", bounds[1]]
+        batched += ["--llm_max_batch", bounds[0], "--llm_max_wait_ms", bounds[1]] if args.llm else []
         servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm, llm),
-                   Server("batched", ["--max_batch", str(args.max_batch), "--max_wait_ms", str(args.max_wait_ms)],
-                          run, tmp, bank, args.gemm, llm)]
+                   Server("batched", batched, run, tmp, bank, args.gemm, llm)]
         rows, logs = [], {}
         try:
             for s in servers:
@@ -340,7 +343,7 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
     print()
     for name, log in logs.items():
         for line in log.splitlines():
-            if re.search(r"retrieval batches|GEMM path", line):
+            if re.search(r"batches:|GEMM path", line):
                 print(f"{name}: {line.strip()}")
 
 

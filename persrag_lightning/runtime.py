@@ -271,6 +271,7 @@ def follow_recorded(pin: str | None) -> str:
     Args:
         pin: the record's paths (`record.Reference.gemm`); None: the run recorded none.
     """
+    _FOLLOWED.pop("pin", None)  # a run loaded before does not lend its paths to this one
     if os.environ.get(ENV, "").strip():
         return f"float32 GEMM paths: {ENV}={os.environ[ENV].strip()} (the run's record: {pin or 'none'})"
     if pin is None:

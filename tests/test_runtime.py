@@ -195,6 +195,8 @@ def test_a_served_run_takes_its_records_paths_unless_the_environment_names_some(
                                                                        "instead)")
     choice = runtime.gemm_choice()
     assert choice.forced and choice.chosen == {"reader": "torch-kn", "encoders": "torch"}
+    runtime.follow_recorded(None)  # another run without paths: measured, not the run loaded before's
+    assert runtime._FOLLOWED == {}
     assert choice.lines() == ["float32 GEMM path: reader:torch-kn,encoders:torch (the run's record; not measured)"]
 
 

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
-from persrag_lightning.serving.batcher import Batching
+from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
 
@@ -119,6 +119,10 @@ def _add_operation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_wait_ms", type=float, default=Batching.max_wait_ms,
                         help="how long a chat waits for batch-mates before its retrieval runs (0: only those "
                              "already queued)")
+    parser.add_argument("--llm_max_batch", type=int, default=REPLY_BATCHING.max_batch,
+                        help="concurrent chats whose LLM replies are generated in one batched call (1: each alone)")
+    parser.add_argument("--llm_max_wait_ms", type=float, default=REPLY_BATCHING.max_wait_ms,
+                        help="how long a chat's reply waits for batch-mates before it is generated")
     parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
 
@@ -138,12 +142,12 @@ def serve_command(argv: list[str]) -> None:
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
     try:
-        batching = Batching(args.max_batch, args.max_wait_ms)
+        batching = Batching(args.max_batch, args.max_wait_ms), Batching(args.llm_max_batch, args.llm_max_wait_ms)
     except ValueError as e:
         parser.error(str(e))
     _require_web_stack()
     logging.basicConfig(level=logging.WARNING)
-    service, generated = _open_service(parser, args, batching)
+    service, generated = _open_service(parser, args, *batching)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
@@ -159,10 +163,10 @@ def _require_web_stack() -> None:
         raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
 
 
-def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, batching: Batching
-                  ) -> tuple[ChatService, bool]:
-    """The chat service over the run, as the command line sets it; (service, whether the admin token was
-    generated)."""
+def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, batching: Batching,
+                  generation: Batching) -> tuple[ChatService, bool]:
+    """The chat service over the run, as the command line sets it, its retrievals and its LLM replies
+    batched as `batching` and `generation` say; (service, whether the admin token was generated)."""
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.serving.service import ChatService
 
@@ -178,12 +182,12 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, bat
                             reranker=None if args.reranker == "none" else args.reranker,
                             precompute_doc_states=args.precompute_doc_states, reader=args.reader,
                             calibration=args.calibration, decision=args.decision,
-                            cache_dir=args.cache_dir, batching=batching)
+                            cache_dir=args.cache_dir, batching=batching, generation=generation)
 
 
 def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None:
     """Serve the app on the address until the server stops, then close the service and print its
-    retrieval batches."""
+    retrieval and LLM reply batches."""
     import uvicorn
 
     from persrag_lightning.serving.app import allowed_hosts_for, create_app
@@ -199,7 +203,7 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
-        service.close()  # the retrieval batcher's worker: queued chats answered, then stopped
-        stats = service.retrieval.stats
-        print(f"persrag serve: retrieval batches: {stats.calls} calls for {stats.items} chats, largest "
-              f"{stats.largest}", file=sys.stderr)
+        service.close()  # the batchers' workers: queued chats answered, then stopped
+        for what, stats in (("retrieval", service.retrieval.stats), ("LLM reply", service.answerer.generation.stats)):
+            print(f"persrag serve: {what} batches: {stats.calls} calls for {stats.items} chats, largest "
+                  f"{stats.largest}", file=sys.stderr)

@@ -3,7 +3,8 @@
 top of it; tests call both. Its neighbours: `accounts.py` (accounts and tokens), `requests.py` (the
 bodies, one pydantic model each) and `validation.py` (their refusals), `gate.py` (the per-user
 gate), `user_files.py`, `purge.py`, `batcher.py` (concurrent chats' retrievals batched into one
-call), `completion.py` (the answer's shape) and `locked_llm.py`.
+call), `answering.py` (the prompt and the LLM's reply, concurrent replies batched into one call),
+`completion.py` (the answer's shape) and `locked_llm.py`.
 
 State lives in one folder (default `<run>/serve/`), every file written atomically:
 - `memory/`: the LanceDB memory bank (memories, sessions); each write is one LanceDB version;
@@ -45,12 +46,12 @@ from persrag_lightning.serving.accounts import (
     private_dir,
     write_secret,
 )
+from persrag_lightning.serving.answering import ChatAnswerer
 from persrag_lightning.serving.batcher import Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
 from persrag_lightning.serving.gate import UserGate
 from persrag_lightning.serving.locked_llm import LockedLLM
-from persrag_lightning.serving.prompt import build_serving_prompt
 from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History, SignUp
 from persrag_lightning.serving.user_files import read_user_file, user_file, write_user_file
 from persrag_lightning.serving.validation import ServiceError, bad_request, is_utf8, parse
@@ -80,12 +81,13 @@ class ChatService:
             whatever the working directory is by then.
         batching: how concurrent chats' retrievals are batched (default Batching(); max_batch 1:
             each alone).
+        generation: how concurrent chats' LLM replies are batched (default batcher.REPLY_BATCHING).
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
                  use_llm: bool = True, k: int = 5, model_lock: threading.Lock | None = None,
                  run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag",
-                 batching: Batching | None = None) -> None:
+                 batching: Batching | None = None, generation: Batching | None = None) -> None:
         self.pipeline, self.bank = pipeline, bank
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.cache_dir = Path(cache_dir).resolve()
@@ -100,6 +102,8 @@ class ChatService:
         self.account_store = AccountStore(self.state, admin_token_hash)
         # the chats that arrive together: one retrieval call (serving/batcher.py)
         self.retrieval = MicroBatcher(self._retrieve_many, batching, name="persrag-retrieval")
+        # and their replies: one generation call (serving/answering.py)
+        self.answerer = ChatAnswerer(pipeline, use_llm, self._model_lock, generation)
         self._load()
 
     @property
@@ -110,7 +114,8 @@ class ChatService:
     def open(cls, run_dir: str | Path, state_dir: str | Path | None = None, llm: LLMConfig | None = None,
              encoder: str = "minilm", admin_token: str | None = None, use_llm: bool = True,
              extraction: str = "llm", memory_settings: MemorySettings | None = None, cache_dir: str = ".cache/persrag",
-             batching: Batching | None = None, **pipeline_args: object) -> tuple[ChatService, str | None]:
+             batching: Batching | None = None, generation: Batching | None = None,
+             **pipeline_args: object) -> tuple[ChatService, str | None]:
         """Load the run's bundles, the bank and the state; returns the service and the admin token
         when one was generated now (it is written to `<state>/admin.token`, mode 0600, and kept only
         hashed in memory)."""
@@ -144,7 +149,7 @@ class ChatService:
                 admin_token = generated = secrets.token_urlsafe(32)
                 write_secret(path, admin_token + "\n")
         return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock, run_dir=run_dir,
-                   cache_dir=cache_dir, batching=batching), generated
+                   cache_dir=cache_dir, batching=batching, generation=generation), generated
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -379,28 +384,11 @@ class ChatService:
             if foreign:  # recall filters on the user: this would be a bug of the bank
                 log.error("privacy guard: %d memories of other users dropped", len(foreign))
                 memories = [m for m in memories if m.owner == user_id]
-            with self._model_lock:
-                prompt, answer, usage = self._answer(message, memories, docs, history)
+            prompt, answer, usage = self.answerer(message, memories, docs, history)
             if answer.strip() and is_utf8(answer):
                 self.bank.log_turn(user_id, session_id, "assistant", answer[:MAX_MESSAGE_CHARS])
         return ChatTurn(answer, prompt, docs, memories, turn.memory.id if turn.memory else None, session_id,
                         request.model, usage)
-
-    def _answer(self, message: str, memories: list[RetrievedDoc], docs: list[RetrievedDoc],
-                history: list[tuple[str, str]]) -> tuple[str, str, tuple[int, int]]:
-        """(prompt, answer, the tokens of each as the prompt's budget counts them: the LLM's
-        tokenizer, words without an LLM); the caller holds the model lock (and so the tokenizer)."""
-        if not self.use_llm:
-            words = lambda t: len(t.split())
-            prompt = build_serving_prompt(message, [m.text for m in memories], [d.text for d in docs], history,
-                                          words, 512)
-            answer = f"(no LLM) I remember {len(memories)} thing(s) about you and found {len(docs)} related item(s)."
-            return prompt, answer, (words(prompt), words(answer))
-        llm = self.pipeline.llm
-        prompt = build_serving_prompt(message, [m.text for m in memories], [d.text for d in docs], history,
-                                      llm.count_tokens, self.pipeline.llm_config.max_prompt_tokens)
-        answer = self.pipeline.llm_config.chat(llm, [prompt])[0]
-        return prompt, answer, (llm.count_tokens(prompt), llm.count_tokens(answer))
 
     def _retrieve_many(self, asks: list[tuple[str, str]]) -> list[list[RetrievedDoc]]:
         """The CFRAG docs of each (user, message), in one pipeline call (the micro-batcher's
@@ -417,8 +405,9 @@ class ChatService:
             return out
 
     def close(self) -> None:
-        """Stop the retrieval batcher (chats queued are answered first); the app's shutdown."""
+        """Stop the batchers (chats queued are answered first); the app's shutdown."""
         self.retrieval.close()
+        self.answerer.close()
 
     def _shareable(self, user_id: str, docs: list[RetrievedDoc]) -> list[RetrievedDoc]:
         """The caller's own docs and those of users who share and are still there; anything else is

@@ -1,6 +1,7 @@
 """Concurrent chats batched into one retrieval call answer exactly what each answers alone (the same docs, in the
 same order, with the same scores up to float rounding, and the same answer), over the tiny test run; a user the
-store lacks gets no docs without failing the batch. No test asserts a time."""
+store lacks gets no docs without failing the batch; with the LLM, their replies share one generation call. No test
+asserts a time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-from persrag_lightning.serving.batcher import Batching
+from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching
 from tests.helpers.serve_helpers import ADMIN, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
@@ -79,6 +80,39 @@ def test_concurrent_chats_are_batched_and_answer_as_one_by_one(services):
         assert a.docs and a.answer == b.answer and a.prompt == b.prompt
 
 
+def test_concurrent_chats_share_one_llm_call_and_each_gets_its_own_reply(run_dir, tiny_bert, tiny_llm,  # noqa: F811
+                                                                          tmp_path):
+    """With the LLM, the replies of chats that arrive together are generated in one batched call; each request
+    gets the reply to its own prompt (the same as that batched call gives it), with its own token counts."""
+    chats = MESSAGES[:4]
+    service = open_service(run_dir, tmp_path / "llm", tiny_bert, tiny_llm,
+                           generation=Batching(max_batch=len(chats), max_wait_ms=60_000))
+    users = service.pipeline.store.corpus.user_ids[:len(chats)]
+    admin = service.authenticate(f"Bearer {ADMIN}")
+    callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
+                                                                admin)["access_token"]) for u in users]
+    turns: dict[int, object] = {}
+
+    def chat(i: int) -> None:
+        turns[i] = service.chat(callers[i], {"messages": [{"role": "user", "content": chats[i]}]})
+
+    threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(chats))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    stats = service.answerer.generation.stats
+    assert (stats.calls, stats.items, stats.largest) == (1, len(chats), len(chats))
+    prompts = [turns[i].prompt for i in range(len(chats))]
+    assert all(chats[i] in prompts[i] for i in range(len(chats)))
+    llm = service.pipeline.llm
+    replies = service.pipeline.llm_config.chat(llm, prompts)  # the same batch, in one call
+    assert [turns[i].answer for i in range(len(chats))] == replies
+    assert [turns[i].usage for i in range(len(chats))] == [(llm.count_tokens(p), llm.count_tokens(r))
+                                                          for p, r in zip(prompts, replies)]
+    service.close()
+
+
 def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
     from persrag_lightning.commands.serve import serve_command
     from persrag_lightning.serving import service
@@ -95,9 +129,11 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
     monkeypatch.setattr(service.ChatService, "open", staticmethod(opened))
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--no_llm", "--max_batch", "4", "--max-wait-ms", "0"])
-    assert seen["batching"] == Batching(max_batch=4, max_wait_ms=0.0)
+    assert seen["batching"] == Batching(max_batch=4, max_wait_ms=0.0) and seen["generation"] == REPLY_BATCHING
     with pytest.raises(Opened):
-        serve_command(["--run", "r", "--no_llm"])
-    assert seen["batching"] == Batching()
+        serve_command(["--run", "r", "--no_llm", "--llm_max_batch", "8", "--llm_max_wait_ms", "20"])
+    assert seen["batching"] == Batching() and seen["generation"] == Batching(max_batch=8, max_wait_ms=20.0)
     with pytest.raises(SystemExit):
         serve_command(["--run", "r", "--max_batch", "0"])
+    with pytest.raises(SystemExit):
+        serve_command(["--run", "r", "--llm_max_batch", "0"])
