@@ -7,7 +7,8 @@ markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model
 table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and p5
 over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
 LLM's tokenizer; the batched server then also batches the replies of chats that arrive together (`--llm_max_batch`,
-`--llm_max_wait_ms` of `persrag serve`, set to `--max_batch` and `--max_wait_ms`). Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts nothing.
+`--llm_max_wait_ms` of `persrag serve`, set to `--max_batch` and `--max_wait_ms`). Bounded: loopback only, at most
+`--requests` per level and `--seconds` per level. Asserts nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16

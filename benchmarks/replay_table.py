@@ -41,8 +41,7 @@ def main() -> None:
     ap.add_argument("--cache_dir", default=None, help="serving's cache (embeddings of the docs made on this "
                                                       "process's paths when empty); default: the evaluation's")
     args = ap.parse_args()
-    from persrag_lightning.commands.evaluate import run_folder
-    from persrag_lightning.commands.train import fill_run_dir
+    from persrag_lightning.commands.evaluate import for_run
     from persrag_lightning.data.lamp import read_outputs
     from persrag_lightning.evaluation.arguments import evaluate_parser
     from persrag_lightning.pipeline.command import LocalRunner
@@ -52,12 +51,10 @@ def main() -> None:
 
     run = Path(args.run)
     table, row = table_evaluation(run)
-    cfg = LocalRunner().evaluation_config(table)
-    cfg = fill_run_dir(cfg, str(run_folder(cfg.export_root, cfg.run_name)))
+    cfg = for_run(LocalRunner().evaluation_config(table))
     evaluator = evaluate_parser().instantiate_classes(cfg).evaluation
     settings = cfg.evaluation.init_args
-    out_dir = Path(settings.out_dir if settings.out_dir != "runs/synthlamp/evaluate"
-                   else Path("runs") / cfg.run_name / "evaluate")
+    out_dir = Path(settings.out_dir)
     predictions = read_outputs(out_dir / "predictions" / f"{file_name(row)}.json", evaluator.task)
     dataset = evaluator.source.load()
     examples = sorted((e for e in dataset.examples[settings.split] if e.example_id in predictions),

@@ -31,7 +31,7 @@ from torch import nn
 from persrag_lightning.gemm_paths import PATHS, GemmPath, LinearFn
 
 __all__ = ["ENV", "GEMM_SHAPES", "PATHS", "GemmChoice", "announce", "follow_recorded", "gemm_choice",
-           "gemm_seconds", "gflops", "pinned_paths", "use_fastest_gemm"]
+           "gemm_seconds", "gflops", "loadable_paths", "pinned_paths", "use_fastest_gemm"]
 
 Timer = Callable[[str, LinearFn, torch.Tensor], float]
 
@@ -257,6 +257,14 @@ def pinned_paths(wanted: str) -> dict[str, str]:
     return chosen
 
 
+def loadable_paths(wanted: str) -> dict[str, str]:
+    """`pinned_paths(wanted)`, each path named refused at once (`loads`) where it cannot load here."""
+    chosen = pinned_paths(wanted)
+    for name in dict.fromkeys(chosen.values()):
+        loads(name)
+    return chosen
+
+
 _CHOICES: dict[tuple[str, int], GemmChoice] = {}
 _FOLLOWED: dict[str, str] = {}  # "pin": a served run's recorded paths, this process's where PERSRAG_GEMM is unset
 
@@ -277,8 +285,7 @@ def follow_recorded(pin: str | None) -> str:
     if pin is None:
         return "float32 GEMM paths: measured here (the run's record names none)"
     try:
-        for name in dict.fromkeys(pinned_paths(pin).values()):
-            loads(name)
+        loadable_paths(pin)
     except ValueError as err:
         return f"float32 GEMM paths: measured here; the run's {pin} cannot be taken here ({err})"
     _FOLLOWED["pin"] = pin
@@ -298,9 +305,7 @@ def gemm_choice() -> GemmChoice:
             torch.set_num_threads(threads)
             choice = measure_gemm(threads=threads)
         else:
-            chosen = pinned_paths(wanted)
-            for name in dict.fromkeys(chosen.values()):
-                loads(name)
+            chosen = loadable_paths(wanted)
             choice = GemmChoice(key[1], {}, chosen, forced=True, named_by=ENV if named else "the run's record")
         _CHOICES[key] = _CHOICES[(wanted, choice.threads)] = choice
     return _CHOICES[key]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from persrag_lightning.evaluation.base import EvaluationReport
 
-__all__ = ["evaluate_command", "evaluation_config", "run_evaluation"]
+__all__ = ["evaluate_command", "evaluation_config", "for_run", "run_evaluation"]
 
 # the short flags `persrag evaluate` takes for its evaluation's settings (either flag style)
 SHORT_FLAGS = {"--max_examples": "--evaluation.max_examples", "--max-examples": "--evaluation.max_examples",
@@ -88,6 +88,16 @@ def evaluation_config(overrides: Mapping[str, Any], only: Sequence[str] | None =
     return evaluate_parser().parse_object(given, namespace=base.clone(), defaults=False)
 
 
+def for_run(cfg: Namespace) -> Namespace:
+    """A copy of an evaluate configuration as it runs for its run: `{run_dir}` filled with the run's
+    folder, and the LaMP default `out_dir` following `run_name` (runs/<run_name>/evaluate)."""
+    cfg = fill_run_dir(cfg.clone(), str(run_folder(cfg.export_root, cfg.run_name)))  # the caller keeps its own
+    settings = cfg.evaluation.init_args
+    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":
+        settings.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
+    return cfg
+
+
 def run_evaluation(cfg: Namespace) -> EvaluationReport:
     """Run a resolved evaluate configuration in this process: print the table and return the
     `EvaluationReport` (results, the primary metric and its direction, each label row's reading).
@@ -100,12 +110,8 @@ def run_evaluation(cfg: Namespace) -> EvaluationReport:
     from persrag_lightning.evaluation.base import Evaluator
     from persrag_lightning.retrieval.strategies import bind_strategies
 
-    # the caller keeps its own
-    cfg = fill_run_dir(cfg.clone(), str(run_folder(cfg.export_root, cfg.run_name)))
+    cfg = for_run(cfg)
     settings = cfg.evaluation.init_args
-    # the LaMP default follows --run_name
-    if getattr(settings, "out_dir", None) == "runs/synthlamp/evaluate":
-        settings.out_dir = str(Path("runs") / cfg.run_name / "evaluate")
     check_task(getattr(settings, "task", None), getattr(settings, "data_dir", None))
     init = evaluate_parser().instantiate_classes(cfg)
     evaluator: Evaluator = init.evaluation

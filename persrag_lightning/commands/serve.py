@@ -142,12 +142,13 @@ def serve_command(argv: list[str]) -> None:
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
     try:
-        batching = Batching(args.max_batch, args.max_wait_ms), Batching(args.llm_max_batch, args.llm_max_wait_ms)
+        batching = Batching(args.max_batch, args.max_wait_ms)
+        generation = Batching(args.llm_max_batch, args.llm_max_wait_ms)
     except ValueError as e:
         parser.error(str(e))
     _require_web_stack()
     logging.basicConfig(level=logging.WARNING)
-    service, generated = _open_service(parser, args, *batching)
+    service, generated = _open_service(parser, args, batching, generation)
     service.k = args.k
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
@@ -204,6 +205,7 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         service.close()  # the batchers' workers: queued chats answered, then stopped
-        for what, stats in (("retrieval", service.retrieval.stats), ("LLM reply", service.answerer.generation.stats)):
+        for what, batcher in (("retrieval", service.retrieval), ("LLM reply", service.answerer.generation)):
+            stats = batcher.stats
             print(f"persrag serve: {what} batches: {stats.calls} calls for {stats.items} chats, largest "
                   f"{stats.largest}", file=sys.stderr)
