@@ -53,7 +53,9 @@ def test_personabench_runs_through_the_contract(tmp_path, tiny_bert, capsys):
     results = report.results
     assert set(results) == {"PBR w/o P-PRF", "Base"} and set(results["Base"]) == {"recall@5", "ndcg@5"}
     assert report.readings == {}  # rows of retrieval metrics: no label scores
-    printed = capsys.readouterr().out
+    # the process's GEMM choice is announced once, by whichever model converts first: this test's when it runs alone
+    printed = "".join(line for line in capsys.readouterr().out.splitlines(keepends=True)
+                      if not line.startswith("[runtime] "))
     assert printed == (tmp_path / "out" / "table.md").read_text() + f"\nreports in {tmp_path / 'out'}\n"
 
 
