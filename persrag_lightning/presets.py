@@ -13,7 +13,7 @@ from typing import Any, get_args
 from persrag_lightning.hardware import Precision
 from persrag_lightning.models.user_encoder import Judgments
 from persrag_lightning.reading.decision import Calibration
-from persrag_lightning.stages import STAGES
+from persrag_lightning.stages import SPLIT_RERANKER, STAGES
 from persrag_lightning.utils import ConfigError, resolve_config_path
 
 __all__ = ["Preset", "load_preset", "preset_names"]
@@ -46,6 +46,8 @@ class Preset:
     reader: dict[str, Any] = field(default_factory=dict)
     # the retriever's and reranker's stages
     feedback: dict[str, Any] = field(default_factory=dict)
+    # the split reranker's stage (distilled from stage 3's reranker, no LLM: none of `feedback`'s keys)
+    distilled: dict[str, Any] = field(default_factory=dict)
     generator: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     precision: Precisions = field(default_factory=Precisions)
@@ -55,6 +57,9 @@ class Preset:
     select_order_on_dev: bool = False  # choose the reranked or the first-stage order on dev
     # also choose on dev the neighbour gate: every neighbour doc, at most 2 of the k, or none (own docs only)
     gate_on_dev: bool = False
+    # the reranked order dev chooses among is the split reranker's (stages.SPLIT_RERANKER, distilled from stage
+    # 3's), which serving computes within its budget; stage 3's exact reranker stays a reported row, not a candidate
+    split_reranker: bool = False
     # label tasks: who reads (trained, llm), chosen on dev; the first wins ties
     readers: list[str] | None = None
     # the LLM reader's label calibrations the dev choices compare
@@ -66,8 +71,8 @@ class Preset:
         """One part's overrides without its nulls (null: the stage config's own value, so no argument at all).
 
         Args:
-            part: `data` (every stage), a kind of stage (`user_encoder`, `reader`, `feedback`, `generator`) or
-                `evaluate`.
+            part: `data` (every stage), a kind of stage (`user_encoder`, `reader`, `feedback`, `distilled`,
+                `generator`) or `evaluate`.
         """
         return {k: v for k, v in getattr(self, part).items() if v is not None}
 
@@ -129,6 +134,12 @@ def _check_preset(preset: Preset, path: Path) -> None:
             raise ConfigError(
                 f"{path.name}: stages: unknown stage {stage!r}; known: {', '.join(STAGES)}"
             )
+    if preset.split_reranker and not preset.select_order_on_dev:
+        raise ConfigError(f"{path.name}: split_reranker: true needs select_order_on_dev: true (the split reranker's "
+                          "order is a configuration dev chooses)")
+    if preset.split_reranker and preset.stages is not None and SPLIT_RERANKER not in preset.stages:
+        raise ConfigError(f"{path.name}: split_reranker: true needs the stage {SPLIT_RERANKER} in stages (after "
+                          "reranker, whose scores it learns)")
     if preset.judgments not in get_args(Judgments):
         raise ConfigError(f"{path.name}: judgments: {preset.judgments!r} is not one of "
                           f"{', '.join(get_args(Judgments))}")

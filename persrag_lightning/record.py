@@ -13,7 +13,7 @@ from typing import Any
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
 from persrag_lightning.runtime import GemmChoice
-from persrag_lightning.stages import Key
+from persrag_lightning.stages import SPLIT_RERANKER, Key
 from persrag_lightning.utils import ConfigError
 
 __all__ = ["CONFIGURATIONS", "RECORD", "Configuration", "Reference", "read_reference"]
@@ -45,6 +45,9 @@ CONFIGURATIONS = {
     "w/o reranker tuning, ≤ 2 neighbour docs": Configuration(None, neighbour_slots=2),
     "w/o user retrieval": Configuration("reranker", m=1),
     "w/o user retrieval (first-stage order)": Configuration(None, m=1),
+    "CFRAG (split reranker)": Configuration(SPLIT_RERANKER),
+    "CFRAG (split reranker), ≤ 2 neighbour docs": Configuration(SPLIT_RERANKER, neighbour_slots=2),
+    "w/o user retrieval (split reranker)": Configuration(SPLIT_RERANKER, m=1),
 }
 READERS = {"llm": "llm", "trained": "reader"}  # the record's reader → the pipeline's reader (the bundle's name)
 ANSWER_MODES = ("choose", "generate")

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "STAGES", "Key", "Stage", "bundle_address",
+__all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "SPLIT_RERANKER", "STAGES", "Key", "Stage", "bundle_address",
            "bundle_path", "cli_overrides", "fill_run_dir", "run_folder"]
 
-StageKind = Literal["user_encoder", "reader", "feedback", "generator"]
+StageKind = Literal["user_encoder", "reader", "feedback", "distilled", "generator"]
 # the run folder's placeholder in configs and defaults; `fill_run_dir` replaces it with
 # <export_root>/<run_name>
 RUN_DIR = "{run_dir}"
@@ -74,6 +74,7 @@ class Stage:
     # one of the paper's exact chain, trained beside a run whose stage 1 reads judgments
     paper: bool = False
     named: bool = False  # exported under its own name, not the config's default bundle name
+    overlays: tuple[str, ...] = ()  # files of configs/ laid over `config`, in order (`--config` after `--config`)
 
     def override_values(self, run_dir: str = RUN_DIR) -> dict[str, Any]:
         """The `fit` overrides after `--config`, typed: the stage's name, overrides and inputs."""
@@ -85,9 +86,13 @@ class Stage:
         """The `fit` arguments after `--config`: the stage's name, overrides and inputs."""
         return cli_overrides(self.override_values(run_dir))
 
+    def config_args(self) -> list[str]:
+        """`--config <config>`, then `--config <overlay>` for each overlay."""
+        return [arg for path in (self.config, *self.overlays) for arg in ("--config", path)]
+
     def command(self) -> str:
         """The command that trains this stage alone (with the run's --run_name)."""
-        return " ".join(["python train.py fit --config", self.config, *self.arguments()])
+        return " ".join(["python train.py fit", *self.config_args(), *self.arguments()])
 
 
 def run_folder(export_root: str | Path, run_name: str) -> Path:
@@ -139,6 +144,7 @@ def cli_overrides(overrides: dict[str, Any]) -> list[str]:
     return [f"--{key}={cli_value(value)}" for key, value in overrides.items() if value is not None]
 
 
+SPLIT_RERANKER = "reranker_split_l5"  # the split reranker's stage and bundle
 _PAPER_ENCODER = {"data.init_args.candidates.user_encoder": "user_encoder_paper"}
 CROSS_FIT_FOLDS = 2  # the folds of train users the feedback's readers are cross-fitted over
 # reader_fold<f> holds fold f out of its training and labels that fold's feedback questions; the
@@ -166,6 +172,11 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           named=True),
     # a smaller reranker distilled from stage 3's, for serving latency
     Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "feedback"),
+    # stage 3's reranker distilled into the split reranker (every layer; below the split, query and doc read apart,
+    # so serving computes a doc's side once): the reranked order a preset's `split_reranker` serves. Split at 5 of
+    # MiniLM's 6, the one split measured within the serving budget on SynthLaMP (docs/performance/serving.md)
+    Stage(SPLIT_RERANKER, "cfrag_reranker_distilled.yaml", "distilled", {"model.init_args.config.split_layer": 5},
+          named=True, overlays=("overlays/reranker_split.yaml",)),
     Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows
     # the paper's text-only encoder, its doc table fine-tuned as the official code does whatever a preset sets
     Stage("user_encoder_paper", "cfrag_user_encoder.yaml", "user_encoder",

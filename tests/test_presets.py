@@ -12,7 +12,7 @@ from persrag_lightning.stages import PAPER_STAGES, STAGES, cli_overrides
 
 
 def test_the_shipped_presets_read_as_typed_values():
-    assert preset_names() == ["full-feedback", "paper", "quick", "smoke"]
+    assert preset_names() == ["full-feedback", "paper", "quick", "quick-split", "smoke"]
     quick = load_preset("quick")
     assert quick.feedback["data.init_args.candidates.m"] == 3
     assert quick.feedback["data.init_args.feedback.metric"] == "gain"
@@ -56,12 +56,16 @@ REFUSED = [  # (the file's text, what the one line says)
     ("base: quick\nstages: [user_encoder, retriver]\n", "mine.yaml: stages: unknown stage 'retriver'"),
     ("base: quick\nrows: [bm25, CFRAG (papers)]\n", ("mine.yaml: rows: 'CFRAG (papers)' is no strategy of "
                                                     "evaluate_cfrag.yaml")),
-    ("base: quickest\n", "--preset: no preset 'quickest'; known: full-feedback, paper, quick, smoke"),
+    ("base: quickest\n", "--preset: no preset 'quickest'; known: full-feedback, paper, quick, quick-split, smoke"),
+    ("base: quick-split\nselect_order_on_dev: false\n", "mine.yaml: split_reranker: true needs select_order_on_dev"),
+    ("base: quick-split\nstages: [user_encoder, retriever, reranker]\n",
+     "mine.yaml: split_reranker: true needs the stage reranker_split_l5 in stages"),
 ]
 
 
 @pytest.mark.parametrize("text, message", REFUSED, ids=["misspelt key", "wrong type", "wrong enum", "unknown stage",
-                                                        "unknown row", "unknown base"])
+                                                        "unknown row", "unknown base", "split without the dev choice",
+                                                        "split without its stage"])
 def test_a_bad_preset_is_refused_in_one_line_before_anything_trains(tmp_path, monkeypatch, capsys, text, message):
     from persrag_lightning.pipeline import command as pipeline
 

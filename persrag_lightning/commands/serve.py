@@ -70,13 +70,15 @@ def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reranker", default=RECORD_SAYS,
                         help="the run's reranker bundle: reranker (stage 3), reranker_distilled (its one-layer "
                              "student, cfrag_reranker_distilled.yaml: faster reranking, docs/performance/serving.md), "
-                             "reranker_split (every layer, the doc side computed once per doc: "
-                             "configs/overlays/reranker_split.yaml) or none (the first-stage order); default: "
+                             "reranker_split_l5 / reranker_split (every layer, the doc side computed once per doc: "
+                             "a preset's split_reranker, configs/overlays/reranker_split.yaml) or none (the "
+                             "first-stage order); default: "
                              "the order the run's pipeline.json chose on "
                              "dev (without one: reranker where exported)")
-    parser.add_argument("--precompute_doc_states", action="store_true",
-                        help="a split reranker (--reranker reranker_split): every stored doc's states computed "
-                             "at start and each new user's at sign-up, so that no chat pays for them")
+    parser.add_argument("--precompute_doc_states", action=argparse.BooleanOptionalAction, default=None,
+                        help="a split reranker (reranker_split_l5, reranker_split): every stored doc's states "
+                             "computed at start and each new user's at sign-up, so that no chat pays for them; "
+                             "default: on wherever the reranker served is a split one")
 
 
 def _add_reading_options(parser: argparse.ArgumentParser) -> None:

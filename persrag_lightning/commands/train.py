@@ -288,25 +288,29 @@ class _ParserOnly(PersragCLI):
 
 
 @lru_cache(maxsize=16)
-def _parsed_config_file(path: str, cwd: str) -> tuple[LightningArgumentParser, Namespace]:
-    """The `fit` parser and the values of one config file, as `train.py fit --config <path>` parses
-    them (cached per file and folder; used through clones)."""
+def _parsed_config_files(paths: tuple[str, ...], cwd: str) -> tuple[LightningArgumentParser, Namespace]:
+    """The `fit` parser and the values of config files laid one over the other, as `train.py fit
+    --config <path> [--config <path> ...]` parses them (cached per files and folder; used through
+    clones)."""
     cli = _ParserOnly()
-    return cli._parser("fit"), cli.parser.parse_args(["fit", "--config", path])
+    return cli._parser("fit"), cli.parser.parse_args(["fit", *(a for p in paths for a in ("--config", p))])
 
 
-def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str] = ()) -> Namespace:
-    """A stage's `fit` configuration resolved as `train.py fit --config <config> --<key>=<value> ...
-    <extra>` resolves it, without writing the typed overrides as text: the object `run_stage` trains
-    from and a plan reads.
+def stage_config(config: str, overrides: Mapping[str, Any], extra: Sequence[str] = (),
+                 overlays: Sequence[str] = ()) -> Namespace:
+    """A stage's `fit` configuration resolved as `train.py fit --config <config> [--config <overlay>
+    ...] --<key>=<value> ... <extra>` resolves it, without writing the typed overrides as text: the
+    object `run_stage` trains from and a plan reads.
 
     Args:
         config: the stage's config file (a name of configs/ or a path).
         overrides: dotted keys (`data.init_args.candidates.m`) with typed values, applied in order
-            after the file; None values are left out (the config's own value).
+            after the files; None values are left out (the config's own value).
         extra: arguments of a user's command line, applied last as they were typed.
+        overlays: config files laid over `config`, in order (configs/overlays/...).
     """
-    parser, parsed = _parsed_config_file(resolve_config_path(config), os.getcwd())
+    files = tuple(resolve_config_path(path) for path in (config, *overlays))
+    parser, parsed = _parsed_config_files(files, os.getcwd())
     given = {k: v for k, v in overrides.items() if v is not None}
     # the file's parse holds the defaults already: parsing them again would only repeat the work
     fit = parser.parse_object(given, namespace=parsed.fit.clone(), defaults=False)

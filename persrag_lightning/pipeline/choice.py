@@ -6,7 +6,9 @@ goes through `choose_on_dev`.
 The candidates are rows of evaluate_cfrag.yaml: the main chain's reranked order and its first
 stage's order, each with its "w/o user retrieval" row (the same chain and order with m = 1). The
 paper's text-only chain is a reported row, not a candidate: the paired chain beats it on dev in
-either order (docs/performance/main-job.md).
+either order (docs/performance/main-job.md). With a preset's `split_reranker` the reranked order's
+candidates are the split reranker's (`SPLIT_ROWS`), the order serving can compute within its budget;
+stage 3's exact reranker stays a reported row.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from persrag_lightning.utils import ConfigError
 if TYPE_CHECKING:
     from persrag_lightning.evaluation.base import EvaluationReport
 
-__all__ = ["CANDIDATES", "EVERY_CANDIDATE", "GATES", "ORDER_ROW", "TUNED", "DevChoice", "chain_names", "check_rows",
+__all__ = ["CANDIDATES", "EVERY_CANDIDATE", "GATES", "ORDER_ROW", "SPLIT_ROWS", "TUNED", "DevChoice", "chain_names", "check_rows",
            "choose_on_dev", "dev_candidates", "report_rows", "table_name"]
 
 # each order of the main chain → its "w/o user retrieval" row
@@ -32,7 +34,12 @@ GATES = {"CFRAG, ≤ 2 neighbour docs": "w/o user retrieval",
          "w/o reranker tuning, ≤ 2 neighbour docs": "w/o user retrieval (first-stage order)",
          "w/o user retrieval": "w/o user retrieval",
          "w/o user retrieval (first-stage order)": "w/o user retrieval (first-stage order)"}
+# a reranked candidate → the same configuration reranked by the split reranker (a preset's `split_reranker`)
+SPLIT_ROWS = {"CFRAG": "CFRAG (split reranker)",
+              "CFRAG, ≤ 2 neighbour docs": "CFRAG (split reranker), ≤ 2 neighbour docs",
+              "w/o user retrieval": "w/o user retrieval (split reranker)"}
 EVERY_CANDIDATE = {**CANDIDATES, **GATES}
+EVERY_CANDIDATE |= {SPLIT_ROWS[c]: SPLIT_ROWS.get(w, w) for c, w in EVERY_CANDIDATE.items() if c in SPLIT_ROWS}
 TUNED = " + tuned generator"
 STAGE_ONE_READS = {"paired": "judgments", "profile": "judgment profile", "label": "label judgments",
                    "none": "text only"}
@@ -51,17 +58,21 @@ def chain_names(judgments: str) -> dict[str, str]:
     reads = STAGE_ONE_READS[judgments]
     return {"CFRAG": f"CFRAG ({reads}, reranked)", "w/o reranker tuning": f"CFRAG ({reads}, first-stage order)",
             "CFRAG, ≤ 2 neighbour docs": f"CFRAG ({reads}, reranked, ≤ 2 neighbour docs)",
-            "w/o reranker tuning, ≤ 2 neighbour docs": f"CFRAG ({reads}, first-stage order, ≤ 2 neighbour docs)"}
+            "w/o reranker tuning, ≤ 2 neighbour docs": f"CFRAG ({reads}, first-stage order, ≤ 2 neighbour docs)",
+            SPLIT_ROWS["CFRAG"]: f"CFRAG ({reads}, split reranker)",
+            SPLIT_ROWS["CFRAG, ≤ 2 neighbour docs"]: f"CFRAG ({reads}, split reranker, ≤ 2 neighbour docs)"}
 
 
 def dev_candidates(preset: Preset) -> list[str]:
     """The configurations the dev choice compares: the main chain's two orders, and with the
-    preset's `gate_on_dev` each order with at most 2 neighbours' docs and with none.
+    preset's `gate_on_dev` each order with at most 2 neighbours' docs and with none; with its
+    `split_reranker` the reranked ones by the split reranker.
 
     Args:
         preset: the run's preset.
     """
-    return list(EVERY_CANDIDATE if preset.gate_on_dev else CANDIDATES)
+    candidates = list({**CANDIDATES, **GATES} if preset.gate_on_dev else CANDIDATES)
+    return [SPLIT_ROWS.get(c, c) for c in candidates] if preset.split_reranker else candidates
 
 
 def table_name(name: str, names: dict[str, str]) -> str:

@@ -41,7 +41,7 @@ class LocalRunner:
     LightningCLI's parser (`stage_config`), the evaluation's by the evaluate parser."""
 
     def stage_config(self, run: StageRun) -> Namespace:
-        return stage_config(run.config, run.overrides, run.extra)
+        return stage_config(run.config, run.overrides, run.extra, run.overlays)
 
     def fit(self, config: Namespace) -> None:
         run_stage(config)

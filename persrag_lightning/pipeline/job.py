@@ -23,6 +23,7 @@ from persrag_lightning.stages import (
     FOLD_READER,
     FOLD_READERS,
     PAPER_STAGES,
+    SPLIT_RERANKER,
     STAGES,
     Key,
     bundle_address,
@@ -106,10 +107,11 @@ class Job:
     def wanted(self) -> list[str]:
         """The preset's stages, the paper's chain only where it trains beside the main one, the
         reader only where the preset may read with it, on a label task (a generation task's reader
-        is the LLM)."""
+        is the LLM), the split reranker only where the preset's reranked order is its."""
         reads = self.spec.labels is not None and "trained" in (self.preset.readers or [])
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
-                and (reads or STAGES[n].kind != "reader") and (self.cross_fit or n not in FOLD_READERS)]
+                and (reads or STAGES[n].kind != "reader") and (self.cross_fit or n not in FOLD_READERS)
+                and (self.preset.split_reranker or n != SPLIT_RERANKER)]
 
     @property
     def cross_fit(self) -> int:
@@ -143,7 +145,7 @@ class Job:
         return StageRun(stage, spec.config, {**self.preset.overrides("data"), **self.data,
                                              **self.preset.overrides(spec.kind), **kind,
                                              **spec.override_values(), **(more or {}), **self.run,
-                                             Key.PROGRESS_BAR: False}, list(self.extra))
+                                             Key.PROGRESS_BAR: False}, list(self.extra), list(spec.overlays))
 
     def dev_evaluation(self, candidates: list[str], folder: str = "select-on-dev") -> EvaluationRun:
         """The evaluation a dev choice among `candidates` reads (runs/<run_name>/<folder>/)."""
@@ -238,6 +240,7 @@ def resolve_job(opts: argparse.Namespace, extra: list[str], preset: Preset) -> J
     kinds = {"user_encoder": {**precision["user_encoder"], Key.JUDGMENTS: judgments},
              "feedback": {**precision["feedback"], **({Key.FEEDBACK_BACKEND: backend} if backend else {}), **labels},
              "reader": {},
+             "distilled": precision["feedback"],
              "generator": {**precision["generator"], **overrides.generator}}
     # without judgments the main chain is the paper's
     return Job(preset, spec, judgments, run_name(opts, spec, judgments, preset), opts.export_root, backend,

@@ -36,17 +36,20 @@ class StageRun:
         config: its config file (a name of configs/).
         overrides: dotted keys with typed values, applied after the file in order.
         extra: the pipeline's unknown arguments, passed on as the user typed them, last.
+        overlays: config files laid over `config`, in order, before the overrides.
     """
 
     stage: str
     config: str
     overrides: dict[str, Any]
     extra: list[str] = field(default_factory=list)
+    overlays: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
         """The command line after `train.py` (printed; a subprocess or an sbatch script would run
         it)."""
-        return ["fit", "--config", self.config, *cli_overrides(self.overrides), *self.extra]
+        configs = [arg for path in (self.config, *self.overlays) for arg in ("--config", path)]
+        return ["fit", *configs, *cli_overrides(self.overrides), *self.extra]
 
 
 @dataclass

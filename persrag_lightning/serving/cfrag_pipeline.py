@@ -176,7 +176,7 @@ class CFRAGPipeline:
                         reader: str = RECORD_SAYS, answer_mode: str | None = None,
                         calibration: str | None = None, decision: str | None = None,
                         neighbour_slots: int | str | None = RECORD_SAYS,
-                        precompute_doc_states: bool = False) -> CFRAGPipeline:
+                        precompute_doc_states: bool | None = None) -> CFRAGPipeline:
         """Load `run_dir`/{user_encoder, retriever, reranker, docstore}; a missing retriever means
         the untuned encoder. What the run's record (`pipeline.json`, written by `train.py pipeline`)
         says its table's reference row was, chosen on dev, is served by default (serving/served.py):
@@ -199,8 +199,8 @@ class CFRAGPipeline:
         `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
         exact CFRAG. `reranker` names the reranker bundle inside `run_dir`, faster students of
         stage 3's included (docs/training/stages.md): "reranker_distilled" (one layer),
-        "reranker_split" (its doc states made once per doc; with `precompute_doc_states`, for the
-        whole store at load); None serves the first-stage order (Table 3's "w/o reranker tuning").
+        "reranker_split_l5", "reranker_split" (doc states made once per doc, for the whole store at load
+        with `precompute_doc_states`, a split one's default); None: the first-stage order.
         `first_cut`: a cheaper reranker bundle choosing the `rerank_top` candidates reranked.
         `reader`: `llm`, or a trained reader's bundle ("reader") or folder, answering `generate`."""
         run_dir = Path(run_dir)
@@ -214,7 +214,7 @@ class CFRAGPipeline:
                    _reader_folder(run_dir, choice.reader))
         pipe.serves = serves_line(choice, pipe.task, run_dir)
         print(f"[serving] {pipe.serves}\n[serving] {choice.gemm}", file=sys.stderr, flush=True)
-        if precompute_doc_states:
+        if precompute_doc_states or (precompute_doc_states is None and pipe.split_models()):
             pipe.precompute_doc_states()
         return pipe
 
@@ -227,10 +227,13 @@ class CFRAGPipeline:
             self._precompute = True
             user_ids = [u for u in self.store.corpus.user_ids if u in self.store]
         texts = [self.store.text(r) for u in user_ids for r in self.store.corpus.rows_of(u)]
-        models = [m for m in (self.strategy._reranker, self.strategy._first_cut)
-                  if m is not None and m.config.split_layer is not None]
         with self._torch_threads(self.retrieve_threads):
-            return sum(m.precompute_docs(texts) for m in models)
+            return sum(m.precompute_docs(texts) for m in self.split_models())
+
+    def split_models(self) -> list:
+        """The split rerankers this pipeline reranks with (the reranker, the first cut)."""
+        return [m for m in (self.strategy._reranker, self.strategy._first_cut)
+                if m is not None and m.config.split_layer is not None]
 
     @property
     def llm(self) -> LLM:

@@ -13,7 +13,7 @@ from persrag_lightning import hardware
 from persrag_lightning.models.corpus_embeddings import embedding_precision
 from persrag_lightning.pipeline import command as pipeline
 from persrag_lightning.pipeline import decisions
-from persrag_lightning.pipeline.choice import CANDIDATES, EVERY_CANDIDATE, chain_names, choose_on_dev
+from persrag_lightning.pipeline.choice import CANDIDATES, GATES, chain_names, choose_on_dev
 from persrag_lightning.pipeline.runs import EvaluationRun, StageRun, dev_evaluation
 from persrag_lightning.presets import preset_names
 from persrag_lightning.retrieval.strategies import set_reranker_runtime
@@ -108,9 +108,10 @@ def test_a_cpu_without_native_bf16_gets_float32_in_every_stage_of_every_preset(m
     fits, _ = run_pipeline(monkeypatch, tmp_path, ["--preset", preset])
     bf16 = {r.stage for r in fits if r.overrides.get("trainer.precision") == "bf16-mixed"}
     labels_bf16 = {r.stage for r in fits if r.overrides.get("data.init_args.feedback.llm.options") == {"dtype": "bfloat16"}}
-    if preset in ("quick", "full-feedback"):
+    if preset in ("quick", "full-feedback", "quick-split"):
+        split = {"reranker_split_l5"} if preset == "quick-split" else set()
         assert bf16 == {"user_encoder", "user_encoder_paper", "retriever", "reranker", "retriever_paper",
-                        "reranker_paper", "generator"}
+                        "reranker_paper", "generator", *split}
         assert labels_bf16 == {"retriever", "reranker", "retriever_paper", "reranker_paper"}
     else:
         assert not bf16 and not labels_bf16  # smoke and paper keep the configs' float32 and exact labels
@@ -281,7 +282,9 @@ def test_quick_chooses_its_cfrag_on_dev_and_reports_every_candidate_on_test(monk
         "CFRAG": "CFRAG (judgment profile, reranked)",
         "w/o reranker tuning": "CFRAG (judgment profile, first-stage order)",
         "CFRAG, ≤ 2 neighbour docs": "CFRAG (judgment profile, reranked, ≤ 2 neighbour docs)",
-        "w/o reranker tuning, ≤ 2 neighbour docs": "CFRAG (judgment profile, first-stage order, ≤ 2 neighbour docs)"}
+        "w/o reranker tuning, ≤ 2 neighbour docs": "CFRAG (judgment profile, first-stage order, ≤ 2 neighbour docs)",
+        "CFRAG (split reranker)": "CFRAG (judgment profile, split reranker)",
+        "CFRAG (split reranker), ≤ 2 neighbour docs": "CFRAG (judgment profile, split reranker, ≤ 2 neighbour docs)"}
     assert [r for _, r in evaluated_rows(test) if r.startswith("CFRAG (judgment profile")] == [
         "CFRAG (judgment profile, reranked)", "CFRAG (judgment profile, first-stage order)",
         "CFRAG (judgment profile, first-stage order) + tuned generator"]
@@ -296,7 +299,7 @@ def test_without_judgments_the_paper_chain_is_the_main_one(monkeypatch, tmp_path
     assert not any("_paper" in r.stage for r in fits)
     assert all(r.overrides["run_name"] == "synthlamp-quick-none" for r in fits)
     runs = by_purpose(evaluations)
-    assert runs["choice"].only == list(EVERY_CANDIDATE)  # both orders, each gated and shut
+    assert runs["choice"].only == list({**CANDIDATES, **GATES})  # both orders, each gated and shut
     assert "evaluation.reference" not in runs["test"].overrides  # CFRAG is the config's reference already
     rows = runs["test"].only
     assert "CFRAG" in rows and not any("(paper" in r for r in rows)  # no row of a chain that was not trained
@@ -543,3 +546,39 @@ def test_dev_may_narrow_or_shut_the_neighbour_gate_and_the_table_says_so(monkeyp
     assert test.overrides["evaluation.by_history"] == ["bm25", order_row] if best != order_row else ["bm25"]
     record = json.loads((tmp_path / "synthlamp-quick" / "pipeline.json").read_text())
     assert record["reference_row"] == test.names.get(best, best)
+
+
+def test_the_split_preset_chooses_the_split_rerankers_order_on_dev_and_reports_the_exact_one(monkeypatch,
+                                                                                             tmp_path) -> None:
+    """quick-split: stage 3's reranker is distilled into the split reranker (no LLM, none of the feedback stages'
+    keys), the reranked candidates of the dev choice are the split reranker's, the exact reranker stays a row, and
+    the record names the split reranker's bundle for serving."""
+    from persrag_lightning.record import read_reference
+    from persrag_lightning.stages import SPLIT_RERANKER
+
+    machine(monkeypatch, AMX, onednn=True)
+    fits, evaluations = run_pipeline(monkeypatch, tmp_path, ["--preset", "quick-split"],
+                                     {"CFRAG (split reranker)": 0.5})
+    stages = [r.stage for r in fits]
+    assert stages.index(SPLIT_RERANKER) == stages.index("reranker") + 1
+    split = fits[stages.index(SPLIT_RERANKER)]
+    assert (split.config, split.overlays) == ("cfrag_reranker_distilled.yaml", ["overlays/reranker_split.yaml"])
+    assert split.argv()[:5] == ["fit", "--config", "cfrag_reranker_distilled.yaml", "--config",
+                                "overlays/reranker_split.yaml"]
+    assert split.overrides["model.init_args.config.split_layer"] == 5
+    assert split.overrides["trainer.max_epochs"] == 1 and split.overrides["trainer.precision"] == "bf16-mixed"
+    assert not any(k.startswith(("data.init_args.feedback.", "data.init_args.candidates.")) for k in split.overrides)
+    runs = by_purpose(evaluations)
+    assert runs["choice"].only == ["CFRAG (split reranker)", "w/o reranker tuning",
+                                   "CFRAG (split reranker), ≤ 2 neighbour docs",
+                                   "w/o reranker tuning, ≤ 2 neighbour docs", "w/o user retrieval (split reranker)",
+                                   "w/o user retrieval (first-stage order)"]
+    test = runs["test"]
+    assert test.overrides["evaluation.reference"] == "CFRAG (split reranker)"
+    assert {"CFRAG", "w/o reranker tuning", "CFRAG (split reranker)", "w/o user retrieval (split reranker)",
+            "CFRAG (split reranker) + tuned generator"} <= set(test.only)
+    assert test.names["CFRAG (split reranker)"] == "CFRAG (judgment profile, split reranker)"
+    assert fits[-1].overrides["data.init_args.strategy"] == "CFRAG (split reranker)"
+    reference = read_reference(tmp_path / "synthlamp-quick-split")
+    assert reference.configuration.reranker == SPLIT_RERANKER
+    assert reference.row == "CFRAG (judgment profile, split reranker)"

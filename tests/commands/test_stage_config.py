@@ -43,5 +43,18 @@ def test_stage_config_runs_nothing(monkeypatch) -> None:
     for name in ("_set_seed", "before_instantiate_classes", "instantiate_classes", "_run_subcommand"):
         monkeypatch.setattr(train.PersragCLI, name, refuse)
     monkeypatch.setattr(L.LightningModule, "__init__", refuse)
-    train._parsed_config_file.cache_clear()
+    train._parsed_config_files.cache_clear()
     assert train.stage_config("cfrag_retriever.yaml", {}).fit.model.class_path.startswith("persrag_lightning.")
+
+
+def test_a_stage_with_an_overlay_is_the_clis_parse_of_both_files() -> None:
+    """The split reranker's stage lays configs/overlays/reranker_split.yaml over the distilled reranker's config:
+    resolved, it is `train.py fit --config <config> --config <overlay> ...`, and its own overrides win."""
+    from persrag_lightning.commands.train import stage_config
+    from persrag_lightning.stages import SPLIT_RERANKER, STAGES
+
+    stage = STAGES[SPLIT_RERANKER]
+    resolved = stage_config(stage.config, stage.override_values("checkpoints/x"), (), stage.overlays)
+    assert resolved == cli_parse(["fit", *stage.config_args(), *stage.arguments("checkpoints/x")])
+    config = resolved.fit.model.init_args.config
+    assert (config.num_layers, config.split_layer, resolved.fit.stage_name) == (None, 5, SPLIT_RERANKER)

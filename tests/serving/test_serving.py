@@ -468,8 +468,9 @@ def test_a_trained_reader_bundle_of_the_run_answers_generate(run_dir, tiny_bert,
 
 def test_a_split_rerankers_doc_states_are_precomputed_for_the_store_and_each_user_attached(run_dir, tiny_bert,
                                                                                           tmp_path):
-    """`precompute_doc_states`: every stored doc's states at load, a new user's when attached, none left of a
-    deleted user; the docs and their order are the reranker's computed as they come."""
+    """`precompute_doc_states`, on by default where the reranker served is split: every stored doc's states at
+    load, a new user's when attached, none left of a deleted user; the docs and their order are the reranker's
+    computed as they come."""
     from persrag_lightning.models.reranker import PersonalizedReranker
 
     run = tmp_path / "run"
@@ -477,8 +478,9 @@ def test_a_split_rerankers_doc_states_are_precomputed_for_the_store_and_each_use
     torch.manual_seed(0)
     PersonalizedReranker.from_encoder(tiny_bert, user_dim=32, split_layer=1).save_pretrained(run / "reranker_split")
     settings = {"m": 3, "k_per_user": 2, "k": 3, "cache_dir": str(tmp_path / "cache"), "reranker": "reranker_split"}
-    lazy = CFRAGPipeline.from_pretrained(run, **settings)
-    pipe = CFRAGPipeline.from_pretrained(run, precompute_doc_states=True, **settings)
+    lazy = CFRAGPipeline.from_pretrained(run, precompute_doc_states=False, **settings)
+    assert len(lazy.strategy._reranker._split.cache) == 0
+    pipe = CFRAGPipeline.from_pretrained(run, **settings)
     cache = pipe.strategy._reranker._split.cache
     store = pipe.store
     assert len(cache) == len({store.text(r) for u in store.corpus.user_ids for r in store.corpus.rows_of(u)})
