@@ -46,7 +46,7 @@ class Preset:
     reader: dict[str, Any] = field(default_factory=dict)
     # the retriever's and reranker's stages
     feedback: dict[str, Any] = field(default_factory=dict)
-    # the split reranker's stage (distilled from stage 3's reranker, no LLM: none of `feedback`'s keys)
+    # the stages distilled from stage 3's reranker (its scores are their labels, no LLM: none of `feedback`'s keys)
     distilled: dict[str, Any] = field(default_factory=dict)
     generator: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)

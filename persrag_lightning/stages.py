@@ -19,6 +19,7 @@ from typing import Any, Literal
 __all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "SPLIT_RERANKER", "STAGES", "Key", "Stage", "bundle_address",
            "bundle_path", "cli_overrides", "fill_run_dir", "run_folder"]
 
+# which of a preset's per-kind settings a stage takes; `distilled`: a student of stage 3's reranker (no LLM)
 StageKind = Literal["user_encoder", "reader", "feedback", "distilled", "generator"]
 # the run folder's placeholder in configs and defaults; `fill_run_dir` replaces it with
 # <export_root>/<run_name>
@@ -66,7 +67,7 @@ class Stage:
 
     name: str
     config: str          # a file of configs/
-    # which of a preset's per-kind settings it takes (user encoder, feedback, generator)
+    # which of a preset's per-kind settings it takes
     kind: StageKind
     # what makes it this stage, as typed values
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -171,10 +172,11 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("reranker_no_user", "cfrag_reranker.yaml", "feedback", {"model.init_args.config.use_user": False},
           named=True),
     # a smaller reranker distilled from stage 3's, for serving latency
-    Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "feedback"),
+    Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "distilled"),
     # stage 3's reranker distilled into the split reranker (every layer; below the split, query and doc read apart,
     # so serving computes a doc's side once): the reranked order a preset's `split_reranker` serves. Split at 5 of
-    # MiniLM's 6, the one split measured within the serving budget on SynthLaMP (docs/performance/serving.md)
+    # MiniLM's 6: the one split measured within the serving budget on the real reviews' long docs too
+    # (docs/serving/pipeline.md#the-split-reranker)
     Stage(SPLIT_RERANKER, "cfrag_reranker_distilled.yaml", "distilled", {"model.init_args.config.split_layer": 5},
           named=True, overlays=("overlays/reranker_split.yaml",)),
     Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows

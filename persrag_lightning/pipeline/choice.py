@@ -90,8 +90,9 @@ def table_name(name: str, names: dict[str, str]) -> str:
 
 def report_rows(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | None:
     """The preset's reported rows with `{chosen}` / the chosen order's "w/o user retrieval" filled
-    in (both orders are rows: CFRAG and "w/o reranker tuning"; a gated choice is put before its
-    "w/o user retrieval" row); without the paper's chain trained, no row of it.
+    in (both orders are rows: CFRAG and "w/o reranker tuning", and with `split_reranker` the split
+    reranker's beside CFRAG; a gated choice is put before its "w/o user retrieval" row); without the
+    paper's chain trained, no row of it.
 
     Args:
         preset: the run's preset (its `rows`; None: every strategy of the config).
@@ -102,6 +103,8 @@ def report_rows(preset: Preset, chosen: str, paper_chain: bool) -> list[str] | N
         return None
     rows = [r.replace("{chosen}", chosen) for r in preset.rows]
     rows = [r2 for r in rows for r2 in ([chosen, EVERY_CANDIDATE[chosen]] if r == ORDER_ROW else [r])]
+    if preset.split_reranker:  # the reranked order dev compared, beside stage 3's
+        rows = [r2 for r in rows for r2 in ([r, SPLIT_ROWS[r]] if r == "CFRAG" else [r])]
     if not paper_chain:
         rows = [r for r in rows if "(paper" not in r]
     return list(dict.fromkeys(rows))

@@ -553,6 +553,8 @@ def test_the_split_preset_chooses_the_split_rerankers_order_on_dev_and_reports_t
     """quick-split: stage 3's reranker is distilled into the split reranker (no LLM, none of the feedback stages'
     keys), the reranked candidates of the dev choice are the split reranker's, the exact reranker stays a row, and
     the record names the split reranker's bundle for serving."""
+    from persrag_lightning.pipeline.choice import report_rows
+    from persrag_lightning.presets import load_preset
     from persrag_lightning.record import read_reference
     from persrag_lightning.stages import SPLIT_RERANKER
 
@@ -579,6 +581,9 @@ def test_the_split_preset_chooses_the_split_rerankers_order_on_dev_and_reports_t
             "CFRAG (split reranker) + tuned generator"} <= set(test.only)
     assert test.names["CFRAG (split reranker)"] == "CFRAG (judgment profile, split reranker)"
     assert fits[-1].overrides["data.init_args.strategy"] == "CFRAG (split reranker)"
+    # the split reranker's order is a row whichever order dev chooses, beside stage 3's
+    rows = report_rows(load_preset("quick-split"), "w/o reranker tuning", True)
+    assert rows[2:5] == ["CFRAG", "CFRAG (split reranker)", "w/o reranker tuning"]
     reference = read_reference(tmp_path / "synthlamp-quick-split")
     assert reference.configuration.reranker == SPLIT_RERANKER
     assert reference.row == "CFRAG (judgment profile, split reranker)"
