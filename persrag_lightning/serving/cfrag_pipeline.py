@@ -199,8 +199,8 @@ class CFRAGPipeline:
         `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
         exact CFRAG. `reranker` names the reranker bundle inside `run_dir`, faster students of
         stage 3's included (docs/training/stages.md): "reranker_distilled" (one layer),
-        "reranker_split_l5", "reranker_split" (doc states made once per doc, for the whole store at load
-        with `precompute_doc_states`, a split one's default); None: the first-stage order.
+        "reranker_split_l5", "reranker_split" (doc states made once per doc; for the whole store at load
+        with `precompute_doc_states`, by default with `cache_doc_tokens`); None: the first-stage order.
         `first_cut`: a cheaper reranker bundle choosing the `rerank_top` candidates reranked.
         `reader`: `llm`, or a trained reader's bundle ("reader") or folder, answering `generate`."""
         run_dir = Path(run_dir)
@@ -214,7 +214,7 @@ class CFRAGPipeline:
                    _reader_folder(run_dir, choice.reader))
         pipe.serves = serves_line(choice, pipe.task, run_dir)
         print(f"[serving] {pipe.serves}\n[serving] {choice.gemm}", file=sys.stderr, flush=True)
-        if precompute_doc_states or (precompute_doc_states is None and pipe.split_models()):
+        if precompute_doc_states or (precompute_doc_states is None and cache_doc_tokens and pipe.split_models()):
             pipe.precompute_doc_states()
         return pipe
 

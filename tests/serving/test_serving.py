@@ -480,6 +480,9 @@ def test_a_split_rerankers_doc_states_are_precomputed_for_the_store_and_each_use
     settings = {"m": 3, "k_per_user": 2, "k": 3, "cache_dir": str(tmp_path / "cache"), "reranker": "reranker_split"}
     lazy = CFRAGPipeline.from_pretrained(run, precompute_doc_states=False, **settings)
     assert len(lazy.strategy._reranker._split.cache) == 0
+    # the evaluation's exact path keeps no doc cache, so nothing is precomputed by default there
+    exact = CFRAGPipeline.from_pretrained(run, cache_doc_tokens=False, **settings)
+    assert exact.strategy._reranker._split.cache is None
     pipe = CFRAGPipeline.from_pretrained(run, **settings)
     cache = pipe.strategy._reranker._split.cache
     store = pipe.store
