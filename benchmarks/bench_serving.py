@@ -83,6 +83,11 @@ OPTIONS: dict[str, dict] = {
     "(l) split reranker at layer 5, bf16, doc states precomputed": {
         "reranker": "reranker_split_l5", "reranker_runtime": "bf16", "cache_doc_tokens": True,
         "precompute_doc_states": True},
+    # what `from_pretrained` serves where dev chose the split reranker's order (`--preset quick-split`): the query
+    # encoder in its serving runtime, the split reranker in torch
+    "(l+j) split reranker at layer 5, bf16, doc states precomputed, openvino query (served)": {
+        "reranker": "reranker_split_l5", "reranker_runtime": "bf16", "query_runtime": "openvino",
+        "cache_doc_tokens": True, "precompute_doc_states": True},
     "(l+j) split reranker, bf16, doc states precomputed, openvino query": {
         "reranker": "reranker_split", "reranker_runtime": "bf16", "query_runtime": "openvino", "cache_doc_tokens": True,
         "precompute_doc_states": True},

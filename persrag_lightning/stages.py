@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "SPLIT_RERANKER", "STAGES", "Key", "Stage", "bundle_address",
-           "bundle_path", "cli_overrides", "fill_run_dir", "run_folder"]
+__all__ = ["CROSS_FIT_FOLDS", "FOLD_READER", "FOLD_READERS", "PAPER_STAGES", "RUN_DIR", "SPLIT_RERANKER", "STAGES", "Key",
+           "Stage", "bundle_address", "bundle_path", "cli_overrides", "config_args", "fill_run_dir", "run_folder"]
 
 # which of a preset's per-kind settings a stage takes; `distilled`: a student of stage 3's reranker (no LLM)
 StageKind = Literal["user_encoder", "reader", "feedback", "distilled", "generator"]
@@ -87,13 +87,19 @@ class Stage:
         """The `fit` arguments after `--config`: the stage's name, overrides and inputs."""
         return cli_overrides(self.override_values(run_dir))
 
-    def config_args(self) -> list[str]:
-        """`--config <config>`, then `--config <overlay>` for each overlay."""
-        return [arg for path in (self.config, *self.overlays) for arg in ("--config", path)]
-
     def command(self) -> str:
         """The command that trains this stage alone (with the run's --run_name)."""
-        return " ".join(["python train.py fit", *self.config_args(), *self.arguments()])
+        return " ".join(["python train.py fit", *config_args(self.config, self.overlays), *self.arguments()])
+
+
+def config_args(config: str, overlays: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """`--config <config>`, then `--config <overlay>` for each overlay, as `train.py fit` reads them.
+
+    Args:
+        config: a stage's config file (a name of configs/).
+        overlays: files laid over it, in order.
+    """
+    return [arg for path in (config, *overlays) for arg in ("--config", path)]
 
 
 def run_folder(export_root: str | Path, run_name: str) -> Path:
@@ -175,8 +181,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("reranker_distilled", "cfrag_reranker_distilled.yaml", "distilled"),
     # stage 3's reranker distilled into the split reranker (every layer; below the split, query and doc read apart,
     # so serving computes a doc's side once): the reranked order a preset's `split_reranker` serves. Split at 5 of
-    # MiniLM's 6: the one split measured within the serving budget on the real reviews' long docs too
-    # (docs/serving/pipeline.md#the-split-reranker)
+    # MiniLM's 6: the split measured fastest on the real reviews' long docs (docs/serving/pipeline.md)
     Stage(SPLIT_RERANKER, "cfrag_reranker_distilled.yaml", "distilled", {"model.init_args.config.split_layer": 5},
           named=True, overlays=("overlays/reranker_split.yaml",)),
     Stage("generator", "generator.yaml", "generator"),  # the "+ tuned generator" rows

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from persrag_lightning.stages import Key, cli_overrides
+from persrag_lightning.stages import Key, cli_overrides, config_args
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
@@ -48,8 +48,7 @@ class StageRun:
     def argv(self) -> list[str]:
         """The command line after `train.py` (printed; a subprocess or an sbatch script would run
         it)."""
-        configs = [arg for path in (self.config, *self.overlays) for arg in ("--config", path)]
-        return ["fit", *configs, *cli_overrides(self.overrides), *self.extra]
+        return ["fit", *config_args(self.config, self.overlays), *cli_overrides(self.overrides), *self.extra]
 
 
 @dataclass

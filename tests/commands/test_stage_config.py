@@ -51,10 +51,10 @@ def test_a_stage_with_an_overlay_is_the_clis_parse_of_both_files() -> None:
     """The split reranker's stage lays configs/overlays/reranker_split.yaml over the distilled reranker's config:
     resolved, it is `train.py fit --config <config> --config <overlay> ...`, and its own overrides win."""
     from persrag_lightning.commands.train import stage_config
-    from persrag_lightning.stages import SPLIT_RERANKER, STAGES
+    from persrag_lightning.stages import SPLIT_RERANKER, STAGES, config_args
 
     stage = STAGES[SPLIT_RERANKER]
     resolved = stage_config(stage.config, stage.override_values("checkpoints/x"), (), stage.overlays)
-    assert resolved == cli_parse(["fit", *stage.config_args(), *stage.arguments("checkpoints/x")])
+    assert resolved == cli_parse(["fit", *config_args(stage.config, stage.overlays), *stage.arguments("checkpoints/x")])
     config = resolved.fit.model.init_args.config
     assert (config.num_layers, config.split_layer, resolved.fit.stage_name) == (None, 5, SPLIT_RERANKER)
