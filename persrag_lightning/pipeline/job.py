@@ -23,7 +23,6 @@ from persrag_lightning.stages import (
     FOLD_READER,
     FOLD_READERS,
     PAPER_STAGES,
-    SPLIT_RERANKER,
     STAGES,
     Key,
     bundle_address,
@@ -107,11 +106,10 @@ class Job:
     def wanted(self) -> list[str]:
         """The preset's stages, the paper's chain only where it trains beside the main one, the
         reader only where the preset may read with it, on a label task (a generation task's reader
-        is the LLM), the split reranker only where the preset's reranked order is its."""
+        is the LLM)."""
         reads = self.spec.labels is not None and "trained" in (self.preset.readers or [])
         return [n for n in (self.preset.stages or STAGES) if (self.paper_chain or n not in PAPER_STAGES)
-                and (reads or STAGES[n].kind != "reader") and (self.cross_fit or n not in FOLD_READERS)
-                and (self.preset.split_reranker or n != SPLIT_RERANKER)]
+                and (reads or STAGES[n].kind != "reader") and (self.cross_fit or n not in FOLD_READERS)]
 
     @property
     def cross_fit(self) -> int:

@@ -16,7 +16,8 @@ from persrag_lightning.serving import CFRAGPipeline
 
 RERANKED = "CFRAG (judgment profile, reranked)"  # the main chain's row (the presets' stage 1: judgments: profile)
 STAGES = ("user_encoder", "reader", "retriever", "retriever_ropg", "reranker", "reranker_no_user",
-          "reranker_distilled", "generator", "user_encoder_paper", "retriever_paper", "reranker_paper")
+          "reranker_distilled", "reranker_split_l5", "generator", "user_encoder_paper", "retriever_paper",
+          "reranker_paper")
 
 
 @pytest.mark.slow
