@@ -1,7 +1,7 @@
 """Many users at once: `persrag serve --no_llm` on loopback under N concurrent clients (chat completions of
 exported users, so every chat runs CFRAG's retrieval; or, with `--endpoint answers`, POST /v1/answers: CFRAG's
-retrieval and the run's trained reader, as the run's record serves them), with the retrieval batcher (`--max_batch`, `--max_wait_ms`)
-and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
+retrieval and the run's trained reader, as the run's record serves them, or as `--serve_args` overrides it), with
+the retrieval batcher (`--max_batch`, `--max_wait_ms`) and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
 requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level) as a
 markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and the
 table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and p5
@@ -14,6 +14,8 @@ LLM's tokenizer; the batched server then also batches the replies of chats that 
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,4,16
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 32 --warmup 2
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,16 \
+        --serve_args "--reranker reranker_split_l5"
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import http.client
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -258,6 +261,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--llm", action="store_true", help="chat with the LLM (not --no_llm) and report its tokens/s")
     ap.add_argument("--llm_model", default="smollm2", help="with --llm: the servers' LLM (persrag serve --llm_model)")
     ap.add_argument("--max_new_tokens", type=int, default=64, help="with --llm: the most tokens an answer has")
+    ap.add_argument("--serve_args", default="", help="more `persrag serve` arguments for both servers, e.g. "
+                                                      "\"--reranker reranker_split_l5\" to serve another reranker "
+                                                      "than the run's record chose")
     ap.add_argument("--endpoint", choices=["chat", "answers"], default="chat",
                     help="chat: chat completions (retrieval, the memory bank); answers: POST /v1/answers (retrieval "
                          "and the run's trained reader; a label run whose record chose the trained reader)")
@@ -288,8 +294,9 @@ def main() -> None:
         bounds = [str(args.max_batch), str(args.max_wait_ms)]
         batched = ["--max_batch", bounds[0], "--max_wait_ms", bounds[1]]
         batched += ["--llm_max_batch", bounds[0], "--llm_max_wait_ms", bounds[1]] if args.llm else []
-        servers = [Server("unbatched", ["--max_batch", "1"], run, tmp, bank, args.gemm, llm),
-                   Server("batched", batched, run, tmp, bank, args.gemm, llm)]
+        extra = shlex.split(args.serve_args)
+        servers = [Server("unbatched", [*extra, "--max_batch", "1"], run, tmp, bank, args.gemm, llm),
+                   Server("batched", [*extra, *batched], run, tmp, bank, args.gemm, llm)]
         rows, logs = [], {}
         try:
             for s in servers:
@@ -330,7 +337,8 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
         f" with the LLM {args.llm_model} (at most {args.max_new_tokens} new tokens)" if args.llm else " without the LLM")
     print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
           f"{what}; loopback {HOST}; at most {args.requests} requests and "
-          f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}")
+          f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}"
+          + (f"; both servers: {args.serve_args}" if args.serve_args else ""))
     print()
     llm = (" tokens/s per stream p50 | p5 | tokens/s, all streams | tokens per answer |", "---|---|---|---|")
     print("| server | clients | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | RSS start MB | "
@@ -344,7 +352,7 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
     print()
     for name, log in logs.items():
         for line in log.splitlines():
-            if re.search(r"batches:|GEMM path", line):
+            if re.search(r"batches:|GEMM path|\[serving\] serving", line):
                 print(f"{name}: {line.strip()}")
 
 

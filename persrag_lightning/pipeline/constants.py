@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["BUDGET_MINUTES", "LLM_STAGES", "MIX_ITEMS_WORK", "QUICK_SCALE", "RETRIEVAL_PER_ANSWER", "TRAINED_TEXTS",
+__all__ = ["BUDGET_MINUTES", "LLM_STAGES", "MIX_ITEMS_WORK", "PAIR_TOKENS", "QUICK_SCALE", "RETRIEVAL_PER_ANSWER", "TRAINED_TEXTS",
            "TRAINING_WORK", "plan_constants"]
 
 CONSTANTS_FILE = Path(__file__).with_name("plan_constants.json")
@@ -26,3 +26,4 @@ QUICK_SCALE: dict[str, int] = _VALUES["quick_scale"]
 BUDGET_MINUTES: dict[str, int] = _VALUES["budget_minutes"]
 TRAINED_TEXTS: dict[str, float] = _VALUES["trained_texts"]
 MIX_ITEMS_WORK: float = _VALUES["mix_items_work"]
+PAIR_TOKENS: float = _VALUES["pair_tokens"]

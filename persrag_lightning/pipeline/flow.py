@@ -10,7 +10,7 @@ from persrag_lightning.pipeline.choice import TUNED, dev_candidates, report_rows
 from persrag_lightning.pipeline.decisions import announce_decisions
 from persrag_lightning.pipeline.execution import JobRun
 from persrag_lightning.pipeline.job import Job
-from persrag_lightning.pipeline.plan import Plan, build_plan, question_counts
+from persrag_lightning.pipeline.plan import Plan, build_plan, pair_scale, question_counts
 from persrag_lightning.pipeline.rates import evaluation_llm_settings
 from persrag_lightning.pipeline.runs import Runner
 from persrag_lightning.reading import LLM_READER
@@ -37,8 +37,11 @@ def plan_job(job: Job, runner: Runner, questions: int | None, data_dir: str | No
     candidates = dev_candidates(job.preset)
     dev = runner.evaluation_config(job.dev_evaluation(candidates))
     users = next(iter(stages.values())).fit.data.init_args.synth.num_users if stages else None
-    plan = build_plan(stages, [s for s in stages if job.exported(s)], rows, job.preset, job.spec,
-                      question_counts(data_dir, users), (len(candidates), dev), table)
+    skip = [s for s in stages if job.exported(s)]
+    # a distilled stage scores every pair of its questions: its work grows with their length
+    pairs = any(STAGES[s].kind == "distilled" for s in stages if s not in skip)
+    plan = build_plan(stages, skip, rows, job.preset, job.spec, question_counts(data_dir, users),
+                      (len(candidates), dev), table, pair_scale(data_dir, job.spec) if pairs else 1.0)
     print("\n".join(plan.lines()), flush=True)
     if questions is not None:
         print(f"[pipeline] --questions {questions}: the dev choice and the table read the first {questions} dev and "

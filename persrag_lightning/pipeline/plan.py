@@ -26,6 +26,7 @@ from persrag_lightning.pipeline import rates
 from persrag_lightning.pipeline.constants import (
     LLM_STAGES,
     MIX_ITEMS_WORK,
+    PAIR_TOKENS,
     QUICK_SCALE,
     RETRIEVAL_PER_ANSWER,
     TRAINED_TEXTS,
@@ -34,7 +35,9 @@ from persrag_lightning.pipeline.constants import (
 from persrag_lightning.presets import Preset
 from persrag_lightning.stages import FOLD_READERS, STAGES
 
-__all__ = ["Plan", "build_plan", "measure_rates", "question_counts"]
+__all__ = ["Plan", "build_plan", "measure_rates", "pair_scale", "question_counts"]
+
+PAIR_SAMPLE = 3000  # docs whose length `pair_scale` counts (a sample: a large log has many)
 
 if TYPE_CHECKING:
     from jsonargparse import Namespace
@@ -123,14 +126,23 @@ def _data(config: Namespace) -> Namespace:
     return config.fit.data.init_args
 
 
-def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> dict[str, float]:
+def _examples(limit: int | None, questions: int) -> int:
+    """The questions a stage uses of a split that has `questions`, at most `limit` (None: all)."""
+    return min(int(limit or questions), questions)
+
+
+def training_work(stages: Mapping[str, Namespace], counts: dict[str, int],
+                  pair_scale: float = 1.0) -> dict[str, float]:
     """The stages' non-reading work (TRAINING_WORK scaled to each stage's size: its epochs x users
-    for stage 1, none for an untrained `profile` one; its train examples for the others), read
-    from their resolved configurations: `encoder` texts and `llm` answers.
+    for stage 1, none for an untrained `profile` one; for a `distilled` stage, its train and dev
+    questions times `pair_scale`, since it scores every candidate pair of each; its train examples
+    for the others), read from their resolved configurations: `encoder` texts and `llm` answers.
 
     Args:
         stages: each trained stage's resolved configuration, by stage name.
         counts: questions per split (`question_counts`).
+        pair_scale: how long the data's (question, doc) pairs are against the quick preset's
+            (`pair_scale`).
     """
     from persrag_lightning.data.synth_world import QUESTIONS_PER_USER
 
@@ -142,10 +154,12 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int]) -> di
             # a `judgments: profile` encoder trains nothing: its stage validates and exports
             trains = judgments_train(config.fit.model.init_args.config.judgments)
             size = int(config.fit.trainer.max_epochs) * users * trains
+        elif kind == "distilled":
+            splits = _data(config).splits
+            size = pair_scale * (_examples(splits.max_train_examples, counts["train"])
+                                 + _examples(splits.max_val_examples, counts["dev"]))
         else:
-            size = min(
-                int(_data(config).splits.max_train_examples or counts["train"]), counts["train"]
-            )
+            size = _examples(_data(config).splits.max_train_examples, counts["train"])
         work = TRAINING_WORK[kind] * size / QUICK_SCALE[kind]
         if kind == "reader" and getattr(_data(config), "mix_items", False):
             work *= MIX_ITEMS_WORK  # every profile item read twice, and each first stage's retrieval
@@ -167,10 +181,8 @@ def feedback_prompts(stages: Mapping[str, Namespace], train_questions: int) -> i
         if STAGES[stage].kind != "feedback":
             continue
         data = _data(config)
-        examples = data.splits.max_train_examples or train_questions
-        total += (
-            int(data.candidates.m) * int(data.candidates.k) * min(int(examples), train_questions)
-        )
+        total += int(data.candidates.m) * int(data.candidates.k) * _examples(data.splits.max_train_examples,
+                                                                            train_questions)
     return total
 
 
@@ -195,8 +207,43 @@ def question_counts(data_dir: str | None, users: int | None) -> dict[str, int]:
     return {s: n * int(users) for s, n in QUESTIONS_PER_USER.items()}
 
 
+def pair_scale(data_dir: str | None, spec: TaskSpec) -> float:
+    """How long the (question, doc) pairs a cross-encoder reads are in `data_dir` against those of the
+    quick preset's SynthLaMP (PAIR_TOKENS): the mean tokens of the train questions' queries plus those
+    of up to PAIR_SAMPLE of the folder's docs, each cut at 256 as the reranker cuts them, counted
+    with MiniLM's tokenizer. 1 for the embedded SynthLaMP (None), which PAIR_TOKENS is of.
+
+    Args:
+        data_dir: a LaMP folder; None is the embedded SynthLaMP.
+        spec: the folder's task.
+    """
+    if data_dir is None:
+        return 1.0
+    import random
+
+    from transformers import AutoTokenizer
+
+    from persrag_lightning.data.lamp import load_lamp
+    from persrag_lightning.models.text_encoder import resolve_model_path
+
+    data = load_lamp(data_dir, spec.name, splits=("train",))
+    docs = [spec.render_doc(d) for user in data.users.values() for d in user.docs]
+    docs = random.Random(0).sample(docs, min(PAIR_SAMPLE, len(docs)))
+    queries = [spec.extract_query(e.input) for e in data.examples["train"]]
+    if not docs or not queries:
+        return 1.0
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm"))
+
+    def mean_tokens(texts: list[str]) -> float:
+        ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=256)["input_ids"]
+        return sum(map(len, ids)) / len(ids)
+
+    return (mean_tokens(queries) + mean_tokens(docs)) / PAIR_TOKENS
+
+
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
-               spec: TaskSpec, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace) -> Plan:
+               spec: TaskSpec, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace,
+               pair_scale: float = 1.0) -> Plan:
     """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported
     already), with the reader's rates measured when the estimate can be made.
 
@@ -209,6 +256,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
         counts: questions per split (`question_counts`).
         dev: the dev choice's number of configurations and its resolved evaluate configuration.
         table: the test table's resolved evaluate configuration (its reader, its questions).
+        pair_scale: the data's (question, doc) pairs' length against SynthLaMP's (`pair_scale`).
     """
     candidates, dev_config = dev
     train = [s for s in stages if s not in skip]
@@ -232,7 +280,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     if len(readers) > 1:
         llm_answers["the reader's dev choice"] = dev_questions
     trained = {s: stages[s] for s in train}
-    plan = Plan(train, skip, rows, training_work(trained, counts), feedback_prompts(trained, counts["train"]),
+    plan = Plan(train, skip, rows, training_work(trained, counts, pair_scale), feedback_prompts(trained, counts["train"]),
                 answers, llm_answers, readers or ["llm"], budget=rates.budget_minutes())
     measure_rates(plan, spec, rates.evaluation_llm_settings(table))
     return plan

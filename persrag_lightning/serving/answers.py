@@ -1,7 +1,8 @@
 """POST /v1/answers: a question of the run's task answered as the run's table answers it: the caller's
-CFRAG docs (privacy-checked as a chat turn's), then the pipeline's reader (the trained reader or the
-LLM, by the decision rule and calibration `pipeline.serves` names: the run's record by default), with
-the docs' provenance. Nothing is stored: no memory, no session."""
+CFRAG docs (retrieved and privacy-checked as a chat turn's, batched with the requests that arrive
+together), then the pipeline's reader (the trained reader or the LLM, by the decision rule and
+calibration `pipeline.serves` names: the run's record by default), with the docs' provenance.
+Nothing is stored: no memory, no session."""
 
 from __future__ import annotations
 
@@ -37,10 +38,12 @@ def answer_question(service: ChatService, caller: Caller, body: Mapping | Questi
         raise ServiceError(409, "this server runs without an LLM (--no_llm) and its reader is the LLM; serve "
                                 "the run's trained reader (--reader reader) to answer without one")
     user_id = caller.user_id
-    with service._acting_on(caller, user_id), service._model_lock:
-        docs = pipe.retrieve(user_id, question) if user_id in pipe.store else []
-        docs = service._shareable(user_id, docs)  # the privacy guard, before anything is read
-        answer = pipe.read([user_id], [question], [docs])[0]
+    with service._acting_on(caller, user_id):
+        # retrieved with the questions and chats that arrive with it (one batched call, `persrag serve
+        # --max_batch`), each list through the privacy guard before anything is read
+        docs = service.retrieval((user_id, question))
+        with service._model_lock:
+            answer = pipe.read([user_id], [question], [docs])[0]
     return {"answer": answer.answer, "read": answer.prompt, "serves": pipe.serves,
             "docs": [{"doc_id": d.doc_id, "owner": d.owner, "text": d.text, "user_similarity": d.user_sim,
                       "retriever_score": _num(d.retriever_score), "reranker_score": _num(d.reranker_score)}

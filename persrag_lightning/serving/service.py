@@ -73,7 +73,7 @@ class ChatService:
         state_dir: the state folder (made 0700).
         admin_token_hash: sha256 of the admin token.
         use_llm: answer with the pipeline's LLM (False: a canned line, retrieval and memories only).
-        k: docs per prompt.
+        k: docs per prompt (None: the pipeline's `k`, which `persrag serve --k` sets).
         model_lock: the lock every model call takes (shared with the memory extraction's LLM).
         run_dir: the exported run a deletion rewrites (None: the export is left alone, as in tests
             of the service logic over a run they share).
@@ -85,7 +85,7 @@ class ChatService:
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
-                 use_llm: bool = True, k: int = 5, model_lock: threading.Lock | None = None,
+                 use_llm: bool = True, k: int | None = None, model_lock: threading.Lock | None = None,
                  run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag",
                  batching: Batching | None = None, generation: Batching | None = None) -> None:
         self.pipeline, self.bank = pipeline, bank

@@ -130,6 +130,33 @@ def test_a_smaller_preset_counts_smaller_stages(tmp_path):
     assert plan_module.feedback_prompts(mine, 48) == 3 * 2 * 8
 
 
+def test_the_split_reranker_stage_counts_its_questions_and_their_pairs_length(tmp_path):
+    """A distilled stage scores every candidate pair of its train and dev questions: its work is the quick preset's
+    scaled by both and by the data's (question, doc) pairs' length against SynthLaMP's, counted on the folder."""
+    from persrag_lightning.data.lamp_format import questions_path
+    from persrag_lightning.data.synth import SynthConfig, generate_synth_lamp
+
+    split = resolved_stages(["--preset", "quick-split"], ["reranker_split_l5"])
+    quick = {"train": 600, "dev": 300, "test": 300}
+    assert plan_module.training_work(split, quick)["encoder"] == pytest.approx(TRAINING_WORK["distilled"])
+    assert plan_module.training_work(split, {"train": 300, "dev": 150, "test": 1}, 2.0)["encoder"] == pytest.approx(
+        TRAINING_WORK["distilled"])
+    short = generate_synth_lamp(tmp_path / "short", SynthConfig(num_users=24, seed=0))
+    spec = get_task("LaMP-2")
+    assert plan_module.pair_scale(None, spec) == 1.0
+    assert plan_module.pair_scale(str(short), spec) == pytest.approx(1.0, abs=0.15)  # SynthLaMP: PAIR_TOKENS' data
+    (tmp_path / "long").mkdir()
+    for path in short.iterdir():
+        questions = json.loads(path.read_text())
+        if path == questions_path(short, path.name.split("_")[0]):
+            for q in questions:  # every doc twice as long
+                for item in q["profile"]:
+                    item["description"] = f"{item['description']} {item['description']}"
+        (tmp_path / "long" / path.name).write_text(json.dumps(questions))
+    longer = plan_module.pair_scale(str(tmp_path / "long"), spec) / plan_module.pair_scale(str(short), spec)
+    assert 1.3 < longer < 1.8  # the docs' half of a pair doubled, the questions' kept
+
+
 @pytest.mark.slow
 def test_the_readers_rates_are_measured_with_the_real_model():
     rates = reader_rates(get_task("LaMP-2").labels, "smollm2", "float32", 8)

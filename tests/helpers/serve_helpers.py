@@ -20,7 +20,6 @@ def open_service(run_dir, state, tiny_bert, tiny_llm=None, cache=None, **pipelin
     service, _ = ChatService.open(run_dir, state, llm=llm, encoder=tiny_bert, admin_token=ADMIN,
                                   use_llm=tiny_llm is not None, extraction="verbatim", m=3, k_per_user=2, k=3,
                                   cache_dir=str(cache or (state.parent / "cache")), **pipeline_args)
-    service.k = 3
     return service
 
 

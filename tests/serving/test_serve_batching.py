@@ -45,7 +45,7 @@ def test_one_batched_call_retrieves_what_each_query_retrieves_alone(services):
     assert len(together) == len(asks) and together[-1] == []
     for ask, docs in zip(asks, together):
         same_docs(docs, alone.retrieval(ask))
-    assert all(len(docs) == alone.k for docs in together[:-1])
+    assert all(len(docs) == alone.pipeline.k == 3 for docs in together[:-1])  # persrag serve's --k
 
 
 def test_concurrent_chats_are_batched_and_answer_as_one_by_one(services):

@@ -201,6 +201,45 @@ def test_the_service_answers_a_label_question_with_the_reader_the_record_chose(r
     assert refused.status_code == 409 and "--reader reader" in refused.json()["error"]["message"]
 
 
+def test_concurrent_answers_share_one_retrieval_call_and_answer_as_one_by_one(recorded, tiny_bert, tmp_path):
+    """POST /v1/answers retrieves through the service's batcher: questions asked together are retrieved in one
+    call and each gets the docs and the answer it gets alone."""
+    import threading
+
+    from persrag_lightning.serving.answers import answer_question
+    from persrag_lightning.serving.batcher import Batching
+    from tests.helpers.serve_helpers import ADMIN, open_service
+
+    questions = [f"Which tag does this movie relate to among the following tags? description: {d}"
+                 for d in ("a ghost in a lighthouse", "robots on the moon", "two friends open a bakery")]
+    got: dict[str, dict] = {}
+    for name, batching in (("batched", Batching(max_batch=len(questions), max_wait_ms=60_000)),
+                           ("alone", Batching(max_batch=1))):
+        service = open_service(recorded, tmp_path / name, tiny_bert, batching=batching)
+        admin = service.authenticate(f"Bearer {ADMIN}")
+        users = service.pipeline.store.corpus.user_ids[:len(questions)]  # exported users: their docs are stored
+        callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
+                                                                    admin)["access_token"]) for u in users]
+        out = got.setdefault(name, {})
+
+        def ask(i: int, service=service, callers=callers, out=out) -> None:
+            out[i] = answer_question(service, callers[i], {"input": questions[i]})
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+            t.join(0 if name == "batched" else 120)  # one by one where alone
+        for t in threads:
+            t.join(120)
+        stats = service.retrieval.stats
+        assert stats.items == len(questions) and stats.largest == (len(questions) if name == "batched" else 1)
+        service.close()
+    for i in range(len(questions)):
+        a, b = got["batched"][i], got["alone"][i]
+        assert a["docs"] and [d["doc_id"] for d in a["docs"]] == [d["doc_id"] for d in b["docs"]]
+        assert a["answer"] == b["answer"] and a["read"] == b["read"]
+
+
 def test_a_record_whose_dev_chose_the_llm_serves_it_under_the_chosen_calibration(recorded, tmp_path):
     """The LLM reader chosen on dev, its calibration with it (the table's evaluation.llm.calibration, as the
     pipeline sets it): served so, answering by `choose`; no LLM is loaded before a question comes."""
