@@ -2,14 +2,19 @@
 (the docs' order, the reader, its decision, the float32 GEMM paths), answers the test questions of the record's
 table, and each answer is compared with the reference row's prediction in the evaluation's output. Serving runs with
 the evaluation's exact runtimes here (fp32 query encoder, the table's reranker runtime, docs tokenised per pair
-unless `--cache_doc_tokens`), each question seeing its own profile as the evaluation's does; what differs from the table is then what serving decides
-otherwise. Prints how many answers equal the table's, the GEMM paths served and the first questions that differ.
+unless `--cache_doc_tokens`), each question seeing its own profile as the evaluation's does; what differs from the
+table is then what serving decides otherwise. Prints how many answers equal the table's, the GEMM paths served and
+the first questions that differ.
 
 Run from the folder the main job ran in (its `checkpoints/` and `runs/`), e.g. beside the pipeline's paths and then
 on torch's, to see what the paths change:
 
     python benchmarks/replay_table.py --run checkpoints/synthlamp-quick
     PERSRAG_GEMM=torch python benchmarks/replay_table.py --run checkpoints/synthlamp-quick
+
+`--query_runtime auto` encodes the questions as serving does by default (OpenVINO where installed) in place of
+the evaluation's fp32; where answers then differ, the served answers' metric is printed beside the table's, with
+intervals and the paired test.
 
 `--row` replays another configuration the dev choice could have taken (a row of the table, by its name in
 evaluate_cfrag.yaml), served with that configuration's order, m and gate (`record.CONFIGURATIONS`) in place of the
@@ -51,6 +56,9 @@ def main() -> None:
     ap.add_argument("--cache_doc_tokens", action="store_true",
                     help="serving's doc cache in place of the evaluation's per-pair tokens: docs tokenised once, a "
                          "split reranker's doc states computed for the whole store at load (serving's default)")
+    ap.add_argument("--query_runtime", default="fp32",
+                    help="the query encoder's runtime: fp32 (the evaluation's, default) or auto (serving's default: "
+                         "OpenVINO where installed), to score what serving serves")
     ap.add_argument("--cache_dir", default=None, help="serving's cache (embeddings of the docs made on this "
                                                       "process's paths when empty); default: the evaluation's")
     args = ap.parse_args()
@@ -76,7 +84,8 @@ def main() -> None:
     dataset = evaluator.source.load()
     examples = sorted((e for e in dataset.examples[settings.split] if e.example_id in predictions),
                       key=lambda e: e.example_id)
-    pipe = CFRAGPipeline.from_pretrained(run, cache_dir=args.cache_dir or settings.cache_dir, query_runtime="fp32",
+    pipe = CFRAGPipeline.from_pretrained(run, cache_dir=args.cache_dir or settings.cache_dir,
+                                         query_runtime=args.query_runtime,
                                          reranker_runtime=settings.reranker_runtime,
                                          cache_doc_tokens=args.cache_doc_tokens,
                                          **configuration)
@@ -95,6 +104,13 @@ def main() -> None:
           f"{seconds:.1f} |")
     for example_id, table_answer, served in differ[: args.shown]:
         print(f"- {example_id}: table {table_answer!r}, served {served!r}")
+    if differ and all(e.target is not None for e in examples):  # the served answers' own metric beside the table's
+        from persrag_lightning.evaluation.report import summarise
+
+        golds = [e.target for e in examples]
+        summary = summarise(evaluator.task, {"table": [predictions[e.example_id] for e in examples],
+                                             "served": [a.answer for a in answers]}, golds, reference="table")
+        print("\n" + summary.table(pipe.llm_config.answer_mode, settings.split))
 
 
 if __name__ == "__main__":

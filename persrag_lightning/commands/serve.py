@@ -207,7 +207,9 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         service.close()  # the batchers' workers: queued chats answered, then stopped
-        for what, batcher in (("retrieval", service.retrieval), ("LLM reply", service.answerer.generation)):
+        for what, batcher, items in (("retrieval", service.retrieval, "chats"),
+                                     ("LLM reply", service.answerer.generation, "chats"),
+                                     ("answers", service.answering, "questions")):
             stats = batcher.stats
-            print(f"persrag serve: {what} batches: {stats.calls} calls for {stats.items} chats, largest "
+            print(f"persrag serve: {what} batches: {stats.calls} calls for {stats.items} {items}, largest "
                   f"{stats.largest}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """POST /v1/answers: a question of the run's task answered as the run's table answers it: the caller's
-CFRAG docs (retrieved and privacy-checked as a chat turn's, batched with the requests that arrive
-together), then the pipeline's reader (the trained reader or the LLM, by the decision rule and
-calibration `pipeline.serves` names: the run's record by default), with the docs' provenance.
-Nothing is stored: no memory, no session."""
+CFRAG docs (privacy-checked as a chat turn's), then the pipeline's reader (the trained reader or the
+LLM, by the decision rule and calibration `pipeline.serves` names: the run's record by default), with
+the docs' provenance. Questions that arrive together are retrieved in one call and read in one call
+(`answer_batch`, under `persrag serve --max_batch`). Nothing is stored: no memory, no session."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from persrag_lightning.serving.requests import Question
 from persrag_lightning.serving.validation import ServiceError, parse
 
 if TYPE_CHECKING:
+    from persrag_lightning.retrieval.base import RetrievedDoc
+    from persrag_lightning.serving.cfrag_pipeline import Generation
     from persrag_lightning.serving.service import ChatService
 
-__all__ = ["answer_question"]
+__all__ = ["answer_batch", "answer_question"]
 
 
 def answer_question(service: ChatService, caller: Caller, body: Mapping | Question) -> dict:
@@ -39,15 +41,26 @@ def answer_question(service: ChatService, caller: Caller, body: Mapping | Questi
                                 "the run's trained reader (--reader reader) to answer without one")
     user_id = caller.user_id
     with service._acting_on(caller, user_id):
-        # retrieved with the questions and chats that arrive with it (one batched call, `persrag serve
-        # --max_batch`), each list through the privacy guard before anything is read
-        docs = service.retrieval((user_id, question))
-        with service._model_lock:
-            answer = pipe.read([user_id], [question], [docs])[0]
+        # batched with the questions that arrive with it (`persrag serve --max_batch`): `answer_batch`
+        docs, answer = service.answering((user_id, question))
     return {"answer": answer.answer, "read": answer.prompt, "serves": pipe.serves,
             "docs": [{"doc_id": d.doc_id, "owner": d.owner, "text": d.text, "user_similarity": d.user_sim,
                       "retriever_score": _num(d.retriever_score), "reranker_score": _num(d.reranker_score)}
                      for d in docs]}
+
+
+def answer_batch(service: ChatService, asks: list[tuple[str, str]]) -> list[tuple[list[RetrievedDoc], Generation]]:
+    """The answers batcher's function: the CFRAG docs of every (user, question) in one retrieval call,
+    each list through the privacy guard, then the reader's answers to all of them in one call.
+
+    Args:
+        service: the chat service.
+        asks: (user, question) of each request of the batch.
+    """
+    found = service._retrieve_many(asks)  # the privacy guard, before anything is read
+    with service._model_lock:
+        answers = service.pipeline.read([u for u, _ in asks], [q for _, q in asks], found)
+    return list(zip(found, answers, strict=True))
 
 
 def _num(x: float) -> float | None:

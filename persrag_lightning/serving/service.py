@@ -30,6 +30,7 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 
 from persrag_lightning.llm.registry import LLMConfig
@@ -47,6 +48,7 @@ from persrag_lightning.serving.accounts import (
     write_secret,
 )
 from persrag_lightning.serving.answering import ChatAnswerer
+from persrag_lightning.serving.answers import answer_batch
 from persrag_lightning.serving.batcher import Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
@@ -102,6 +104,8 @@ class ChatService:
         self.account_store = AccountStore(self.state, admin_token_hash)
         # the chats that arrive together: one retrieval call (serving/batcher.py)
         self.retrieval = MicroBatcher(self._retrieve_many, batching, name="persrag-retrieval")
+        # the label questions asked together: one retrieval and one reading call (serving/answers.py)
+        self.answering = MicroBatcher(partial(answer_batch, self), batching, name="persrag-answers")
         # and their replies: one generation call (serving/answering.py)
         self.answerer = ChatAnswerer(pipeline, use_llm, self._model_lock, generation)
         self._load()
@@ -407,6 +411,7 @@ class ChatService:
     def close(self) -> None:
         """Stop the batchers (chats queued are answered first); the app's shutdown."""
         self.retrieval.close()
+        self.answering.close()
         self.answerer.close()
 
     def _shareable(self, user_id: str, docs: list[RetrievedDoc]) -> list[RetrievedDoc]:

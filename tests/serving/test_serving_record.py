@@ -201,9 +201,9 @@ def test_the_service_answers_a_label_question_with_the_reader_the_record_chose(r
     assert refused.status_code == 409 and "--reader reader" in refused.json()["error"]["message"]
 
 
-def test_concurrent_answers_share_one_retrieval_call_and_answer_as_one_by_one(recorded, tiny_bert, tmp_path):
-    """POST /v1/answers retrieves through the service's batcher: questions asked together are retrieved in one
-    call and each gets the docs and the answer it gets alone."""
+def test_concurrent_answers_share_one_call_and_answer_as_one_by_one(recorded, tiny_bert, tmp_path):
+    """POST /v1/answers batches: questions asked together are retrieved in one call and read in one call, and each
+    gets the docs and the answer it gets alone."""
     import threading
 
     from persrag_lightning.serving.answers import answer_question
@@ -231,8 +231,9 @@ def test_concurrent_answers_share_one_retrieval_call_and_answer_as_one_by_one(re
             t.join(0 if name == "batched" else 120)  # one by one where alone
         for t in threads:
             t.join(120)
-        stats = service.retrieval.stats
+        stats = service.answering.stats
         assert stats.items == len(questions) and stats.largest == (len(questions) if name == "batched" else 1)
+        assert service.retrieval.stats.items == 0  # the chats' batcher
         service.close()
     for i in range(len(questions)):
         a, b = got["batched"][i], got["alone"][i]
