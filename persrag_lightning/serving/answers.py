@@ -57,8 +57,8 @@ def answer_batch(service: ChatService, asks: list[tuple[str, str]]) -> list[tupl
         service: the chat service.
         asks: (user, question) of each request of the batch.
     """
-    found = service._retrieve_many(asks)  # the privacy guard, before anything is read
-    with service._model_lock:
+    with service._model_lock:  # held from retrieval to answer, as one request's model work
+        found = service.guarded_docs(asks)  # the privacy guard, before anything is read
         answers = service.pipeline.read([u for u, _ in asks], [q for _, q in asks], found)
     return list(zip(found, answers, strict=True))
 

@@ -395,18 +395,22 @@ class ChatService:
                         request.model, usage)
 
     def _retrieve_many(self, asks: list[tuple[str, str]]) -> list[list[RetrievedDoc]]:
-        """The CFRAG docs of each (user, message), in one pipeline call (the micro-batcher's
-        function), each list through the privacy guard before anything is generated or stored; a
-        user without docs in the store gets none."""
+        """`guarded_docs` under the model lock (the chats' micro-batcher's function)."""
         with self._model_lock:
-            present = [i for i, (user_id, _) in enumerate(asks) if user_id in self.pipeline.store]
-            found = self.pipeline.retrieve_batch(
-                [asks[i][0] for i in present], [asks[i][1] for i in present], self.k
-            ) if present else []
-            out: list[list[RetrievedDoc]] = [[] for _ in asks]
-            for i, docs in zip(present, found):
-                out[i] = self._shareable(asks[i][0], docs)
-            return out
+            return self.guarded_docs(asks)
+
+    def guarded_docs(self, asks: list[tuple[str, str]]) -> list[list[RetrievedDoc]]:
+        """The CFRAG docs of each (user, message), in one pipeline call, each list through the
+        privacy guard before anything is generated or stored; a user without docs in the store gets
+        none. The caller holds the model lock."""
+        present = [i for i, (user_id, _) in enumerate(asks) if user_id in self.pipeline.store]
+        found = self.pipeline.retrieve_batch(
+            [asks[i][0] for i in present], [asks[i][1] for i in present], self.k
+        ) if present else []
+        out: list[list[RetrievedDoc]] = [[] for _ in asks]
+        for i, docs in zip(present, found):
+            out[i] = self._shareable(asks[i][0], docs)
+        return out
 
     def close(self) -> None:
         """Stop the batchers (chats queued are answered first); the app's shutdown."""
