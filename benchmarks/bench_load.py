@@ -1,14 +1,15 @@
 """Many users at once: `persrag serve --no_llm` on loopback under N concurrent clients (chat completions of
 exported users, so every chat runs CFRAG's retrieval; or, with `--endpoint answers`, POST /v1/answers: CFRAG's
-retrieval and the run's trained reader, as the run's record serves them, or as `--serve_args` overrides it), with
-the retrieval batcher (`--max_batch`, `--max_wait_ms`) and without it (`--max_batch 1`), the two servers up side by side and loaded in turn at each level. Prints
-requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level) as a
-markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and the
-table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and p5
-over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
-LLM's tokenizer; the batched server then also batches the replies of chats that arrive together (`--llm_max_batch`,
-`--llm_max_wait_ms` of `persrag serve`, set to `--max_batch` and `--max_wait_ms`). Bounded: loopback only, at most
-`--requests` per level and `--seconds` per level. Asserts nothing.
+retrieval and the run's trained reader, as the run's record serves them, or as `--serve_args` overrides it). Two
+servers up side by side, loaded in turn at each level: one batches (the chats' retrievals, their LLM replies and
+the label questions, each up to `--max_batch` waiting at most `--max_wait_ms`: `persrag serve --max_batch`,
+`--llm_max_batch`, `--answers_max_batch` and their waits), the other serves each request alone (all three at 1).
+Prints requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level)
+as a markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and
+the table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and
+p5 over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
+LLM's tokenizer. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts
+nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --clients 1,4,16
@@ -291,11 +292,13 @@ def main() -> None:
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
         if args.gemm == "record" and read_reference(run) is None:
             args.gemm = "torch"  # no record to take the paths from: one path for both, not each one's measurement
-        bounds = [str(args.max_batch), str(args.max_wait_ms)]
-        batched = ["--max_batch", bounds[0], "--max_wait_ms", bounds[1]]
-        batched += ["--llm_max_batch", bounds[0], "--llm_max_wait_ms", bounds[1]] if args.llm else []
+        # each batcher of the server: the chats' retrievals, their LLM replies, the label questions
+        batchers = ("--", "--llm_", "--answers_")
+        batched = [f for b in batchers for f in (f"{b}max_batch", str(args.max_batch), f"{b}max_wait_ms",
+                                                 str(args.max_wait_ms))]
+        alone = [f for b in batchers for f in (f"{b}max_batch", "1")]
         extra = shlex.split(args.serve_args)
-        servers = [Server("unbatched", [*extra, "--max_batch", "1"], run, tmp, bank, args.gemm, llm),
+        servers = [Server("unbatched", [*extra, *alone], run, tmp, bank, args.gemm, llm),
                    Server("batched", [*extra, *batched], run, tmp, bank, args.gemm, llm)]
         rows, logs = [], {}
         try:

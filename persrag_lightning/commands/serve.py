@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
-from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching
+from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
 
@@ -125,6 +125,11 @@ def _add_operation_options(parser: argparse.ArgumentParser) -> None:
                         help="concurrent chats whose LLM replies are generated in one batched call (1: each alone)")
     parser.add_argument("--llm_max_wait_ms", type=float, default=REPLY_BATCHING.max_wait_ms,
                         help="how long a chat's reply waits for batch-mates before it is generated")
+    parser.add_argument("--answers_max_batch", type=int, default=ANSWER_BATCHING.max_batch,
+                        help="concurrent label questions (POST /v1/answers) retrieved in one call and read in one "
+                             "call (1: each alone)")
+    parser.add_argument("--answers_max_wait_ms", type=float, default=ANSWER_BATCHING.max_wait_ms,
+                        help="how long a question waits for batch-mates (0: only those already queued)")
     parser.add_argument("--admin_token_env", default="PERSRAG_ADMIN_TOKEN",
                         help="environment variable holding the admin token (default: generated, in <state>/admin.token)")
 
@@ -144,14 +149,14 @@ def serve_command(argv: list[str]) -> None:
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
     try:
-        batching = Batching(args.max_batch, args.max_wait_ms)
-        generation = Batching(args.llm_max_batch, args.llm_max_wait_ms)
+        batchings = {"batching": Batching(args.max_batch, args.max_wait_ms),
+                     "generation": Batching(args.llm_max_batch, args.llm_max_wait_ms),
+                     "answering": Batching(args.answers_max_batch, args.answers_max_wait_ms)}
     except ValueError as e:
         parser.error(str(e))
     _require_web_stack()
     logging.basicConfig(level=logging.WARNING)
-    service, generated = _open_service(parser, args, batching, generation)
-    service.k = args.k
+    service, generated = _open_service(parser, args, batchings)
     if generated:
         print(f"persrag serve: admin token written to {service.state / 'admin.token'}", file=sys.stderr)
     print(f"persrag serve: http://{args.host}:{args.port}/ ({service.health()['users']} users)", file=sys.stderr,
@@ -166,10 +171,11 @@ def _require_web_stack() -> None:
         raise ConfigError(f"persrag serve needs {', '.join(missing)}: pip install -e \".[serve]\"")
 
 
-def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, batching: Batching,
-                  generation: Batching) -> tuple[ChatService, bool]:
+def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  batchings: dict[str, Batching]) -> tuple[ChatService, bool]:
     """The chat service over the run, as the command line sets it, its retrievals and its LLM replies
-    batched as `batching` and `generation` say; (service, whether the admin token was generated)."""
+    batched as `batchings` say (ChatService's `batching`, `generation` and `answering`); (service,
+    whether the admin token was generated)."""
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.serving.service import ChatService
 
@@ -185,7 +191,7 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace, bat
                             reranker=None if args.reranker == "none" else args.reranker,
                             precompute_doc_states=args.precompute_doc_states, reader=args.reader,
                             calibration=args.calibration, decision=args.decision,
-                            cache_dir=args.cache_dir, batching=batching, generation=generation)
+                            cache_dir=args.cache_dir, **batchings)
 
 
 def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None:

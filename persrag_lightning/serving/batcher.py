@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher"]
+__all__ = ["ANSWER_BATCHING", "REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,6 +44,9 @@ class Batching:
             raise ValueError(f"max_wait_ms must be 0 or more, got {self.max_wait_ms}")
 
 
+# POST /v1/answers' default, on: concurrent questions measured faster batched, retrieval and reading
+# both (docs/serving/chat-service.md#many-users-at-once); no wait: the questions queued meanwhile
+ANSWER_BATCHING = Batching(max_batch=16, max_wait_ms=0.0)
 # the LLM replies' default, on: concurrent chats' replies measured faster batched, and a lone chat's no
 # slower (docs/serving/chat-service.md#many-users-at-once)
 REPLY_BATCHING = Batching(max_batch=16, max_wait_ms=5.0)

@@ -49,7 +49,7 @@ from persrag_lightning.serving.accounts import (
 )
 from persrag_lightning.serving.answering import ChatAnswerer
 from persrag_lightning.serving.answers import answer_batch
-from persrag_lightning.serving.batcher import Batching, MicroBatcher
+from persrag_lightning.serving.batcher import ANSWER_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
 from persrag_lightning.serving.gate import UserGate
@@ -84,12 +84,15 @@ class ChatService:
         batching: how concurrent chats' retrievals are batched (default Batching(); max_batch 1:
             each alone).
         generation: how concurrent chats' LLM replies are batched (default batcher.REPLY_BATCHING).
+        answering: how concurrent label questions (POST /v1/answers) are batched, retrieval and
+            reading (default batcher.ANSWER_BATCHING).
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
                  use_llm: bool = True, k: int | None = None, model_lock: threading.Lock | None = None,
                  run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag",
-                 batching: Batching | None = None, generation: Batching | None = None) -> None:
+                 batching: Batching | None = None, generation: Batching | None = None,
+                 answering: Batching | None = None) -> None:
         self.pipeline, self.bank = pipeline, bank
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.cache_dir = Path(cache_dir).resolve()
@@ -105,7 +108,8 @@ class ChatService:
         # the chats that arrive together: one retrieval call (serving/batcher.py)
         self.retrieval = MicroBatcher(self._retrieve_many, batching, name="persrag-retrieval")
         # the label questions asked together: one retrieval and one reading call (serving/answers.py)
-        self.answering = MicroBatcher(partial(answer_batch, self), batching, name="persrag-answers")
+        self.answering = MicroBatcher(partial(answer_batch, self), answering or ANSWER_BATCHING,
+                                      name="persrag-answers")
         # and their replies: one generation call (serving/answering.py)
         self.answerer = ChatAnswerer(pipeline, use_llm, self._model_lock, generation)
         self._load()
@@ -119,7 +123,7 @@ class ChatService:
              encoder: str = "minilm", admin_token: str | None = None, use_llm: bool = True,
              extraction: str = "llm", memory_settings: MemorySettings | None = None, cache_dir: str = ".cache/persrag",
              batching: Batching | None = None, generation: Batching | None = None,
-             **pipeline_args: object) -> tuple[ChatService, str | None]:
+             answering: Batching | None = None, **pipeline_args: object) -> tuple[ChatService, str | None]:
         """Load the run's bundles, the bank and the state; returns the service and the admin token
         when one was generated now (it is written to `<state>/admin.token`, mode 0600, and kept only
         hashed in memory)."""
@@ -153,7 +157,7 @@ class ChatService:
                 admin_token = generated = secrets.token_urlsafe(32)
                 write_secret(path, admin_token + "\n")
         return cls(pipeline, bank, state, hash_token(admin_token), use_llm=use_llm, model_lock=lock, run_dir=run_dir,
-                   cache_dir=cache_dir, batching=batching, generation=generation), generated
+                   cache_dir=cache_dir, batching=batching, generation=generation, answering=answering), generated
 
     # ---- state -----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching
+from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching
 from tests.helpers.serve_helpers import ADMIN, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
@@ -130,6 +130,10 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--no_llm", "--max_batch", "4", "--max-wait-ms", "0"])
     assert seen["batching"] == Batching(max_batch=4, max_wait_ms=0.0) and seen["generation"] == REPLY_BATCHING
+    assert seen["answering"] == ANSWER_BATCHING
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--answers_max_batch", "1", "--answers_max_wait_ms", "3"])
+    assert seen["answering"] == Batching(max_batch=1, max_wait_ms=3.0) and seen["batching"] == Batching()
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--no_llm", "--llm_max_batch", "8", "--llm_max_wait_ms", "20"])
     assert seen["batching"] == Batching() and seen["generation"] == Batching(max_batch=8, max_wait_ms=20.0)
@@ -137,3 +141,5 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
         serve_command(["--run", "r", "--max_batch", "0"])
     with pytest.raises(SystemExit):
         serve_command(["--run", "r", "--llm_max_batch", "0"])
+    with pytest.raises(SystemExit):
+        serve_command(["--run", "r", "--answers_max_wait_ms", "-1"])

@@ -215,7 +215,7 @@ def test_concurrent_answers_share_one_call_and_answer_as_one_by_one(recorded, ti
     got: dict[str, dict] = {}
     for name, batching in (("batched", Batching(max_batch=len(questions), max_wait_ms=60_000)),
                            ("alone", Batching(max_batch=1))):
-        service = open_service(recorded, tmp_path / name, tiny_bert, batching=batching)
+        service = open_service(recorded, tmp_path / name, tiny_bert, answering=batching)
         admin = service.authenticate(f"Bearer {ADMIN}")
         users = service.pipeline.store.corpus.user_ids[:len(questions)]  # exported users: their docs are stored
         callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
