@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["BUDGET_MINUTES", "LLM_STAGES", "MIX_ITEMS_WORK", "PAIR_TOKENS", "QUICK_SCALE", "RETRIEVAL_PER_ANSWER", "TRAINED_TEXTS",
-           "TRAINING_WORK", "plan_constants"]
+__all__ = ["BUDGET_MINUTES", "LLM_STAGES", "MIX_ITEMS_WORK", "PAIR_TOKENS", "QUICK_SCALE", "RETRIEVAL_PER_ANSWER",
+           "TRAINED_TEXTS", "TRAINING_WORK", "plan_constants"]
 
 CONSTANTS_FILE = Path(__file__).with_name("plan_constants.json")
 

@@ -132,16 +132,16 @@ def _examples(limit: int | None, questions: int) -> int:
 
 
 def training_work(stages: Mapping[str, Namespace], counts: dict[str, int],
-                  pair_scale: float = 1.0) -> dict[str, float]:
+                  pair_length: float = 1.0) -> dict[str, float]:
     """The stages' non-reading work (TRAINING_WORK scaled to each stage's size: its epochs x users
     for stage 1, none for an untrained `profile` one; for a `distilled` stage, its train and dev
-    questions times `pair_scale`, since it scores every candidate pair of each; its train examples
+    questions times `pair_length`, since it scores every candidate pair of each; its train examples
     for the others), read from their resolved configurations: `encoder` texts and `llm` answers.
 
     Args:
         stages: each trained stage's resolved configuration, by stage name.
         counts: questions per split (`question_counts`).
-        pair_scale: how long the data's (question, doc) pairs are against the quick preset's
+        pair_length: how long the data's (question, doc) pairs are against the quick preset's
             (`pair_scale`).
     """
     from persrag_lightning.data.synth_world import QUESTIONS_PER_USER
@@ -156,7 +156,7 @@ def training_work(stages: Mapping[str, Namespace], counts: dict[str, int],
             size = int(config.fit.trainer.max_epochs) * users * trains
         elif kind == "distilled":
             splits = _data(config).splits
-            size = pair_scale * (_examples(splits.max_train_examples, counts["train"])
+            size = pair_length * (_examples(splits.max_train_examples, counts["train"])
                                  + _examples(splits.max_val_examples, counts["dev"]))
         else:
             size = _examples(_data(config).splits.max_train_examples, counts["train"])
@@ -243,7 +243,7 @@ def pair_scale(data_dir: str | None, spec: TaskSpec) -> float:
 
 def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str] | None, preset: Preset,
                spec: TaskSpec, counts: dict[str, int], dev: tuple[int, Namespace], table: Namespace,
-               pair_scale: float = 1.0) -> Plan:
+               pair_length: float = 1.0) -> Plan:
     """The plan of the stages `stages` (each wanted stage's resolved configuration; `skip`: exported
     already), with the reader's rates measured when the estimate can be made.
 
@@ -256,7 +256,7 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
         counts: questions per split (`question_counts`).
         dev: the dev choice's number of configurations and its resolved evaluate configuration.
         table: the test table's resolved evaluate configuration (its reader, its questions).
-        pair_scale: the data's (question, doc) pairs' length against SynthLaMP's (`pair_scale`).
+        pair_length: the data's (question, doc) pairs' length against SynthLaMP's (`pair_scale`).
     """
     candidates, dev_config = dev
     train = [s for s in stages if s not in skip]
@@ -280,8 +280,9 @@ def build_plan(stages: Mapping[str, Namespace], skip: list[str], rows: list[str]
     if len(readers) > 1:
         llm_answers["the reader's dev choice"] = dev_questions
     trained = {s: stages[s] for s in train}
-    plan = Plan(train, skip, rows, training_work(trained, counts, pair_scale), feedback_prompts(trained, counts["train"]),
-                answers, llm_answers, readers or ["llm"], budget=rates.budget_minutes())
+    plan = Plan(train, skip, rows, training_work(trained, counts, pair_length),
+                feedback_prompts(trained, counts["train"]), answers, llm_answers, readers or ["llm"],
+                budget=rates.budget_minutes())
     measure_rates(plan, spec, rates.evaluation_llm_settings(table))
     return plan
 

@@ -2,7 +2,7 @@
 CFRAG docs (privacy-checked as a chat turn's), then the pipeline's reader (the trained reader or the
 LLM, by the decision rule and calibration `pipeline.serves` names: the run's record by default), with
 the docs' provenance. Questions that arrive together are retrieved in one call and read in one call
-(`answer_batch`, under `persrag serve --max_batch`). Nothing is stored: no memory, no session."""
+(`answer_batch`, under `persrag serve --answers_max_batch`). Nothing is stored: no memory, no session."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def answer_question(service: ChatService, caller: Caller, body: Mapping | Questi
                                 "the run's trained reader (--reader reader) to answer without one")
     user_id = caller.user_id
     with service._acting_on(caller, user_id):
-        # batched with the questions that arrive with it (`persrag serve --max_batch`): `answer_batch`
+        # batched with the questions that arrive with it (`persrag serve --answers_max_batch`)
         docs, answer = service.answering((user_id, question))
     return {"answer": answer.answer, "read": answer.prompt, "serves": pipe.serves,
             "docs": [{"doc_id": d.doc_id, "owner": d.owner, "text": d.text, "user_similarity": d.user_sim,
