@@ -31,6 +31,7 @@ Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 # docs/serving/pipeline.md).
 WIDTH_STEP = 16
 MAX_SHAPES = 64
+ROWS_ANY = -1  # StaticShapes' rows of a batch: dynamic
 # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
 EXPORT_FORMAT = 2
 
@@ -151,8 +152,11 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
 
 
 class StaticShapes:
-    """An OpenVINO model compiled for each static shape it meets: the batch right-padded (token id
-    0, mask 0) to its width rounded up to `width_step`, the rows as they are. Padded tokens are
+    """An OpenVINO model compiled for each shape it meets: the batch right-padded (token id 0, mask
+    0) to its width rounded up to `width_step`; one row (a served query) in a shape of exactly one
+    row, more rows in one model per width whose rows are dynamic (ROWS_ANY). Batches of every size
+    then share a compiled model: each compiled model holds its own copy of the weights, so one per
+    (rows, width) grew a batching server's memory with every batch size it met. Padded tokens are
     masked like the batch's own padding, so the output is the dynamic model's. The last MAX_SHAPES
     compiled shapes are kept."""
 
@@ -178,19 +182,21 @@ class StaticShapes:
         return request
 
     def warm(self, rows: int, max_width: int) -> int:
-        """Compile now every shape of `rows` rows up to `max_width` tokens (at most MAX_SHAPES), so
-        that no later batch of those rows pays a compile; returns how many shapes that is."""
+        """Compile now every shape of `rows` rows (one, or a batch: ROWS_ANY) up to `max_width` tokens
+        (at most MAX_SHAPES), so that no later batch of those rows pays a compile; returns how many
+        shapes that is."""
         widths = range(self.width_step, -(-max_width // self.width_step) * self.width_step + 1, self.width_step)
         for width in list(widths)[:MAX_SHAPES]:
-            self._request((rows, width))
+            self._request((1 if rows == 1 else ROWS_ANY, width))
         return min(len(widths), MAX_SHAPES)
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         rows, width = inputs["input_ids"].shape
         padded = -(-width // self.width_step) * self.width_step
         feed = {k: torch.nn.functional.pad(v, (0, padded - width)) for k, v in inputs.items() if k in self.names}
+        shape = (1 if rows == 1 else ROWS_ANY, padded)
         return torch.from_numpy(
-            self._request((rows, padded)).infer(_numpy_feed(feed, self.names))[0].copy()
+            self._request(shape).infer(_numpy_feed(feed, self.names))[0].copy()
         ).float()
 
 

@@ -308,8 +308,8 @@ def test_query_runtimes_embed_queries_only_within_tolerance(tiny_bert, tmp_path,
 
 def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_path, monkeypatch, one_thread):
     """StaticShapes pads each batch to its width rounded up to WIDTH_STEP (masked, as the batch's own padding),
-    compiles one model per shape, reuses it and keeps the last MAX_SHAPES; the export leaves the model's own
-    attention implementation as it was."""
+    compiles one model per width for one row and one per width for batches of any size (dynamic rows), reuses them
+    and keeps the last MAX_SHAPES; the export leaves the model's own attention implementation as it was."""
     pytest.importorskip("openvino")
     pytest.importorskip("onnx")
     from persrag_lightning.models import exported
@@ -320,25 +320,27 @@ def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_
     assert reranker.encoder.config._attn_implementation == before
     dynamic, static = exported.openvino_session(path, width_step=None), exported.openvino_session(path)
     assert isinstance(static, exported.StaticShapes)
-    batches = [reranker.tokenize_pairs(texts(n, n), texts(n, n + 1, high=h)) for n, h in ((3, 8), (3, 12), (5, 60))]
+    batches = [reranker.tokenize_pairs(texts(n, n), texts(n, n + 1, high=h))
+               for n, h in ((3, 8), (3, 12), (5, 60), (1, 8), (4, 8))]
     widths = [b["input_ids"].shape[1] for b in batches]
     for batch in batches:
         assert torch.allclose(static(batch), dynamic(batch), atol=1e-2)
-    shapes = {(b["input_ids"].shape[0], -(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP)
-              for b, w in zip(batches, widths)}
-    assert set(static.requests) == shapes
+    shapes = {(1 if b["input_ids"].shape[0] == 1 else exported.ROWS_ANY,
+               -(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP) for b, w in zip(batches, widths)}
+    assert set(static.requests) == shapes and len(shapes) < len(batches)  # 3 and 4 rows of one width: one model
     static(batches[0])  # a shape met before: no new model
     assert set(static.requests) == shapes
     monkeypatch.setattr(exported, "MAX_SHAPES", 1)
     bounded = exported.openvino_session(path)
     bounded(batches[0])
     bounded(batches[2])
-    assert list(bounded.requests) == [(5, -(-widths[2] // exported.WIDTH_STEP) * exported.WIDTH_STEP)]
+    assert list(bounded.requests) == [(exported.ROWS_ANY, -(-widths[2] // exported.WIDTH_STEP) * exported.WIDTH_STEP)]
 
 
 def test_a_served_query_never_waits_for_an_openvino_compile(tiny_bert, tmp_path, one_thread):
     """warm_query_shapes compiles one query's shape at every width up to the query encoder's max_length, so a query
-    of any length then finds its shape compiled; in another runtime it does nothing."""
+    of any length then finds its shape compiled; a batch of queries compiles one model per width whatever its size;
+    in another runtime it does nothing."""
     pytest.importorskip("openvino")
     pytest.importorskip("onnx")
     from persrag_lightning.models import exported
@@ -355,6 +357,9 @@ def test_a_served_query_never_waits_for_an_openvino_compile(tiny_bert, tmp_path,
     for query in texts(1, 1, high=5) + texts(1, 1, high=60) + [" ".join(["film"] * (2 * max_length))]:
         retriever.query_vectors([query])
     assert session.requests.keys() == compiled.keys() and all(session.requests[s] is compiled[s] for s in compiled)
+    for n in (2, 3, 7):  # batches of short queries (one width), of every size: one more model, not one per size
+        retriever.query_vectors(texts(n, n, high=5))
+    assert set(session.requests) - set(compiled) == {(exported.ROWS_ANY, exported.WIDTH_STEP)}
 
 
 def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
