@@ -2,7 +2,8 @@
 CFRAG docs (privacy-checked as a chat turn's), then the pipeline's reader (the trained reader or the
 LLM, by the decision rule and calibration `pipeline.serves` names: the run's record by default), with
 the docs' provenance. Questions that arrive together are retrieved in one call and read in one call
-(`answer_batch`, under `persrag serve --answers_max_batch`). Nothing is stored: no memory, no session."""
+(serving/answer_batch.py, under `persrag serve --answers_max_batch`). Nothing is stored: no memory,
+no session."""
 
 from __future__ import annotations
 
@@ -16,11 +17,9 @@ from persrag_lightning.serving.requests import Question
 from persrag_lightning.serving.validation import ServiceError, parse
 
 if TYPE_CHECKING:
-    from persrag_lightning.retrieval.base import RetrievedDoc
-    from persrag_lightning.serving.cfrag_pipeline import Generation
     from persrag_lightning.serving.service import ChatService
 
-__all__ = ["answer_batch", "answer_question"]
+__all__ = ["answer_question"]
 
 
 def answer_question(service: ChatService, caller: Caller, body: Mapping | Question) -> dict:
@@ -47,20 +46,6 @@ def answer_question(service: ChatService, caller: Caller, body: Mapping | Questi
             "docs": [{"doc_id": d.doc_id, "owner": d.owner, "text": d.text, "user_similarity": d.user_sim,
                       "retriever_score": _num(d.retriever_score), "reranker_score": _num(d.reranker_score)}
                      for d in docs]}
-
-
-def answer_batch(service: ChatService, asks: list[tuple[str, str]]) -> list[tuple[list[RetrievedDoc], Generation]]:
-    """The answers batcher's function: the CFRAG docs of every (user, question) in one retrieval call,
-    each list through the privacy guard, then the reader's answers to all of them in one call.
-
-    Args:
-        service: the chat service.
-        asks: (user, question) of each request of the batch.
-    """
-    with service._model_lock:  # held from retrieval to answer, as one request's model work
-        found = service.guarded_docs(asks)  # the privacy guard, before anything is read
-        answers = service.pipeline.read([u for u, _ in asks], [q for _, q in asks], found)
-    return list(zip(found, answers, strict=True))
 
 
 def _num(x: float) -> float | None:

@@ -47,8 +47,8 @@ from persrag_lightning.serving.accounts import (
     private_dir,
     write_secret,
 )
+from persrag_lightning.serving.answer_batch import answer_batch
 from persrag_lightning.serving.answering import ChatAnswerer
-from persrag_lightning.serving.answers import answer_batch
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
@@ -107,9 +107,9 @@ class ChatService:
         self.account_store = AccountStore(self.state, admin_token_hash)
         # the chats that arrive together: one retrieval call (serving/batcher.py)
         self.retrieval = MicroBatcher(self._retrieve_many, batching, name="persrag-retrieval")
-        # the label questions asked together: one retrieval and one reading call (serving/answers.py)
-        self.answering = MicroBatcher(partial(answer_batch, self), answering or ANSWER_BATCHING,
-                                      name="persrag-answers")
+        # the label questions asked together: one retrieval and one reading call (serving/answer_batch.py)
+        self.answering = MicroBatcher(partial(answer_batch, pipeline, self._model_lock, self.guarded_docs),
+                                      answering or ANSWER_BATCHING, name="persrag-answers")
         # and their replies: one generation call (serving/answering.py)
         self.answerer = ChatAnswerer(pipeline, use_llm, self._model_lock, generation)
         self._load()
