@@ -23,15 +23,16 @@ __all__ = ["EXPORTED_RUNTIMES", "WIDTH_STEP", "Session", "StaticShapes", "export
 EXPORTED_RUNTIMES = ("onnx", "openvino")
 Session = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
-# OpenVINO compiles one static shape per (rows, tokens rounded up to WIDTH_STEP), lazily, and keeps
-# the last
-# MAX_SHAPES: static shapes reranked faster than one dynamic-shape model, at both p50 and p95 (both
-# step sizes probed alike), and a shape compiles once, paid by the first
-# batch of that shape (benchmarks/profile_reranker.py, docs/performance/serving.md,
-# docs/serving/pipeline.md).
+# OpenVINO compiles one static shape of one row per tokens rounded up to WIDTH_STEP, lazily, and
+# keeps the last MAX_SHAPES: static shapes reranked faster than one dynamic-shape model, at both p50
+# and p95 (both step sizes probed alike), and a shape compiles once, paid by the first query of that
+# shape (benchmarks/profile_reranker.py, docs/performance/serving.md, docs/serving/pipeline.md).
+# Batches of several rows take one model of dynamic rows and width (BATCH_SHAPE) instead: within a
+# few percent of a model per width, compiled once, and one copy of the weights (docs/serving/pipeline.md).
 WIDTH_STEP = 16
 MAX_SHAPES = 64
-ROWS_ANY = -1  # StaticShapes' rows of a batch: dynamic
+DYNAMIC = -1  # a dimension OpenVINO leaves open
+BATCH_SHAPE = (DYNAMIC, DYNAMIC)  # StaticShapes' one model for batches of several rows
 # 2: eager attention (1, the SDPA export, ran slower in OpenVINO); in the file names
 EXPORT_FORMAT = 2
 
@@ -154,11 +155,11 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
 class StaticShapes:
     """An OpenVINO model compiled for each shape it meets: the batch right-padded (token id 0, mask
     0) to its width rounded up to `width_step`; one row (a served query) in a shape of exactly one
-    row, more rows in one model per width whose rows are dynamic (ROWS_ANY). Batches of every size
-    then share a compiled model: each compiled model holds its own copy of the weights, so one per
-    (rows, width) grew a batching server's memory with every batch size it met. Padded tokens are
-    masked like the batch's own padding, so the output is the dynamic model's. The last MAX_SHAPES
-    compiled shapes are kept."""
+    row, batches of several rows in one model whose rows and width are dynamic (BATCH_SHAPE). Each
+    compiled model holds its own copy of the weights, so a model per batch shape grew a batching
+    server's memory with every shape it met, and its first batch of each waited for a compile.
+    Padded tokens are masked like the batch's own padding, so the output is the dynamic model's.
+    The last MAX_SHAPES compiled shapes are kept."""
 
     def __init__(self, core, model, config: dict, width_step: int) -> None:
         if width_step < 1:
@@ -181,20 +182,22 @@ class StaticShapes:
             self.requests.popitem(last=False)
         return request
 
-    def warm(self, rows: int, max_width: int) -> int:
-        """Compile now every shape of `rows` rows (one, or a batch: ROWS_ANY) up to `max_width` tokens
-        (at most MAX_SHAPES), so that no later batch of those rows pays a compile; returns how many
-        shapes that is."""
-        widths = range(self.width_step, -(-max_width // self.width_step) * self.width_step + 1, self.width_step)
-        for width in list(widths)[:MAX_SHAPES]:
-            self._request((1 if rows == 1 else ROWS_ANY, width))
-        return min(len(widths), MAX_SHAPES)
+    def warm(self, max_width: int) -> int:
+        """Compile now the shapes of one row at every width up to `max_width` tokens (at most
+        MAX_SHAPES - 1; 0: none) and the batches' model, so that no later call pays a compile;
+        returns how many models that is."""
+        step = self.width_step
+        widths = list(range(step, -(-max_width // step) * step + 1, step))[:MAX_SHAPES - 1]
+        for width in widths:
+            self._request((1, width))
+        self._request(BATCH_SHAPE)
+        return len(widths) + 1
 
     def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         rows, width = inputs["input_ids"].shape
         padded = -(-width // self.width_step) * self.width_step
         feed = {k: torch.nn.functional.pad(v, (0, padded - width)) for k, v in inputs.items() if k in self.names}
-        shape = (1 if rows == 1 else ROWS_ANY, padded)
+        shape = (1, padded) if rows == 1 else BATCH_SHAPE
         return torch.from_numpy(
             self._request(shape).infer(_numpy_feed(feed, self.names))[0].copy()
         ).float()

@@ -372,6 +372,12 @@ class PersonalizedReranker(nn.Module):
         self.runtime = runtime
         return self
 
+    def warm(self) -> None:
+        """Compile now the exported runtime's model for batches of pairs (OpenVINO's StaticShapes),
+        so that the first reranked query does not wait for it; no-op in another runtime."""
+        if isinstance(self._session, exported.StaticShapes):
+            self._session.warm(0)
+
     def forward(self, batch: CandidateBatch, user_embeddings: torch.Tensor) -> torch.Tensor:
         """[B, C] scores of the valid slots (query user's e_u per row); padding holds 0 and is
         masked by the loss."""

@@ -322,9 +322,13 @@ class CFRAG(Strategy):
         return self._unseen[user_id]
 
     def warm(self) -> None:
-        """The query encoder's shapes of one query at every width compiled now (an exported runtime
-        with static shapes), so that no served query waits for a compile."""
+        """The query encoder's shapes of one query at every width and the exported models for
+        batches (queries, the rerankers' pairs) compiled now, in a runtime with static shapes, so
+        that no served query waits for a compile."""
         self.retriever.warm_query_shapes()
+        for reranker in (self._reranker, self._first_cut):
+            if reranker is not None:
+                reranker.warm()
 
     def similar_users(self, user_id: str) -> list[tuple[str, float]]:
         """Top-m users for `user_id` (the user included, as the official code); m = 1 is the user

@@ -88,15 +88,16 @@ class CorpusRetriever(ABC):
 
     def warm_query_shapes(self) -> int:
         """Compile the query encoder's static shapes of one query at every width up to its
-        max_length now (OpenVINO: models/exported.py's StaticShapes), so that a served query never
-        waits for a compile; returns how many (0 in another runtime)."""
+        max_length and its model for batches of queries now (OpenVINO: models/exported.py's
+        StaticShapes), so that a served query never waits for a compile; returns how many models
+        (0 in another runtime)."""
         session, encoder = self._query_session, self.query_encoder()
         if not isinstance(session, exported.StaticShapes):
             return 0
         widest = -(-encoder.max_length // session.width_step) * session.width_step
         # never wider than the model's positions (a model shorter than its truncation length)
         positions = getattr(getattr(encoder.model, "config", None), "max_position_embeddings", None) or widest
-        return session.warm(1, min(widest, positions // session.width_step * session.width_step))
+        return session.warm(min(widest, positions // session.width_step * session.width_step))
 
     @torch.no_grad()
     def query_vectors(self, queries: list[str]) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from persrag_lightning.models.exported import export_path
+from persrag_lightning.models.exported import BATCH_SHAPE, export_path
 from persrag_lightning.models.reranker import PersonalizedReranker
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
@@ -197,6 +197,9 @@ def test_openvino_reranker_stays_within_tolerance_and_shares_the_onnx_export(tin
     fp32, ov = fp32_and_exported(tiny_bert, "openvino", path)
     queries, docs = texts(24, 12), texts(24, 13, high=60)
     users = torch.randn(24, 8, generator=torch.Generator().manual_seed(14))
+    fp32.warm()  # no-op in torch
+    ov.warm()  # the batches' model compiled before the first batch
+    assert list(ov._session.requests) == [BATCH_SHAPE]
     with torch.no_grad():
         a = fp32.score_pairs(queries, docs, users)
         for batch in (1, 5, 24):
@@ -308,8 +311,9 @@ def test_query_runtimes_embed_queries_only_within_tolerance(tiny_bert, tmp_path,
 
 def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_path, monkeypatch, one_thread):
     """StaticShapes pads each batch to its width rounded up to WIDTH_STEP (masked, as the batch's own padding),
-    compiles one model per width for one row and one per width for batches of any size (dynamic rows), reuses them
-    and keeps the last MAX_SHAPES; the export leaves the model's own attention implementation as it was."""
+    compiles one model per width for one row and one model of dynamic rows and width for every batch of several
+    rows, reuses them and keeps the last MAX_SHAPES; the export leaves the model's own attention implementation as
+    it was."""
     pytest.importorskip("openvino")
     pytest.importorskip("onnx")
     from persrag_lightning.models import exported
@@ -321,26 +325,30 @@ def test_openvino_static_shapes_compute_the_dynamic_models_output(reranker, tmp_
     dynamic, static = exported.openvino_session(path, width_step=None), exported.openvino_session(path)
     assert isinstance(static, exported.StaticShapes)
     batches = [reranker.tokenize_pairs(texts(n, n), texts(n, n + 1, high=h))
-               for n, h in ((3, 8), (3, 12), (5, 60), (1, 8), (4, 8))]
+               for n, h in ((3, 8), (3, 12), (5, 60), (1, 8), (1, 60), (4, 8))]
     widths = [b["input_ids"].shape[1] for b in batches]
     for batch in batches:
         assert torch.allclose(static(batch), dynamic(batch), atol=1e-2)
-    shapes = {(1 if b["input_ids"].shape[0] == 1 else exported.ROWS_ANY,
-               -(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP) for b, w in zip(batches, widths)}
-    assert set(static.requests) == shapes and len(shapes) < len(batches)  # 3 and 4 rows of one width: one model
+    ones = {(1, -(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP) for b, w in zip(batches, widths)
+            if b["input_ids"].shape[0] == 1}
+    several = {-(-w // exported.WIDTH_STEP) * exported.WIDTH_STEP for b, w in zip(batches, widths)
+               if b["input_ids"].shape[0] > 1}
+    assert len(ones) == 2 and len(several) > 1  # batches of several widths...
+    assert set(static.requests) == ones | {exported.BATCH_SHAPE}  # ...all in one model
+    compiled = dict(static.requests)
     static(batches[0])  # a shape met before: no new model
-    assert set(static.requests) == shapes
+    assert static.requests == compiled
     monkeypatch.setattr(exported, "MAX_SHAPES", 1)
     bounded = exported.openvino_session(path)
-    bounded(batches[0])
+    bounded(batches[3])
     bounded(batches[2])
-    assert list(bounded.requests) == [(exported.ROWS_ANY, -(-widths[2] // exported.WIDTH_STEP) * exported.WIDTH_STEP)]
+    assert list(bounded.requests) == [exported.BATCH_SHAPE]
 
 
 def test_a_served_query_never_waits_for_an_openvino_compile(tiny_bert, tmp_path, one_thread):
-    """warm_query_shapes compiles one query's shape at every width up to the query encoder's max_length, so a query
-    of any length then finds its shape compiled; a batch of queries compiles one model per width whatever its size;
-    in another runtime it does nothing."""
+    """warm_query_shapes compiles one query's shape at every width up to the query encoder's max_length and the
+    model batches take, so a query of any length and a batch of any size then find their model compiled; in
+    another runtime it does nothing."""
     pytest.importorskip("openvino")
     pytest.importorskip("onnx")
     from persrag_lightning.models import exported
@@ -350,16 +358,15 @@ def test_a_served_query_never_waits_for_an_openvino_compile(tiny_bert, tmp_path,
     retriever.use_query_runtime("openvino", tmp_path / "cache")
     session, max_length = retriever._query_session, retriever.query_encoder().max_length
     warmed = retriever.warm_query_shapes()
-    assert warmed == -(-max_length // exported.WIDTH_STEP) and len(session.requests) == warmed
-    assert {w for _, w in session.requests} == set(range(exported.WIDTH_STEP, warmed * exported.WIDTH_STEP + 1,
-                                                          exported.WIDTH_STEP))
+    assert warmed == -(-max_length // exported.WIDTH_STEP) + 1 and len(session.requests) == warmed
+    assert set(session.requests) == {(1, w) for w in range(exported.WIDTH_STEP, (warmed - 1) * exported.WIDTH_STEP + 1,
+                                                           exported.WIDTH_STEP)} | {exported.BATCH_SHAPE}
     compiled = dict(session.requests)
     for query in texts(1, 1, high=5) + texts(1, 1, high=60) + [" ".join(["film"] * (2 * max_length))]:
         retriever.query_vectors([query])
+    for n, high in ((2, 5), (3, 5), (7, 60)):  # batches of every size and width
+        retriever.query_vectors(texts(n, n, high=high))
     assert session.requests.keys() == compiled.keys() and all(session.requests[s] is compiled[s] for s in compiled)
-    for n in (2, 3, 7):  # batches of short queries (one width), of every size: one more model, not one per size
-        retriever.query_vectors(texts(n, n, high=5))
-    assert set(session.requests) - set(compiled) == {(exported.ROWS_ANY, exported.WIDTH_STEP)}
 
 
 def test_the_distillation_comparison_reads_one_runs_teacher_and_students():
