@@ -56,6 +56,22 @@ MESSAGES = ["a detective hunts a killer in a rainy city", "a space ship lost nea
             "a ghost in an old house by the sea", "a comedy about a wedding gone wrong", "robots learn to paint",
             "a war story told by a nurse", "a documentary on deep-sea fish", "a spy thriller in Berlin",
             "a musical about a small-town band"]
+# --questions distinct: each request's message a plot of MESSAGES set in a place, with a twist, in an era, none
+# sent twice in a run (12 x 24 x 24 x 16 = 110,592 messages, 10,000 per level at most): a served question is new
+# to the server, as a product's are, so no cache of question texts answers it
+PLACES = ["in Lagos", "in Oslo", "on Mars", "in a desert town", "on a night train", "in a mountain village",
+          "in a prison", "on an island", "in Tokyo", "in a hospital", "at a boarding school", "on a farm",
+          "in a submarine", "in Venice", "in a jungle", "in New York", "in a castle", "on a cruise ship",
+          "in a mine", "at the North Pole", "in a circus", "in a library", "in Cairo", "in a casino town"]
+TWISTS = ["told backwards", "with a twin", "and a talking cat", "after a flood", "during an election",
+          "with no dialogue", "and a lost letter", "on a single day", "with a secret map", "and a rival chef",
+          "after a blackout", "with a fake identity", "and a time loop", "during a storm", "with a broken clock",
+          "and a missing child", "in black and white", "with a stolen painting", "and an old diary",
+          "with a robot butler", "during a festival", "and a locked room", "with a runaway bride", "and a curse"]
+ERAS = ["in 1920", "in 1950", "in 1969", "in 1985", "in 1999", "in 2010", "in 2049", "in 2300", "in the ice age",
+        "in ancient Rome", "in the middle ages", "in the wild west", "during the cold war", "in the jazz age",
+        "in the far future", "today"]
+REQUESTS_PER_LEVEL = 10_000
 
 
 def free_port() -> int:
@@ -168,12 +184,27 @@ def request(port: int, method: str, path: str, body: dict | None = None, token: 
             conn.close()
 
 
-def request_body(endpoint: str, i: int, n: int) -> tuple[str, dict]:
-    """The path and body of client `i`'s `n`-th request: a chat turn, or a LaMP-2 question for /v1/answers."""
-    message = MESSAGES[n % len(MESSAGES)]
+def message(level: int, n: int, distinct: bool = True) -> str:
+    """The `n`-th request's message at level `level`: distinct, one of its own in the run (PLACES); else one of
+    the 12 MESSAGES in turn."""
+    if not distinct:
+        return MESSAGES[n % len(MESSAGES)]
+    k = level * REQUESTS_PER_LEVEL + n
+    parts = []
+    for words in (MESSAGES, PLACES, TWISTS, ERAS):
+        parts.append(words[k % len(words)])
+        k //= len(words)
+    if k:
+        raise ValueError(f"request {n} of level {level}: more requests than distinct messages")
+    return " ".join(parts)
+
+
+def request_body(endpoint: str, i: int, text: str) -> tuple[str, dict]:
+    """The path and body of client `i`'s request of `text`: a chat turn, or a LaMP-2 question for
+    /v1/answers."""
     if endpoint == "answers":
-        return "/v1/answers", {"input": LAMP2_PROMPT + message}
-    return "/v1/chat/completions", {"session_id": f"load-{i}", "messages": [{"role": "user", "content": message}]}
+        return "/v1/answers", {"input": LAMP2_PROMPT + text}
+    return "/v1/chat/completions", {"session_id": f"load-{i}", "messages": [{"role": "user", "content": text}]}
 
 
 def answer_tokens(body: str, count: Callable[[str], int]) -> int:
@@ -182,10 +213,10 @@ def answer_tokens(body: str, count: Callable[[str], int]) -> int:
 
 
 def load(server: Server, clients: int, requests: int, seconds: float, endpoint: str = "chat",
-         count: Callable[[str], int] | None = None) -> dict:
+         count: Callable[[str], int] | None = None, level: int = 0, distinct: bool = True) -> dict:
     """`clients` threads, one account and one keep-alive connection each, send `endpoint`'s requests until
-    `requests` are sent or `seconds` have passed; latencies, errors and the server's RSS sampled every 0.2 s;
-    with `count`, each answer's tokens."""
+    `requests` are sent or `seconds` have passed, the messages of `level` (`message`); latencies, errors and the
+    server's RSS sampled every 0.2 s; with `count`, each answer's tokens."""
     latencies: list[float] = []
     tokens: list[int] = []
     errors = [0]
@@ -208,7 +239,7 @@ def load(server: Server, clients: int, requests: int, seconds: float, endpoint: 
                     break
                 n = sent[0]
                 sent[0] += 1
-            path, body = request_body(endpoint, i, n)
+            path, body = request_body(endpoint, i, message(level, n, distinct))
             t0 = time.perf_counter()
             try:
                 status, answer = request(server.port, "POST", path, body, token, conn)
@@ -265,6 +296,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--serve_args", default="", help="more `persrag serve` arguments for both servers, e.g. "
                                                       "\"--reranker reranker_split_l5\" to serve another reranker "
                                                       "than the run's record chose")
+    ap.add_argument("--questions", choices=["distinct", "repeat"], default="distinct",
+                    help="distinct: every request's message new to the server (none sent twice in the run); repeat: "
+                         "the 12 messages in turn, so a server's caches of question texts answer most of them")
     ap.add_argument("--endpoint", choices=["chat", "answers"], default="chat",
                     help="chat: chat completions (retrieval, the memory bank); answers: POST /v1/answers (retrieval "
                          "and the run's trained reader; a label run whose record chose the trained reader)")
@@ -274,11 +308,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     levels = [int(c) for c in args.clients.split(",")]
-    if not all(1 <= c <= MAX_CLIENTS for c in levels) or not 1 <= args.requests <= 10_000:
-        raise SystemExit(f"--clients must be in 1..{MAX_CLIENTS}, --requests in 1..10000")
+    if not all(1 <= c <= MAX_CLIENTS for c in levels) or not 1 <= args.requests <= REQUESTS_PER_LEVEL:
+        raise SystemExit(f"--clients must be in 1..{MAX_CLIENTS}, --requests in 1..{REQUESTS_PER_LEVEL}")
     if args.llm and args.endpoint != "chat":
         raise SystemExit("--llm measures chat completions: leave --endpoint as chat")
     count = token_counter(args.llm_model) if args.llm else None
+    distinct = args.questions == "distinct"
     llm = ["--llm_model", args.llm_model, "--max_new_tokens", str(args.max_new_tokens)] if args.llm else None
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp_name:
         tmp = Path(tmp_name)
@@ -305,10 +340,12 @@ def main() -> None:
             for s in servers:
                 s.start()
                 s.sign_up(users)
-                load(s, 1, args.warmup, args.seconds, args.endpoint)
-            for clients in levels:  # the two servers in turn at each level: both meet the same load of the machine
+                load(s, 1, args.warmup, args.seconds, args.endpoint, level=len(levels), distinct=distinct)
+            # the two servers in turn at each level: both meet the same load of the machine and the same messages
+            for level, clients in enumerate(levels):
                 for s in servers:
-                    rows.append((s, clients, load(s, clients, args.requests, args.seconds, args.endpoint, count)))
+                    rows.append((s, clients, load(s, clients, args.requests, args.seconds, args.endpoint, count,
+                                                  level, distinct)))
         finally:
             for s in servers:
                 logs[s.name] = s.stop() if hasattr(s, "proc") else ""
@@ -339,7 +376,7 @@ def print_table(args: argparse.Namespace, run: Path, bank: str, accounts: int, r
     what = ("POST /v1/answers (the trained reader)" if args.endpoint == "answers" else "chat completions") + (
         f" with the LLM {args.llm_model} (at most {args.max_new_tokens} new tokens)" if args.llm else " without the LLM")
     print(f"run: {where}; bank encoder: {Path(bank).name}; {accounts} accounts (exported users), one per client; "
-          f"{what}; loopback {HOST}; at most {args.requests} requests and "
+          f"{what}; questions {args.questions} (--questions); loopback {HOST}; at most {args.requests} requests and "
           f"{args.seconds:.0f} s per level; GEMM path {args.gemm}; batched: --max_batch {args.max_batch} --max_wait_ms {args.max_wait_ms}"
           + (f"; both servers: {args.serve_args}" if args.serve_args else ""))
     print()
