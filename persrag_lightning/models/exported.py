@@ -102,13 +102,13 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
     return path
 
 
-def session(runtime: str, path: Path) -> Session:
+def session(runtime: str, path: Path, width_step: int | None = WIDTH_STEP) -> Session:
     """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread
-    count."""
+    count; `width_step`: OpenVINO's static shapes (`openvino_session`)."""
     if runtime == "onnx":
         return _onnx_session(path)
     if runtime == "openvino":
-        return openvino_session(path)
+        return openvino_session(path, width_step)
     raise ValueError(
         f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}"
     )

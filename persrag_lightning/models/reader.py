@@ -30,11 +30,13 @@ from torch import nn
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
+from persrag_lightning.models import exported
 from persrag_lightning.models.common import config_from_json
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.question_tower import QuestionTower, lower_states, pad_states
 from persrag_lightning.models.reader_inputs import ReaderBatch, batch_from_vectors, reader_inputs
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
-from persrag_lightning.utils import atomic_directory
+from persrag_lightning.utils import atomic_directory, fingerprint
 
 __all__ = ["LabelReader", "ReaderConfig", "ReaderSettings", "encoder_digest"]
 
@@ -169,6 +171,7 @@ class LabelReader(nn.Module):
             self.tower = QuestionTower(source, config.tune_layers)
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._questions: OrderedDict[str, torch.Tensor] = OrderedDict()  # the tower's vectors
+        self.text_runtime, self._text_session = "fp32", None  # use_text_runtime
 
     # ---- tensors → distribution ------------------------------------------------------------------
 
@@ -204,9 +207,28 @@ class LabelReader(nn.Module):
     # ---- texts → tensors -------------------------------------------------------------------------
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """Vectors of `texts` by the frozen encoder, each text embedded once per loaded reader
-        (LRU)."""
-        return self._remembered(self._vectors, texts, self.text_encoder.encode)
+        """Vectors of `texts` by the frozen encoder (in `text_runtime`), each text embedded once per
+        loaded reader (LRU)."""
+        return self._remembered(self._vectors, texts,
+                                lambda todo: self.text_encoder.encode(todo, session=self._text_session))
+
+    def use_text_runtime(self, runtime: str, cache_dir: str | Path | None = None) -> None:
+        """Embed texts with the frozen encoder in `runtime` from now on: `fp32` (torch, as trained
+        and evaluated) or an exported runtime (EXPORTED_RUNTIMES) reading the encoder's ONNX export
+        under `cache_dir` (made once per encoder content; a temp file without one). OpenVINO runs
+        one model of dynamic shape: one compile and one copy of the weights for texts of every
+        length. The question tower, where there is one, stays in torch."""
+        if runtime != "fp32" and runtime not in EXPORTED_RUNTIMES:
+            raise ValueError(f"text runtime must be fp32 or one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}")
+        session = None
+        if runtime != "fp32":
+            encoder = self.text_encoder
+            key = fingerprint(model_identity(self.config.encoder), encoder.pooling, encoder.normalize)
+            path = exported.export_path(cache_dir, "reader-text", key) if cache_dir is not None else None
+            session = exported.session(runtime, encoder.export_onnx(path), width_step=None)
+        if runtime != self.text_runtime:
+            self._vectors.clear()  # vectors of one runtime only
+        self.text_runtime, self._text_session = runtime, session
 
     @torch.inference_mode()
     def embed_questions(self, texts: Sequence[str]) -> torch.Tensor:

@@ -70,5 +70,10 @@ class Reader(ABC):
         """How this reader answers, as a table's header names it."""
         return self.kind
 
+    def use_text_runtime(self, runtime: str, cache_dir: str | None = None) -> None:
+        """Embed the texts this reader embeds itself in `runtime` (fp32, or an exported runtime:
+        serving's for its query encoder), the export cached under `cache_dir`; no-op for a reader
+        that embeds none (the LLM reads tokens)."""
+
     def close(self) -> None:
         """Release what the reader holds (a loaded model)."""

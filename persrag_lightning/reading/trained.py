@@ -68,7 +68,13 @@ class TrainedReader(Reader):
     def identity(self) -> dict:
         if self._digest is None:
             self._digest = bundle_digest(self.path)
-        return {"reader": "trained", "digest": self._digest, "decision": self.decision}
+        runtime = self._model.text_runtime if self._model is not None else "fp32"
+        return {"reader": "trained", "digest": self._digest, "decision": self.decision,
+                **({"text_runtime": runtime} if runtime != "fp32" else {})}
+
+    def use_text_runtime(self, runtime: str, cache_dir: str | None = None) -> None:
+        """The frozen text encoder's runtime (`LabelReader.use_text_runtime`)."""
+        self.model.use_text_runtime(runtime, cache_dir)
 
     def reading(self, task: str) -> dict:
         decision, power = self.resolved_decision(task)

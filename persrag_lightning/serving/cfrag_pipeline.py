@@ -247,6 +247,9 @@ class CFRAGPipeline:
         if self._reader is None:
             llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
             self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
+            runtime = getattr(getattr(self.strategy, "retriever", None), "query_runtime", "fp32")
+            if runtime in EXPORTED_RUNTIMES:  # a trained reader embeds the question like the query encoder
+                self._reader.use_text_runtime(runtime, self.strategy.cache_dir)
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:

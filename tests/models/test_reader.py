@@ -258,3 +258,32 @@ def test_a_reader_of_one_folders_labels_refuses_another_folders(tmp_path, tiny_b
     tasks.define_task({"name": "labels", "labels": ["arts", "crime", "weather"]})
     with pytest.raises(ConfigError, match="labels"):
         TrainedReader(export).read("labels", ["text: a storm"], [[]])
+
+
+def test_the_readers_text_encoder_runs_exported_and_back(tmp_path, tiny_bert, one_thread):
+    """use_text_runtime embeds through the frozen encoder's ONNX export (made once per encoder under the cache
+    folder, OpenVINO's one dynamic-shape model) within bf16's tolerance of torch, names the runtime in the trained
+    reader's identity (cache keys), and fp32 gives torch's vectors back exactly; an unknown runtime is refused."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    from persrag_lightning.models import exported
+
+    reader = TrainedReader(tiny_reader_export(tmp_path / "reader", tiny_bert, "LaMP-2"))
+    model = reader.model
+    texts = ["a film about a heist", "a long " + "and winding " * 8 + "road movie", "space"]
+    want = model.embed(texts)
+    fp32_identity = reader.identity()
+    reader.use_text_runtime("openvino", str(tmp_path / "cache"))
+    got = model.embed(texts)
+    assert model.text_runtime == "openvino" and not isinstance(model._text_session, exported.StaticShapes)
+    assert got.shape == want.shape and (got - want).abs().max() < 0.05
+    assert reader.identity() == {**fp32_identity, "text_runtime": "openvino"}
+    made = list((tmp_path / "cache" / "onnx").glob("reader-text-*.onnx"))
+    assert len(made) == 1
+    mtime = made[0].stat().st_mtime_ns
+    TrainedReader(tmp_path / "reader").use_text_runtime("openvino", str(tmp_path / "cache"))
+    assert made[0].stat().st_mtime_ns == mtime  # read, not exported again
+    reader.use_text_runtime("fp32")
+    assert torch.equal(model.embed(texts), want) and reader.identity() == fp32_identity
+    with pytest.raises(ValueError, match="text runtime"):
+        reader.use_text_runtime("int4")
