@@ -149,6 +149,8 @@ class CFRAGPipeline:
         with self._torch_threads(threads):
             strategy.prepare(store)
             strategy.warm()
+            if reader != LLM_READER:  # opened now: its text encoder's compile is not a question's wait
+                self._open_reader()
         self.retrieve_threads = (
             threads if threads is not None else (1 if all_exported(strategy) else None)
         )
@@ -194,7 +196,8 @@ class CFRAGPipeline:
         `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings (retrieval/cfrag.py);
         the serving defaults are what benchmarks/bench_serving.py measured (docs/performance/
         serving.md): docs tokenised once (the same pairs), the cross-encoder and the query encoder
-        in the fastest runtime installed (`auto`: `serving_runtime`); `bf16_if_native` is torch's
+        in the fastest runtime installed (`auto`: `serving_runtime`), a trained reader's text
+        encoder in the query encoder's where that is exported; `bf16_if_native` is torch's
         bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere. Pass
         `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
         exact CFRAG. `reranker` names the reranker bundle inside `run_dir`, faster students of
@@ -244,12 +247,14 @@ class CFRAGPipeline:
     @property
     def reader(self) -> Reader:
         """Who answers `generate`: the LLM (as `llm` configures it) or the trained reader."""
-        if self._reader is None:
-            llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
-            self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
-            runtime = getattr(getattr(self.strategy, "retriever", None), "query_runtime", "fp32")
-            if runtime in EXPORTED_RUNTIMES:  # a trained reader embeds the question like the query encoder
-                self._reader.use_text_runtime(runtime, self.strategy.cache_dir)
+        return self._reader if self._reader is not None else self._open_reader()
+
+    def _open_reader(self) -> Reader:
+        llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
+        self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
+        runtime = getattr(getattr(self.strategy, "retriever", None), "query_runtime", "fp32")
+        if runtime in EXPORTED_RUNTIMES:  # a trained reader embeds the question like the query encoder
+            self._reader.use_text_runtime(runtime, self.strategy.cache_dir)
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:

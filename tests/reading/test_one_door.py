@@ -302,6 +302,31 @@ def test_serving_answers_with_the_trained_reader(tmp_path, tiny_bert, monkeypatc
     assert out.prompt == question.query  # what the trained reader reads of the question
 
 
+def test_serving_opens_a_trained_reader_at_load_in_the_query_encoders_runtime(tmp_path, tiny_bert, monkeypatch,
+                                                                              one_thread):
+    """The trained reader is opened with the pipeline (no question waits for its export or compile), its text
+    encoder in the query encoder's exported runtime; a strategy that embeds no query leaves it in torch."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("onnx")
+    from types import SimpleNamespace
+
+    from persrag_lightning.retrieval.base import DocStore
+    from persrag_lightning.retrieval.baselines import BM25
+    from persrag_lightning.serving import CFRAGPipeline
+
+    dataset = synth_dataset(tmp_path, monkeypatch)
+    export = str(tiny_reader_export(tmp_path / "reader", tiny_bert, "LaMP-2"))
+    plain = CFRAGPipeline(BM25(), DocStore(dataset), k=3, reader=export)
+    assert isinstance(plain._reader, TrainedReader) and plain._reader.model.text_runtime == "fp32"
+    strategy = BM25()
+    strategy.retriever, strategy.cache_dir = SimpleNamespace(query_runtime="openvino"), str(tmp_path / "cache")
+    served = CFRAGPipeline(strategy, DocStore(dataset), k=3, reader=export)
+    assert served._reader.model.text_runtime == "openvino"
+    assert list((tmp_path / "cache" / "onnx").glob("reader-text-*.onnx"))
+    question = dataset.examples["test"][0]
+    assert served.generate(question.user_id, question.input).answer in LAMP2_LABELS
+
+
 def test_serving_answers_with_the_llm_reader(tmp_path, tiny_llm, monkeypatch, one_thread):
     from persrag_lightning.retrieval.base import DocStore
     from persrag_lightning.retrieval.baselines import BM25
