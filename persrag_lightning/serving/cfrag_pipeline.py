@@ -196,9 +196,8 @@ class CFRAGPipeline:
         `cache_doc_tokens`, `query_runtime`: CFRAG's inference-time settings (retrieval/cfrag.py);
         the serving defaults are what benchmarks/bench_serving.py measured (docs/performance/
         serving.md): docs tokenised once (the same pairs), the cross-encoder and the query encoder
-        in the fastest runtime installed (`auto`: `serving_runtime`), a trained reader's text
-        encoder in the query encoder's where that is exported; `bf16_if_native` is torch's
-        bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere. Pass
+        in the fastest runtime installed (`auto`: `serving_runtime`; a trained reader's encoder
+        in the query encoder's); `bf16_if_native`: torch's bf16 autocast where native. Pass
         `reranker_runtime="fp32", query_runtime="fp32", cache_doc_tokens=False` for the evaluation's
         exact CFRAG. `reranker` names the reranker bundle inside `run_dir`, faster students of
         stage 3's included (docs/training/stages.md): "reranker_distilled" (one layer),
