@@ -185,8 +185,8 @@ def request(port: int, method: str, path: str, body: dict | None = None, token: 
 
 
 def message(level: int, n: int, distinct: bool = True) -> str:
-    """The `n`-th request's message at level `level`: distinct, one of its own in the run (PLACES); else one of
-    the 12 MESSAGES in turn."""
+    """The `n`-th request's message at level `level`: distinct, a combination of MESSAGES, PLACES, TWISTS and ERAS
+    no other request of the run gets; else one of the 12 MESSAGES in turn."""
     if not distinct:
         return MESSAGES[n % len(MESSAGES)]
     k = level * REQUESTS_PER_LEVEL + n

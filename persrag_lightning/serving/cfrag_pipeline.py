@@ -4,7 +4,6 @@ export of `persrag cluster`) and answers `retrieve`, `generate`, `add_user` and 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,49 +15,22 @@ from persrag_lightning.bundles import exported_bundle, require_bundle
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.hardware import native_runtime
 from persrag_lightning.index import index_params
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.registry import LLMConfig
-from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.text_encoder import TextEncoder
 from persrag_lightning.reading import LLM_READER, Reader, open_reader
 from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
+from persrag_lightning.serving.runtimes import all_exported, reader_text_runtime, resolve_runtime
 from persrag_lightning.serving.served import DEFAULT_RERANKER, RECORD_SAYS, Choice, follow_record, serves_line
 
 __all__ = ["CFRAGPipeline", "Generation"]
 
 # the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
 COHORTS = "clusters"
-
-
-def serving_runtime(part: str = "reranker") -> str:
-    """The runtime of the serving reranker or query encoder (`part`) when none is named (`"auto"`):
-    OpenVINO where it is installed (the `openvino` extra; bf16 where the CPU computes it natively,
-    f32 elsewhere); else, for the reranker, torch's bf16 autocast where the CPU computes bf16
-    natively, and fp32 otherwise. On 2 cores of the quick export (benchmarks/bench_serving.py,
-    docs/performance/serving.md) OpenVINO reranked faster than bf16 autocast and nearer the fp32
-    order, and embedded the query faster than fp32 torch, where bf16 autocast embedded it slower."""
-    if importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None:
-        return "openvino"
-    return native_runtime("bf16_if_native") if part == "reranker" else "fp32"
-
-
-def all_exported(strategy: CFRAG) -> bool:
-    """Whether every encoder CFRAG's retrieval runs (the query encoder, the reranker and its first
-    cut) runs in an exported runtime, outside torch (after `prepare`)."""
-    models = [m for m in (strategy._reranker, strategy._first_cut) if m is not None]
-    return (strategy.retriever.query_runtime in EXPORTED_RUNTIMES
-            and all(m.runtime in EXPORTED_RUNTIMES for m in models))
-
-
-def _runtime(runtime: str, part: str) -> str:
-    """A serving runtime argument as CFRAG runs it: `auto` is `serving_runtime`'s choice for `part`
-    (`reranker` or `query`), any other is resolved by what this CPU computes natively."""
-    return serving_runtime(part) if runtime == "auto" else native_runtime(runtime)
 
 
 def _reader_folder(run_dir: Path, reader: str) -> str | Path:
@@ -107,8 +79,8 @@ def _cfrag(run_dir: Path, choice: Choice, users: str, cohort_export: str | Path 
     if first_cut is not None:
         first_cut = require_bundle(run_dir / first_cut)
     return CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, users=users,
-                 first_cut=first_cut, reranker_runtime=_runtime(reranker_runtime, "reranker"),
-                 query_runtime=_runtime(query_runtime, "query"), **settings)
+                 first_cut=first_cut, reranker_runtime=resolve_runtime(reranker_runtime, "reranker"),
+                 query_runtime=resolve_runtime(query_runtime, "query"), **settings)
 
 
 @dataclass
@@ -251,9 +223,9 @@ class CFRAGPipeline:
     def _open_reader(self) -> Reader:
         llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
         self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
-        runtime = getattr(getattr(self.strategy, "retriever", None), "query_runtime", "fp32")
-        if runtime in EXPORTED_RUNTIMES:  # a trained reader embeds the question like the query encoder
-            self._reader.use_text_runtime(runtime, self.strategy.cache_dir)
+        runtime = reader_text_runtime(self.strategy)
+        if runtime != "fp32":
+            self._reader.use_text_runtime(runtime, getattr(self.strategy, "cache_dir", None))
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:

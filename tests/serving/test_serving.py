@@ -63,7 +63,7 @@ def test_serving_defaults_are_the_measured_winners_and_the_paper_setting_stays_a
     installed (OpenVINO, else bf16 autocast for the reranker where the CPU computes it natively, fp32); the
     evaluation's exact CFRAG (fp32, no cache) is three arguments away and returns the same docs without the
     cache."""
-    from persrag_lightning.serving.cfrag_pipeline import serving_runtime
+    from persrag_lightning.serving.runtimes import serving_runtime
 
     reranker = pipeline.strategy._reranker
     assert reranker.runtime == serving_runtime("reranker") and reranker._doc_tokens is not None
@@ -155,7 +155,7 @@ def test_torch_retrieves_on_one_thread_only_when_every_encoder_runs_exported(run
     in an exported runtime (torch then does only small ops); the process's count as soon as one runs in torch."""
     from types import SimpleNamespace
 
-    from persrag_lightning.serving.cfrag_pipeline import all_exported
+    from persrag_lightning.serving.runtimes import all_exported
 
     def strategy(query: str, *rerankers: str | None) -> SimpleNamespace:
         models = [SimpleNamespace(runtime=r) if r else None for r in rerankers]

@@ -214,7 +214,7 @@ def test_openvino_reranker_stays_within_tolerance_and_shares_the_onnx_export(tin
 
 def test_serving_runtime_prefers_openvino_where_installed(monkeypatch):
     from persrag_lightning import hardware
-    from persrag_lightning.serving import cfrag_pipeline as pipeline
+    from persrag_lightning.serving import runtimes as pipeline
 
     installed = {"openvino", "onnx"}
     monkeypatch.setattr(pipeline.importlib.util, "find_spec", lambda name: object() if name in installed else None)
