@@ -79,6 +79,10 @@ def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
                         help="a split reranker (reranker_split_l5, reranker_split): every stored doc's states "
                              "computed at start and each new user's at sign-up, so that no chat pays for them; "
                              "default: on wherever the reranker served is a split one")
+    parser.add_argument("--reader_doc_vectors", action=argparse.BooleanOptionalAction, default=True,
+                        help="a trained reader: its text vectors of every stored doc made at start (cached under "
+                             "--cache_dir) and of each new user's at sign-up, so that no question waits for "
+                             "them; --no-reader_doc_vectors: each on the first question that reads it")
 
 
 def _add_reading_options(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +194,7 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
                             users=args.users, cohort_export=args.cohorts,
                             reranker=None if args.reranker == "none" else args.reranker,
                             precompute_doc_states=args.precompute_doc_states, reader=args.reader,
+                            reader_doc_vectors=args.reader_doc_vectors,
                             calibration=args.calibration, decision=args.decision,
                             cache_dir=args.cache_dir, **batchings)
 

@@ -30,7 +30,6 @@ from torch import nn
 
 from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
-from persrag_lightning.models import exported
 from persrag_lightning.models.common import config_from_json
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES
 from persrag_lightning.models.question_tower import QuestionTower, lower_states, pad_states
@@ -171,6 +170,7 @@ class LabelReader(nn.Module):
             self.tower = QuestionTower(source, config.tune_layers)
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._questions: OrderedDict[str, torch.Tensor] = OrderedDict()  # the tower's vectors
+        self._pinned: dict[str, torch.Tensor] = {}  # kept beyond the LRU: a store's docs (pin)
         self.text_runtime, self._text_session = "fp32", None  # use_text_runtime
 
     # ---- tensors → distribution ------------------------------------------------------------------
@@ -209,8 +209,34 @@ class LabelReader(nn.Module):
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """Vectors of `texts` by the frozen encoder (in `text_runtime`), each text embedded once per
         loaded reader (LRU)."""
-        return self._remembered(self._vectors, texts,
-                                lambda todo: self.text_encoder.encode(todo, session=self._text_session))
+        return self._remembered(self._vectors, texts, self.encode_texts, self._pinned)
+
+    def encode_texts(self, texts: list[str]) -> torch.Tensor:
+        """`texts`' vectors by the frozen encoder in `text_runtime`, remembered nowhere."""
+        return self.text_encoder.encode(texts, session=self._text_session)
+
+    def text_key(self) -> str:
+        """What the frozen encoder's vectors depend on besides the runtime: its weights, pooling
+        and normalisation (a cache key's part)."""
+        encoder = self.text_encoder
+        return fingerprint(model_identity(self.config.encoder), encoder.pooling, encoder.normalize)
+
+    def pin(self, texts: Sequence[str], vectors: torch.Tensor) -> None:
+        """Keep `vectors` as `texts`' vectors beyond the LRU (in `text_runtime`, as `encode_texts`
+        gives them): a store's docs embedded before any question asks for them
+        (reading/doc_vectors.py)."""
+        if len(texts) != len(vectors):
+            raise ValueError(f"{len(texts)} texts but {len(vectors)} vectors to pin")
+        # a copy per text: a forgotten text's vector is freed, not kept alive by the others'
+        self._pinned.update((t, v.clone()) for t, v in zip(texts, vectors))
+
+    def forget(self, texts: Sequence[str]) -> None:
+        """Drop `texts`' pinned vectors and every vector the LRU holds (its questions' askers are
+        not known): what a deleted user leaves behind in the reader."""
+        for t in texts:
+            self._pinned.pop(t, None)
+        self._vectors.clear()
+        self._questions.clear()
 
     def use_text_runtime(self, runtime: str, cache_dir: str | Path | None = None) -> None:
         """Embed texts with the frozen encoder in `runtime` from now on: `fp32` (torch, as trained
@@ -222,12 +248,11 @@ class LabelReader(nn.Module):
             raise ValueError(f"text runtime must be fp32 or one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}")
         session = None
         if runtime != "fp32":
-            encoder = self.text_encoder
-            key = fingerprint(model_identity(self.config.encoder), encoder.pooling, encoder.normalize)
-            path = exported.export_path(cache_dir, "reader-text", key) if cache_dir is not None else None
-            session = exported.session(runtime, encoder.export_onnx(path), width_step=None)
-        if runtime != self.text_runtime:
-            self._vectors.clear()  # vectors of one runtime only
+            session = self.text_encoder.exported_session(runtime, cache_dir, "reader-text", self.text_key(),
+                                                         width_step=None)
+        if runtime != self.text_runtime:  # vectors of one runtime only
+            self._vectors.clear()
+            self._pinned.clear()
         self.text_runtime, self._text_session = runtime, session
 
     @torch.inference_mode()
@@ -251,18 +276,23 @@ class LabelReader(nn.Module):
         return self.encoder
 
     def _remembered(self, cache: OrderedDict[str, torch.Tensor], texts: Sequence[str],
-                    compute: Callable[[list[str]], torch.Tensor]) -> torch.Tensor:
-        """`texts`' vectors from `cache` (the last `TEXT_CACHE` texts), `compute` called once on the
-        texts it lacks."""
-        todo = list(dict.fromkeys(t for t in texts if t not in cache))
+                    compute: Callable[[list[str]], torch.Tensor],
+                    pinned: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """`texts`' vectors from `pinned` or `cache` (the last `TEXT_CACHE` texts), `compute`
+        called once on the texts neither holds."""
+        pinned = pinned or {}
+        todo = list(dict.fromkeys(t for t in texts if t not in pinned and t not in cache))
         if todo:
             for text, vector in zip(todo, compute(todo)):
                 cache[text] = vector
             while len(cache) > TEXT_CACHE:
                 cache.popitem(last=False)
         for t in texts:
-            cache.move_to_end(t)
-        return torch.stack([cache[t] for t in texts]) if texts else torch.zeros(0, self.config.embedding_dim)
+            if t not in pinned:
+                cache.move_to_end(t)
+        if not texts:
+            return torch.zeros(0, self.config.embedding_dim)
+        return torch.stack([pinned[t] if t in pinned else cache[t] for t in texts])
 
     def batch(self, inputs: Sequence[str], docs: Sequence[Sequence[HistoryDoc]]) -> ReaderBatch:
         """The tensors of questions read with their docs (`reader_inputs`)."""

@@ -141,6 +141,13 @@ class TextEncoder(nn.Module):
         (models/exported.py)."""
         return exported.export_onnx(self, self.model, self.tokenize(["a query"]), path)
 
+    def exported_session(self, runtime: str, cache_dir: str | Path | None, kind: str, key: str,
+                         width_step: int | None = exported.WIDTH_STEP) -> Session:
+        """This encoder in an exported runtime (`exported.session`), its ONNX export kept as
+        `kind`-`key` under `cache_dir` (a temp file without one)."""
+        path = None if cache_dir is None else exported.export_path(cache_dir, kind, key)
+        return exported.session(runtime, self.export_onnx(path), width_step)
+
     def save_pretrained(self, path: str | Path) -> None:
         """HF folder (model + tokenizer) plus our pooling settings, so serving reloads it with
         transformers."""

@@ -75,5 +75,15 @@ class Reader(ABC):
         serving's for its query encoder), the export cached under `cache_dir`; no-op for a reader
         that embeds none (the LLM reads tokens)."""
 
+    def prepare_docs(self, task: str, docs: Sequence[HistoryDoc], cache_dir: str | None = None) -> int:
+        """Do now what reading `docs` will need, so no question waits for it (a trained reader:
+        their text vectors, cached under `cache_dir`); returns how many doc texts were prepared.
+        Nothing for a reader that prepares nothing (the LLM reads tokens)."""
+        return 0
+
+    def forget_docs(self, task: str, docs: Sequence[HistoryDoc]) -> None:
+        """Drop what this reader keeps of `docs` and of the questions it read (a deleted user's);
+        nothing for a reader that keeps nothing."""
+
     def close(self) -> None:
         """Release what the reader holds (a loaded model)."""

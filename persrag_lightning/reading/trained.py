@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from persrag_lightning.data.records import HistoryDoc
 from persrag_lightning.data.tasks import get_task
 from persrag_lightning.models.reader import LabelReader
-from persrag_lightning.models.reader_inputs import reader_inputs
+from persrag_lightning.models.reader_inputs import doc_text, reader_inputs
 from persrag_lightning.progress import in_blocks
 from persrag_lightning.reading.base import Docs, Reader
 from persrag_lightning.reading.decision import log_softmax, prior_terms, resolve_decision
+from persrag_lightning.reading.doc_vectors import pin_doc_vectors
 from persrag_lightning.reading.label_reading import LabelReading
 from persrag_lightning.utils import ConfigError, bundle_digest
 
@@ -75,6 +77,16 @@ class TrainedReader(Reader):
     def use_text_runtime(self, runtime: str, cache_dir: str | None = None) -> None:
         """The frozen text encoder's runtime (`LabelReader.use_text_runtime`)."""
         self.model.use_text_runtime(runtime, cache_dir)
+
+    def prepare_docs(self, task: str, docs: Sequence[HistoryDoc], cache_dir: str | None = None) -> int:
+        """Every doc's text vector by the frozen encoder, now (reading/doc_vectors.py)."""
+        spec = get_task(self._check_task(task))
+        return pin_doc_vectors(self.model, [doc_text(spec, d) for d in docs], cache_dir)
+
+    def forget_docs(self, task: str, docs: Sequence[HistoryDoc]) -> None:
+        if self._model is not None:
+            spec = get_task(task)
+            self._model.forget([doc_text(spec, d) for d in docs])
 
     def reading(self, task: str) -> dict:
         decision, power = self.resolved_decision(task)

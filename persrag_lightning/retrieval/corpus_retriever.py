@@ -81,9 +81,8 @@ class CorpusRetriever(ABC):
         self.load()
         self._query_session = None
         if runtime in EXPORTED_RUNTIMES:
-            path = (exported.export_path(cache_dir, "query", fingerprint(self.identity()))
-                    if cache_dir is not None else None)
-            self._query_session = exported.session(runtime, self.query_encoder().export_onnx(path))
+            self._query_session = self.query_encoder().exported_session(
+                runtime, cache_dir, "query", fingerprint(self.identity()))
         self.query_runtime = runtime
 
     def warm_query_shapes(self) -> int:

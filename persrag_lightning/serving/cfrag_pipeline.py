@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from persrag_lightning.bundles import exported_bundle, require_bundle
 from persrag_lightning.data.docstore import history_from_json, read_docstore
 from persrag_lightning.data.records import User
 from persrag_lightning.data.tasks import get_task
@@ -24,64 +23,11 @@ from persrag_lightning.retrieval.base import DocStore, Query, RetrievedDoc
 from persrag_lightning.retrieval.cfrag import CFRAG
 from persrag_lightning.retrieval.cohorts import Assignment
 from persrag_lightning.retrieval.user_index import UserIndex
-from persrag_lightning.serving.runtimes import all_exported, reader_text_runtime, resolve_runtime
-from persrag_lightning.serving.served import DEFAULT_RERANKER, RECORD_SAYS, Choice, follow_record, serves_line
+from persrag_lightning.serving.run_bundles import cfrag_from_run, reader_folder
+from persrag_lightning.serving.runtimes import all_exported, reader_text_runtime
+from persrag_lightning.serving.served import RECORD_SAYS, follow_record, serves_line
 
 __all__ = ["CFRAGPipeline", "Generation"]
-
-# the cohort export of `persrag cluster` inside a run (commands/cluster.py's EXPORT)
-COHORTS = "clusters"
-
-
-def _reader_folder(run_dir: Path, reader: str) -> str | Path:
-    """The reader the record or the argument names: `llm`, a trained reader's folder, or its bundle
-    inside `run_dir` (which must be exported)."""
-    if reader != LLM_READER and not Path(reader).is_dir():
-        return require_bundle(run_dir / reader)
-    return reader
-
-
-def _cfrag(run_dir: Path, choice: Choice, users: str, cohort_export: str | Path | None,
-           first_cut: str | None, reranker_runtime: str, query_runtime: str, **settings) -> CFRAG:
-    """CFRAG over the run's bundles as `from_pretrained` resolved them (its docstring says how).
-
-    Args:
-        run_dir: the run's folder.
-        choice: the order, the similar users, the gate and the reader resolved from the arguments and
-            the record (`follow_record`).
-        users: `encoder`, `mean` or `cluster`.
-        cohort_export: the cohort export (users="cluster"; default `run_dir`/clusters).
-        first_cut: a cheaper reranker bundle that chooses the candidates the reranker scores.
-        reranker_runtime: the reranker's runtime argument (`auto`: `serving_runtime`).
-        query_runtime: the query encoder's runtime argument (`auto`: `serving_runtime`).
-        settings: CFRAG's other settings, passed on.
-    """
-    if choice.m is not None:
-        settings["m"] = choice.m
-    settings["neighbour_slots"] = choice.neighbour_slots
-    user_encoder = require_bundle(run_dir / "user_encoder")  # stage 1: every CFRAG serves from it
-    if users not in ("encoder", "mean", "cluster"):
-        raise ValueError(f"users must be encoder, mean or cluster, got {users!r}")
-    if users == "cluster":
-        export = Path(cohort_export) if cohort_export is not None else run_dir / COHORTS
-        if not (export / "cohorts.json").is_file():
-            raise FileNotFoundError(f"{export}: no cohort export; make it with `persrag cluster --run_name "
-                                    f"{run_dir.name} --export_root {run_dir.parent}`")
-        settings["cohort_export"] = str(export)
-    elif cohort_export is not None:
-        raise ValueError("cohort_export is read only with users='cluster'")
-    reranker = choice.reranker
-    # named, or the order the record chose: must exist; the default without a record: where exported
-    if reranker is not None and (reranker != DEFAULT_RERANKER or choice.reranker_from_record):
-        reranker = require_bundle(run_dir / reranker)
-    elif reranker is not None:
-        reranker = exported_bundle(run_dir, reranker)
-    if first_cut is not None:
-        first_cut = require_bundle(run_dir / first_cut)
-    return CFRAG(user_encoder, exported_bundle(run_dir, "retriever") or "minilm", reranker, users=users,
-                 first_cut=first_cut, reranker_runtime=resolve_runtime(reranker_runtime, "reranker"),
-                 query_runtime=resolve_runtime(query_runtime, "query"), **settings)
-
 
 @dataclass
 class Generation:
@@ -97,7 +43,7 @@ class CFRAGPipeline:
     """users → docs → rerank → prompt → LLM → post-processed answer, over exported bundles only."""
 
     def __init__(self, strategy: CFRAG, store: DocStore, llm: LLMConfig | None = None, k: int = 5,
-                 threads: int | None = None, reader: str = LLM_READER) -> None:
+                 threads: int | None = None, reader: str = LLM_READER, reader_doc_vectors: bool = True) -> None:
         """`threads`: torch's intra-op threads while retrieving (restored after), and the threads of
         exported runtimes (onnx, openvino: fixed when they load, here). None: the process's count,
         except that torch retrieves on 1 thread when every encoder of the retrieval runs exported:
@@ -105,13 +51,16 @@ class CFRAGPipeline:
         from OpenVINO's threads (a lower p95 on dev: docs/serving/pipeline.md). On cores shared with
         other jobs 1 thread was much faster than 2; the count is process-wide while set, so other
         threads of the process running torch meanwhile share it. `reader`: who answers `generate`
-        (reading/): `llm` (the `llm` settings' LLM) or a trained reader's export folder."""
+        (reading/): `llm` (the `llm` settings' LLM) or a trained reader's export folder.
+        `reader_doc_vectors`: a trained reader's text vectors of every stored doc made at load,
+        cached under the strategy's cache folder, and of each user's docs as they are attached
+        (reading/doc_vectors.py); False: each doc's on the first question that reads it."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive number or None, got {threads}")
         self.strategy, self.store, self.k, self.threads = strategy, store, k, threads
         self.task = store.dataset.task
         self.llm_config = llm or LLMConfig()
-        self.reader_spec = reader
+        self.reader_spec, self.reader_doc_vectors = reader, reader_doc_vectors
         # what is served and why, in a line (from_pretrained says it from the run's record)
         self.serves = f"serving {getattr(strategy, 'name', 'CFRAG')} read by {reader}: as constructed"
         self._llm: LLM | None = None
@@ -144,7 +93,7 @@ class CFRAGPipeline:
     def from_pretrained(cls, run_dir: str | Path, llm: LLMConfig | None = None, m: int | str | None = RECORD_SAYS,
                         k_per_user: int = 5, k: int = 5, cache_dir: str = ".cache/persrag", users: str = "encoder",
                         cohort_export: str | Path | None = None, rerank_top: int | None = None,
-                        reranker_runtime: str = "auto", cache_doc_tokens: bool = True,
+                        reranker_runtime: str = "auto", cache_doc_tokens: bool = True, reader_doc_vectors: bool = True,
                         threads: int | None = None, reranker: str | None = RECORD_SAYS,
                         query_runtime: str = "auto", first_cut: str | None = None,
                         reader: str = RECORD_SAYS, answer_mode: str | None = None,
@@ -176,16 +125,16 @@ class CFRAGPipeline:
         "reranker_split_l5", "reranker_split" (doc states made once per doc; for the whole store at load
         with `precompute_doc_states`, by default with `cache_doc_tokens`); None: the first-stage order.
         `first_cut`: a cheaper reranker bundle choosing the `rerank_top` candidates reranked.
-        `reader`: `llm`, or a trained reader's bundle ("reader") or folder, answering `generate`."""
+        `reader` (`llm`, a trained reader's bundle or folder), `reader_doc_vectors`: the constructor's."""
         run_dir = Path(run_dir)
         choice = follow_record(run_dir, llm, reranker, reader,
                                {"answer_mode": answer_mode, "calibration": calibration, "decision": decision},
                                m, neighbour_slots)
-        strategy = _cfrag(run_dir, choice, users, cohort_export, first_cut, reranker_runtime, query_runtime,
-                          k_per_user=k_per_user, cache_dir=cache_dir, rerank_top=rerank_top,
-                          cache_doc_tokens=cache_doc_tokens)
+        strategy = cfrag_from_run(run_dir, choice, users, cohort_export, first_cut, reranker_runtime, query_runtime,
+                                  k_per_user=k_per_user, cache_dir=cache_dir, rerank_top=rerank_top,
+                                  cache_doc_tokens=cache_doc_tokens)
         pipe = cls(strategy, DocStore(read_docstore(run_dir / "docstore")), choice.llm, k, threads,
-                   _reader_folder(run_dir, choice.reader))
+                   reader_folder(run_dir, choice.reader), reader_doc_vectors)
         pipe.serves = serves_line(choice, pipe.task, run_dir)
         print(f"[serving] {pipe.serves}\n[serving] {choice.gemm}", file=sys.stderr, flush=True)
         if precompute_doc_states or (precompute_doc_states is None and cache_doc_tokens and pipe.split_models()):
@@ -199,10 +148,15 @@ class CFRAGPipeline:
         not split."""
         if user_ids is None:
             self._precompute = True
-            user_ids = [u for u in self.store.corpus.user_ids if u in self.store]
-        texts = [self.store.text(r) for u in user_ids for r in self.store.corpus.rows_of(u)]
+        texts = [self.store.text(r) for r in self._rows(user_ids)]
         with self._torch_threads(self.retrieve_threads):
             return sum(m.precompute_docs(texts) for m in self.split_models())
+
+    def _rows(self, user_ids: list[str] | None = None) -> list[int]:
+        """The store's rows of `user_ids` (None: of every user in the store)."""
+        if user_ids is None:
+            user_ids = [u for u in self.store.corpus.user_ids if u in self.store]
+        return [int(r) for u in user_ids for r in self.store.corpus.rows_of(u)]
 
     def split_models(self) -> list:
         """The split rerankers this pipeline reranks with (the reranker, the first cut)."""
@@ -223,9 +177,11 @@ class CFRAGPipeline:
     def _open_reader(self) -> Reader:
         llm = self.llm if self.reader_spec == LLM_READER else None  # the LLM chat answers with too
         self._reader = open_reader(self.reader_spec, self.llm_config, llm=llm)
-        runtime = reader_text_runtime(self.strategy)
+        runtime, cache_dir = reader_text_runtime(self.strategy), getattr(self.strategy, "cache_dir", None)
         if runtime != "fp32":
-            self._reader.use_text_runtime(runtime, getattr(self.strategy, "cache_dir", None))
+            self._reader.use_text_runtime(runtime, cache_dir)
+        if self.reader_doc_vectors:
+            self._reader.prepare_docs(self.task, [self.store.history_doc(r) for r in self._rows()], cache_dir)
         return self._reader
 
     def retrieve(self, user_id: str, query: str, k: int | None = None) -> list[RetrievedDoc]:
@@ -349,6 +305,8 @@ class CFRAGPipeline:
         self.store.add_user(user)
         if self._precompute:
             self.precompute_doc_states([user.user_id])
+        if self._reader is not None and self.reader_doc_vectors:
+            self._reader.prepare_docs(self.task, user.docs)
         s.retriever.load()
         s.retriever.doc_vectors = torch.cat(
             [s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)]
@@ -385,6 +343,8 @@ class CFRAGPipeline:
         for reranker in (s._reranker, s._first_cut):  # their doc caches: the user's tokens and states
             if reranker is not None:
                 reranker.forget_docs([self.store.text(r) for r in rows])
+        if self._reader is not None:  # its doc vectors, and the questions it read
+            self._reader.forget_docs(self.task, [self.store.history_doc(int(r)) for r in rows])
         self.store.remove_user(user_id)
         s.retriever.load()
         s.retriever.doc_vectors[torch.as_tensor(rows)] = 0

@@ -14,7 +14,9 @@ over it):
   recomputed;
 - the corpus-embedding caches of the docstore's corpus (`<cache>/embeddings/<key>/`, every encoder):
   a cache of the new corpus is written from the kept rows (no re-embedding) and the old folder is
-  removed.
+  removed;
+- a trained reader's doc-vector caches (`<cache>/reader-docs/`, reading/doc_vectors.py): removed,
+  made again at the next start.
 
 The journal (`purge.json` in the service state) makes it all-or-nothing as the service sees it:
 phase `begin` (the users, written first) → the files are staged → phase `commit` (the list of
@@ -47,6 +49,7 @@ from persrag_lightning.models.corpus_embeddings import (
     corpus_embedding_dir,
     corpus_embedding_key,
 )
+from persrag_lightning.reading.doc_vectors import READER_DOCS
 from persrag_lightning.retrieval.cohorts import CohortModel
 from persrag_lightning.utils import atomic_replace, atomic_save_tensors, atomic_write_json, atomic_write_text
 
@@ -160,6 +163,7 @@ def stage(run_dir: str | Path, users: Iterable[str], cache_dir: str | Path) -> t
             del kept.users[u]
             kept.private.discard(u)
         removes += _stage_embeddings(corpus, Corpus.from_dataset(kept), keep_rows, Path(cache_dir))
+        removes.append(str(Path(cache_dir) / READER_DOCS))
     return moves, removes
 
 
