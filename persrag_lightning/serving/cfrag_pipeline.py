@@ -180,7 +180,7 @@ class CFRAGPipeline:
         runtime, cache_dir = reader_text_runtime(self.strategy), getattr(self.strategy, "cache_dir", None)
         if runtime != "fp32":
             self._reader.use_text_runtime(runtime, cache_dir)
-        if self.reader_doc_vectors:
+        if self.reader_doc_vectors and self.reader_spec != LLM_READER:  # the LLM reads tokens: nothing to make
             self._reader.prepare_docs(self.task, [self.store.history_doc(r) for r in self._rows()], cache_dir)
         return self._reader
 
