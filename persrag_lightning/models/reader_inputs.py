@@ -91,6 +91,13 @@ def habit_features(counts: Sequence[int], n: int) -> list[float]:
     return [*shares, math.log1p(total) / math.log1p(MAX_HABIT)]
 
 
+def doc_habit_features(doc: ReaderDoc, n_labels: int) -> list[float]:
+    """A doc's author's habit (`habit_features`) and how surprising the doc's label is under it
+    (0 for a doc without a label)."""
+    habit = habit_features(doc.habit, n_labels)
+    return [*habit, -math.log(habit[doc.label - 1]) if doc.label > 0 else 0.0]
+
+
 @dataclass
 class ReaderBatch:
     """A batch of questions as tensors: the question's vector and the asker's habit, the docs'
@@ -135,16 +142,14 @@ def batch_from_vectors(read: Sequence[ReaderQuestion], embed: Callable[[list[str
     docs, labels = torch.zeros(n, k, dim), torch.zeros(n, k, dtype=torch.long)
     mask, own = torch.zeros(n, k, dtype=torch.bool), torch.ones(n, k, dtype=torch.long)
     user_sim = torch.ones(n, k)
-    uniform = habit_features((), n_labels)
-    doc_habit = torch.tensor([*uniform, 0.0]).repeat(n, k, 1)
+    doc_habit = torch.tensor([*habit_features((), n_labels), 0.0]).repeat(n, k, 1)
     prior = torch.tensor([habit_features(q.habit, n_labels) for q in read]) if n else torch.zeros(0, n_labels + 1)
-    at = n
-    for i, q in enumerate(read):
-        for j, d in enumerate(q.docs[:k]):
-            docs[i, j], labels[i, j], mask[i, j] = vectors[at], d.label, True
-            own[i, j], user_sim[i, j] = int(d.own), d.user_sim
-            habit = habit_features(d.habit, n_labels)
-            surprise = -math.log(habit[d.label - 1]) if d.label > 0 else 0.0
-            doc_habit[i, j] = torch.tensor([*habit, surprise])
-            at += 1
+    present = [(i, j, d) for i, q in enumerate(read) for j, d in enumerate(q.docs[:k])]
+    if present:  # one scatter per field: a Python loop over single elements cost most of a training batch
+        at = (torch.tensor([i for i, _, _ in present]), torch.tensor([j for _, j, _ in present]))
+        docs[at], mask[at] = vectors[n:n + len(present)].to(docs.dtype), True
+        labels[at] = torch.tensor([d.label for _, _, d in present])
+        own[at] = torch.tensor([int(d.own) for _, _, d in present])
+        user_sim[at] = torch.tensor([float(d.user_sim) for _, _, d in present])
+        doc_habit[at] = torch.tensor([doc_habit_features(d, n_labels) for _, _, d in present])
     return ReaderBatch(vectors[:n], docs, labels, mask, prior, own, user_sim, doc_habit)
