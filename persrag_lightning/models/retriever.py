@@ -8,7 +8,7 @@ folders.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -52,14 +52,19 @@ def save_user_table(path: Path, user_embeddings: torch.Tensor, user_ids: Sequenc
 # ---- the retriever's formulas --------------------------------------------------------------------
 
 
+def unit_dot(a: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    # a [B, d] and docs [B, C, d], both L2-normalised -> their cosines [B, C]
+    return torch.einsum("bd,bcd->bc", a, docs)
+
+
 def query_doc_score(q: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     # Eq. 3: S_{q,d} = cos(Encoder_q(q), Encoder_d(d)); q [B, d], docs [B, C, d] -> [B, C]
-    return torch.einsum("bd,bcd->bc", F.normalize(q, dim=-1), F.normalize(docs, dim=-1))
+    return unit_dot(F.normalize(q, dim=-1), F.normalize(docs, dim=-1))
 
 
 def user_doc_score(u: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     # Eq. 4: S_{u,d} = cos(MLP1(e_u), Encoder_d(d)); u = MLP1(e_u) [B, d], docs [B, C, d] -> [B, C]
-    return torch.einsum("bd,bcd->bc", F.normalize(u, dim=-1), F.normalize(docs, dim=-1))
+    return unit_dot(F.normalize(u, dim=-1), F.normalize(docs, dim=-1))
 
 
 def personalized_retrieval_score(
@@ -244,6 +249,21 @@ class PersonalizedRetriever(nn.Module):
         if u is None:
             return s_qd
         return personalized_retrieval_score(s_qd, user_doc_score(u, docs), self.config.alpha)
+
+    def query_scorer(self, q: torch.Tensor, u: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`score` of one query q [d] (u: [1, d] or None) against doc sets given one at a time,
+        docs [C, d] -> [C]: the same operations, the query's and user's side normalised once, each
+        set's docs once for both terms (serving scores each similar user's docs in turn)."""
+        q_unit = F.normalize(q.unsqueeze(0), dim=-1)
+        u_unit = None if u is None else F.normalize(u, dim=-1)
+
+        def score(docs: torch.Tensor) -> torch.Tensor:
+            docs_unit = F.normalize(docs.unsqueeze(0), dim=-1)
+            s_qd = unit_dot(q_unit, docs_unit)
+            if u_unit is None:
+                return s_qd[0]
+            return personalized_retrieval_score(s_qd, unit_dot(u_unit, docs_unit), self.config.alpha)[0]
+        return score
 
     # ---- training --------------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ class CandidateSource:
             e_u = self.user_embedding(query.user_id)
             if e_u is not None:
                 e_u = self.retriever.tuned_user_embedding(query.user_id, e_u)
+            score = self.retriever.scorer(vector, e_u)  # the query's side computed once for its users
             docs: list[RetrievedDoc] = []
             for owner, sim in self.similar_users(query.user_id):
                 if owner != query.user_id and not self.store.shares(owner):
@@ -56,7 +57,7 @@ class CandidateSource:
                     # guard)
                     continue
                 rows = self.store.rows(owner, query=query)
-                scores = self.retriever.score(vector, rows, e_u)
+                scores = score(rows)
                 top = torch.topk(scores, min(self.k_per_user, len(rows)))
                 docs += [self.store.doc(int(rows[i]), user_sim=sim, retriever_score=float(s))
                          for s, i in zip(top.values, top.indices)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,11 +61,13 @@ class CorpusRetriever(ABC):
         """The loaded model's query encoder."""
 
     @abstractmethod
-    def score(
-        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Scores of corpus `rows` for one query vector (e_u: the query user's embedding, if
-        used)."""
+    def scorer(self, query: torch.Tensor, e_u: torch.Tensor | None) -> Callable[[np.ndarray], torch.Tensor]:
+        """corpus rows → their scores for one query vector (e_u: the query user's embedding, if
+        used), the query's side computed once for the several users' rows it scores."""
+
+    def score(self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None) -> torch.Tensor:
+        """Scores of corpus `rows` for one query vector (`scorer`'s)."""
+        return self.scorer(query, e_u)(rows)
 
     @abstractmethod
     def encode_docs(self, texts: list[str]) -> torch.Tensor:
@@ -155,12 +158,9 @@ class EncoderRetriever(CorpusRetriever):
     def query_encoder(self) -> TextEncoder:
         return self.model
 
-    @torch.no_grad()
-    def score(
-        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
-    ) -> torch.Tensor:
+    def scorer(self, query: torch.Tensor, e_u: torch.Tensor | None) -> Callable[[np.ndarray], torch.Tensor]:
         # Eq. 3: cosine of L2-normalised vectors
-        return self.doc_vectors[torch.as_tensor(rows)] @ query
+        return torch.no_grad()(lambda rows: self.doc_vectors[torch.as_tensor(rows)] @ query)
 
     @torch.no_grad()
     def encode_docs(self, texts: list[str]) -> torch.Tensor:
@@ -196,12 +196,10 @@ class TrainedRetriever(CorpusRetriever):
         return self.model.query_encoder
 
     @torch.no_grad()
-    def score(
-        self, query: torch.Tensor, rows: np.ndarray, e_u: torch.Tensor | None
-    ) -> torch.Tensor:
-        docs = self.doc_vectors[torch.as_tensor(rows)]
+    def scorer(self, query: torch.Tensor, e_u: torch.Tensor | None) -> Callable[[np.ndarray], torch.Tensor]:
         u = None if e_u is None else self.model.user_vectors(e_u.unsqueeze(0))
-        return self.model.score(query.unsqueeze(0), docs.unsqueeze(0), u)[0]  # Eq. 5
+        score = self.model.query_scorer(query, u)  # Eq. 5
+        return torch.no_grad()(lambda rows: score(self.doc_vectors[torch.as_tensor(rows)]))
 
     @torch.no_grad()
     def encode_docs(self, texts: list[str]) -> torch.Tensor:

@@ -139,6 +139,17 @@ def test_eq5_score_matches_manual_computation(tiny_bert):
     assert eq3[1, 2].item() == pytest.approx(F.cosine_similarity(q[1], docs[1, 2], dim=0).item(), abs=1e-6)
 
 
+def test_one_query_scorer_gives_scores_bit_for_bit_equal_to_eq5_per_doc_set(tiny_bert):
+    torch.manual_seed(5)
+    model = PersonalizedRetriever.from_encoder(tiny_bert, user_dim=8, max_length=64, alpha=0.3)
+    q, u = torch.randn(6), torch.randn(1, 6)
+    for with_user in (u, None):
+        score = model.query_scorer(q, with_user)
+        for size in (1, 3, 17):  # each user's doc set in turn, as the candidate source scores them
+            docs = torch.randn(size, 6)
+            assert torch.equal(score(docs), model.score(q.unsqueeze(0), docs.unsqueeze(0), with_user)[0])
+
+
 @pytest.fixture(scope="module")
 def retriever(tiny_bert) -> PersonalizedRetriever:
     torch.manual_seed(4)
@@ -277,8 +288,8 @@ def test_tuned_user_table_is_what_candidates_use(tiny_bert, tmp_path):
     torch.testing.assert_close(retriever.tuned_user_embedding("u1", stage1), table[1])
     torch.testing.assert_close(retriever.tuned_user_embedding("new", stage1), stage1)
     seen = []
-    real_score = retriever.score
-    retriever.score = lambda q, rows, e_u: seen.append(e_u) or real_score(q, rows, e_u)
+    real_scorer = retriever.scorer
+    retriever.scorer = lambda q, e_u: seen.append(e_u) or real_scorer(q, e_u)
     source = CandidateSource(store, retriever, lambda u: [(u, 1.0)], lambda u: stage1, k_per_user=2)
     source.propose([Query("u1", "film")])
     torch.testing.assert_close(seen[0], table[1])
