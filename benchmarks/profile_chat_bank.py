@@ -1,10 +1,11 @@
 """Where a chat's time goes in the memory bank (persrag_lightning/memory/bank.py), the part of a chat without the
 LLM that is not retrieval: `remember_and_recall` of each message and `log_turn` of its answer, one chat at a time,
-under cProfile, on a new bank in a temp folder (verbatim extraction, no LLM). The messages are bench_load.py's
+under cProfile, on a new bank in a temp folder (verbatim extraction, no LLM), its encoder in torch, serving's
+default, or in another runtime (`--runtime openvino`: persrag serve's `--bank_runtime`, serving/bank_encoder.py). The messages are bench_load.py's
 distinct ones, so no text repeats. Prints the mean milliseconds of each call and the profile's heaviest functions
 by cumulative time (LanceDB's waits show as its background loop, count_rows, search and add). Measures only.
 
-    python benchmarks/profile_chat_bank.py [--chats 64] [--users 16] [--encoder minilm]
+    python benchmarks/profile_chat_bank.py [--chats 64] [--users 16] [--encoder minilm] [--runtime fp32]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load import message
 
 from persrag_lightning.memory.bank import MemoryBank
+from persrag_lightning.serving.bank_encoder import BANK_RUNTIMES, bank_encoder
 
 ANSWER = "an answer of about twenty words " * 2  # the assistant turn logged after each chat
 
@@ -32,10 +34,13 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=64, help="chats profiled, after one warm-up chat per user")
     ap.add_argument("--users", type=int, default=16, help="users the chats go to in turn")
     ap.add_argument("--encoder", default="minilm", help="the bank's encoder (persrag serve --encoder)")
+    ap.add_argument("--runtime", default="fp32", choices=BANK_RUNTIMES, help="what runs the encoder (--bank_runtime)")
     ap.add_argument("--top", type=int, default=30, help="functions of the profile printed")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bank-profile-") as tmp:
-        bank = MemoryBank.open(Path(tmp) / "memory", args.encoder, None, None)
+        encoder = bank_encoder(args.encoder, Path(tmp) / "cache", args.runtime)
+        print(f"the bank's encoder: {args.encoder} in {getattr(encoder, 'runtime', 'fp32')}")
+        bank = MemoryBank.open(Path(tmp) / "memory", encoder, None, None)
         users = [f"u{i}" for i in range(args.users)]
         for i, user in enumerate(users):  # warm-up: the encoder's first call, each user's tables
             bank.remember_and_recall(user, message(0, i), "s")

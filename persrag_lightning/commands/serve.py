@@ -53,6 +53,9 @@ def _add_llm_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
+    parser.add_argument("--bank_runtime", choices=("fp32", "onnx", "openvino"), default="fp32",
+                        help="what runs the bank's encoder: fp32 (torch, the default: faster under concurrent chats), "
+                             "onnx or openvino (float32); their vectors agree, so a bank keeps its memories")
 
 
 def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
@@ -181,12 +184,14 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
     batched as `batchings` say (ChatService's `batching`, `generation` and `answering`); (service,
     whether the admin token was generated)."""
     from persrag_lightning.llm.registry import LLMConfig
+    from persrag_lightning.serving.bank_encoder import bank_encoder
     from persrag_lightning.serving.service import ChatService
 
     llm = LLMConfig(
         backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
     )
-    return ChatService.open(args.run, args.state, llm=llm, encoder=args.encoder,
+    encoder = bank_encoder(args.encoder, args.cache_dir, args.bank_runtime)
+    return ChatService.open(args.run, args.state, llm=llm, encoder=encoder,
                             admin_token=os.environ.get(args.admin_token_env) or None,
                             use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
                             m=RECORD_SAYS if args.m is None else args.m,

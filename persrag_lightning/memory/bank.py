@@ -225,9 +225,11 @@ class MemoryBank:
         return ChatMemory(self._store(user_id, extraction), recalled, extraction)
 
     def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
-        """Validate, read the session's recent turns, log the user's turn, extract."""
+        """Validate, read the session's recent turns (the LLM's extraction reads them; verbatim
+        storage does not, so it skips the read), log the user's turn, extract."""
         _check_text(message, "message", self.settings.max_message_chars)
-        history = self.store.turns(user_id, session_id, last=self.settings.history_turns)
+        history = self.store.turns(user_id, session_id, last=self.settings.history_turns) \
+            if self.extractor is not None else []
         self.log_turn(user_id, session_id, "user", message)
         if self.extractor is not None:
             return self.extractor.extract(message, history)

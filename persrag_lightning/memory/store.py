@@ -36,6 +36,7 @@ except ImportError as err:  # the main job's install leaves it out
     ) from None
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
+from persrag_lightning.memory.row_counts import RowCounts
 
 MEMORIES = "memories"
 SESSIONS = "sessions"
@@ -84,6 +85,10 @@ def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: s
                   for f in others_in_fragments]
         return functools.reduce(operator.or_, ranges) & ~expr
     return expr
+
+
+def _user_sql(user_id: str) -> str:
+    return user_filter(user_id).to_sql()
 
 
 def _memories_schema(dim: int) -> pa.Schema:
@@ -163,6 +168,9 @@ class MemoryStore:
         self.db = lancedb.connect(str(self.path), read_consistency_interval=timedelta(0))
         self.memories = self._open(MEMORIES, _memories_schema(self.dim))
         self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
+        # rows per user, moved with this store's commits instead of counted per chat
+        self._memory_counts = RowCounts(self.memories, _user_sql)
+        self._turn_counts = RowCounts(self.sessions, _user_sql)
         stored_dim = self.memories.schema.field("vector").type.list_size
         if stored_dim != self.dim:
             raise ValueError(f"memory bank {self.path} holds {stored_dim}-d vectors but the encoder gives {self.dim}-d")
@@ -205,6 +213,7 @@ class MemoryStore:
                               usage_count=0, created_at=ts, last_used_at=ts, source=item.source, vector=vec))
         with self._lock:
             self.memories.add(self._memories_table(out))
+            self._memory_counts.committed(user_id, len(out))
             self._commits += 1
         return out
 
@@ -233,7 +242,8 @@ class MemoryStore:
 
     def count(self, user_id: str) -> int:
         """Number of memories of one user (eviction's trigger)."""
-        return self.memories.count_rows(user_filter(user_id).to_sql())
+        with self._lock:
+            return self._memory_counts.get(user_id)
 
     def search(self, user_id: str, vector: np.ndarray, limit: int) -> list[MemoryCandidate]:
         """Nearest memories of one user by cosine distance; the user filter is applied before the
@@ -257,6 +267,7 @@ class MemoryStore:
             res = self.memories.update(where=user_filter(user_id, ids=ids),
                                        values_sql={"usage_count": "usage_count + 1",
                                                    "last_used_at": lit(now).to_sql()})
+            self._memory_counts.committed(user_id, 0)
             self._commits += 1
         return int(res.rows_updated)
 
@@ -266,14 +277,18 @@ class MemoryStore:
             return 0
         with self._lock:
             self._commits += 1
-            return int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
+            deleted = int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
+            self._memory_counts.committed(user_id, -deleted)
+            return deleted
 
     def delete_user(self, user_id: str) -> tuple[int, int]:
         """Remove a user from both tables; returns (memories deleted, turns deleted)."""
         pred = user_filter(user_id)
         with self._lock:
             n_mem = int(self.memories.delete(pred).num_deleted_rows)
+            self._memory_counts.committed(user_id, -n_mem)
             n_turn = int(self.sessions.delete(pred).num_deleted_rows)
+            self._turn_counts.committed(user_id, -n_turn)
         return n_mem, n_turn
 
     def purge_user(self, user_id: str) -> tuple[int, int]:
@@ -324,10 +339,10 @@ class MemoryStore:
         built now. Rows added later are searched flat by LanceDB until `optimize` folds them into
         the index."""
         with self._lock:
-            if self.has_vector_index():
+            if self._indexed:
                 return False
-            n = self.memories.count_rows()
-            if n < self.settings.index_min_rows:
+            n = self.memories.count_rows()  # first: cheaper than asking for the indexes
+            if n < self.settings.index_min_rows or self.has_vector_index():
                 return False
             config = VECTOR_INDEXES[self.settings.index_type](
                 distance_type="cosine", num_partitions=max(1, n // self.settings.rows_per_partition)
@@ -364,6 +379,7 @@ class MemoryStore:
                "text": [text], "created_at": [turn.created_at]}
         with self._lock:
             self.sessions.add(pa.Table.from_pydict(row, schema=SESSIONS_SCHEMA))
+            self._turn_counts.committed(user_id, 1)
             self._commits += 1
         return turn
 
@@ -371,14 +387,16 @@ class MemoryStore:
         """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit;
         returns rows deleted. Sessions are bounded by this, not by a count of sessions."""
         with self._lock:
-            if self.sessions.count_rows(user_filter(user_id).to_sql()) <= keep:
+            if self._turn_counts.get(user_id) <= keep:
                 return 0
             rows = (self.sessions.search().where(user_filter(user_id)).select(["id", "created_at"]).limit(None)
                     .to_list())
             rows.sort(key=lambda r: (r["created_at"], r["id"]))
             old = [r["id"] for r in rows[:len(rows) - keep]]
             self._commits += 1
-            return int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
+            deleted = int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
+            self._turn_counts.committed(user_id, -deleted)
+            return deleted
 
     def user_ids(self) -> set[str]:
         """Every user with a memory or a turn (a scan of the user_id columns: used once, at

@@ -102,13 +102,13 @@ def export_onnx(fn: nn.Module, model: nn.Module, sample: dict[str, torch.Tensor]
     return path
 
 
-def session(runtime: str, path: Path, width_step: int | None = WIDTH_STEP) -> Session:
+def session(runtime: str, path: Path, width_step: int | None = WIDTH_STEP, precision: str | None = None) -> Session:
     """The exported module at `path` in `runtime` (one of EXPORTED_RUNTIMES), on torch's thread
-    count; `width_step`: OpenVINO's static shapes (`openvino_session`)."""
+    count; `width_step` and `precision`: OpenVINO's (`openvino_session`)."""
     if runtime == "onnx":
         return _onnx_session(path)
     if runtime == "openvino":
-        return openvino_session(path, width_step)
+        return openvino_session(path, width_step, precision)
     raise ValueError(
         f"exported runtime must be one of {', '.join(EXPORTED_RUNTIMES)}, got {runtime!r}"
     )
@@ -130,10 +130,11 @@ def _onnx_session(path: Path) -> Session:
     return lambda inputs: torch.from_numpy(ort_session.run(None, _numpy_feed(inputs, names))[0])
 
 
-def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session:
+def openvino_session(path: Path, width_step: int | None = WIDTH_STEP, precision: str | None = None) -> Session:
     """OpenVINO's CPU plugin, latency mode: bf16 where the CPU computes it natively (its default
-    there), f32 elsewhere. With `width_step`, static shapes (StaticShapes); None: one model of
-    dynamic shape. Needs the optional extra: pip install -e ".[openvino]"."""
+    there), f32 elsewhere, unless `precision` ("f32", "bf16") says which. With `width_step`, static
+    shapes (StaticShapes); None: one model of dynamic shape. Needs the optional extra: pip install
+    -e ".[openvino]"."""
     try:
         import openvino as ov
     except ImportError:
@@ -142,6 +143,8 @@ def openvino_session(path: Path, width_step: int | None = WIDTH_STEP) -> Session
         ) from None
     core = ov.Core()
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
     model = core.read_model(str(path))
     if width_step is not None:
         return StaticShapes(core, model, config, width_step)

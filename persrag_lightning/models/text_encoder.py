@@ -142,11 +142,12 @@ class TextEncoder(nn.Module):
         return exported.export_onnx(self, self.model, self.tokenize(["a query"]), path)
 
     def exported_session(self, runtime: str, cache_dir: str | Path | None, kind: str, key: str,
-                         width_step: int | None = exported.WIDTH_STEP) -> Session:
-        """This encoder in an exported runtime (`exported.session`), its ONNX export kept as
-        `kind`-`key` under `cache_dir` (a temp file without one)."""
+                         width_step: int | None = exported.WIDTH_STEP, precision: str | None = None) -> Session:
+        """This encoder in an exported runtime (`exported.session`, whose `width_step` and
+        `precision` these are), its ONNX export kept as `kind`-`key` under `cache_dir` (a temp file
+        without one)."""
         path = None if cache_dir is None else exported.export_path(cache_dir, kind, key)
-        return exported.session(runtime, self.export_onnx(path), width_step)
+        return exported.session(runtime, self.export_onnx(path), width_step, precision)
 
     def save_pretrained(self, path: str | Path) -> None:
         """HF folder (model + tokenizer) plus our pooling settings, so serving reloads it with

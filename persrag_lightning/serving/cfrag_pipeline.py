@@ -305,8 +305,8 @@ class CFRAGPipeline:
         self.store.add_user(user)
         if self._precompute:
             self.precompute_doc_states([user.user_id])
-        if self._reader is not None and self.reader_doc_vectors:
-            self._reader.prepare_docs(self.task, user.docs)
+        if self._reader is not None and self.reader_doc_vectors:  # cached per user: a restart reads them
+            self._reader.prepare_docs(self.task, user.docs, getattr(self.strategy, "cache_dir", None))
         s.retriever.load()
         s.retriever.doc_vectors = torch.cat(
             [s.retriever.doc_vectors, doc_vectors.to(s.retriever.doc_vectors)]

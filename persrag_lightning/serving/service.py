@@ -35,6 +35,7 @@ from pathlib import Path
 
 from persrag_lightning.llm.registry import LLMConfig
 from persrag_lightning.memory.bank import MemoryBank, MemorySettings, UserExistsError
+from persrag_lightning.memory.recall import Encoder
 from persrag_lightning.memory.store import InvalidIdError, validate_id
 from persrag_lightning.retrieval.base import RetrievedDoc
 from persrag_lightning.retrieval.memory import memory_doc
@@ -120,7 +121,7 @@ class ChatService:
 
     @classmethod
     def open(cls, run_dir: str | Path, state_dir: str | Path | None = None, llm: LLMConfig | None = None,
-             encoder: str = "minilm", admin_token: str | None = None, use_llm: bool = True,
+             encoder: str | Encoder = "minilm", admin_token: str | None = None, use_llm: bool = True,
              extraction: str = "llm", memory_settings: MemorySettings | None = None, cache_dir: str = ".cache/persrag",
              batching: Batching | None = None, generation: Batching | None = None,
              answering: Batching | None = None, **pipeline_args: object) -> tuple[ChatService, str | None]:

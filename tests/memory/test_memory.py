@@ -667,3 +667,57 @@ def test_real_minilm_recalls_a_paraphrased_fact(tmp_path):
         bank.remember("u", text, "s")
     out = bank.recall("u", "How should I invest my savings?")
     assert out[0].memory.text == "I prefer high risk investment strategies."
+
+
+# ---- row counts kept between commits --------------------------------------------------------------------------
+
+def test_kept_row_counts_follow_every_write_without_counting_again(store, monkeypatch):
+    """Eviction's and the turn trim's counts move with the store's own commits: after each write they equal a
+    fresh count_rows of the table, and no write made the store count again."""
+    def fresh(table, user: str) -> int:
+        return table.count_rows(user_filter(user).to_sql())
+
+    add(store, "alice", ["a1", "a2"])
+    add(store, "bob", ["b1"])
+    store.add_turn("alice", "s", "user", "q")
+    assert store.count("alice") == 2 and store.count("bob") == 1 and store.trim_turns("alice", keep=5) == 0
+    counted = []
+    for table in (store.memories, store.sessions):
+        monkeypatch.setattr(table, "count_rows", lambda *a, _f=table.count_rows, **k: counted.append(a) or _f(*a, **k))
+    first = add(store, "alice", ["a3", "a4", "a5"], seed=5)
+    store.mark_used("alice", [first[0].id])
+    store.delete_memories("alice", [first[1].id])
+    for i in range(4):
+        store.add_turn("alice", "s", "assistant", f"answer {i}")
+    assert store.trim_turns("alice", keep=3) == 2
+    store.add_turn("bob", "s", "user", "q")
+    assert store.count("alice") == 4 and store.count("bob") == 1
+    assert store.trim_turns("alice", keep=3) == 0
+    assert counted == []  # every count above was the kept one
+    assert store.count("alice") == fresh(store.memories, "alice") == 4
+    assert len(store.turns("alice")) == fresh(store.sessions, "alice") == 3
+    assert store.delete_user("alice") == (4, 3) and store.count("alice") == 0
+
+
+def test_a_commit_by_another_writer_makes_the_kept_counts_be_read_again(tmp_path):
+    first = MemoryStore(tmp_path / "bank", dim=8, clock=Clock())
+    add(first, "u", ["m1"])
+    assert first.count("u") == 1
+    other = MemoryStore(tmp_path / "bank", dim=8, clock=Clock())  # another process's connection
+    add(other, "u", ["m2", "m3"], seed=3)
+    assert first.count("u") == 3
+    add(first, "u", ["m4"], seed=9)  # two commits since the kept count: read again, not moved by one
+    assert first.count("u") == 4 and other.count("u") == 4
+
+
+def test_the_kept_counts_read_the_table_through_user_filter():
+    """The count_rows the store no longer calls itself runs in row_counts.py, with the store's `_user_sql`."""
+    import inspect
+
+    import persrag_lightning.memory.store as store_module
+    from persrag_lightning.memory import row_counts
+
+    assert "count_rows(self.where(user_id))" in inspect.getsource(row_counts)
+    assert inspect.getsource(store_module).count("RowCounts(") == inspect.getsource(store_module).count(
+        ", _user_sql)")
+    assert store_module._user_sql(EVIL) == user_filter(EVIL).to_sql()

@@ -77,17 +77,20 @@ def test_serving_makes_the_readers_doc_vectors_at_load_for_the_store_and_each_us
     torch.testing.assert_close(torch.tensor(got), torch.tensor(lazy.reader.log_scores(pipe.task, [QUESTION], [docs])),
                                atol=1e-5, rtol=1e-5)
     template = store.dataset.users[store.corpus.user_ids[5]].docs
-    pipe.add_user("newcomer", [{"id": f"new-{i}", "date": f"2024-01-{i + 1:02d}",
-                                "fields": {**d.fields, "description": f"a newcomer's film {i}"}}
-                               for i, d in enumerate(template[:4])])
+    history = [{"id": f"new-{i}", "date": f"2024-01-{i + 1:02d}",
+                "fields": {**d.fields, "description": f"a newcomer's film {i}"}} for i, d in enumerate(template[:4])]
+    pipe.add_user("newcomer", history)
     theirs = [doc_text(spec, store.history_doc(r)) for r in store.corpus.rows_of("newcomer")]
     assert all(t in model._pinned for t in theirs)
+    assert doc_vectors_path(settings["cache_dir"], model, list(dict.fromkeys(t for t in theirs if t))).is_file()
     pipe.remove_user("newcomer")
     assert not any(t in model._pinned for t in theirs) and not model._vectors  # the questions it read too
     with monkeypatch.context() as patch:
         refuse_to_encode(patch)
         restarted = CFRAGPipeline.from_pretrained(run, **settings)  # the cache, nothing embedded
-    assert set(restarted.reader.model._pinned) == stored - {""}
+        assert set(restarted.reader.model._pinned) == stored - {""}
+        restarted.add_user("newcomer", history)  # a signed-up user loaded at a restart: their cached vectors
+    assert all(t in restarted.reader.model._pinned for t in theirs)
 
 
 def test_purging_users_removes_the_readers_doc_vector_cache(run_dir, tmp_path):  # noqa: F811

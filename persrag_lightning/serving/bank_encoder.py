@@ -1,0 +1,74 @@
+"""The memory bank's text encoder as the chat service runs it.
+
+Every chat embeds two texts with the bank's encoder (the message, for recall and for the memory it
+stores), one at a time. `--bank_runtime openvino` runs it in OpenVINO, as the served query and
+reranker encoders run, in float32 whatever the CPU: a bank keeps the vectors it stored under
+earlier servers, written by torch in float32, and the queries that search them must come from the
+same function. OpenVINO's bfloat16, its default on CPUs that compute it natively, would move every
+vector by about a percent; float32 matches torch's to about 1e-6 (the test holds it), so a bank
+written by either runtime is searched by the other alike.
+
+Torch stays the default. A chat embeds from its own worker thread, outside the service's model
+lock; torch runs those calls side by side, while one OpenVINO infer request takes one call at a
+time. One chat alone spent less in OpenVINO, but sixteen clients at once were served fewer chats
+per second, with a longer tail, than with torch (docs/serving/chat-service.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from persrag_lightning.memory.recall import Encoder
+from persrag_lightning.models.exported import EXPORTED_RUNTIMES, Session
+from persrag_lightning.models.text_encoder import TextEncoder, model_identity
+from persrag_lightning.utils import fingerprint
+
+__all__ = ["BANK_RUNTIMES", "ExportedTextEncoder", "bank_encoder"]
+
+BANK_RUNTIMES = ("fp32", *EXPORTED_RUNTIMES)
+BANK_PRECISION = "f32"  # OpenVINO's: the stored vectors' (module docstring)
+
+
+class ExportedTextEncoder:
+    """A TextEncoder whose forward pass runs in an exported `session`: `encode` and `dim`, what
+    MemoryBank takes of an encoder. The bank embeds from every chat's worker thread, outside the
+    service's model lock, and an OpenVINO infer request runs one call at a time (a second one
+    raises "Infer Request is busy"), so calls take this encoder's own lock."""
+
+    def __init__(self, encoder: TextEncoder, session: Session, runtime: str) -> None:
+        self.encoder, self.session, self.runtime = encoder, session, runtime
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.dim
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        with self._lock:
+            return self.encoder.encode(texts, session=self.session)
+
+
+def bank_encoder(encoder: str | Encoder, cache_dir: str | Path | None, runtime: str = "fp32") -> Encoder:
+    """The bank's encoder in `runtime`: `fp32` (torch), `onnx` or `openvino` (in float32). An
+    encoder given as an object is used as it is; a name (`minilm`, a folder) is loaded, its ONNX
+    export kept under `cache_dir` (a temp file without one).
+
+    Args:
+        encoder: a model name or folder, or an object with `encode(texts)`.
+        cache_dir: the folder of exported encoders (`<cache_dir>/onnx/`).
+        runtime: one of BANK_RUNTIMES.
+    """
+    if runtime not in BANK_RUNTIMES:
+        raise ValueError(f"the bank's runtime must be one of {', '.join(BANK_RUNTIMES)}, got {runtime!r}")
+    if not isinstance(encoder, str):
+        return encoder
+    name, model = encoder, TextEncoder.from_pretrained(encoder)
+    if runtime == "fp32":
+        return model
+    key = fingerprint(model_identity(name), model.pooling, model.normalize, model.max_length)
+    precision = BANK_PRECISION if runtime == "openvino" else None
+    session = model.exported_session(runtime, cache_dir, "bank-text", key, width_step=None, precision=precision)
+    return ExportedTextEncoder(model, session, runtime)
