@@ -1,9 +1,10 @@
 """Where a chat's time goes in the memory bank (persrag_lightning/memory/bank.py), the part of a chat without the
 LLM that is not retrieval: `remember_and_recall` of each message and `log_turn` of its answer, one chat at a time,
-under cProfile, on a new bank in a temp folder (verbatim extraction, no LLM), its encoder in torch, serving's
-default, or in another runtime (`--runtime openvino`: persrag serve's `--bank_runtime`, serving/bank_encoder.py). The messages are bench_load.py's
-distinct ones, so no text repeats. Prints the mean milliseconds of each call and the profile's heaviest functions
-by cumulative time (LanceDB's waits show as its background loop, count_rows, search and add). Measures only.
+under cProfile, on a new bank in a temp folder (verbatim extraction, no LLM), its encoder in torch (serving's
+default) or in another runtime (`--runtime openvino`: persrag serve's `--bank_runtime`, serving/bank_encoder.py).
+The messages are bench_load.py's distinct ones, so no text repeats. Prints the mean milliseconds of each call and
+the profile's heaviest functions by cumulative time (LanceDB's waits show as its background loop, count_rows, search
+and add). Measures only.
 
     python benchmarks/profile_chat_bank.py [--chats 64] [--users 16] [--encoder minilm] [--runtime fp32]
 """
