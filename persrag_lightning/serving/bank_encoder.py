@@ -8,10 +8,9 @@ same function. OpenVINO's bfloat16, its default on CPUs that compute it natively
 vector by about a percent; float32 matches torch's to about 1e-6 (the test holds it), so a bank
 written by either runtime is searched by the other alike.
 
-Torch stays the default. A chat embeds from its own worker thread, outside the service's model
-lock; torch runs those calls side by side, while one OpenVINO infer request takes one call at a
-time. One chat alone spent less in OpenVINO, but sixteen clients at once were served fewer chats
-per second, with a longer tail, than with torch (docs/serving/chat-service.md).
+Torch stays the default: one chat alone spent less in OpenVINO, but sixteen clients at once were
+served fewer chats per second, with a longer tail, than with torch, although the encoder alone
+embedded faster in OpenVINO under as many threads (docs/serving/chat-service.md).
 """
 
 from __future__ import annotations
