@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
+from persrag_lightning.serving.bank_encoder import BANK_RUNTIMES, bank_encoder
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
@@ -53,7 +54,7 @@ def _add_llm_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
-    parser.add_argument("--bank_runtime", choices=("fp32", "onnx", "openvino"), default="fp32",
+    parser.add_argument("--bank_runtime", choices=BANK_RUNTIMES, default="fp32",
                         help="what runs the bank's encoder: fp32 (torch, the default: faster under concurrent chats), "
                              "onnx or openvino (float32); their vectors agree, so a bank keeps its memories")
 
@@ -184,7 +185,6 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
     batched as `batchings` say (ChatService's `batching`, `generation` and `answering`); (service,
     whether the admin token was generated)."""
     from persrag_lightning.llm.registry import LLMConfig
-    from persrag_lightning.serving.bank_encoder import bank_encoder
     from persrag_lightning.serving.service import ChatService
 
     llm = LLMConfig(
