@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,9 @@ def measure(name: str, encode: Encode, threads: int, per_thread: int) -> str:
             with guard:
                 seconds.append(time.perf_counter() - t0)
 
-    workers = [threading.Thread(target=work, args=(batch,)) for batch in texts]
     t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(work, texts))
     wall = time.perf_counter() - t0
     ms = np.array(seconds) * 1e3
     return f"| {name} | {threads * per_thread / wall:.0f} | {np.percentile(ms, 50):.1f} | {np.percentile(ms, 99):.1f} |"
