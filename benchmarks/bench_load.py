@@ -8,7 +8,9 @@ Prints requests/s, p50/p95/p99 latency, errors and the server's resident memory 
 as a markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and
 the table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and
 p5 over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
-LLM's tokenizer. Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts
+LLM's tokenizer; a third server batches like the second but generates its replies in whole batches
+(`--llm_batching batches`) instead of continuously (a reply joining those in flight between two tokens, the
+default). Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts
 nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
@@ -335,6 +337,9 @@ def main() -> None:
         extra = shlex.split(args.serve_args)
         servers = [Server("unbatched", [*extra, *alone], run, tmp, bank, args.gemm, llm),
                    Server("batched", [*extra, *batched], run, tmp, bank, args.gemm, llm)]
+        if args.llm:  # the replies' earlier batching, beside the default (continuous) in the same run
+            servers.append(Server("batched, whole reply batches", [*extra, *batched, "--llm_batching", "batches"],
+                                  run, tmp, bank, args.gemm, llm))
         rows, logs = [], {}
         try:
             for s in servers:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
 from persrag_lightning.serving.bank_encoder import BANK_RUNTIMES, bank_encoder
-from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching
+from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching, ReplyBatching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
 
@@ -130,9 +130,14 @@ def _add_operation_options(parser: argparse.ArgumentParser) -> None:
                         help="how long a chat waits for batch-mates before its retrieval runs (0: only those "
                              "already queued)")
     parser.add_argument("--llm_max_batch", type=int, default=REPLY_BATCHING.max_batch,
-                        help="concurrent chats whose LLM replies are generated in one batched call (1: each alone)")
+                        help="the most chats whose LLM replies are generated together (1: each alone)")
+    parser.add_argument("--llm_batching", choices=["continuous", "batches"],
+                        default="continuous" if REPLY_BATCHING.continuous else "batches",
+                        help="continuous: a reply joins those in flight between two tokens and leaves when it ends; "
+                             "batches: the replies of chats that arrive together, generated from first token to "
+                             "last (docs/serving/chat-service.md)")
     parser.add_argument("--llm_max_wait_ms", type=float, default=REPLY_BATCHING.max_wait_ms,
-                        help="how long a chat's reply waits for batch-mates before it is generated")
+                        help="with --llm_batching batches: how long a chat's reply waits for batch-mates")
     parser.add_argument("--answers_max_batch", type=int, default=ANSWER_BATCHING.max_batch,
                         help="concurrent label questions (POST /v1/answers) retrieved in one call and read in one "
                              "call (1: each alone)")
@@ -158,7 +163,8 @@ def serve_command(argv: list[str]) -> None:
         parser.error("--cohorts is read only with --users cluster")
     try:
         batchings = {"batching": Batching(args.max_batch, args.max_wait_ms),
-                     "generation": Batching(args.llm_max_batch, args.llm_max_wait_ms),
+                     "generation": ReplyBatching(args.llm_max_batch, args.llm_max_wait_ms,
+                                                 continuous=args.llm_batching == "continuous"),
                      "answering": Batching(args.answers_max_batch, args.answers_max_wait_ms)}
     except ValueError as e:
         parser.error(str(e))
@@ -226,6 +232,4 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
         for what, batcher, items in (("retrieval", service.retrieval, "chats"),
                                      ("LLM reply", service.answerer.generation, "chats"),
                                      ("answers", service.answering, "questions")):
-            stats = batcher.stats
-            print(f"persrag serve: {what} batches: {stats.calls} calls for {stats.items} {items}, largest "
-                  f"{stats.largest}", file=sys.stderr)
+            print(f"persrag serve: {what} batches: {batcher.stats.describe(items)}", file=sys.stderr)

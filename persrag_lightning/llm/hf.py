@@ -181,9 +181,14 @@ class HFLLM(FollowsModelDevice, LLM):
             except RuntimeError as err:
                 raise LLMBackendError(f"hf generate failed on {self.name} (batch of {len(idx)}): {err}") from err
             for row, i in zip(gen[:, ids.shape[1]:].tolist(), idx):
-                cut = next((j for j, t in enumerate(row) if t in self._eos_ids), len(row))
-                outputs[i] = self.tokenizer.decode(row[:cut], skip_special_tokens=True).strip()
+                outputs[i] = self.reply_text(row)
         return outputs
+
+    def reply_text(self, tokens: list[int]) -> str:
+        """A generated row's answer: its tokens up to the first end-of-turn token, decoded,
+        stripped (`generate`'s and continuous batching's, llm/hf_stepping.py)."""
+        cut = next((j for j, t in enumerate(tokens) if t in self._eos_ids), len(tokens))
+        return self.tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
 
     @torch.inference_mode()
     def score(self, prompts: list[str], targets: list[str]) -> list[float]:

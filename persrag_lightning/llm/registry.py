@@ -144,12 +144,17 @@ class LLMConfig:
             return {}
         return {"calibration": self.calibration, "decision": resolve_decision(task, self.decision)}
 
+    @property
+    def chat_budget(self) -> int:
+        """The most tokens a free-text reply has: `max_new_tokens`, 64 (the paper's budget) when unset."""
+        return self.max_new_tokens or 64
+
     def chat(self, llm: LLM, prompts: list[str], store: PromptStore | None = None,
              phase: str | None = None) -> list[str]:
         """Free-text replies (the service and the memory evaluation): greedy generation,
         `max_new_tokens` (default 64, the paper's budget), stripped; through the store when given; a
         named `phase` prints progress."""
-        budget = self.max_new_tokens or 64
+        budget = self.chat_budget
 
         def run(todo: list[int]) -> list[str]:
             return in_blocks(todo, lambda part: [(out or "").strip()

@@ -8,17 +8,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import threading
-
     from persrag_lightning.retrieval.base import RetrievedDoc
     from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline, Generation
+    from persrag_lightning.serving.fair_lock import ModelLock
 
 __all__ = ["answer_batch"]
 
 Asks = list[tuple[str, str]]
 
 
-def answer_batch(pipeline: CFRAGPipeline, model_lock: threading.Lock,
+def answer_batch(pipeline: CFRAGPipeline, model_lock: ModelLock,
                  guarded_docs: Callable[[Asks], list[list[RetrievedDoc]]],
                  asks: Asks) -> list[tuple[list[RetrievedDoc], Generation]]:
     """Each (user, question)'s docs and the reader's answer, the batch's in one retrieval and one

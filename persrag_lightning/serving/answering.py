@@ -1,16 +1,17 @@
 """A chat turn's answer: its prompt (the caller's memories and CFRAG docs, marked as data, and the
-conversation) and the LLM's reply, with the tokens of each. The replies of chats that arrive together
-are generated in one batched call (`MicroBatcher` over the LLM's own batched, left-padded
-generation), so that concurrent users share the model's steps instead of queueing for them.
+conversation) and the LLM's reply, with the tokens of each. Concurrent chats' replies share the
+model's steps instead of queueing for them: by default each joins the replies in flight between two
+tokens (continuous batching, serving/continuous.py); `--llm_batching batches` generates the replies
+of chats that arrive together in one call (`MicroBatcher` over the LLM's left-padded generation).
 """
 
 from __future__ import annotations
 
-import threading
-
 from persrag_lightning.retrieval.base import RetrievedDoc
 from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
+from persrag_lightning.serving.continuous import ContinuousReplies
+from persrag_lightning.serving.fair_lock import ModelLock
 from persrag_lightning.serving.prompt import build_serving_prompt
 
 __all__ = ["Answer", "ChatAnswerer"]
@@ -30,14 +31,20 @@ class ChatAnswerer:
         pipeline: the served pipeline (its LLM and LLM settings).
         use_llm: False: a canned reply naming what was found (`persrag serve --no_llm`).
         lock: the service's model lock, held while the LLM or its tokenizer runs.
-        batching: how concurrent chats' replies are batched (default REPLY_BATCHING; max_batch 1:
-            each alone, in the request's thread).
+        batching: how concurrent chats' replies are batched (default REPLY_BATCHING, continuous;
+            max_batch 1: each alone, in the request's thread).
     """
 
-    def __init__(self, pipeline: CFRAGPipeline, use_llm: bool, lock: threading.Lock,
+    def __init__(self, pipeline: CFRAGPipeline, use_llm: bool, lock: ModelLock,
                  batching: Batching | None = None) -> None:
         self.pipeline, self.use_llm, self._lock = pipeline, use_llm, lock
-        self.generation = MicroBatcher(self._reply_many, batching or REPLY_BATCHING, name="persrag-generation")
+        batching = batching or REPLY_BATCHING
+        self.generation: ContinuousReplies | MicroBatcher
+        if use_llm and batching.max_batch > 1 and getattr(batching, "continuous", False):
+            self.generation = ContinuousReplies(lambda: pipeline.llm, lock, pipeline.llm_config.chat_budget,
+                                                batching.max_batch, self._reply_many)
+        else:
+            self.generation = MicroBatcher(self._reply_many, batching, name="persrag-generation")
 
     def __call__(self, message: str, memories: list[RetrievedDoc], docs: list[RetrievedDoc],
                  history: list[tuple[str, str]]) -> Answer:

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["ANSWER_BATCHING", "REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher"]
+__all__ = ["ANSWER_BATCHING", "REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher", "ReplyBatching"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,9 +47,25 @@ class Batching:
 # POST /v1/answers' default, on: concurrent questions measured faster batched, retrieval and reading
 # both (docs/serving/chat-service.md#many-users-at-once); no wait: the questions queued meanwhile
 ANSWER_BATCHING = Batching(max_batch=16, max_wait_ms=0.0)
+
+
+@dataclass(frozen=True)
+class ReplyBatching(Batching):
+    """How the service batches concurrent chats' LLM replies (`persrag serve --llm_max_batch
+    --llm_max_wait_ms --llm_batching`).
+
+    Args:
+        continuous: True: a reply joins the replies in flight between two tokens and leaves when it
+            ends, at most `max_batch` in flight (serving/continuous.py; `max_wait_ms` unused); False:
+            whole batches, each generated from its first token to its last (the micro-batcher).
+    """
+
+    continuous: bool = True
+
+
 # the LLM replies' default, on: concurrent chats' replies measured faster batched, and a lone chat's no
 # slower (docs/serving/chat-service.md#many-users-at-once)
-REPLY_BATCHING = Batching(max_batch=16, max_wait_ms=5.0)
+REPLY_BATCHING = ReplyBatching(max_batch=16, max_wait_ms=5.0, continuous=True)
 
 
 @dataclass
@@ -65,6 +81,9 @@ class BatchStats:
     calls: int = 0
     items: int = 0
     largest: int = 0
+
+    def describe(self, items: str) -> str:
+        return f"{self.calls} calls for {self.items} {items}, largest {self.largest}"
 
 
 class MicroBatcher(Generic[T, R]):

@@ -3,10 +3,9 @@ the chat's locked section (moved out of serving/service.py, which `ChatService.o
 
 from __future__ import annotations
 
-import threading
-
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
+from persrag_lightning.serving.fair_lock import ModelLock
 
 __all__ = ["LockedLLM"]
 
@@ -20,7 +19,7 @@ class LockedLLM(LLM):
         lock: the service's model lock.
     """
 
-    def __init__(self, pipeline: CFRAGPipeline, lock: threading.Lock) -> None:
+    def __init__(self, pipeline: CFRAGPipeline, lock: ModelLock) -> None:
         super().__init__(batch_size=pipeline.llm_config.batch_size)
         self.pipeline, self.lock = pipeline, lock
         self.backend = pipeline.llm_config.backend

@@ -53,6 +53,7 @@ from persrag_lightning.serving.answering import ChatAnswerer
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
+from persrag_lightning.serving.fair_lock import FairLock, ModelLock
 from persrag_lightning.serving.gate import UserGate
 from persrag_lightning.serving.locked_llm import LockedLLM
 from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History, SignUp
@@ -90,7 +91,7 @@ class ChatService:
     """
 
     def __init__(self, pipeline: CFRAGPipeline, bank: MemoryBank, state_dir: str | Path, admin_token_hash: str,
-                 use_llm: bool = True, k: int | None = None, model_lock: threading.Lock | None = None,
+                 use_llm: bool = True, k: int | None = None, model_lock: ModelLock | None = None,
                  run_dir: str | Path | None = None, cache_dir: str | Path = ".cache/persrag",
                  batching: Batching | None = None, generation: Batching | None = None,
                  answering: Batching | None = None) -> None:
@@ -102,7 +103,7 @@ class ChatService:
         self.admin_token_hash = admin_token_hash
         self.use_llm, self.k = use_llm, k
         self.exported_users = set(pipeline.store.corpus.user_ids)
-        self._model_lock = model_lock or threading.Lock()
+        self._model_lock = model_lock or FairLock()
         self._state_lock = threading.RLock()
         self._gate = UserGate()
         self.account_store = AccountStore(self.state, admin_token_hash)
@@ -146,7 +147,7 @@ class ChatService:
         pipeline = CFRAGPipeline.from_pretrained(run_dir, llm=llm, cache_dir=cache_dir, **pipeline_args)
         if extraction not in ("llm", "verbatim"):
             raise ValueError(f"extraction must be llm or verbatim, got {extraction!r}")
-        lock = threading.Lock()
+        lock = FairLock()  # first come, first served: chats retrieve between two tokens of replies
         extractor = LockedLLM(pipeline, lock) if (use_llm and extraction == "llm") else None
         bank = MemoryBank.open(state / "memory", encoder, extractor, memory_settings)
         generated = None

@@ -5,11 +5,12 @@ asserts a time."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
-from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching
+from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching, ReplyBatching
 from tests.helpers.serve_helpers import ADMIN, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
@@ -136,7 +137,10 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
     assert seen["answering"] == Batching(max_batch=1, max_wait_ms=3.0) and seen["batching"] == Batching()
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--no_llm", "--llm_max_batch", "8", "--llm_max_wait_ms", "20"])
-    assert seen["batching"] == Batching() and seen["generation"] == Batching(max_batch=8, max_wait_ms=20.0)
+    assert seen["batching"] == Batching() and seen["generation"] == ReplyBatching(max_batch=8, max_wait_ms=20.0)
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--llm_batching", "batches"])
+    assert seen["generation"] == dataclasses.replace(REPLY_BATCHING, continuous=False) and REPLY_BATCHING.continuous
     with pytest.raises(SystemExit):
         serve_command(["--run", "r", "--max_batch", "0"])
     with pytest.raises(SystemExit):
