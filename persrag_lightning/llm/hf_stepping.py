@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # a transformers release before layered caches: stepping_unsupported says so
+    DynamicLayer = object
+
 if TYPE_CHECKING:
     from persrag_lightning.llm.hf import HFLLM
 
@@ -51,7 +56,6 @@ def stepping_unsupported(llm: Any) -> str | None:
         return f"{llm.num_beams}-beam search"
     try:
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         cache = DynamicCache(config=llm.model.config)
     except (ImportError, TypeError) as err:
@@ -101,6 +105,7 @@ class GreedyRows:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         first = self._forward(ids, mask, positions, cache)
         start = len(self.rows)
+        self._budget = max(budget, getattr(self, "_budget", 0))
         self._append([_Row(key, budget) for key in keys], cache, mask.cpu(), first)
         return self._collect(start)
 
@@ -128,12 +133,14 @@ class GreedyRows:
     def _append(self, rows: list[_Row], cache: Any, mask: torch.Tensor, first: torch.Tensor) -> None:
         """New rows after those in flight, their cache and mask left-padded to a common width."""
         if self._cache is None or not self.rows:
+            cache.layers = [_RoomyLayer(layer.keys, layer.values, self._budget) for layer in cache.layers]
             self._cache, self._mask, self._last, self.rows = cache, mask, first, rows
             return
         width = max(self._mask.shape[1], mask.shape[1])
-        for old, new in zip(self._cache.layers, cache.layers):
-            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)])
-            old.values = torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)])
+        self._cache.layers = [
+            _RoomyLayer(torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)]),
+                        torch.cat([_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)]), self._budget)
+            for old, new in zip(self._cache.layers, cache.layers)]
         self._mask = torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
         self._last = torch.cat([self._last, first])
         self.rows += rows
@@ -164,10 +171,56 @@ class GreedyRows:
         index = torch.tensor(kept, dtype=torch.long)
         used = self._mask[index].any(0).nonzero()
         start = int(used[0]) if len(used) else 0  # leading positions all padding: dropped
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[index.to(layer.keys.device), :, start:]
-            layer.values = layer.values[index.to(layer.values.device), :, start:]
+        at = index.to(self.llm.device)
+        self._cache.layers = [_RoomyLayer(layer.keys[at, :, start:], layer.values[at, :, start:], self._budget)
+                              for layer in self._cache.layers]
         self._mask, self._last = self._mask[index, start:], self._last[index]
+
+
+class _RoomyLayer(DynamicLayer):
+    """transformers' DynamicLayer whose keys and values sit in a buffer with `room` positions to
+    spare: a decoding step writes its token in place, where DynamicLayer concatenates (copies) the
+    whole cache at every token, which on a CPU took about as long as the step's matrix products."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
+        # not DynamicLayer's __init__: `keys` and `values` are views of the buffers here
+        self.device, self.is_initialized = keys.device, True
+        self._room = max(room, 1)
+        self._fill(keys, values)
+
+    def _fill(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        b, h, n, d = keys.shape
+        self._keys = keys.new_empty((b, h, n + self._room, d))
+        self._values = values.new_empty((b, h, n + self._room, values.shape[-1]))
+        self._keys[:, :, :n], self._values[:, :, :n] = keys, values
+        self._n = n
+
+    @property
+    def keys(self) -> torch.Tensor:  # type: ignore[override]
+        return self._keys[:, :, :self._n]
+
+    @property
+    def values(self) -> torch.Tensor:  # type: ignore[override]
+        return self._values[:, :, :self._n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        new = key_states.shape[-2]
+        if self._n + new > self._keys.shape[2]:  # out of room: a bigger buffer, once
+            self._fill(self.keys, self.values)
+        self._keys[:, :, self._n:self._n + new] = key_states
+        self._values[:, :, self._n:self._n + new] = value_states
+        self._n += new
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._n
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._n + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
 
 
 def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
