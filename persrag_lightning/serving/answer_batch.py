@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from persrag_lightning.retrieval.base import RetrievedDoc
     from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline, Generation
-    from persrag_lightning.serving.fair_lock import ModelLock
+    from persrag_lightning.serving.model_lock import ModelLock
 
 __all__ = ["answer_batch"]
 

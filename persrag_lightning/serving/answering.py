@@ -11,7 +11,7 @@ from persrag_lightning.retrieval.base import RetrievedDoc
 from persrag_lightning.serving.batcher import REPLY_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.continuous import ContinuousReplies
-from persrag_lightning.serving.fair_lock import ModelLock
+from persrag_lightning.serving.model_lock import ModelLock
 from persrag_lightning.serving.prompt import build_serving_prompt
 
 __all__ = ["Answer", "ChatAnswerer"]

@@ -4,9 +4,9 @@ as its longest reply, and a chat that arrives while it runs waits for all of it)
 
 One worker thread loops: it takes the prompts queued (up to `max_rows` in flight), prefills them,
 generates one token for every row (llm/hf_stepping.py) and hands back the replies that ended. It
-holds the model lock for one prefill or one token at a time, so other chats retrieve between two
-tokens; the service's lock is first-come, first-served (serving/fair_lock.py), so the worker cannot
-take it back before them.
+holds the model lock for one prefill or one token at a time and, after each, lets the threads
+waiting for it in first (serving/model_lock.py), so other chats retrieve between two tokens and
+join the replies in flight.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.hf_stepping import Ended, GreedyRows, stepping_unsupported
-from persrag_lightning.serving.fair_lock import ModelLock
+from persrag_lightning.serving.model_lock import ModelLock
 
 __all__ = ["ContinuousReplies", "ContinuousStats"]
 
@@ -177,6 +177,7 @@ class ContinuousReplies:
         try:
             with self._lock:
                 ended = self._ended(self._rows.step())
+            self._lock.yield_to_waiters()
         except Exception as e:
             log.exception("continuous batching: a decoding step failed; %d replies in flight fail",
                           len(self._waiting))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
-from persrag_lightning.serving.fair_lock import ModelLock
+from persrag_lightning.serving.model_lock import ModelLock
 
 __all__ = ["LockedLLM"]
 

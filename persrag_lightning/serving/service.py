@@ -53,9 +53,9 @@ from persrag_lightning.serving.answering import ChatAnswerer
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, Batching, MicroBatcher
 from persrag_lightning.serving.cfrag_pipeline import CFRAGPipeline
 from persrag_lightning.serving.completion import ChatTurn, chat_completion
-from persrag_lightning.serving.fair_lock import FairLock, ModelLock
 from persrag_lightning.serving.gate import UserGate
 from persrag_lightning.serving.locked_llm import LockedLLM
+from persrag_lightning.serving.model_lock import ModelLock
 from persrag_lightning.serving.requests import MAX_MESSAGE_CHARS, Chat, History, SignUp
 from persrag_lightning.serving.user_files import read_user_file, user_file, write_user_file
 from persrag_lightning.serving.validation import ServiceError, bad_request, is_utf8, parse
@@ -103,7 +103,7 @@ class ChatService:
         self.admin_token_hash = admin_token_hash
         self.use_llm, self.k = use_llm, k
         self.exported_users = set(pipeline.store.corpus.user_ids)
-        self._model_lock = model_lock or FairLock()
+        self._model_lock = model_lock or ModelLock()
         self._state_lock = threading.RLock()
         self._gate = UserGate()
         self.account_store = AccountStore(self.state, admin_token_hash)
@@ -147,7 +147,7 @@ class ChatService:
         pipeline = CFRAGPipeline.from_pretrained(run_dir, llm=llm, cache_dir=cache_dir, **pipeline_args)
         if extraction not in ("llm", "verbatim"):
             raise ValueError(f"extraction must be llm or verbatim, got {extraction!r}")
-        lock = FairLock()  # first come, first served: chats retrieve between two tokens of replies
+        lock = ModelLock()  # knows who waits: continuous batching lets chats retrieve between two tokens
         extractor = LockedLLM(pipeline, lock) if (use_llm and extraction == "llm") else None
         bank = MemoryBank.open(state / "memory", encoder, extractor, memory_settings)
         generated = None

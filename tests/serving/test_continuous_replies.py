@@ -1,11 +1,12 @@
-"""Continuous batching of the chats' LLM replies (serving/continuous.py) and the service's first-come,
-first-served model lock (serving/fair_lock.py): a prompt that arrives while replies are in flight joins them between
-two tokens, and every reply equals the one the LLM gives that prompt alone, with its own token counts; an LLM that
-cannot decode row by row gets the prompts queued together in one call; the lock serves its waiters in the order
-they asked. No test asserts a time."""
+"""Continuous batching of the chats' LLM replies (serving/continuous.py) and the service's model lock
+(serving/model_lock.py): a prompt that arrives while replies are in flight joins them between two tokens, and every
+reply equals the one the LLM gives that prompt alone, with its own token counts; an LLM that cannot decode row by row
+gets the prompts queued together in one call; between two tokens the worker lets a thread waiting for the lock take
+it first. No test asserts a time."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.serving.batcher import REPLY_BATCHING, ReplyBatching
 from persrag_lightning.serving.continuous import ContinuousReplies
-from persrag_lightning.serving.fair_lock import FairLock
+from persrag_lightning.serving.model_lock import ModelLock
 from tests.helpers.serve_helpers import ADMIN, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
@@ -22,7 +23,7 @@ PROMPTS = ["a detective hunts a killer in a rainy city", "two friends open a bak
 BUDGET = 8
 
 
-class PausingLock(FairLock):
+class PausingLock(ModelLock):
     """The model lock, stopping the worker at its `pause_at`-th acquisition until the test lets it go."""
 
     def __init__(self, pause_at: int) -> None:
@@ -76,14 +77,14 @@ def test_an_llm_that_cannot_decode_row_by_row_gets_whole_batches():
         calls.append(prompts)
         return [(p.upper(), (1, 1)) for p in prompts]
 
-    replies = ContinuousReplies(WholeBatchesOnly, FairLock(), BUDGET, max_rows=4, whole_batches=whole)
+    replies = ContinuousReplies(WholeBatchesOnly, ModelLock(), BUDGET, max_rows=4, whole_batches=whole)
     assert replies(PROMPTS[0]) == (PROMPTS[0].upper(), (1, 1))
     replies.close()
     assert calls == [[PROMPTS[0]]] and replies.stats.calls == 1 and replies.stats.steps == 0
 
 
 def test_a_failing_prompt_fails_its_own_chat_only(llm):
-    replies = ContinuousReplies(lambda: llm, FairLock(), BUDGET, max_rows=4, whole_batches=lambda prompts: [])
+    replies = ContinuousReplies(lambda: llm, ModelLock(), BUDGET, max_rows=4, whole_batches=lambda prompts: [])
     bad = replies.submit(None)  # not text: its prefill fails
     good = replies.submit(PROMPTS[1])
     assert good.result(60) == alone(llm, PROMPTS[1])
@@ -119,20 +120,35 @@ def test_the_service_replies_continuously_by_default(run_dir, tiny_bert, tiny_ll
     service.close()
 
 
-def test_the_fair_lock_serves_its_waiters_in_the_order_they_asked():
-    lock, entered = FairLock(), []
+def test_between_two_tokens_a_thread_waiting_for_the_lock_takes_it_first(llm):
+    """The worker releases the lock after every token and lets a waiting thread take it before its next token: a
+    thread asking for the lock again and again gets it while the reply is still in flight, about a token apart."""
+    lock = ModelLock()
+    replies = ContinuousReplies(lambda: llm, lock, 40, max_rows=4, whole_batches=lambda prompts: [])
+    first = replies.submit(PROMPTS[0])
+    while replies.stats.steps < 2:  # the reply is in flight
+        threading.Event().wait(0.001)
+    got_in = []
+    for _ in range(5):
+        with lock:
+            got_in.append((first.done(), replies.stats.steps))
+    assert first.result(60) == (llm.generate([PROMPTS[0]], 40)[0], first.result()[1])
+    replies.close()
+    assert not any(done for done, _ in got_in)
+    gaps = [b - a for (_, a), (_, b) in itertools.pairwise(got_in)]
+    assert max(gaps) <= 3, gaps  # one token apart; the step counter moves outside the lock, so it may lag by one
+
+
+def test_the_model_lock_counts_its_waiters_and_lets_them_in():
+    lock, entered = ModelLock(), threading.Event()
     lock.acquire()
-    threads = []
-    for i in range(5):
-        t = threading.Thread(target=lambda i=i: (lock.acquire(), entered.append(i), lock.release()))
-        t.start()
-        threads.append(t)
-        while lock._next != i + 2:  # this thread holds its ticket before the next one starts
-            threading.Event().wait(0.001)
-    assert lock.locked() and entered == []
+    t = threading.Thread(target=lambda: (lock.acquire(), entered.set(), lock.release()))
+    t.start()
+    while lock.waiting != 1:
+        threading.Event().wait(0.001)
     lock.release()
-    for t in threads:
-        t.join(10)
-    assert entered == [0, 1, 2, 3, 4] and not lock.locked()
-    with pytest.raises(RuntimeError, match="unlocked"):
-        lock.release()
+    lock.yield_to_waiters(at_most_s=10)  # returns once the waiting thread holds the lock (or has had it)
+    t.join(10)
+    assert entered.is_set() and lock.waiting == 0 and not lock.locked()
+    with lock:
+        assert lock.locked()
