@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Self, TypeVar
 
-__all__ = ["ANSWER_BATCHING", "REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher", "ReplyBatching"]
+__all__ = ["ANSWER_BATCHING", "REPLY_BATCHING", "BatchStats", "Batching", "MicroBatcher", "QueueWorker", "ReplyBatching"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -86,48 +86,43 @@ class BatchStats:
         return f"{self.calls} calls for {self.items} {items}, largest {self.largest}"
 
 
-class MicroBatcher(Generic[T, R]):
-    """`fn(items) -> results` (one result per item, in order) behind a per-item `submit`.
+class QueueWorker:
+    """One worker thread behind a queue of (item, future): started on first use (a service that
+    never chats has no thread), stopped by `close` once what is queued is done. The micro-batcher's
+    and continuous batching's (serving/continuous.py); a subclass's `_loop` takes the queue until
+    it meets `_stop`.
 
     Args:
-        fn: the batched function.
-        batching: its bounds (default Batching()).
         name: the worker thread's name.
     """
 
-    def __init__(self, fn: Callable[[list[T]], Sequence[R]], batching: Batching | None = None,
-                 name: str = "micro-batcher") -> None:
-        self.fn, self.batching, self.name = fn, batching or Batching(), name
-        self.stats = BatchStats()
+    _stop = _STOP  # what `close` queues last
+
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
 
-    def __call__(self, item: T) -> R:
-        """The item's result (or its exception), batched with whatever arrives with it."""
-        return self.submit(item).result()
+    def _refuse_if_closed(self) -> None:
+        """The caller holds `_lock`."""
+        if self._closed:
+            raise RuntimeError(f"{self.name} is closed")
 
-    def submit(self, item: T) -> Future:
-        """A future of the item's result; refused (RuntimeError) once the batcher is closed."""
+    def _enqueue(self, item: object) -> Future:
+        """A future of the item's result, once the worker takes it; refused once closed."""
         future: Future = Future()
-        if self.batching.max_batch == 1:  # the unbatched path: this thread, no queue
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"{self.name} is closed")
-            self._run([item], [future])
-            return future
         with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self.name} is closed")
-            if self._worker is None:  # started on first use: a service that never chats has no thread
+            self._refuse_if_closed()
+            if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._worker.start()
             self._queue.put((item, future))
         return future
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Refuse new items, answer those queued, stop the worker; idempotent."""
+        """Refuse new items, finish those queued, stop the worker; idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -138,11 +133,44 @@ class MicroBatcher(Generic[T, R]):
         if worker is not None:
             worker.join(timeout)
 
-    def __enter__(self) -> MicroBatcher[T, R]:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class MicroBatcher(QueueWorker, Generic[T, R]):
+    """`fn(items) -> results` (one result per item, in order) behind a per-item `submit`.
+
+    Args:
+        fn: the batched function.
+        batching: its bounds (default Batching()).
+        name: the worker thread's name.
+    """
+
+    def __init__(self, fn: Callable[[list[T]], Sequence[R]], batching: Batching | None = None,
+                 name: str = "micro-batcher") -> None:
+        super().__init__(name)
+        self.fn, self.batching = fn, batching or Batching()
+        self.stats = BatchStats()
+
+    def __call__(self, item: T) -> R:
+        """The item's result (or its exception), batched with whatever arrives with it."""
+        return self.submit(item).result()
+
+    def submit(self, item: T) -> Future:
+        """A future of the item's result; refused (RuntimeError) once the batcher is closed."""
+        if self.batching.max_batch > 1:
+            return self._enqueue(item)
+        with self._lock:  # the unbatched path: this thread, no queue
+            self._refuse_if_closed()
+        future: Future = Future()
+        self._run([item], [future])
+        return future
 
     def _loop(self) -> None:
         stopping = False

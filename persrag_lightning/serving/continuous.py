@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.llm.hf_stepping import Ended, GreedyRows, stepping_unsupported
+from persrag_lightning.serving.batcher import QueueWorker
 from persrag_lightning.serving.model_lock import ModelLock
 
 __all__ = ["ContinuousReplies", "ContinuousStats"]
 
 log = logging.getLogger(__name__)
 Reply = tuple[str, tuple[int, int]]  # (reply, (the prompt's tokens, the reply's))
-_STOP = object()
 
 
 @dataclass
@@ -50,7 +49,7 @@ class ContinuousStats:
                 f"{self.largest} in flight")
 
 
-class ContinuousReplies:
+class ContinuousReplies(QueueWorker):
     """`prompt -> (reply, usage)` for concurrent chats, decoded together as they come and go.
 
     Args:
@@ -68,13 +67,10 @@ class ContinuousReplies:
                  whole_batches: Callable[[list[str]], list[Reply]], name: str = "persrag-generation") -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-        self._llm, self._lock, self.budget, self.max_rows = llm, lock, budget, max_rows
-        self._whole_batches, self.name = whole_batches, name
+        super().__init__(name)
+        self._llm, self._model_lock, self.budget, self.max_rows = llm, lock, budget, max_rows
+        self._whole_batches = whole_batches
         self.stats = ContinuousStats()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._guard = threading.Lock()
-        self._worker: threading.Thread | None = None
-        self._closed = False
         self._rows: GreedyRows | None = None
         self._stepping: bool | None = None  # whether the LLM decodes row by row (known at its first prompt)
         self._waiting: dict[int, tuple[Future, int]] = {}  # a row's key: its future, its prompt's tokens
@@ -83,28 +79,9 @@ class ContinuousReplies:
         return self.submit(prompt).result()
 
     def submit(self, prompt: str) -> Future:
-        """A future of the prompt's reply; refused (RuntimeError) once closed."""
-        future: Future = Future()
-        with self._guard:
-            if self._closed:
-                raise RuntimeError(f"{self.name} is closed")
-            if self._worker is None:  # started on first use: a service that never chats has no thread
-                self._worker = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._worker.start()
-            self._queue.put((prompt, future))
-        return future
-
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Refuse new prompts, finish the replies in flight and those queued, stop the worker."""
-        with self._guard:
-            if self._closed:
-                return
-            self._closed = True
-            worker = self._worker
-            if worker is not None:
-                self._queue.put(_STOP)
-        if worker is not None:
-            worker.join(timeout)
+        """A future of the prompt's reply; refused (RuntimeError) once closed (`close` finishes the
+        replies in flight and those queued)."""
+        return self._enqueue(prompt)
 
     def _loop(self) -> None:
         stopping = False
@@ -128,7 +105,7 @@ class ContinuousReplies:
                 entry = self._queue.get() if block and not taken else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if entry is _STOP:
+            if entry is self._stop:
                 return taken, True
             taken.append(entry)
         return taken, False
@@ -142,7 +119,7 @@ class ContinuousReplies:
                 self._settle(futures, self._whole_batches(prompts))
                 return
             keys = [id(f) for f in futures]
-            with self._lock:
+            with self._model_lock:
                 counts = [self._rows.llm.count_tokens(p) for p in prompts]
                 ended = self._ended(self._rows.admit(keys, prompts, self.budget))
         except Exception as e:  # noqa: BLE001  (handed to the futures: a waiting chat never hangs)
@@ -160,7 +137,7 @@ class ContinuousReplies:
     def _can_step(self) -> bool:
         """Whether the LLM decodes row by row; asked once, the reason it cannot logged."""
         if self._stepping is None:
-            with self._lock:
+            with self._model_lock:
                 llm = self._llm()
                 why = stepping_unsupported(llm)
                 self._stepping = why is None
@@ -175,9 +152,9 @@ class ContinuousReplies:
         """One token for every row in flight; if it fails, every row in flight gets the error (their
         cache is one)."""
         try:
-            with self._lock:
+            with self._model_lock:
                 ended = self._ended(self._rows.step())
-            self._lock.yield_to_waiters()
+            self._model_lock.yield_to_waiters()
         except Exception as e:
             log.exception("continuous batching: a decoding step failed; %d replies in flight fail",
                           len(self._waiting))

@@ -23,6 +23,26 @@ def open_service(run_dir, state, tiny_bert, tiny_llm=None, cache=None, **pipelin
     return service
 
 
+def chat_at_once(service: ChatService, messages: list[str]) -> list:
+    """Each message from its own exported user (signed up by the admin, so their docs are in the store), all
+    sent at once from one thread each; the turns, in the messages' order."""
+    admin = service.authenticate(f"Bearer {ADMIN}")
+    users = service.pipeline.store.corpus.user_ids[:len(messages)]
+    callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
+                                                                admin)["access_token"]) for u in users]
+    turns: dict[int, object] = {}
+
+    def chat(i: int) -> None:
+        turns[i] = service.chat(callers[i], {"messages": [{"role": "user", "content": messages[i]}]})
+
+    threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(messages))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return [turns[i] for i in range(len(messages))]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

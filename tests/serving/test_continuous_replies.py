@@ -15,7 +15,7 @@ from persrag_lightning.llm.hf import HFLLM
 from persrag_lightning.serving.batcher import REPLY_BATCHING, ReplyBatching
 from persrag_lightning.serving.continuous import ContinuousReplies
 from persrag_lightning.serving.model_lock import ModelLock
-from tests.helpers.serve_helpers import ADMIN, open_service
+from tests.helpers.serve_helpers import chat_at_once, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,20 +97,7 @@ def test_the_service_replies_continuously_by_default(run_dir, tiny_bert, tiny_ll
     assert REPLY_BATCHING.continuous
     service = open_service(run_dir, tmp_path / "llm", tiny_bert, tiny_llm, generation=ReplyBatching(max_batch=4))
     assert isinstance(service.answerer.generation, ContinuousReplies)
-    users = service.pipeline.store.corpus.user_ids[:len(PROMPTS)]
-    admin = service.authenticate(f"Bearer {ADMIN}")
-    callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
-                                                                admin)["access_token"]) for u in users]
-    turns: dict[int, object] = {}
-
-    def chat(i: int) -> None:
-        turns[i] = service.chat(callers[i], {"messages": [{"role": "user", "content": PROMPTS[i]}]})
-
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    turns = chat_at_once(service, PROMPTS)
     llm = service.pipeline.llm
     for i in range(len(PROMPTS)):
         prompt = turns[i].prompt

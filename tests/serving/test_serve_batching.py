@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching, ReplyBatching
-from tests.helpers.serve_helpers import ADMIN, open_service
+from tests.helpers.serve_helpers import ADMIN, chat_at_once, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,20 +88,7 @@ def test_concurrent_chats_share_one_llm_call_and_each_gets_its_own_reply(run_dir
     chats = MESSAGES[:4]
     service = open_service(run_dir, tmp_path / "llm", tiny_bert, tiny_llm,
                            generation=Batching(max_batch=len(chats), max_wait_ms=60_000))
-    users = service.pipeline.store.corpus.user_ids[:len(chats)]
-    admin = service.authenticate(f"Bearer {ADMIN}")
-    callers = [service.authenticate("Bearer " + service.sign_up({"user_id": u, "answers": {"goals": "g"}},
-                                                                admin)["access_token"]) for u in users]
-    turns: dict[int, object] = {}
-
-    def chat(i: int) -> None:
-        turns[i] = service.chat(callers[i], {"messages": [{"role": "user", "content": chats[i]}]})
-
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(len(chats))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    turns = chat_at_once(service, chats)
     stats = service.answerer.generation.stats
     assert (stats.calls, stats.items, stats.largest) == (1, len(chats), len(chats))
     prompts = [turns[i].prompt for i in range(len(chats))]
