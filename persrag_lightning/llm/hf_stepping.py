@@ -83,6 +83,7 @@ class GreedyRows:
         # transformers 5 names the cache argument `cache`; earlier releases `past_key_values`
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.rows: list[_Row] = []
+        self._budget = 1  # the largest budget admitted: the room each cache layer keeps
         self._cache: Any = None
         self._mask = torch.zeros((0, 0), dtype=torch.long)  # (rows, cached positions): 1 where a row has a token
         self._last = torch.zeros(0, dtype=torch.long)  # each row's latest token, not yet in the cache
@@ -105,7 +106,7 @@ class GreedyRows:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         first = self._forward(ids, mask, positions, cache)
         start = len(self.rows)
-        self._budget = max(budget, getattr(self, "_budget", 0))
+        self._budget = max(budget, self._budget)
         self._append([_Row(key, budget) for key in keys], cache, mask.cpu(), first)
         return self._collect(start)
 
@@ -180,7 +181,7 @@ class GreedyRows:
 class _RoomyLayer(DynamicLayer):
     """transformers' DynamicLayer whose keys and values sit in a buffer with `room` positions to
     spare: a decoding step writes its token in place, where DynamicLayer concatenates (copies) the
-    whole cache at every token, which on a CPU took about as long as the step's matrix products."""
+    whole cache at every token (benchmarks/profile_reply_steps.py times the two)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
         # not DynamicLayer's __init__: `keys` and `values` are views of the buffers here
