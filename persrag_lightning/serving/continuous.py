@@ -116,7 +116,7 @@ class ContinuousReplies(QueueWorker):
         prompts, futures = [p for p, _ in arrived], [f for _, f in arrived]
         try:
             if not self._can_step():
-                self._settle(futures, self._whole_batches(prompts))
+                self._answer_whole(futures, self._whole_batches(prompts))
                 return
             keys = [id(f) for f in futures]
             with self._model_lock:
@@ -158,7 +158,8 @@ class ContinuousReplies(QueueWorker):
         except Exception as e:
             log.exception("continuous batching: a decoding step failed; %d replies in flight fail",
                           len(self._waiting))
-            self._settle([f for f, _ in self._waiting.values()], e)
+            for future, _ in self._waiting.values():
+                future.set_exception(e)
             self._waiting.clear()
             self._rows = GreedyRows(self._rows.llm)
             return
@@ -176,14 +177,10 @@ class ContinuousReplies(QueueWorker):
             self.stats.items += 1
             future.set_result((text, (prompt_tokens, tokens)))
 
-    def _settle(self, futures: list[Future], outcome: list[Reply] | BaseException) -> None:
-        """Every future's result (one per future, in order) or the same exception."""
-        for i, future in enumerate(futures):
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome[i])
-        if not isinstance(outcome, BaseException):
-            self.stats.calls += 1
-            self.stats.items += len(futures)
-            self.stats.largest = max(self.stats.largest, len(futures))
+    def _answer_whole(self, futures: list[Future], replies: list[Reply]) -> None:
+        """The replies of one whole-batch call (an LLM that cannot decode row by row), in order."""
+        for future, reply in zip(futures, replies, strict=True):
+            future.set_result(reply)
+        self.stats.calls += 1
+        self.stats.items += len(futures)
+        self.stats.largest = max(self.stats.largest, len(futures))
