@@ -10,7 +10,8 @@ the table adds the LLM path's tokens per second: per stream (an answer's tokens 
 p5 over the requests) and over all streams (every answer's tokens over the level's time), tokens counted with the
 LLM's tokenizer; a third server batches like the second but generates its replies in whole batches
 (`--llm_batching batches`) instead of continuously (a reply joining those in flight between two tokens, the
-default). Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts
+default). Each `--variant ARGS` adds a server that batches with these `persrag serve` arguments too (an A/B in
+the same run, e.g. `--variant "--llm_dtype bf16_if_native"`). Bounded: loopback only, at most `--requests` per level and `--seconds` per level. Asserts
 nothing.
 
     python benchmarks/bench_load.py --clients 1,4,16 --requests 300             # a tiny export built here
@@ -19,6 +20,8 @@ nothing.
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 32 --warmup 2
     python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --endpoint answers --clients 1,16 \
         --serve_args "--reranker reranker_split_l5"
+    python benchmarks/bench_load.py --run checkpoints/synthlamp-quick --llm --clients 1,16 --requests 32 --warmup 2 \
+        --variant "--llm_dtype bf16_if_native"
 """
 
 from __future__ import annotations
@@ -129,13 +132,18 @@ class Server:
     port: int = field(default_factory=free_port)
     tokens: list[str] = field(default_factory=list)
 
+    @property
+    def slug(self) -> str:
+        """The name as a file name (a variant's name holds its arguments)."""
+        return re.sub(r"[^\w]+", "-", self.name).strip("-")
+
     def start(self) -> None:
         cmd = [sys.executable, str(ROOT / "train.py"), "serve", "--run", str(self.run), "--host", HOST,
-               "--port", str(self.port), "--state", str(self.tmp / f"state-{self.name}"),
+               "--port", str(self.port), "--state", str(self.tmp / f"state-{self.slug}"),
                *(self.llm if self.llm is not None else ["--no_llm"]),
                "--extraction", "verbatim", "--encoder", self.bank_encoder, "--cache_dir", str(self.tmp / "cache"),
                "--signup_rate", "0", "--request_rate", "0", *self.flags]
-        self.log = open(self.tmp / f"server-{self.name}.err", "w")  # noqa: SIM115  (closed in stop)
+        self.log = open(self.tmp / f"server-{self.slug}.err", "w")  # noqa: SIM115  (closed in stop)
         env = {**SERVER_ENV, "PERSRAG_ADMIN_TOKEN": ADMIN, "PYTHONPATH": str(ROOT), "PERSRAG_GEMM": self.gemm}
         if self.gemm == "record":  # unset: the server takes the run's recorded paths (measured if it has none)
             env.pop("PERSRAG_GEMM")
@@ -298,6 +306,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--serve_args", default="", help="more `persrag serve` arguments for both servers, e.g. "
                                                       "\"--reranker reranker_split_l5\" to serve another reranker "
                                                       "than the run's record chose")
+    ap.add_argument("--variant", action="append", default=[], metavar="ARGS",
+                    help="another batched server with these `persrag serve` arguments too, loaded in turn with the "
+                         "others (repeatable)")
     ap.add_argument("--questions", choices=["distinct", "repeat"], default="distinct",
                     help="distinct: every request's message new to the server (none sent twice in the run); repeat: "
                          "the 12 messages in turn, so a server's caches of question texts answer most of them")
@@ -340,6 +351,8 @@ def main() -> None:
         if args.llm:  # the replies' earlier batching, beside the default (continuous) in the same run
             servers.append(Server("batched, whole reply batches", [*extra, *batched, "--llm_batching", "batches"],
                                   run, tmp, bank, args.gemm, llm))
+        servers += [Server(f"batched, {v}", [*extra, *batched, *shlex.split(v)], run, tmp, bank, args.gemm, llm)
+                    for v in args.variant]
         rows, logs = [], {}
         try:
             for s in servers:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["serve_command"]
 
+LLM_DTYPES = ("float32", "bfloat16", "bf16_if_native")  # llm/hf_device.resolve_device_dtype's names
+
 
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="persrag serve", description=__doc__)
@@ -49,6 +51,11 @@ def _add_llm_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--llm_model", default="smollm2")
     parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--llm_dtype", choices=LLM_DTYPES, default=None,
+                        help="with --llm_backend hf: what the LLM computes in. Default: the backend's (float32 on a "
+                             "CPU, as the main job's feedback and evaluation; bfloat16 on CUDA). bf16_if_native: "
+                             "bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), float32 elsewhere; "
+                             "replies then differ from float32's (docs/serving/chat-service.md measures both)")
     parser.add_argument("--no_llm", action="store_true",
                         help="answer without an LLM (retrieval, memories and provenance only)")
     parser.add_argument("--extraction", choices=("llm", "verbatim"), default="llm",
@@ -161,6 +168,8 @@ def serve_command(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.cohorts is not None and args.users != "cluster":
         parser.error("--cohorts is read only with --users cluster")
+    if args.llm_dtype is not None and args.llm_backend != "hf":
+        parser.error(f"--llm_dtype is an hf option; the {args.llm_backend} backend sets its own precision")
     try:
         batchings = {"batching": Batching(args.max_batch, args.max_wait_ms),
                      "generation": ReplyBatching(args.llm_max_batch, args.llm_max_wait_ms,
@@ -193,9 +202,8 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.serving.service import ChatService
 
-    llm = LLMConfig(
-        backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens
-    )
+    llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens,
+                    options={} if args.llm_dtype is None else {"dtype": args.llm_dtype})
     encoder = bank_encoder(args.encoder, args.cache_dir, args.bank_runtime)
     return ChatService.open(args.run, args.state, llm=llm, encoder=encoder,
                             admin_token=os.environ.get(args.admin_token_env) or None,

@@ -11,6 +11,7 @@ retrieves their real histories and neighbours next to the memories.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -162,7 +163,9 @@ def _prompts_and_counts(questions: list[tuple[str, PlantedFact]], retrieved: lis
 
 
 def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None) -> list[StrategyResult]:
-    """Plant, ask, answer, count; writes metrics.json and results.md under `out_dir`."""
+    """Plant, ask, answer, count; writes metrics.json, results.md and answers.jsonl (each strategy's
+    answer to each question, and whether it holds the fact: two runs compare question by question)
+    under `out_dir`."""
     run_dir = Path(cfg.run_dir)
     store = DocStore(read_docstore(run_dir / "docstore"))
     users = [u for u in store.corpus.user_ids if u in store][: cfg.users]
@@ -178,7 +181,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
     questions = [(c.user_id, f) for c in convs for f in c.facts]
     queries = [Query(u, f.question, f.question) for u, f in questions]
     prompts_store = PromptStore(Path(cfg.cache_dir) / PROMPT_STORE)
-    results = []
+    results, rows = [], []
     for name in cfg.strategies:
         t0 = time.perf_counter()
         strategy = _make_strategy(name, run_dir, cfg)
@@ -191,6 +194,8 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
         hits = np.array(
             [f.value.lower() in a.lower() for (_, f), a in zip(questions, answers)], dtype=float
         )
+        rows += [{"strategy": name, "user_id": u, "question": f.question, "fact": f.value, "answer": a,
+                  "hit": bool(h)} for (u, f), a, h in zip(questions, answers, hits)]
         has_memory = isinstance(strategy, (MemoryRecall, CFRAGMemory))
         results.append(StrategyResult(name, len(questions), float(np.mean(recall_hits)) if has_memory else None,
                                       float(hits.mean()) if len(hits) else 0.0, _interval(hits, cfg.seed),
@@ -201,6 +206,7 @@ def run_memory_evaluation(cfg: MemoryEvalConfig, bank: MemoryBank | None = None)
                                              "extraction_fallbacks": bank.fallbacks, "extraction": extraction,
                                              "recall_inputs": dict(bank.recall_inputs)})
     atomic_write_text(out / "results.md", table(results, cfg, extraction, dict(bank.recall_inputs)))
+    atomic_write_text(out / "answers.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     return results
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -37,16 +38,24 @@ class ContinuousStats:
         steps: decoding steps (one token for every row in flight).
         items: replies handed back.
         largest: the most rows in flight at once.
+        prefill_s: seconds the prefills took (the model lock held), where a chat's prompt is read.
+        step_s: seconds the decoding steps took (the model lock held).
+        stepped_rows: rows over all steps (over `steps`: the mean rows a step decodes).
     """
 
     calls: int = 0
     steps: int = 0
     items: int = 0
     largest: int = 0
+    prefill_s: float = 0.0
+    step_s: float = 0.0
+    stepped_rows: int = 0
 
     def describe(self, items: str) -> str:
+        mean = self.stepped_rows / self.steps if self.steps else 0.0
         return (f"continuous: {self.calls} prefills and {self.steps} steps for {self.items} {items}, at most "
-                f"{self.largest} in flight")
+                f"{self.largest} in flight; prefills took {self.prefill_s:.1f} s, steps {self.step_s:.1f} s "
+                f"({mean:.1f} rows a step on average)")
 
 
 class ContinuousReplies(QueueWorker):
@@ -121,7 +130,10 @@ class ContinuousReplies(QueueWorker):
             keys = [id(f) for f in futures]
             with self._model_lock:
                 counts = [self._rows.llm.count_tokens(p) for p in prompts]
-                ended = self._ended(self._rows.admit(keys, prompts, self.budget))
+                start = time.perf_counter()
+                admitted = self._rows.admit(keys, prompts, self.budget)
+                self.stats.prefill_s += time.perf_counter() - start
+                ended = self._ended(admitted)
         except Exception as e:  # noqa: BLE001  (handed to the futures: a waiting chat never hangs)
             if len(arrived) == 1:
                 futures[0].set_exception(e)
@@ -153,7 +165,10 @@ class ContinuousReplies(QueueWorker):
         cache is one)."""
         try:
             with self._model_lock:
-                ended = self._ended(self._rows.step())
+                rows, start = len(self._rows), time.perf_counter()
+                stepped = self._rows.step()
+                self.stats.step_s += time.perf_counter() - start
+                ended = self._ended(stepped)
             self._model_lock.yield_to_waiters()
         except Exception as e:
             log.exception("continuous batching: a decoding step failed; %d replies in flight fail",
@@ -164,6 +179,7 @@ class ContinuousReplies(QueueWorker):
             self._rows = GreedyRows(self._rows.llm)
             return
         self.stats.steps += 1
+        self.stats.stepped_rows += rows
         self._deliver(ended)
 
     def _ended(self, ended: list[Ended]) -> list[tuple[int, str, int]]:

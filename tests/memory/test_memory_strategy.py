@@ -69,6 +69,12 @@ def test_memory_evaluation_counts_recall_and_answers(run_dir, tiny_bert, tiny_ll
     assert [r["name"] for r in metrics["results"]] == list(results)
     assert metrics["recall_inputs"]["raw_fallback"] > 0 and metrics["extraction_fallbacks"] == 0
     assert f"| Memory | 6 | {np.mean(expected):.3f} |" in (tmp_path / "out" / "results.md").read_text()
+    answers = [json.loads(line) for line in (tmp_path / "out" / "answers.jsonl").read_text().splitlines()]
+    assert [a["strategy"] for a in answers] == [name for name in results for _ in range(6)]
+    for name, r in results.items():  # each strategy's rate is its questions' hits
+        hits = [a["hit"] for a in answers if a["strategy"] == name]
+        assert r.answer_hits == pytest.approx(np.mean(hits))
+    assert all(a["hit"] == (a["fact"].lower() in a["answer"].lower()) for a in answers)
 
 
 def test_evaluate_dispatches_the_memory_config_and_names_a_missing_run(in_tmp_cwd, capsys):

@@ -63,6 +63,9 @@ def test_a_prompt_arriving_mid_reply_joins_it_and_each_reply_is_its_own(llm):
     stats = replies.stats
     assert stats.items == 3 and stats.calls == 2 and stats.largest == 3
     assert stats.steps < 3 * (BUDGET - 1)  # the rows shared their steps
+    assert stats.steps < stats.stepped_rows <= 3 * stats.steps  # two steps of one row, then up to three rows a step
+    assert stats.prefill_s > 0 and stats.step_s > 0
+    assert f"{stats.stepped_rows / stats.steps:.1f} rows a step" in stats.describe("replies")
     with pytest.raises(RuntimeError, match="closed"):
         replies.submit("too late")
 

@@ -128,6 +128,12 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--llm_batching", "batches"])
     assert seen["generation"] == dataclasses.replace(REPLY_BATCHING, continuous=False) and REPLY_BATCHING.continuous
+    assert seen["llm"].options == {}  # the backend's own dtype
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--llm_dtype", "bf16_if_native"])
+    assert seen["llm"].options == {"dtype": "bf16_if_native"}
+    with pytest.raises(SystemExit):  # only hf computes in a dtype it is given
+        serve_command(["--run", "r", "--llm_backend", "llamacpp", "--llm_dtype", "bfloat16"])
     with pytest.raises(SystemExit):
         serve_command(["--run", "r", "--max_batch", "0"])
     with pytest.raises(SystemExit):
