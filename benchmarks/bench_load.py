@@ -1,9 +1,10 @@
 """Many users at once: `persrag serve --no_llm` on loopback under N concurrent clients (chat completions of
 exported users, so every chat runs CFRAG's retrieval; or, with `--endpoint answers`, POST /v1/answers: CFRAG's
 retrieval and the run's trained reader, as the run's record serves them, or as `--serve_args` overrides it). Two
-servers up side by side, loaded in turn at each level: one batches (the chats' retrievals, their LLM replies and
-the label questions, each up to `--max_batch` waiting at most `--max_wait_ms`: `persrag serve --max_batch`,
-`--llm_max_batch`, `--answers_max_batch` and their waits), the other serves each request alone (all three at 1).
+servers up side by side, loaded in turn at each level: one batches (the chats' retrievals, their LLM replies, the
+label questions and the memory bank's texts, each up to `--max_batch` waiting at most `--max_wait_ms`: `persrag
+serve --max_batch`, `--llm_max_batch`, `--answers_max_batch`, `--bank_max_batch` and their waits), the other serves
+each request alone (all four at 1).
 Prints requests/s, p50/p95/p99 latency, errors and the server's resident memory (start, max, end of each level)
 as a markdown table. With `--llm` the servers answer chats with the LLM (`--llm_model`, `--max_new_tokens`) and
 the table adds the LLM path's tokens per second: per stream (an answer's tokens over its request's time, p50 and
@@ -340,8 +341,8 @@ def main() -> None:
         users = DocStore(read_docstore(run / "docstore")).corpus.user_ids[:max(levels)]
         if args.gemm == "record" and read_reference(run) is None:
             args.gemm = "torch"  # no record to take the paths from: one path for both, not each one's measurement
-        # each batcher of the server: the chats' retrievals, their LLM replies, the label questions
-        batchers = ("--", "--llm_", "--answers_")
+        # each batcher of the server: the chats' retrievals, their LLM replies, the label questions, the bank's texts
+        batchers = ("--", "--llm_", "--answers_", "--bank_")
         batched = [f for b in batchers for f in (f"{b}max_batch", str(args.max_batch), f"{b}max_wait_ms",
                                                  str(args.max_wait_ms))]
         alone = [f for b in batchers for f in (f"{b}max_batch", "1")]

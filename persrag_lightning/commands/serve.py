@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from persrag_lightning.reading.decision import CALIBRATIONS, check_reading
-from persrag_lightning.serving.bank_encoder import BANK_RUNTIMES, bank_encoder
+from persrag_lightning.serving.bank_encoder import BANK_BATCHING, BANK_RUNTIMES, BatchedEncoder, bank_encoder
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching, ReplyBatching
 from persrag_lightning.serving.served import RECORD_SAYS
 from persrag_lightning.utils import ConfigError, one_flag_style
@@ -64,6 +64,11 @@ def _add_llm_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bank_runtime", choices=BANK_RUNTIMES, default="fp32",
                         help="what runs the bank's encoder: fp32 (torch, the default: faster under concurrent chats), "
                              "onnx or openvino (float32); their vectors agree, so a bank keeps its memories")
+    parser.add_argument("--bank_max_batch", type=int, default=BANK_BATCHING.max_batch,
+                        help="the most concurrent chats whose texts the bank's encoder embeds in one call (1: each "
+                             "alone)")
+    parser.add_argument("--bank_max_wait_ms", type=float, default=BANK_BATCHING.max_wait_ms,
+                        help="how long a chat's text waits for batch-mates (0: only those already queued)")
 
 
 def _add_retrieval_options(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +179,8 @@ def serve_command(argv: list[str]) -> None:
         batchings = {"batching": Batching(args.max_batch, args.max_wait_ms),
                      "generation": ReplyBatching(args.llm_max_batch, args.llm_max_wait_ms,
                                                  continuous=args.llm_batching == "continuous"),
-                     "answering": Batching(args.answers_max_batch, args.answers_max_wait_ms)}
+                     "answering": Batching(args.answers_max_batch, args.answers_max_wait_ms),
+                     "bank": Batching(args.bank_max_batch, args.bank_max_wait_ms)}
     except ValueError as e:
         parser.error(str(e))
     _require_web_stack()
@@ -204,7 +210,7 @@ def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     llm = LLMConfig(backend=args.llm_backend, model=args.llm_model, max_new_tokens=args.max_new_tokens,
                     options={} if args.llm_dtype is None else {"dtype": args.llm_dtype})
-    encoder = bank_encoder(args.encoder, args.cache_dir, args.bank_runtime)
+    encoder = bank_encoder(args.encoder, args.cache_dir, args.bank_runtime, batchings.pop("bank"))
     return ChatService.open(args.run, args.state, llm=llm, encoder=encoder,
                             admin_token=os.environ.get(args.admin_token_env) or None,
                             use_llm=not args.no_llm, extraction=args.extraction, k=args.k,
@@ -237,7 +243,10 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         service.close()  # the batchers' workers: queued chats answered, then stopped
-        for what, batcher, items in (("retrieval", service.retrieval, "chats"),
-                                     ("LLM reply", service.answerer.generation, "chats"),
-                                     ("answers", service.answering, "questions")):
+        batchers = [("retrieval", service.retrieval, "chats"), ("LLM reply", service.answerer.generation, "chats"),
+                    ("answers", service.answering, "questions")]
+        if isinstance(service.bank.encoder, BatchedEncoder):  # the last: the chats above embed with it
+            service.bank.encoder.close()
+            batchers.append(("bank encoder", service.bank.encoder.batcher, "embedding calls"))
+        for what, batcher, items in batchers:
             print(f"persrag serve: {what} batches: {batcher.stats.describe(items)}", file=sys.stderr)

@@ -220,7 +220,8 @@ def table(results: list[StrategyResult], cfg: MemoryEvalConfig, extraction: dict
             f"({ex.get('calls', 0)} LLM extractions, {ex.get('fallbacks', 0)} fell back to the raw message, "
             f"{ex.get('repaired', 0)} repaired; {ex.get('tagged_memories', 0)} memories with tags); recall embedded "
             f"the LLM summary {ri.get('summary', 0)}×, the raw query {ri.get('raw', 0)}× by setting and "
-            f"{ri.get('raw_fallback', 0)}× as fallback; LLM {cfg.llm.backend}:{cfg.llm.model}\n\n"
+            f"{ri.get('raw_fallback', 0)}× as fallback; LLM {cfg.llm.backend}:{cfg.llm.model}"
+            f"{f' ({dtype})' if (dtype := cfg.llm.options.get('dtype')) else ''}\n\n"
             "| strategy | questions | recall@k of the planted memory | answer contains the fact [95 % CI] "
             "| foreign memories | own docs | seconds |\n|---|---|---|---|---|---|---|\n")
     rows = "".join(

@@ -11,6 +11,10 @@ written by either runtime is searched by the other alike.
 Torch stays the default: one chat alone spent less in OpenVINO, but sixteen clients at once were
 served fewer chats per second, with a longer tail, than with torch, although the encoder alone
 embedded faster in OpenVINO under as many threads (docs/serving/chat-service.md).
+
+Concurrent chats' texts are embedded together (`BatchedEncoder`, `persrag serve --bank_max_batch`):
+sixteen threads each embedding one text at a time share the cores with each other's kernels, where
+one call over their texts runs the encoder once.
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ from pathlib import Path
 
 import torch
 
-from persrag_lightning.memory.recall import Encoder
+from persrag_lightning.memory.recall import Encoder, encode_numpy
 from persrag_lightning.models.exported import EXPORTED_RUNTIMES, Session
 from persrag_lightning.models.text_encoder import TextEncoder, model_identity
+from persrag_lightning.serving.batcher import Batching, MicroBatcher
 from persrag_lightning.utils import fingerprint
 
-__all__ = ["BANK_RUNTIMES", "ExportedTextEncoder", "bank_encoder"]
+__all__ = ["BANK_BATCHING", "BANK_RUNTIMES", "BatchedEncoder", "ExportedTextEncoder", "bank_encoder"]
 
 BANK_RUNTIMES = ("fp32", *EXPORTED_RUNTIMES)
 BANK_PRECISION = "f32"  # OpenVINO's: the stored vectors' (module docstring)
+# on: the texts of the chats queued meanwhile, no wait (a lone chat is not held back)
+BANK_BATCHING = Batching(max_batch=16, max_wait_ms=0.0)
 
 
 class ExportedTextEncoder:
@@ -50,18 +57,61 @@ class ExportedTextEncoder:
             return self.encoder.encode(texts, session=self.session)
 
 
-def bank_encoder(encoder: str | Encoder, cache_dir: str | Path | None, runtime: str = "fp32") -> Encoder:
-    """The bank's encoder in `runtime`: `fp32` (torch), `onnx` or `openvino` (in float32). An
-    encoder given as an object is used as it is; a name (`minilm`, a folder) is loaded, its ONNX
-    export kept under `cache_dir` (a temp file without one).
+class BatchedEncoder:
+    """`encoder` behind a micro-batcher: the texts of concurrent `encode` calls are embedded in one
+    call of the encoder, each caller getting its own rows, equal up to float rounding to what it
+    would get alone (padding is masked). What MemoryBank takes of an encoder: `encode` and `dim`.
+
+    Args:
+        encoder: the bank's encoder.
+        batching: the most calls one encoder call takes, and how long the first waits for more.
+    """
+
+    def __init__(self, encoder: Encoder, batching: Batching = BANK_BATCHING) -> None:
+        self.encoder = encoder
+        self.batcher: MicroBatcher[list[str], torch.Tensor] = MicroBatcher(self._encode_many, batching,
+                                                                           name="persrag-bank-encoder")
+
+    @property
+    def dim(self) -> int:
+        return getattr(self.encoder, "dim", None) or encode_numpy(self.encoder, ["dimension probe"]).shape[1]
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        return self.batcher(list(texts))
+
+    def _encode_many(self, calls: list[list[str]]) -> list[torch.Tensor]:
+        texts = [t for call in calls for t in call]
+        if not texts:
+            return [torch.empty(0) for _ in calls]
+        rows = torch.as_tensor(encode_numpy(self.encoder, texts))
+        return list(rows.split([len(call) for call in calls]))
+
+    def close(self) -> None:
+        """Stop the worker once the calls queued are embedded."""
+        self.batcher.close()
+
+
+def bank_encoder(encoder: str | Encoder, cache_dir: str | Path | None, runtime: str = "fp32",
+                 batching: Batching | None = None) -> Encoder:
+    """The bank's encoder in `runtime`: `fp32` (torch), `onnx` or `openvino` (in float32),
+    concurrent calls embedded together as `batching` says (None or max_batch 1: each call alone).
+    An encoder given as an object is used as it is (batched too); a name (`minilm`, a folder) is
+    loaded, its ONNX export kept under `cache_dir` (a temp file without one).
 
     Args:
         encoder: a model name or folder, or an object with `encode(texts)`.
         cache_dir: the folder of exported encoders (`<cache_dir>/onnx/`).
         runtime: one of BANK_RUNTIMES.
+        batching: how concurrent calls are batched (`BatchedEncoder`).
     """
     if runtime not in BANK_RUNTIMES:
         raise ValueError(f"the bank's runtime must be one of {', '.join(BANK_RUNTIMES)}, got {runtime!r}")
+    loaded = _load(encoder, cache_dir, runtime)
+    return BatchedEncoder(loaded, batching) if batching is not None and batching.max_batch > 1 else loaded
+
+
+def _load(encoder: str | Encoder, cache_dir: str | Path | None, runtime: str) -> Encoder:
+    """The encoder named, in `runtime` (an object: as it is)."""
     if not isinstance(encoder, str):
         return encoder
     name, model = encoder, TextEncoder.from_pretrained(encoder)

@@ -1,8 +1,10 @@
 """The memory bank's encoder as serving runs it (serving/bank_encoder.py): OpenVINO in float32 gives torch's vectors,
-so a bank written under one runtime recalls the same memories under the other."""
+so a bank written under one runtime recalls the same memories under the other; concurrent chats' texts are embedded
+in one call, each chat getting the rows it would get alone."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,7 +12,13 @@ import torch
 
 from persrag_lightning.memory.bank import MemoryBank
 from persrag_lightning.models.text_encoder import TextEncoder
-from persrag_lightning.serving.bank_encoder import ExportedTextEncoder, bank_encoder
+from persrag_lightning.serving.bank_encoder import (
+    BANK_BATCHING,
+    BatchedEncoder,
+    ExportedTextEncoder,
+    bank_encoder,
+)
+from persrag_lightning.serving.batcher import Batching
 
 TEXTS = ["I water the fern on Sundays", "my sister lives in Lyon", "a short one", "jazz records, mostly 1950s"]
 
@@ -50,3 +58,53 @@ def test_torch_is_the_default_and_an_encoder_object_is_kept(tiny_bert, tmp_path)
     assert bank_encoder(given, tmp_path, "openvino") is given
     with pytest.raises(ValueError, match="bank's runtime must be one of"):
         bank_encoder(tiny_bert, tmp_path, "bf16")
+
+
+class GatedEncoder:
+    """A fake encoder recording each call's texts; its first call waits for `go` (a text's vector: its length and
+    its first letter's code)."""
+
+    dim = 2
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        self.calls.append(list(texts))
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.go.wait(30)
+        return torch.tensor([[float(len(t)), float(ord(t[0]))] for t in texts])
+
+
+def test_concurrent_calls_share_one_encoder_call_and_each_gets_its_own_rows():
+    fake = GatedEncoder()
+    batched = bank_encoder(fake, None, batching=Batching(max_batch=16, max_wait_ms=0))
+    assert isinstance(batched, BatchedEncoder) and batched.dim == 2
+    asks = [["a first chat"]] + [[f"{i} chat", f"{i} memory of it"] for i in range(5)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        first = pool.submit(batched.encode, asks[0])
+        assert fake.entered.wait(30)  # the first call is in the encoder: the others queue behind it
+        rest = [pool.submit(batched.encode, texts) for texts in asks[1:]]
+        while batched.batcher._queue.qsize() < len(rest):
+            threading.Event().wait(0.01)
+        fake.go.set()
+        got = [f.result(30) for f in (first, *rest)]
+    batched.close()
+    assert fake.calls == [asks[0], [t for texts in asks[1:] for t in texts]]  # two encoder calls for six
+    for texts, rows in zip(asks, got, strict=True):
+        assert torch.equal(rows, GatedEncoder.encode(fake, texts))
+    assert batched.batcher.stats.calls == 2 and batched.batcher.stats.largest == 5
+
+
+def test_a_batch_embeds_each_text_as_alone_and_one_call_at_a_time_is_not_wrapped(tiny_bert, tmp_path):
+    model = TextEncoder.from_pretrained(tiny_bert)
+    batched = BatchedEncoder(model)
+    assert batched.batcher.batching == BANK_BATCHING and BANK_BATCHING.max_batch > 1  # on by default
+    together = batched._encode_many([[t] for t in TEXTS])  # texts of different lengths: padding masked
+    for text, rows in zip(TEXTS, together, strict=True):
+        assert torch.allclose(rows, model.encode([text]), atol=1e-5)
+    assert batched.encode([]).shape[0] == 0
+    batched.close()
+    assert bank_encoder(model, tmp_path, batching=Batching(max_batch=1)) is model

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from persrag_lightning.serving.bank_encoder import BANK_BATCHING, BatchedEncoder
 from persrag_lightning.serving.batcher import ANSWER_BATCHING, REPLY_BATCHING, Batching, ReplyBatching
 from tests.helpers.serve_helpers import ADMIN, chat_at_once, open_service
 from tests.serving.test_serving import run_dir  # noqa: F401  (the tiny exported run, module-scoped)
@@ -129,6 +130,10 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
         serve_command(["--run", "r", "--llm_batching", "batches"])
     assert seen["generation"] == dataclasses.replace(REPLY_BATCHING, continuous=False) and REPLY_BATCHING.continuous
     assert seen["llm"].options == {}  # the backend's own dtype
+    assert isinstance(seen["encoder"], BatchedEncoder) and seen["encoder"].batcher.batching == BANK_BATCHING
+    with pytest.raises(Opened):
+        serve_command(["--run", "r", "--bank_max_batch", "1"])
+    assert not isinstance(seen["encoder"], BatchedEncoder)  # each chat's texts embedded alone
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--llm_dtype", "bf16_if_native"])
     assert seen["llm"].options == {"dtype": "bf16_if_native"}
@@ -140,3 +145,5 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
         serve_command(["--run", "r", "--llm_max_batch", "0"])
     with pytest.raises(SystemExit):
         serve_command(["--run", "r", "--answers_max_wait_ms", "-1"])
+    with pytest.raises(SystemExit):
+        serve_command(["--run", "r", "--bank_max_batch", "0"])
