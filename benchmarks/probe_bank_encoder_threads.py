@@ -1,8 +1,10 @@
 """The memory bank's encoder alone under concurrent threads, as chats call it from their worker threads: each of
 `--threads` threads embeds `--per_thread` of bench_load.py's distinct messages, one text per call. Prints texts/s over
-all and each call's p50/p99 ms for torch (serving's default, `--bank_runtime fp32`), OpenVINO float32 with one infer
-request under a lock (`--bank_runtime openvino`), and two OpenVINO configurations the package does not serve: an
-infer request per thread under the latency hint and under the throughput hint. Measures only.
+all and each call's p50/p99 ms for torch (`--bank_runtime fp32`, serving's default) and OpenVINO float32 with one
+infer request under a lock (`--bank_runtime openvino`), each with every call alone (`--bank_max_batch 1`) and with
+concurrent calls embedded together (`BatchedEncoder`, `--bank_max_batch 16`), and two OpenVINO configurations the
+package does not serve: an infer request per thread under the latency hint and under the throughput hint. Measures
+only.
 
     python benchmarks/probe_bank_encoder_threads.py [--threads 16] [--per_thread 40] [--encoder minilm]
 """
@@ -10,6 +12,7 @@ infer request per thread under the latency hint and under the throughput hint. M
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import threading
@@ -26,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_load import message
 
-from persrag_lightning.serving.bank_encoder import bank_encoder
+from persrag_lightning.serving.bank_encoder import BatchedEncoder, bank_encoder
+from persrag_lightning.serving.batcher import Batching
 
 Encode = Callable[[list[str]], torch.Tensor]
 
@@ -85,9 +89,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bank-threads-") as cache:
         served = bank_encoder(args.encoder, cache, "openvino")  # its export is the file the others read
         path = next((Path(cache) / "onnx").glob("bank-text-*.onnx"))
-        rows.append(measure("torch fp32 (default)", bank_encoder(args.encoder, cache, "fp32").encode,
-                            args.threads, args.per_thread))
-        rows.append(measure("OpenVINO f32, one request, locked", served.encode, args.threads, args.per_thread))
+        torch_encoder = bank_encoder(args.encoder, cache, "fp32")
+        for name, encoder in (("torch fp32", torch_encoder), ("OpenVINO f32, one request, locked", served)):
+            rows.append(measure(f"{name}, each call alone", encoder.encode, args.threads, args.per_thread))
+            with contextlib.closing(BatchedEncoder(encoder, Batching(max_batch=16, max_wait_ms=0))) as batched:
+                rows.append(measure(f"{name}, calls batched", batched.encode, args.threads,
+                                    args.per_thread))
         for hint in ("LATENCY", "THROUGHPUT"):
             encode, streams = request_per_thread(served, path, hint)
             rows.append(measure(f"OpenVINO f32, a request per thread, {hint.lower()} hint ({streams} streams)",

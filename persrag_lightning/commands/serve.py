@@ -202,9 +202,10 @@ def _require_web_stack() -> None:
 
 def _open_service(parser: argparse.ArgumentParser, args: argparse.Namespace,
                   batchings: dict[str, Batching]) -> tuple[ChatService, bool]:
-    """The chat service over the run, as the command line sets it, its retrievals and its LLM replies
-    batched as `batchings` say (ChatService's `batching`, `generation` and `answering`); (service,
-    whether the admin token was generated)."""
+    """The chat service over the run, as the command line sets it, its retrievals, LLM replies, label
+    questions and bank texts batched as `batchings` say (ChatService's `batching`, `generation` and
+    `answering`; `bank`, taken out here, the bank encoder's); (service, whether the admin token was
+    generated)."""
     from persrag_lightning.llm.registry import LLMConfig
     from persrag_lightning.serving.service import ChatService
 

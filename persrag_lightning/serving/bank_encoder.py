@@ -12,9 +12,10 @@ Torch stays the default: one chat alone spent less in OpenVINO, but sixteen clie
 served fewer chats per second, with a longer tail, than with torch, although the encoder alone
 embedded faster in OpenVINO under as many threads (docs/serving/chat-service.md).
 
-Concurrent chats' texts are embedded together (`BatchedEncoder`, `persrag serve --bank_max_batch`):
-sixteen threads each embedding one text at a time share the cores with each other's kernels, where
-one call over their texts runs the encoder once.
+Concurrent chats' texts can be embedded together (`BatchedEncoder`, `persrag serve --bank_max_batch`):
+sixteen threads each embedding one text per call get a fraction of what the same calls get batched
+(benchmarks/probe_bank_encoder_threads.py), but chats rarely reach the encoder at the same moment,
+and the chat route measured no clear gain, so it is off by default.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ __all__ = ["BANK_BATCHING", "BANK_RUNTIMES", "BatchedEncoder", "ExportedTextEnco
 
 BANK_RUNTIMES = ("fp32", *EXPORTED_RUNTIMES)
 BANK_PRECISION = "f32"  # OpenVINO's: the stored vectors' (module docstring)
-# on: the texts of the chats queued meanwhile, no wait (a lone chat is not held back)
-BANK_BATCHING = Batching(max_batch=16, max_wait_ms=0.0)
+# off by default: sixteen clients' chats were served about as fast as with each chat's texts alone, a little faster
+# or slower by run (docs/serving/chat-service.md#many-users-at-once); `--bank_max_batch 16` turns it on
+BANK_BATCHING = Batching(max_batch=1, max_wait_ms=0.0)
 
 
 class ExportedTextEncoder:
@@ -67,7 +69,7 @@ class BatchedEncoder:
         batching: the most calls one encoder call takes, and how long the first waits for more.
     """
 
-    def __init__(self, encoder: Encoder, batching: Batching = BANK_BATCHING) -> None:
+    def __init__(self, encoder: Encoder, batching: Batching) -> None:
         self.encoder = encoder
         self.batcher: MicroBatcher[list[str], torch.Tensor] = MicroBatcher(self._encode_many, batching,
                                                                            name="persrag-bank-encoder")

@@ -100,8 +100,8 @@ def test_concurrent_calls_share_one_encoder_call_and_each_gets_its_own_rows():
 
 def test_a_batch_embeds_each_text_as_alone_and_one_call_at_a_time_is_not_wrapped(tiny_bert, tmp_path):
     model = TextEncoder.from_pretrained(tiny_bert)
-    batched = BatchedEncoder(model)
-    assert batched.batcher.batching == BANK_BATCHING and BANK_BATCHING.max_batch > 1  # on by default
+    batched = BatchedEncoder(model, Batching(max_batch=16, max_wait_ms=0))
+    assert BANK_BATCHING.max_batch == 1  # off by default: each chat embeds alone
     together = batched._encode_many([[t] for t in TEXTS])  # texts of different lengths: padding masked
     for text, rows in zip(TEXTS, together, strict=True):
         assert torch.allclose(rows, model.encode([text]), atol=1e-5)

@@ -130,10 +130,10 @@ def test_serve_flags_reach_the_service_and_bad_bounds_are_refused(monkeypatch):
         serve_command(["--run", "r", "--llm_batching", "batches"])
     assert seen["generation"] == dataclasses.replace(REPLY_BATCHING, continuous=False) and REPLY_BATCHING.continuous
     assert seen["llm"].options == {}  # the backend's own dtype
-    assert isinstance(seen["encoder"], BatchedEncoder) and seen["encoder"].batcher.batching == BANK_BATCHING
+    assert not isinstance(seen["encoder"], BatchedEncoder) and BANK_BATCHING.max_batch == 1  # each chat's alone
     with pytest.raises(Opened):
-        serve_command(["--run", "r", "--bank_max_batch", "1"])
-    assert not isinstance(seen["encoder"], BatchedEncoder)  # each chat's texts embedded alone
+        serve_command(["--run", "r", "--bank_max_batch", "16"])
+    assert seen["encoder"].batcher.batching == Batching(max_batch=16, max_wait_ms=0.0)
     with pytest.raises(Opened):
         serve_command(["--run", "r", "--llm_dtype", "bf16_if_native"])
     assert seen["llm"].options == {"dtype": "bf16_if_native"}
