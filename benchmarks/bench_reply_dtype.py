@@ -52,7 +52,7 @@ def decode(llm: HFLLM, prompts: list[str], budget: int, steps: int) -> dict:
     warm.step()
     one = GreedyRows(llm)
     prefill_one = timed(lambda: one.admit([0], prompts[:1], budget))
-    step_one = statistics.median(timed(one.step) for _ in range(min(steps, budget - 1)))
+    step_one = statistics.median([timed(one.step) for _ in range(min(steps, budget - 1)) if len(one)])  # until it ends
     rows = GreedyRows(llm)
     replies: dict[int, str] = {}
 
