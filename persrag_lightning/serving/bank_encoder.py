@@ -75,8 +75,9 @@ class BatchedEncoder:
                                                                            name="persrag-bank-encoder")
 
     @property
-    def dim(self) -> int:
-        return getattr(self.encoder, "dim", None) or encode_numpy(self.encoder, ["dimension probe"]).shape[1]
+    def dim(self) -> int | None:
+        """The encoder's (None where it names none: MemoryBank then probes it through `encode`)."""
+        return getattr(self.encoder, "dim", None)
 
     def encode(self, texts: list[str]) -> torch.Tensor:
         return self.batcher(list(texts))

@@ -5,6 +5,7 @@ in one call, each chat getting the rows it would get alone."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -60,9 +61,13 @@ def test_torch_is_the_default_and_an_encoder_object_is_kept(tiny_bert, tmp_path)
         bank_encoder(tiny_bert, tmp_path, "bf16")
 
 
+def fake_vectors(texts: list[str]) -> torch.Tensor:
+    """A text's fake vector: its length and its first letter's code."""
+    return torch.tensor([[float(len(t)), float(ord(t[0]))] for t in texts])
+
+
 class GatedEncoder:
-    """A fake encoder recording each call's texts; its first call waits for `go` (a text's vector: its length and
-    its first letter's code)."""
+    """A fake encoder recording each call's texts; its first call waits for `go`."""
 
     dim = 2
 
@@ -75,7 +80,7 @@ class GatedEncoder:
         if len(self.calls) == 1:
             self.entered.set()
             assert self.go.wait(30)
-        return torch.tensor([[float(len(t)), float(ord(t[0]))] for t in texts])
+        return fake_vectors(texts)
 
 
 def test_concurrent_calls_share_one_encoder_call_and_each_gets_its_own_rows():
@@ -87,14 +92,16 @@ def test_concurrent_calls_share_one_encoder_call_and_each_gets_its_own_rows():
         first = pool.submit(batched.encode, asks[0])
         assert fake.entered.wait(30)  # the first call is in the encoder: the others queue behind it
         rest = [pool.submit(batched.encode, texts) for texts in asks[1:]]
-        while batched.batcher._queue.qsize() < len(rest):
-            threading.Event().wait(0.01)
+        deadline = time.monotonic() + 30
+        while batched.batcher._queue.qsize() < len(rest):  # every later call queued before the first one ends
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         fake.go.set()
         got = [f.result(30) for f in (first, *rest)]
     batched.close()
     assert fake.calls == [asks[0], [t for texts in asks[1:] for t in texts]]  # two encoder calls for six
     for texts, rows in zip(asks, got, strict=True):
-        assert torch.equal(rows, GatedEncoder.encode(fake, texts))
+        assert torch.equal(rows, fake_vectors(texts))
     assert batched.batcher.stats.calls == 2 and batched.batcher.stats.largest == 5
 
 
