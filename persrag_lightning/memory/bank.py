@@ -219,10 +219,15 @@ class MemoryBank:
                 memory.
             session_id: the chat session.
         """
+        validate_id(user_id)
         extraction = self._observe(user_id, message, session_id)
-        recalled = self.recall(user_id, message, tags=extraction.tags,
-                               summary=extraction.memory if extraction.parsed else "")
-        return ChatMemory(self._store(user_id, extraction), recalled, extraction)
+        text = self._recall_text(message, extraction.memory if extraction.parsed else "")
+        # the recall's text is the new memory's whenever the LLM summarised the message or it is
+        # stored verbatim: one encoder call embeds what both need
+        texts = list(dict.fromkeys(t for t in (text, extraction.memory) if t))
+        vectors = dict(zip(texts, self._embed(texts), strict=True))
+        recalled = self._recall_by(user_id, vectors[text], extraction.tags)
+        return ChatMemory(self._store(user_id, extraction, vectors.get(extraction.memory)), recalled, extraction)
 
     def _observe(self, user_id: str, message: str, session_id: str) -> Extraction:
         """Validate, read the session's recent turns (the LLM's extraction reads them; verbatim
@@ -235,10 +240,12 @@ class MemoryBank:
             return self.extractor.extract(message, history)
         return Extraction(" ".join(message.split()), Tags(), parsed=False)
 
-    def _store(self, user_id: str, extraction: Extraction) -> Memory | None:
+    def _store(self, user_id: str, extraction: Extraction, vector=None) -> Memory | None:
+        """Store the extraction's memory (`vector`: its embedding where the caller has it) and evict
+        past capacity; None when there is no memory."""
         if not extraction.memory:
             return None
-        vec = self._embed([extraction.memory])[0]
+        vec = self._embed([extraction.memory])[0] if vector is None else vector
         with self._user_lock(user_id):
             (memory,) = self.store.add_memories(
                 user_id, [NewMemory(extraction.memory, vec, extraction.tags)]
@@ -323,17 +330,26 @@ class MemoryBank:
                 tags = extraction.tags
             if summary is None:
                 summary = extraction.memory if extraction.parsed else ""
-        tags = tags if tags is not None else Tags()
-        text = query
-        if not want_summary:
+        text = self._recall_text(query, summary or "")
+        return self._recall_by(user_id, self._embed([text])[0], tags if tags is not None else Tags())
+
+    def _recall_text(self, query: str, summary: str) -> str:
+        """What the vector search embeds: the LLM's `summary` of the query where `recall_query` wants
+        it and there is one, else the query itself; counted in `recall_inputs`."""
+        if self.settings.recall_query != "summary":
             self.recall_inputs["raw"] += 1
-        elif summary:
-            text = summary
+            return query
+        if summary:
             self.recall_inputs["summary"] += 1
-        else:
-            self.recall_inputs["raw_fallback"] += 1
+            return summary
+        self.recall_inputs["raw_fallback"] += 1
+        return query
+
+    def _recall_by(self, user_id: str, vector, tags: Tags) -> list[Recalled]:
+        """The vector search's candidates for `vector`, scored with the query's `tags`; the kept
+        rows' usage is marked."""
         s = self.settings.recall
-        candidates = self.store.search(user_id, self._embed([text])[0], s.top_n)
+        candidates = self.store.search(user_id, vector, s.top_n)
         recalled = rerank(candidates, tags.flat(), self.tag_embeddings, s)
         self.store.mark_used(user_id, [r.memory.id for r in recalled])
         return recalled

@@ -129,10 +129,18 @@ class StoreSettings:
     index_min_rows: int = 5000
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
-    # commits between compactions (each recall's usage update is a commit); 0: never
-    optimize_every: int = 500
+    # commits between compactions (each recall's usage update is a commit; a chat makes four or
+    # five); 0: never. Every read goes over the fragments each commit leaves, so a chat's reads and
+    # writes slow as they pile up: benchmarks/probe_bank_upkeep.py.
+    optimize_every: int = 100
+    # a compaction also removes the table versions older than this (seconds; None keeps LanceDB's
+    # week): every commit is a version, and their count slows each later operation. A reader in
+    # another process holding a version older than this loses its files.
+    keep_versions_s: float | None = 30.0
 
     def __post_init__(self) -> None:
+        if self.keep_versions_s is not None and self.keep_versions_s < 0:
+            raise ValueError(f"keep_versions_s must be >= 0 or None, got {self.keep_versions_s}")
         if self.index_type not in VECTOR_INDEXES:
             raise ValueError(
                 f"index_type must be one of {sorted(VECTOR_INDEXES)}, got {self.index_type!r}"
@@ -352,10 +360,12 @@ class MemoryStore:
             return True
 
     def optimize(self) -> None:
-        """Compact the small fragments every commit leaves and add new rows to the indexes."""
+        """Compact the small fragments every commit leaves, add new rows to the indexes, and remove
+        the versions older than `keep_versions_s`."""
+        keep = self.settings.keep_versions_s
         with self._lock:
-            self.memories.optimize()
-            self.sessions.optimize()
+            for table in (self.memories, self.sessions):
+                table.optimize(**({} if keep is None else {"cleanup_older_than": timedelta(seconds=keep)}))
             self._commits = 0
 
     def maintain(self) -> None:

@@ -415,6 +415,37 @@ def test_chat_turn_extracts_once_recalls_before_storing_and_uses_the_query_tags(
     assert len(bank.list("u")) == 2
 
 
+class CountingEncoder(HashEncoder):
+    """HashEncoder that records the texts of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        self.calls.append(list(texts))
+        return super().encode(texts)
+
+
+def test_chat_turn_embeds_its_text_once_and_gets_what_recall_and_store_each_embed(tmp_path):
+    encoder = CountingEncoder()
+    bank = MemoryBank(tmp_path / "bank", encoder, clock=Clock())
+    apart = MemoryBank(tmp_path / "apart", HashEncoder(), clock=Clock())
+    for b in (bank, apart):
+        b.remember("u", "my dog is called Biscuit", "s")
+    encoder.calls.clear()
+    turn = bank.remember_and_recall("u", "what is my dog called", "s")
+    assert encoder.calls == [["what is my dog called"]]  # verbatim: the recall's text is the memory's
+    # the same rows as a recall followed by a store, each embedding its own text
+    expected = apart.recall("u", "what is my dog called")
+    assert [r.memory.text for r in turn.recalled] == [r.memory.text for r in expected]
+    assert [m.text for m in bank.list("u")] == ["my dog is called Biscuit", "what is my dog called"]
+    stored = bank.store.search("u", HashEncoder().encode(["what is my dog called"])[0].numpy(), 1)[0]
+    assert stored.memory.text == "what is my dog called" and stored.distance == pytest.approx(0, abs=1e-6)
+    encoder.calls.clear()
+    bank.remember_and_recall("u", "my  cat   is Tom", "s")  # stored with its spaces collapsed: two texts
+    assert encoder.calls == [["my  cat   is Tom", "my cat is Tom"]]
+
+
 def test_recall_embeds_the_llms_summary_of_the_query_and_raw_is_a_setting(tmp_path):
     # the question shares no word with the memory it is about; the LLM's summary does ("dog")
     question = "and what was the name again"
@@ -506,6 +537,23 @@ def test_small_commits_are_compacted_every_optimize_every_commits(tmp_path):
         bank.remember("u", f"fact {i}", "s")
     assert bank.store.memories.stats()["fragment_stats"]["num_fragments"] < 3
     assert len(bank.list("u")) == 3 and len(bank.turns("u")) == 3
+
+
+@pytest.mark.filterwarnings("ignore:optimize\\(cleanup_older_than=0\\):UserWarning")  # LanceDB: 0 is for a sole writer
+def test_a_compaction_removes_the_table_versions_older_than_keep_versions_s(tmp_path):
+    def bank_keeping(keep) -> MemoryBank:
+        store = StoreSettings(optimize_every=4, keep_versions_s=keep)
+        return MemoryBank(tmp_path / str(keep), HashEncoder(), settings=MemorySettings(store=store))
+
+    pruned, kept = bank_keeping(0), bank_keeping(None)
+    for bank in (pruned, kept):
+        for i in range(2):  # 2 memories + 2 turns = 4 commits: one compaction, after the last
+            bank.remember("u", f"fact {i}", "s")
+    assert len(pruned.store.memories.list_versions()) == 1  # the compaction's, every older one removed
+    assert len(kept.store.memories.list_versions()) > 2
+    assert [m.text for m in pruned.list("u")] == [m.text for m in kept.list("u")] == ["fact 0", "fact 1"]
+    with pytest.raises(ValueError, match="keep_versions_s"):
+        StoreSettings(keep_versions_s=-1)
 
 
 # ---- extraction -----------------------------------------------------------------------------------------------

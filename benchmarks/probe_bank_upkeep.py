@@ -1,0 +1,90 @@
+"""Whether a memory bank's chats stay as cheap as it grows (persrag_lightning/memory/store.py): chats one after
+another (`remember_and_recall` of a new message and `log_turn` of its answer, no LLM, 16 users in turn) on a new
+bank in a temp folder per setting of the store's upkeep: a compaction every N commits (`optimize_every`), removing
+the table versions older than S seconds (`keep_versions_s`; none: LanceDB's week). The earlier defaults (500, none)
+run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest milliseconds in blocks
+of chats (a cost that grows with the bank shows block by block), then the versions and fragments the tables hold at
+the end and the folder's size. Measures only.
+
+    python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:none,100:30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_load import message
+from profile_chat_bank import ANSWER
+
+from persrag_lightning.memory.bank import MemoryBank, MemorySettings
+from persrag_lightning.memory.store import StoreSettings
+from persrag_lightning.serving.bank_encoder import bank_encoder
+
+
+def parse_setting(text: str) -> StoreSettings:
+    """`every:keep` (keep in seconds, or none) as the store's settings."""
+    every, _, keep = text.partition(":")
+    return StoreSettings(optimize_every=int(every), keep_versions_s=None if keep in ("", "none") else float(keep))
+
+
+def folder_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int) -> list[float]:
+    """Seconds of each chat on a new bank in `folder` with `store`'s upkeep."""
+    bank = MemoryBank.open(folder, encoder, None, MemorySettings(store=store))
+    spent = []
+    for n in range(chats):
+        user = f"u{n % users}"
+        started = time.perf_counter()
+        bank.remember_and_recall(user, message(0, n), "s")
+        bank.log_turn(user, "s", "assistant", ANSWER)
+        spent.append(time.perf_counter() - started)
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chats", type=int, default=1000, help="chats per setting")
+    ap.add_argument("--block", type=int, default=200, help="chats per row of the table")
+    ap.add_argument("--users", type=int, default=16, help="users the chats go to in turn")
+    ap.add_argument("--encoder", default="minilm", help="the bank's encoder (persrag serve --encoder)")
+    ap.add_argument("--settings", default="500:none,100:none,100:30",
+                    help="comma-separated optimize_every:keep_versions_s (seconds, or none)")
+    args = ap.parse_args()
+    settings = args.settings.split(",")
+    rows, ends = [], []
+    with tempfile.TemporaryDirectory(prefix="bank-upkeep-") as tmp:
+        encoder = bank_encoder(args.encoder, Path(tmp) / "cache", "fp32")
+        encoder.encode(["warm-up"])
+        for i, text in enumerate(settings):
+            folder = Path(tmp) / f"bank{i}"
+            spent = run(encoder, folder, parse_setting(text), args.chats, args.users)
+            for start in range(0, len(spent), args.block):
+                block = [1e3 * s for s in spent[start:start + args.block]]
+                rows.append(f"| {text} | {start + 1}-{start + len(block)} | {statistics.fmean(block):.1f} | "
+                            f"{statistics.median(block):.1f} | {max(block):.0f} |")
+            bank = MemoryBank.open(folder, encoder, None)
+            tables = (bank.store.memories, bank.store.sessions)
+            versions = " / ".join(str(len(t.list_versions())) for t in tables)
+            fragments = " / ".join(str(t.stats()["fragment_stats"]["num_fragments"]) for t in tables)
+            ends.append(f"| {text} | {sum(spent):.1f} | {versions} | {fragments} | {folder_mb(folder):.1f} |")
+    print(f"{args.chats} chats per setting, {args.users} users in turn, bank encoder {args.encoder} (torch)\n")
+    print("| optimize_every:keep_versions_s | chats | mean ms | p50 ms | max ms |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    print("\n| optimize_every:keep_versions_s | seconds | versions (memories / turns) | fragments (memories / turns) "
+          "| folder MB |\n|---|---|---|---|---|")
+    print("\n".join(ends))
+
+
+if __name__ == "__main__":
+    main()
