@@ -4,9 +4,11 @@ bank in a temp folder per setting of the store's upkeep: a compaction every N co
 the table versions older than S seconds (`keep_versions_s`; none: LanceDB's week). The earlier defaults (500, none)
 run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest milliseconds in blocks
 of chats (a cost that grows with the bank shows block by block), then the versions and fragments the tables hold at
-the end and the folder's size. Measures only.
+the end and the folder's size. `--without_usage_update` repeats the last setting with the recall's usage update
+(`MemoryStore.mark_used`, a commit per chat) left out: what deferring it could at most save. Measures only.
 
     python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:none,100:30]
+        [--without_usage_update]
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ def folder_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int) -> list[float]:
-    """Seconds of each chat on a new bank in `folder` with `store`'s upkeep."""
+def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int, usage: bool = True) -> list[float]:
+    """Seconds of each chat on a new bank in `folder` with `store`'s upkeep; `usage` False: the
+    recall's usage update left out."""
     bank = MemoryBank.open(folder, encoder, None, MemorySettings(store=store))
+    if not usage:
+        bank.store.mark_used = lambda user_id, ids: 0
     spent = []
     for n in range(chats):
         user = f"u{n % users}"
@@ -60,15 +65,19 @@ def main() -> None:
     ap.add_argument("--encoder", default="minilm", help="the bank's encoder (persrag serve --encoder)")
     ap.add_argument("--settings", default="500:none,100:none,100:30",
                     help="comma-separated optimize_every:keep_versions_s (seconds, or none)")
+    ap.add_argument("--without_usage_update", action="store_true",
+                    help="repeat the last setting without the recall's usage update")
     args = ap.parse_args()
-    settings = args.settings.split(",")
+    settings = [(text, text, True) for text in args.settings.split(",")]
+    if args.without_usage_update:
+        settings.append((f"{settings[-1][0]}, no usage update", settings[-1][1], False))
     rows, ends = [], []
     with tempfile.TemporaryDirectory(prefix="bank-upkeep-") as tmp:
         encoder = bank_encoder(args.encoder, Path(tmp) / "cache", "fp32")
         encoder.encode(["warm-up"])
-        for i, text in enumerate(settings):
+        for i, (text, setting, usage) in enumerate(settings):
             folder = Path(tmp) / f"bank{i}"
-            spent = run(encoder, folder, parse_setting(text), args.chats, args.users)
+            spent = run(encoder, folder, parse_setting(setting), args.chats, args.users, usage)
             for start in range(0, len(spent), args.block):
                 block = [1e3 * s for s in spent[start:start + args.block]]
                 rows.append(f"| {text} | {start + 1}-{start + len(block)} | {statistics.fmean(block):.1f} | "
