@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from persrag_lightning.llm.base import LLM
 from persrag_lightning.memory.eviction import EvictionSettings, UsageRow, select_evictions
 from persrag_lightning.memory.extract import Extraction, Extractor, questionnaire_turns
@@ -240,7 +242,7 @@ class MemoryBank:
             return self.extractor.extract(message, history)
         return Extraction(" ".join(message.split()), Tags(), parsed=False)
 
-    def _store(self, user_id: str, extraction: Extraction, vector=None) -> Memory | None:
+    def _store(self, user_id: str, extraction: Extraction, vector: np.ndarray | None = None) -> Memory | None:
         """Store the extraction's memory (`vector`: its embedding where the caller has it) and evict
         past capacity; None when there is no memory."""
         if not extraction.memory:
@@ -345,7 +347,7 @@ class MemoryBank:
         self.recall_inputs["raw_fallback"] += 1
         return query
 
-    def _recall_by(self, user_id: str, vector, tags: Tags) -> list[Recalled]:
+    def _recall_by(self, user_id: str, vector: np.ndarray, tags: Tags) -> list[Recalled]:
         """The vector search's candidates for `vector`, scored with the query's `tags`; the kept
         rows' usage is marked."""
         s = self.settings.recall
