@@ -221,8 +221,7 @@ class MemoryBank:
                 memory.
             session_id: the chat session.
         """
-        validate_id(user_id)
-        extraction = self._observe(user_id, message, session_id)
+        extraction = self._observe(user_id, message, session_id)  # its turn log checks the id
         text = self._recall_text(message, extraction.memory if extraction.parsed else "")
         # the recall's text is the new memory's whenever the LLM summarised the message or it is
         # stored verbatim: one encoder call embeds what both need

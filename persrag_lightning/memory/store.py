@@ -363,9 +363,10 @@ class MemoryStore:
         """Compact the small fragments every commit leaves, add new rows to the indexes, and remove
         the versions older than `keep_versions_s`."""
         keep = self.settings.keep_versions_s
+        older_than = None if keep is None else timedelta(seconds=keep)  # None: LanceDB's week
         with self._lock:
             for table in (self.memories, self.sessions):
-                table.optimize(**({} if keep is None else {"cleanup_older_than": timedelta(seconds=keep)}))
+                table.optimize(cleanup_older_than=older_than)
             self._commits = 0
 
     def maintain(self) -> None:
