@@ -1,13 +1,14 @@
 """Whether a memory bank's chats stay as cheap as it grows (persrag_lightning/memory/store.py): chats one after
 another (`remember_and_recall` of a new message and `log_turn` of its answer, no LLM, 16 users in turn) on a new
 bank in a temp folder per setting of the store's upkeep: a compaction every N commits (`optimize_every`), removing
-the table versions older than S seconds (`keep_versions_s`; none: LanceDB's week). The earlier defaults (500, none)
-run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest milliseconds in blocks
+the table versions older than S seconds (`keep_versions_s`; none: LanceDB's week), writing the recalls' usage marks
+together every U recalls (`usage_every`, optional: 1 when left out, each recall's own commit). The earlier defaults
+(500:none) run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest milliseconds in blocks
 of chats (a cost that grows with the bank shows block by block), then the versions and fragments the tables hold at
-the end and the folder's size. `--without_usage_update` repeats the last setting with the recall's usage update
-(`MemoryStore.mark_used`, a commit per chat) left out: what deferring it could at most save. Measures only.
+the end and the folder's size. `--without_usage_update` repeats the last setting with the recall's usage marks
+(`MemoryStore.note_used`) left out: what writing them less often can at most save. Measures only.
 
-    python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:none,100:30]
+    python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:30:1,100:30:16]
         [--without_usage_update]
 """
 
@@ -32,9 +33,10 @@ from persrag_lightning.serving.bank_encoder import bank_encoder
 
 
 def parse_setting(text: str) -> StoreSettings:
-    """`every:keep` (keep in seconds, or none) as the store's settings."""
-    every, _, keep = text.partition(":")
-    return StoreSettings(optimize_every=int(every), keep_versions_s=None if keep in ("", "none") else float(keep))
+    """`every:keep[:usage]` (keep in seconds, or none; usage 1 when left out) as the store's settings."""
+    every, keep, usage = (text.split(":") + ["", "1"])[:3]
+    return StoreSettings(optimize_every=int(every), keep_versions_s=None if keep in ("", "none") else float(keep),
+                         usage_every=int(usage))
 
 
 def folder_mb(path: Path) -> float:
@@ -43,10 +45,10 @@ def folder_mb(path: Path) -> float:
 
 def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int, usage: bool = True) -> list[float]:
     """Seconds of each chat on a new bank in `folder` with `store`'s upkeep; `usage` False: the
-    recall's usage update left out."""
+    recall's usage marks left out."""
     bank = MemoryBank.open(folder, encoder, None, MemorySettings(store=store))
     if not usage:
-        bank.store.mark_used = lambda user_id, ids: 0
+        bank.store.note_used = lambda user_id, ids: None
     spent = []
     for n in range(chats):
         user = f"u{n % users}"
@@ -54,6 +56,7 @@ def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int, usa
         bank.remember_and_recall(user, message(0, n), "s")
         bank.log_turn(user, "s", "assistant", ANSWER)
         spent.append(time.perf_counter() - started)
+    bank.close()  # the marks still kept, before the folder is measured
     return spent
 
 
@@ -63,10 +66,10 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=200, help="chats per row of the table")
     ap.add_argument("--users", type=int, default=16, help="users the chats go to in turn")
     ap.add_argument("--encoder", default="minilm", help="the bank's encoder (persrag serve --encoder)")
-    ap.add_argument("--settings", default="500:none,100:none,100:30",
-                    help="comma-separated optimize_every:keep_versions_s (seconds, or none)")
+    ap.add_argument("--settings", default="500:none,100:30:1,100:30:16",
+                    help="comma-separated optimize_every:keep_versions_s[:usage_every] (seconds, or none)")
     ap.add_argument("--without_usage_update", action="store_true",
-                    help="repeat the last setting without the recall's usage update")
+                    help="repeat the last setting without the recall's usage marks")
     args = ap.parse_args()
     settings = [(text, text, True) for text in args.settings.split(",")]
     if args.without_usage_update:
@@ -88,9 +91,9 @@ def main() -> None:
             fragments = " / ".join(str(t.stats()["fragment_stats"]["num_fragments"]) for t in tables)
             ends.append(f"| {text} | {sum(spent):.1f} | {versions} | {fragments} | {folder_mb(folder):.1f} |")
     print(f"{args.chats} chats per setting, {args.users} users in turn, bank encoder {args.encoder} (torch)\n")
-    print("| optimize_every:keep_versions_s | chats | mean ms | p50 ms | max ms |\n|---|---|---|---|---|")
+    print("| optimize_every:keep_versions_s[:usage_every] | chats | mean ms | p50 ms | max ms |\n|---|---|---|---|---|")
     print("\n".join(rows))
-    print("\n| optimize_every:keep_versions_s | seconds | versions (memories / turns) | fragments (memories / turns) "
+    print("\n| optimize_every:keep_versions_s[:usage_every] | seconds | versions (memories / turns) | fragments (memories / turns) "
           "| folder MB |\n|---|---|---|---|---|")
     print("\n".join(ends))
 

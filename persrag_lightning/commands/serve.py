@@ -243,7 +243,7 @@ def _serve_until_stopped(service: ChatService, args: argparse.Namespace) -> None
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
-        service.close()  # the batchers' workers: queued chats answered, then stopped
+        service.close()  # the batchers' workers: queued chats answered, then stopped; the usage marks written
         batchers = [("retrieval", service.retrieval, "chats"), ("LLM reply", service.answerer.generation, "chats"),
                     ("answers", service.answering, "questions")]
         if isinstance(service.bank.encoder, BatchedEncoder):  # the last: the chats above embed with it

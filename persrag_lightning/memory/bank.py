@@ -310,6 +310,11 @@ class MemoryBank:
         """Every user the bank holds rows of."""
         return self.store.user_ids()
 
+    def close(self) -> None:
+        """Write the recalls' usage marks the store keeps (`StoreSettings.usage_every`): a server's
+        shutdown, before the process ends."""
+        self.store.write_usage()
+
     # ---- reads -----------------------------------------------------------------------------------
 
     def recall(self, user_id: str, query: str, tags: Tags | None = None,
@@ -352,7 +357,7 @@ class MemoryBank:
         s = self.settings.recall
         candidates = self.store.search(user_id, vector, s.top_n)
         recalled = rerank(candidates, tags.flat(), self.tag_embeddings, s)
-        self.store.mark_used(user_id, [r.memory.id for r in recalled])
+        self.store.note_used(user_id, [r.memory.id for r in recalled])
         return recalled
 
     def list(self, user_id: str) -> list[Memory]:

@@ -1,16 +1,13 @@
 """The memory bank's storage: one embedded LanceDB folder with a `memories` and a `sessions` table.
 
-Every read, write and delete is scoped to one user through `user_filter`, the single place where a
-user id becomes a predicate: a validated value wrapped in LanceDB's typed expression (`col == lit`),
-which LanceDB renders as an escaped literal (quotes doubled). Nothing here pastes text into a filter
-string. Each LanceDB write commits a new table version atomically, so a process killed mid-write
-leaves the previous version.
+Every read, write and delete is scoped to one user through `user_filter` (memory/scope.py), the
+single place where a user id becomes a predicate. Nothing here pastes text into a filter string.
+Each LanceDB write commits a new table version atomically, so a process killed mid-write leaves the
+previous version.
 """
 
 from __future__ import annotations
 
-import functools
-import operator
 import threading
 import time
 import uuid
@@ -26,65 +23,20 @@ import pyarrow as pa
 __all__ = ["MAX_ID_CHARS", "InvalidIdError", "MemoryStore", "NewMemory", "StoreSettings",
            "user_filter", "validate_id"]
 
-try:
-    import lancedb
-    from lancedb.expr import col, lit
-    from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
-except ImportError as err:  # the main job's install leaves it out
-    raise ImportError(
-        f'the memory bank needs lancedb ({err}): pip install -e ".[memory]"'
-    ) from None
+# first: it says how to install lancedb where it is missing
+from persrag_lightning.memory.scope import MAX_ID_CHARS, InvalidIdError, user_filter, validate_id  # noqa: I001
+
+import lancedb
+from lancedb.expr import lit
+from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
 from persrag_lightning.memory.row_counts import RowCounts
+from persrag_lightning.memory.usage_marks import UsageMarks
 
 MEMORIES = "memories"
 SESSIONS = "sessions"
-MAX_ID_CHARS = 256
 SOURCES = ("chat", "questionnaire", "manual")
-
-
-class InvalidIdError(ValueError):
-    """A user, session or memory id that cannot be stored (wrong type, empty, too long, control
-    characters)."""
-
-
-def validate_id(value: object, what: str = "user_id") -> str:
-    """Ids are opaque strings, but never empty, huge or carrying control characters (NUL breaks some
-    parsers)."""
-    if not isinstance(value, str):
-        raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
-    if not value or len(value) > MAX_ID_CHARS:
-        raise InvalidIdError(f"{what} must have 1 to {MAX_ID_CHARS} characters, got {len(value)}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidIdError(f"{what} {value!r} contains control characters")
-    try:
-        value.encode("utf-8")
-    # a lone surrogate ("\ud800" in JSON): no literal LanceDB (or a file) can hold
-    except UnicodeEncodeError:
-        raise InvalidIdError(
-            f"{what} {value!r} is not valid Unicode text (a lone surrogate)"
-        ) from None
-    return value
-
-
-def user_filter(user_id: str, *, ids: Iterable[str] | None = None, session_id: str | None = None,
-                others_in_fragments: Sequence[int] | None = None):
-    """THE predicate helper: `user_id = <literal> [AND id IN (...)] [AND session_id = ...]`, as a
-    typed LanceDB expression whose literals LanceDB escapes itself; every table access goes through
-    it. `others_in_fragments` (a purge): instead, the rows of those LanceDB fragments that are *not*
-    the user's (row id = fragment << 32 | offset, LanceDB's default row ids)."""
-    expr = col("user_id") == lit(validate_id(user_id))
-    if ids is not None:
-        id_list = [validate_id(i, "memory id") for i in ids]
-        expr = expr & col("id").isin([lit(i) for i in id_list])
-    if session_id is not None:
-        expr = expr & (col("session_id") == lit(validate_id(session_id, "session_id")))
-    if others_in_fragments is not None:
-        ranges = [(col("_rowid") >= lit(int(f) << 32)) & (col("_rowid") < lit((int(f) + 1) << 32))
-                  for f in others_in_fragments]
-        return functools.reduce(operator.or_, ranges) & ~expr
-    return expr
 
 
 def _user_sql(user_id: str) -> str:
@@ -137,8 +89,13 @@ class StoreSettings:
     # week): every commit is a version, and their count slows each later operation. A reader in
     # another process holding a version older than this loses its files.
     keep_versions_s: float | None = 30.0
+    # recalls whose usage marks are written together, in one commit (memory/usage_marks.py): a
+    # process killed before the write loses at most this many recalls' marks; 1: each at once
+    usage_every: int = 16
 
     def __post_init__(self) -> None:
+        if self.usage_every < 1:
+            raise ValueError(f"usage_every must be >= 1, got {self.usage_every}")
         if self.keep_versions_s is not None and self.keep_versions_s < 0:
             raise ValueError(f"keep_versions_s must be >= 0 or None, got {self.keep_versions_s}")
         if self.index_type not in VECTOR_INDEXES:
@@ -179,6 +136,7 @@ class MemoryStore:
         # rows per user, moved with this store's commits instead of counted per chat
         self._memory_counts = RowCounts(self.memories, _user_sql)
         self._turn_counts = RowCounts(self.sessions, _user_sql)
+        self._usage = UsageMarks(self.memories, user_filter, settings.usage_every)
         stored_dim = self.memories.schema.field("vector").type.list_size
         if stored_dim != self.dim:
             raise ValueError(f"memory bank {self.path} holds {stored_dim}-d vectors but the encoder gives {self.dim}-d")
@@ -244,9 +202,12 @@ class MemoryStore:
                       vector=np.asarray(row["vector"], dtype=np.float32))
 
     def list_memories(self, user_id: str, ids: Iterable[str] | None = None) -> list[Memory]:
-        """A user's memories, oldest first."""
-        rows = self.memories.search().where(user_filter(user_id, ids=ids)).limit(None).to_list()
-        return sorted((self._memory(r) for r in rows), key=lambda m: (m.created_at, m.id))
+        """A user's memories, oldest first, with the usage marks not yet written (under the lock, so
+        that no write of them falls between the read and the marks: eviction decides by them)."""
+        with self._lock:
+            rows = self.memories.search().where(user_filter(user_id, ids=ids)).limit(None).to_list()
+            memories = [self._usage.apply(self._memory(r)) for r in rows]
+        return sorted(memories, key=lambda m: (m.created_at, m.id))
 
     def count(self, user_id: str) -> int:
         """Number of memories of one user (eviction's trigger)."""
@@ -263,7 +224,8 @@ class MemoryStore:
         rows = (self.memories.search(vec, vector_column_name="vector").distance_type("cosine")
                 .where(user_filter(user_id), prefilter=True).limit(limit).to_list())
         rows.sort(key=lambda r: (r["_distance"], r["created_at"]))
-        return [MemoryCandidate(self._memory(r), rank, float(r["_distance"])) for rank, r in enumerate(rows)]
+        return [MemoryCandidate(self._usage.apply(self._memory(r)), rank, float(r["_distance"]))
+                for rank, r in enumerate(rows)]
 
     def mark_used(self, user_id: str, ids: Sequence[str]) -> int:
         """usage_count + 1 and last_used_at = now for recalled rows, in one commit; returns rows
@@ -279,12 +241,29 @@ class MemoryStore:
             self._commits += 1
         return int(res.rows_updated)
 
+    def note_used(self, user_id: str, ids: Sequence[str]) -> None:
+        """`mark_used` as a recall does it: kept with other recalls' marks and written with them, in one
+        commit, every `usage_every` recalls (memory/usage_marks.py); reads see them at once."""
+        with self._lock:
+            if self._usage.mark(user_id, ids, self.now()):
+                self.write_usage()
+
+    def write_usage(self) -> int:
+        """Write the usage marks kept so far, in one commit; returns rows updated."""
+        with self._lock:
+            updated = self._usage.write()
+            if updated:  # a commit that changed no row count
+                self._memory_counts.committed("", 0)
+                self._commits += 1
+            return updated
+
     def delete_memories(self, user_id: str, ids: Sequence[str]) -> int:
         """Delete rows of one user by id (never by text); returns rows deleted."""
         if not ids:
             return 0
         with self._lock:
             self._commits += 1
+            self._usage.forget(user_id, ids)
             deleted = int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
             self._memory_counts.committed(user_id, -deleted)
             return deleted
@@ -293,6 +272,7 @@ class MemoryStore:
         """Remove a user from both tables; returns (memories deleted, turns deleted)."""
         pred = user_filter(user_id)
         with self._lock:
+            self._usage.forget(user_id)
             n_mem = int(self.memories.delete(pred).num_deleted_rows)
             self._memory_counts.committed(user_id, -n_mem)
             n_turn = int(self.sessions.delete(pred).num_deleted_rows)
@@ -308,6 +288,7 @@ class MemoryStore:
         (`cleanup_older_than=0`), so this must be the only process writing the bank (the service
         is)."""
         with self._lock:
+            self._usage.forget(user_id)
             counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
             # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
             with warnings.catch_warnings():
@@ -365,6 +346,7 @@ class MemoryStore:
         keep = self.settings.keep_versions_s
         older_than = None if keep is None else timedelta(seconds=keep)  # None: LanceDB's week
         with self._lock:
+            self.write_usage()  # the compaction folds them in
             for table in (self.memories, self.sessions):
                 table.optimize(cleanup_older_than=older_than)
             self._commits = 0

@@ -419,10 +419,11 @@ class ChatService:
         return out
 
     def close(self) -> None:
-        """Stop the batchers (chats queued are answered first); the app's shutdown."""
+        """Stop the batchers (queued chats are answered first), write the bank's usage marks: shutdown."""
         self.retrieval.close()
         self.answering.close()
         self.answerer.close()
+        self.bank.close()
 
     def _shareable(self, user_id: str, docs: list[RetrievedDoc]) -> list[RetrievedDoc]:
         """The caller's own docs and those of users who share and are still there; anything else is

@@ -556,6 +556,61 @@ def test_a_compaction_removes_the_table_versions_older_than_keep_versions_s(tmp_
         StoreSettings(keep_versions_s=-1)
 
 
+
+def test_recalls_usage_marks_are_kept_and_written_together_in_one_commit_every_usage_every_recalls(tmp_path):
+    """Reads in the process see each recall's marks at once; the table (another connection) sees them when
+    `usage_every` recalls are kept, in one commit, with each row's own count and its last recall's time."""
+    store = MemoryStore(tmp_path / "bank", dim=8, clock=Clock(), settings=StoreSettings(usage_every=3))
+    other = MemoryStore(tmp_path / "bank", dim=8)  # another process's connection
+    a, b = add(store, "alice", ["a", "b"])
+    version = store.memories.version
+    store.note_used("alice", [a.id, b.id])
+    store.note_used("alice", [a.id])
+    mine = {m.text: m for m in store.list_memories("alice")}
+    assert (mine["a"].usage_count, mine["b"].usage_count) == (2, 1) and mine["a"].last_used_at > mine["b"].last_used_at
+    assert [c.memory.usage_count for c in store.search("alice", a.vector, 1)] == [2]
+    assert store.memories.version == version and {m.usage_count for m in other.list_memories("alice")} == {0}
+    store.note_used("alice", [b.id])  # the third recall: all three written
+    assert store.memories.version == version + 1
+    theirs = {m.text: m for m in other.list_memories("alice")}
+    assert {t: (m.usage_count, m.last_used_at) for t, m in theirs.items()} == {
+        t: (m.usage_count, m.last_used_at) for t, m in {m.text: m for m in store.list_memories("alice")}.items()}
+    assert (theirs["a"].usage_count, theirs["b"].usage_count) == (2, 2)
+    assert store.write_usage() == 0 and store.memories.version == version + 1  # nothing kept: no commit
+    with pytest.raises(ValueError, match="usage_every"):
+        StoreSettings(usage_every=0)
+
+
+def test_a_usage_write_never_brings_back_a_row_deleted_while_its_marks_were_kept(tmp_path):
+    store = MemoryStore(tmp_path / "bank", dim=8, clock=Clock(), settings=StoreSettings(usage_every=100))
+    a, b = add(store, "alice", ["a", "b"])
+    (c,) = add(store, "bob", ["c"], seed=7)
+    store.note_used("alice", [a.id, b.id])
+    store.note_used("bob", [c.id])
+    MemoryStore(tmp_path / "bank", dim=8).delete_memories("alice", [a.id])  # another process deletes one
+    assert store.write_usage() == 2
+    assert [(m.text, m.usage_count) for m in store.list_memories("alice")] == [("b", 1)]
+    assert [m.usage_count for m in store.list_memories("bob")] == [1]
+    assert store.memories.count_rows() == 2
+    store.note_used("bob", [c.id])
+    store.delete_user("bob")  # the marks of a deleted user go with it
+    assert store.write_usage() == 0 and store._usage._marks == {}
+
+
+def test_a_compaction_and_the_banks_close_write_the_usage_marks_kept(tmp_path):
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(),
+                      settings=MemorySettings(store=StoreSettings(usage_every=100, optimize_every=0)))
+    bank.remember("u", "I like green tea", "s")
+    other = MemoryStore(tmp_path / "bank", dim=HashEncoder.dim)
+    bank.recall("u", "green tea")
+    assert [m.usage_count for m in other.list_memories("u")] == [0]
+    bank.store.optimize()
+    assert [m.usage_count for m in other.list_memories("u")] == [1]
+    bank.recall("u", "green tea")
+    bank.close()
+    assert [m.usage_count for m in other.list_memories("u")] == [2] == [m.usage_count for m in bank.list("u")]
+
+
 # ---- extraction -----------------------------------------------------------------------------------------------
 
 def test_parse_extraction_accepts_json_with_prose_fences_nested_tags_and_strings():
