@@ -81,17 +81,18 @@ class StoreSettings:
     index_min_rows: int = 5000
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
-    # commits between compactions (each recall's usage update is a commit; a chat makes four or
-    # five); 0: never. Every read goes over the fragments each commit leaves, so a chat's reads and
+    # commits between compactions (a chat makes three or four: its two turns, its memory, an
+    # eviction; the usage marks one every `usage_every` recalls); 0: never. Every read goes over the fragments each commit leaves, so a chat's reads and
     # writes slow as they pile up: benchmarks/probe_bank_upkeep.py.
     optimize_every: int = 100
     # a compaction also removes the table versions older than this (seconds; None keeps LanceDB's
     # week): every commit is a version, and their count slows each later operation. A reader in
     # another process holding a version older than this loses its files.
     keep_versions_s: float | None = 30.0
-    # recalls whose usage marks are written together, in one commit (memory/usage_marks.py): a
-    # process killed before the write loses at most this many recalls' marks; 1: each at once
-    usage_every: int = 16
+    # recalls whose usage marks are written together, in one commit (memory/usage_marks.py), and
+    # at each compaction: a process killed before the write loses the marks kept; 1: each recall's
+    # own update, as `mark_used`
+    usage_every: int = 64
 
     def __post_init__(self) -> None:
         if self.usage_every < 1:
@@ -244,6 +245,9 @@ class MemoryStore:
     def note_used(self, user_id: str, ids: Sequence[str]) -> None:
         """`mark_used` as a recall does it: kept with other recalls' marks and written with them, in one
         commit, every `usage_every` recalls (memory/usage_marks.py); reads see them at once."""
+        if self.settings.usage_every == 1:
+            self.mark_used(user_id, ids)
+            return
         with self._lock:
             if self._usage.mark(user_id, ids, self.now()):
                 self.write_usage()

@@ -7,9 +7,9 @@ docs/serving/chat-service.md). `UsageMarks` keeps the marks of up to `every` rec
 in ONE commit: it reads the rows' stored counts, then a merge on `id` that only updates matched
 rows, so a row deleted meanwhile is not written back. Until then the store adds the kept marks to
 the rows it reads, so this process, eviction included, sees each recall at once; another process
-sees them after the write. A process killed before the write loses the marks it kept (at most
-`every` recalls'): usage counts are eviction's statistic, not the user's data, and every row stays
-whole. The caller serialises access (MemoryStore's lock).
+sees them after the write, which the store also makes at each compaction. A process killed before
+the write loses the marks it kept: usage counts are eviction's statistic, not the user's data, and
+every row stays whole. The caller serialises access (MemoryStore's lock).
 """
 
 from __future__ import annotations

@@ -577,6 +577,9 @@ def test_recalls_usage_marks_are_kept_and_written_together_in_one_commit_every_u
         t: (m.usage_count, m.last_used_at) for t, m in {m.text: m for m in store.list_memories("alice")}.items()}
     assert (theirs["a"].usage_count, theirs["b"].usage_count) == (2, 2)
     assert store.write_usage() == 0 and store.memories.version == version + 1  # nothing kept: no commit
+    at_once = MemoryStore(tmp_path / "bank", dim=8, settings=StoreSettings(usage_every=1))
+    at_once.note_used("alice", [a.id])  # 1: each recall's own update
+    assert store.memories.version == version + 2 and [m.usage_count for m in other.list_memories("alice", [a.id])] == [3]
     with pytest.raises(ValueError, match="usage_every"):
         StoreSettings(usage_every=0)
 
