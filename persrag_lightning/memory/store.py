@@ -92,7 +92,7 @@ class StoreSettings:
     # recalls whose usage marks are written together, in one commit (memory/usage_marks.py), and
     # at each compaction: a process killed before the write loses the marks kept; 1: each recall's
     # own update, as `mark_used`
-    usage_every: int = 64
+    usage_every: int = 16
 
     def __post_init__(self) -> None:
         if self.usage_every < 1:
