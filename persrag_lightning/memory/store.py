@@ -82,8 +82,9 @@ class StoreSettings:
     index_type: str = "hnsw_sq"  # a key of VECTOR_INDEXES
     rows_per_partition: int = 4096
     # commits between compactions (a chat makes three or four: its two turns, its memory, an
-    # eviction; the usage marks one every `usage_every` recalls); 0: never. Every read goes over the fragments each commit leaves, so a chat's reads and
-    # writes slow as they pile up: benchmarks/probe_bank_upkeep.py.
+    # eviction; the usage marks one every `usage_every` recalls); 0: never. Every read goes over
+    # the fragments each commit leaves, so a chat's reads and writes slow as they pile up:
+    # benchmarks/probe_bank_upkeep.py.
     optimize_every: int = 100
     # a compaction also removes the table versions older than this (seconds; None keeps LanceDB's
     # week): every commit is a version, and their count slows each later operation. A reader in
