@@ -21,7 +21,8 @@ LAYERS = (
     ("bank: the encoder", "BatchedEncoder._encode_many"),  # its worker thread, where chats' texts are batched
     ("bank: the encoder", "MemoryBank._embed"),
     ("bank: vector search", "MemoryStore.search"),
-    ("bank: usage update", "MemoryStore.mark_used"),
+    ("bank: usage update", "MemoryStore.note_used"),  # the marks kept, and their write when due
+    ("bank: usage update", "MemoryStore.mark_used"),  # each recall's own update (older profiles)
     ("bank: the turn log", "MemoryBank.log_turn"),
     ("bank: storing the memory", "MemoryBank._store"),
     ("bank: other", "MemoryBank."),

@@ -7,16 +7,20 @@ docs/serving/chat-service.md). `UsageMarks` keeps the marks of up to `every` rec
 in ONE commit: it reads the rows' stored counts, then a merge on `id` that only updates matched
 rows, so a row deleted meanwhile is not written back. Until then the store adds the kept marks to
 the rows it reads, so this process, eviction included, sees each recall at once; another process
-sees them after the write, which the store also makes at each compaction. A process killed before
-the write loses the marks it kept: usage counts are eviction's statistic, not the user's data, and
-every row stays whole. The caller serialises access (MemoryStore's lock).
+sees them after the write, which the store also makes at each compaction, at a server's shutdown and
+as a process that never closed its bank ends. A process killed before the write loses the marks it
+kept: usage counts are eviction's statistic, not the user's data, and every row stays whole. The
+caller serialises access (MemoryStore's lock).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import operator
+import sys
+import weakref
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
@@ -34,6 +38,7 @@ class UsageMarks:
         self.table, self.where, self.every = table, where, every
         self._marks: dict[str, dict[str, tuple[int, float]]] = {}  # user -> id -> (recalls, last at)
         self._recalls = 0
+        atexit.register(_write_at_exit, weakref.ref(self))
 
     def mark(self, user_id: str, ids: Iterable[str], now: float) -> bool:
         """Keep one recall's marks of `user_id`'s rows `ids` at time `now`; True when `every`
@@ -82,3 +87,15 @@ class UsageMarks:
              "last_used_at": [max(r["last_used_at"], k[1]) for r, k in zip(stored, kept, strict=True)]},
             schema=pa.schema([self.table.schema.field(name) for name in columns]))
         return int(self.table.merge_insert("id").when_matched_update_all().execute(update).num_updated_rows)
+
+
+def _write_at_exit(ref: weakref.ref[UsageMarks]) -> None:
+    """The marks a process kept when it ends without having written them (an evaluation's recalls)."""
+    marks = ref()
+    if marks is None or not any(marks._marks.values()):
+        return
+    try:
+        marks.write()
+    except Exception as err:  # noqa: BLE001 - at exit: say so, do not raise (the bank's folder may be gone)
+        print(f"memory bank: the usage marks of {marks._recalls} recalls were not written at exit: {err}",
+              file=sys.stderr)

@@ -614,6 +614,21 @@ def test_a_compaction_and_the_banks_close_write_the_usage_marks_kept(tmp_path):
     assert [m.usage_count for m in other.list_memories("u")] == [2] == [m.usage_count for m in bank.list("u")]
 
 
+
+def test_a_process_that_never_closes_its_bank_writes_the_usage_marks_it_kept_as_it_ends(tmp_path):
+    """An evaluation's recalls: no close, no compaction, fewer recalls than `usage_every`."""
+    store = MemoryStore(tmp_path / "bank", dim=8)
+    (a,) = add(store, "alice", ["a"])
+    script = ("import sys; from persrag_lightning.memory.store import MemoryStore\n"
+              "store = MemoryStore(sys.argv[1], dim=8)\n"
+              "store.note_used('alice', [sys.argv[2]]); store.note_used('alice', [sys.argv[2]])\n"
+              "assert store.memories.version == int(sys.argv[3])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "bank"), a.id, str(store.memories.version)],
+                          check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [m.usage_count for m in store.list_memories("alice")] == [2]
+
+
 # ---- extraction -----------------------------------------------------------------------------------------------
 
 def test_parse_extraction_accepts_json_with_prose_fences_nested_tags_and_strings():
