@@ -4,13 +4,17 @@ A recall adds 1 to the usage count of each row it returns and sets the row's `la
 (eviction keeps the rows used more: seed §3.4). Written at once, that is an `update` commit per
 chat, about a quarter of a chat's work in the bank (benchmarks/probe_bank_upkeep.py,
 docs/serving/chat-service.md). `UsageMarks` keeps the marks of up to `every` recalls and writes them
-in ONE commit: it reads the rows' stored counts, then a merge on `id` that only updates matched
-rows, so a row deleted meanwhile is not written back. Until then the store adds the kept marks to
-the rows it reads, so this process, eviction included, sees each recall at once; another process
-sees them after the write, which the store also makes at each compaction, at a server's shutdown and
-as a process that never closed its bank ends. A process killed before the write loses the marks it
-kept: usage counts are eviction's statistic, not the user's data, and every row stays whole. The
-caller serialises access (MemoryStore's lock).
+in ONE commit: it reads the rows' stored counts, then merges on `id`, updating only the rows still
+there, so a row deleted meanwhile is never written back (marks another process wrote to the same
+rows between that read and the merge are overwritten).
+
+Until the write, the store adds the kept marks to the rows it reads, so this process, eviction
+included, sees each recall at once. A search reads without the store's lock, so one that races a
+write can miss the marks just written (nothing decides by a search's counts); the listing eviction
+reads holds the lock. Another process sees the marks after the write, which the store also makes at
+each compaction, at a server's shutdown and as a process that never closed its bank ends. A process
+killed before the write loses the marks it kept: usage counts are eviction's statistic, not the
+user's data, and every row stays whole. The caller serialises access (MemoryStore's lock).
 """
 
 from __future__ import annotations
