@@ -4,7 +4,8 @@ bank's encoder, its vector search, its usage update, its table adds, its turn lo
 replies, the trained reader, LanceDB's own background thread, the web stack — and the table gives each layer's share.
 Thread time, not CPU time: sixteen threads waiting inside one layer's kernels count sixteen times. With py-spy's
 `--gil`, only the thread holding Python's GIL is sampled: what the server's Python threads take turns at, one at a
-time. Asserts nothing.
+time. A profile attached as the server starts also holds its start (the main thread importing and loading the
+run): those samples are counted apart and left out of the shares. Asserts nothing.
 
     py-spy record -p <server pid> -d 60 -r 67 --nonblocking --threads [--gil] -f raw -o profile.txt   # pip install py-spy
     python benchmarks/profile_serve_threads.py profile.txt [another.txt ...]
@@ -36,16 +37,27 @@ LAYERS = (
     ("web stack (uvicorn, FastAPI, Starlette, asyncio)", "asyncio"),
 )
 
+START = "server start, samples left out"
+
+
+def starting(stack: str) -> bool:
+    """A sample of the server's start: its main thread importing and loading the run, before it
+    serves (a profile attached as the server starts holds them)."""
+    thread_root = stack.split(";", 2)[1] if stack.count(";") >= 1 else ""
+    return thread_root.startswith("<module>") and "_serve_until_stopped" not in stack
+
 
 def layer_samples(path: Path) -> tuple[collections.Counter, int]:
-    """Samples per layer (unmatched stacks: `other`), and all samples."""
+    """Samples per layer (unmatched stacks: `other`; the server's start: `START`, left out of the
+    total the shares are of), and the samples of serving."""
     counts: collections.Counter = collections.Counter()
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not n.isdigit():
             continue
-        counts[next((name for name, mark in LAYERS if mark in stack), "other")] += int(n)
-    return counts, sum(counts.values())
+        layer = START if starting(stack) else next((name for name, mark in LAYERS if mark in stack), "other")
+        counts[layer] += int(n)
+    return counts, sum(counts.values()) - counts[START]
 
 
 def main() -> None:
@@ -60,6 +72,8 @@ def main() -> None:
         if any(c[name] for c, _ in columns):
             print(f"| {name} | " + " | ".join(f"{100 * c[name] / total:.1f} %" for c, total in columns) + " |")
     print("| samples | " + " | ".join(str(total) for _, total in columns) + " |")
+    if any(c[START] for c, _ in columns):
+        print(f"| {START} | " + " | ".join(str(c[START]) for c, _ in columns) + " |")
 
 
 if __name__ == "__main__":
