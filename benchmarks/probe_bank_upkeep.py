@@ -3,10 +3,11 @@ another (`remember_and_recall` of a new message and `log_turn` of its answer, no
 bank in a temp folder per setting of the store's upkeep: a compaction every N commits (`optimize_every`), removing
 the table versions older than S seconds (`keep_versions_s`; none: LanceDB's week), writing the recalls' usage marks
 together every U recalls (`usage_every`, optional: 1 when left out, each recall's own commit). The earlier defaults
-(500:none) run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest milliseconds in blocks
-of chats (a cost that grows with the bank shows block by block), then the versions and fragments the tables hold at
-the end and the folder's size. `--without_usage_update` repeats the last setting with the recall's usage marks
-(`MemoryStore.note_used`) left out: what writing them less often can at most save. Measures only.
+(500:none) run in the same process as the baseline. Prints, per setting, a chat's mean, p50 and longest
+milliseconds in blocks of chats (a cost that grows with the bank shows block by block), then the versions and
+fragments the tables hold at the end and the folder's size. `--without_usage_update` repeats the last setting with
+the recall's usage marks (`MemoryStore.note_used`) left out: what writing them less often can at most save.
+Measures only.
 
     python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:30:1,100:30:16]
         [--without_usage_update]
@@ -91,10 +92,11 @@ def main() -> None:
             fragments = " / ".join(str(t.stats()["fragment_stats"]["num_fragments"]) for t in tables)
             ends.append(f"| {text} | {sum(spent):.1f} | {versions} | {fragments} | {folder_mb(folder):.1f} |")
     print(f"{args.chats} chats per setting, {args.users} users in turn, bank encoder {args.encoder} (torch)\n")
-    print("| optimize_every:keep_versions_s[:usage_every] | chats | mean ms | p50 ms | max ms |\n|---|---|---|---|---|")
+    print("| optimize_every:keep_versions_s[:usage_every] | chats | mean ms | p50 ms | max ms |\n"
+          "|---|---|---|---|---|")
     print("\n".join(rows))
-    print("\n| optimize_every:keep_versions_s[:usage_every] | seconds | versions (memories / turns) | fragments (memories / turns) "
-          "| folder MB |\n|---|---|---|---|---|")
+    print("\n| optimize_every:keep_versions_s[:usage_every] | seconds | versions (memories / turns) "
+          "| fragments (memories / turns) | folder MB |\n|---|---|---|---|---|")
     print("\n".join(ends))
 
 

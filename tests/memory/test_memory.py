@@ -556,7 +556,6 @@ def test_a_compaction_removes_the_table_versions_older_than_keep_versions_s(tmp_
         StoreSettings(keep_versions_s=-1)
 
 
-
 def test_recalls_usage_marks_are_kept_and_written_together_in_one_commit_every_usage_every_recalls(tmp_path):
     """Reads in the process see each recall's marks at once; the table (another connection) sees them when
     `usage_every` recalls are kept, in one commit, with each row's own count and its last recall's time."""
@@ -612,7 +611,6 @@ def test_a_compaction_and_the_banks_close_write_the_usage_marks_kept(tmp_path):
     bank.recall("u", "green tea")
     bank.close()
     assert [m.usage_count for m in other.list_memories("u")] == [2] == [m.usage_count for m in bank.list("u")]
-
 
 
 def test_a_process_that_never_closes_its_bank_writes_the_usage_marks_it_kept_as_it_ends(tmp_path):
