@@ -5,8 +5,9 @@ memory it stores are the same text (two texts in that one call where they differ
 `--bank_runtime openvino` runs it in OpenVINO, as the served query and reranker encoders run, in
 float32 whatever the CPU: a bank keeps the vectors it stored under earlier servers, written by torch
 in float32, and the queries that search them must come from the same function. OpenVINO's
-bfloat16, its default on CPUs that compute it natively, would move every vector by about a percent; float32 matches torch's to about 1e-6 (the test holds it), so a bank
-written by either runtime is searched by the other alike.
+bfloat16, its default on CPUs that compute it natively, would move every vector by about a percent;
+float32 matches torch's to about 1e-6 (the test holds it), so a bank written by either runtime is
+searched by the other alike.
 
 Torch stays the default: one chat alone spent less in OpenVINO, but sixteen clients at once were
 served fewer chats per second, with a longer tail, than with torch, although the encoder alone
