@@ -1,10 +1,11 @@
 """The memory bank's encoder alone under concurrent threads, as chats call it from their worker threads: each of
 `--threads` threads embeds `--per_thread` of bench_load.py's distinct messages, one text per call. Prints texts/s over
-all and each call's p50/p99 ms for torch (`--bank_runtime fp32`, serving's default) and OpenVINO float32 with one
-infer request under a lock (`--bank_runtime openvino`), each with every call alone (`--bank_max_batch 1`) and with
-concurrent calls embedded together (`BatchedEncoder`, `--bank_max_batch 16`), and two OpenVINO configurations the
-package does not serve: an infer request per thread under the latency hint and under the throughput hint. Measures
-only.
+all and each call's p50/p99 ms for torch (`--bank_runtime fp32`), ONNX Runtime float32 with one session that the
+threads call at once (`--bank_runtime onnx`) and OpenVINO float32 with one infer request under a lock
+(`--bank_runtime openvino`): each first from one thread alone (the encoder's own rate, the baseline), then from the
+threads with every call alone (`--bank_max_batch 1`) and with concurrent calls embedded together (`BatchedEncoder`,
+`--bank_max_batch 16`); and two OpenVINO configurations the package does not serve: an infer request per thread
+under the latency hint and under the throughput hint. Measures only.
 
     python benchmarks/probe_bank_encoder_threads.py [--threads 16] [--per_thread 40] [--encoder minilm]
 """
@@ -89,8 +90,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bank-threads-") as cache:
         served = bank_encoder(args.encoder, cache, "openvino")  # its export is the file the others read
         path = next((Path(cache) / "onnx").glob("bank-text-*.onnx"))
-        torch_encoder = bank_encoder(args.encoder, cache, "fp32")
-        for name, encoder in (("torch fp32", torch_encoder), ("OpenVINO f32, one request, locked", served)):
+        encoders = (("torch fp32", bank_encoder(args.encoder, cache, "fp32")),
+                    ("ONNX Runtime f32, one session, no lock", bank_encoder(args.encoder, cache, "onnx")),
+                    ("OpenVINO f32, one request, locked", served))
+        for name, encoder in encoders:
+            rows.append(measure(f"{name}, one thread alone", encoder.encode, 1, 4 * args.per_thread))
             rows.append(measure(f"{name}, each call alone", encoder.encode, args.threads, args.per_thread))
             with contextlib.closing(BatchedEncoder(encoder, Batching(max_batch=16, max_wait_ms=0))) as batched:
                 rows.append(measure(f"{name}, calls batched", batched.encode, args.threads,

@@ -1,6 +1,6 @@
-"""The memory bank's encoder as serving runs it (serving/bank_encoder.py): OpenVINO in float32 gives torch's vectors,
-so a bank written under one runtime recalls the same memories under the other; concurrent chats' texts are embedded
-in one call, each chat getting the rows it would get alone."""
+"""The memory bank's encoder as serving runs it (serving/bank_encoder.py): OpenVINO and ONNX Runtime in float32 give
+torch's vectors, so a bank written under one runtime recalls the same memories under another; concurrent chats' texts
+are embedded in one call, each chat getting the rows it would get alone."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from persrag_lightning.serving.batcher import Batching
 TEXTS = ["I water the fern on Sundays", "my sister lives in Lyon", "a short one", "jazz records, mostly 1950s"]
 
 
-def test_openvino_in_float32_gives_torchs_vectors_and_a_bank_written_by_torch_recalls_alike(tiny_bert, tmp_path):
-    pytest.importorskip("openvino")
+@pytest.mark.parametrize(("runtime", "package"), [("openvino", "openvino"), ("onnx", "onnxruntime")])
+def test_an_export_in_float32_gives_torchs_vectors_and_a_bank_written_by_torch_recalls_alike(tiny_bert, tmp_path,
+                                                                                             runtime, package):
+    pytest.importorskip(package)
     torch_encoder = bank_encoder(tiny_bert, tmp_path / "cache", "fp32")
-    served = bank_encoder(tiny_bert, tmp_path / "cache", "openvino")
+    served = bank_encoder(tiny_bert, tmp_path / "cache", runtime)
     assert isinstance(torch_encoder, TextEncoder) and isinstance(served, ExportedTextEncoder)
     assert served.dim == torch_encoder.dim
     assert list((tmp_path / "cache" / "onnx").glob("bank-text-*.onnx"))  # the export is kept for later starts
@@ -42,10 +44,13 @@ def test_openvino_in_float32_gives_torchs_vectors_and_a_bank_written_by_torch_re
     assert [r.memory.id for r in reopened.recall("u", "where does my sister live?")] == before
 
 
-def test_the_exported_encoder_serves_concurrent_threads(tiny_bert, tmp_path):
-    """Chats embed from their worker threads at once; an OpenVINO infer request alone refused a second call."""
-    pytest.importorskip("openvino")
-    served = bank_encoder(tiny_bert, tmp_path / "cache", "openvino")
+@pytest.mark.parametrize(("runtime", "package"), [("openvino", "openvino"), ("onnx", "onnxruntime")])
+def test_the_exported_encoder_serves_concurrent_threads(tiny_bert, tmp_path, runtime, package):
+    """Chats embed from their worker threads at once: an OpenVINO infer request alone refused a second call (so it
+    is locked); an ONNX Runtime session runs them side by side, unlocked."""
+    pytest.importorskip(package)
+    served = bank_encoder(tiny_bert, tmp_path / "cache", runtime)
+    assert isinstance(served._lock, type(threading.Lock())) == (runtime == "openvino")
     alone = {text: served.encode([text]) for text in TEXTS}
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda text: served.encode([text]), TEXTS * 8))
