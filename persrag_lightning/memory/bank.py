@@ -45,8 +45,11 @@ class MemorySettings:
     store: StoreSettings = field(default_factory=StoreSettings)
     history_turns: int = 6  # recent turns of the session given to the extraction prompt
     max_message_chars: int = 8000
-    # session turns kept per user, all sessions together (oldest dropped first)
+    # session turns kept per user, all sessions together (oldest dropped first); past it, a trim brings
+    # the user back to this fraction of it, so that a user at the bound does not pay a scan and a
+    # delete commit for every turn, only for every tenth of the bound (1.0: every turn)
     max_turns_per_user: int = 1000
+    trim_turns_to: float = 0.9
     # recall asks the LLM for the query's tags when none are given (seed)
     extract_query_tags: bool = True
     # what recall embeds: "summary", the LLM's one-sentence summary of the query (the seed; the
@@ -62,6 +65,8 @@ class MemorySettings:
     def __post_init__(self) -> None:
         if self.recall_query not in ("summary", "raw"):
             raise ValueError(f"recall_query must be 'summary' or 'raw', got {self.recall_query!r}")
+        if not 0 < self.trim_turns_to <= 1:
+            raise ValueError(f"trim_turns_to must be in (0, 1], got {self.trim_turns_to}")
 
 
 def _check_text(text: object, what: str, max_chars: int) -> str:
@@ -195,7 +200,8 @@ class MemoryBank:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         turn = self.store.add_turn(user_id, session_id, role,
                                    _check_text(text, f"{role} turn", self.settings.max_message_chars))
-        self.store.trim_turns(user_id, self.settings.max_turns_per_user)
+        keep = self.settings.max_turns_per_user
+        self.store.trim_turns(user_id, keep, down_to=int(keep * self.settings.trim_turns_to))
         return turn
 
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:

@@ -39,10 +39,6 @@ SESSIONS = "sessions"
 SOURCES = ("chat", "questionnaire", "manual")
 
 
-def _user_sql(user_id: str) -> str:
-    return user_filter(user_id).to_sql()
-
-
 def _memories_schema(dim: int) -> pa.Schema:
     """Schema of `memories`: one list<string> column per tag dimension, so each dimension stays
     queryable."""
@@ -127,7 +123,12 @@ class MemoryStore:
         self.settings = settings
         self._clock = clock
         self._last_ts = 0.0
-        self._lock = threading.RLock()
+        # one lock per table: a turn's commit need not wait for a memory's (under concurrent chats
+        # one lock for both was held nearly all the time, docs/serving/chat-service.md); a method
+        # that needs both takes the memories' first
+        self._lock = threading.RLock()  # the memories table, its row counts and the usage marks
+        self._turns_lock = threading.RLock()  # the turn log and its row counts
+        self._stamp_lock = threading.Lock()  # timestamps and the commit count
         self._indexed = False
         self._commits = 0
         # interval 0: every read checks for versions committed by other processes (strong
@@ -136,8 +137,8 @@ class MemoryStore:
         self.memories = self._open(MEMORIES, _memories_schema(self.dim))
         self.sessions = self._open(SESSIONS, SESSIONS_SCHEMA)
         # rows per user, moved with this store's commits instead of counted per chat
-        self._memory_counts = RowCounts(self.memories, _user_sql)
-        self._turn_counts = RowCounts(self.sessions, _user_sql)
+        self._memory_counts = RowCounts(self.memories)
+        self._turn_counts = RowCounts(self.sessions)
         self._usage = UsageMarks(self.memories, user_filter, settings.usage_every)
         stored_dim = self.memories.schema.field("vector").type.list_size
         if stored_dim != self.dim:
@@ -154,9 +155,14 @@ class MemoryStore:
     def now(self) -> float:
         """Strictly increasing timestamps, so 'oldest' and turn order are total even within one
         clock tick."""
-        with self._lock:
+        with self._stamp_lock:
             self._last_ts = max(float(self._clock()), self._last_ts + 1e-6)
             return self._last_ts
+
+    def _committed(self) -> None:
+        """Count one commit towards the next compaction (`maintain`)."""
+        with self._stamp_lock:
+            self._commits += 1
 
     # ---- memories --------------------------------------------------------------------------------
 
@@ -182,7 +188,7 @@ class MemoryStore:
         with self._lock:
             self.memories.add(self._memories_table(out))
             self._memory_counts.committed(user_id, len(out))
-            self._commits += 1
+            self._committed()
         return out
 
     def _memories_table(self, memories: Sequence[Memory]) -> pa.Table:
@@ -240,7 +246,7 @@ class MemoryStore:
                                        values_sql={"usage_count": "usage_count + 1",
                                                    "last_used_at": lit(now).to_sql()})
             self._memory_counts.committed(user_id, 0)
-            self._commits += 1
+            self._committed()
         return int(res.rows_updated)
 
     def note_used(self, user_id: str, ids: Sequence[str]) -> None:
@@ -259,7 +265,7 @@ class MemoryStore:
             updated = self._usage.write()
             if updated:  # a commit that changed no row count
                 self._memory_counts.committed("", 0)
-                self._commits += 1
+                self._committed()
             return updated
 
     def delete_memories(self, user_id: str, ids: Sequence[str]) -> int:
@@ -267,7 +273,7 @@ class MemoryStore:
         if not ids:
             return 0
         with self._lock:
-            self._commits += 1
+            self._committed()
             self._usage.forget(user_id, ids)
             deleted = int(self.memories.delete(user_filter(user_id, ids=ids)).num_deleted_rows)
             self._memory_counts.committed(user_id, -deleted)
@@ -276,7 +282,7 @@ class MemoryStore:
     def delete_user(self, user_id: str) -> tuple[int, int]:
         """Remove a user from both tables; returns (memories deleted, turns deleted)."""
         pred = user_filter(user_id)
-        with self._lock:
+        with self._lock, self._turns_lock:
             self._usage.forget(user_id)
             n_mem = int(self.memories.delete(pred).num_deleted_rows)
             self._memory_counts.committed(user_id, -n_mem)
@@ -292,7 +298,7 @@ class MemoryStore:
         — is removed. Idempotent; returns (memories, turns) deleted. Old versions go at once
         (`cleanup_older_than=0`), so this must be the only process writing the bank (the service
         is)."""
-        with self._lock:
+        with self._lock, self._turns_lock:
             self._usage.forget(user_id)
             counts = (self._purge_rows(self.memories, user_id), self._purge_rows(self.sessions, user_id))
             # LanceDB warns that cleanup_older_than=0 is for a sole writer: it is
@@ -352,8 +358,10 @@ class MemoryStore:
         older_than = None if keep is None else timedelta(seconds=keep)  # None: LanceDB's week
         with self._lock:
             self.write_usage()  # the compaction folds them in
-            for table in (self.memories, self.sessions):
-                table.optimize(cleanup_older_than=older_than)
+            self.memories.optimize(cleanup_older_than=older_than)
+        with self._turns_lock:
+            self.sessions.optimize(cleanup_older_than=older_than)
+        with self._stamp_lock:
             self._commits = 0
 
     def maintain(self) -> None:
@@ -375,23 +383,25 @@ class MemoryStore:
                     created_at=self.now())
         row = {"id": [turn.id], "session_id": [session_id], "user_id": [user_id], "role": [role],
                "text": [text], "created_at": [turn.created_at]}
-        with self._lock:
+        with self._turns_lock:
             self.sessions.add(pa.Table.from_pydict(row, schema=SESSIONS_SCHEMA))
             self._turn_counts.committed(user_id, 1)
-            self._commits += 1
+            self._committed()
         return turn
 
-    def trim_turns(self, user_id: str, keep: int) -> int:
-        """Delete a user's oldest turns (all sessions) past the `keep` most recent, in one commit;
-        returns rows deleted. Sessions are bounded by this, not by a count of sessions."""
-        with self._lock:
+    def trim_turns(self, user_id: str, keep: int, down_to: int | None = None) -> int:
+        """With more than `keep` turns, delete a user's oldest (all sessions) so that the `down_to`
+        most recent remain (default `keep`), in one commit; returns rows deleted. Sessions are
+        bounded by this, not by a count of sessions."""
+        with self._turns_lock:
             if self._turn_counts.get(user_id) <= keep:
                 return 0
             rows = (self.sessions.search().where(user_filter(user_id)).select(["id", "created_at"]).limit(None)
                     .to_list())
             rows.sort(key=lambda r: (r["created_at"], r["id"]))
-            old = [r["id"] for r in rows[:len(rows) - keep]]
-            self._commits += 1
+            remain = keep if down_to is None else max(0, min(down_to, keep))
+            old = [r["id"] for r in rows[:len(rows) - remain]]
+            self._committed()
             deleted = int(self.sessions.delete(user_filter(user_id, ids=old)).num_deleted_rows)
             self._turn_counts.committed(user_id, -deleted)
             return deleted

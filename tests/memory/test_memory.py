@@ -714,6 +714,29 @@ def test_remember_logs_turns_uses_session_history_and_skips_empty_memories(tmp_p
     assert bank.fallbacks == 0
 
 
+def test_the_turn_log_past_its_bound_is_trimmed_back_below_it_not_at_every_turn(tmp_path, monkeypatch):
+    """Never more than max_turns_per_user turns; a trim brings the user back to trim_turns_to of it, so the turns
+    after it pay no scan and no delete commit until the bound is passed again (1.0: a trim every turn)."""
+    settings = MemorySettings(max_turns_per_user=10, trim_turns_to=0.5)
+    bank = MemoryBank(tmp_path / "bank", HashEncoder(), settings=settings, clock=Clock())
+    deletes = []
+    monkeypatch.setattr(bank.store.sessions, "delete", lambda *a, _f=bank.store.sessions.delete: deletes.append(a)
+                        or _f(*a))
+    sizes = []
+    for i in range(22):
+        bank.log_turn("u", "s", "assistant", f"turn {i}")
+        sizes.append(len(bank.turns("u")))
+    assert max(sizes) == 10 and sizes[10] == 5 and sizes[16] == 5 and len(deletes) == 2
+    assert [t.text for t in bank.turns("u")][-1] == "turn 21" and len(bank.turns("u")) == 10
+    every_turn = MemoryBank(tmp_path / "other", HashEncoder(), settings=MemorySettings(max_turns_per_user=10,
+                                                                                      trim_turns_to=1.0))
+    for i in range(12):
+        every_turn.log_turn("u", "s", "assistant", f"turn {i}")
+    assert [t.text for t in every_turn.turns("u")] == [f"turn {i}" for i in range(2, 12)]
+    with pytest.raises(ValueError, match="trim_turns_to"):
+        MemorySettings(trim_turns_to=0)
+
+
 @pytest.mark.parametrize("bad", ["", "   ", "x" * 9000, "bad \udcff surrogate"])
 def test_bad_messages_are_rejected_and_nothing_is_stored(tmp_path, bad):
     bank = MemoryBank(tmp_path / "bank", HashEncoder())
@@ -829,14 +852,19 @@ def test_a_commit_by_another_writer_makes_the_kept_counts_be_read_again(tmp_path
     assert first.count("u") == 4 and other.count("u") == 4
 
 
-def test_the_kept_counts_read_the_table_through_user_filter():
-    """The count_rows the store no longer calls itself runs in row_counts.py, with the store's `_user_sql`."""
-    import inspect
-
-    import persrag_lightning.memory.store as store_module
-    from persrag_lightning.memory import row_counts
-
-    assert "count_rows(self.where(user_id))" in inspect.getsource(row_counts)
-    assert inspect.getsource(store_module).count("RowCounts(") == inspect.getsource(store_module).count(
-        ", _user_sql)")
-    assert store_module._user_sql(EVIL) == user_filter(EVIL).to_sql()
+def test_counts_read_again_come_from_one_scan_of_every_user(store, monkeypatch):
+    """After a version the store did not make itself (its compaction), every user's count is read in one scan of
+    the user column, not one count_rows per user, and no user's id reaches SQL (a hostile id counts its own)."""
+    add(store, "alice", ["a1", "a2"])
+    add(store, EVIL, ["e1"], seed=3)
+    store.add_turn("alice", "s", "user", "q")
+    assert store.count("alice") == 2
+    store.optimize()  # new versions: the kept counts are dropped
+    scans, counted = [], []
+    for kept in (store._memory_counts, store._turn_counts):
+        monkeypatch.setattr(kept, "_count_all", lambda _f=kept._count_all: scans.append(1) or _f())
+    for table in (store.memories, store.sessions):
+        monkeypatch.setattr(table, "count_rows", lambda *a, **k: counted.append(a))
+    assert (store.count("alice"), store.count(EVIL), store.count("nobody")) == (2, 1, 0)
+    assert store.trim_turns("alice", keep=5) == 0 and store.trim_turns(EVIL, keep=5) == 0
+    assert len(scans) == 2 and counted == []  # one scan per table for every user asked
