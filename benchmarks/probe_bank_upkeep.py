@@ -7,10 +7,11 @@ together every U recalls (`usage_every`, optional: 1 when left out, each recall'
 milliseconds in blocks of chats (a cost that grows with the bank shows block by block), then the versions and
 fragments the tables hold at the end and the folder's size. `--without_usage_update` repeats the last setting with
 the recall's usage marks (`MemoryStore.note_used`) left out: what writing them less often can at most save.
-Measures only.
+`--max_turns` and `--trim_turns_to` set the turn log's bound and how far a trim brings a user back below it
+(MemorySettings), to measure a bank whose users are at that bound. Measures only.
 
     python benchmarks/probe_bank_upkeep.py [--chats 1000] [--block 200] [--settings 500:none,100:30:1,100:30:16]
-        [--without_usage_update]
+        [--without_usage_update] [--max_turns 1000] [--trim_turns_to 0.9]
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ def folder_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def run(encoder, folder: Path, store: StoreSettings, chats: int, users: int, usage: bool = True) -> list[float]:
-    """Seconds of each chat on a new bank in `folder` with `store`'s upkeep; `usage` False: the
-    recall's usage marks left out."""
-    bank = MemoryBank.open(folder, encoder, None, MemorySettings(store=store))
+def run(encoder, folder: Path, settings: MemorySettings, chats: int, users: int, usage: bool = True) -> list[float]:
+    """Seconds of each chat on a new bank in `folder` with `settings`; `usage` False: the recall's
+    usage marks left out."""
+    bank = MemoryBank.open(folder, encoder, None, settings)
     if not usage:
         bank.store.note_used = lambda user_id, ids: None
     spent = []
@@ -71,6 +72,10 @@ def main() -> None:
                     help="comma-separated optimize_every:keep_versions_s[:usage_every] (seconds, or none)")
     ap.add_argument("--without_usage_update", action="store_true",
                     help="repeat the last setting without the recall's usage marks")
+    ap.add_argument("--max_turns", type=int, default=MemorySettings.max_turns_per_user,
+                    help="turns kept per user (MemorySettings.max_turns_per_user): small, to reach the bound soon")
+    ap.add_argument("--trim_turns_to", type=float, default=MemorySettings.trim_turns_to,
+                    help="the fraction of --max_turns a trim brings a user back to (1.0: a trim every turn)")
     args = ap.parse_args()
     settings = [(text, text, True) for text in args.settings.split(",")]
     if args.without_usage_update:
@@ -81,7 +86,9 @@ def main() -> None:
         encoder.encode(["warm-up"])
         for i, (text, setting, usage) in enumerate(settings):
             folder = Path(tmp) / f"bank{i}"
-            spent = run(encoder, folder, parse_setting(setting), args.chats, args.users, usage)
+            memory = MemorySettings(store=parse_setting(setting), max_turns_per_user=args.max_turns,
+                                    trim_turns_to=args.trim_turns_to)
+            spent = run(encoder, folder, memory, args.chats, args.users, usage)
             for start in range(0, len(spent), args.block):
                 block = [1e3 * s for s in spent[start:start + args.block]]
                 rows.append(f"| {text} | {start + 1}-{start + len(block)} | {statistics.fmean(block):.1f} | "
@@ -91,7 +98,8 @@ def main() -> None:
             versions = " / ".join(str(len(t.list_versions())) for t in tables)
             fragments = " / ".join(str(t.stats()["fragment_stats"]["num_fragments"]) for t in tables)
             ends.append(f"| {text} | {sum(spent):.1f} | {versions} | {fragments} | {folder_mb(folder):.1f} |")
-    print(f"{args.chats} chats per setting, {args.users} users in turn, bank encoder {args.encoder} (torch)\n")
+    print(f"{args.chats} chats per setting, {args.users} users in turn, bank encoder {args.encoder} (torch), "
+          f"at most {args.max_turns} turns per user, trimmed back to {args.trim_turns_to:g} of it\n")
     print("| optimize_every:keep_versions_s[:usage_every] | chats | mean ms | p50 ms | max ms |\n"
           "|---|---|---|---|---|")
     print("\n".join(rows))
