@@ -62,8 +62,9 @@ def _add_llm_options(parser: argparse.ArgumentParser) -> None:
                         help="memory extraction: the LLM (the seed's) or the message stored verbatim")
     parser.add_argument("--encoder", default="minilm", help="the memory bank's text encoder")
     parser.add_argument("--bank_runtime", choices=BANK_RUNTIMES, default="fp32",
-                        help="what runs the bank's encoder: fp32 (torch, the default: faster under concurrent chats), "
-                             "onnx or openvino (float32); their vectors agree, so a bank keeps its memories")
+                        help="what runs the bank's encoder: fp32 (torch, the default), onnx or openvino (float32; "
+                             "faster alone, no faster under concurrent chats); their vectors agree, so a bank keeps "
+                             "its memories")
     parser.add_argument("--bank_max_batch", type=int, default=BANK_BATCHING.max_batch,
                         help="the most concurrent chats whose texts the bank's encoder embeds in one call (1: each "
                              "alone)")

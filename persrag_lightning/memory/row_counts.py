@@ -24,7 +24,7 @@ __all__ = ["RowCounts"]
 
 class RowCounts:
     """Rows per user of `table` (users by its `column`) at the version they were counted at (see the
-    module's docstring). The caller serialises access (MemoryStore's lock)."""
+    module's docstring). The caller serialises access (MemoryStore's lock of that table)."""
 
     def __init__(self, table, column: str = "user_id") -> None:
         self.table, self.column = table, column
