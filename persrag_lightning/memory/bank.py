@@ -201,7 +201,8 @@ class MemoryBank:
         turn = self.store.add_turn(user_id, session_id, role,
                                    _check_text(text, f"{role} turn", self.settings.max_message_chars))
         keep = self.settings.max_turns_per_user
-        self.store.trim_turns(user_id, keep, down_to=int(keep * self.settings.trim_turns_to))
+        # at least the turn just logged stays (a bound of 1 keeps it; the store never keeps more than `keep`)
+        self.store.trim_turns(user_id, keep, down_to=max(1, int(keep * self.settings.trim_turns_to)))
         return turn
 
     def remember(self, user_id: str, message: str, session_id: str) -> Memory | None:

@@ -733,6 +733,10 @@ def test_the_turn_log_past_its_bound_is_trimmed_back_below_it_not_at_every_turn(
     for i in range(12):
         every_turn.log_turn("u", "s", "assistant", f"turn {i}")
     assert [t.text for t in every_turn.turns("u")] == [f"turn {i}" for i in range(2, 12)]
+    one = MemoryBank(tmp_path / "one", HashEncoder(), settings=MemorySettings(max_turns_per_user=1))
+    for i in range(3):  # 0.9 of a bound of 1 rounds to none: the turn just logged still stays
+        one.log_turn("u", "s", "assistant", f"turn {i}")
+    assert [t.text for t in one.turns("u")] == ["turn 2"]
     with pytest.raises(ValueError, match="trim_turns_to"):
         MemorySettings(trim_turns_to=0)
 
