@@ -17,9 +17,15 @@ count makes anyway): after a compaction each user's first chat counted its rows 
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["RowCounts"]
+__all__ = ["RowCounts", "user_column"]
+
+
+def user_column(table, column: str = "user_id") -> pa.ChunkedArray:
+    """Every row's user of `table`, read in one scan of that column alone."""
+    return table.search().select([column]).limit(None).to_arrow()[column]
 
 
 class RowCounts:
@@ -52,7 +58,7 @@ class RowCounts:
 
     def _count_all(self) -> dict[str, int]:
         """Every user's rows now, from one scan of the user column (no user's id reaches SQL)."""
-        users = self.table.search().select([self.column]).limit(None).to_arrow()[self.column]
+        users = user_column(self.table, self.column)
         if not len(users):
             return {}
         return {row["values"]: row["counts"] for row in pc.value_counts(users).to_pylist()}

@@ -31,7 +31,7 @@ from lancedb.expr import lit
 from lancedb.index import BTree, HnswFlat, HnswSq, IvfFlat
 
 from persrag_lightning.memory.records import DIMENSIONS, ROLES, Memory, MemoryCandidate, Tags, Turn
-from persrag_lightning.memory.row_counts import RowCounts
+from persrag_lightning.memory.row_counts import RowCounts, user_column
 from persrag_lightning.memory.usage_marks import UsageMarks
 
 MEMORIES = "memories"
@@ -411,7 +411,7 @@ class MemoryStore:
         start)."""
         out: set[str] = set()
         for table in (self.memories, self.sessions):
-            out |= set(table.search().select(["user_id"]).limit(None).to_arrow().column("user_id").to_pylist())
+            out |= set(user_column(table).to_pylist())
         return out
 
     def turns(
